@@ -1,0 +1,327 @@
+"""Typed configuration of every AutoLoCo constant (spec sections 2-8).
+
+One dataclass, :class:`AutoLoCoConfig`, holds the method, the horizon domain, the
+outer optimizer, the controller thresholds and the communication settings. Every
+field is validated when the object is built, so a typo fails before any machine
+is rented. Defaults are the spec's; fields marked *[reconstruction]* are choices
+the spec had to make where the paper lost its equations.
+
+Example::
+
+    >>> from autoloco_hf import AutoLoCoConfig
+    >>> cfg = AutoLoCoConfig(method="autoloco", h_base=500)
+    >>> cfg.q_h, cfg.h_min, cfg.h_max, cfg.outer_momentum
+    (50, 500, 750, 0.7)
+    >>> AutoLoCoConfig.for_recipe("sft").normalize_pseudo_grad
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+METHODS = ("ddp", "diloco", "autoloco", "qsr", "linear")
+WIRE_DTYPES = ("fp32", "bf16", "int8")
+
+# Recipe presets: the paper's two settings (spec 1, 5.4). Budgets are what the
+# `plan` command previews; training code reads the budget from the trainer.
+RECIPES: dict[str, dict[str, Any]] = {
+    "c4": dict(h_base=500, q_h=50, h_max=750, normalize_pseudo_grad=False),
+    "sft": dict(h_base=100, q_h=10, h_max=150, normalize_pseudo_grad=True),
+}
+RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
+    "c4": dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine"),
+    "sft": dict(total_steps=6_490, warmup_steps=65, schedule="cosine"),
+}
+
+
+class ConfigError(ValueError):
+    """A configuration field has an invalid value; the message names field and fix."""
+
+
+def _fail(name: str, value: Any, fix: str) -> None:
+    raise ConfigError(f"AutoLoCoConfig.{name}={value!r} is invalid: {fix}")
+
+
+@dataclass
+class AutoLoCoConfig:
+    """All settings of a low-communication run.
+
+    Args:
+        method (`str`, defaults to `"autoloco"`):
+            One of `ddp` (gradient all-reduce every step), `diloco` (fixed
+            horizon, Nesterov outer step), `autoloco` (adaptive horizon and
+            corrected outer step), `qsr` and `linear` (interval baselines with
+            direct model averaging). Spec 6.
+        h_base (`int`, defaults to 500):
+            Recipe horizon in optimizer steps: DiLoCo's fixed `H`, AutoLoCo's
+            starting and reference horizon (spec 1).
+        q_h (`int`, *optional*):
+            Horizon granularity in steps; defaults to `h_base // 10` (spec 1).
+        h_min (`int`, *optional*):
+            Lower end of the token-equivalent horizon domain; defaults to `h_base`.
+        h_max (`int`, *optional*):
+            Upper end of the domain; defaults to `1.5 * h_base` rounded down to a
+            multiple of `q_h`.
+        outer_lr (`float`, defaults to 0.7):
+            Base outer learning rate `eta_base^out` (spec 4, 6).
+        outer_momentum (`float`, *optional*):
+            Base Nesterov momentum `mu_base`. Defaults to 0.9 for `diloco` (the
+            paper's baseline) and 0.7 for `autoloco` (spec 4). Set 0.7 with
+            `diloco` for the fair comparator of spec 6.
+        mu_min (`float`, defaults to 0.5), mu_max (`float`, defaults to 0.9):
+            Clip range of the retained momentum `mu_t = mu_base ** rho_t` (spec 4).
+        kappa_max (`float`, defaults to 1.5):
+            Bound on the outer-step scale `kappa_t` *[reconstruction]* (spec 4).
+        eps (`float`, defaults to 1e-8):
+            Epsilon of the ratios `C_t`, `d_t`, `rho_t`, normalization (spec 2, 4).
+        adjust_momentum (`bool`, defaults to `True`):
+            Momentum retention switch (spec 4); off gives `mu_t = mu_base`.
+        scale_outer_lr (`bool`, defaults to `True`):
+            Bounded outer-step scaling switch (spec 4); off gives `eta_t = outer_lr`.
+        normalize_pseudo_grad (`bool`, defaults to `False`):
+            Divide the mean pseudo-gradient by `rho_t` (spec 4); on for SFT.
+        adaptive_horizon (`bool`, defaults to `True`):
+            For `autoloco`, run the horizon controller; off keeps `h_base` (with
+            all three switches off this is DiLoCo, spec 4 "special case").
+        map_tokens (`bool`, defaults to `True`):
+            For `autoloco`, map token-equivalent horizons to steps with the
+            observed token density (spec 3); off executes `H_step = H_tok`.
+        token_calibration_intervals (`int`, defaults to 3):
+            Recipe-horizon intervals whose global token counts give `M_base` (spec 3).
+        token_ema_beta (`float`, defaults to 0.9):
+            EMA factor of the tokens-per-step estimate (spec 3).
+        warmup_steps (`int`, *optional*):
+            Inner-LR warm-up length; the controller keeps `h_base` until it ends
+            (spec 5.3.1). The integrations read it from the trainer when unset.
+        calibration_delay_steps (`int`, defaults to 0):
+            Extra steps after warm-up before the first calibration interval (spec 5.3.1).
+        calibration_intervals (`int`, defaults to 2):
+            Intervals that set the reference levels at the start (spec 5.3.2).
+        recalibration_intervals (`int`, defaults to 1):
+            Calibration intervals after a reduction, adoption or return (spec 5.3.2).
+        variability_intervals (`int`, defaults to 3):
+            Intervals that fill the residual history after calibration (spec 5.3.3).
+        monitoring_holdoff (`int`, defaults to 1):
+            Monitored intervals that must be consistent with the reference before
+            an increase may be proposed (spec 5.3.4).
+        ref_ema_alpha (`float`, defaults to 0.2):
+            Log-space EMA factor of the reference levels *[reconstruction]* (spec 5.1).
+        history_size (`int`, defaults to 16):
+            Residuals kept per family (spec 5.1).
+        sigma_floor (`float`, defaults to 0.10):
+            Floor of the robust residual scale *[reconstruction]* (spec 5.1).
+        k_moderate (`float`, defaults to 2.0), k_severe (`float`, defaults to 4.0):
+            Adverse-score thresholds of moderate and severe deviations (spec 5.2).
+        moderate_confirmations (`int`, defaults to 2):
+            Consecutive moderate deviations that trigger a reduction (spec 5.3.4).
+        reduce_moderate (`float`, defaults to 1.2), reduce_severe (`float`, defaults to 1.5):
+            Reduction factors (spec 5.3.4, 5.3.7).
+        gamma_inc (`float`, defaults to 1.15):
+            Candidate LR-mass budget relative to the accepted horizon (spec 5.3.5).
+        rejected_bound_release (`float`, defaults to 0.90):
+            A rejected bound retires when its LR-mass preview falls to this
+            fraction of the LR mass observed at its creation (spec 5.3.5).
+        rejected_bound_max_age (`int`, defaults to 20):
+            ... or after this many intervals (spec 5.3.5).
+        increase_requires_support (`bool`, defaults to `False`):
+            Spec 5.3.4 proposes an increase after a supporting *or* consistent
+            monitored interval; `True` proposes only after a supporting one.
+        qsr_alpha (`float`, *optional*):
+            QSR's `alpha`; defaults to `sqrt(h_base) * eta_peak` (spec 6).
+        qsr_gamma (`float`, defaults to 2.0):
+            QSR's exponent (spec 6).
+        linear_increment (`int`, defaults to 10):
+            Linear Interval's `a` in `H_k = a * k` (spec 6).
+        wire_dtype (`str`, defaults to `"fp32"`):
+            Pseudo-gradient wire format: `fp32`, `bf16` or `int8` (spec 7).
+        int8_block_size (`int`, defaults to 4096):
+            Elements per INT8 block (spec 7).
+        error_feedback (`bool`, defaults to `False`):
+            Carry the codec's residual to the next interval (costs one FP32
+            model copy per worker). Not in the paper.
+        outer_on_cpu (`bool`, defaults to `False`):
+            Keep the FP32 outer parameters and momentum in host memory.
+        bucket_size_mb (`float`, defaults to 64):
+            Size of one all-reduce bucket of the flat pseudo-gradient.
+        ranks_per_worker (`int`, defaults to 1):
+            Ranks forming one worker (inner DDP inside, spec 8.3).
+    """
+
+    method: str = "autoloco"
+    h_base: int = 500
+    q_h: Optional[int] = None
+    h_min: Optional[int] = None
+    h_max: Optional[int] = None
+    outer_lr: float = 0.7
+    outer_momentum: Optional[float] = None
+    mu_min: float = 0.5
+    mu_max: float = 0.9
+    kappa_max: float = 1.5
+    eps: float = 1e-8
+    adjust_momentum: bool = True
+    scale_outer_lr: bool = True
+    normalize_pseudo_grad: bool = False
+    adaptive_horizon: bool = True
+    map_tokens: bool = True
+    token_calibration_intervals: int = 3
+    token_ema_beta: float = 0.9
+    warmup_steps: Optional[int] = None
+    calibration_delay_steps: int = 0
+    calibration_intervals: int = 2
+    recalibration_intervals: int = 1
+    variability_intervals: int = 3
+    monitoring_holdoff: int = 1
+    ref_ema_alpha: float = 0.2
+    history_size: int = 16
+    sigma_floor: float = 0.10
+    k_moderate: float = 2.0
+    k_severe: float = 4.0
+    moderate_confirmations: int = 2
+    reduce_moderate: float = 1.2
+    reduce_severe: float = 1.5
+    gamma_inc: float = 1.15
+    rejected_bound_release: float = 0.90
+    rejected_bound_max_age: int = 20
+    increase_requires_support: bool = False
+    qsr_alpha: Optional[float] = None
+    qsr_gamma: float = 2.0
+    linear_increment: int = 10
+    wire_dtype: str = "fp32"
+    int8_block_size: int = 4096
+    error_feedback: bool = False
+    outer_on_cpu: bool = False
+    bucket_size_mb: float = 64.0
+    ranks_per_worker: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            _fail("method", self.method, f"use one of {', '.join(METHODS)}")
+        self._check_int("h_base", 1)
+        if self.q_h is None:
+            self.q_h = max(1, self.h_base // 10)
+        self._check_int("q_h", 1)
+        if self.h_min is None:
+            self.h_min = self.h_base
+        if self.h_max is None:
+            self.h_max = max(self.h_base, (int(1.5 * self.h_base) // self.q_h) * self.q_h)
+        self._check_int("h_min", 1)
+        self._check_int("h_max", 1)
+        if not self.h_min <= self.h_base <= self.h_max:
+            _fail("h_base", self.h_base, f"it must lie in [h_min, h_max] = [{self.h_min}, {self.h_max}]")
+        if self.outer_momentum is None:
+            self.outer_momentum = 0.9 if self.method == "diloco" else 0.7
+        self._check_float("outer_lr", 0.0, math.inf, low_open=True)
+        self._check_float("outer_momentum", 0.0, 1.0, high_open=True)
+        self._check_float("mu_min", 0.0, 1.0, high_open=True)
+        self._check_float("mu_max", 0.0, 1.0, high_open=True)
+        if self.mu_min > self.mu_max:
+            _fail("mu_min", self.mu_min, f"it must not exceed mu_max={self.mu_max}")
+        self._check_float("kappa_max", 1.0, math.inf)
+        self._check_float("eps", 0.0, 1.0, low_open=True)
+        self._check_float("token_ema_beta", 0.0, 1.0, high_open=True)
+        self._check_int("token_calibration_intervals", 1)
+        if self.warmup_steps is not None:
+            self._check_int("warmup_steps", 0)
+        self._check_int("calibration_delay_steps", 0)
+        self._check_int("calibration_intervals", 1)
+        self._check_int("recalibration_intervals", 1)
+        self._check_int("variability_intervals", 0)
+        self._check_int("monitoring_holdoff", 1)
+        self._check_float("ref_ema_alpha", 0.0, 1.0)
+        self._check_int("history_size", 3)
+        self._check_float("sigma_floor", 0.0, math.inf, low_open=True)
+        self._check_float("k_moderate", 0.0, math.inf, low_open=True)
+        if self.k_severe < self.k_moderate:
+            _fail("k_severe", self.k_severe, f"it must be >= k_moderate={self.k_moderate}")
+        self._check_int("moderate_confirmations", 1)
+        self._check_float("reduce_moderate", 1.0, math.inf, low_open=True)
+        self._check_float("reduce_severe", 1.0, math.inf, low_open=True)
+        self._check_float("gamma_inc", 1.0, math.inf)
+        self._check_float("rejected_bound_release", 0.0, 1.0, low_open=True)
+        self._check_int("rejected_bound_max_age", 1)
+        if self.qsr_alpha is not None:
+            self._check_float("qsr_alpha", 0.0, math.inf, low_open=True)
+        self._check_float("qsr_gamma", 0.0, math.inf, low_open=True)
+        self._check_int("linear_increment", 1)
+        if self.wire_dtype not in WIRE_DTYPES:
+            _fail("wire_dtype", self.wire_dtype, f"use one of {', '.join(WIRE_DTYPES)}")
+        self._check_int("int8_block_size", 1)
+        self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
+        self._check_int("ranks_per_worker", 1)
+
+    # -- validation helpers -------------------------------------------------
+    def _check_int(self, name: str, minimum: int) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(name, value, "pass an integer")
+        if value < minimum:
+            _fail(name, value, f"it must be >= {minimum}")
+
+    def _check_float(
+        self, name: str, low: float, high: float, low_open: bool = False, high_open: bool = False
+    ) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            _fail(name, value, "pass a finite number")
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if too_low or too_high:
+            lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+            _fail(name, value, f"it must lie in {lo}{low}, {high}{hi}")
+
+    # -- derived properties -------------------------------------------------
+    @property
+    def is_interval_method(self) -> bool:
+        """Whether workers run local intervals (everything but DDP)."""
+        return self.method != "ddp"
+
+    @property
+    def uses_nesterov_outer(self) -> bool:
+        """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (spec 6)."""
+        return self.method in ("diloco", "autoloco")
+
+    @property
+    def outer_correction_enabled(self) -> bool:
+        """The spec-4 correction runs only for AutoLoCo."""
+        return self.method == "autoloco"
+
+    # -- construction helpers -------------------------------------------------
+    @classmethod
+    def for_recipe(cls, recipe: str, **overrides: Any) -> "AutoLoCoConfig":
+        """Config preset of the paper's `c4` or `sft` recipe, with overrides."""
+        if recipe not in RECIPES:
+            raise ConfigError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+        return cls(**{**RECIPES[recipe], **overrides})
+
+    @classmethod
+    def ablation(cls, variant: str, **overrides: Any) -> "AutoLoCoConfig":
+        """The paper's Table 7 ablation variants of AutoLoCo.
+
+        `intervals_only` (adaptive horizon, no outer correction), `momentum`
+        (+ momentum retention), `full` (+ bounded outer-step scaling),
+        `full_normalized` (+ pseudo-gradient normalization).
+        """
+        variants = {
+            "intervals_only": dict(adjust_momentum=False, scale_outer_lr=False, normalize_pseudo_grad=False),
+            "momentum": dict(adjust_momentum=True, scale_outer_lr=False, normalize_pseudo_grad=False),
+            "full": dict(adjust_momentum=True, scale_outer_lr=True, normalize_pseudo_grad=False),
+            "full_normalized": dict(adjust_momentum=True, scale_outer_lr=True, normalize_pseudo_grad=True),
+        }
+        if variant not in variants:
+            raise ConfigError(f"unknown ablation {variant!r}: use one of {', '.join(variants)}")
+        return cls(**{"method": "autoloco", **variants[variant], **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "AutoLoCoConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown AutoLoCoConfig field(s) {unknown}: known fields are {sorted(known)}")
+        return cls(**values)

@@ -1,0 +1,66 @@
+"""Per-interval statistics from all-reduced scalars (spec 2).
+
+Plain floats in, plain floats out: every worker computes the same numbers from
+the same all-reduced sums, so these functions decide nothing on their own.
+
+Example::
+
+    >>> s = interval_statistics(sum_local_sq_norms=2.0, mean_sq_norm=1.0, num_workers=2, lr_mass=1.0)
+    >>> s.drift_energy, round(s.coherence, 6), round(s.disagreement, 6)
+    (1.0, 2.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IntervalStatistics:
+    """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (spec 2)."""
+
+    drift_energy: float  # D_t = mean_i ||Delta_i||^2
+    coherence: float  # C_t = N ||Delta_bar||^2 / (D_t + eps), in [0, N]
+    normalized_drift: float  # d_t = D_t / (Lambda_t^2 + eps)
+    disagreement: float  # V_t = D_t (1 - C_t / N)
+    lr_mass: float  # Lambda_t
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for v in (self.drift_energy, self.coherence, self.lr_mass))
+
+    @property
+    def log_normalized_drift(self) -> float:
+        """``log d_t = log D_t - 2 log Lambda_t`` in float64 (spec 5.1); NaN when undefined."""
+        if not self.finite or self.drift_energy <= 0 or self.lr_mass <= 0:
+            return math.nan
+        return math.log(self.drift_energy) - 2.0 * math.log(self.lr_mass)
+
+
+def interval_statistics(
+    sum_local_sq_norms: float,
+    mean_sq_norm: float,
+    num_workers: int,
+    lr_mass: float,
+    eps: float = 1e-8,
+) -> IntervalStatistics:
+    """Statistics of one interval.
+
+    Args:
+        sum_local_sq_norms: ``sum_i ||Delta_t^i||^2`` (all-reduced scalar).
+        mean_sq_norm: ``||Delta_bar_t||^2`` of the averaged (decoded) pseudo-gradient.
+        num_workers: ``N``.
+        lr_mass: ``Lambda_t``, the interval's accumulated inner learning rate.
+        eps: ratio epsilon (spec 4 defaults).
+    """
+    drift = sum_local_sq_norms / num_workers
+    coherence = num_workers * mean_sq_norm / (drift + eps)
+    disagreement = max(drift * (1.0 - coherence / num_workers), 0.0) if math.isfinite(coherence) else math.nan
+    return IntervalStatistics(
+        drift_energy=drift,
+        coherence=coherence,
+        normalized_drift=drift / (lr_mass * lr_mass + eps),
+        disagreement=disagreement,
+        lr_mass=lr_mass,
+    )

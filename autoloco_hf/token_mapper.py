@@ -1,0 +1,104 @@
+"""Token-equivalent horizons to executable steps (spec 3).
+
+The controller reasons in token-equivalent horizons ``H_tok`` (steps at the
+base token density). With padded batches a step consumes a varying number of
+real tokens, so the mapper converts ``H_tok`` into the number of steps that
+consumes the same token budget at the observed density.
+
+Example::
+
+    >>> m = TokenMapper(h_base=10, q_h=2, beta=0.5)
+    >>> for _ in range(3):
+    ...     m.observe(global_tokens=1000, h_step=10, at_recipe_horizon=True)
+    >>> m.map(10)                      # constant density: identity
+    10
+    >>> m.observe(global_tokens=500, h_step=10, at_recipe_horizon=False)
+    >>> m.map(10)                      # fewer tokens per step -> more steps
+    14
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Optional
+
+
+def round_to_multiple(value: float, multiple: int) -> int:
+    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (spec 3, 5.3)."""
+    return max(multiple, multiple * math.floor(value / multiple + 0.5))
+
+
+def count_non_padding_tokens(batch: Any) -> int:
+    """Non-padding input tokens of a batch (spec 3).
+
+    Uses ``attention_mask`` when present, else counts every ``input_ids``
+    position. Labels that mask prompt tokens do not matter: the paper counts
+    input tokens.
+    """
+    mask = batch.get("attention_mask") if hasattr(batch, "get") else None
+    if mask is not None:
+        return int(mask.sum())
+    input_ids = batch["input_ids"]
+    return int(input_ids.numel())
+
+
+class TokenMapper:
+    """Spec 3 mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
+
+    Args:
+        h_base: recipe horizon in steps.
+        q_h: granularity of executable horizons.
+        calibration_intervals: recipe-horizon intervals whose median global
+            token count is ``M_base`` (3).
+        beta: EMA factor of the tokens-per-step estimate ``n_hat`` (0.9).
+        enabled: ``False`` makes the mapper the identity (DiLoCo special case).
+    """
+
+    def __init__(
+        self, h_base: int, q_h: int, calibration_intervals: int = 3, beta: float = 0.9, enabled: bool = True
+    ) -> None:
+        self.h_base = h_base
+        self.q_h = q_h
+        self.calibration_intervals = calibration_intervals
+        self.beta = beta
+        self.enabled = enabled
+        self.base_counts: list[int] = []
+        self.tokens_per_step: Optional[float] = None  # n_hat
+
+    @property
+    def base_tokens(self) -> Optional[float]:
+        """``M_base``, once the calibration intervals are complete."""
+        if len(self.base_counts) < self.calibration_intervals:
+            return None
+        return float(statistics.median(self.base_counts))
+
+    @property
+    def ready(self) -> bool:
+        return self.enabled and self.base_tokens is not None and bool(self.tokens_per_step)
+
+    def observe(self, global_tokens: int, h_step: int, at_recipe_horizon: bool) -> None:
+        """Record a completed interval: its exact global non-padding token count and length."""
+        if h_step <= 0:
+            return
+        if at_recipe_horizon and len(self.base_counts) < self.calibration_intervals:
+            self.base_counts.append(int(global_tokens))
+        density = global_tokens / h_step
+        if self.tokens_per_step is None:
+            self.tokens_per_step = density
+        else:
+            self.tokens_per_step = self.beta * self.tokens_per_step + (1.0 - self.beta) * density
+
+    def map(self, h_tok: int) -> int:
+        """Executable steps for a token-equivalent horizon; ``h_tok`` itself until calibrated."""
+        if not self.ready:
+            return h_tok
+        assert self.base_tokens is not None and self.tokens_per_step is not None
+        return round_to_multiple(h_tok * (self.base_tokens / self.h_base) / self.tokens_per_step, self.q_h)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base_counts": list(self.base_counts), "tokens_per_step": self.tokens_per_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base_counts = [int(c) for c in state["base_counts"]]
+        self.tokens_per_step = state["tokens_per_step"]
