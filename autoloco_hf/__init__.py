@@ -16,7 +16,7 @@ _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.hf.callback",
     "AutoLoCoAccelerate": "autoloco_hf.hf.accelerate",
     "IntervalEngine": "autoloco_hf.engine",
-    "SimulatedWorkers": "autoloco_hf.simulate",
+    "LocalWorkers": "autoloco_hf.workers",
     "SimulatedCommunicator": "autoloco_hf.comm",
     "ProcessGroupCommunicator": "autoloco_hf.comm",
 }

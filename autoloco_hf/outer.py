@@ -1,0 +1,107 @@
+"""FP32 outer parameters and the Nesterov outer step (spec 4).
+
+The synchronized parameters ``theta_t`` live in one flat FP32 buffer (optionally
+in host memory), whatever the dtype of the worker model. The outer step is
+``torch.optim.SGD(nesterov=True)`` on that buffer with ``lr`` and ``momentum``
+set on its param group for each step, which makes it bit-exact with DiLoCo's
+reference implementation (spec 4, last paragraphs). QSR and Linear Interval
+average models directly (spec 6).
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> outer = OuterOptimizer(list(model.parameters()), lr=0.7, momentum=0.9)
+    >>> with torch.no_grad():
+    ...     _ = model.weight.add_(1.0)
+    >>> delta = outer.pseudo_gradient(list(model.parameters()))
+    >>> outer.step(delta, lr=0.7, momentum=0.9)
+    >>> outer.write_back(list(model.parameters()))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+
+def flatten_fp32(params: Sequence[torch.Tensor], device: Optional[torch.device] = None) -> torch.Tensor:
+    """One flat FP32 copy of ``params`` (on ``device``, default the params' device)."""
+    device = device or params[0].device
+    return torch.cat([p.detach().reshape(-1).to(device=device, dtype=torch.float32) for p in params])
+
+
+class OuterOptimizer:
+    """Holds ``theta_t`` and the outer momentum; computes pseudo-gradients and applies outer steps.
+
+    Args:
+        params: the worker model's parameters (their current values become ``theta_0``).
+        lr, momentum: initial outer learning rate and momentum (overridden per step).
+        device: where the FP32 outer state lives (``"cpu"`` to offload).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        lr: float = 0.7,
+        momentum: float = 0.9,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else params[0].device
+        self.numels = [p.numel() for p in params]
+        self.params = flatten_fp32(params, self.device).requires_grad_(True)
+        self.optimizer = torch.optim.SGD([self.params], lr=lr, momentum=momentum, nesterov=True)
+
+    @property
+    def numel(self) -> int:
+        return self.params.numel()
+
+    @property
+    def momentum_buffer(self) -> Optional[torch.Tensor]:
+        return self.optimizer.state.get(self.params, {}).get("momentum_buffer")
+
+    @torch.no_grad()
+    def pseudo_gradient(self, local_params: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (spec 2)."""
+        return self.params.detach() - flatten_fp32(local_params, self.device)
+
+    @torch.no_grad()
+    def step(
+        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: Optional[float] = None
+    ) -> None:
+        """Nesterov outer step on the averaged pseudo-gradient (spec 4).
+
+        ``grad_divisor`` (``rho_t + eps``) applies pseudo-gradient normalization.
+        The momentum buffer is not rescaled when ``momentum`` changes.
+        """
+        grad = mean_pseudo_grad.to(self.device, torch.float32)
+        if grad_divisor is not None:
+            grad = grad / grad_divisor
+        group = self.optimizer.param_groups[0]
+        group["lr"], group["momentum"] = lr, momentum
+        self.params.grad = grad
+        self.optimizer.step()
+        self.params.grad = None
+
+    @torch.no_grad()
+    def average_step(self, mean_pseudo_grad: torch.Tensor) -> None:
+        """Direct model averaging (QSR, Linear Interval): ``theta <- theta - mean Delta``."""
+        self.params.sub_(mean_pseudo_grad.to(self.device, torch.float32))
+
+    @torch.no_grad()
+    def write_back(self, params: Sequence[torch.Tensor]) -> None:
+        """Copy ``theta_{t+1}`` into a worker model (cast to its dtype and device)."""
+        for p, chunk in zip(params, torch.split(self.params.detach(), self.numels)):
+            p.copy_(chunk.view_as(p))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"params": self.params.detach().clone(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.params.copy_(state["params"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        buffer = self.momentum_buffer  # SGD.load_state_dict casts state to the param's device
+        if buffer is not None:
+            self.optimizer.state[self.params]["momentum_buffer"] = buffer.to(self.device, torch.float32)

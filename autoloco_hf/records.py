@@ -1,0 +1,104 @@
+"""Per-interval records and run totals (spec 8.1).
+
+Every number the controller saw and every decision it took is written, one
+JSON object per interval, so a run can be debugged and compared afterwards
+(`autoloco report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class IntervalRecord:
+    """One synchronization."""
+
+    index: int
+    start_step: int
+    h_tok: int
+    h_step: int
+    h_ref: int
+    lr_mass: float  # Lambda_t measured while the interval ran
+    lr_mass_preview: float  # Lambda(s_t, H_step) previewed at its start
+    lr_mass_base: float  # Lambda(s_t, H_ref)
+    rho: float
+    mu: float  # mu_t
+    eta: float  # eta_t^out
+    drift_energy: float  # D_t
+    coherence: float  # C_t
+    normalized_drift: float  # d_t
+    disagreement: float  # V_t
+    mean_loss: float
+    tokens: int  # global non-padding tokens of the interval
+    outer_step_applied: bool
+    assessment: str
+    decision: str
+    phase: str
+    next_h_tok: Optional[int]
+    next_h_step: Optional[int]
+    z_drift: Optional[float]
+    z_coherence: Optional[float]
+    seconds: float  # wall time of the interval, sync included
+    sync_seconds: float
+    controller_seconds: float
+    payload_bytes: int  # logical payload of this sync at the wire dtype (per worker)
+    wire_bytes: int  # bytes this worker sent
+    encode_seconds: float
+    collective_seconds: float
+    decode_seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=True)
+
+
+@dataclass
+class RunTotals:
+    """Accumulated accounting of a run (spec 8.1)."""
+
+    steps: int = 0
+    tokens: int = 0
+    syncs: int = 0
+    payload_tensors: int = 0  # full-model tensors sent per worker
+    payload_bytes: int = 0  # logical payload per worker at the wire dtype
+    wire_bytes: int = 0  # bytes actually sent by this worker
+    sync_seconds: float = 0.0
+    controller_seconds: float = 0.0
+    encode_seconds: float = 0.0
+    collective_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    skipped_outer_steps: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class JsonlWriter:
+    """Appends records to a JSONL file.
+
+    ``keep`` is the number of records already accounted for (by a checkpoint
+    being resumed): older lines are kept, lines written after that checkpoint
+    are dropped so that a resumed run does not log an interval twice.
+    """
+
+    def __init__(self, path: str, keep: int = 0) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        lines: list[str] = []
+        if keep and os.path.exists(path):
+            with open(path) as f:
+                lines = [line for line in f if line.strip()][:keep]
+        with open(path, "w") as f:
+            f.writelines(lines)
+
+    def write(self, record: IntervalRecord) -> None:
+        with open(self.path, "a") as f:
+            f.write(record.to_json() + "\n")
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
