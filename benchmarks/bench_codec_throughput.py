@@ -1,0 +1,75 @@
+"""Encode/decode throughput of the pseudo-gradient wire codecs (spec 7).
+
+Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
+encode, decode and encode+decode of the bf16 and int8 wires, median of
+``--repeats`` runs after one warm-up, so that the codec's cost can be compared
+with the time an outer synchronization spends on the network.
+
+    python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from autoloco_hf.codec import WireCodec
+
+
+def _parse_size(text: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1].upper()] if text[-1].upper() in mult else int(text)
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    fn()  # warm-up: allocator, kernels
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="elements, e.g. 16M")
+    parser.add_argument("--wires", nargs="+", default=["bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    parser.add_argument("--block-size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args()
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, device {device}, torch.get_num_threads() = {torch.get_num_threads()}, "
+          f"block_size {args.block_size}, median of {args.repeats}")
+    header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "wire/fp32")
+    print(f"{header[0]:>5} {header[1]:>12} {header[2]:>12} {header[3]:>12} {header[4]:>13} {header[5]:>10}")
+    gen = torch.Generator().manual_seed(0)
+    for size in args.sizes:
+        numel = _parse_size(size)
+        x = torch.randn(numel, generator=gen).to(device)
+        gb = 4 * numel / 1e9
+        for wire in args.wires:
+            codec = WireCodec(wire, [numel], block_size=args.block_size)
+            encoded = codec.encode(x, 0)
+            t_enc = _median_seconds(lambda: codec.encode(x, 0), args.repeats, device)
+            t_dec = _median_seconds(lambda: codec.decode(encoded, 0, numel), args.repeats, device)
+            t_rt = _median_seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
+            ratio = codec.wire_bytes(0, numel) / (4 * numel)
+            print(f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / t_rt:>13.2f} {ratio:>10.4f}")
+
+
+if __name__ == "__main__":
+    main()
