@@ -62,7 +62,7 @@ class Communicator(ABC):
 
     def codec(self, segment_sizes: Sequence[int]) -> WireCodec:
         """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once)."""
-        if self._codec is None or self._codec.numel != sum(segment_sizes):
+        if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes):
             self._codec = WireCodec(self.wire_dtype, segment_sizes, self.block_size)
         return self._codec
 
