@@ -1,0 +1,164 @@
+"""MMLU-Pro, BBH, IFEval and IFBench through lm-eval's own tasks and metrics.
+
+With hub data we run lm-eval's built-in tasks (and our IFBench task) as they
+are. A local data path gets a generated task YAML that `include:`s the
+built-in one and only swaps the dataset for local JSONL, so prompts, filters
+and metrics stay lm-eval's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+TASKS_DIR = Path(__file__).parent / "tasks"
+
+
+@dataclass(frozen=True)
+class LmEvalTask:
+    """How one of our task names maps onto lm-eval."""
+
+    builtin: str  # lm-eval task or group run on hub data
+    metric: str  # result key, "metric,filter"
+    subtask_dir: str | None = None  # built-in YAML folder, for grouped tasks
+
+    def local_name(self, name: str) -> str:
+        return f"local_{name}"
+
+
+LM_EVAL_TASKS = {
+    # 5-shot CoT generation; accuracy of the extracted letter, micro-averaged over subjects.
+    "mmlu_pro": LmEvalTask("mmlu_pro", "exact_match,custom-extract", "mmlu_pro"),
+    # 3-shot CoT; exact match of the extracted answer, micro-averaged over subtasks.
+    "bbh": LmEvalTask("bbh_cot_fewshot", "exact_match,get-answer", "bbh/cot_fewshot"),
+    "ifeval": LmEvalTask("ifeval", "prompt_level_strict_acc,none"),
+    "ifbench": LmEvalTask("autoloco_ifbench", "prompt_level_loose_acc,none"),
+}
+
+
+def _builtin_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def _json_task(include: Path, task: str, data_files: dict[str, str]) -> dict:
+    return {
+        "include": str(include),
+        "task": task,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": data_files},
+    }
+
+
+def _group(builtin_group_yaml: Path, group: str, tasks: list[str]) -> dict:
+    config = yaml.safe_load(builtin_group_yaml.read_text())
+    return {**config, "group": group, "task": tasks}
+
+
+def local_task_configs(name: str, path: Path) -> dict[str, dict]:
+    """Task YAMLs (file stem -> config) that run task ``name`` on local data at ``path``.
+
+    mmlu_pro: a folder with test.jsonl and validation.jsonl (TIGER-Lab/MMLU-Pro rows);
+    bbh: a folder of <subtask>.jsonl files ({"input", "target"} rows);
+    ifeval, ifbench: one JSONL file of their hub rows.
+    """
+    builtin = _builtin_dir()
+    group = LM_EVAL_TASKS[name].local_name(name)
+    if name == "mmlu_pro":
+        files = {"test": str(path / "test.jsonl"), "validation": str(path / "validation.jsonl")}
+        with open(files["test"], encoding="utf-8") as f:
+            subjects = sorted({json.loads(line)["category"].replace(" ", "_") for line in f if line.strip()})
+        configs = {
+            f"{group}_{s}": _json_task(builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files)
+            for s in subjects
+        }
+        configs[group] = _group(builtin / "mmlu_pro" / "_mmlu_pro.yaml", group, list(configs))
+        return configs
+    if name == "bbh":
+        cot = builtin / "bbh" / "cot_fewshot"
+        configs = {
+            f"{group}_{f.stem}": _json_task(cot / f"{f.stem}.yaml", f"{group}_{f.stem}", {"test": str(f)})
+            for f in sorted(path.glob("*.jsonl"))
+        }
+        if not configs:
+            raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl files in {path}")
+        configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
+        return configs
+    include = builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
+    return {group: _json_task(include, group, {"train": str(path)})}
+
+
+def run_lm_eval(
+    model,
+    tokenizer,
+    names: list[str],
+    local: dict[str, Path | None],
+    work_dir: Path,
+    *,
+    limit: int | None,
+    batch_size: int,
+    max_gen_toks: int | None,
+    chat: bool,
+) -> dict[str, dict]:
+    """Evaluate ``names`` in one lm-eval call; return per task its score and sample count."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    include_dir = work_dir / "lm_eval_tasks"
+    include_dir.mkdir(parents=True, exist_ok=True)
+    run_names = {}
+    for name in names:
+        spec = LM_EVAL_TASKS[name]
+        if local.get(name) is None:
+            run_names[name] = spec.builtin
+            continue
+        for stem, config in local_task_configs(name, local[name]).items():
+            (include_dir / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        run_names[name] = spec.local_name(name)
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    output = simple_evaluate(
+        model=lm,
+        tasks=list(run_names.values()),
+        limit=limit,
+        apply_chat_template=chat,
+        fewshot_as_multiturn=chat,
+        gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
+        task_manager=TaskManager(include_path=[str(TASKS_DIR), str(include_dir)]),
+        bootstrap_iters=0,
+        log_samples=True,
+    )
+    scores = {}
+    for name, run_name in run_names.items():
+        metric = LM_EVAL_TASKS[name].metric
+        scores[name] = {
+            "score": output["results"][run_name][metric],
+            "n": _sample_count(output, run_name),
+            "metric": metric,
+        }
+        _write_samples(output, run_name, work_dir / f"samples_{name}.jsonl")
+    return scores
+
+
+def _subtasks(output: dict, run_name: str) -> list[str]:
+    return output.get("group_subtasks", {}).get(run_name) or [run_name]
+
+
+def _sample_count(output: dict, run_name: str) -> int:
+    return sum(output["n-samples"][t]["effective"] for t in _subtasks(output, run_name))
+
+
+def _write_samples(output: dict, run_name: str, path: Path) -> None:
+    """The model's generations and per-sample metrics, for reading failures."""
+    with open(path, "w", encoding="utf-8") as f:
+        for task in _subtasks(output, run_name):
+            for s in output["samples"][task]:
+                row = {"task": task, "doc_id": s["doc_id"], "response": s["resps"][0][0], "filtered": s["filtered_resps"]}
+                row.update({k: s[k] for k in s if k in s.get("metrics", [])})
+                f.write(json.dumps(row, default=str) + "\n")
