@@ -60,10 +60,11 @@ class Communicator(ABC):
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
         self._codec: Optional[WireCodec] = None
 
-    def codec(self, segment_sizes: Sequence[int]) -> WireCodec:
-        """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once)."""
-        if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes):
-            self._codec = WireCodec(self.wire_dtype, segment_sizes, self.block_size)
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+        """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once per layout and wire)."""
+        wire = wire_dtype or self.wire_dtype
+        if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes) or self._codec.wire_dtype != wire:
+            self._codec = WireCodec(wire, segment_sizes, self.block_size)
         return self._codec
 
     @abstractmethod
@@ -111,7 +112,7 @@ class SimulatedCommunicator(Communicator):
             mean = mean_in_worker_order(flats)
             traffic.wire_bytes = self.ring_bytes(flats[0].numel())
         else:
-            codec = self.codec(segment_sizes)
+            codec = self.codec(segment_sizes, wire)
             mean = owner_reduce_mean(codec, flats)
             traffic.wire_bytes = self.owner_reduce_bytes(codec, worker=0)
         traffic.collective_seconds = time.perf_counter() - start
@@ -162,7 +163,7 @@ class ProcessGroupCommunicator(Communicator):
         if wire == "fp32":
             mean = self._all_reduce_mean(flat, traffic)
         else:
-            mean = self._owner_reduce_mean(flat, self.codec(segment_sizes), traffic)
+            mean = self._owner_reduce_mean(flat, self.codec(segment_sizes, wire), traffic)
         return AverageResult(mean, sums, traffic)
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
