@@ -250,6 +250,8 @@ class AutoLoCoConfig:
         if self.wire_dtype not in WIRE_DTYPES:
             _fail("wire_dtype", self.wire_dtype, f"use one of {', '.join(WIRE_DTYPES)}")
         self._check_int("int8_block_size", 1)
+        if self.error_feedback and self.wire_dtype == "fp32":
+            _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")
         self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
         self._check_int("ranks_per_worker", 1)
 

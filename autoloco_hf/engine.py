@@ -46,6 +46,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .codec import ErrorFeedback, roundtrip_as_sent
 from .comm import Communicator, Traffic
 from .config import AutoLoCoConfig
 from .correction import OuterCorrection, interval_ratio, outer_correction
@@ -124,6 +125,10 @@ class IntervalEngine:
             device="cpu" if config.outer_on_cpu else None,
         )
         self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
+        # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
+        self.error_feedback = (
+            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
+        )
         self.step = 0
         self._start_interval()
 
@@ -212,6 +217,8 @@ class IntervalEngine:
             finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
                 delta.zero_()
+            elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
+                delta = self._compensate(i, delta)
             deltas.append(delta)
             scalars.append(self._scalar_summary(plan, sq_norm if finite else 0.0, i, finite))
         result = self.comm.average(deltas, scalars, self.segment_sizes)
@@ -264,6 +271,13 @@ class IntervalEngine:
         record.controller_seconds = controller_seconds
         self._account(record, result.traffic, sync_seconds, controller_seconds)
         return record
+
+    def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
+        feedback = self.error_feedback[worker]
+        compensated = feedback.compensate(delta)
+        codec = self.comm.codec(self.segment_sizes)
+        feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
+        return compensated
 
     def _scalar_summary(self, plan: IntervalPlan, sq_norm: float, worker: int, finite: bool) -> torch.Tensor:
         values = [0.0] * 9
@@ -395,6 +409,7 @@ class IntervalEngine:
                 "loss_count": self._loss_count,
                 "lr_mass": self._lr_mass,
             },
+            "error_feedback": [f.state_dict() for f in self.error_feedback],
             "totals": self.totals.as_dict(),
             "records": [r.__dict__.copy() for r in self.records],
         }
@@ -411,6 +426,8 @@ class IntervalEngine:
         if self.policy is not None:
             self.policy.load_state_dict(state["policy"])
         self.step = int(state["step"])
+        for feedback, saved_feedback in zip(self.error_feedback, state["error_feedback"]):
+            feedback.load_state_dict(saved_feedback)
         self.totals = RunTotals(**state["totals"])
         self.records = [IntervalRecord(**r) for r in state["records"]]
         if self.records_path:

@@ -205,3 +205,24 @@ def test_engine_rejects_mismatched_worker_count():
         from autoloco_hf.schedule import FunctionSchedule
 
         IntervalEngine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
+
+
+def test_int8_error_feedback_carries_the_residual_and_resumes():
+    """With error feedback, what INT8 dropped is added to the next contribution (and is checkpointed)."""
+    config = AutoLoCoConfig(method="diloco", h_base=5, wire_dtype="int8", error_feedback=True)
+    runner = LocalWorkers(config, make_model(), SimulatedCommunicator(2, wire_dtype="int8"), adamw, total_steps=10)
+    for step in range(5):
+        runner.train_step([batch_for(w, step) for w in range(2)])
+    residuals = [f.residual for f in runner.engine.error_feedback]
+    assert all(0 < float(r.abs().max()) < 1e-2 for r in residuals)
+    state = runner.engine.state_dict()
+    assert torch.equal(state["error_feedback"][1]["residual"], residuals[1])
+    plain = LocalWorkers(
+        AutoLoCoConfig(method="diloco", h_base=5, wire_dtype="int8"), make_model(),
+        SimulatedCommunicator(2, wire_dtype="int8"), adamw, total_steps=10,
+    )
+    for step in range(10):
+        plain.train_step([batch_for(w, step) for w in range(2)])
+        if step >= 5:
+            runner.train_step([batch_for(w, step) for w in range(2)])
+    assert not torch.equal(next(plain.models[0].parameters()), next(runner.models[0].parameters()))
