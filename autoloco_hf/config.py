@@ -220,6 +220,12 @@ class AutoLoCoConfig:
         self._check_float("mu_max", 0.0, 1.0, high_open=True)
         if self.mu_min > self.mu_max:
             _fail("mu_min", self.mu_min, f"it must not exceed mu_max={self.mu_max}")
+        if self.method == "autoloco" and not self.mu_min <= self.outer_momentum <= self.mu_max:
+            _fail(
+                "outer_momentum",
+                self.outer_momentum,
+                f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{self.mu_min}, {self.mu_max}] (spec 4)",
+            )
         self._check_float("kappa_max", 1.0, math.inf)
         self._check_float("eps", 0.0, 1.0, low_open=True)
         self._check_float("token_ema_beta", 0.0, 1.0, high_open=True)
