@@ -1,0 +1,174 @@
+"""Offline text, a locally trained tokenizer and tiny Llama models (demo and smoke tests).
+
+Everything here works on a machine with nothing downloaded: the text is
+Python's own ``pydoc_data.topics`` (English prose about the language, on
+every Python installation), the tokenizer is a byte-level BPE trained on it
+in well under a second, and the model is a ``LlamaForCausalLM`` built from a
+config. The demo and the recipes' smoke tests share these builders, so a
+smoke test trains the same kind of model the README shows.
+
+Example::
+
+    >>> tok = train_tokenizer(corpus_text()[:20_000], vocab_size=300)
+    >>> tok.decode(tok("hello world")["input_ids"])
+    'hello world'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>")
+
+# A chat template whose assistant turns are wrapped in generation markers, which
+# TRL needs for assistant-only loss (`assistant_only_loss=True`).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>' }}{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
+    "{% else %}"
+    "{{ '<|' + message['role'] + '|>' }}{{ message['content'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def corpus_text() -> str:
+    """The English prose of ``pydoc_data.topics`` (~465k characters), in a fixed order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key].strip() for key in sorted(topics))
+
+
+def corpus_documents() -> list[str]:
+    """``pydoc_data.topics`` as separate documents (one per help topic), in a fixed order."""
+    from pydoc_data.topics import topics
+
+    return [topics[key].strip() for key in sorted(topics) if topics[key].strip()]
+
+
+def train_tokenizer(text: str, vocab_size: int = 1024) -> Any:
+    """A byte-level BPE trained on ``text``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    chunk = 10_000
+    tokenizer.train_from_iterator((text[i : i + chunk] for i in range(0, len(text), chunk)), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def tiny_llama(
+    vocab_size: int,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: Optional[int] = None,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> Any:
+    """A ``LlamaForCausalLM`` built from a config (no download), initialized from ``seed``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+@dataclass
+class TokenSplits:
+    """Token ids of a corpus, split into training and held-out validation text."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+
+
+def split_tokens(tokenizer: Any, documents: list[str], val_fraction: float = 0.05) -> TokenSplits:
+    """Tokenize ``documents`` and hold out every ``1/val_fraction``-th document for validation.
+
+    Holding out whole documents (not a tail of one stream) keeps validation
+    text unseen by training while covering the corpus evenly.
+    """
+    every = max(2, round(1 / val_fraction))
+    train_ids: list[int] = []
+    val_ids: list[int] = []
+    eos = tokenizer.eos_token_id
+    for i, doc in enumerate(documents):
+        ids = tokenizer(doc, add_special_tokens=False)["input_ids"] + [eos]
+        (val_ids if i % every == every - 1 else train_ids).extend(ids)
+    return TokenSplits(torch.tensor(train_ids, dtype=torch.long), torch.tensor(val_ids, dtype=torch.long))
+
+
+class WindowSampler:
+    """Random fixed-length windows of a token stream, one independent seeded stream per worker.
+
+    Batches depend only on ``(seed, worker, step)``, so every method of a
+    comparison trains on exactly the same data in the same order.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0) -> None:
+        if tokens.numel() <= seq_len + 1:
+            raise ValueError(f"{tokens.numel()} tokens are too few for windows of {seq_len}")
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.generators = [torch.Generator().manual_seed(seed * 1_000_003 + w) for w in range(num_workers)]
+
+    def next_batches(self) -> list[dict[str, torch.Tensor]]:
+        """One batch per worker (``input_ids`` and ``labels``; the model shifts labels itself)."""
+        high = self.tokens.numel() - self.seq_len
+        batches = []
+        for generator in self.generators:
+            starts = torch.randint(0, high, (self.batch_size,), generator=generator)
+            ids = torch.stack([self.tokens[s : s + self.seq_len] for s in starts.tolist()])
+            batches.append({"input_ids": ids, "labels": ids})
+        return batches
+
+
+def eval_windows(tokens: torch.Tensor, seq_len: int, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Consecutive non-overlapping windows covering ``tokens`` (deterministic validation batches)."""
+    n = (tokens.numel() // seq_len) * seq_len
+    windows = tokens[:n].view(-1, seq_len)
+    for i in range(0, windows.shape[0], batch_size):
+        chunk = windows[i : i + batch_size]
+        yield {"input_ids": chunk, "labels": chunk}
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> float:
+    """Token-weighted mean causal-LM loss of ``model`` over ``batches`` (eval mode, restored after)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        predicted = int((batch["labels"][:, 1:] != -100).sum())
+        total += float(model(**batch).loss) * predicted
+        count += predicted
+    model.train(was_training)
+    return total / max(count, 1)
