@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
@@ -130,6 +131,7 @@ class IntervalEngine:
             [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
         )
         self.step = 0
+        self._lr_mass_warned = False
         self._start_interval()
 
     # ---------------------------------------------------------------- public
@@ -234,6 +236,7 @@ class IntervalEngine:
             self.config.eps,
         )
         mean_loss = sums[_LOSS_SUM] / max(sums[_LOSS_COUNT], 1.0)
+        self._check_lr_mass(plan, lr_mass)
         all_finite = sums[_NONFINITE] == 0
         valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
         correction = self._correction(plan)
@@ -300,6 +303,17 @@ class IntervalEngine:
                     f"{plan.h_step} steps; mean over workers {sums[total] / n:.3f}). Every worker must run "
                     "the same config, LR schedule and total_steps; restart from the last checkpoint."
                 )
+
+    def _check_lr_mass(self, plan: IntervalPlan, measured: float) -> None:
+        """Spec 2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
+        if not self._lr_mass_warned and not math.isclose(measured, plan.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
+            self._lr_mass_warned = True
+            warnings.warn(
+                f"interval at step {plan.start_step}: the learning rates actually used sum to {measured:.6g} but the "
+                f"schedule preview gave {plan.lr_mass:.6g}; the outer correction and candidate selection rely on "
+                "the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
+                RuntimeWarning,
+            )
 
     def _correction(self, plan: IntervalPlan) -> OuterCorrection:
         cfg = self.config

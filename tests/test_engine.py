@@ -226,3 +226,14 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
         if step >= 5:
             runner.train_step([batch_for(w, step) for w in range(2)])
     assert not torch.equal(next(plain.models[0].parameters()), next(runner.models[0].parameters()))
+
+
+def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used():
+    from autoloco_hf.engine import IntervalEngine
+    from autoloco_hf.schedule import FunctionSchedule
+
+    engine = IntervalEngine(AutoLoCoConfig(method="diloco", h_base=2), [make_model()],
+                            FunctionSchedule(lambda s: 1e-3, 4), SimulatedCommunicator(1), total_steps=4)
+    engine.after_optimizer_step([1], [1.0], lr=1e-3)
+    with pytest.warns(RuntimeWarning, match="schedule preview"):
+        engine.after_optimizer_step([1], [1.0], lr=5e-3)
