@@ -1,0 +1,84 @@
+"""Worker topology: which ranks form one worker, which ranks talk at a sync (spec 8.3).
+
+With ``WORLD_SIZE = W`` processes and ``ranks_per_worker = R`` (``W % R == 0``)
+there are ``N = W / R`` workers. Worker ``g`` is the ranks
+``g*R .. g*R + R - 1``; they keep normal data parallelism among themselves
+(gradients averaged inside the *inner group* every step). The outer
+synchronization runs in *outer groups* of ranks with equal local rank
+``r = rank % R``: ``{r, r + R, r + 2R, ...}``. With ``torchrun
+--nproc_per_node R`` on ``N`` nodes a worker is a node and the outer
+collective runs between the nodes.
+
+``torch.distributed.new_group`` must be called by every rank, in the same
+order, for every group: :func:`build_topology` does exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class WorkerTopology:
+    world_size: int
+    rank: int
+    ranks_per_worker: int
+    inner_group: Any = None  # process group of this rank's worker (None: single-rank worker)
+    outer_group: Any = None  # process group of the outer collective (None: the world)
+
+    @property
+    def num_workers(self) -> int:
+        return self.world_size // self.ranks_per_worker
+
+    @property
+    def worker_index(self) -> int:
+        return self.rank // self.ranks_per_worker
+
+    @property
+    def rank_in_worker(self) -> int:
+        return self.rank % self.ranks_per_worker
+
+    def inner_ranks(self) -> list[int]:
+        g = self.worker_index * self.ranks_per_worker
+        return list(range(g, g + self.ranks_per_worker))
+
+    def outer_ranks(self) -> list[int]:
+        return list(range(self.rank_in_worker, self.world_size, self.ranks_per_worker))
+
+
+def check_worker_layout(world_size: int, ranks_per_worker: int) -> None:
+    """Fail clearly when ``ranks_per_worker`` does not divide the world."""
+    if ranks_per_worker < 1 or world_size % ranks_per_worker != 0:
+        raise ValueError(
+            f"AutoLoCoConfig.ranks_per_worker={ranks_per_worker} does not divide the world size {world_size}: "
+            "every worker must have the same number of ranks (e.g. ranks_per_worker = GPUs per node)"
+        )
+
+
+def build_topology(ranks_per_worker: int = 1, backend: Optional[str] = None) -> WorkerTopology:
+    """Create the inner and outer process groups of this run (collective: call on every rank)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        if ranks_per_worker != 1:
+            raise ValueError(
+                f"ranks_per_worker={ranks_per_worker} needs a distributed launch (torchrun / accelerate launch) "
+                "with a multiple of that many processes"
+            )
+        return WorkerTopology(world_size=1, rank=0, ranks_per_worker=1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    check_worker_layout(world, ranks_per_worker)
+    topo = WorkerTopology(world_size=world, rank=rank, ranks_per_worker=ranks_per_worker)
+    if ranks_per_worker == 1:
+        return topo  # every rank is a worker: the outer collective is the world
+    R = ranks_per_worker
+    for g in range(world // R):  # every rank creates every group, in the same order
+        group = dist.new_group(list(range(g * R, g * R + R)), backend=backend)
+        if g == topo.worker_index:
+            topo.inner_group = group
+    for r in range(R):
+        group = dist.new_group(list(range(r, world, R)), backend=backend)
+        if r == topo.rank_in_worker:
+            topo.outer_group = group
+    return topo
