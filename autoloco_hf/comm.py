@@ -48,6 +48,20 @@ class AverageResult:
     traffic: Traffic
 
 
+def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Float64 ``v0 + v1 + ... + v_{N-1}`` in this fixed order on both paths.
+
+    An all-reduce picks its own addition order (gloo's differs from the simulation's
+    for N >= 3), so the scalar sums would differ in the last bit of the squared norms
+    and loss sums; gathering the N tiny vectors and adding them in worker order keeps
+    the simulation and N processes bit-identical (spec 8.4).
+    """
+    total = values[0].to(torch.float64, copy=True)
+    for v in values[1:]:
+        total += v.to(torch.float64)
+    return total
+
+
 class Communicator(ABC):
     """Averages flat buffers across all workers; ``local_workers`` of them live in this process."""
 
@@ -116,7 +130,7 @@ class SimulatedCommunicator(Communicator):
             mean = owner_reduce_mean(codec, flats)
             traffic.wire_bytes = self.owner_reduce_bytes(codec, worker=0)
         traffic.collective_seconds = time.perf_counter() - start
-        sums = torch.stack(list(scalars)).sum(dim=0) if scalars else torch.zeros(0, dtype=torch.float64)
+        sums = sum_in_worker_order(scalars) if scalars else torch.zeros(0, dtype=torch.float64)
         return AverageResult(mean, sums, traffic)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
@@ -154,12 +168,11 @@ class ProcessGroupCommunicator(Communicator):
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         sums = torch.zeros(0, dtype=torch.float64)
-        if scalars:  # one tiny float64 all-reduce: exact token counts and norms (spec 2)
-            sums = scalars[0].to(torch.float64).clone()
-            if flat.device.type != "cpu":
-                sums = sums.to(flat.device)
-            self.dist.all_reduce(sums, group=self.group)
-            sums = sums.cpu()
+        if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
+            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
+            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+            self.dist.all_gather(gathered, local, group=self.group)
+            sums = sum_in_worker_order(gathered).cpu()
         if wire == "fp32":
             mean = self._all_reduce_mean(flat, traffic)
         else:
