@@ -116,6 +116,10 @@ class AutoLoCoConfig:
             Floor of the robust residual scale *[reconstruction]* (spec 5.1).
         k_moderate (`float`, defaults to 2.0), k_severe (`float`, defaults to 4.0):
             Adverse-score thresholds of moderate and severe deviations (spec 5.2).
+        min_history (`int`, defaults to 3):
+            Residuals needed before moderate and severe can be assessed (spec 5.2).
+        candidate_max_intervals (`int`, defaults to 2):
+            Intervals a candidate may run while consistent before it is adopted (spec 5.3.6).
         moderate_confirmations (`int`, defaults to 2):
             Consecutive moderate deviations that trigger a reduction (spec 5.3.4).
         reduce_moderate (`float`, defaults to 1.2), reduce_severe (`float`, defaults to 1.5):
@@ -180,6 +184,8 @@ class AutoLoCoConfig:
     sigma_floor: float = 0.10
     k_moderate: float = 2.0
     k_severe: float = 4.0
+    min_history: int = 3
+    candidate_max_intervals: int = 2
     moderate_confirmations: int = 2
     reduce_moderate: float = 1.2
     reduce_severe: float = 1.5
@@ -238,11 +244,15 @@ class AutoLoCoConfig:
         self._check_int("variability_intervals", 0)
         self._check_int("monitoring_holdoff", 1)
         self._check_float("ref_ema_alpha", 0.0, 1.0)
-        self._check_int("history_size", 3)
+        self._check_int("history_size", 1)
         self._check_float("sigma_floor", 0.0, math.inf, low_open=True)
         self._check_float("k_moderate", 0.0, math.inf, low_open=True)
         if self.k_severe < self.k_moderate:
             _fail("k_severe", self.k_severe, f"it must be >= k_moderate={self.k_moderate}")
+        self._check_int("min_history", 1)
+        if self.min_history > self.history_size:
+            _fail("min_history", self.min_history, f"it must not exceed history_size={self.history_size}")
+        self._check_int("candidate_max_intervals", 1)
         self._check_int("moderate_confirmations", 1)
         self._check_float("reduce_moderate", 1.0, math.inf, low_open=True)
         self._check_float("reduce_severe", 1.0, math.inf, low_open=True)

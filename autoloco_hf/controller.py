@@ -258,7 +258,7 @@ class HorizonController:
         st.candidate_intervals += 1
         if decision.assessment in (MODERATE, SEVERE):
             return self._reject(decision, lr_mass)
-        if decision.assessment == SUPPORTING or st.candidate_intervals >= 2:
+        if decision.assessment == SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
             # adopt: this interval doubles as the new reference's calibration interval
             st.h_accepted = st.h_tok
             st.moderate_streak = 0
@@ -368,7 +368,7 @@ class HorizonController:
         c_c, s_c = robust_centre_scale(st.history_coherence, cfg.sigma_floor)
         z_d, z_c = (r_drift - c_d) / s_d, (r_coherence - c_c) / s_c
         adverse = max(z_d, -z_c)
-        if len(st.history_drift) < 3:
+        if len(st.history_drift) < cfg.min_history:
             assessment = CONSISTENT
         elif adverse > cfg.k_severe:
             assessment = SEVERE
