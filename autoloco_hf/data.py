@@ -110,18 +110,18 @@ class TokenSplits:
 
 
 def split_tokens(tokenizer: Any, documents: list[str], val_fraction: float = 0.05) -> TokenSplits:
-    """Tokenize ``documents`` and hold out every ``1/val_fraction``-th document for validation.
+    """Tokenize ``documents``; hold out whole documents, spread evenly, for ``val_fraction`` of the tokens.
 
-    Holding out whole documents (not a tail of one stream) keeps validation
+    Holding out whole documents (not the tail of one stream) keeps validation
     text unseen by training while covering the corpus evenly.
     """
-    every = max(2, round(1 / val_fraction))
     train_ids: list[int] = []
     val_ids: list[int] = []
     eos = tokenizer.eos_token_id
-    for i, doc in enumerate(documents):
+    for doc in documents:
         ids = tokenizer(doc, add_special_tokens=False)["input_ids"] + [eos]
-        (val_ids if i % every == every - 1 else train_ids).extend(ids)
+        seen = len(train_ids) + len(val_ids) + len(ids)
+        (val_ids if len(val_ids) < val_fraction * seen else train_ids).extend(ids)
     return TokenSplits(torch.tensor(train_ids, dtype=torch.long), torch.tensor(val_ids, dtype=torch.long))
 
 
