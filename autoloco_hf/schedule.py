@@ -61,7 +61,7 @@ def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int, min_ratio
 
     def fn(step: int) -> float:
         if step < warmup_steps:
-            return peak_lr * float(step) / float(max(1, warmup_steps))
+            return peak_lr * (float(step) / float(max(1, warmup_steps)))
         progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
         factor = max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * 0.5 * progress)))
         return peak_lr * (factor * (1 - min_ratio) + min_ratio)
@@ -74,7 +74,7 @@ def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int) -> Functi
 
     def fn(step: int) -> float:
         if step < warmup_steps:
-            return peak_lr * float(step) / float(max(1, warmup_steps))
+            return peak_lr * (float(step) / float(max(1, warmup_steps)))
         return peak_lr * max(0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps)))
 
     return FunctionSchedule(fn, total_steps)
