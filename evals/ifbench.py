@@ -38,17 +38,16 @@ def process_results(doc: dict, results: list[str]) -> dict:
     """lm-eval hook: strict and loose, prompt- and instruction-level following."""
     lib = _evaluation_lib()
     response = {doc["prompt"]: results[0]}
-
-    def example():  # the checker edits kwargs in place: one fresh copy per call
-        return lib.InputExample(
-            key=doc["key"],
-            instruction_id_list=list(doc["instruction_id_list"]),
-            prompt=doc["prompt"],
-            kwargs=[dict(k) for k in doc["kwargs"]],
-        )
-
-    strict = lib.test_instruction_following_strict(example(), response)
-    loose = lib.test_instruction_following_loose(example(), response)
+    example = lib.InputExample(
+        key=doc["key"],
+        instruction_id_list=list(doc["instruction_id_list"]),
+        prompt=doc["prompt"],
+        kwargs=[dict(k) for k in doc["kwargs"]],
+    )
+    # Strict first, on the same example, as IFBench's run_eval does: the strict
+    # check drops None kwargs in place and the loose check relies on that.
+    strict = lib.test_instruction_following_strict(example, response)
+    loose = lib.test_instruction_following_loose(example, response)
     return {
         "prompt_level_strict_acc": strict.follow_all_instructions,
         "inst_level_strict_acc": strict.follow_instruction_list,

@@ -11,8 +11,6 @@ import os
 import warnings
 from pathlib import Path
 
-import nltk
-
 # Unreachable on purpose: nltk.download() fetches its index on every call, even
 # for installed data (IFBench's checkers call it per response).
 _NO_NLTK_INDEX = "file:///nonexistent/autoloco-evals-offline/index.xml"
@@ -27,6 +25,8 @@ def set_offline() -> None:
     """Make hub clients and NLTK fail fast instead of reaching for the network."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
+    import nltk  # 5 s to import: only when needed
+
     nltk.downloader._downloader._url = _NO_NLTK_INDEX
 
 
@@ -58,6 +58,8 @@ def ensure_punkt_tab(cache_dir: str | os.PathLike) -> None:
     a sentence) and warn: install the official one with
     ``python -m nltk.downloader punkt_tab`` for paper-exact sentence counts.
     """
+    import nltk
+
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
         return

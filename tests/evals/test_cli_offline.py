@@ -1,0 +1,89 @@
+"""Offline errors, the command end to end, and the comparison table."""
+
+import argparse
+import json
+import time
+
+import nltk
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from autoloco_evals.cli import add_arguments, run
+from autoloco_evals.report import markdown_table
+
+from conftest import build_tokenizer
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([str(a) for a in argv])
+
+
+@pytest.fixture(autouse=True)
+def restore_offline_state(monkeypatch):
+    """--offline changes the process environment; undo it after each test."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "0")
+    monkeypatch.setattr(nltk.downloader._downloader, "_url", nltk.downloader._downloader._url)
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["--tasks", "mmlu_pro", "ifbench"], "--mmlu-pro-path"),
+        (["--tasks", "nll", "--c4-path", "/nonexistent/c4.jsonl"], "--c4-path"),
+        (["--tasks", "nll", "--c4-path", "{fixtures}/c4.jsonl"], "--chat-path"),
+    ],
+)
+def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeypatch, tmp_path, capsys, fixtures_dir):
+    # Any network attempt would hang on this unroutable proxy instead of failing.
+    monkeypatch.setenv("HTTPS_PROXY", "http://10.255.255.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://10.255.255.1:9")
+    argv = [a.format(fixtures=fixtures_dir) for a in argv]
+    start = time.perf_counter()
+    code = run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
+    assert time.perf_counter() - start < 5
+    assert code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_eval_command_end_to_end(tmp_path, capsys):
+    """Save a tiny checkpoint, evaluate NLL on the bundled fixtures offline, compare two runs."""
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    )
+    model_dir = tmp_path / "tiny"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "out"
+
+    assert run(parse(model_dir, "--tasks", "nll", "--fixtures", "--offline", "--out", out, "--run-name", "a")) == 0
+    record = json.loads((out / "a.json").read_text())
+    assert record["model"] == str(model_dir) and record["chat_template"] is True
+    assert record["data"]["c4"].endswith("fixtures/c4.jsonl")
+    assert set(record["scores"]) == {"nll_c4", "nll_chat"}
+    assert record["details"]["nll"]["nll_chat_tokens"] > 0
+
+    capsys.readouterr()
+    assert run(parse("--compare", out / "a.json", out / "a.json")) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| Run | Test NLL (chat) | NLL (C4) |"
+    assert table[2] == table[3] == f"| a | {record['scores']['nll_chat']:.4f} | {record['scores']['nll_c4']:.4f} |"
+
+
+def test_markdown_table_layout():
+    runs = [
+        {"run": "DDP", "scores": {"nll_chat": 0.8745, "ifeval": 0.5, "humaneval_plus": 0.25}},
+        {"run": "AutoLoCo", "scores": {"ifeval": 0.4813}},
+    ]
+    assert markdown_table(runs) == (
+        "| Run | Test NLL (chat) | IFEval | HumanEval+ |\n"
+        "| --- | ---: | ---: | ---: |\n"
+        "| DDP | 0.8745 | 50.00 | 25.00 |\n"
+        "| AutoLoCo | - | 48.13 | - |\n"
+    )

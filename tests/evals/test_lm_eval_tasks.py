@@ -1,0 +1,92 @@
+"""MMLU-Pro, BBH, IFEval, IFBench: lm-eval's real pipeline on scripted generations.
+
+One scripted model answers every fixture prompt right, another answers every
+one wrong; the metric code (lm-eval's filters and metrics, IFEval's and
+IFBench's checkers) is the real one.
+"""
+
+import pytest
+
+from autoloco_evals.lm_eval_tasks import run_lm_eval
+from autoloco_evals.offline import ensure_punkt_tab, set_offline
+
+from conftest import fixture_rows, scripted_model
+
+LETTERS = "ABCDEFGHIJ"
+
+# key (the prompt) -> (reply that follows every instruction, reply that breaks one)
+IFEVAL = {
+    1001: ("the ocean is vast and deep, and it covers most of our planet.", "The Ocean Is Vast And Deep."),
+    1002: ("Red leaves drift down\nquiet wind across the field\nautumn says goodbye", "Red leaves, drifting down, slowly"),
+    1003: ("* apple\n* mango\n* kiwi", "* apple\n* mango"),
+    1004: (
+        "Cats are small and curious. They love to nap. Is there anything else I can help with?",
+        "Cats are small. They nap. They purr. They play. Is there anything else I can help with?",
+    ),
+}
+IFBENCH = {
+    "1": (
+        "meridian " + "gossamer " * 2 + "eclipse " * 3 + "threshold " * 5 + "cascade " * 7,
+        "meridian gossamer eclipse threshold cascade",
+    ),
+    "288": ("The Rust Belt Union Rules Northern Ohio", "the rust belt union rules northern ohio"),
+    "296": ("Notallclassesaresets;everysetisaclass.", "No, not all classes are sets."),
+    "280": ("14, 21, 28, 35, 42, 49", "10, 14, 21, 28, 35, 42, 49"),
+}
+
+
+def _bbh_wrong(target: str) -> str:
+    if target in ("True", "False"):
+        return str(target == "False")
+    if target.lstrip("-").isdigit():
+        return str(int(target) + 1)
+    return " ".join(reversed(target.split()))
+
+
+def scripts(right: bool) -> dict[str, str]:
+    """Prompt key -> scripted reply for every fixture example of the four tasks."""
+    pick = 0 if right else 1
+    script = {}
+    for row in fixture_rows("mmlu_pro/test.jsonl"):
+        letter = row["answer"] if right else LETTERS[(row["answer_index"] + 1) % len(row["options"])]
+        script[row["question"]] = f"Let's think step by step. The answer is ({letter})."
+    for name in ("boolean_expressions", "multistep_arithmetic_two", "word_sorting"):
+        for row in fixture_rows(f"bbh/{name}.jsonl"):
+            answer = row["target"] if right else _bbh_wrong(row["target"])
+            script[row["input"]] = f"Let me work it out. So the answer is {answer}."
+    for row in fixture_rows("ifeval.jsonl"):
+        script[row["prompt"]] = IFEVAL[row["key"]][pick]
+    for row in fixture_rows("ifbench.jsonl"):
+        script[row["prompt"]] = IFBENCH[row["key"]][pick]
+    return script
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """Offline for this test only; NLTK's punkt_tab from the local fallback."""
+    import nltk
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(nltk.downloader._downloader, "_url", nltk.downloader._downloader._url)
+    monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))
+    set_offline()
+    ensure_punkt_tab(tmp_path / "nltk_data")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("right", [True, False], ids=["right", "wrong"])
+def test_lm_eval_tasks_score_generations(right, offline, tmp_path, fixtures_dir):
+    model, tokenizer = scripted_model(scripts(right))
+    names = ["mmlu_pro", "bbh", "ifeval", "ifbench"]
+    local = {
+        "mmlu_pro": fixtures_dir / "mmlu_pro",
+        "bbh": fixtures_dir / "bbh",
+        "ifeval": fixtures_dir / "ifeval.jsonl",
+        "ifbench": fixtures_dir / "ifbench.jsonl",
+    }
+    got = run_lm_eval(model, tokenizer, names, local, tmp_path, limit=None, batch_size=4, max_gen_toks=32, chat=True)
+    expected = 1.0 if right else 0.0
+    assert {name: got[name]["score"] for name in names} == {name: expected for name in names}
+    assert {name: got[name]["n"] for name in names} == {"mmlu_pro": 4, "bbh": 9, "ifeval": 4, "ifbench": 4}
+    assert (tmp_path / "samples_bbh.jsonl").read_text().count("So the answer is") == 9
