@@ -38,6 +38,18 @@ RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
 }
 
 
+_SWITCHES = (
+    "adjust_momentum",
+    "scale_outer_lr",
+    "normalize_pseudo_grad",
+    "adaptive_horizon",
+    "map_tokens",
+    "increase_requires_support",
+    "error_feedback",
+    "outer_on_cpu",
+)
+
+
 class ConfigError(ValueError):
     """A configuration field has an invalid value; the message names field and fix."""
 
@@ -206,6 +218,9 @@ class AutoLoCoConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             _fail("method", self.method, f"use one of {', '.join(METHODS)}")
+        for name in _SWITCHES:  # a string such as "false" would otherwise silently turn a switch on
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "pass True or False")
         self._check_int("h_base", 1)
         if self.q_h is None:
             self.q_h = max(1, self.h_base // 10)
