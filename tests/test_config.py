@@ -1,0 +1,272 @@
+"""Configuration: defaults, validation, presets (spec 1, 4, 5, 6, 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from autoloco_hf import AutoLoCoConfig, ConfigError
+from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES
+
+
+def test_spec_defaults() -> None:
+    """The spec's default constants (sections 3, 4, 5)."""
+    c = AutoLoCoConfig()
+    assert c.method == "autoloco" and c.h_base == 500
+    assert (c.q_h, c.h_min, c.h_max) == (50, 500, 750)
+    assert (c.outer_lr, c.outer_momentum, c.mu_min, c.mu_max, c.kappa_max, c.eps) == (0.7, 0.7, 0.5, 0.9, 1.5, 1e-8)
+    assert (c.adjust_momentum, c.scale_outer_lr, c.normalize_pseudo_grad) == (True, True, False)
+    assert (c.token_calibration_intervals, c.token_ema_beta) == (3, 0.9)
+    assert c.calibration_delay_steps == 0
+    assert (c.calibration_intervals, c.recalibration_intervals, c.variability_intervals, c.monitoring_holdoff) == (
+        2,
+        1,
+        3,
+        1,
+    )
+    assert (c.ref_ema_alpha, c.history_size, c.sigma_floor) == (0.2, 16, 0.10)
+    assert (c.k_moderate, c.k_severe, c.moderate_confirmations) == (2.0, 4.0, 2)
+    assert (c.min_history, c.candidate_max_intervals) == (3, 2)
+    assert (c.reduce_moderate, c.reduce_severe, c.gamma_inc) == (1.2, 1.5, 1.15)
+    assert (c.rejected_bound_release, c.rejected_bound_max_age) == (0.90, 20)
+    assert c.increase_requires_support is False
+    assert (c.qsr_alpha, c.qsr_gamma, c.linear_increment) == (None, 2.0, 10)
+    assert (c.wire_dtype, c.int8_block_size) == ("fp32", 4096)
+
+
+@pytest.mark.parametrize(
+    "h_base, q_h, h_max",
+    [(500, 50, 750), (100, 10, 150), (20, 2, 30), (10, 1, 15), (5, 1, 7), (1, 1, 1), (45, 4, 64)],
+)
+def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
+    """q_H = H_base / 10 (at least 1); H_min = H_base; H_max = 1.5 H_base rounded down to a multiple of q_H."""
+    c = AutoLoCoConfig(h_base=h_base)
+    assert (c.q_h, c.h_min, c.h_max) == (q_h, h_base, h_max)
+
+
+def test_explicit_horizon_fields_are_kept() -> None:
+    c = AutoLoCoConfig(h_base=500, q_h=25, h_min=250, h_max=1000)
+    assert (c.q_h, c.h_min, c.h_max) == (25, 250, 1000)
+    assert AutoLoCoConfig(h_base=500, q_h=25).h_max == 750
+
+
+@pytest.mark.parametrize(
+    "method, momentum", [("diloco", 0.9), ("autoloco", 0.7), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)]
+)
+def test_outer_momentum_default_depends_on_method(method: str, momentum: float) -> None:
+    """Spec 4, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base 0.7."""
+    assert AutoLoCoConfig(method=method).outer_momentum == momentum
+    assert AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7  # the fair comparator
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("method", "local_sgd"),
+        ("method", None),
+        ("h_base", 0),
+        ("h_base", -500),
+        ("h_base", 500.0),
+        ("h_base", True),
+        ("q_h", 0),
+        ("q_h", 2.5),
+        ("h_min", 0),
+        ("h_max", "750"),
+        ("outer_lr", 0.0),
+        ("outer_lr", math.nan),
+        ("outer_lr", math.inf),
+        ("outer_lr", True),
+        ("outer_momentum", 1.0),
+        ("outer_momentum", 1.2),
+        ("outer_momentum", -0.1),
+        ("mu_min", 1.0),
+        ("mu_max", math.nan),
+        ("kappa_max", 0.9),
+        ("eps", 0.0),
+        ("token_calibration_intervals", 0),
+        ("token_ema_beta", 1.0),
+        ("warmup_steps", -1),
+        ("warmup_steps", 1.5),
+        ("calibration_delay_steps", -1),
+        ("calibration_intervals", 0),
+        ("recalibration_intervals", 0),
+        ("variability_intervals", -1),
+        ("monitoring_holdoff", 0),
+        ("ref_ema_alpha", 1.5),
+        ("history_size", 0),
+        ("history_size", False),
+        ("min_history", 0),
+        ("candidate_max_intervals", 0),
+        ("sigma_floor", 0.0),
+        ("sigma_floor", math.nan),
+        ("k_moderate", 0.0),
+        ("moderate_confirmations", 0),
+        ("reduce_moderate", 1.0),
+        ("reduce_severe", 0.5),
+        ("gamma_inc", 0.99),
+        ("rejected_bound_release", 0.0),
+        ("rejected_bound_release", 1.01),
+        ("rejected_bound_max_age", 0),
+        ("qsr_alpha", 0.0),
+        ("qsr_gamma", -2.0),
+        ("linear_increment", 0),
+        ("wire_dtype", "fp16"),
+        ("int8_block_size", 0),
+        ("bucket_size_mb", 0),
+        ("ranks_per_worker", 0),
+        ("ranks_per_worker", True),
+    ],
+)
+def test_invalid_field_is_named(field: str, value: object) -> None:
+    """Every field is validated when the config is built; the error names the field."""
+    with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
+        AutoLoCoConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(h_base=500, h_min=600), "h_min"),
+        (dict(h_base=500, h_max=400), "h_max"),
+        (dict(mu_min=0.8, mu_max=0.6), "mu_min"),
+        (dict(k_moderate=3.0, k_severe=2.0), "k_severe"),
+        (dict(history_size=3, min_history=4), "min_history"),
+        (dict(outer_momentum=0.95), "outer_momentum"),  # AutoLoCo's mu_base must lie in [mu_min, mu_max]
+        (dict(outer_momentum=0.3), "outer_momentum"),
+        (dict(error_feedback=True), "error_feedback"),  # needs a lossy wire
+    ],
+)
+def test_inconsistent_fields_are_named(kwargs: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        AutoLoCoConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "adjust_momentum",
+        "scale_outer_lr",
+        "normalize_pseudo_grad",
+        "adaptive_horizon",
+        "map_tokens",
+        "increase_requires_support",
+        "error_feedback",
+        "outer_on_cpu",
+    ],
+)
+@pytest.mark.parametrize("value", [1, 0, "false", None])
+def test_switches_must_be_bools(field: str, value: object) -> None:
+    """A switch given as a number or a string (``"false"`` is truthy) fails instead of silently turning on."""
+    with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
+        AutoLoCoConfig(**{field: value})
+
+
+def test_config_error_is_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_boundary_values_are_accepted() -> None:
+    assert AutoLoCoConfig(method="diloco", outer_momentum=0.0).outer_momentum == 0.0
+    assert AutoLoCoConfig(method="diloco", outer_momentum=0.95).outer_momentum == 0.95
+    assert AutoLoCoConfig(error_feedback=True, wire_dtype="int8").error_feedback
+    c = AutoLoCoConfig(
+        h_base=500,
+        h_min=500,
+        h_max=500,
+        outer_momentum=0.6,
+        mu_min=0.6,
+        mu_max=0.6,
+        kappa_max=1.0,
+        k_moderate=3.0,
+        k_severe=3.0,
+        gamma_inc=1.0,
+        rejected_bound_release=1.0,
+        ref_ema_alpha=0.0,
+        variability_intervals=0,
+        warmup_steps=0,
+        history_size=1,
+        min_history=1,
+        candidate_max_intervals=1,
+    )
+    assert c.h_max == 500
+
+
+# ------------------------------------------------------------ dict round trip
+def test_to_dict_from_dict_round_trip() -> None:
+    c = AutoLoCoConfig(method="diloco", h_base=100, wire_dtype="int8", warmup_steps=65)
+    d = c.to_dict()
+    assert set(d) == {f.name for f in dataclasses.fields(AutoLoCoConfig)}
+    assert AutoLoCoConfig.from_dict(d) == c
+
+
+def test_from_dict_rejects_unknown_fields() -> None:
+    with pytest.raises(ConfigError, match="h_bse"):
+        AutoLoCoConfig.from_dict({"h_bse": 500})
+
+
+def test_from_dict_validates() -> None:
+    with pytest.raises(ConfigError, match=r"AutoLoCoConfig\.k_severe="):
+        AutoLoCoConfig.from_dict({"k_severe": 1.0})
+
+
+# ------------------------------------------------------------------ presets
+def test_recipes() -> None:
+    """Spec 1, 5.4: C4 (H_base 500, q_H 50, H_max 750); SFT (100, 10, 150, normalization on)."""
+    c4 = AutoLoCoConfig.for_recipe("c4")
+    assert (c4.h_base, c4.q_h, c4.h_max, c4.normalize_pseudo_grad, c4.method) == (500, 50, 750, False, "autoloco")
+    sft = AutoLoCoConfig.for_recipe("sft")
+    assert (sft.h_base, sft.q_h, sft.h_max, sft.normalize_pseudo_grad) == (100, 10, 150, True)
+    assert RECIPE_SCHEDULES["c4"] == dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine")
+    assert RECIPE_SCHEDULES["sft"]["total_steps"] == 6_490
+    assert set(RECIPES) == set(RECIPE_SCHEDULES) == {"c4", "sft"}
+
+
+def test_recipe_overrides() -> None:
+    c = AutoLoCoConfig.for_recipe("c4", method="diloco", h_max=600)
+    assert (c.method, c.h_max, c.outer_momentum, c.h_base) == ("diloco", 600, 0.9, 500)
+    with pytest.raises(ConfigError, match=r"\[h_min, h_max\] = \[100, 90\]"):
+        AutoLoCoConfig.for_recipe("sft", h_max=90)
+
+
+def test_unknown_recipe() -> None:
+    with pytest.raises(ConfigError, match="unknown recipe 'wiki'"):
+        AutoLoCoConfig.for_recipe("wiki")
+
+
+@pytest.mark.parametrize(
+    "variant, switches",
+    [
+        ("intervals_only", (False, False, False)),
+        ("momentum", (True, False, False)),
+        ("full", (True, True, False)),
+        ("full_normalized", (True, True, True)),
+    ],
+)
+def test_ablation_variants(variant: str, switches: tuple) -> None:
+    """The paper's Table 7 ablation: switches on one by one (spec 4)."""
+    c = AutoLoCoConfig.ablation(variant, h_base=100)
+    assert c.method == "autoloco" and c.adaptive_horizon and c.h_base == 100
+    assert (c.adjust_momentum, c.scale_outer_lr, c.normalize_pseudo_grad) == switches
+
+
+def test_unknown_ablation() -> None:
+    with pytest.raises(ConfigError, match="unknown ablation"):
+        AutoLoCoConfig.ablation("everything")
+
+
+@pytest.mark.parametrize(
+    "method, interval, nesterov, corrected",
+    [
+        ("ddp", False, False, False),
+        ("diloco", True, True, False),
+        ("autoloco", True, True, True),
+        ("qsr", True, False, False),
+        ("linear", True, False, False),
+    ],
+)
+def test_method_properties(method: str, interval: bool, nesterov: bool, corrected: bool) -> None:
+    """Spec 6: DiLoCo/AutoLoCo take a Nesterov outer step, QSR/Linear average, DDP has no intervals."""
+    c = AutoLoCoConfig(method=method)
+    assert (c.is_interval_method, c.uses_nesterov_outer, c.outer_correction_enabled) == (interval, nesterov, corrected)
