@@ -45,7 +45,7 @@ def _wrap(name, fn):
     def counted(*args, **kwargs):
         if PHASE["train"]:
             size = max([_nbytes(a) for a in args] + [_nbytes(v) for v in kwargs.values()] + [0])
-            caller = traceback.extract_stack(limit=4)[0]
+            caller = traceback.extract_stack(limit=2)[0]  # the direct caller of the collective
             where = f"{os.path.basename(caller.filename)}:{caller.name}"
             COLLECTIVES.append((name, size, PHASE["step"], where))
         return fn(*args, **kwargs)
@@ -108,17 +108,24 @@ def fingerprint(model: torch.nn.Module) -> float:
 class Probe(TrainerCallback):
     """Test-only: fingerprints after every step (after AutoLoCo), phase flags, optional interruption."""
 
-    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None) -> None:
+    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False) -> None:
         self.autoloco = autoloco
+        self.record_batches = record_batches
         self.stop_at = stop_at
         self.fingerprints: list[float] = []
         self.synced: list[bool] = []
         self.batches: list = []
         self._syncs = 0
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         PHASE["train"] = True
         PHASE["step"] = state.global_step
+        if self.record_batches:
+            model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        if module.training:
+            self.batches.append({k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")})
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         engine = self.autoloco.engine
@@ -144,7 +151,7 @@ def main(spec_path: str) -> None:
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
     config = AutoLoCoConfig(**spec["autoloco"])
     callback = AutoLoCoCallback(config)
-    probe = Probe(callback, spec.get("stop_at"))
+    probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False))
     args = TrainingArguments(
         output_dir=spec["output_dir"],
         per_device_train_batch_size=batch,
@@ -182,6 +189,9 @@ def main(spec_path: str) -> None:
         "log_history": trainer.state.log_history,
         "global_step": trainer.state.global_step,
         "forwards": runtime.meter.forwards,
+        "batches": probe.batches,
+        "ddp_forward_sync_buffers": getattr(runtime.ddp, "forward_sync_buffers", None),
+        "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
     }
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
 
