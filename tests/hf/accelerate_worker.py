@@ -1,0 +1,71 @@
+"""One rank of a plain Accelerate loop wrapped by AutoLoCoAccelerate (launched by torchrun from the tests).
+
+Runs the loop twice in one launch: ``auto`` (a post-step hook counts optimizer
+steps, gradient accumulation 2) and ``manual`` (``autoloco.step(loss=...)``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainer_worker import COLLECTIVES, PHASE, PaddedTokens, fingerprint, tiny_llama  # installs the counter
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from transformers import get_linear_schedule_with_warmup  # noqa: E402
+
+from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig  # noqa: E402
+
+
+def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
+    model = tiny_llama(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 1, steps * accelerator.num_processes)
+    data = PaddedTokens(steps * accum * 2 * accelerator.num_processes, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=False)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    fingerprints, synced = [], []
+    start = len(COLLECTIVES)
+    PHASE["train"] = True
+    with AutoLoCoAccelerate(accelerator, model, optimizer, scheduler, AutoLoCoConfig(method="diloco", h_base=3),
+                            total_steps=steps, output_dir=os.path.join(out, mode),
+                            auto_step=(mode == "auto")) as autoloco:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                if mode == "manual":
+                    autoloco.step(loss=loss.detach())
+            if accelerator.sync_gradients:
+                syncs = autoloco.engine.totals.syncs
+                synced.append(syncs != (sum(synced)))
+                fingerprints.append(fingerprint(accelerator.unwrap_model(model)))
+                PHASE["step"] = len(fingerprints)
+        engine = autoloco.engine
+    PHASE["train"] = False
+    return {"fingerprints": fingerprints, "synced": synced, "collectives": COLLECTIVES[start:],
+            "records": [r.__dict__.copy() for r in engine.records], "totals": engine.totals.as_dict(),
+            "hook": vars(autoloco.runtime.gradient_traffic) | {"group": None},
+            "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
+            "params": [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]}
+
+
+def main(spec_path: str) -> None:
+    import json
+
+    spec = json.load(open(spec_path))
+    torch.set_num_threads(1)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    result = {"auto": run(accelerator, "auto", 9, 2, spec["output_dir"])}
+    accelerator.gradient_accumulation_steps = 1
+    result["manual"] = run(accelerator, "manual", 6, 1, spec["output_dir"])
+    result["rank"] = accelerator.process_index
+    torch.save(result, os.path.join(spec["output_dir"], f"result_rank{accelerator.process_index}.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,42 @@
+"""AutoLoCoAccelerate around a plain Accelerate loop, 2 processes (torchrun, gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from launch import torchrun
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accelerate")
+    return torchrun("accelerate_worker.py", {"output_dir": str(out)}, nproc=2), out
+
+
+@pytest.mark.parametrize("mode,steps", [("auto", 9), ("manual", 6)])
+def test_accelerate_loop_intervals_and_traffic(results, mode, steps):
+    runs, out = results
+    r0, r1 = runs[0][mode], runs[1][mode]
+    assert len(r0["fingerprints"]) == steps
+    sync_at = [i + 1 for i, s in enumerate(r0["synced"]) if s]
+    assert sync_at == list(range(3, steps + 1, 3)), "h_base=3 counted in true optimizer steps"
+    for step, (a, b, synced) in enumerate(zip(r0["fingerprints"], r1["fingerprints"], r0["synced"]), start=1):
+        if synced:
+            assert a == b
+        elif step > 1:  # step 1 runs at learning rate 0 (warm-up)
+            assert a != b
+    for p0, p1 in zip(r0["params"], r1["params"]):
+        assert torch.equal(p0, p1)
+    for r in (r0, r1):
+        big = [c for c in r["collectives"] if c[1] >= r["model_bytes"] // 2]
+        # the engine's initial broadcast of theta_0, then one all-reduce per sync
+        assert [c[0] for c in big] == ["broadcast"] + ["all_reduce"] * r["totals"]["syncs"]
+        assert r["hook"]["group_bytes"] == 0 and r["hook"]["buckets"] == steps
+    with open(os.path.join(out, mode, "autoloco_intervals.jsonl")) as f:
+        assert len([json.loads(line) for line in f if line.strip()]) == steps // 3
