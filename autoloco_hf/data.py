@@ -161,8 +161,11 @@ def eval_windows(tokens: torch.Tensor, seq_len: int, batch_size: int) -> Iterato
 
 
 @torch.no_grad()
-def mean_loss(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> float:
-    """Token-weighted mean causal-LM loss of ``model`` over ``batches`` (eval mode, restored after)."""
+def loss_sums(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> tuple[float, int]:
+    """Summed causal-LM loss and number of predicted tokens (labels != -100) over ``batches``, in eval mode.
+
+    Sums, not a mean, so that shards evaluated on different ranks combine exactly.
+    """
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -171,4 +174,10 @@ def mean_loss(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]
         total += float(model(**batch).loss) * predicted
         count += predicted
     model.train(was_training)
+    return total, count
+
+
+def mean_loss(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> float:
+    """Token-weighted mean causal-LM loss of ``model`` over ``batches``."""
+    total, count = loss_sums(model, batches)
     return total / max(count, 1)

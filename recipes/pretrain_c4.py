@@ -1,0 +1,290 @@
+"""The paper's C4 pretraining recipe: DDP, DiLoCo, AutoLoCo, QSR, Linear Interval and the ablations.
+
+LLaMA-style ~215M model, C4 ``en`` streamed with ``datasets``, documents
+truncated or padded to 1,024 tokens without packing, batch 128 per worker,
+8 workers (4 for the ablation), 50k steps, AdamW with a 1,000-step warm-up
+then cosine decay, validation on 4,096 C4 validation documents.
+
+Two modes, one training loop (:class:`~autoloco_hf.workers.LocalWorkers`):
+
+* ``simulated`` (the paper's main results): all ``--workers`` replicas in one
+  process on one device, averaged by ``SimulatedCommunicator``;
+* ``multiprocess``: one worker per process under ``torchrun`` / ``accelerate
+  launch --multi_gpu``, averaged by ``ProcessGroupCommunicator`` (gloo on
+  CPU, NCCL on GPU). ``auto`` picks it when ``WORLD_SIZE > 1``.
+
+Worker ``w`` of ``N`` reads ``datasets.distributed.split_dataset_by_node(stream,
+w, N)`` in both modes, so the two modes see the same data.
+
+    python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml
+    torchrun --nproc_per_node 8 recipes/pretrain_c4.py --config recipes/configs/c4_diloco.yaml --mode multiprocess
+    python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml \\
+        --train-files train.jsonl --val-files val.jsonl --model-config tiny.json --tokenizer ./tok
+
+The run folder (``output_dir/run_name``) is readable by ``autoloco report``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recipe_config import load_yaml, parse_settings  # noqa: E402
+
+from autoloco_hf import AutoLoCoConfig  # noqa: E402
+from autoloco_hf.config import RECIPES  # noqa: E402
+
+# LLaMA-style, 214.96M parameters with a 32k vocabulary (untied embeddings).
+MODEL_215M = dict(
+    hidden_size=1024, intermediate_size=2688, num_hidden_layers=12, num_attention_heads=16,
+    num_key_value_heads=16, max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-5,
+)
+
+
+@dataclass
+class C4Settings:
+    """Every knob of the recipe; YAML files under ``recipes/configs/`` and flags override these defaults."""
+
+    run_name: str = "c4_autoloco"
+    output_dir: str = "runs/c4"
+    method: str = "autoloco"  # ddp, diloco, autoloco, qsr, linear
+    ablation: Optional[str] = None  # AutoLoCoConfig.ablation variant (intervals_only, momentum, full, ...)
+    mode: str = "auto"  # simulated, multiprocess, auto
+    workers: int = 8
+    steps: int = 50_000
+    warmup_steps: int = 1_000
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    adam_beta2: float = 0.95
+    batch_size: int = 128  # documents per worker per step
+    seq_len: int = 1_024
+    dataset: str = "allenai/c4"
+    dataset_config: str = "en"
+    train_files: Optional[list] = None  # local JSONL/Parquet/text files instead of the hub stream
+    val_files: Optional[list] = None
+    text_field: str = "text"
+    val_docs: int = 4_096
+    eval_batch_size: int = 32
+    tokenizer: str = "hf-internal-testing/llama-tokenizer"  # any LLaMA-style 32k tokenizer, or a local path
+    model_config: Optional[str] = None  # JSON/YAML of LlamaConfig fields; default: the ~215M model
+    bf16: bool = True  # autocast on CUDA; FP32 on CPU
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides (outer_momentum, wire_dtype, ...)
+
+
+def autoloco_config(s: C4Settings) -> AutoLoCoConfig:
+    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus overrides."""
+    overrides = {**s.autoloco, "warmup_steps": s.warmup_steps}
+    if s.ablation:
+        horizon = {k: v for k, v in RECIPES["c4"].items() if k != "normalize_pseudo_grad"}
+        return AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
+    return AutoLoCoConfig.for_recipe("c4", method=s.method, **overrides)
+
+
+def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = dict(MODEL_215M)
+    if s.model_config:
+        fields = load_yaml(s.model_config)  # JSON is YAML
+    fields.setdefault("vocab_size", vocab_size)
+    torch.manual_seed(s.seed)
+    model = LlamaForCausalLM(LlamaConfig(**fields))
+    if s.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def documents(s: C4Settings, split: str, worker: int, num_workers: int) -> Iterator[str]:
+    """Worker ``worker``'s share of the C4 (or local) ``split`` as a stream of texts."""
+    from datasets import load_dataset
+    from datasets.distributed import split_dataset_by_node
+
+    files = s.train_files if split == "train" else s.val_files
+    if files:
+        stream = load_dataset("json" if str(files[0]).endswith((".json", ".jsonl")) else "text",
+                              data_files=list(files), split="train", streaming=True)
+    else:
+        stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
+    for example in split_dataset_by_node(stream, rank=worker, world_size=num_workers):
+        yield example[s.text_field]
+
+
+def collate(tokenizer: Any, texts: Sequence[str], seq_len: int) -> dict[str, torch.Tensor]:
+    """Truncate or pad each document to ``seq_len`` (no packing); padding is masked out of the loss."""
+    enc = tokenizer(list(texts), truncation=True, max_length=seq_len, padding="max_length", return_tensors="pt")
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
+
+
+def batches(tokenizer: Any, texts: Iterator[str], batch_size: int, seq_len: int, device: torch.device) -> Iterator[dict]:
+    chunk: list[str] = []
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == batch_size:
+            yield {k: v.to(device) for k, v in collate(tokenizer, chunk, seq_len).items()}
+            chunk = []
+    if chunk:
+        yield {k: v.to(device) for k, v in collate(tokenizer, chunk, seq_len).items()}
+
+
+class Runtime:
+    """Where this process stands: simulated (all workers here) or one worker of a process group."""
+
+    def __init__(self, s: C4Settings) -> None:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        mode = s.mode if s.mode != "auto" else ("multiprocess" if world > 1 else "simulated")
+        if mode not in ("simulated", "multiprocess"):
+            raise SystemExit(f"--mode {s.mode!r}: use simulated, multiprocess or auto")
+        self.mode = mode
+        self.distributed = mode == "multiprocess"
+        if self.distributed:
+            import torch.distributed as dist
+
+            if world != s.workers:
+                raise SystemExit(f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode")
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl" if cuda else "gloo")
+            self.rank = dist.get_rank()
+            self.local_workers = [self.rank]
+        else:
+            self.rank = 0
+            self.local_workers = list(range(s.workers))
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def communicator(self, config: AutoLoCoConfig) -> Any:
+        from autoloco_hf.comm import ProcessGroupCommunicator, SimulatedCommunicator
+
+        kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
+        if self.distributed:
+            return ProcessGroupCommunicator(**kwargs)
+        return SimulatedCommunicator(len(self.local_workers), **kwargs)
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Sum small float vectors over processes (validation shards)."""
+        if not self.distributed:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any) -> float:
+    """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
+    import itertools
+
+    from autoloco_hf.data import loss_sums
+
+    total, count = 0.0, 0
+    for shard in rt.local_workers:  # one validation shard per worker, as for training data
+        texts = itertools.islice(documents(s, "validation", shard, s.workers), -(-s.val_docs // s.workers))
+        with _autocast(s, rt):
+            t, c = loss_sums(model, batches(tokenizer, texts, s.eval_batch_size, s.seq_len, rt.device))
+        total, count = total + t, count + c
+    total, count = rt.sum([total, float(count)])
+    return total / max(count, 1.0)
+
+
+def _autocast(s: C4Settings, rt: Runtime) -> Any:
+    enabled = s.bf16 and rt.device.type == "cuda"
+    return torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def train(s: C4Settings) -> dict[str, Any]:
+    """Run the recipe; returns the run summary (rank 0) or an empty dict (other ranks)."""
+    from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
+
+    from autoloco_hf.report import RunWriter
+    from autoloco_hf.workers import LocalWorkers
+
+    rt = Runtime(s)
+    config = autoloco_config(s)
+    tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = build_model(s, len(tokenizer)).to(rt.device)
+    writer = RunWriter(os.path.join(s.output_dir, s.run_name), s.run_name) if rt.rank == 0 else None
+    step_losses: list[torch.Tensor] = []
+
+    def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with _autocast(s, rt):
+            loss = m(**batch).loss
+        step_losses.append(loss.detach())
+        return loss
+
+    workers = LocalWorkers(
+        config,
+        model,
+        rt.communicator(config),
+        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2)),
+        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, s.warmup_steps, s.steps),
+        total_steps=s.steps,
+        loss_fn=loss_fn,
+        warmup_steps=s.warmup_steps,
+        records_path=writer.intervals_path if writer else None,
+    )
+    del model  # LocalWorkers trains its own copies
+    streams = [batches(tokenizer, documents(s, "train", w, s.workers), s.batch_size, s.seq_len, rt.device)
+               for w in rt.local_workers]
+    bar = _progress(s, rt)
+    started = time.perf_counter()
+    for step in range(1, s.steps + 1):
+        lr = float(workers.optimizers[0].param_groups[0]["lr"])
+        step_losses.clear()
+        try:
+            workers.train_step([next(stream) for stream in streams])
+        except StopIteration:
+            raise SystemExit(f"the training data ran out at step {step} of {s.steps}: add data or lower --steps")
+        if writer:
+            # local workers' mean loss (all workers when simulated, rank 0's own in multiprocess mode)
+            loss = float(torch.stack(step_losses).float().mean())
+            writer.log_step(step, loss, lr, workers.engine.totals, time.perf_counter() - started)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", syncs=workers.engine.totals.syncs, refresh=False)
+    wall = time.perf_counter() - started
+    bar.close()
+    val_loss = validate(s, rt, workers.models[0], tokenizer)
+    if writer is None:
+        return {}
+    params = sum(p.numel() for p in workers.models[0].parameters())
+    return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
+                         params=params, mode=rt.mode, settings=dataclasses.asdict(s))
+
+
+def _progress(s: C4Settings, rt: Runtime) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=s.steps, desc=s.run_name, unit="step", disable=rt.rank != 0, mininterval=2.0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    settings = parse_settings(C4Settings, argv, __doc__.splitlines()[0])
+    try:
+        summary = train(settings)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if summary:
+        keys = ("syncs", "payload_bytes")
+        print(json.dumps({"run": settings.run_name, **{k: summary["totals"][k] for k in keys},
+                          "train_loss_last": summary["train_loss_last"], "val_loss": summary["val_loss"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
