@@ -1,0 +1,95 @@
+"""Smoke test of recipes/sft_ultrachat.py: SFTTrainer + AutoLoCoCallback on a tiny Llama and local conversations."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from conftest import RECIPES, load_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def chats(n: int, offset: int = 0) -> list[dict]:
+    from autoloco_hf.data import corpus_documents
+
+    docs = corpus_documents()[offset:]
+    return [
+        {"messages": [{"role": "user", "content": f"Explain part {i} of the Python docs."},
+                      {"role": "assistant", "content": docs[i][:200]}]}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
+    """A tiny Llama saved like a hub checkpoint, and train/test JSONL with invalid conversations mixed in."""
+    from transformers import AutoTokenizer
+
+    from autoloco_hf.data import tiny_llama
+
+    root = tmp_path_factory.mktemp("sft")
+    config = json.loads(open(tiny_llama_config).read())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = tiny_llama(len(tokenizer), config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+                       max_position_embeddings=config["max_position_embeddings"])
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    invalid = [
+        {"messages": [{"role": "user", "content": "no reply"}]},
+        {"messages": [{"role": "assistant", "content": "reply first"}, {"role": "user", "content": "then a user"}]},
+        {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "empty prompt"}]},
+        # the prompt alone fills max_length: no assistant token survives truncation
+        {"messages": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "cut off"}]},
+    ]
+    for name, rows in (("train.jsonl", chats(24) + invalid), ("test.jsonl", chats(6, offset=40) + invalid)):
+        with open(root / name, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return str(root / "model"), str(root / "train.jsonl"), str(root / "test.jsonl")
+
+
+def test_filters():
+    sft = load_recipe("sft_ultrachat")
+    ok = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert sft.valid_conversation(ok) and sft.valid_conversation([{"role": "system", "content": "s"}] + ok)
+    assert not sft.valid_conversation(ok[:1]) and not sft.valid_conversation(ok[::-1])
+    assert not sft.valid_conversation([{"role": "user", "content": " "}, ok[1]]) and not sft.valid_conversation("text")
+
+
+def test_every_config_parses():
+    sft = load_recipe("sft_ultrachat")
+    for path in sorted(glob.glob(os.path.join(RECIPES, "configs", "sft_*.yaml"))):
+        s = sft.parse_settings(sft.SFTSettings, ["--config", path], "")
+        config = sft.autoloco_config(s)
+        assert (s.global_batch_size, s.max_length, s.num_epochs, config.h_base) == (32, 2048, 1, 100), path
+    autoloco = sft.parse_settings(sft.SFTSettings, ["--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml")], "")
+    config = sft.autoloco_config(autoloco)
+    assert config.normalize_pseudo_grad and config.wire_dtype == "int8" and config.outer_on_cpu
+    diloco = sft.autoloco_config(sft.parse_settings(sft.SFTSettings, ["--config", os.path.join(RECIPES, "configs", "sft_diloco.yaml")], ""))
+    assert (diloco.method, diloco.outer_momentum) == ("diloco", 0.9)
+
+
+def test_sft_smoke(tmp_path, sft_files):
+    model, train, test = sft_files
+    sft = load_recipe("sft_ultrachat")
+    args = [
+        "--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml"), "--output-dir", str(tmp_path),
+        "--model-name-or-path", model, "--train-files", train, "--test-files", test,
+        "--global-batch-size", "4", "--per-device-batch-size", "2", "--max-length", "64", "--max-steps", "6",
+        "--lr", "1e-3", "--num-proc", "1", "--eval-batch-size", "4",
+        "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3", "--autoloco", "outer_on_cpu=false",
+    ]
+    assert sft.main(args) == 0
+    run = tmp_path / "sft_autoloco_int8"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["train_conversations"] == 24 and summary["test_conversations"] == 6  # invalid ones filtered out
+    assert summary["totals"]["syncs"] >= 2 and summary["config"]["wire_dtype"] == "int8"
+    assert len((run / "intervals.jsonl").read_text().splitlines()) == summary["totals"]["syncs"]
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps] == [1, 2, 3, 4, 5, 6] 
+    assert steps[-1]["syncs"] == summary["totals"]["syncs"]
+    assert 0 < summary["test_nll"] < 10
