@@ -207,7 +207,10 @@ class ProcessGroupCommunicator(Communicator):
 
         tick = time.perf_counter()
         decoded = [codec.decode(wire, my_start, my_end - my_start) for wire in incoming]
-        my_mean_wire = owner_reduce_part(codec, decoded, my_start)
+        traffic.decode_seconds += time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        my_mean_wire = owner_reduce_part(codec, decoded, my_start)  # FP32 mean, encoded once
         traffic.encode_seconds += time.perf_counter() - tick
 
         gathered = [codec.empty_wire(s, e - s, flat.device) for s, e in parts]
