@@ -65,6 +65,7 @@ class C4Settings:
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
     batch_size: int = 128  # documents per worker per step
+    micro_batch_size: Optional[int] = None  # split each worker's batch for memory (gradient accumulation)
     seq_len: int = 1_024
     dataset: str = "allenai/c4"
     dataset_config: str = "en"
@@ -198,6 +199,25 @@ def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any)
     return total / max(count, 1.0)
 
 
+def accumulated_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], micro_batch_size: Optional[int]) -> torch.Tensor:
+    """The batch's token-weighted mean loss, computed in micro-batches; returns the last part's graph.
+
+    Earlier micro-batches are back-propagated here; the returned tensor has the
+    full batch's loss as its value but only the last micro-batch's graph, so the
+    caller's single ``backward()`` completes exactly the full-batch gradient.
+    """
+    size = micro_batch_size or batch["input_ids"].shape[0]
+    parts = [dict(zip(batch, values)) for values in zip(*(torch.split(v, size) for v in batch.values()))]
+    targets = [int((p["labels"][:, 1:] != -100).sum()) for p in parts]
+    total = max(sum(targets), 1)
+    done = torch.zeros((), device=batch["input_ids"].device)
+    for part, n in zip(parts[:-1], targets):
+        loss = model(**part).loss * (n / total)
+        loss.backward()
+        done += loss.detach()
+    return model(**parts[-1]).loss * (targets[-1] / total) + done
+
+
 def _autocast(s: C4Settings, rt: Runtime) -> Any:
     enabled = s.bf16 and rt.device.type == "cuda"
     return torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16, enabled=enabled)
@@ -221,7 +241,7 @@ def train(s: C4Settings) -> dict[str, Any]:
 
     def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with _autocast(s, rt):
-            loss = m(**batch).loss
+            loss = accumulated_loss(m, batch, s.micro_batch_size)
         step_losses.append(loss.detach())
         return loss
 

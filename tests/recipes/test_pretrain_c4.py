@@ -51,8 +51,9 @@ def test_default_model_is_215m():
 
 def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files):
     c4 = load_recipe("pretrain_c4")
-    for config in ("c4_autoloco.yaml", "c4_ddp.yaml"):
-        assert c4.main(tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, config)) == 0
+    assert c4.main(tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_autoloco.yaml")) == 0
+    ddp_args = tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_ddp.yaml")
+    assert c4.main(ddp_args + ["--micro-batch-size", "1"]) == 0
     auto = json.loads((tmp_path / "c4_autoloco" / "summary.json").read_text())
     assert auto["totals"]["steps"] == 8 and auto["totals"]["syncs"] >= 3 and auto["mode"] == "simulated"
     assert 0 < auto["val_loss"] < 10
@@ -79,3 +80,23 @@ def test_multiprocess_mode_matches_simulated(tmp_path, tokenizer_dir, tiny_llama
     mp = json.loads((tmp_path / "mp" / "c4_diloco" / "summary.json").read_text())
     assert mp["mode"] == "multiprocess" and mp["totals"]["syncs"] == sim["totals"]["syncs"] == 4
     assert mp["val_loss"] == pytest.approx(sim["val_loss"], rel=1e-4)
+
+
+def test_micro_batches_give_the_full_batch_gradient():
+    import torch
+
+    from autoloco_hf.data import tiny_llama
+
+    c4 = load_recipe("pretrain_c4")
+    ids = torch.randint(0, 50, (4, 12))
+    labels = ids.masked_fill(torch.rand(4, 12) < 0.3, -100)  # uneven target counts per row
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    grads, values = [], []
+    for micro in (None, 1, 3):
+        model = tiny_llama(50, 16, 1, 2, seed=0)
+        loss = c4.accumulated_loss(model, batch, micro)
+        loss.backward()
+        values.append(float(loss))
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert values[1] == pytest.approx(values[0], rel=1e-5) and values[2] == pytest.approx(values[0], rel=1e-5)
+    assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
