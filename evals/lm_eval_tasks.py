@@ -23,17 +23,13 @@ class LmEvalTask:
 
     builtin: str  # lm-eval task or group run on hub data
     metric: str  # result key, "metric,filter"
-    subtask_dir: str | None = None  # built-in YAML folder, for grouped tasks
-
-    def local_name(self, name: str) -> str:
-        return f"local_{name}"
 
 
 LM_EVAL_TASKS = {
     # 5-shot CoT generation; accuracy of the extracted letter, micro-averaged over subjects.
-    "mmlu_pro": LmEvalTask("mmlu_pro", "exact_match,custom-extract", "mmlu_pro"),
+    "mmlu_pro": LmEvalTask("mmlu_pro", "exact_match,custom-extract"),
     # 3-shot CoT; exact match of the extracted answer, micro-averaged over subtasks.
-    "bbh": LmEvalTask("bbh_cot_fewshot", "exact_match,get-answer", "bbh/cot_fewshot"),
+    "bbh": LmEvalTask("bbh_cot_fewshot", "exact_match,get-answer"),
     "ifeval": LmEvalTask("ifeval", "prompt_level_strict_acc,none"),
     "ifbench": LmEvalTask("autoloco_ifbench", "prompt_level_loose_acc,none"),
 }
@@ -68,7 +64,7 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     ifeval, ifbench: one JSONL file of their hub rows.
     """
     builtin = _builtin_dir()
-    group = LM_EVAL_TASKS[name].local_name(name)
+    group = f"local_{name}"
     if name == "mmlu_pro":
         files = {"test": str(path / "test.jsonl"), "validation": str(path / "validation.jsonl")}
         with open(files["test"], encoding="utf-8") as f:
@@ -114,13 +110,12 @@ def run_lm_eval(
     include_dir.mkdir(parents=True, exist_ok=True)
     run_names = {}
     for name in names:
-        spec = LM_EVAL_TASKS[name]
         if local.get(name) is None:
-            run_names[name] = spec.builtin
+            run_names[name] = LM_EVAL_TASKS[name].builtin
             continue
         for stem, config in local_task_configs(name, local[name]).items():
             (include_dir / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        run_names[name] = spec.local_name(name)
+        run_names[name] = f"local_{name}"
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
     output = simple_evaluate(

@@ -49,14 +49,14 @@ def resolve_local(path: str | os.PathLike | None, option: str, what: str, offlin
     return resolved
 
 
-def ensure_punkt_tab(cache_dir: str | os.PathLike) -> None:
-    """Make NLTK's English ``punkt_tab`` findable without a download.
+def ensure_punkt_tab(cache_dir: str | os.PathLike, offline: bool) -> None:
+    """Make NLTK's English ``punkt_tab`` findable, downloading it only when online.
 
-    IFEval and IFBench split sentences and words with NLTK and call
-    ``nltk.download`` when the model is missing. If no installed copy is found,
-    write an empty Punkt parameter set (no learned abbreviations, so "Dr." ends
-    a sentence) and warn: install the official one with
-    ``python -m nltk.downloader punkt_tab`` for paper-exact sentence counts.
+    IFEval and IFBench split sentences and words with NLTK. Without an
+    installed or downloadable copy, write an empty Punkt parameter set (no
+    learned abbreviations, so "Dr." ends a sentence) and warn: install the
+    official one with ``python -m nltk.downloader punkt_tab`` for paper-exact
+    sentence counts.
     """
     import nltk
 
@@ -64,7 +64,8 @@ def ensure_punkt_tab(cache_dir: str | os.PathLike) -> None:
         nltk.data.find("tokenizers/punkt_tab/english/")
         return
     except LookupError:
-        pass
+        if not offline and nltk.download("punkt_tab", quiet=True):
+            return
     root = Path(cache_dir)
     english = root / "tokenizers" / "punkt_tab" / "english"
     english.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,7 @@ def evaluate(
     work_dir = Path(out_dir) / run_name
     work_dir.mkdir(parents=True, exist_ok=True)
     if {"ifeval", "ifbench"} & set(settings.tasks):
-        ensure_punkt_tab(work_dir / "nltk_data")
+        ensure_punkt_tab(work_dir / "nltk_data", settings.offline)
     chat = tokenizer.chat_template is not None if settings.chat_template is None else settings.chat_template
 
     scores, details, timings = {}, {}, {}
