@@ -320,7 +320,7 @@ def write_report(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)")
-    parser.add_argument("--out", help="where report.md and the plots go (default: the RUN_DIR when one is given, else ./autoloco-report)")
+    parser.add_argument("--out", help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
     parser.add_argument("--thresholds", help="comma-separated loss levels for Table 2 (default: derived from the runs)")
     parser.add_argument("--title", default="AutoLoCo run comparison", help="title of report.md")
 
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         raise SystemExit(f"autoloco report: {err}")
     thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else default_thresholds(runs)
-    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else "autoloco-report")
+    out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
     command = shlex.join(["autoloco", "report", *args.run_dirs] + (["--thresholds", args.thresholds] if args.thresholds else []) + ["--out", out])
     path = write_report(runs, out, args.title, command, thresholds)
     print(render(runs, thresholds))

@@ -67,6 +67,9 @@ def test_tables_and_report(tmp_path, capsys):
     assert "autoloco report" in report
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000
+    assert main(["report", str(tmp_path / "a")]) == 0  # a folder of runs; the report goes inside it
+    assert (tmp_path / "a" / "report" / "report.md").exists()
+    assert [r.name for r in find_runs([str(tmp_path / "a")])] == ["autoloco", "diloco"]
 
 
 def test_report_rejects_a_folder_without_runs(tmp_path):
