@@ -265,7 +265,11 @@ class AutoLoCoCallback(TrainerCallback):
         if record is not None and self.log_metrics and self.trainer is not None:
             metrics = runtime.pop_metrics()
             if metrics:
-                Trainer.log(self.trainer, metrics)  # the base method: no subclass side effects (e.g. TRL's)
+                # Trainer.log (the base method: no subclass side effects such as TRL's metric flush) ends in
+                # on_log, which clears control.should_log: keep the Trainer's own logging decision for this step.
+                should_log = control.should_log
+                Trainer.log(self.trainer, metrics)
+                control.should_log = self.trainer.control.should_log = should_log
 
     def on_save(self, args, state, control, **kwargs):
         if self.runtime is None or self.trainer is None:

@@ -148,6 +148,9 @@ def test_autoloco_token_counts_exclude_padding(autoloco):
 
 def test_autoloco_logs_and_jsonl(autoloco):
     full = autoloco["full"]
+    losses = {h["step"] for h in full[0]["log_history"] if "loss" in h}
+    assert set(sync_steps(full[0])) & {5, 10, 15, 20}, "a sync falls on a logging step"
+    assert {5, 10, 15, 20} <= losses, "the Trainer's own logging survives a sync at a logging step"
     logged = [h for h in full[0]["log_history"] if "autoloco/H_step" in h]
     assert len(logged) == full[0]["totals"]["syncs"]
     for key in ("autoloco/H_tok", "autoloco/rho", "autoloco/mu_t", "autoloco/eta_t", "autoloco/D_t",
