@@ -70,6 +70,9 @@ def find_ddp(model: Any) -> Optional[torch.nn.parallel.DistributedDataParallel]:
 def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, inner_group: Any = None,
                           group_size: int = 1) -> GradientTraffic:
     """Replace DDP's per-step gradient all-reduce (world) by nothing, or by a worker-group average."""
+    existing = getattr(ddp_model, "_autoloco_gradient_traffic", None)
+    if existing is not None:  # a second train() on the same wrapped model: the hook is already there
+        return existing
     traffic = GradientTraffic(group=inner_group, group_size=group_size)
     hook = _keep_local_gradients if inner_group is None or group_size == 1 else _average_in_worker_group
     try:
@@ -82,6 +85,7 @@ def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, 
         ) from err
     # A buffer broadcast at every forward would be per-step traffic; buffers are not trained.
     ddp_model.forward_sync_buffers = False
+    ddp_model._autoloco_gradient_traffic = traffic
     return traffic
 
 

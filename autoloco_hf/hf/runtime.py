@@ -81,6 +81,18 @@ def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str =
     return {prefix + k: float(v) for k, v in values.items()}
 
 
+class TrainableParameters:
+    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+
+    def parameters(self):
+        return iter(self.params)
+
+
 class WorkerRuntime:
     """One process's AutoLoCo worker (see the module docstring).
 
@@ -137,9 +149,10 @@ class WorkerRuntime:
         self._writer: Optional[JsonlWriter] = JsonlWriter(self.records_path) if self.records_path else None
         self._extra_on_record = on_record
         self.pending: list[IntervalRecord] = []
+        self.trainable = TrainableParameters(model)
         self.engine = IntervalEngine(
             config,
-            [model],
+            [self.trainable],
             schedule,
             comm,
             total_steps,
@@ -188,7 +201,7 @@ class WorkerRuntime:
             "ranks_per_worker": topo.ranks_per_worker,
             "engine": self.engine.state_dict(),
             "meter": self.meter.state_dict(),
-            "params": [p.detach().cpu().clone() for p in self.model.parameters()],
+            "params": [p.detach().cpu().clone() for p in self.trainable.params],
             "optimizer": self.optimizer.state_dict(),
         }
 
@@ -202,7 +215,7 @@ class WorkerRuntime:
             )
         self.engine.load_state_dict(state["engine"])
         self.meter.load_state_dict(state["meter"])
-        params = list(self.model.parameters())
+        params = self.trainable.params
         if len(params) != len(state["params"]):
             raise ValueError("the AutoLoCo checkpoint holds a different model (parameter count differs)")
         with torch.no_grad():
