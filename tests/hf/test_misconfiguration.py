@@ -58,7 +58,7 @@ def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_single_process_trainer_runs_one_worker(tmp_path):
-    """One process: the callback runs the outer loop on one worker (no process group needed)."""
+    """One process (bf16 autocast, accumulation 2): the outer loop runs on one worker; metrics reach TensorBoard."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback
@@ -66,12 +66,26 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=6,
-                             per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True)
-    data = [{"input_ids": torch.arange(8) + i, "labels": torch.arange(8) + i} for i in range(12)]
+    try:
+        import tensorboard  # noqa: F401
+
+        report_to = ["tensorboard"]
+    except ImportError:
+        report_to = []
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=report_to, max_steps=6, bf16=True,
+                             per_device_train_batch_size=2, gradient_accumulation_steps=2, save_strategy="no",
+                             disable_tqdm=True)
+    data = [{"input_ids": torch.arange(8) + i, "labels": torch.arange(8) + i} for i in range(24)]
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=3))
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     assert callback.engine.totals.syncs == 2
-    assert callback.engine.totals.tokens == 6 * 2 * 8  # no attention_mask: every position counts
+    assert callback.engine.totals.tokens == 6 * 2 * 2 * 8  # no attention_mask: every position counts
     assert (tmp_path / "autoloco_intervals.jsonl").read_text().count("\n") == 2
+    if report_to:  # the autoloco/* scalars reach the report_to integration (TensorBoard prefixes train/)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(next(tmp_path.glob("runs/*"))))
+        events.Reload()
+        assert [e.step for e in events.Scalars("train/autoloco/H_step")] == [3, 6]
+        assert "train/autoloco/C_t" in events.Tags()["scalars"]
