@@ -9,12 +9,17 @@ then end-of-turn. The benchmark pipelines parse these real generations.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    GenerationMixin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from autoloco_evals.runner import FIXTURES_DIR
@@ -100,6 +105,12 @@ def scripted_model(script: dict[str, str], chat: bool = True) -> tuple[ScriptedL
     return ScriptedLM(config, tokenizer, script).eval(), tokenizer
 
 
-@pytest.fixture(scope="session")
-def fixtures_dir() -> Path:
-    return FIXTURES_DIR
+def tiny_llama() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A randomly initialised 2-layer Llama with the fixture tokenizer (chat template included)."""
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    )
+    return LlamaForCausalLM(config).eval(), tokenizer

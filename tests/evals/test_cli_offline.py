@@ -6,13 +6,12 @@ import time
 
 import nltk
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from autoloco_evals.cli import add_arguments, run
 from autoloco_evals.report import markdown_table
+from autoloco_evals.runner import FIXTURES_DIR
 
-from conftest import build_tokenizer
+from evals_scripted import tiny_llama
 
 
 def parse(*argv):
@@ -37,11 +36,11 @@ def restore_offline_state(monkeypatch):
         (["--tasks", "nll", "--c4-path", "{fixtures}/c4.jsonl"], "--chat-path"),
     ],
 )
-def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeypatch, tmp_path, capsys, fixtures_dir):
+def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeypatch, tmp_path, capsys):
     # Any network attempt would hang on this unroutable proxy instead of failing.
     monkeypatch.setenv("HTTPS_PROXY", "http://10.255.255.1:9")
     monkeypatch.setenv("HTTP_PROXY", "http://10.255.255.1:9")
-    argv = [a.format(fixtures=fixtures_dir) for a in argv]
+    argv = [a.format(fixtures=FIXTURES_DIR) for a in argv]
     start = time.perf_counter()
     code = run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
     assert time.perf_counter() - start < 5
@@ -51,14 +50,9 @@ def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeyp
 
 def test_eval_command_end_to_end(tmp_path, capsys):
     """Save a tiny checkpoint, evaluate NLL on the bundled fixtures offline, compare two runs."""
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )
+    model, tokenizer = tiny_llama()
     model_dir = tmp_path / "tiny"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
+    model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     out = tmp_path / "out"
 
@@ -70,10 +64,11 @@ def test_eval_command_end_to_end(tmp_path, capsys):
     assert record["details"]["nll"]["nll_chat_tokens"] > 0
 
     capsys.readouterr()
-    assert run(parse("--compare", out / "a.json", out / "a.json")) == 0
+    assert run(parse("--compare", out / "a.json", out / "a.json", "--out", tmp_path / "table")) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0] == "| Run | Test NLL (chat) | NLL (C4) |"
     assert table[2] == table[3] == f"| a | {record['scores']['nll_chat']:.4f} | {record['scores']['nll_c4']:.4f} |"
+    assert (tmp_path / "table" / "table.md").read_text().splitlines() == table[:4]
 
 
 def test_markdown_table_layout():

@@ -3,8 +3,9 @@
 import pytest
 
 from autoloco_evals.humaneval_plus import evaluate_humaneval_plus
+from autoloco_evals.runner import FIXTURES_DIR
 
-from conftest import fixture_rows, scripted_model
+from evals_scripted import fixture_rows, scripted_model
 
 # Replies written as a base model continues the prompt (bodies only).
 WRONG_BODIES = {
@@ -16,9 +17,9 @@ WRONG_BODIES = {
 
 
 @pytest.mark.slow
-def test_humaneval_plus_scores_generations(tmp_path, fixtures_dir):
+def test_humaneval_plus_scores_generations(tmp_path):
     problems = fixture_rows("humaneval_plus.jsonl")
-    path = fixtures_dir / "humaneval_plus.jsonl"
+    path = FIXTURES_DIR / "humaneval_plus.jsonl"
 
     # Instruct path: a chat reply holding the whole function in a code block, without
     # the prompt's `from typing import List` (the harness must supply it).

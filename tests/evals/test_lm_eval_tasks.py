@@ -9,8 +9,9 @@ import pytest
 
 from autoloco_evals.lm_eval_tasks import run_lm_eval
 from autoloco_evals.offline import ensure_punkt_tab, set_offline
+from autoloco_evals.runner import FIXTURES_DIR
 
-from conftest import fixture_rows, scripted_model
+from evals_scripted import fixture_rows, scripted_model
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -76,14 +77,14 @@ def offline(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("right", [True, False], ids=["right", "wrong"])
-def test_lm_eval_tasks_score_generations(right, offline, tmp_path, fixtures_dir):
+def test_lm_eval_tasks_score_generations(right, offline, tmp_path):
     model, tokenizer = scripted_model(scripts(right))
     names = ["mmlu_pro", "bbh", "ifeval", "ifbench"]
     local = {
-        "mmlu_pro": fixtures_dir / "mmlu_pro",
-        "bbh": fixtures_dir / "bbh",
-        "ifeval": fixtures_dir / "ifeval.jsonl",
-        "ifbench": fixtures_dir / "ifbench.jsonl",
+        "mmlu_pro": FIXTURES_DIR / "mmlu_pro",
+        "bbh": FIXTURES_DIR / "bbh",
+        "ifeval": FIXTURES_DIR / "ifeval.jsonl",
+        "ifbench": FIXTURES_DIR / "ifbench.jsonl",
     }
     got = run_lm_eval(model, tokenizer, names, local, tmp_path, limit=None, batch_size=4, max_gen_toks=32, chat=True)
     expected = 1.0 if right else 0.0

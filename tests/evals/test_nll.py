@@ -2,22 +2,16 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from autoloco_evals.nll import evaluate_nll
+from autoloco_evals.runner import FIXTURES_DIR
 
-from conftest import build_tokenizer, fixture_rows
+from evals_scripted import fixture_rows, tiny_llama
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(config).eval(), tokenizer
+@pytest.fixture(scope="module", name="tiny_llama")
+def tiny_llama_fixture():
+    return tiny_llama()
 
 
 def hand_nll(model, sequences):
@@ -33,7 +27,7 @@ def hand_nll(model, sequences):
     return total / count, count
 
 
-def test_nll_matches_hand_computation(tiny_llama, fixtures_dir):
+def test_nll_matches_hand_computation(tiny_llama):
     model, tokenizer = tiny_llama
     docs = [tokenizer(r["text"])["input_ids"] for r in fixture_rows("c4.jsonl")]
     expected_c4, c4_tokens = hand_nll(model, [(ids, [True] * len(ids)) for ids in docs])
@@ -47,7 +41,7 @@ def test_nll_matches_hand_computation(tiny_llama, fixtures_dir):
 
     # Batch size 2 over sequences of different lengths: padding must not leak into the sums.
     got = evaluate_nll(
-        model, tokenizer, c4_path=fixtures_dir / "c4.jsonl", chat_path=fixtures_dir / "chat.jsonl", batch_size=2
+        model, tokenizer, c4_path=FIXTURES_DIR / "c4.jsonl", chat_path=FIXTURES_DIR / "chat.jsonl", batch_size=2
     )
     assert got["nll_c4_tokens"] == c4_tokens
     assert got["nll_chat_tokens"] == chat_tokens
@@ -55,10 +49,10 @@ def test_nll_matches_hand_computation(tiny_llama, fixtures_dir):
     assert got["nll_chat"] == pytest.approx(expected_chat, rel=1e-5)
 
 
-def test_nll_limits_examples(tiny_llama, fixtures_dir):
+def test_nll_limits_examples(tiny_llama):
     model, tokenizer = tiny_llama
     got = evaluate_nll(
-        model, tokenizer, c4_path=fixtures_dir / "c4.jsonl", chat_path=fixtures_dir / "chat.jsonl",
+        model, tokenizer, c4_path=FIXTURES_DIR / "c4.jsonl", chat_path=FIXTURES_DIR / "chat.jsonl",
         num_documents=1, num_conversations=1,
     )
     first_doc = tokenizer(fixture_rows("c4.jsonl")[0]["text"])["input_ids"]
