@@ -173,10 +173,12 @@ def table1(runs: Sequence[Run]) -> str:
                 _fmt(run.summary.get("train_loss_last")),
                 _fmt(run.summary.get("val_loss")),
                 f"{run.summary.get('wall_seconds', math.nan):.0f}",
+                _fmt(run.summary.get("cpu_seconds"), 0),
             ]
         )
     vs_name = f"payload vs {baseline.name}" if baseline else "payload vs diloco"
-    headers = ["method", "syncs", "payload (MiB/worker)", vs_name, "train loss (last 2%)", "val loss", "wall (s)"]
+    # CPU time next to wall time: on a shared machine only the CPU time compares methods fairly
+    headers = ["method", "syncs", "payload (MiB/worker)", vs_name, "train loss (last 2%)", "val loss", "wall (s)", "CPU (s)"]
     return markdown_table(headers, rows)
 
 
@@ -259,7 +261,7 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
         ax_eta.plot(starts, [r["eta"] for r in run.intervals], marker=".", label=run.name)
     ax_mu.set(ylabel="outer momentum mu_t")
     ax_eta.set(xlabel="interval start step", ylabel="outer LR eta_t")
-    ax_mu.legend()
+    ax_eta.legend(loc="lower left")
     save(fig, "outer_mu_eta.png")
 
     fig, (ax_d, ax_c) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
