@@ -72,7 +72,9 @@ class AutoLoCoConfig:
             Recipe horizon in optimizer steps: DiLoCo's fixed `H`, AutoLoCo's
             starting and reference horizon (spec 1).
         q_h (`int`, *optional*):
-            Horizon granularity in steps; defaults to `h_base // 10` (spec 1).
+            Horizon granularity in steps; `h_base` must be a multiple of it.
+            Defaults to `h_base // 10`, or the largest divisor of `h_base`
+            below that (spec 1).
         h_min (`int`, *optional*):
             Lower end of the token-equivalent horizon domain; defaults to `h_base`.
         h_max (`int`, *optional*):
@@ -222,9 +224,11 @@ class AutoLoCoConfig:
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "pass True or False")
         self._check_int("h_base", 1)
-        if self.q_h is None:
-            self.q_h = max(1, self.h_base // 10)
+        if self.q_h is None:  # h_base / 10, or the largest divisor of h_base below it
+            self.q_h = next(q for q in range(max(1, self.h_base // 10), 0, -1) if self.h_base % q == 0)
         self._check_int("q_h", 1)
+        if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (spec 3)
+            _fail("q_h", self.q_h, f"h_base={self.h_base} must be a multiple of it")
         if self.h_min is None:
             self.h_min = self.h_base
         if self.h_max is None:
