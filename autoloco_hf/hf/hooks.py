@@ -89,17 +89,21 @@ def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, 
     return traffic
 
 
-def _count_tokens(kwargs: dict[str, Any], args: tuple) -> Optional[torch.Tensor]:
-    """Non-padding input tokens of one forward call as a 0-d tensor (spec 3)."""
+def _count_tokens(kwargs: dict[str, Any], args: tuple) -> Any:
+    """Non-padding input tokens of one forward call (spec 3): a device tensor (mask sum) or a Python int.
+
+    Counts from shapes stay Python ints: building a device tensor from a host number would force a
+    host-device synchronization on every forward.
+    """
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         return mask.sum()
     ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
     if isinstance(ids, torch.Tensor):
-        return torch.tensor(ids.numel(), device=ids.device)
+        return ids.numel()
     embeds = kwargs.get("inputs_embeds")
     if isinstance(embeds, torch.Tensor):
-        return torch.tensor(embeds.shape[:-1].numel(), device=embeds.device)
+        return embeds.shape[:-1].numel()
     return None
 
 
@@ -144,7 +148,7 @@ class BatchMeter:
         if self._training():
             tokens = _count_tokens(kwargs, args)
             if tokens is not None:
-                self.step_tokens = self.step_tokens + tokens.to(torch.int64)
+                self.step_tokens = self.step_tokens + tokens
             self.forwards += 1
         return None
 
@@ -154,9 +158,9 @@ class BatchMeter:
             if loss is not None:
                 self.loss_seen = True
                 if kwargs.get("num_items_in_batch") is not None:
-                    self.step_scaled_loss = self.step_scaled_loss + loss.double()
+                    self.step_scaled_loss = self.step_scaled_loss + loss.float()
                 else:
-                    self.step_plain_loss = self.step_plain_loss + loss.double()
+                    self.step_plain_loss = self.step_plain_loss + loss.float()
                     self.step_plain_count += 1
         return None
 
