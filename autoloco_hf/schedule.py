@@ -125,7 +125,10 @@ class SchedulerPreview(_MassMixin):
             self._closed_form = (float(scheduler.base_lrs[param_group]), scheduler.lr_lambdas[param_group])
         else:
             self._table: list[float] = []
-            self._table_start = int(scheduler.last_epoch)
+            epoch = getattr(scheduler, "last_epoch", None)
+            if epoch is None:  # ChainedScheduler keeps its position only in its children
+                epoch = scheduler._schedulers[0].last_epoch
+            self._table_start = int(epoch)
             self._shadow = copy.deepcopy(
                 scheduler, memo={id(scheduler.optimizer): _ShadowOptimizer(scheduler.optimizer.param_groups)}
             )
