@@ -38,12 +38,26 @@ def test_spec_defaults() -> None:
 
 @pytest.mark.parametrize(
     "h_base, q_h, h_max",
-    [(500, 50, 750), (100, 10, 150), (20, 2, 30), (10, 1, 15), (5, 1, 7), (1, 1, 1), (45, 4, 64)],
+    [(500, 50, 750), (100, 10, 150), (20, 2, 30), (250, 25, 375), (10, 1, 15), (5, 1, 7), (1, 1, 1), (45, 3, 66), (25, 1, 37)],
 )
 def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
-    """q_H = H_base / 10 (at least 1); H_min = H_base; H_max = 1.5 H_base rounded down to a multiple of q_H."""
+    """q_H = H_base / 10 (the largest divisor of H_base up to that); H_min = H_base;
+    H_max = 1.5 H_base rounded down to a multiple of q_H (spec 1)."""
     c = AutoLoCoConfig(h_base=h_base)
     assert (c.q_h, c.h_min, c.h_max) == (q_h, h_base, h_max)
+
+
+def test_default_q_h_always_divides_h_base() -> None:
+    """H_base must be an admissible horizon (a multiple of q_H), or the token mapper rounds it away (spec 3)."""
+    for h_base in range(1, 1001):
+        c = AutoLoCoConfig(h_base=h_base)
+        assert h_base % c.q_h == 0 and 10 * c.q_h <= max(10, h_base)
+
+
+@pytest.mark.parametrize("h_base, q_h", [(500, 30), (500, 1000), (25, 2), (100, 15)])
+def test_h_base_must_be_a_multiple_of_q_h(h_base: int, q_h: int) -> None:
+    with pytest.raises(ConfigError, match=r"AutoLoCoConfig\.q_h="):
+        AutoLoCoConfig(h_base=h_base, q_h=q_h)
 
 
 def test_explicit_horizon_fields_are_kept() -> None:
@@ -135,6 +149,7 @@ def test_invalid_field_is_named(field: str, value: object) -> None:
         (dict(history_size=3, min_history=4), "min_history"),
         (dict(outer_momentum=0.95), "outer_momentum"),  # AutoLoCo's mu_base must lie in [mu_min, mu_max]
         (dict(outer_momentum=0.3), "outer_momentum"),
+        (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
         (dict(error_feedback=True), "error_feedback"),  # needs a lossy wire
     ],
 )

@@ -700,3 +700,48 @@ def test_residual_history_keeps_last_16() -> None:
     residuals = [d.feed(log_d=v).residual_drift for v in values]
     assert len(d.ctl.state.history_drift) == 16
     assert d.ctl.state.history_drift == pytest.approx(residuals[-16:])
+
+
+def test_second_rejection_replaces_bound() -> None:
+    """Spec 5.3.6: a rejection creates or *replaces* the rejected bound (with a fresh age)."""
+    d = Driver(preview=flat)
+    d.to_monitoring()
+    d.feed()  # propose 750
+    d.feed(log_d=MODERATE_R)  # bound 750
+    d.feed_many(4)
+    assert d.feed().decision == "propose" and d.ctl.h_tok == 600  # midpoint
+    assert d.feed(log_d=MODERATE_R).decision == "reject"
+    assert (d.ctl.state.rejected.h_tok, d.ctl.state.rejected.age) == (600, 0)
+    d.feed_many(4)
+    assert d.feed().decision == "propose" and d.ctl.h_tok == 550  # sqrt(500 * 600) = 548 -> 550
+
+
+# ------------------------------------------------------- documented knobs
+def test_increase_requires_support() -> None:
+    """Spec 5.3.4 default proposes after a consistent interval; the switch requires a supporting one."""
+    for requires, expected in ((False, "propose"), (True, "keep")):
+        d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, increase_requires_support=requires))
+        d.to_monitoring()
+        assert d.feed(log_d=CONSISTENT_R).decision == expected
+    assert d.feed(log_d=-0.01).decision == "propose"
+
+
+def test_monitoring_holdoff() -> None:
+    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, monitoring_holdoff=3))
+    d.to_monitoring()
+    assert decisions(d.feed_many(3)) == ["keep", "keep", "propose"]
+
+
+def test_candidate_max_intervals() -> None:
+    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, candidate_max_intervals=3))
+    d.to_monitoring()
+    d.feed()
+    assert decisions([d.feed(log_d=CONSISTENT_R) for _ in range(3)]) == ["continue", "continue", "adopt"]
+
+
+def test_calibration_and_variability_counts() -> None:
+    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, calibration_intervals=3, variability_intervals=1)
+    d = Driver(cfg)
+    out = d.feed_many(5)
+    assert [x.phase for x in out] == [CALIBRATION] * 3 + [VARIABILITY, MONITORING]
+    assert out[-1].decision == "propose"

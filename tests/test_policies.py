@@ -231,3 +231,50 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
     rest, _ = run(resumed_policy, start_index=17, step=step)
     assert first + rest == full
     assert len({h for _, h, _ in full}) > 3
+
+
+def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
+    """Spec 3: M_1..M_3 come from full intervals executed at the recipe horizon."""
+    sched = FunctionSchedule(lambda s: 1.0, 100_000)
+    cfg = AutoLoCoConfig(h_base=100, q_h=10, h_min=50, h_max=150)
+    p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
+    p.complete(outcome(p.plan(0), tokens_per_step=1000))
+    d = p.complete(outcome(p.plan(100), tokens_per_step=1000, pseudo_grad_finite=False))
+    assert d.decision == "reduce" and p.controller.h_tok == 70  # 100 / 1.5 -> 70
+    step = 200
+    for _ in range(4):
+        plan = p.plan(step)
+        assert plan.h_tok == 70 and plan.h_step == 70
+        p.complete(outcome(plan, tokens_per_step=500))
+        step += plan.h_step
+    assert p.mapper.base_counts == [100_000, 100_000]
+    assert p.mapper.base_tokens is None
+
+
+def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
+    sched = FunctionSchedule(lambda s: 1.0, 250)
+    p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 250, warmup_steps=0)
+    plans = execute(p, 250)
+    assert [x.h_step for x in plans] == [100, 100, 50] and plans[-1].truncated
+    assert len(p.mapper.base_counts) == 2
+
+
+def test_autoloco_candidate_previews_use_mapped_steps() -> None:
+    """Spec 5.3.5: candidates are previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
+    sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: the preview counts steps
+    p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 100_000, warmup_steps=0)
+    density = 1000 / 0.45  # 2.2x the base density: map(H) = round10(0.45 H)
+    p.mapper.load_state_dict({"base_counts": [100_000] * 3, "tokens_per_step": density})
+    assert [p.mapper.map(h) for h in (100, 110, 120, 130)] == [50, 50, 50, 60]
+    plans = execute(p, 6 * 50, tokens_per_step=density)
+    assert [x.h_step for x in plans] == [50] * 6
+    assert p.controller.h_tok == 120  # previews 50, 50, 50 <= 1.15 x 50; 130 -> 60 is over budget
+    assert p.plan(300).h_step == 50
+
+
+@pytest.mark.parametrize("h_base", [25, 45, 100, 500])
+def test_autoloco_recipe_horizon_survives_token_mapping(h_base: int) -> None:
+    """Spec 3: at constant density the mapper is the identity, also once M_base and n_hat exist."""
+    cfg = AutoLoCoConfig(h_base=h_base, adaptive_horizon=False)
+    p = AutoLoCoPolicy(cfg, FunctionSchedule(lambda s: 1.0, 100 * h_base), 100 * h_base, warmup_steps=0)
+    assert {x.h_step for x in execute(p, 10 * h_base)} == {h_base}

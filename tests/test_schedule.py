@@ -46,9 +46,22 @@ OTHER_FACTORIES = {
         milestones=[10],
     ),
     "exponential": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.97),
+    "chained": lambda opt: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=15), lr_scheduler.ExponentialLR(opt, gamma=0.98)]
+    ),
+    "polynomial": lambda opt: lr_scheduler.PolynomialLR(opt, total_iters=TOTAL, power=2.0),
+    "warm_restarts": lambda opt: lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=20, T_mult=2),
+    "cyclic": lambda opt: lr_scheduler.CyclicLR(opt, base_lr=1e-4, max_lr=1e-2, step_size_up=9, cycle_momentum=False),
 }
 ALL_FACTORIES = {**HF_FACTORIES, **OTHER_FACTORIES}
 INTERVALS = [(0, 10), (0, 25), (5, 13), (10, 50), (37, 41), (100, 20), (110, 30), (119, 1), (TOTAL, 5)]
+
+
+def _epoch(scheduler) -> int:
+    """``last_epoch``; ChainedScheduler keeps it only in its children."""
+    if hasattr(scheduler, "last_epoch"):
+        return scheduler.last_epoch
+    return scheduler._schedulers[0].last_epoch
 
 
 # ------------------------------------------------------------- lr_mass
@@ -61,6 +74,19 @@ def test_lr_mass_clamps_at_budget() -> None:
     assert lr_mass(sched, 3, 0) == 0.0
     assert sched.lr_mass(2, 3) == 3.0 + 4.0 + 5.0
     assert sched.lr_at(10) == 0.0 and sched.lr_at(-1) == 0.0
+
+
+def test_lr_mass_clamps_any_schedule_object() -> None:
+    """The clamp is part of ``lr_mass`` itself, not only of the schedules shipped here."""
+
+    class Unclamped:
+        total_steps = 10
+
+        def lr_at(self, step: int) -> float:
+            return 1.0
+
+    assert lr_mass(Unclamped(), 8, 5) == 2.0
+    assert lr_mass(Unclamped(), 12, 5) == 0.0
 
 
 def test_hf_cosine_rises_past_its_end_but_preview_clamps() -> None:
@@ -127,12 +153,12 @@ def test_preview_does_not_mutate_live_scheduler(name: str) -> None:
     for _ in range(7):  # training has started
         opt.step()
         live.step()
-    epoch, lr, last = live.last_epoch, opt.param_groups[0]["lr"], list(live.get_last_lr())
+    epoch, lr, last = _epoch(live), opt.param_groups[0]["lr"], list(live.get_last_lr())
     state = {k: v for k, v in live.state_dict().items() if not callable(v)}
     preview = SchedulerPreview(live, total_steps=TOTAL)
     preview.lr_mass(7, 200)
     preview.lr_at(TOTAL - 1)
-    assert live.last_epoch == epoch
+    assert _epoch(live) == epoch
     assert opt.param_groups[0]["lr"] == lr
     assert live.get_last_lr() == last
     assert {k: v for k, v in live.state_dict().items() if not callable(v)} == state

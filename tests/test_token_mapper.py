@@ -51,12 +51,12 @@ def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
     """Spec 3: M_base = median(M_1, M_2, M_3) of recipe-horizon intervals; later ones do not count."""
     m = TokenMapper(h_base=10, q_h=1)
     m.observe(global_tokens=9999, h_step=12, at_recipe_horizon=False)  # not at the recipe horizon
-    for c in (3000, 1000, 2000):
+    for c in (3000, 1000, 1200):
         m.observe(global_tokens=c, h_step=10, at_recipe_horizon=True)
-    assert m.base_tokens == 2000.0
+    assert m.base_tokens == 1200.0  # the median, not the mean (1733)
     m.observe(global_tokens=50_000, h_step=10, at_recipe_horizon=True)
-    assert m.base_tokens == 2000.0
-    assert m.base_counts == [3000, 1000, 2000]
+    assert m.base_tokens == 1200.0
+    assert m.base_counts == [3000, 1000, 1200]
 
 
 def test_tokens_per_step_ema() -> None:
