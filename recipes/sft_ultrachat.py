@@ -182,7 +182,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
         warmup_steps=s.warmup_ratio,  # a float below 1 is a ratio of the training steps
         weight_decay=s.weight_decay,
         bf16=s.bf16 and cuda,
-        gradient_checkpointing=s.gradient_checkpointing and cuda,
+        activation_checkpointing=s.gradient_checkpointing and cuda,  # transformers 5 name of gradient checkpointing
         use_cpu=not cuda,
         max_length=s.max_length,
         packing=False,

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
-
-RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
-
-
-def load_recipe(name: str):
-    """Import ``recipes/<name>.py`` (the recipes are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(RECIPES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> str:

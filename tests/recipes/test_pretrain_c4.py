@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import RECIPES, load_recipe
+from recipe_helpers import RECIPES, load_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import RECIPES, load_recipe
+from recipe_helpers import RECIPES, load_recipe
 
 pytestmark = pytest.mark.slow
 
