@@ -193,6 +193,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
         report_to="none",
         seed=s.seed,
         dataset_num_proc=s.num_proc,
+        average_tokens_across_devices=False,  # a per-step gather otherwise; each worker normalizes by its own tokens
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          callbacks=[callback, StepLog()])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -73,17 +75,20 @@ def test_every_config_parses():
     assert (diloco.method, diloco.outer_momentum) == ("diloco", 0.9)
 
 
-def test_sft_smoke(tmp_path, sft_files):
+def tiny_args(out, sft_files, config: str) -> list[str]:
     model, train, test = sft_files
-    sft = load_recipe("sft_ultrachat")
-    args = [
-        "--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml"), "--output-dir", str(tmp_path),
+    return [
+        "--config", os.path.join(RECIPES, "configs", config), "--output-dir", str(out),
         "--model-name-or-path", model, "--train-files", train, "--test-files", test,
         "--global-batch-size", "4", "--per-device-batch-size", "2", "--max-length", "64", "--max-steps", "6",
         "--lr", "1e-3", "--num-proc", "1", "--eval-batch-size", "4",
         "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3", "--autoloco", "outer_on_cpu=false",
     ]
-    assert sft.main(args) == 0
+
+
+def test_sft_smoke(tmp_path, sft_files):
+    sft = load_recipe("sft_ultrachat")
+    assert sft.main(tiny_args(tmp_path, sft_files, "sft_autoloco_int8.yaml")) == 0
     run = tmp_path / "sft_autoloco_int8"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["train_conversations"] == 24 and summary["test_conversations"] == 6  # invalid ones filtered out
@@ -93,3 +98,15 @@ def test_sft_smoke(tmp_path, sft_files):
     assert [row["step"] for row in steps] == [1, 2, 3, 4, 5, 6] 
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
     assert 0 < summary["test_nll"] < 10
+
+
+def test_sft_two_processes(tmp_path, sft_files):
+    """One worker per process under torchrun (gloo): 2 workers x batch 2 = global batch 4, DiLoCo syncs every 2 steps."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           os.path.join(RECIPES, "sft_ultrachat.py"), *tiny_args(tmp_path, sft_files, "sft_diloco.yaml")]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sft_diloco" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["totals"]["syncs"] == 3 and summary["totals"]["wire_bytes"] > 0
+    assert summary["config"]["method"] == "diloco" and summary["config"]["outer_momentum"] == 0.9
+    assert len((tmp_path / "sft_diloco" / "intervals.jsonl").read_text().splitlines()) == 3
