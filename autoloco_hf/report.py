@@ -182,13 +182,12 @@ def table1(runs: Sequence[Run]) -> str:
     return markdown_table(headers, rows)
 
 
-def default_thresholds(runs: Sequence[Run], count: int = 3) -> list[float]:
-    """Loss levels every run reaches: from the worst final smoothed loss up by steps of 5%."""
-    finals = [r.smoothed_loss[-1] for r in runs if r.steps]
-    if not finals:
-        return []
-    worst = math.ceil(max(finals) * 100) / 100
-    return [round(worst * (1 + 0.05 * k), 2) for k in reversed(range(count))]
+def default_thresholds(runs: Sequence[Run], count: int = 4) -> list[float]:
+    """Each run's final smoothed loss (rounded up to 0.01), highest first: how soon does every other run get there?"""
+    levels = sorted({math.ceil(r.smoothed_loss[-1] * 100) / 100 for r in runs if r.steps}, reverse=True)
+    if len(levels) > count:  # keep the extremes and evenly spaced levels between them
+        levels = [levels[round(i * (len(levels) - 1) / (count - 1))] for i in range(count)]
+    return levels
 
 
 def reach(run: Run, threshold: float) -> Optional[dict[str, float]]:

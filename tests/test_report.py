@@ -56,7 +56,7 @@ def test_tables_and_report(tmp_path, capsys):
     text = table1(runs)
     assert "| autoloco | 5 | 5.0 | -50.0% |" in text and "| diloco | 10 | 10.0 | +0.0% |" in text
     assert text.splitlines()[0].endswith("| wall (s) | CPU (s) |")
-    assert default_thresholds(runs) == [3.31, 3.16, 3.01]
+    assert default_thresholds(runs) == [3.01, 2.92]  # each run's final smoothed loss
     hit = reach(runs[0], 4.0)
     assert hit is not None and 40 <= hit["step"] <= 60 and hit["payload_bytes"] <= 3 * 2**20
 
