@@ -235,8 +235,10 @@ class AutoLoCoConfig:
             self.h_max = max(self.h_base, (int(1.5 * self.h_base) // self.q_h) * self.q_h)
         self._check_int("h_min", 1)
         self._check_int("h_max", 1)
-        if not self.h_min <= self.h_base <= self.h_max:
-            _fail("h_base", self.h_base, f"it must lie in [h_min, h_max] = [{self.h_min}, {self.h_max}]")
+        if self.h_min > self.h_base:
+            _fail("h_min", self.h_min, f"it must not exceed h_base={self.h_base} (h_min <= h_base <= h_max)")
+        if self.h_max < self.h_base:
+            _fail("h_max", self.h_max, f"it must be at least h_base={self.h_base} (h_min <= h_base <= h_max)")
         if self.outer_momentum is None:
             self.outer_momentum = 0.9 if self.method == "diloco" else 0.7
         self._check_float("outer_lr", 0.0, math.inf, low_open=True)

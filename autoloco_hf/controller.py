@@ -79,7 +79,7 @@ class RejectedBound:
     """A rejected candidate horizon: increases stay below it until it retires (spec 5.3.5)."""
 
     h_tok: int
-    lr_mass: float  # Lambda observed when the bound was created
+    lr_mass: Optional[float]  # Lambda observed when the bound was created (None if non-finite)
     age: int = 0
 
 
@@ -274,7 +274,7 @@ class HorizonController:
     # ------------------------------------------------------------ transitions
     def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
         st = self.state
-        st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass)
+        st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
         if decision.assessment in (SEVERE, INVALID):
             st.bad_event_pending = True
         st.h_tok = st.h_accepted
@@ -331,16 +331,23 @@ class HorizonController:
             if not inside:
                 return None
             return _nearest(inside, math.sqrt(st.h_accepted * st.rejected.h_tok))
+        # previews grow with the horizon (LR >= 0): bisect for the longest one within budget
         budget = cfg.gamma_inc * preview(st.h_accepted)
-        within = [h for h in above if preview(h) <= budget]
-        return max(within) if within else None
+        low, high = 0, len(above)  # invariant: above[:low] within budget, above[high:] over it
+        while low < high:
+            middle = (low + high) // 2
+            if preview(above[middle]) <= budget:
+                low = middle + 1
+            else:
+                high = middle
+        return above[low - 1] if low else None
 
     def _maybe_retire_bound(self, preview: Callable[[int], float]) -> None:
         bound = self.state.rejected
         if bound is None:
             return
         too_old = bound.age >= self.cfg.rejected_bound_max_age
-        decayed = math.isfinite(bound.lr_mass) and preview(bound.h_tok) <= self.cfg.rejected_bound_release * bound.lr_mass
+        decayed = bound.lr_mass is not None and preview(bound.h_tok) <= self.cfg.rejected_bound_release * bound.lr_mass
         if too_old or decayed:
             self.state.rejected = None
 

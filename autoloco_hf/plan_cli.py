@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
     if total <= 0 or not 0 <= warmup < total:
         raise SystemExit(f"autoloco plan: need 0 <= --warmup ({warmup}) < --steps ({total})")
+    if not args.params > 0:
+        raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
     result = plan_run(config, schedule, warmup)

@@ -38,9 +38,9 @@ def count_non_padding_tokens(batch: Any) -> int:
     """
     mask = batch.get("attention_mask") if hasattr(batch, "get") else None
     if mask is not None:
-        return int(mask.sum())
+        return int(mask.sum()) if hasattr(mask, "sum") else sum(sum(row) for row in mask)
     input_ids = batch["input_ids"]
-    return int(input_ids.numel())
+    return int(input_ids.numel()) if hasattr(input_ids, "numel") else sum(len(row) for row in input_ids)
 
 
 class TokenMapper:

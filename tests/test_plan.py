@@ -174,14 +174,10 @@ def test_cli_bad_options_exit_with_message(argv: list, message: str) -> None:
     assert message in info.value.code
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="plan_cli does not validate --params: 0 divides by zero in the payload ratio (outside this test's edit scope)",
-)
-def test_cli_zero_params_exits_with_message() -> None:
-    with pytest.raises(SystemExit, match="params"):
-        main(["plan", "--params", "0", "--steps", "1000", "--warmup", "10"])
+@pytest.mark.parametrize("params", ["0", "-1"])
+def test_cli_non_positive_params_exits_with_message(params: str) -> None:
+    with pytest.raises(SystemExit, match="--params"):
+        main(["plan", "--params", params, "--steps", "1000", "--warmup", "10"])
 
 
 @pytest.mark.parametrize("argv", [["--recipe", "wiki"], ["--steps", "many"], ["--schedule", "step"]])

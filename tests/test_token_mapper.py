@@ -161,3 +161,10 @@ def test_count_batch_encoding() -> None:
 
     enc = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])})
     assert count_non_padding_tokens(enc) == 3
+
+
+def test_count_non_padding_tokens_accepts_plain_lists():
+    from autoloco_hf.token_mapper import count_non_padding_tokens
+
+    assert count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5, 0]], "attention_mask": [[1, 1, 1], [1, 1, 0]]}) == 5
+    assert count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5]]}) == 5
