@@ -43,16 +43,22 @@ class RunWriter:
     """Writes one run folder: ``steps.jsonl`` as training goes, ``summary.json`` at the end.
 
     Pass :attr:`intervals_path` as the engine's ``records_path`` so the
-    interval records land in the same folder.
+    interval records land in the same folder. ``resume_step`` keeps the
+    ``steps.jsonl`` rows of a resumed run up to its checkpoint.
     """
 
-    def __init__(self, run_dir: str, name: str) -> None:
+    def __init__(self, run_dir: str, name: str, resume_step: int = 0) -> None:
         self.run_dir = run_dir
         self.name = name
         os.makedirs(run_dir, exist_ok=True)
         self.intervals_path = os.path.join(run_dir, INTERVALS)
-        self._steps = open(os.path.join(run_dir, STEPS), "w")
-        self.losses: list[float] = []
+        steps_path = os.path.join(run_dir, STEPS)
+        kept = []  # a resumed run keeps the steps up to its checkpoint and drops any logged after it
+        if resume_step and os.path.exists(steps_path):
+            kept = [row for row in read_jsonl(steps_path) if row["step"] <= resume_step]
+        self._steps = open(steps_path, "w")
+        self._steps.writelines(json.dumps(row) + "\n" for row in kept)
+        self.losses: list[float] = [row["loss"] for row in kept]
 
     def log_step(self, step: int, loss: float, lr: float, totals: RunTotals, seconds: float) -> None:
         """Record optimizer step ``step`` (1-based: the number of steps done) after it ran."""

@@ -79,6 +79,8 @@ class C4Settings:
     bf16: bool = True  # autocast on CUDA; FP32 on CPU
     gradient_checkpointing: bool = False
     seed: int = 0
+    save_every: int = 0  # steps between checkpoints in output_dir/run_name/checkpoint (0: never)
+    resume: bool = False  # continue from that checkpoint when it exists
     autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides (outer_momentum, wire_dtype, ...)
 
 
@@ -105,8 +107,8 @@ def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
     return model
 
 
-def documents(s: C4Settings, split: str, worker: int, num_workers: int) -> Iterator[str]:
-    """Worker ``worker``'s share of the C4 (or local) ``split`` as a stream of texts."""
+def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> Any:
+    """Worker ``worker``'s share of the C4 (or local) ``split``: a streaming dataset whose position can be saved."""
     from datasets import load_dataset
     from datasets.distributed import split_dataset_by_node
 
@@ -116,8 +118,12 @@ def documents(s: C4Settings, split: str, worker: int, num_workers: int) -> Itera
                               data_files=list(files), split="train", streaming=True)
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
-    for example in split_dataset_by_node(stream, rank=worker, world_size=num_workers):
-        yield example[s.text_field]
+    return split_dataset_by_node(stream, rank=worker, world_size=num_workers)
+
+
+def texts(dataset: Any, field: str) -> Iterator[str]:
+    for example in dataset:
+        yield example[field]
 
 
 def collate(tokenizer: Any, texts: Sequence[str], seq_len: int) -> dict[str, torch.Tensor]:
@@ -191,9 +197,10 @@ def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any)
 
     total, count = 0.0, 0
     for shard in rt.local_workers:  # one validation shard per worker, as for training data
-        texts = itertools.islice(documents(s, "validation", shard, s.workers), -(-s.val_docs // s.workers))
+        docs = itertools.islice(texts(worker_dataset(s, "validation", shard, s.workers), s.text_field),
+                                -(-s.val_docs // s.workers))
         with _autocast(s, rt):
-            t, c = loss_sums(model, batches(tokenizer, texts, s.eval_batch_size, s.seq_len, rt.device))
+            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, rt.device))
         total, count = total + t, count + c
     total, count = rt.sum([total, float(count)])
     return total / max(count, 1.0)
@@ -236,7 +243,11 @@ def train(s: C4Settings) -> dict[str, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = build_model(s, len(tokenizer)).to(rt.device)
-    writer = RunWriter(os.path.join(s.output_dir, s.run_name), s.run_name) if rt.rank == 0 else None
+    run_dir = os.path.join(s.output_dir, s.run_name)
+    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{rt.rank}.pt")
+    state = torch.load(checkpoint, map_location=rt.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
+    start = state["step"] if state else 0
+    writer = RunWriter(run_dir, s.run_name, resume_step=start) if rt.rank == 0 else None
     step_losses: list[torch.Tensor] = []
 
     def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -257,11 +268,18 @@ def train(s: C4Settings) -> dict[str, Any]:
         records_path=writer.intervals_path if writer else None,
     )
     del model  # LocalWorkers trains its own copies
-    streams = [batches(tokenizer, documents(s, "train", w, s.workers), s.batch_size, s.seq_len, rt.device)
-               for w in rt.local_workers]
-    bar = _progress(s, rt)
-    started = time.perf_counter()
-    for step in range(1, s.steps + 1):
+    datasets = [worker_dataset(s, "train", w, s.workers) for w in rt.local_workers]
+    if state:
+        workers.load_state_dict(state["workers"])
+        for dataset, position in zip(datasets, state["data"]):
+            dataset.load_state_dict(position)
+        if writer:  # the engine reopened intervals.jsonl empty: rewrite it from the checkpoint's history
+            with open(writer.intervals_path, "w") as f:
+                f.writelines(record.to_json() + "\n" for record in workers.engine.records)
+    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, rt.device) for d in datasets]
+    bar = _progress(s, rt, start)
+    started = time.perf_counter() - (state["seconds"] if state else 0.0)
+    for step in range(start + 1, s.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
         step_losses.clear()
         try:
@@ -274,6 +292,9 @@ def train(s: C4Settings) -> dict[str, Any]:
             writer.log_step(step, loss, lr, workers.engine.totals, time.perf_counter() - started)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", syncs=workers.engine.totals.syncs, refresh=False)
+        if s.save_every and step % s.save_every == 0 and step < s.steps:
+            save_checkpoint(checkpoint, dict(step=step, seconds=time.perf_counter() - started,
+                                             workers=workers.state_dict(), data=[d.state_dict() for d in datasets]))
     wall = time.perf_counter() - started
     bar.close()
     val_loss = validate(s, rt, workers.models[0], tokenizer)
@@ -281,13 +302,20 @@ def train(s: C4Settings) -> dict[str, Any]:
         return {}
     params = sum(p.numel() for p in workers.models[0].parameters())
     return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
-                         params=params, mode=rt.mode, settings=dataclasses.asdict(s))
+                         params=params, mode=rt.mode, resumed_from_step=start, settings=dataclasses.asdict(s))
 
 
-def _progress(s: C4Settings, rt: Runtime) -> Any:
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """This process's workers (replicas, AdamW, schedulers, engine) and data positions; atomic replace."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def _progress(s: C4Settings, rt: Runtime, start: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=s.steps, desc=s.run_name, unit="step", disable=rt.rank != 0, mininterval=2.0)
+    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=rt.rank != 0, mininterval=2.0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
