@@ -77,6 +77,7 @@ def check_no_gradient_traffic(result, steps):
     assert hook["group_bytes"] == 0, "no gradient byte may be reduced with single-rank workers"
     assert hook["buckets"] >= steps and hook["local_bytes"] >= steps * result["model_bytes"], hook
     assert result["ddp_forward_sync_buffers"] is False and result["ddp_find_unused_parameters"] is False
+    assert result["ddp_comm_hooks"] == ["_keep_local_gradients"]
 
 
 def test_diloco_two_processes_sync_pattern(diloco):
@@ -195,6 +196,7 @@ def test_worker_groups_four_processes(tmp_path):
         elif step > 0:
             assert fp[0][step] != fp[2][step], f"workers must differ between syncs (step {step + 1})"
     for r in results:
+        assert r["ddp_comm_hooks"] == ["_average_in_worker_group"]
         assert r["hook"]["local_bytes"] == 0 and r["hook"]["group_bytes"] >= 8 * r["model_bytes"]
         outer = [c for c in model_sized(r) if c[3].startswith("comm.py")]
         inner = [c for c in model_sized(r) if c[3].startswith("hooks.py")]

@@ -192,6 +192,8 @@ def main(spec_path: str) -> None:
         "batches": probe.batches,
         "ddp_forward_sync_buffers": getattr(runtime.ddp, "forward_sync_buffers", None),
         "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
+        # the hooks DDP's reducer calls instead of its built-in gradient all-reduce
+        "ddp_comm_hooks": [hook.__name__ for hook, _ in getattr(runtime.ddp, "_comm_hooks", [])],
     }
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
 
