@@ -73,6 +73,8 @@ class SFTSettings:
     logging_steps: int = 1
     num_proc: Optional[int] = None
     seed: int = 42
+    save_steps: int = 0  # Trainer checkpoints (with the AutoLoCo state of every rank) every N steps; 0: none
+    resume: bool = False  # continue from the last checkpoint in output_dir/run_name when there is one
     autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides
 
 
@@ -140,6 +142,7 @@ def load_tokenizer(s: SFTSettings) -> Any:
 def train(s: SFTSettings) -> dict[str, Any]:
     """Run the recipe; returns the run summary on the main process, else an empty dict."""
     from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTConfig, SFTTrainer
 
     from autoloco_evals.nll import chat_example, masked_nll
@@ -160,7 +163,9 @@ def train(s: SFTSettings) -> dict[str, Any]:
     # drop that step's training loss (every H-th step, the last one included); intervals.jsonl has the metrics.
     callback = AutoLoCoCallback(config, records_filename="intervals.jsonl", log_metrics=False)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    writer = RunWriter(run_dir, s.run_name) if main_process else None
+    last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
+    resume_step = int(last.rsplit("-", 1)[1]) if last else 0
+    writer = RunWriter(run_dir, s.run_name, resume_step=resume_step) if main_process else None
     started = time.perf_counter()
 
     class StepLog(TrainerCallback):
@@ -189,7 +194,9 @@ def train(s: SFTSettings) -> dict[str, Any]:
         padding_free=False,
         assistant_only_loss=True,
         logging_steps=s.logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if s.save_steps else "no",
+        save_steps=s.save_steps or 500,
+        save_total_limit=2,  # an 8B checkpoint with every rank's AutoLoCo state is large
         report_to="none",
         seed=s.seed,
         dataset_num_proc=s.num_proc,
@@ -197,7 +204,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          callbacks=[callback, StepLog()])
-    trainer.train()
+    trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - started
     if writer is None:
         return {}
@@ -207,7 +214,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
                      s.eval_batch_size, "test nll")
     return writer.finish(callback.engine.totals, config.to_dict(), wall, val_loss=nll.nll, test_nll=nll.nll,
                          test_tokens=nll.tokens, test_conversations=nll.examples, train_conversations=len(train_set),
-                         workers=world, settings=dataclasses.asdict(s))
+                         workers=world, resumed_from_step=resume_step, settings=dataclasses.asdict(s))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

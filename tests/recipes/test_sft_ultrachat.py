@@ -110,3 +110,21 @@ def test_sft_two_processes(tmp_path, sft_files):
     assert summary["workers"] == 2 and summary["totals"]["syncs"] == 3 and summary["totals"]["wire_bytes"] > 0
     assert summary["config"]["method"] == "diloco" and summary["config"]["outer_momentum"] == 0.9
     assert len((tmp_path / "sft_diloco" / "intervals.jsonl").read_text().splitlines()) == 3
+
+
+def test_sft_resume(tmp_path, sft_files):
+    """A Trainer checkpoint at step 4 carries the AutoLoCo state: the resumed run ends where the full one does."""
+    import shutil
+
+    sft = load_recipe("sft_ultrachat")
+    full = tmp_path / "full"
+    assert sft.main(tiny_args(full, sft_files, "sft_autoloco.yaml") + ["--save-steps", "4"]) == 0
+    crashed = tmp_path / "crashed" / "sft_autoloco"
+    shutil.copytree(full / "sft_autoloco", crashed)
+    shutil.rmtree(crashed / "checkpoint-6")  # the crash came before the last checkpoint
+    assert sft.main(tiny_args(tmp_path / "crashed", sft_files, "sft_autoloco.yaml") + ["--save-steps", "4", "--resume", "true"]) == 0
+    a, b = (json.loads((root / "summary.json").read_text()) for root in (full / "sft_autoloco", crashed))
+    assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)
+    assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(a["test_nll"], rel=1e-5)
+    steps = [json.loads(line)["step"] for line in (crashed / "steps.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
