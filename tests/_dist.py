@@ -1,0 +1,75 @@
+"""Run a function in real ``torch.distributed`` gloo processes from pytest.
+
+    from _dist import run_gloo
+
+    def _worker(rank, world_size, x):          # module level: pickled by reference
+        ...                                    # the gloo default group is initialized
+        return {"rank": rank, "mean": ...}     # anything torch.save can write
+
+    results = run_gloo(_worker, 2, x)          # [result of rank 0, result of rank 1]
+
+Each rank is a fresh ``spawn`` process (``torch.multiprocessing.start_processes``)
+that sets ``torch.set_num_threads(1)`` (the test machines have few cores; two
+processes with the default thread count oversubscribe them several times over),
+joins a gloo group over ``tcp://127.0.0.1:<free port>`` and runs ``fn``. A child
+exception fails the test with the child's traceback; a hang is cut off after
+``timeout`` seconds. Start-up costs about 2-3 s (importing torch in every child).
+
+The spawned children import ``fn``'s module by name, so ``fn`` must live at module
+level in a module the child can import (a test module or this one: pytest puts
+``tests/`` on ``sys.path`` and ``spawn`` hands ``sys.path`` to the children).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and let the OS choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, init_method: str, out_dir: str, args: tuple) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # nobody tears the group down while a peer is still in a collective
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; returns each rank's return value."""
+    with tempfile.TemporaryDirectory(prefix="autoloco_gloo_") as out_dir:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ctx = mp.start_processes(
+            _entry, args=(fn, world_size, init_method, out_dir, args), nprocs=world_size, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + timeout
+        # join() raises ProcessRaisedException / ProcessExitedException when a child fails
+        while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.terminate()
+                for p in ctx.processes:
+                    p.join(10)
+                raise TimeoutError(f"{world_size} gloo processes running {fn.__name__} took over {timeout:.0f} s")
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
