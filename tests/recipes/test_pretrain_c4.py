@@ -96,7 +96,7 @@ def test_micro_batches_give_the_full_batch_gradient():
         model = tiny_llama(50, 16, 1, 2, seed=0)
         loss = c4.accumulated_loss(model, batch, micro)
         loss.backward()
-        values.append(float(loss))
+        values.append(loss.item())
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     assert values[1] == pytest.approx(values[0], rel=1e-5) and values[2] == pytest.approx(values[0], rel=1e-5)
     assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
