@@ -10,7 +10,8 @@ differences in the table are the methods' own.
 The recipe is the paper's C4 recipe scaled down with the same ratios:
 ``H_base = steps / 100``, warm-up 2% of the steps then cosine decay,
 ``q_H = H_base / 10``, ``H_max = 1.5 H_base``. The default (1,000 steps,
-4 workers, 3 methods) finishes in a few minutes on 2 CPU cores.
+4 workers, 3 methods) needs about 7 minutes of CPU time on one thread
+(measured: 411 s; ``docs/demo/README.md``).
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big
