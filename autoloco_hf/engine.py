@@ -444,8 +444,8 @@ class IntervalEngine:
             feedback.load_state_dict(saved_feedback)
         self.totals = RunTotals(**state["totals"])
         self.records = [IntervalRecord(**r) for r in state["records"]]
-        if self.records_path:
-            self._writer = JsonlWriter(self.records_path, keep=len(self.records))
+        if self._writer is not None:
+            self._writer.restore(self.records)
         self._start_interval()
         self._plan = IntervalPlan(**state["plan"]) if state["plan"] else None  # the interval in flight
         interval = state["interval"]

@@ -77,26 +77,28 @@ class RunTotals:
 
 
 class JsonlWriter:
-    """Appends records to a JSONL file.
+    """Writes interval records to a JSONL file.
 
-    ``keep`` is the number of records already accounted for (by a checkpoint
-    being resumed): older lines are kept, lines written after that checkpoint
-    are dropped so that a resumed run does not log an interval twice.
+    The file is replaced at the first write, not when the writer is built, so a
+    run that resumes can first :meth:`restore` the history its checkpoint holds
+    (dropping lines logged after that checkpoint) and then append.
     """
 
-    def __init__(self, path: str, keep: int = 0) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        lines: list[str] = []
-        if keep and os.path.exists(path):
-            with open(path) as f:
-                lines = [line for line in f if line.strip()][:keep]
-        with open(path, "w") as f:
-            f.writelines(lines)
+        self._mode = "w"
+
+    def restore(self, records: list[IntervalRecord]) -> None:
+        """Rewrite the file with exactly ``records`` (the history of the checkpoint being resumed)."""
+        with open(self.path, "w") as f:
+            f.writelines(record.to_json() + "\n" for record in records)
+        self._mode = "a"
 
     def write(self, record: IntervalRecord) -> None:
-        with open(self.path, "a") as f:
+        with open(self.path, self._mode) as f:
             f.write(record.to_json() + "\n")
+        self._mode = "a"
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

@@ -60,7 +60,10 @@ class LocalWorkers:
         scheduler_factory: builds a worker's LR scheduler (default constant).
         total_steps: training budget in optimizer steps.
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
+        max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
         warmup_steps, records_path, on_record: passed to :class:`IntervalEngine`.
+
+    After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class LocalWorkers:
         total_steps: int,
         scheduler_factory: Callable[[torch.optim.Optimizer], Any] = constant_schedule,
         loss_fn: LossFn = causal_lm_loss,
+        max_grad_norm: Optional[float] = None,
         warmup_steps: Optional[int] = None,
         records_path: Optional[str] = None,
         on_record: Optional[Callable[[IntervalRecord], None]] = None,
@@ -81,6 +85,8 @@ class LocalWorkers:
         self.optimizers = [optimizer_factory(m.parameters()) for m in self.models]
         self.schedulers = [scheduler_factory(o) for o in self.optimizers]
         self.loss_fn = loss_fn
+        self.max_grad_norm = max_grad_norm
+        self.last_losses: list[float] = []
         self.engine = IntervalEngine(
             config,
             self.models,
@@ -110,6 +116,10 @@ class LocalWorkers:
             tokens.append(count_non_padding_tokens(batch))
         if self.config.method == "ddp":
             self.engine.average_gradients()
+        if self.max_grad_norm is not None:
+            for model in self.models:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        self.last_losses = losses
         lr = float(self.optimizers[0].param_groups[0]["lr"])
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()

@@ -237,3 +237,32 @@ def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used(
     engine.after_optimizer_step([1], [1.0], lr=1e-3)
     with pytest.warns(RuntimeWarning, match="schedule preview"):
         engine.after_optimizer_step([1], [1.0], lr=5e-3)
+
+
+def test_resume_in_a_new_process_keeps_the_records_of_the_checkpoint(tmp_path):
+    """The JSONL ends up with the checkpoint's history plus what the resumed run adds, nothing twice."""
+    from autoloco_hf.records import read_jsonl
+
+    path = str(tmp_path / "intervals.jsonl")
+    config = AutoLoCoConfig(method="diloco", h_base=4)
+    first = LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path)
+    for step in range(10):
+        first.train_step([batch_for(w, step) for w in range(2)])
+    state = copy.deepcopy(first.state_dict())
+    for step in range(10, 14):  # logged after the checkpoint: must disappear on resume
+        first.train_step([batch_for(w, step) for w in range(2)])
+    assert len(read_jsonl(path)) == 3
+    resumed = LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path)
+    resumed.load_state_dict(state)
+    for step in range(10, 24):
+        resumed.train_step([batch_for(w, step) for w in range(2)])
+    rows = read_jsonl(path)
+    assert [r["start_step"] for r in rows] == [0, 4, 8, 12, 16, 20]
+    assert [r["index"] for r in rows] == list(range(6))
+
+
+def test_gradient_clipping_and_last_losses():
+    clipped = train(AutoLoCoConfig(method="diloco", h_base=4), steps=4, max_grad_norm=1e-3)
+    free = train(AutoLoCoConfig(method="diloco", h_base=4), steps=4)
+    assert len(clipped.last_losses) == 2
+    assert not torch.equal(next(clipped.models[0].parameters()), next(free.models[0].parameters()))
