@@ -1,0 +1,172 @@
+"""Cost of one outer synchronization on real gloo processes (spec 7, 8.1).
+
+Not a test. Spawns ``--world-size`` gloo processes on this machine (one thread each)
+and times, for a flat FP32 buffer of each ``--sizes`` with a transformer-like segment
+layout (a few hundred tensors):
+
+* ``all_reduce``: a bare ``dist.all_reduce`` of the same buffer (the reference);
+* ``average fp32 / bf16 / int8``: :meth:`ProcessGroupCommunicator.average` with that
+  wire (FP32: bucketed all-reduce; BF16 / INT8: owner-reduce over all_to_all_single),
+  including the float64 scalar vector the engine sends with it.
+
+Median of ``--repeats`` runs after one warm-up, rank 0's clock, a barrier before each
+run. Also printed: wire bytes one worker sends (ring ``2 (N-1)/N`` for the all-reduces,
+exact all_to_all splits for owner-reduce), the encode / collective / decode split that
+the communicator reports, and the codec's encode+decode throughput on the whole buffer
+(``_median_seconds`` of ``bench_codec_throughput.py``, one thread).
+
+    python benchmarks/bench_sync.py [--sizes 16M 64M] [--world-size 2] [--repeats 5]
+
+Processes on one machine talk over loopback, so "collective" is memory bandwidth and
+gloo overhead, not a network: on a real cluster the wire bytes matter far more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
+
+from autoloco_hf.codec import WireCodec  # noqa: E402
+from autoloco_hf.comm import ProcessGroupCommunicator  # noqa: E402
+
+WIRES = ("fp32", "bf16", "int8")
+
+
+def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list[int]:
+    """Segment sizes of a Llama-like model with ``layers`` blocks and ``numel`` parameters in total.
+
+    Per block: 2 norms, q/k/v/o (h x h), gate/up/down (h x 8h/3); embedding and head
+    (vocab x h) and a final norm. ``h`` is the largest multiple of 64 that fits; the
+    embedding absorbs the remainder so that the total is exactly ``numel``.
+    """
+    def sizes(h: int) -> list[int]:
+        f = (8 * h // 3 + 63) // 64 * 64
+        block = [h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h]
+        return [vocab * h] + block * layers + [h, vocab * h]
+
+    h = 64
+    while sum(sizes(h + 64)) <= numel:
+        h += 64
+    out = sizes(h)
+    out[0] += numel - sum(out)
+    if out[0] <= 0:
+        raise ValueError(f"{numel} elements are too few for a {layers}-layer layout")
+    return out
+
+
+def _timed(fn, repeats: int) -> tuple[float, list]:
+    """Median seconds of ``fn()`` (with a barrier before each run) and every run's return value."""
+    dist.barrier()
+    fn()  # warm-up: allocator, gloo pairs, codec construction
+    times, results = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        results.append(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), results
+
+
+def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, threads: int, queue) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=600),
+    )
+    rows = []
+    for numel in sizes:
+        segments = transformer_layout(numel)
+        gen = torch.Generator().manual_seed(rank)
+        magnitudes = torch.cat([torch.full((s,), 10.0 ** -(i % 4)) for i, s in enumerate(segments)])
+        x = torch.randn(numel, generator=gen) * magnitudes
+        scalars = torch.arange(9, dtype=torch.float64)
+        ring = 2 * (world_size - 1) * 4 * numel // world_size
+
+        buf = torch.empty_like(x)
+
+        def bare() -> None:
+            buf.copy_(x)  # inside the timer, like average()'s own copy; ~1% of the all-reduce
+            dist.all_reduce(buf)
+
+        t, _ = _timed(bare, repeats)
+        rows.append(dict(numel=numel, segments=len(segments), method="all_reduce fp32", seconds=t, wire_bytes=ring))
+        for wire in WIRES:
+            comm = ProcessGroupCommunicator(wire_dtype=wire)
+            t, results = _timed(lambda: comm.average([x], [scalars], segments), repeats)
+            split = {
+                k: statistics.median(getattr(r.traffic, k) for r in results)
+                for k in ("encode_seconds", "collective_seconds", "decode_seconds")
+            }
+            rows.append(dict(numel=numel, segments=len(segments), method=f"average {wire}", seconds=t,
+                             wire_bytes=results[0].traffic.wire_bytes, **split))
+        if rank == 0:
+            for wire in ("bf16", "int8"):
+                codec = WireCodec(wire, segments)
+                t_rt = _median_seconds(lambda: codec.roundtrip(x, 0), repeats, x.device)
+                rows.append(dict(numel=numel, segments=len(segments), method=f"codec {wire}", gbps=4 * numel / 1e9 / t_rt))
+        dist.barrier()
+        del x, buf, magnitudes
+    if rank == 0:
+        queue.put(rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="FP32 elements, e.g. 16M")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    args = parser.parse_args()
+    sizes = [_parse_size(s) for s in args.sizes]
+
+    print(f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
+          f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} after 1 warm-up")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(
+        _worker, args=(args.world_size, _free_port(), sizes, args.repeats, args.threads, queue),
+        nprocs=args.world_size, start_method="spawn",
+    )
+    rows = queue.get()
+
+    print(f"{'elements':>12} {'segs':>4} {'method':<16} {'seconds':>8} {'x bare':>7} {'wire MB/worker':>15} "
+          f"{'x fp32':>7} {'encode s':>9} {'collect. s':>10} {'decode s':>9}")
+    for numel in sizes:
+        mine = [r for r in rows if r["numel"] == numel and "seconds" in r]
+        bare = mine[0]
+        for r in mine:
+            split = (f"{r['encode_seconds']:>9.3f} {r['collective_seconds']:>10.3f} {r['decode_seconds']:>9.3f}"
+                     if "encode_seconds" in r else f"{'':>9} {'':>10} {'':>9}")
+            print(f"{numel:>12,} {r['segments']:>4} {r['method']:<16} {r['seconds']:>8.3f} "
+                  f"{r['seconds'] / bare['seconds']:>7.2f} {r['wire_bytes'] / 1e6:>15.2f} "
+                  f"{r['wire_bytes'] / bare['wire_bytes']:>7.4f} {split}")
+    print("codec encode+decode of the whole buffer (rank 0, one thread), GB/s of FP32 input:")
+    for r in rows:
+        if "gbps" in r:
+            print(f"{r['numel']:>12,} {r['segments']:>4} {r['method']:<16} {r['gbps']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
