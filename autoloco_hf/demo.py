@@ -99,13 +99,6 @@ def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argp
     from .workers import LocalWorkers
 
     writer = RunWriter(f"{args.out}/{name}", name)
-    step_losses: list[torch.Tensor] = []
-
-    def loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        loss = model(**batch).loss
-        step_losses.append(loss.detach())
-        return loss
-
     workers = LocalWorkers(
         config,
         setup.model,
@@ -113,7 +106,6 @@ def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argp
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
         total_steps=args.steps,
-        loss_fn=loss_fn,
         records_path=writer.intervals_path,
     )
     sampler = WindowSampler(setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed)
@@ -121,9 +113,8 @@ def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argp
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
-        step_losses.clear()
         workers.train_step(sampler.next_batches())
-        loss = float(torch.stack(step_losses).mean())
+        loss = sum(workers.last_losses) / len(workers.last_losses)
         totals = workers.engine.totals
         writer.log_step(step, loss, lr, totals, time.perf_counter() - started)
         bar.update(1)

@@ -64,6 +64,7 @@ class C4Settings:
     lr: float = 3e-4
     weight_decay: float = 0.1
     adam_beta2: float = 0.95
+    max_grad_norm: Optional[float] = 1.0  # per-worker gradient clipping before each inner step
     batch_size: int = 128  # documents per worker per step
     micro_batch_size: Optional[int] = None  # split each worker's batch for memory (gradient accumulation)
     seq_len: int = 1_024
@@ -248,13 +249,10 @@ def train(s: C4Settings) -> dict[str, Any]:
     state = torch.load(checkpoint, map_location=rt.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
     start = state["step"] if state else 0
     writer = RunWriter(run_dir, s.run_name, resume_step=start) if rt.rank == 0 else None
-    step_losses: list[torch.Tensor] = []
 
     def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with _autocast(s, rt):
-            loss = accumulated_loss(m, batch, s.micro_batch_size)
-        step_losses.append(loss.detach())
-        return loss
+            return accumulated_loss(m, batch, s.micro_batch_size)
 
     workers = LocalWorkers(
         config,
@@ -264,6 +262,7 @@ def train(s: C4Settings) -> dict[str, Any]:
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, s.warmup_steps, s.steps),
         total_steps=s.steps,
         loss_fn=loss_fn,
+        max_grad_norm=s.max_grad_norm,
         warmup_steps=s.warmup_steps,
         records_path=writer.intervals_path if writer else None,
     )
@@ -273,22 +272,18 @@ def train(s: C4Settings) -> dict[str, Any]:
         workers.load_state_dict(state["workers"])
         for dataset, position in zip(datasets, state["data"]):
             dataset.load_state_dict(position)
-        if writer:  # the engine reopened intervals.jsonl empty: rewrite it from the checkpoint's history
-            with open(writer.intervals_path, "w") as f:
-                f.writelines(record.to_json() + "\n" for record in workers.engine.records)
     streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, rt.device) for d in datasets]
     bar = _progress(s, rt, start)
     started = time.perf_counter() - (state["seconds"] if state else 0.0)
     for step in range(start + 1, s.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
-        step_losses.clear()
         try:
             workers.train_step([next(stream) for stream in streams])
         except StopIteration:
             raise SystemExit(f"the training data ran out at step {step} of {s.steps}: add data or lower --steps")
         if writer:
             # local workers' mean loss (all workers when simulated, rank 0's own in multiprocess mode)
-            loss = float(torch.stack(step_losses).float().mean())
+            loss = sum(workers.last_losses) / len(workers.last_losses)
             writer.log_step(step, loss, lr, workers.engine.totals, time.perf_counter() - started)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", syncs=workers.engine.totals.syncs, refresh=False)
