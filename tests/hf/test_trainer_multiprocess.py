@@ -203,3 +203,13 @@ def test_worker_groups_four_processes(tmp_path):
         assert len(outer) == r["totals"]["syncs"] == 2
         assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
         assert len(model_sized(r)) == len(outer) + len(inner)
+
+
+def test_ddp_method_keeps_normal_ddp(tmp_path):
+    """method="ddp": no hook, gradients all-reduced every step (replicas identical), the engine only counts."""
+    spec = {"output_dir": str(tmp_path), "steps": 6, "batch": 2, "autoloco": {"method": "ddp", "h_base": 4}}
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    assert r0["ddp_comm_hooks"] == [] and r0["hook"] is None
+    assert r0["fingerprints"] == r1["fingerprints"]
+    assert len(set(r0["fingerprints"])) == 6, "the model trains"
+    assert r0["totals"]["steps"] == 6 and r0["totals"]["syncs"] == 0 and r0["records"] == []
