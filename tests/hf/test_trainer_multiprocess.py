@@ -213,3 +213,15 @@ def test_ddp_method_keeps_normal_ddp(tmp_path):
     assert r0["fingerprints"] == r1["fingerprints"]
     assert len(set(r0["fingerprints"])) == 6, "the model trains"
     assert r0["totals"]["steps"] == 6 and r0["totals"]["syncs"] == 0 and r0["records"] == []
+
+
+def test_int8_wire_through_the_trainer(tmp_path):
+    """AutoLoCo with the INT8 codec (spec 7): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
+    spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
+            "autoloco": {"method": "autoloco", "h_base": 4, "wire_dtype": "int8"}}
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    assert sync_steps(r0) == [4, 8] and r0["fingerprints"][-1] == r1["fingerprints"][-1]
+    for r in (r0, r1):
+        data = [c for c in r["collectives"] if c[1] > 1024]
+        assert {c[0] for c in data} == {"all_to_all_single"} and {c[2] + 1 for c in data} == {4, 8}
+        assert r["totals"]["payload_bytes"] < 0.3 * 2 * r["model_bytes"]
