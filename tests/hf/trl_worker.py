@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from trainer_worker import COLLECTIVES, PHASE, Probe, fingerprint  # installs the collective counter
+from trainer_worker import COLLECTIVES, Probe, fingerprint  # installs the collective counter
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
