@@ -31,6 +31,13 @@ import torch
 from .codec import WireCodec, mean_in_worker_order, owner_reduce_mean, owner_reduce_part
 
 
+def _now(tensor: torch.Tensor) -> float:
+    """Wall clock after the tensor's device has finished its queued work (CUDA kernels run asynchronously)."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    return time.perf_counter()
+
+
 @dataclass
 class Traffic:
     """Cost of one synchronization for one worker."""
@@ -43,7 +50,7 @@ class Traffic:
 
 @dataclass
 class AverageResult:
-    mean: torch.Tensor  # decoded mean pseudo-gradient (FP32, identical on all workers)
+    mean: torch.Tensor  # decoded mean (FP32, identical on all workers); may be a buffer reused by the next call
     scalar_sums: torch.Tensor  # float64 sums over all workers
     traffic: Traffic
 
@@ -121,7 +128,7 @@ class SimulatedCommunicator(Communicator):
             raise ValueError(f"expected {self.num_workers} contributions, got {len(flats)}")
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
-        start = time.perf_counter()
+        start = _now(flats[0])
         if wire == "fp32":
             mean = mean_in_worker_order(flats)
             traffic.wire_bytes = self.ring_bytes(flats[0].numel())
@@ -129,7 +136,7 @@ class SimulatedCommunicator(Communicator):
             codec = self.codec(segment_sizes, wire)
             mean = owner_reduce_mean(codec, flats)
             traffic.wire_bytes = self.owner_reduce_bytes(codec, worker=0)
-        traffic.collective_seconds = time.perf_counter() - start
+        traffic.collective_seconds = _now(flats[0]) - start
         sums = sum_in_worker_order(scalars) if scalars else torch.zeros(0, dtype=torch.float64)
         return AverageResult(mean, sums, traffic)
 
@@ -160,6 +167,7 @@ class ProcessGroupCommunicator(Communicator):
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
+        self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
         if len(flats) != 1:
@@ -180,8 +188,11 @@ class ProcessGroupCommunicator(Communicator):
         return AverageResult(mean, sums, traffic)
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
-        start = time.perf_counter()
-        total = flat.clone()
+        start = _now(flat)
+        # one persistent buffer: a fresh allocation per sync costs as much as the all-reduce itself on CPU
+        if self._buffer is None or self._buffer.shape != flat.shape or self._buffer.device != flat.device:
+            self._buffer = torch.empty_like(flat)
+        total = self._buffer.copy_(flat)
         works = [
             self.dist.all_reduce(bucket, group=self.group, async_op=True)
             for bucket in torch.split(total, self.bucket_elements)
@@ -189,7 +200,7 @@ class ProcessGroupCommunicator(Communicator):
         for work in works:
             work.wait()
         total /= self.num_workers
-        traffic.collective_seconds = time.perf_counter() - start
+        traffic.collective_seconds = _now(flat) - start
         traffic.wire_bytes = self.ring_bytes(flat.numel())
         return total
 
@@ -198,29 +209,29 @@ class ProcessGroupCommunicator(Communicator):
         parts = codec.partition(n)
         my_start, my_end = parts[rank]
 
-        tick = time.perf_counter()
+        tick = _now(flat)
         outgoing = [codec.encode(flat[s:e], s) for s, e in parts]  # my contribution to each owner
-        traffic.encode_seconds += time.perf_counter() - tick
+        traffic.encode_seconds += _now(flat) - tick
 
         incoming = [codec.empty_wire(my_start, my_end - my_start, flat.device) for _ in range(n)]
         self._exchange(outgoing, incoming, traffic)
 
-        tick = time.perf_counter()
+        tick = _now(flat)
         decoded = [codec.decode(wire, my_start, my_end - my_start) for wire in incoming]
-        traffic.decode_seconds += time.perf_counter() - tick
+        traffic.decode_seconds += _now(flat) - tick
 
-        tick = time.perf_counter()
+        tick = _now(flat)
         my_mean_wire = owner_reduce_part(codec, decoded, my_start)  # FP32 mean, encoded once
-        traffic.encode_seconds += time.perf_counter() - tick
+        traffic.encode_seconds += _now(flat) - tick
 
         gathered = [codec.empty_wire(s, e - s, flat.device) for s, e in parts]
         self._exchange([my_mean_wire] * n, gathered, traffic)
 
-        tick = time.perf_counter()
+        tick = _now(flat)
         mean = torch.empty_like(flat)
         for (s, e), wire in zip(parts, gathered):
             mean[s:e] = codec.decode(wire, s, e - s)
-        traffic.decode_seconds += time.perf_counter() - tick
+        traffic.decode_seconds += _now(flat) - tick
         traffic.wire_bytes = self.owner_reduce_bytes(codec, rank)
         return mean
 
@@ -228,7 +239,7 @@ class ProcessGroupCommunicator(Communicator):
         self, outgoing: list[list[torch.Tensor]], incoming: list[list[torch.Tensor]], traffic: Traffic
     ) -> None:
         """``all_to_all_single`` per wire tensor kind: ``outgoing[j]`` goes to worker ``j``, ``incoming[j]`` comes from it."""
-        tick = time.perf_counter()
+        tick = _now(outgoing[0][0])
         for kind in range(len(outgoing[0])):
             send = torch.cat([wire[kind].reshape(-1) for wire in outgoing])
             recv = torch.empty(sum(w[kind].numel() for w in incoming), dtype=send.dtype, device=send.device)
@@ -241,7 +252,7 @@ class ProcessGroupCommunicator(Communicator):
             )
             for target, chunk in zip(incoming, torch.split(recv, [w[kind].numel() for w in incoming])):
                 target[kind].copy_(chunk.view_as(target[kind]))
-        traffic.collective_seconds += time.perf_counter() - tick
+        traffic.collective_seconds += _now(outgoing[0][0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)

@@ -102,6 +102,12 @@ class IntervalEngine:
                 f"{len(models)} local models but the communicator expects {communicator.local_workers}: "
                 "pass one model per process, or N replicas to SimulatedCommunicator(N)"
             )
+        if (communicator.wire_dtype, communicator.block_size) != (config.wire_dtype, config.int8_block_size):
+            raise ValueError(
+                f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}) but "
+                f"config.wire_dtype={config.wire_dtype!r} (int8_block_size={config.int8_block_size}): build it with "
+                "wire_dtype=config.wire_dtype, block_size=config.int8_block_size"
+            )
         if total_steps <= 0:
             raise ValueError(f"total_steps={total_steps}: the training budget must be positive")
         self.config = config
