@@ -266,3 +266,12 @@ def test_gradient_clipping_and_last_losses():
     free = train(AutoLoCoConfig(method="diloco", h_base=4), steps=4)
     assert len(clipped.last_losses) == 2
     assert not torch.equal(next(clipped.models[0].parameters()), next(free.models[0].parameters()))
+
+
+def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
+    from autoloco_hf.engine import IntervalEngine
+    from autoloco_hf.schedule import FunctionSchedule
+
+    with pytest.raises(ValueError, match="wire_dtype='int8'"):
+        IntervalEngine(AutoLoCoConfig(method="diloco", wire_dtype="int8"), [make_model()],
+                       FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(1), 10)
