@@ -224,8 +224,7 @@ class WorkerRuntime:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.records_path:  # rewrite the JSONL from the checkpoint's history (drops intervals after it)
             self._writer = JsonlWriter(self.records_path)
-            for record in self.engine.records:
-                self._writer.write(record)
+            self._writer.restore(self.engine.records)
         self.pending = []
 
     def save(self, checkpoint_dir: str) -> str:
