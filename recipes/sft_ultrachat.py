@@ -159,9 +159,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
     train_set = conversations(s, "train", tokenizer)
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
-    # log_metrics=False: the callback's Trainer.log at a sync step resets `should_log`, so the Trainer would
-    # drop that step's training loss (every H-th step, the last one included); intervals.jsonl has the metrics.
-    callback = AutoLoCoCallback(config, records_filename="intervals.jsonl", log_metrics=False)
+    callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
     main_process = int(os.environ.get("RANK", "0")) == 0
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
