@@ -53,35 +53,33 @@ def generate_solutions(
         make_raw_chat_prompt(p, INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer) if chat else p for p in prompts
     ]
     samples = []
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        for start in tqdm(range(0, len(tasks), batch_size), desc="humaneval_plus generate", unit="batch"):
-            batch = inputs[start : start + batch_size]
-            # A chat prompt already holds the template's special tokens.
-            enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not chat).to(model.device)
-            out = model.generate(
-                **enc,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                stop_strings=stops,
-                tokenizer=tokenizer,
-                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            )
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            for task, prompt, text in zip(tasks[start:], prompts[start:], texts):
-                cut = min([text.index(s) for s in stops if s in text], default=len(text))
-                impl = text[:cut].replace("\t", "    ")
-                code = sanitize(impl if chat else prompt + impl, entrypoint=task["entry_point"])
-                # The sanitizer keeps only what the model wrote; the prompt's imports
-                # (e.g. `from typing import List`) belong to the task.
-                imports = "\n".join(_IMPORT_LINE.findall(task["prompt"]))
-                samples.append({"task_id": task["task_id"], "solution": f"{imports}\n{code}" if imports else code})
-    finally:
-        tokenizer.padding_side = padding_side
+    for start in tqdm(range(0, len(tasks), batch_size), desc="humaneval_plus generate", unit="batch"):
+        batch = inputs[start : start + batch_size]
+        # A chat prompt already holds the template's special tokens.
+        enc = tokenizer(
+            batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat
+        ).to(model.device)
+        out = model.generate(
+            **enc,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            stop_strings=stops,
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for task, prompt, text in zip(tasks[start:], prompts[start:], texts):
+            cut = min([text.index(s) for s in stops if s in text], default=len(text))
+            impl = text[:cut].replace("\t", "    ")
+            code = sanitize(impl if chat else prompt + impl, entrypoint=task["entry_point"])
+            # The sanitizer keeps only what the model wrote; the prompt's imports
+            # (e.g. `from typing import List`) belong to the task.
+            imports = "\n".join(_IMPORT_LINE.findall(task["prompt"]))
+            samples.append({"task_id": task["task_id"], "solution": f"{imports}\n{code}" if imports else code})
     return samples
 
 
-def score_samples(problems: dict[str, dict], samples: list[dict], work_dir: Path, parallel: int | None = None) -> dict:
+def score_samples(problems: dict[str, dict], samples: list[dict], work_dir: Path) -> dict:
     """Run evalplus on the samples; return plus pass@1 (base and plus tests both pass)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     dataset_file = work_dir / "humaneval_plus_problems.jsonl"
@@ -100,7 +98,7 @@ def score_samples(problems: dict[str, dict], samples: list[dict], work_dir: Path
     from evalplus.eval import PASS
     from evalplus.evaluate import evaluate
 
-    evaluate("humaneval", samples=str(samples_file), parallel=parallel)
+    evaluate("humaneval", samples=str(samples_file))
     results = json.loads(results_file.read_text())["eval"]
     passed = {
         task_id: rows[0]["base_status"] == PASS and rows[0]["plus_status"] == PASS for task_id, rows in results.items()
