@@ -9,6 +9,7 @@ of targets), not a mean of per-document means.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -120,18 +121,21 @@ def evaluate_nll(
     max_length: int = 2048,
     batch_size: int = 8,
 ) -> dict[str, float]:
-    """NLL on documents and on chat assistant tokens; local JSONL overrides the hub."""
+    """NLL on documents and on chat assistant tokens; local JSONL overrides the hub.
+
+    A tokenizer without a chat template (a pretrained base model) gets the
+    document NLL only, with a warning.
+    """
     docs = read_records(c4_path, C4_DEFAULT, num_documents)
-    chats = read_records(chat_path, CHAT_DEFAULT, num_conversations)
     doc_result = masked_nll(
         model, (document_example(tokenizer, d["text"], max_length) for d in docs), batch_size, "nll c4"
     )
+    result = {"nll_c4": doc_result.nll, "nll_c4_tokens": doc_result.tokens}
+    if tokenizer.chat_template is None:
+        warnings.warn("tokenizer has no chat template: chat NLL not computed", stacklevel=2)
+        return result
+    chats = read_records(chat_path, CHAT_DEFAULT, num_conversations)
     chat_result = masked_nll(
         model, (chat_example(tokenizer, c["messages"], max_length) for c in chats), batch_size, "nll chat"
     )
-    return {
-        "nll_c4": doc_result.nll,
-        "nll_c4_tokens": doc_result.tokens,
-        "nll_chat": chat_result.nll,
-        "nll_chat_tokens": chat_result.tokens,
-    }
+    return {**result, "nll_chat": chat_result.nll, "nll_chat_tokens": chat_result.tokens}

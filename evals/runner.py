@@ -142,8 +142,7 @@ def evaluate(
                 max_length=settings.nll_max_length,
                 batch_size=settings.batch_size,
             )
-            scores["nll_c4"] = result.pop("nll_c4")
-            scores["nll_chat"] = result.pop("nll_chat")
+            scores.update({key: result.pop(key) for key in ("nll_c4", "nll_chat") if key in result})
         details[task] = result
         timings[task] = round(time.perf_counter() - start, 1)
 

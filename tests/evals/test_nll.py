@@ -6,7 +6,7 @@ import torch
 from autoloco_evals.nll import evaluate_nll
 from autoloco_evals.runner import FIXTURES_DIR
 
-from evals_scripted import fixture_rows, tiny_llama
+from evals_scripted import build_tokenizer, fixture_rows, tiny_llama
 
 
 @pytest.fixture(scope="module", name="tiny_llama")
@@ -57,3 +57,11 @@ def test_nll_limits_examples(tiny_llama):
     )
     first_doc = tokenizer(fixture_rows("c4.jsonl")[0]["text"])["input_ids"]
     assert got["nll_c4_tokens"] == len(first_doc) - 1
+
+
+def test_base_model_without_chat_template_gets_document_nll_only(tiny_llama):
+    model, _ = tiny_llama
+    base_tokenizer = build_tokenizer(chat=False)
+    with pytest.warns(UserWarning, match="no chat template"):
+        got = evaluate_nll(model, base_tokenizer, c4_path=FIXTURES_DIR / "c4.jsonl", chat_path=None)
+    assert set(got) == {"nll_c4", "nll_c4_tokens"}
