@@ -27,7 +27,7 @@ import torch
 from ..comm import ProcessGroupCommunicator, SimulatedCommunicator
 from ..config import AutoLoCoConfig
 from ..engine import IntervalEngine
-from ..records import IntervalRecord, JsonlWriter
+from ..records import IntervalRecord
 from .groups import WorkerTopology, build_topology
 from .hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 
@@ -146,7 +146,6 @@ class WorkerRuntime:
             comm = SimulatedCommunicator(1, **kwargs)
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
-        self._writer: Optional[JsonlWriter] = JsonlWriter(self.records_path) if self.records_path else None
         self._extra_on_record = on_record
         self.pending: list[IntervalRecord] = []
         self.trainable = TrainableParameters(model)
@@ -158,13 +157,12 @@ class WorkerRuntime:
             total_steps,
             warmup_steps=warmup_steps,
             optimizers=[optimizer],
+            records_path=self.records_path,  # the engine rewrites it from the checkpoint on resume
             on_record=self._on_record,
         )
 
     # ------------------------------------------------------------- steps
     def _on_record(self, record: IntervalRecord) -> None:
-        if self._writer is not None:
-            self._writer.write(record)
         self.pending.append(record)
         if self._extra_on_record is not None:
             self._extra_on_record(record)
@@ -222,9 +220,6 @@ class WorkerRuntime:
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved.to(p.device, p.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.records_path:  # rewrite the JSONL from the checkpoint's history (drops intervals after it)
-            self._writer = JsonlWriter(self.records_path)
-            self._writer.restore(self.engine.records)
         self.pending = []
 
     def save(self, checkpoint_dir: str) -> str:
