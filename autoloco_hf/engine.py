@@ -189,10 +189,15 @@ class IntervalEngine:
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
                 p.grad.copy_(chunk.view_as(p))
+        self.account_gradient_sync(result.traffic, time.perf_counter() - start)
+
+    def account_gradient_sync(self, traffic: Optional[Traffic] = None, seconds: float = 0.0) -> None:
+        """Count one per-step FP32 gradient all-reduce of the DDP baseline, ours or torch DDP's (ring bytes)."""
+        numel = sum(self.segment_sizes)
         self.totals.syncs += 1
         self.totals.payload_tensors += 1
-        self.totals.payload_bytes += int(payload_bytes(1, sum(self.segment_sizes), "fp32"))
-        self._add_traffic(result.traffic, time.perf_counter() - start)
+        self.totals.payload_bytes += int(payload_bytes(1, numel, "fp32"))
+        self._add_traffic(traffic or Traffic(wire_bytes=self.comm.ring_bytes(numel)), seconds)
 
     # ------------------------------------------------------------- internals
     def _broadcast_initial_parameters(self) -> None:

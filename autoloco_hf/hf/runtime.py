@@ -178,6 +178,8 @@ class WorkerRuntime:
         plan = engine.plan
         closes = plan is None or engine.step + 1 >= plan.start_step + plan.h_step
         tokens, loss = self.meter.flush() if closes else (0, 0.0)
+        if self.config.method == "ddp" and self.topology.world_size > 1:
+            engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
         return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
 
     def pop_metrics(self) -> dict[str, float]:

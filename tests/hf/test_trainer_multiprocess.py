@@ -206,13 +206,14 @@ def test_worker_groups_four_processes(tmp_path):
 
 
 def test_ddp_method_keeps_normal_ddp(tmp_path):
-    """method="ddp": no hook, gradients all-reduced every step (replicas identical), the engine only counts."""
+    """method="ddp": no hook, gradients all-reduced every step (replicas identical), the engine counts each one."""
     spec = {"output_dir": str(tmp_path), "steps": 6, "batch": 2, "autoloco": {"method": "ddp", "h_base": 4}}
     r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
     assert r0["ddp_comm_hooks"] == [] and r0["hook"] is None
     assert r0["fingerprints"] == r1["fingerprints"]
     assert len(set(r0["fingerprints"])) == 6, "the model trains"
-    assert r0["totals"]["steps"] == 6 and r0["totals"]["syncs"] == 0 and r0["records"] == []
+    assert r0["totals"]["steps"] == 6 and r0["totals"]["syncs"] == 6 and r0["records"] == []
+    assert r0["totals"]["payload_bytes"] == 6 * r0["model_bytes"]  # FP32 gradients every step
 
 
 def test_int8_wire_through_the_trainer(tmp_path):
