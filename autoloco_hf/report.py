@@ -259,25 +259,19 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     ax.legend()
     save(fig, "horizon.png")
 
-    fig, (ax_mu, ax_eta) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for run in interval_runs:
-        starts = [r["start_step"] for r in run.intervals]
-        ax_mu.plot(starts, [r["mu"] for r in run.intervals], marker=".", label=run.name)
-        ax_eta.plot(starts, [r["eta"] for r in run.intervals], marker=".", label=run.name)
-    ax_mu.set(ylabel="outer momentum mu_t")
-    ax_eta.set(xlabel="interval start step", ylabel="outer LR eta_t")
-    ax_eta.legend(loc="lower left")
-    save(fig, "outer_mu_eta.png")
+    def two_panels(top: str, bottom: str, top_label: str, bottom_label: str, name: str, log_top: bool = False) -> None:
+        fig, (ax_top, ax_bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+        for run in interval_runs:
+            starts = [r["start_step"] for r in run.intervals]
+            ax_top.plot(starts, [r[top] for r in run.intervals], marker=".", label=run.name)
+            ax_bottom.plot(starts, [r[bottom] for r in run.intervals], marker=".", label=run.name)
+        ax_top.set(yscale="log" if log_top else "linear", ylabel=top_label)
+        ax_bottom.set(xlabel="interval start step", ylabel=bottom_label)
+        ax_top.legend()
+        save(fig, name)
 
-    fig, (ax_d, ax_c) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for run in interval_runs:
-        starts = [r["start_step"] for r in run.intervals]
-        ax_d.plot(starts, [r["drift_energy"] for r in run.intervals], marker=".", label=run.name)
-        ax_c.plot(starts, [r["coherence"] for r in run.intervals], marker=".", label=run.name)
-    ax_d.set(yscale="log", ylabel="drift energy D_t")
-    ax_c.set(xlabel="interval start step", ylabel=f"coherence C_t (0..N)")
-    ax_d.legend()
-    save(fig, "drift_coherence.png")
+    two_panels("mu", "eta", "outer momentum mu_t", "outer LR eta_t", "outer_mu_eta.png")
+    two_panels("drift_energy", "coherence", "drift energy D_t", "coherence C_t (0..N)", "drift_coherence.png", log_top=True)
     return list(PLOTS)
 
 
