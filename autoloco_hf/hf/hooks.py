@@ -158,9 +158,9 @@ class BatchMeter:
             if loss is not None:
                 self.loss_seen = True
                 if kwargs.get("num_items_in_batch") is not None:
-                    self.step_scaled_loss = self.step_scaled_loss + loss.float()
+                    self.step_scaled_loss = self.step_scaled_loss + loss.detach().float()
                 else:
-                    self.step_plain_loss = self.step_plain_loss + loss.float()
+                    self.step_plain_loss = self.step_plain_loss + loss.detach().float()
                     self.step_plain_count += 1
         return None
 

@@ -1,6 +1,6 @@
 """Throughput between syncs: AutoLoCo Trainer workers vs a plain single-process Trainer (not a test).
 
-    python tests/hf/bench_throughput.py [ROUNDS]   # runs all three ROUNDS times (default 2), prints the ratios
+    python benchmarks/bench_trainer_throughput.py [ROUNDS]   # runs all three ROUNDS times (default 2), prints the ratios
 
 * ``plain``: one process, ``Trainer`` without the callback;
 * ``autoloco1``: one process, ``Trainer`` + ``AutoLoCoCallback`` (the callback's own cost between syncs);
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -65,15 +66,19 @@ def worker(mode: str, out: str) -> None:
             json.dump(result, f)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(mode: str, out: str, nproc: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc == 1:
         cmd = [sys.executable, __file__, "--worker", mode, out]
     else:
-        from launch import free_port
-
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(free_port()), __file__, "--worker", mode, out]
+               str(_free_port()), __file__, "--worker", mode, out]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     with open(os.path.join(out, f"{mode}.json")) as f:
         return json.load(f)
@@ -81,7 +86,6 @@ def launch(mode: str, out: str, nproc: int) -> dict:
 
 def main(rounds: int = 2) -> None:
     """Alternate the three runs ``rounds`` times; keep each one's best median (the machine may be shared)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     out = tempfile.mkdtemp()
     best: dict[str, dict] = {}
     for _ in range(rounds):
