@@ -8,17 +8,17 @@ so that ``from autoloco_hf import AutoLoCoConfig`` stays cheap.
 
 from typing import Any
 
-from .config import AutoLoCoConfig, ConfigError
+from autoloco_hf.config import AutoLoCoConfig, ConfigError
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AutoLoCoCallback": "autoloco_hf.hf.callback",
-    "AutoLoCoAccelerate": "autoloco_hf.hf.accelerate",
-    "IntervalEngine": "autoloco_hf.engine",
-    "LocalWorkers": "autoloco_hf.workers",
-    "SimulatedCommunicator": "autoloco_hf.comm",
-    "ProcessGroupCommunicator": "autoloco_hf.comm",
+    "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
+    "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
+    "IntervalEngine": "autoloco_hf.sync.engine",
+    "LocalWorkers": "autoloco_hf.sync.local_workers",
+    "SimulatedCommunicator": "autoloco_hf.sync.communicators",
+    "ProcessGroupCommunicator": "autoloco_hf.sync.communicators",
 }
 
 __all__ = ["AutoLoCoConfig", "ConfigError", *_LAZY]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from autoloco_hf.codec import WireCodec
+from autoloco_hf.sync.codec import WireCodec
 
 
 def _parse_size(text: str) -> int:

@@ -39,8 +39,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
 
-from autoloco_hf.codec import WireCodec  # noqa: E402
-from autoloco_hf.comm import ProcessGroupCommunicator  # noqa: E402
+from autoloco_hf.sync.codec import WireCodec  # noqa: E402
+from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402
 
 WIRES = ("fp32", "bf16", "int8")
 

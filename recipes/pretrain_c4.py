@@ -5,7 +5,7 @@ truncated or padded to 1,024 tokens without packing, batch 128 per worker,
 8 workers (4 for the ablation), 50k steps, AdamW with a 1,000-step warm-up
 then cosine decay, validation on 4,096 C4 validation documents.
 
-Two modes, one training loop (:class:`~autoloco_hf.workers.LocalWorkers`):
+Two modes, one training loop (:class:`~autoloco_hf.sync.local_workers.LocalWorkers`):
 
 * ``simulated`` (the paper's main results): all ``--workers`` replicas in one
   process on one device, averaged by ``SimulatedCommunicator``;
@@ -172,7 +172,7 @@ class Runtime:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
-        from autoloco_hf.comm import ProcessGroupCommunicator, SimulatedCommunicator
+        from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 
         kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
         if self.distributed:
@@ -194,7 +194,7 @@ def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any)
     """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
     import itertools
 
-    from autoloco_hf.data import loss_sums
+    from autoloco_hf.cli.demo_data import loss_sums
 
     total, count = 0.0, 0
     for shard in rt.local_workers:  # one validation shard per worker, as for training data
@@ -235,8 +235,8 @@ def train(s: C4Settings) -> dict[str, Any]:
     """Run the recipe; returns the run summary (rank 0) or an empty dict (other ranks)."""
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
-    from autoloco_hf.report import RunWriter
-    from autoloco_hf.workers import LocalWorkers
+    from autoloco_hf.cli.report import RunWriter
+    from autoloco_hf.sync.local_workers import LocalWorkers
 
     rt = Runtime(s)
     config = autoloco_config(s)

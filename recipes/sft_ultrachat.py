@@ -147,7 +147,7 @@ def train(s: SFTSettings) -> dict[str, Any]:
 
     from autoloco_evals.nll import chat_example, masked_nll
     from autoloco_hf import AutoLoCoCallback
-    from autoloco_hf.report import RunWriter
+    from autoloco_hf.cli.report import RunWriter
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if s.global_batch_size % (s.per_device_batch_size * world):

@@ -51,7 +51,7 @@ def adamw(params) -> torch.optim.Optimizer:
 
 def cosine(total_steps: int, warmup_steps: int):
     """``transformers``' cosine-with-warm-up schedule, written as a LambdaLR factory."""
-    from autoloco_hf.schedule import warmup_cosine
+    from autoloco_hf.algorithm.schedule import warmup_cosine
 
     schedule = warmup_cosine(1.0, warmup_steps, total_steps)
     return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lr_at)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def chats(n: int, offset: int = 0) -> list[dict]:
-    from autoloco_hf.data import corpus_documents
+    from autoloco_hf.cli.demo_data import corpus_documents
 
     docs = corpus_documents()[offset:]
     return [
@@ -31,7 +31,7 @@ def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
     """A tiny Llama saved like a hub checkpoint, and train/test JSONL with invalid conversations mixed in."""
     from transformers import AutoTokenizer
 
-    from autoloco_hf.data import tiny_llama
+    from autoloco_hf.cli.demo_data import tiny_llama
 
     root = tmp_path_factory.mktemp("sft")
     config = json.loads(open(tiny_llama_config).read())

@@ -1,0 +1,425 @@
+"""The AutoLoCo horizon controller: a serializable state machine (spec 5).
+
+Plain numbers in, a decision out. After every interval the controller sees the
+interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
+chooses the next token-equivalent horizon. Phases (spec 5.3): warm-up ->
+calibration -> variability -> monitoring <-> candidate, with reductions and
+recalibrations on deviations.
+
+Example (an always-supporting stream climbs one ``q_H`` at a time)::
+
+    >>> from autoloco_hf.config import AutoLoCoConfig
+    >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24), warmup_steps=0)
+    >>> step, trace = 0, []
+    >>> for _ in range(12):
+    ...     h = ctl.h_tok
+    ...     obs = IntervalObservation(h_tok=h, start_step=step, end_step=step + h,
+    ...                               drift_energy=1.0, coherence=2.0, lr_mass=1.0)
+    ...     step += h
+    ...     trace.append(h)
+    ...     _ = ctl.observe(obs, preview=lambda h_tok: float(h_tok))
+    >>> trace
+    [20, 20, 20, 20, 20, 20, 22, 22, 22, 22, 22, 24]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from autoloco_hf.config import AutoLoCoConfig
+
+# Phases (spec 5.3)
+WARMUP, CALIBRATION, VARIABILITY, MONITORING, CANDIDATE = (
+    "warmup",
+    "calibration",
+    "variability",
+    "monitoring",
+    "candidate",
+)
+# Assessments (spec 5.2) plus the intervals that take no decision
+INVALID, SEVERE, MODERATE, SUPPORTING, CONSISTENT = "invalid", "severe", "moderate", "supporting", "consistent"
+UNUSED, TRUNCATED, NO_DECISION = "unused", "truncated", "no_decision"
+
+
+@dataclass
+class IntervalObservation:
+    """What the controller needs to know about a completed interval."""
+
+    h_tok: int
+    start_step: int
+    end_step: int
+    drift_energy: float  # D_t
+    coherence: float  # C_t
+    lr_mass: float  # Lambda_t (measured)
+    mean_loss: float = 0.0
+    pseudo_grad_finite: bool = True
+    truncated: bool = False
+
+
+@dataclass
+class ControllerDecision:
+    """The controller's reading of an interval and what it does next (logged per interval)."""
+
+    phase: str
+    assessment: str
+    decision: str
+    next_h_tok: int
+    residual_drift: Optional[float] = None
+    residual_coherence: Optional[float] = None
+    z_drift: Optional[float] = None
+    z_coherence: Optional[float] = None
+    adverse: Optional[float] = None
+
+
+@dataclass
+class RejectedBound:
+    """A rejected candidate horizon: increases stay below it until it retires (spec 5.3.5)."""
+
+    h_tok: int
+    lr_mass: Optional[float]  # Lambda observed when the bound was created (None if non-finite)
+    age: int = 0
+
+
+@dataclass
+class _State:
+    h_accepted: int
+    h_tok: int
+    phase: str = WARMUP
+    calibration_needed: int = 2
+    calibration_logs: list = field(default_factory=list)  # [(log d, log C)]
+    variability_left: int = 3
+    ref_log_drift: Optional[float] = None
+    ref_log_coherence: Optional[float] = None
+    history_drift: list = field(default_factory=list)
+    history_coherence: list = field(default_factory=list)
+    monitored_ok: int = 0
+    moderate_streak: int = 0
+    bad_event_pending: bool = False
+    candidate_intervals: int = 0
+    rejected: Optional[RejectedBound] = None
+
+
+def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
+    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (spec 5.1)."""
+    if not history:
+        return 0.0, sigma_floor
+    centre = statistics.median(history)
+    mad = statistics.median(abs(r - centre) for r in history)
+    return centre, max(1.4826 * mad, sigma_floor)
+
+
+class HorizonController:
+    """Spec 5 state machine over token-equivalent horizons.
+
+    Args:
+        config: the run's :class:`AutoLoCoConfig` (thresholds, domain, counts).
+        warmup_steps: inner-LR warm-up length; intervals ending before
+            ``warmup_steps + calibration_delay_steps`` are not used (spec 5.3.1).
+    """
+
+    def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
+        self.cfg = config
+        self.warmup_steps = warmup_steps
+        self.state = _State(
+            h_accepted=config.h_base,
+            h_tok=config.h_base,
+            calibration_needed=config.calibration_intervals,
+            variability_left=config.variability_intervals,
+        )
+
+    # ------------------------------------------------------------------ API
+    @property
+    def h_tok(self) -> int:
+        """Token-equivalent horizon of the next interval."""
+        return self.state.h_tok
+
+    @property
+    def h_accepted(self) -> int:
+        return self.state.h_accepted
+
+    @property
+    def phase(self) -> str:
+        return self.state.phase
+
+    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
+        """Assess a completed interval and choose the next horizon.
+
+        ``preview(h_tok)`` must return ``Lambda(s_next, map(h_tok))``, the LR
+        mass the interval starting right after this one would carry at horizon
+        ``h_tok`` (used by candidate selection and bound retirement).
+        """
+        st = self.state
+        phase = st.phase
+        if st.rejected is not None:
+            st.rejected.age += 1
+        log_drift, log_coherence = self._logs(obs)
+        finite = obs.pseudo_grad_finite and all(
+            math.isfinite(v) for v in (obs.drift_energy, obs.coherence, obs.lr_mass, obs.mean_loss)
+        )
+
+        if not finite and phase == WARMUP:
+            decision = self._decision(phase, INVALID, "keep")  # the recipe horizon is kept through warm-up
+        elif not finite and phase == CANDIDATE:
+            decision = self._reject(self._decision(phase, INVALID, ""), obs.lr_mass)
+        elif not finite:
+            decision = self._on_invalid_or_severe(phase, INVALID, None)
+        elif obs.truncated:
+            decision = self._decision(phase, TRUNCATED, "none")
+        elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (spec 5.1)
+            decision = self._decision(phase, NO_DECISION, "none")
+        elif phase == WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps:
+            decision = self._decision(phase, UNUSED, "keep")
+        elif phase in (WARMUP, CALIBRATION):
+            decision = self._calibrate(log_drift, log_coherence)
+        elif phase == VARIABILITY:
+            decision = self._variability(log_drift, log_coherence)
+        elif phase == MONITORING:
+            decision = self._monitor(log_drift, log_coherence, preview)
+        else:
+            decision = self._candidate(log_drift, log_coherence, obs.lr_mass)
+        self._maybe_retire_bound(preview)
+        decision.next_h_tok = st.h_tok
+        return decision
+
+    # --------------------------------------------------------------- phases
+    def _calibrate(self, log_drift: float, log_coherence: float) -> ControllerDecision:
+        st = self.state
+        st.calibration_logs.append((log_drift, log_coherence))
+        st.bad_event_pending = False  # a finite calibration interval counts as consistent
+        self._finish_calibration_if_complete()
+        return self._decision(CALIBRATION, CONSISTENT, "keep")
+
+    def _finish_calibration_if_complete(self) -> None:
+        st = self.state
+        st.phase = CALIBRATION
+        if len(st.calibration_logs) < st.calibration_needed:
+            return
+        st.ref_log_drift = math.fsum(d for d, _ in st.calibration_logs) / len(st.calibration_logs)
+        st.ref_log_coherence = math.fsum(c for _, c in st.calibration_logs) / len(st.calibration_logs)
+        st.calibration_logs = []
+        st.variability_left = self.cfg.variability_intervals
+        st.phase = VARIABILITY if st.variability_left > 0 else MONITORING
+        st.monitored_ok = 0
+
+    def _variability(self, log_drift: float, log_coherence: float) -> ControllerDecision:
+        st, cfg = self.state, self.cfg
+        decision = self._assess(VARIABILITY, log_drift, log_coherence)
+        self._update_reference(decision)
+        bound = cfg.k_moderate * cfg.sigma_floor
+        st.history_drift.append(_clip(decision.residual_drift, bound))
+        st.history_coherence.append(_clip(decision.residual_coherence, bound))
+        self._trim_history()
+        st.bad_event_pending = False
+        st.variability_left -= 1
+        if st.variability_left <= 0:
+            st.phase = MONITORING
+            st.monitored_ok = 0
+        decision.decision = "keep"
+        return decision
+
+    def _monitor(
+        self, log_drift: float, log_coherence: float, preview: Callable[[int], float]
+    ) -> ControllerDecision:
+        st, cfg = self.state, self.cfg
+        decision = self._assess(MONITORING, log_drift, log_coherence)
+        if decision.assessment == SEVERE:
+            return self._on_invalid_or_severe(MONITORING, SEVERE, decision)
+        self._update_reference(decision)
+        if decision.assessment == MODERATE:
+            st.moderate_streak += 1
+            if st.moderate_streak >= cfg.moderate_confirmations:
+                return self._reduce(decision, cfg.reduce_moderate)
+            decision.decision = "keep"
+            return decision
+        # supporting or consistent
+        st.moderate_streak = 0
+        st.bad_event_pending = False
+        st.history_drift.append(decision.residual_drift)
+        st.history_coherence.append(decision.residual_coherence)
+        self._trim_history()
+        st.monitored_ok += 1
+        may_increase = st.monitored_ok >= cfg.monitoring_holdoff and (
+            decision.assessment == SUPPORTING or not cfg.increase_requires_support
+        )
+        candidate = self._select_candidate(preview) if may_increase else None
+        if candidate is None:
+            decision.decision = "keep"
+        else:
+            st.phase, st.h_tok, st.candidate_intervals = CANDIDATE, candidate, 0
+            decision.decision = "propose"
+        return decision
+
+    def _candidate(self, log_drift: float, log_coherence: float, lr_mass: float) -> ControllerDecision:
+        st = self.state
+        decision = self._assess(CANDIDATE, log_drift, log_coherence)
+        st.candidate_intervals += 1
+        if decision.assessment in (MODERATE, SEVERE):
+            return self._reject(decision, lr_mass)
+        if decision.assessment == SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
+            # adopt: this interval doubles as the new reference's calibration interval
+            st.h_accepted = st.h_tok
+            st.moderate_streak = 0
+            st.bad_event_pending = False
+            self._start_recalibration()
+            st.calibration_logs.append((log_drift, log_coherence))
+            self._finish_calibration_if_complete()
+            decision.decision = "adopt"
+        else:
+            decision.decision = "continue"
+        return decision
+
+    # ------------------------------------------------------------ transitions
+    def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
+        st = self.state
+        st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
+        if decision.assessment in (SEVERE, INVALID):
+            st.bad_event_pending = True
+        st.h_tok = st.h_accepted
+        self._start_recalibration()
+        decision.decision = "reject"
+        return decision
+
+    def _on_invalid_or_severe(
+        self, phase: str, assessment: str, decision: Optional[ControllerDecision]
+    ) -> ControllerDecision:
+        """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
+        st, cfg = self.state, self.cfg
+        decision = decision or self._decision(phase, assessment, "")
+        if st.bad_event_pending:
+            st.bad_event_pending = False
+            fallback = st.h_accepted != cfg.h_min
+            st.h_accepted = st.h_tok = cfg.h_min
+            self._start_recalibration()
+            decision.decision = "fallback" if fallback else "recalibrate"
+            return decision
+        st.bad_event_pending = True
+        return self._reduce(decision, cfg.reduce_severe)
+
+    def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
+        """Spec 5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
+        st, cfg = self.state, self.cfg
+        target = st.h_accepted / factor
+        smaller = [h for h in self._admissible() if h < st.h_accepted]
+        if smaller:
+            st.h_accepted = st.h_tok = _nearest(smaller, target)
+            decision.decision = "reduce"
+        else:
+            st.h_tok = st.h_accepted
+            decision.decision = "recalibrate"
+        st.moderate_streak = 0
+        self._start_recalibration()
+        return decision
+
+    def _start_recalibration(self) -> None:
+        st = self.state
+        st.phase = CALIBRATION
+        st.calibration_needed = self.cfg.recalibration_intervals
+        st.calibration_logs = []
+        st.history_drift, st.history_coherence = [], []
+        st.monitored_ok = 0
+
+    def _select_candidate(self, preview: Callable[[int], float]) -> Optional[int]:
+        """Spec 5.3.5: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
+        st, cfg = self.state, self.cfg
+        self._maybe_retire_bound(preview)
+        above = [h for h in self._admissible() if h > st.h_accepted]
+        if st.rejected is not None:
+            inside = [h for h in above if h < st.rejected.h_tok]
+            if not inside:
+                return None
+            return _nearest(inside, math.sqrt(st.h_accepted * st.rejected.h_tok))
+        # previews grow with the horizon (LR >= 0): bisect for the longest one within budget
+        budget = cfg.gamma_inc * preview(st.h_accepted)
+        low, high = 0, len(above)  # invariant: above[:low] within budget, above[high:] over it
+        while low < high:
+            middle = (low + high) // 2
+            if preview(above[middle]) <= budget:
+                low = middle + 1
+            else:
+                high = middle
+        return above[low - 1] if low else None
+
+    def _maybe_retire_bound(self, preview: Callable[[int], float]) -> None:
+        bound = self.state.rejected
+        if bound is None:
+            return
+        too_old = bound.age >= self.cfg.rejected_bound_max_age
+        decayed = bound.lr_mass is not None and preview(bound.h_tok) <= self.cfg.rejected_bound_release * bound.lr_mass
+        if too_old or decayed:
+            self.state.rejected = None
+
+    # ------------------------------------------------------------- helpers
+    def _admissible(self) -> list[int]:
+        cfg = self.cfg
+        first = -(-cfg.h_min // cfg.q_h) * cfg.q_h
+        return list(range(first, cfg.h_max + 1, cfg.q_h))
+
+    def _logs(self, obs: IntervalObservation) -> tuple[Optional[float], Optional[float]]:
+        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (spec 5.1)."""
+        if not (obs.drift_energy > 0 and obs.lr_mass > 0) or not math.isfinite(obs.drift_energy * obs.lr_mass):
+            return None, None
+        if not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
+            return None, None
+        log_drift = math.log(obs.drift_energy) - 2.0 * math.log(obs.lr_mass)
+        return log_drift, math.log(obs.coherence + self.cfg.eps)
+
+    def _assess(self, phase: str, log_drift: float, log_coherence: float) -> ControllerDecision:
+        """Residuals, standardized scores and the spec-5.2 assessment of a finite interval."""
+        st, cfg = self.state, self.cfg
+        r_drift = log_drift - st.ref_log_drift
+        r_coherence = log_coherence - st.ref_log_coherence
+        c_d, s_d = robust_centre_scale(st.history_drift, cfg.sigma_floor)
+        c_c, s_c = robust_centre_scale(st.history_coherence, cfg.sigma_floor)
+        z_d, z_c = (r_drift - c_d) / s_d, (r_coherence - c_c) / s_c
+        adverse = max(z_d, -z_c)
+        if len(st.history_drift) < cfg.min_history:
+            assessment = CONSISTENT
+        elif adverse > cfg.k_severe:
+            assessment = SEVERE
+        elif adverse > cfg.k_moderate:
+            assessment = MODERATE
+        elif z_d <= 0 and z_c >= 0:
+            assessment = SUPPORTING
+        else:
+            assessment = CONSISTENT
+        return ControllerDecision(phase, assessment, "", st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
+
+    def _update_reference(self, decision: ControllerDecision) -> None:
+        """Log-space EMA of the reference, residual clipped to ``+-k_moderate * sigma`` (spec 5.1)."""
+        st, cfg = self.state, self.cfg
+        _, s_d = robust_centre_scale(st.history_drift, cfg.sigma_floor)
+        _, s_c = robust_centre_scale(st.history_coherence, cfg.sigma_floor)
+        st.ref_log_drift += cfg.ref_ema_alpha * _clip(decision.residual_drift, cfg.k_moderate * s_d)
+        st.ref_log_coherence += cfg.ref_ema_alpha * _clip(decision.residual_coherence, cfg.k_moderate * s_c)
+
+    def _trim_history(self) -> None:
+        st, size = self.state, self.cfg.history_size
+        st.history_drift = st.history_drift[-size:]
+        st.history_coherence = st.history_coherence[-size:]
+
+    def _decision(self, phase: str, assessment: str, decision: str) -> ControllerDecision:
+        return ControllerDecision(phase, assessment, decision, self.state.h_tok)
+
+    # ------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        state = asdict(self.state)
+        state["calibration_logs"] = [list(x) for x in self.state.calibration_logs]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        values = dict(state)
+        bound = values.pop("rejected")
+        values["calibration_logs"] = [tuple(x) for x in values["calibration_logs"]]
+        self.state = _State(**values, rejected=RejectedBound(**bound) if bound else None)
+
+
+def _clip(value: float, bound: float) -> float:
+    return min(max(value, -bound), bound)
+
+
+def _nearest(options: list[int], target: float) -> int:
+    """The option nearest to ``target``; ties break toward the larger horizon (spec 5.3)."""
+    return min(options, key=lambda h: (abs(h - target), -h))

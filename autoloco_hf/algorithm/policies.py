@@ -1,0 +1,216 @@
+"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (spec 6).
+
+A policy answers two questions: how long is the interval that starts at step
+``s`` (:meth:`IntervalPolicy.plan`), and what does a completed interval teach
+it (:meth:`IntervalPolicy.complete`). All policies are pure and serializable.
+
+Example::
+
+    >>> p = LinearIntervalPolicy(increment=10, total_steps=100)
+    >>> [p.plan(s).h_step for s in (0, 10, 30, 60)]
+    [10, 20, 30, 40]
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.algorithm.controller import ControllerDecision, HorizonController, IntervalObservation
+from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
+from autoloco_hf.algorithm.token_mapper import TokenMapper
+
+
+@dataclass
+class IntervalPlan:
+    """What every worker executes next (identical on all workers, spec 5.3)."""
+
+    start_step: int
+    h_tok: int  # token-equivalent horizon
+    h_step: int  # executable steps (after mapping and truncation)
+    h_ref: int  # steps of one base token interval at the current density
+    truncated: bool  # cut to the remaining budget: takes no decision
+    lr_mass: float  # preview Lambda(s, h_step)
+    lr_mass_base: float  # preview Lambda(s, h_ref)
+
+
+@dataclass
+class IntervalOutcome:
+    """All-reduced facts about a completed interval."""
+
+    plan: IntervalPlan
+    global_tokens: int
+    drift_energy: float
+    coherence: float
+    lr_mass: float  # measured Lambda_t
+    mean_loss: float
+    pseudo_grad_finite: bool
+
+
+class IntervalPolicy(ABC):
+    """Chooses interval lengths. Subclasses implement :meth:`_length`."""
+
+    def __init__(self, schedule: LRSchedule, total_steps: int, h_base: int) -> None:
+        self.schedule = schedule
+        self.total_steps = total_steps
+        self.h_base = h_base
+
+    def plan(self, start_step: int) -> IntervalPlan:
+        h_tok, wanted = self._length(start_step)
+        h_ref = self._reference_steps()
+        h_step = min(wanted, self.total_steps - start_step)
+        return IntervalPlan(
+            start_step=start_step,
+            h_tok=h_tok,
+            h_step=h_step,
+            h_ref=h_ref,
+            truncated=h_step < wanted,
+            lr_mass=lr_mass(self.schedule, start_step, h_step),
+            lr_mass_base=lr_mass(self.schedule, start_step, h_ref),
+        )
+
+    def complete(self, outcome: IntervalOutcome) -> Optional[ControllerDecision]:
+        """Learn from a completed interval; adaptive policies return their decision."""
+        return None
+
+    @abstractmethod
+    def _length(self, start_step: int) -> tuple[int, int]:
+        """``(h_tok, wanted executable steps)`` of the interval starting at ``start_step``."""
+
+    def _reference_steps(self) -> int:
+        return self.h_base
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class FixedPolicy(IntervalPolicy):
+    """DiLoCo: every interval has ``h_base`` steps."""
+
+    def _length(self, start_step: int) -> tuple[int, int]:
+        return self.h_base, self.h_base
+
+
+class QSRPolicy(IntervalPolicy):
+    """Quadratic Synchronization Rule (Gu et al., 2024; spec 6).
+
+    ``H = max(H_base, floor((alpha / eta_in(s))**gamma))`` at the interval
+    start; intervals starting inside the warm-up keep ``H_base``.
+    """
+
+    def __init__(
+        self, schedule: LRSchedule, total_steps: int, h_base: int, alpha: float, gamma: float, warmup_steps: int
+    ) -> None:
+        super().__init__(schedule, total_steps, h_base)
+        self.alpha, self.gamma, self.warmup_steps = alpha, gamma, warmup_steps
+
+    def _length(self, start_step: int) -> tuple[int, int]:
+        if start_step < self.warmup_steps:
+            return self.h_base, self.h_base
+        lr = self.schedule.lr_at(start_step)
+        if lr <= 0:
+            length = self.total_steps
+        else:
+            length = max(self.h_base, math.floor((self.alpha / lr) ** self.gamma))
+        length = min(length, self.total_steps)
+        return length, length
+
+
+class LinearIntervalPolicy(IntervalPolicy):
+    """Linear Interval: the k-th interval has ``increment * k`` steps (spec 6)."""
+
+    def __init__(self, increment: int, total_steps: int, schedule: Optional[LRSchedule] = None) -> None:
+        from autoloco_hf.algorithm.schedule import FunctionSchedule
+
+        super().__init__(schedule or FunctionSchedule(lambda s: 0.0, total_steps), total_steps, increment)
+        self.increment = increment
+
+    def _length(self, start_step: int) -> tuple[int, int]:
+        # k is derived from the start step so that plan() is idempotent
+        k, covered = 1, 0
+        while covered + self.increment * k <= start_step:
+            covered += self.increment * k
+            k += 1
+        length = self.increment * k
+        return length, length
+
+    def _reference_steps(self) -> int:
+        return self.increment
+
+
+class AutoLoCoPolicy(IntervalPolicy):
+    """AutoLoCo: controller (spec 5) over token-equivalent horizons, token mapper (spec 3)."""
+
+    def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
+        super().__init__(schedule, total_steps, config.h_base)
+        self.config = config
+        self.controller = HorizonController(config, warmup_steps=warmup_steps)
+        self.mapper = TokenMapper(
+            config.h_base,
+            config.q_h,
+            calibration_intervals=config.token_calibration_intervals,
+            beta=config.token_ema_beta,
+            enabled=config.map_tokens,
+        )
+
+    def _length(self, start_step: int) -> tuple[int, int]:
+        h_tok = self.controller.h_tok if self.config.adaptive_horizon else self.h_base
+        return h_tok, self.mapper.map(h_tok)
+
+    def _reference_steps(self) -> int:
+        return self.mapper.map(self.h_base)
+
+    def complete(self, outcome: IntervalOutcome) -> Optional[ControllerDecision]:
+        plan = outcome.plan
+        full = not plan.truncated
+        self.mapper.observe(
+            outcome.global_tokens, plan.h_step, at_recipe_horizon=full and plan.h_tok == self.h_base
+        )
+        if not self.config.adaptive_horizon:
+            return None
+        next_start = plan.start_step + plan.h_step
+        observation = IntervalObservation(
+            h_tok=plan.h_tok,
+            start_step=plan.start_step,
+            end_step=next_start,
+            drift_energy=outcome.drift_energy,
+            coherence=outcome.coherence,
+            lr_mass=outcome.lr_mass,
+            mean_loss=outcome.mean_loss,
+            pseudo_grad_finite=outcome.pseudo_grad_finite,
+            truncated=plan.truncated,
+        )
+        # candidate previews use the mapper updated with this interval (spec 3, last bullets)
+        return self.controller.observe(
+            observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"controller": self.controller.state_dict(), "mapper": self.mapper.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.mapper.load_state_dict(state["mapper"])
+
+
+def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:
+    """The interval policy of ``config.method`` (not defined for DDP, which has no intervals)."""
+    if config.method == "diloco":
+        return FixedPolicy(schedule, total_steps, config.h_base)
+    if config.method == "autoloco":
+        return AutoLoCoPolicy(config, schedule, total_steps, warmup_steps)
+    if config.method == "linear":
+        return LinearIntervalPolicy(config.linear_increment, total_steps, schedule)
+    if config.method == "qsr":
+        alpha = config.qsr_alpha
+        if alpha is None:
+            peak = max(schedule.lr_at(s) for s in range(0, min(total_steps, max(warmup_steps, 0) + 1)))
+            alpha = math.sqrt(config.h_base) * peak
+        return QSRPolicy(schedule, total_steps, config.h_base, alpha, config.qsr_gamma, warmup_steps)
+    raise ValueError(f"method {config.method!r} has no interval policy (DDP synchronizes every step)")

@@ -1,0 +1,91 @@
+"""``autoloco plan``: what a recipe's run will execute and save, before renting machines.
+
+    $ autoloco plan --recipe c4
+    autoloco: 500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1
+    syncs: 73 (diloco: 100, -27.0%)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, AutoLoCoConfig, ConfigError
+from autoloco_hf.algorithm.preview import payload_bytes, plan_run, run_length
+from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="c4", help="the paper recipe to start from")
+    parser.add_argument("--method", default="autoloco", help="autoloco, diloco, qsr, linear or ddp")
+    parser.add_argument("--steps", type=int, help="training budget in optimizer steps")
+    parser.add_argument("--warmup", type=int, help="inner-LR warm-up steps")
+    parser.add_argument("--schedule", choices=["cosine", "linear"], help="decay after warm-up")
+    parser.add_argument("--h-base", type=int, help="recipe horizon H_base (steps)")
+    parser.add_argument("--q-h", type=int, help="horizon granularity q_H (default H_base/10)")
+    parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
+    parser.add_argument("--params", type=float, default=215e6, help="model parameters, for the payload estimate")
+    parser.add_argument("--wire-dtype", default="bf16", choices=["fp32", "bf16", "int8"], help="wire format of the payload")
+    parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    schedule_cfg = dict(RECIPE_SCHEDULES[args.recipe])
+    if args.steps is not None:
+        schedule_cfg["total_steps"] = args.steps
+    if args.warmup is not None:
+        schedule_cfg["warmup_steps"] = args.warmup
+    if args.schedule is not None:
+        schedule_cfg["schedule"] = args.schedule
+    overrides = {"method": args.method}
+    if args.h_base is not None:  # q_h and h_max follow H_base unless given
+        overrides.update(h_base=args.h_base, q_h=None, h_max=None)
+    if args.q_h is not None:
+        overrides["q_h"] = args.q_h
+    if args.h_max is not None:
+        overrides["h_max"] = args.h_max
+    try:
+        config = AutoLoCoConfig.for_recipe(args.recipe, **overrides)
+        baseline = AutoLoCoConfig.for_recipe(args.recipe, **{**overrides, "method": "diloco"})
+    except ConfigError as err:
+        raise SystemExit(f"autoloco plan: {err}")
+    total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
+    if total <= 0 or not 0 <= warmup < total:
+        raise SystemExit(f"autoloco plan: need 0 <= --warmup ({warmup}) < --steps ({total})")
+    if not args.params > 0:
+        raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
+    make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
+    schedule = make(1.0, warmup, total)
+    result = plan_run(config, schedule, warmup)
+    diloco_syncs = math.ceil(total / baseline.h_base)
+    params = int(args.params)
+    payload = payload_bytes(result.syncs, params, args.wire_dtype)
+    diloco_payload = payload_bytes(diloco_syncs, params, "bf16")
+    summary = {
+        "recipe": args.recipe,
+        "method": config.method,
+        "steps": total,
+        "warmup_steps": warmup,
+        "h_base": config.h_base,
+        "q_h": config.q_h,
+        "h_max": config.h_max,
+        "intervals": result.intervals,
+        "run_length": run_length(result.intervals),
+        "syncs": result.syncs,
+        "diloco_syncs": diloco_syncs,
+        "sync_reduction": 1.0 - result.syncs / diloco_syncs,
+        "payload_bytes_per_worker": payload,
+        "diloco_bf16_payload_bytes_per_worker": diloco_payload,
+        "payload_reduction": 1.0 - payload / diloco_payload,
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{config.method}: {summary['run_length']}")
+    print(f"syncs: {result.syncs} (diloco: {diloco_syncs}, {-100 * summary['sync_reduction']:+.1f}%)")
+    print(
+        f"payload per worker at {args.wire_dtype}: {payload / 2**30:.1f} GiB for {params / 1e6:.0f}M parameters "
+        f"(diloco bf16: {diloco_payload / 2**30:.1f} GiB, {-100 * summary['payload_reduction']:+.1f}%)"
+    )
+    return 0

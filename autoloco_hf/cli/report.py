@@ -1,0 +1,342 @@
+"""Run folders and ``autoloco report``: tables and plots that compare finished runs.
+
+A *run folder* is what one training run of one method leaves behind, written
+by :class:`RunWriter` (the demo and the C4 recipe use it):
+
+* ``intervals.jsonl``: one :class:`~autoloco_hf.sync.records.IntervalRecord` per sync;
+* ``steps.jsonl``: per optimizer step, the mean training loss over workers,
+  the inner LR, and the cumulative syncs, payload bytes and wall time
+  (what the loss-vs-step and loss-vs-bytes plots need);
+* ``summary.json``: the run's totals (:class:`~autoloco_hf.sync.records.RunTotals`),
+  its configuration and its final losses.
+
+``autoloco report DIR [DIR ...]`` accepts run folders or folders of run
+folders (a demo's output), and writes the paper's Table 1 (method, syncs,
+payload, train loss over the last 2% of steps, validation loss) and Table 2
+(steps, time and bytes to reach loss thresholds) with the plots, to the
+terminal and to ``report.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from autoloco_hf.sync.records import RunTotals, read_jsonl
+
+SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
+LAST_FRACTION = 0.02  # the paper reports train loss over the last 2% of steps (1k of 50k)
+PLOTS = {
+    "loss_vs_step.png": "Training loss vs step",
+    "loss_vs_bytes.png": "Training loss vs bytes communicated",
+    "horizon.png": "Horizon trajectory",
+    "outer_mu_eta.png": "Outer momentum mu_t and outer learning rate eta_t",
+    "drift_coherence.png": "Drift energy D_t and coherence C_t",
+}
+
+
+class RunWriter:
+    """Writes one run folder: ``steps.jsonl`` as training goes, ``summary.json`` at the end.
+
+    Pass :attr:`intervals_path` as the engine's ``records_path`` so the
+    interval records land in the same folder. ``resume_step`` keeps the
+    ``steps.jsonl`` rows of a resumed run up to its checkpoint.
+    """
+
+    def __init__(self, run_dir: str, name: str, resume_step: int = 0) -> None:
+        self.run_dir = run_dir
+        self.name = name
+        os.makedirs(run_dir, exist_ok=True)
+        self.intervals_path = os.path.join(run_dir, INTERVALS)
+        steps_path = os.path.join(run_dir, STEPS)
+        kept = []  # a resumed run keeps the steps up to its checkpoint and drops any logged after it
+        if resume_step and os.path.exists(steps_path):
+            kept = [row for row in read_jsonl(steps_path) if row["step"] <= resume_step]
+        self._steps = open(steps_path, "w")
+        self._steps.writelines(json.dumps(row) + "\n" for row in kept)
+        self.losses: list[float] = [row["loss"] for row in kept]
+
+    def log_step(self, step: int, loss: float, lr: float, totals: RunTotals, seconds: float) -> None:
+        """Record optimizer step ``step`` (1-based: the number of steps done) after it ran."""
+        self.losses.append(loss)
+        row = dict(step=step, loss=loss, lr=lr, syncs=totals.syncs, payload_bytes=totals.payload_bytes, seconds=seconds)
+        self._steps.write(json.dumps(row) + "\n")
+
+    def finish(self, totals: RunTotals, config: dict[str, Any], wall_seconds: float, **extra: Any) -> dict[str, Any]:
+        """Write ``summary.json`` (totals, config, last-2% train loss, ``extra`` such as ``val_loss``)."""
+        self._steps.close()
+        summary = dict(
+            name=self.name,
+            method=config.get("method"),
+            steps=totals.steps,
+            train_loss_last=last_fraction_mean(self.losses),
+            wall_seconds=wall_seconds,
+            totals=totals.as_dict(),
+            config=config,
+            **extra,
+        )
+        with open(os.path.join(self.run_dir, SUMMARY), "w") as f:
+            json.dump(summary, f, indent=2, allow_nan=True)
+        return summary
+
+
+def last_fraction_mean(losses: Sequence[float], fraction: float = LAST_FRACTION) -> float:
+    """Mean of the last ``fraction`` of ``losses`` (at least one value)."""
+    if not losses:
+        return math.nan
+    k = max(1, math.ceil(fraction * len(losses)))
+    return sum(losses[-k:]) / k
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average (shorter at the start) used for curves and thresholds."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+@dataclass
+class Run:
+    """A finished run folder, read back."""
+
+    path: str
+    summary: dict[str, Any]
+    intervals: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("name") or os.path.basename(os.path.normpath(self.path)))
+
+    @property
+    def smoothed_loss(self) -> list[float]:
+        window = max(1, math.ceil(LAST_FRACTION * len(self.steps)))
+        return moving_average([s["loss"] for s in self.steps], window)
+
+
+def load_run(path: str) -> Run:
+    with open(os.path.join(path, SUMMARY)) as f:
+        summary = json.load(f)
+    intervals_path, steps_path = os.path.join(path, INTERVALS), os.path.join(path, STEPS)
+    intervals = read_jsonl(intervals_path) if os.path.exists(intervals_path) else []
+    steps = read_jsonl(steps_path) if os.path.exists(steps_path) else []
+    return Run(path, summary, intervals, steps)
+
+
+def find_runs(paths: Sequence[str]) -> list[Run]:
+    """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
+    runs = []
+    for path in paths:
+        if os.path.exists(os.path.join(path, SUMMARY)):
+            runs.append(load_run(path))
+            continue
+        inside = sorted(d for d in os.listdir(path) if os.path.exists(os.path.join(path, d, SUMMARY))) if os.path.isdir(path) else []
+        if not inside:
+            raise FileNotFoundError(f"{path}: no {SUMMARY} here or in its sub-folders; is it a finished run?")
+        runs.extend(load_run(os.path.join(path, d)) for d in inside)
+    return runs
+
+
+# ------------------------------------------------------------------ tables
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.1f}"
+
+
+def _fmt(value: Optional[float], digits: int = 4) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table1(runs: Sequence[Run]) -> str:
+    """The paper's Table 1: syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
+    baseline = next((r for r in runs if r.summary.get("method") == "diloco"), None)
+    rows = []
+    for run in runs:
+        totals = run.summary["totals"]
+        syncs, payload = totals["syncs"], totals["payload_bytes"]
+        vs = "-"
+        if baseline is not None and run.summary.get("method") != "ddp":
+            vs = f"{100 * (payload / baseline.summary['totals']['payload_bytes'] - 1):+.1f}%"
+        rows.append(
+            [
+                run.name,
+                f"{syncs:,}",
+                _mib(payload),
+                vs,
+                _fmt(run.summary.get("train_loss_last")),
+                _fmt(run.summary.get("val_loss")),
+                f"{run.summary.get('wall_seconds', math.nan):.0f}",
+                _fmt(run.summary.get("cpu_seconds"), 0),
+            ]
+        )
+    vs_name = f"payload vs {baseline.name}" if baseline else "payload vs diloco"
+    # CPU time next to wall time: on a shared machine only the CPU time compares methods fairly
+    headers = ["method", "syncs", "payload (MiB/worker)", vs_name, "train loss (last 2%)", "val loss", "wall (s)", "CPU (s)"]
+    return markdown_table(headers, rows)
+
+
+def default_thresholds(runs: Sequence[Run], count: int = 4) -> list[float]:
+    """Each run's final smoothed loss (rounded up to 0.01), highest first: how soon does every other run get there?"""
+    levels = sorted({math.ceil(r.smoothed_loss[-1] * 100) / 100 for r in runs if r.steps}, reverse=True)
+    if len(levels) > count:  # keep the extremes and evenly spaced levels between them
+        levels = [levels[round(i * (len(levels) - 1) / (count - 1))] for i in range(count)]
+    return levels
+
+
+def reach(run: Run, threshold: float) -> Optional[dict[str, float]]:
+    """Step, seconds and payload bytes at which the smoothed training loss first reaches ``threshold``."""
+    for row, loss in zip(run.steps, run.smoothed_loss):
+        if loss <= threshold:
+            return dict(step=row["step"], seconds=row["seconds"], payload_bytes=row["payload_bytes"])
+    return None
+
+
+def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
+    """The paper's Table 2: steps, time and bytes until the smoothed training loss reaches each threshold."""
+    rows = []
+    for run in runs:
+        row = [run.name]
+        for threshold in thresholds:
+            hit = reach(run, threshold)
+            row.append("not reached" if hit is None else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB")
+        rows.append(row)
+    return markdown_table(["method"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
+
+
+# ------------------------------------------------------------------- plots
+def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
+    """The five comparison plots as PNGs in ``out_dir``; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    interval_runs = [r for r in runs if r.intervals and r.summary.get("method") != "ddp"]
+
+    def save(fig, name: str) -> None:
+        fig.suptitle(PLOTS[name])
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        ax.plot([s["step"] for s in run.steps], run.smoothed_loss, label=run.name, lw=1.2)
+    ax.set(xlabel="step", ylabel="training loss (moving average, 2% of steps)")
+    _zoom_on_tail(ax, runs)
+    ax.legend()
+    save(fig, "loss_vs_step.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        points = [(s["payload_bytes"] / 2**20, l) for s, l in zip(run.steps, run.smoothed_loss) if s["payload_bytes"] > 0]
+        if points:
+            ax.plot(*zip(*points), label=run.name, lw=1.2)
+    ax.set(xscale="log", xlabel="payload communicated per worker (MiB, log scale)", ylabel="training loss (moving average)")
+    _zoom_on_tail(ax, runs)
+    ax.legend()
+    save(fig, "loss_vs_bytes.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in interval_runs:
+        starts = [r["start_step"] for r in run.intervals]
+        ax.step(starts, [r["h_step"] for r in run.intervals], where="post", label=f"{run.name} ({len(starts)} syncs)")
+    ax.set(xlabel="interval start step", ylabel="H_step (local steps per interval)")
+    ax.legend()
+    save(fig, "horizon.png")
+
+    def two_panels(top: str, bottom: str, top_label: str, bottom_label: str, name: str, log_top: bool = False) -> None:
+        fig, (ax_top, ax_bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+        for run in interval_runs:
+            starts = [r["start_step"] for r in run.intervals]
+            ax_top.plot(starts, [r[top] for r in run.intervals], marker=".", label=run.name)
+            ax_bottom.plot(starts, [r[bottom] for r in run.intervals], marker=".", label=run.name)
+        ax_top.set(yscale="log" if log_top else "linear", ylabel=top_label)
+        ax_bottom.set(xlabel="interval start step", ylabel=bottom_label)
+        ax_top.legend()
+        save(fig, name)
+
+    two_panels("mu", "eta", "outer momentum mu_t", "outer LR eta_t", "outer_mu_eta.png")
+    two_panels("drift_energy", "coherence", "drift energy D_t", "coherence C_t (0..N)", "drift_coherence.png", log_top=True)
+    return list(PLOTS)
+
+
+def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> None:
+    """Clip the y axis above the early-training spike so the differences at the end stay visible."""
+    tails = [l for r in runs for l in r.smoothed_loss[len(r.smoothed_loss) // 10 :]]
+    if tails:
+        low, high = min(tails), max(tails)
+        ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+
+
+# ------------------------------------------------------------------ report
+def render(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
+    """Table 1 and Table 2 as Markdown."""
+    return (
+        "### Table 1: communication and quality\n\n"
+        + table1(runs)
+        + "\n\nPayload is the logical payload per worker (full-model tensors at the wire dtype). "
+        "Train loss is the mean over workers of the per-step loss, averaged over the last 2% of steps.\n\n"
+        "### Table 2: steps, time and payload to reach a training loss\n\n"
+        + table2(runs, thresholds)
+        + "\n\nThe loss is the training loss smoothed over a window of 2% of the steps.\n"
+    )
+
+
+def write_report(
+    runs: Sequence[Run],
+    out_dir: str,
+    title: str,
+    command: str,
+    thresholds: Optional[Sequence[float]] = None,
+    notes: str = "",
+) -> str:
+    """Write ``report.md`` (the tables, the command, embedded plots) and the PNGs; return report.md's path."""
+    thresholds = list(thresholds) if thresholds else default_thresholds(runs)
+    plots = write_plots(runs, out_dir)
+    lines = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
+    if notes:
+        lines += [notes, ""]
+    lines += [render(runs, thresholds), "## Plots", ""]
+    lines += [f"### {PLOTS[name]}\n\n![{PLOTS[name]}]({name})\n" for name in plots]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)")
+    parser.add_argument("--out", help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
+    parser.add_argument("--thresholds", help="comma-separated loss levels for Table 2 (default: derived from the runs)")
+    parser.add_argument("--title", default="AutoLoCo run comparison", help="title of report.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    import shlex
+
+    try:
+        runs = find_runs(args.run_dirs)
+    except FileNotFoundError as err:
+        raise SystemExit(f"autoloco report: {err}")
+    thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else default_thresholds(runs)
+    out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
+    command = shlex.join(["autoloco", "report", *args.run_dirs] + (["--thresholds", args.thresholds] if args.thresholds else []) + ["--out", out])
+    path = write_report(runs, out, args.title, command, thresholds)
+    print(render(runs, thresholds))
+    print(f"report: {path}")
+    return 0

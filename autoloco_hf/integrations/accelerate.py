@@ -1,0 +1,185 @@
+"""``AutoLoCoAccelerate``: AutoLoCo for a plain Accelerate training loop (in the style of accelerate's ``LocalSGD``).
+
+Wrap the prepared model, optimizer and scheduler once; the loop stays as it is::
+
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    with AutoLoCoAccelerate(accelerator, model, optimizer, scheduler,
+                            AutoLoCoConfig(method="diloco", h_base=100), total_steps=len(loader)) as autoloco:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()          # a post-step hook counts the true optimizer step and syncs
+                scheduler.step()
+                optimizer.zero_grad()
+
+Per-step gradient all-reduce is removed by the same DDP communication hook as
+the Trainer callback; tokens and losses are read from the model's forward
+calls. With ``auto_step=False`` nothing is hooked on the optimizer and the loop
+calls ``autoloco.step(loss=loss)`` after ``optimizer.step()`` instead (optionally
+with ``tokens=`` when the model is not called with ``input_ids`` /
+``attention_mask``).
+
+Unlike accelerate's ``LocalSGD``, the interval length counts true optimizer
+steps (a post-step hook on the unwrapped optimizer fires only when gradient
+accumulation actually steps, and not for steps a gradient scaler skipped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+import torch
+
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.algorithm.schedule import FunctionSchedule, SchedulerPreview
+from autoloco_hf.integrations.trainer import check_launch
+from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
+
+logger = logging.getLogger("autoloco_hf")
+
+
+class _StridedSchedule:
+    """``lr_at(s) = inner.lr_at(s * stride)``: an ``AcceleratedScheduler`` steps ``num_processes`` times per step."""
+
+    def __init__(self, inner: Any, stride: int, total_steps: int) -> None:
+        self.inner, self.stride, self.total_steps = inner, stride, total_steps
+
+    def lr_at(self, step: int) -> float:
+        return 0.0 if step < 0 or step >= self.total_steps else self.inner.lr_at(step * self.stride)
+
+    def lr_mass(self, start: int, num_steps: int) -> float:
+        from autoloco_hf.algorithm.schedule import lr_mass
+
+        return lr_mass(self, start, num_steps)
+
+
+def schedule_preview(scheduler: Any, optimizer: torch.optim.Optimizer, total_steps: int, num_processes: int = 1):
+    """An exact LR preview for a raw or accelerate-wrapped scheduler (or a constant LR without one)."""
+    if scheduler is None:
+        lr = float(optimizer.param_groups[0]["lr"])
+        return FunctionSchedule(lambda step: lr, total_steps)
+    inner = getattr(scheduler, "scheduler", None)
+    if inner is not None and hasattr(scheduler, "split_batches"):  # accelerate.scheduler.AcceleratedScheduler
+        stride = 1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+        if stride == 1:
+            return SchedulerPreview(inner, total_steps)
+        return _StridedSchedule(SchedulerPreview(inner, total_steps * stride), stride, total_steps)
+    return SchedulerPreview(scheduler, total_steps)
+
+
+class AutoLoCoAccelerate:
+    """AutoLoCo / DiLoCo / QSR / Linear Interval around an Accelerate loop.
+
+    Args:
+        accelerator: the ``accelerate.Accelerator``.
+        model: the prepared model (DDP-wrapped in multi-process runs).
+        optimizer: the prepared optimizer.
+        scheduler: the prepared LR scheduler, or ``None`` for a constant LR.
+        config: the :class:`AutoLoCoConfig`.
+        total_steps: the budget in true optimizer steps; the last interval ends there.
+        warmup_steps: inner-LR warm-up (default ``config.warmup_steps`` or 0).
+        output_dir: where the main process writes ``autoloco_intervals.jsonl`` (optional).
+        auto_step: count optimizer steps with a post-step hook (default); ``False``: call :meth:`step`.
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any = None,
+        config: Optional[AutoLoCoConfig] = None,
+        total_steps: int = 0,
+        warmup_steps: Optional[int] = None,
+        output_dir: Optional[str] = None,
+        auto_step: bool = True,
+    ) -> None:
+        self.config = config or AutoLoCoConfig()
+        if total_steps <= 0:
+            raise ValueError("total_steps (the number of true optimizer steps of the run) must be positive")
+        check_launch(accelerator.num_processes, accelerator.distributed_type, 1,
+                     ranks_per_worker=self.config.ranks_per_worker)
+        self.accelerator = accelerator
+        self.inner_optimizer = getattr(optimizer, "optimizer", optimizer)
+        self.auto_step = auto_step
+        warmup = warmup_steps if warmup_steps is not None else (self.config.warmup_steps or 0)
+        records = os.path.join(output_dir, RECORDS_FILENAME) if output_dir else None
+        self.runtime = WorkerRuntime(
+            self.config,
+            accelerator.unwrap_model(model),
+            model,
+            self.inner_optimizer,
+            schedule_preview(scheduler, self.inner_optimizer, total_steps, accelerator.num_processes),
+            total_steps,
+            warmup,
+            records_path=records,
+            is_main_process=accelerator.is_main_process,
+        )
+        self._hook = self.inner_optimizer.register_step_post_hook(self._post_step) if auto_step else None
+
+    # ------------------------------------------------------------ per step
+    @property
+    def engine(self):
+        return self.runtime.engine
+
+    def _post_step(self, optimizer, args, kwargs) -> None:
+        if self.runtime.step < self.runtime.total_steps:
+            self.runtime.after_optimizer_step(float(optimizer.param_groups[0]["lr"]))
+
+    def step(self, loss: Any = None, tokens: Optional[int] = None):
+        """Manual mode (``auto_step=False``): call after ``optimizer.step()``; returns a record at a sync.
+
+        Calls made while gradients accumulate (``accelerator.sync_gradients`` is ``False``) or after a step
+        the gradient scaler skipped are ignored, so intervals count true optimizer steps.
+        """
+        if self.auto_step:
+            raise RuntimeError("this AutoLoCoAccelerate counts steps by itself (auto_step=True): do not call step()")
+        if not self.accelerator.sync_gradients or getattr(self.accelerator, "optimizer_step_was_skipped", False):
+            return None
+        meter = self.runtime.meter
+        if tokens is not None:
+            meter.step_tokens = int(tokens)
+        if loss is not None and not meter.loss_seen:
+            meter.step_plain_loss, meter.step_plain_count = float(loss), 1
+        if self.runtime.step >= self.runtime.total_steps:
+            return None
+        return self.runtime.after_optimizer_step(float(self.inner_optimizer.param_groups[0]["lr"]))
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``autoloco/*`` scalars of the syncs since the last call, e.g. for ``accelerator.log``."""
+        return self.runtime.pop_metrics()
+
+    # ------------------------------------------------------------ state
+    def save(self, checkpoint_dir: str) -> str:
+        """Write this rank's AutoLoCo state (call on every rank, next to ``accelerator.save_state``)."""
+        return self.runtime.save(checkpoint_dir)
+
+    def load(self, checkpoint_dir: str) -> str:
+        """Load this rank's state: outer parameters, momentum, controller, local parameters, inner optimizer."""
+        return self.runtime.load(checkpoint_dir)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.runtime.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.runtime.load_state_dict(state)
+
+    # ------------------------------------------------------------ context
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.runtime.close()
+
+    def __enter__(self) -> "AutoLoCoAccelerate":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self.runtime.step < self.runtime.total_steps:
+            logger.warning(
+                "AutoLoCo: the loop ended at step %d before total_steps=%d: workers hold different parameters "
+                "(the last interval never synchronized)", self.runtime.step, self.runtime.total_steps)
+        self.close()

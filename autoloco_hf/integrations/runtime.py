@@ -1,0 +1,244 @@
+"""What the Trainer callback and the Accelerate wrapper share: one worker's engine, hooks and state.
+
+:class:`WorkerRuntime` is built once per process, after the model has been
+wrapped (DDP) and the optimizer and scheduler exist:
+
+1. builds the worker topology (inner/outer process groups, spec 8.3);
+2. replaces DDP's per-step gradient all-reduce by the AutoLoCo comm hook
+   (nothing, or an average inside the worker group);
+3. hooks the model's forward to count non-padding tokens and read the loss;
+4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
+   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group (or a
+   one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
+   is a single process);
+5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
+   boundary the engine synchronizes and writes ``theta_{t+1}`` into the model;
+6. saves and loads everything a mid-interval resume needs, per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Optional
+
+import torch
+
+from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.integrations.groups import WorkerTopology, build_topology
+from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
+
+logger = logging.getLogger("autoloco_hf")
+
+RECORDS_FILENAME = "autoloco_intervals.jsonl"
+STATE_DIRNAME = "autoloco"
+
+# Numeric code of the interval assessment for scalar loggers (higher = better for longer horizons)
+ASSESSMENT_CODES = {
+    "supporting": 2.0,
+    "consistent": 1.0,
+    "fixed": 0.0,
+    "unused": 0.0,
+    "no_decision": 0.0,
+    "truncated": 0.0,
+    "moderate": -1.0,
+    "severe": -2.0,
+    "invalid": -3.0,
+}
+
+
+def state_path(checkpoint_dir: str, rank: int) -> str:
+    return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.pt")
+
+
+def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str = "autoloco/") -> dict[str, float]:
+    """The ``autoloco/*`` scalars logged at a synchronization."""
+    totals = engine.totals
+    values = {
+        "H_step": record.h_step,
+        "H_tok": record.h_tok,
+        "H_ref": record.h_ref,
+        "next_H_step": record.next_h_step if record.next_h_step is not None else 0,
+        "rho": record.rho,
+        "mu_t": record.mu,
+        "eta_t": record.eta,
+        "D_t": record.drift_energy,
+        "C_t": record.coherence,
+        "d_t": record.normalized_drift,
+        "lr_mass": record.lr_mass,
+        "assessment": ASSESSMENT_CODES.get(record.assessment, 0.0),
+        "interval_loss": record.mean_loss,
+        "interval_tokens": record.tokens,
+        "syncs": totals.syncs,
+        "payload_bytes": totals.payload_bytes,
+        "wire_bytes": totals.wire_bytes,
+        "sync_seconds": totals.sync_seconds,
+        "outer_step_applied": float(record.outer_step_applied),
+    }
+    return {prefix + k: float(v) for k, v in values.items()}
+
+
+class TrainableParameters:
+    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+
+    def parameters(self):
+        return iter(self.params)
+
+
+class WorkerRuntime:
+    """One process's AutoLoCo worker (see the module docstring).
+
+    Args:
+        config: the run's configuration.
+        model: the unwrapped model (its parameters are the worker's).
+        wrapped_model: what the training loop calls (DDP in multi-process runs).
+        optimizer: the inner optimizer (unwrapped ``torch.optim.Optimizer``).
+        schedule: LR-mass preview of the inner schedule.
+        total_steps: the budget in optimizer steps.
+        warmup_steps: inner-LR warm-up steps.
+        records_path: JSONL of per-interval records (written by the main process only).
+        is_main_process: whether this process writes the JSONL.
+        on_record: extra consumer of every record.
+    """
+
+    def __init__(
+        self,
+        config: AutoLoCoConfig,
+        model: torch.nn.Module,
+        wrapped_model: Any,
+        optimizer: torch.optim.Optimizer,
+        schedule: Any,
+        total_steps: int,
+        warmup_steps: int,
+        records_path: Optional[str] = None,
+        is_main_process: bool = True,
+        on_record: Optional[Callable[[IntervalRecord], None]] = None,
+        topology: Optional[WorkerTopology] = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.topology = topology or build_topology(config.ranks_per_worker)
+        topo = self.topology
+        self.gradient_traffic: Optional[GradientTraffic] = None
+        self.ddp = find_ddp(wrapped_model)
+        if topo.world_size > 1 and config.is_interval_method:
+            if self.ddp is None:
+                raise RuntimeError(
+                    f"{topo.world_size} processes but the model is not wrapped in DistributedDataParallel "
+                    f"({type(wrapped_model).__name__}): AutoLoCo supports DDP multi-process training"
+                )
+            self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
+        kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size,
+                      bucket_size_mb=config.bucket_size_mb)
+        if topo.world_size > 1:
+            comm = ProcessGroupCommunicator(group=topo.outer_group, **kwargs)
+        else:
+            comm = SimulatedCommunicator(1, **kwargs)
+        self.meter = BatchMeter(model)
+        self.records_path = records_path if is_main_process else None
+        self._extra_on_record = on_record
+        self.pending: list[IntervalRecord] = []
+        self.trainable = TrainableParameters(model)
+        self.engine = IntervalEngine(
+            config,
+            [self.trainable],
+            schedule,
+            comm,
+            total_steps,
+            warmup_steps=warmup_steps,
+            optimizers=[optimizer],
+            records_path=self.records_path,  # the engine rewrites it from the checkpoint on resume
+            on_record=self._on_record,
+        )
+
+    # ------------------------------------------------------------- steps
+    def _on_record(self, record: IntervalRecord) -> None:
+        self.pending.append(record)
+        if self._extra_on_record is not None:
+            self._extra_on_record(record)
+
+    @property
+    def step(self) -> int:
+        return self.engine.step
+
+    def after_optimizer_step(self, lr: Optional[float]) -> Optional[IntervalRecord]:
+        """Account one true optimizer step; synchronizes at an interval boundary."""
+        engine = self.engine
+        self.meter.end_step()
+        plan = engine.plan
+        closes = plan is None or engine.step + 1 >= plan.start_step + plan.h_step
+        tokens, loss = self.meter.flush() if closes else (0, 0.0)
+        if self.config.method == "ddp" and self.topology.world_size > 1:
+            engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
+        return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``autoloco/*`` scalars of the synchronizations since the last call (the latest wins)."""
+        metrics: dict[str, float] = {}
+        for record in self.pending:
+            metrics.update(record_metrics(record, self.engine))
+        self.pending = []
+        return metrics
+
+    # ------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything one rank needs to resume mid-interval (its local parameters differ from rank 0's)."""
+        topo = self.topology
+        return {
+            "version": 1,
+            "world_size": topo.world_size,
+            "rank": topo.rank,
+            "ranks_per_worker": topo.ranks_per_worker,
+            "engine": self.engine.state_dict(),
+            "meter": self.meter.state_dict(),
+            "params": [p.detach().cpu().clone() for p in self.trainable.params],
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        topo = self.topology
+        if state["world_size"] != topo.world_size or state["ranks_per_worker"] != topo.ranks_per_worker:
+            raise ValueError(
+                f"the AutoLoCo checkpoint was written by {state['world_size']} processes with "
+                f"ranks_per_worker={state['ranks_per_worker']}; this run has {topo.world_size} processes with "
+                f"ranks_per_worker={topo.ranks_per_worker}: resume with the same launch layout"
+            )
+        self.engine.load_state_dict(state["engine"])
+        self.meter.load_state_dict(state["meter"])
+        params = self.trainable.params
+        if len(params) != len(state["params"]):
+            raise ValueError("the AutoLoCo checkpoint holds a different model (parameter count differs)")
+        with torch.no_grad():
+            for p, saved in zip(params, state["params"]):
+                p.copy_(saved.to(p.device, p.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.pending = []
+
+    def save(self, checkpoint_dir: str) -> str:
+        path = state_path(checkpoint_dir, self.topology.rank)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(self.state_dict(), path)
+        return path
+
+    def load(self, checkpoint_dir: str) -> str:
+        path = state_path(checkpoint_dir, self.topology.rank)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"resuming from {checkpoint_dir} but it has no AutoLoCo state for rank {self.topology.rank} "
+                f"({path}): was the checkpoint written by a run with AutoLoCoCallback and the same world size?"
+            )
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        return path
+
+    def close(self) -> None:
+        self.meter.remove()

@@ -1,0 +1,466 @@
+"""The interval engine: local steps, one collective, the outer step, the next horizon.
+
+One :class:`IntervalEngine` per process drives the process's local workers:
+one model with :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` under
+``torchrun`` / ``accelerate launch``, or ``N`` replicas with
+:class:`~autoloco_hf.sync.communicators.SimulatedCommunicator`. The caller runs the inner
+steps and calls :meth:`IntervalEngine.after_optimizer_step` once per true
+optimizer step; at a boundary the engine (spec 2-5):
+
+1. computes each worker's pseudo-gradient ``theta_t - theta_t^i``;
+2. averages them and sums the scalar summaries in one synchronization;
+3. computes ``D_t``, ``C_t`` and the outer correction ``rho_t, mu_t, eta_t``;
+4. applies the Nesterov outer step (or skips it on a non-finite interval);
+5. writes ``theta_{t+1}`` back into every local worker;
+6. lets the policy choose the next horizon and checks, in the next
+   collective, that every worker executed the same horizon.
+
+Example (two simulated workers on a toy regression)::
+
+    >>> import torch
+    >>> from autoloco_hf import AutoLoCoConfig
+    >>> from autoloco_hf.sync.communicators import SimulatedCommunicator
+    >>> from autoloco_hf.algorithm.schedule import FunctionSchedule
+    >>> torch.manual_seed(0) and None
+    >>> models = [torch.nn.Linear(4, 1) for _ in range(2)]
+    >>> models[1].load_state_dict(models[0].state_dict())
+    <All keys matched successfully>
+    >>> opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    >>> engine = IntervalEngine(AutoLoCoConfig(method="diloco", h_base=5), models,
+    ...                         FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
+    >>> for step in range(20):
+    ...     for i, (m, o) in enumerate(zip(models, opts)):
+    ...         x = torch.randn(8, 4); loss = (m(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    ...         loss.backward(); o.step(); o.zero_grad()
+    ...     _ = engine.after_optimizer_step(tokens=[8, 8], losses=[loss.item()] * 2)
+    >>> engine.totals.syncs, torch.equal(models[0].weight, models[1].weight)
+    (4, True)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import asdict
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
+from autoloco_hf.sync.communicators import Communicator, Traffic
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
+from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
+from autoloco_hf.algorithm.preview import payload_bytes
+from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPlan, make_policy
+from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
+from autoloco_hf.algorithm.schedule import LRSchedule
+from autoloco_hf.algorithm.stats import interval_statistics
+
+# Layout of the per-worker float64 scalar vector summed in every synchronization
+_SQ_NORM, _TOKENS, _LOSS_SUM, _LOSS_COUNT, _NONFINITE, _H, _H_SQ, _START, _START_SQ = range(9)
+
+
+class WorkerDisagreement(RuntimeError):
+    """Workers executed different horizons: their controllers diverged (spec 5.3, last paragraph)."""
+
+
+class IntervalEngine:
+    """Runs AutoLoCo / DiLoCo / QSR / Linear intervals (and DDP gradient averaging) for local workers.
+
+    Args:
+        config: the run's :class:`AutoLoCoConfig`.
+        models: the local workers' models (1 per process, or ``N`` simulated
+            replicas). Their parameters at construction become ``theta_0``
+            (worker 0's, broadcast to the others).
+        schedule: the inner LR schedule (``SchedulerPreview`` of the live
+            scheduler, or a ``FunctionSchedule``) for LR-mass previews.
+        communicator: averages across all workers.
+        total_steps: the training budget in optimizer steps.
+        warmup_steps: inner-LR warm-up; defaults to ``config.warmup_steps`` or 0.
+        optimizers: the inner optimizers; non-finite state entries are reset
+            after an invalid interval so that training can go on.
+        records_path: JSONL file for per-interval records (write it on one rank).
+        on_record: called with every :class:`IntervalRecord` (e.g. for logging).
+    """
+
+    def __init__(
+        self,
+        config: AutoLoCoConfig,
+        models: Sequence[torch.nn.Module],
+        schedule: LRSchedule,
+        communicator: Communicator,
+        total_steps: int,
+        warmup_steps: Optional[int] = None,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        records_path: Optional[str] = None,
+        on_record: Optional[Callable[[IntervalRecord], None]] = None,
+    ) -> None:
+        if len(models) != communicator.local_workers:
+            raise ValueError(
+                f"{len(models)} local models but the communicator expects {communicator.local_workers}: "
+                "pass one model per process, or N replicas to SimulatedCommunicator(N)"
+            )
+        if (communicator.wire_dtype, communicator.block_size) != (config.wire_dtype, config.int8_block_size):
+            raise ValueError(
+                f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}) but "
+                f"config.wire_dtype={config.wire_dtype!r} (int8_block_size={config.int8_block_size}): build it with "
+                "wire_dtype=config.wire_dtype, block_size=config.int8_block_size"
+            )
+        if total_steps <= 0:
+            raise ValueError(f"total_steps={total_steps}: the training budget must be positive")
+        self.config = config
+        self.worker_params = [[p for p in m.parameters()] for m in models]
+        self.segment_sizes = [p.numel() for p in self.worker_params[0]]
+        self.schedule = schedule
+        self.comm = communicator
+        self.total_steps = total_steps
+        self.warmup_steps = warmup_steps if warmup_steps is not None else (config.warmup_steps or 0)
+        self.optimizers = list(optimizers)
+        self.records_path = records_path
+        self.on_record = on_record
+        self.totals = RunTotals()
+        self.records: list[IntervalRecord] = []
+        self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
+
+        self._broadcast_initial_parameters()
+        self.outer = OuterOptimizer(
+            self.worker_params[0],
+            lr=config.outer_lr,
+            momentum=config.outer_momentum,
+            device="cpu" if config.outer_on_cpu else None,
+        )
+        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
+        # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
+        self.error_feedback = (
+            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
+        )
+        self.step = 0
+        self._lr_mass_warned = False
+        self._start_interval()
+
+    # ---------------------------------------------------------------- public
+    @property
+    def num_workers(self) -> int:
+        return self.comm.num_workers
+
+    @property
+    def plan(self) -> Optional[IntervalPlan]:
+        """The interval being executed (``None`` for DDP or after the budget)."""
+        return self._plan
+
+    def after_optimizer_step(
+        self, tokens: Sequence[int], losses: Sequence[float], lr: Optional[float] = None
+    ) -> Optional[IntervalRecord]:
+        """Account one true optimizer step of every local worker; synchronize at a boundary.
+
+        Args:
+            tokens: non-padding input tokens each local worker consumed in this step.
+            losses: each local worker's training loss of this step.
+            lr: the inner learning rate actually used (default: the schedule's value).
+
+        Returns the interval's record when this step closed an interval.
+        """
+        if self.step >= self.total_steps:
+            raise RuntimeError(f"step {self.step} is past the training budget of {self.total_steps} steps")
+        self._lr_mass += lr if lr is not None else self.schedule.lr_at(self.step)
+        for i, (t, loss) in enumerate(zip(tokens, losses)):
+            self._tokens[i] += int(t)
+            self._loss_sum[i] += float(loss)
+        self._loss_count += 1
+        self.step += 1
+        self.totals.steps = self.step
+        if self._plan is None or self.step < self._plan.start_step + self._plan.h_step:
+            return None
+        return self._synchronize()
+
+    @torch.no_grad()
+    def average_gradients(self) -> None:
+        """DDP baseline: replace every local worker's gradients by the all-worker mean (once per step)."""
+        grads = [
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+            for params in self.worker_params
+        ]
+        start = time.perf_counter()
+        result = self.comm.average(grads, [], self.segment_sizes, wire_dtype="fp32")
+        for params in self.worker_params:
+            for p, chunk in zip(params, torch.split(result.mean, self.segment_sizes)):
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+                p.grad.copy_(chunk.view_as(p))
+        self.account_gradient_sync(result.traffic, time.perf_counter() - start)
+
+    def account_gradient_sync(self, traffic: Optional[Traffic] = None, seconds: float = 0.0) -> None:
+        """Count one per-step FP32 gradient all-reduce of the DDP baseline, ours or torch DDP's (ring bytes)."""
+        numel = sum(self.segment_sizes)
+        self.totals.syncs += 1
+        self.totals.payload_tensors += 1
+        self.totals.payload_bytes += int(payload_bytes(1, numel, "fp32"))
+        self._add_traffic(traffic or Traffic(wire_bytes=self.comm.ring_bytes(numel)), seconds)
+
+    # ------------------------------------------------------------- internals
+    def _broadcast_initial_parameters(self) -> None:
+        """All workers start from worker 0's parameters (spec 2: one theta_0)."""
+        flat = flatten_fp32(self.worker_params[0])
+        self.comm.broadcast_(flat)
+        with torch.no_grad():
+            for params in self.worker_params:
+                for p, chunk in zip(params, torch.split(flat, self.segment_sizes)):
+                    p.copy_(chunk.view_as(p))
+
+    def _start_interval(self) -> None:
+        workers = self.comm.local_workers
+        self._tokens = [0] * workers
+        self._loss_sum = [0.0] * workers
+        self._loss_count = 0
+        self._lr_mass = 0.0
+        self._interval_started = time.perf_counter()
+        self._plan = self.policy.plan(self.step) if self.policy and self.step < self.total_steps else None
+
+    @torch.no_grad()
+    def _synchronize(self) -> IntervalRecord:
+        plan, lr_mass = self._plan, self._lr_mass
+        assert plan is not None
+        sync_started = time.perf_counter()
+        deltas, scalars = [], []
+        for i, params in enumerate(self.worker_params):
+            delta = self.outer.pseudo_gradient(params)
+            sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+            finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
+            if not finite:  # keep the codec and the collective well defined; the flag skips the step
+                delta.zero_()
+            elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
+                delta = self._compensate(i, delta)
+            deltas.append(delta)
+            scalars.append(self._scalar_summary(plan, sq_norm if finite else 0.0, i, finite))
+        result = self.comm.average(deltas, scalars, self.segment_sizes)
+        sums = result.scalar_sums.tolist()
+        self._check_agreement(sums, plan)
+
+        n = self.num_workers
+        stats = interval_statistics(
+            sums[_SQ_NORM],
+            float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+            n,
+            lr_mass,
+            self.config.eps,
+        )
+        mean_loss = sums[_LOSS_SUM] / max(sums[_LOSS_COUNT], 1.0)
+        self._check_lr_mass(plan, lr_mass)
+        all_finite = sums[_NONFINITE] == 0
+        valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
+        correction = self._correction(plan)
+        if valid:
+            if self.config.uses_nesterov_outer:
+                self.outer.step(result.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
+            else:
+                self.outer.average_step(result.mean)
+        else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
+            self.totals.skipped_outer_steps += 1
+            self._sanitize_optimizers()
+        for params in self.worker_params:
+            self.outer.write_back(params)
+        sync_seconds = time.perf_counter() - sync_started
+
+        controller_started = time.perf_counter()
+        decision = self.policy.complete(
+            IntervalOutcome(
+                plan=plan,
+                global_tokens=int(round(sums[_TOKENS])),
+                drift_energy=stats.drift_energy if all_finite else math.nan,
+                coherence=stats.coherence if all_finite else math.nan,
+                lr_mass=lr_mass,
+                mean_loss=mean_loss if all_finite else math.nan,
+                pseudo_grad_finite=valid,
+            )
+        )
+        interval_seconds = time.perf_counter() - self._interval_started
+        self._start_interval()
+        controller_seconds = time.perf_counter() - controller_started
+
+        record = self._record(plan, lr_mass, stats, correction, mean_loss, sums, valid, decision, result.traffic)
+        record.seconds = interval_seconds
+        record.sync_seconds = sync_seconds
+        record.controller_seconds = controller_seconds
+        self._account(record, result.traffic, sync_seconds, controller_seconds)
+        return record
+
+    def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
+        feedback = self.error_feedback[worker]
+        compensated = feedback.compensate(delta)
+        codec = self.comm.codec(self.segment_sizes)
+        feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
+        return compensated
+
+    def _scalar_summary(self, plan: IntervalPlan, sq_norm: float, worker: int, finite: bool) -> torch.Tensor:
+        values = [0.0] * 9
+        values[_SQ_NORM] = sq_norm
+        values[_TOKENS] = float(self._tokens[worker])
+        values[_LOSS_SUM] = self._loss_sum[worker] if finite else 0.0
+        values[_LOSS_COUNT] = float(self._loss_count)
+        values[_NONFINITE] = 0.0 if finite else 1.0
+        values[_H], values[_H_SQ] = float(plan.h_step), float(plan.h_step) ** 2
+        values[_START], values[_START_SQ] = float(plan.start_step), float(plan.start_step) ** 2
+        return torch.tensor(values, dtype=torch.float64)
+
+    def _check_agreement(self, sums: list[float], plan: IntervalPlan) -> None:
+        """All workers executed the same interval iff ``(sum h)^2 == N sum h^2`` (and the same for the start)."""
+        n = self.num_workers
+        for total, total_sq, name in ((_H, _H_SQ, "horizon"), (_START, _START_SQ, "start step")):
+            if sums[total] ** 2 != n * sums[total_sq]:
+                raise WorkerDisagreement(
+                    f"workers disagree on the interval {name} (this worker: start {plan.start_step}, "
+                    f"{plan.h_step} steps; mean over workers {sums[total] / n:.3f}). Every worker must run "
+                    "the same config, LR schedule and total_steps; restart from the last checkpoint."
+                )
+
+    def _check_lr_mass(self, plan: IntervalPlan, measured: float) -> None:
+        """Spec 2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
+        if not self._lr_mass_warned and not math.isclose(measured, plan.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
+            self._lr_mass_warned = True
+            warnings.warn(
+                f"interval at step {plan.start_step}: the learning rates actually used sum to {measured:.6g} but the "
+                f"schedule preview gave {plan.lr_mass:.6g}; the outer correction and candidate selection rely on "
+                "the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
+                RuntimeWarning,
+            )
+
+    def _correction(self, plan: IntervalPlan) -> OuterCorrection:
+        cfg = self.config
+        if cfg.outer_correction_enabled:
+            return outer_correction(
+                plan.lr_mass,
+                plan.lr_mass_base,
+                cfg.outer_momentum,
+                cfg.outer_lr,
+                mu_min=cfg.mu_min,
+                mu_max=cfg.mu_max,
+                kappa_max=cfg.kappa_max,
+                eps=cfg.eps,
+                adjust_momentum=cfg.adjust_momentum,
+                scale_outer_lr=cfg.scale_outer_lr,
+                normalize_pseudo_grad=cfg.normalize_pseudo_grad,
+            )
+        rho = interval_ratio(plan.lr_mass, plan.lr_mass_base, cfg.eps)
+        if cfg.uses_nesterov_outer:  # DiLoCo: fixed outer settings
+            return OuterCorrection(rho, cfg.outer_momentum, cfg.outer_lr, 1.0, None)
+        return OuterCorrection(rho, 0.0, 1.0, 1.0, None)  # direct model averaging
+
+    def _sanitize_optimizers(self) -> None:
+        """Zero non-finite inner-optimizer state so a worker that produced NaN can go on."""
+        for optimizer in self.optimizers:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                        torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _record(self, plan, lr_mass, stats, correction, mean_loss, sums, valid, decision, traffic: Traffic) -> IntervalRecord:
+        next_plan = self._plan
+        return IntervalRecord(
+            index=len(self.records),
+            start_step=plan.start_step,
+            h_tok=plan.h_tok,
+            h_step=plan.h_step,
+            h_ref=plan.h_ref,
+            lr_mass=lr_mass,
+            lr_mass_preview=plan.lr_mass,
+            lr_mass_base=plan.lr_mass_base,
+            rho=correction.rho,
+            mu=correction.momentum,
+            eta=correction.outer_lr,
+            drift_energy=stats.drift_energy,
+            coherence=stats.coherence,
+            normalized_drift=stats.normalized_drift,
+            disagreement=stats.disagreement,
+            mean_loss=mean_loss,
+            tokens=int(round(sums[_TOKENS])),
+            outer_step_applied=valid,
+            assessment=decision.assessment if decision else "fixed",
+            decision=decision.decision if decision else "fixed",
+            phase=decision.phase if decision else "fixed",
+            next_h_tok=next_plan.h_tok if next_plan else None,
+            next_h_step=next_plan.h_step if next_plan else None,
+            z_drift=decision.z_drift if decision else None,
+            z_coherence=decision.z_coherence if decision else None,
+            seconds=0.0,
+            sync_seconds=0.0,
+            controller_seconds=0.0,
+            payload_bytes=int(payload_bytes(1, sum(self.segment_sizes), self.comm.wire_dtype, self.comm.block_size)),
+            wire_bytes=traffic.wire_bytes,
+            encode_seconds=traffic.encode_seconds,
+            collective_seconds=traffic.collective_seconds,
+            decode_seconds=traffic.decode_seconds,
+        )
+
+    def _account(self, record: IntervalRecord, traffic: Traffic, sync_seconds: float, controller_seconds: float) -> None:
+        totals = self.totals
+        totals.tokens += record.tokens
+        totals.syncs += 1
+        totals.payload_tensors += 1
+        totals.payload_bytes += record.payload_bytes
+        totals.controller_seconds += controller_seconds
+        self._add_traffic(traffic, sync_seconds)
+        self.records.append(record)
+        if self._writer is not None:
+            self._writer.write(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def _add_traffic(self, traffic: Traffic, seconds: float) -> None:
+        totals = self.totals
+        totals.wire_bytes += traffic.wire_bytes
+        totals.sync_seconds += seconds
+        totals.encode_seconds += traffic.encode_seconds
+        totals.collective_seconds += traffic.collective_seconds
+        totals.decode_seconds += traffic.decode_seconds
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Outer parameters, momentum, policy (controller, token mapper, rejected bound) and accounting (spec 8.2).
+
+        The workers' own parameters and inner optimizer states belong to the
+        caller's checkpoint (the Trainer saves them).
+        """
+        return {
+            "config": self.config.to_dict(),
+            "step": self.step,
+            "outer": self.outer.state_dict(),
+            "policy": self.policy.state_dict() if self.policy else None,
+            "plan": asdict(self._plan) if self._plan else None,
+            "interval": {
+                "tokens": list(self._tokens),
+                "loss_sum": list(self._loss_sum),
+                "loss_count": self._loss_count,
+                "lr_mass": self._lr_mass,
+            },
+            "error_feedback": [f.state_dict() for f in self.error_feedback],
+            "totals": self.totals.as_dict(),
+            "records": [r.__dict__.copy() for r in self.records],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["config"]
+        for key in ("method", "h_base", "q_h", "h_min", "h_max", "wire_dtype"):
+            if saved.get(key) != getattr(self.config, key):
+                raise ValueError(
+                    f"checkpoint was written with {key}={saved.get(key)!r} but this run has "
+                    f"{key}={getattr(self.config, key)!r}: resume with the same AutoLoCoConfig"
+                )
+        self.outer.load_state_dict(state["outer"])
+        if self.policy is not None:
+            self.policy.load_state_dict(state["policy"])
+        self.step = int(state["step"])
+        for feedback, saved_feedback in zip(self.error_feedback, state["error_feedback"]):
+            feedback.load_state_dict(saved_feedback)
+        self.totals = RunTotals(**state["totals"])
+        self.records = [IntervalRecord(**r) for r in state["records"]]
+        if self._writer is not None:
+            self._writer.restore(self.records)
+        self._start_interval()
+        self._plan = IntervalPlan(**state["plan"]) if state["plan"] else None  # the interval in flight
+        interval = state["interval"]
+        self._tokens = list(interval["tokens"])
+        self._loss_sum = list(interval["loss_sum"])
+        self._loss_count = int(interval["loss_count"])
+        self._lr_mass = float(interval["lr_mass"])

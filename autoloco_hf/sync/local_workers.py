@@ -1,0 +1,146 @@
+"""A plain PyTorch training loop for the workers of one process (spec 8.4).
+
+:class:`LocalWorkers` owns the process's worker replicas, each with its own
+inner optimizer and LR scheduler, and the :class:`IntervalEngine` that
+synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
+replicas (the paper's simulation on one device); with
+:class:`ProcessGroupCommunicator` it holds the one worker of this process.
+Both run the same code, so the two modes give the same parameters.
+
+Example::
+
+    >>> import torch
+    >>> from autoloco_hf import AutoLoCoConfig
+    >>> from autoloco_hf.sync.communicators import SimulatedCommunicator
+    >>> workers = LocalWorkers(
+    ...     AutoLoCoConfig(method="diloco", h_base=4), torch.nn.Linear(3, 1), SimulatedCommunicator(2),
+    ...     optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=1e-2), total_steps=8,
+    ...     loss_fn=lambda model, batch: (model(batch["x"]) - batch["y"]).pow(2).mean())
+    >>> for step in range(8):
+    ...     batch = {"x": torch.ones(2, 3), "y": torch.zeros(2, 1)}
+    ...     _ = workers.train_step([batch, batch])
+    >>> workers.engine.totals.syncs
+    2
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from autoloco_hf.sync.communicators import Communicator
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.algorithm.schedule import SchedulerPreview
+from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """The loss of a ``transformers`` model called on a batch with ``labels``."""
+    return model(**batch).loss
+
+
+def constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+class LocalWorkers:
+    """Replicas of ``model`` (one per local worker) trained with their own optimizers and synchronized by the engine.
+
+    Args:
+        config: the run's :class:`AutoLoCoConfig`.
+        model: the initial model; each local worker trains a deep copy.
+        communicator: ``SimulatedCommunicator(N)`` or ``ProcessGroupCommunicator()``.
+        optimizer_factory: builds a worker's inner optimizer from its parameters.
+        scheduler_factory: builds a worker's LR scheduler (default constant).
+        total_steps: training budget in optimizer steps.
+        loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
+        max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
+        warmup_steps, records_path, on_record: passed to :class:`IntervalEngine`.
+
+    After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step.
+    """
+
+    def __init__(
+        self,
+        config: AutoLoCoConfig,
+        model: torch.nn.Module,
+        communicator: Communicator,
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
+        total_steps: int,
+        scheduler_factory: Callable[[torch.optim.Optimizer], Any] = constant_schedule,
+        loss_fn: LossFn = causal_lm_loss,
+        max_grad_norm: Optional[float] = None,
+        warmup_steps: Optional[int] = None,
+        records_path: Optional[str] = None,
+        on_record: Optional[Callable[[IntervalRecord], None]] = None,
+    ) -> None:
+        self.config = config
+        self.models = [copy.deepcopy(model) for _ in range(communicator.local_workers)]
+        self.optimizers = [optimizer_factory(m.parameters()) for m in self.models]
+        self.schedulers = [scheduler_factory(o) for o in self.optimizers]
+        self.loss_fn = loss_fn
+        self.max_grad_norm = max_grad_norm
+        self.last_losses: list[float] = []
+        self.engine = IntervalEngine(
+            config,
+            self.models,
+            SchedulerPreview(self.schedulers[0], total_steps),
+            communicator,
+            total_steps,
+            warmup_steps=warmup_steps,
+            optimizers=self.optimizers,
+            records_path=records_path,
+            on_record=on_record,
+        )
+
+    @property
+    def step(self) -> int:
+        return self.engine.step
+
+    def train_step(self, batches: Sequence[Any]) -> Optional[IntervalRecord]:
+        """One optimizer step of every local worker on its batch; returns a record at a sync."""
+        if len(batches) != len(self.models):
+            raise ValueError(f"got {len(batches)} batches for {len(self.models)} local workers")
+        losses, tokens = [], []
+        for model, batch in zip(self.models, batches):
+            model.train()
+            loss = self.loss_fn(model, batch)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            tokens.append(count_non_padding_tokens(batch))
+        if self.config.method == "ddp":
+            self.engine.average_gradients()
+        if self.max_grad_norm is not None:
+            for model in self.models:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        self.last_losses = losses
+        lr = float(self.optimizers[0].param_groups[0]["lr"])
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        return self.engine.after_optimizer_step(tokens, losses, lr=lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume mid-interval: replicas, inner optimizers, schedulers, engine."""
+        return {
+            "models": [m.state_dict() for m in self.models],
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "engine": self.engine.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for model, s in zip(self.models, state["models"]):
+            model.load_state_dict(s)
+        for optimizer, s in zip(self.optimizers, state["optimizers"]):
+            optimizer.load_state_dict(s)
+        for scheduler, s in zip(self.schedulers, state["schedulers"]):
+            scheduler.load_state_dict(s)
+        self.engine.load_state_dict(state["engine"])

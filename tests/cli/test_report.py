@@ -1,0 +1,78 @@
+"""Run folders read back, the paper's two tables, and `autoloco report` on synthetic runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from autoloco_hf.cli import main
+from autoloco_hf.sync.records import RunTotals
+from autoloco_hf.cli.report import (
+    PLOTS,
+    RunWriter,
+    default_thresholds,
+    find_runs,
+    last_fraction_mean,
+    moving_average,
+    reach,
+    table1,
+)
+
+
+def interval(start: int, h: int, mu: float = 0.9) -> dict:
+    return dict(start_step=start, h_step=h, mu=mu, eta=0.7, drift_energy=1.0 / (start + 1), coherence=2.0)
+
+
+def fake_run(root, name: str, method: str, syncs_every: int, final_loss: float, steps: int = 100) -> None:
+    """A run folder whose loss falls linearly from 5 to ``final_loss`` and that syncs every ``syncs_every`` steps."""
+    writer = RunWriter(str(root / name), name)
+    totals = RunTotals()
+    with open(writer.intervals_path, "w") as f:
+        for start in range(0, steps, syncs_every):
+            f.write(json.dumps(interval(start, syncs_every)) + "\n")
+    for step in range(1, steps + 1):
+        if step % syncs_every == 0:
+            totals.syncs += 1
+            totals.payload_bytes += 2**20
+        totals.steps = step
+        loss = 5.0 + (final_loss - 5.0) * step / steps
+        writer.log_step(step, loss, 1e-3, totals, seconds=step * 0.1)
+    writer.finish(totals, {"method": method}, wall_seconds=10.0, val_loss=final_loss + 0.1)
+
+
+def test_helpers():
+    assert last_fraction_mean([1.0] * 98 + [3.0, 5.0]) == 4.0  # last 2 of 100
+    assert last_fraction_mean([2.0]) == 2.0 and math.isnan(last_fraction_mean([]))
+    assert moving_average([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+
+
+def test_tables_and_report(tmp_path, capsys):
+    fake_run(tmp_path / "a", "diloco", "diloco", 10, 3.0)
+    fake_run(tmp_path / "a", "autoloco", "autoloco", 20, 2.9)
+    runs = find_runs([str(tmp_path / "a")])
+    assert [r.name for r in runs] == ["autoloco", "diloco"]
+    text = table1(runs)
+    assert "| autoloco | 5 | 5.0 | -50.0% |" in text and "| diloco | 10 | 10.0 | +0.0% |" in text
+    assert text.splitlines()[0].endswith("| wall (s) | CPU (s) |")
+    assert default_thresholds(runs) == [3.01, 2.92]  # each run's final smoothed loss
+    hit = reach(runs[0], 4.0)
+    assert hit is not None and 40 <= hit["step"] <= 60 and hit["payload_bytes"] <= 3 * 2**20
+
+    out = tmp_path / "cmp"
+    assert main(["report", str(tmp_path / "a" / "diloco"), str(tmp_path / "a" / "autoloco"), "--out", str(out), "--thresholds", "4,3.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "loss <= 3.5" in printed and "Table 1" in printed
+    report = (out / "report.md").read_text()
+    assert "autoloco report" in report
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 1000
+    assert main(["report", str(tmp_path / "a")]) == 0  # a folder of runs; the report goes inside it
+    assert (tmp_path / "a" / "report" / "report.md").exists()
+    assert [r.name for r in find_runs([str(tmp_path / "a")])] == ["autoloco", "diloco"]
+
+
+def test_report_rejects_a_folder_without_runs(tmp_path):
+    with pytest.raises(SystemExit, match="no summary.json"):
+        main(["report", str(tmp_path)])

@@ -1,0 +1,91 @@
+"""Misconfiguration detection (issue item 7), in-process: no launch needed to hit these errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.integrations.trainer import AutoLoCoConfigurationError, check_launch
+
+
+def test_world_size_env_but_single_process_accelerator(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(AutoLoCoConfigurationError, match="use_cpu=True"):
+        check_launch(1, "NO")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(distributed_type="DEEPSPEED"), "DeepSpeed"),
+    (dict(deepspeed=True), "DeepSpeed"),
+    (dict(distributed_type="FSDP"), "FSDP"),
+    (dict(fsdp=True), "FSDP"),
+    (dict(distributed_type="XLA"), "XLA"),
+    (dict(n_gpu=2), "DataParallel"),
+    (dict(ranks_per_worker=3), "ranks_per_worker=3"),
+])
+def test_unsupported_setups_name_what_is_supported(monkeypatch, kwargs, match):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(AutoLoCoConfigurationError, match=match) as info:
+        check_launch(4, **kwargs)
+    if "ranks_per_worker" not in kwargs:
+        assert "supported:" in str(info.value)
+
+
+def test_supported_setups_pass(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    check_launch(4, "MULTI_CPU")
+    check_launch(4, "MULTI_GPU", ranks_per_worker=2)
+    monkeypatch.delenv("WORLD_SIZE")
+    check_launch(1, "NO")
+
+
+@pytest.mark.slow
+def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
+    """A real Trainer built with WORLD_SIZE=2 in the environment but no process group: fails at construction."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from autoloco_hf import AutoLoCoCallback
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}] * 4
+    with pytest.raises(AutoLoCoConfigurationError, match="every rank would train alone"):
+        Trainer(model=model, args=args, train_dataset=data, callbacks=[AutoLoCoCallback(AutoLoCoConfig(h_base=2))])
+
+
+@pytest.mark.slow
+def test_single_process_trainer_runs_one_worker(tmp_path):
+    """One process (bf16 autocast, accumulation 2): the outer loop runs on one worker; metrics reach TensorBoard."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from autoloco_hf import AutoLoCoCallback
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    try:
+        import tensorboard  # noqa: F401
+
+        report_to = ["tensorboard"]
+    except ImportError:
+        report_to = []
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=report_to, max_steps=6, bf16=True,
+                             per_device_train_batch_size=2, gradient_accumulation_steps=2, save_strategy="no",
+                             disable_tqdm=True)
+    data = [{"input_ids": torch.arange(8) + i, "labels": torch.arange(8) + i} for i in range(24)]
+    callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=3))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()
+    assert callback.engine.totals.syncs == 2
+    assert callback.engine.totals.tokens == 6 * 2 * 2 * 8  # no attention_mask: every position counts
+    assert (tmp_path / "autoloco_intervals.jsonl").read_text().count("\n") == 2
+    if report_to:  # the autoloco/* scalars reach the report_to integration (TensorBoard prefixes train/)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(next(tmp_path.glob("runs/*"))))
+        events.Reload()
+        assert [e.step for e in events.Scalars("train/autoloco/H_step")] == [3, 6]
+        assert "train/autoloco/C_t" in events.Tags()["scalars"]

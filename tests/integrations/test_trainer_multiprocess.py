@@ -1,0 +1,228 @@
+"""Trainer + AutoLoCoCallback in real processes (torchrun, gloo, CPU) on a tiny Llama built from a config."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from launch import torchrun
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+TIMING_FIELDS = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds",
+                 "decode_seconds"}
+
+
+def sync_steps(result) -> list[int]:
+    return [i + 1 for i, synced in enumerate(result["synced"]) if synced]
+
+
+def model_sized(result, collectives=None) -> list[tuple]:
+    collectives = result["collectives"] if collectives is None else collectives
+    return [c for c in collectives if c[1] >= result["model_bytes"] // 2]
+
+
+def deterministic_records(records) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
+
+
+@pytest.fixture(scope="module")
+def diloco(tmp_path_factory):
+    out = tmp_path_factory.mktemp("diloco")
+    spec = {"output_dir": str(out), "steps": STEPS, "record_batches": True, "max_grad_norm": 0.0,
+            "autoloco": {"method": "diloco", "h_base": 4}}
+    return torchrun("trainer_worker.py", spec, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def autoloco(tmp_path_factory):
+    """AutoLoCo with gradient accumulation 2: a full run, and the same run interrupted at step 10 then resumed."""
+    base = {"steps": 24, "accum": 2, "batch": 2, "save_steps": 10, "logging_steps": 5,
+            "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6}}
+    full_dir, split_dir = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("split")
+    full = torchrun("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
+    torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir), "stop_at": 10}, nproc=2)
+    resumed = torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir),
+                                             "resume_from": str(split_dir / "checkpoint-10")}, nproc=2)
+    return {"full": full, "resumed": resumed, "full_dir": full_dir, "split_dir": split_dir}
+
+
+def check_sync_pattern(results):
+    r0, r1 = results
+    syncs = sync_steps(r0)
+    assert syncs == sync_steps(r1) and syncs, "both workers synchronize at the same steps"
+    assert syncs[-1] == len(r0["fingerprints"]), "the last step closes the last interval"
+    for step, (a, b, synced) in enumerate(zip(r0["fingerprints"], r1["fingerprints"], r0["synced"]), start=1):
+        if synced:
+            assert a == b, f"replicas must be identical right after the sync at step {step}"
+        elif step > 1:  # step 1 runs at learning rate 0 (linear warm-up starts at 0)
+            assert a != b, f"replicas must differ between syncs (step {step}): gradients were averaged?"
+    for p0, p1 in zip(r0["params"], r1["params"]):
+        assert torch.equal(p0, p1)
+
+
+def check_no_gradient_traffic(result, steps):
+    syncs = result["totals"]["syncs"]
+    big = model_sized(result)
+    assert len(big) == syncs, f"model-sized collectives {big} != {syncs} syncs"
+    assert all(where.startswith("communicators.py") for _, _, _, where in big), big
+    sync_at = {s - 1 for s in sync_steps(result)}  # a collective issued during step s+1 is logged with step s
+    between = [c for c in result["collectives"] if c[2] not in sync_at and c[1] > 1024]
+    assert not between, f"collectives with data between syncs: {between}"
+    hook = result["hook"]
+    assert hook["group_bytes"] == 0, "no gradient byte may be reduced with single-rank workers"
+    assert hook["buckets"] >= steps and hook["local_bytes"] >= steps * result["model_bytes"], hook
+    assert result["ddp_forward_sync_buffers"] is False and result["ddp_find_unused_parameters"] is False
+    assert result["ddp_comm_hooks"] == ["_keep_local_gradients"]
+
+
+def test_diloco_two_processes_sync_pattern(diloco):
+    check_sync_pattern(diloco)
+    assert sync_steps(diloco[0]) == [4, 8, 12]
+    assert [r["h_step"] for r in diloco[0]["records"]] == [4, 4, 4]
+
+
+def test_diloco_zero_per_step_gradient_traffic(diloco):
+    for result in diloco:
+        check_no_gradient_traffic(result, STEPS)
+
+
+def test_trainer_path_equals_simulated_engine(diloco):
+    """Same batches, seeds, optimizer and schedule: LocalWorkers + SimulatedCommunicator(2) gives the same bits."""
+    from transformers import get_cosine_schedule_with_warmup
+    from trainer_worker import tiny_llama
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.local_workers import LocalWorkers
+
+    torch.set_num_threads(1)
+    workers = LocalWorkers(
+        AutoLoCoConfig(method="diloco", h_base=4),
+        tiny_llama(0),
+        SimulatedCommunicator(2),
+        # the Trainer's default optimizer (optim="adamw_torch_fused", weight_decay 0.0)
+        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
+        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, STEPS),
+        total_steps=STEPS,
+        warmup_steps=2,
+    )
+    for step in range(STEPS):
+        workers.train_step([diloco[0]["batches"][step], diloco[1]["batches"][step]])
+    for worker, result in zip(workers.models, diloco):
+        for p_sim, p_trainer in zip(worker.parameters(), result["params"]):
+            assert torch.equal(p_sim, p_trainer)
+    sim = deterministic_records([r.__dict__ for r in workers.engine.records])
+    trainer = deterministic_records(diloco[0]["records"])
+    for a, b in zip(sim, trainer):
+        for key in ("start_step", "h_step", "tokens", "drift_energy", "coherence", "mu", "eta"):
+            assert a[key] == b[key], key
+        assert a["mean_loss"] == pytest.approx(b["mean_loss"], rel=1e-6)
+
+
+def test_autoloco_gradient_accumulation_counts_optimizer_steps(autoloco):
+    full = autoloco["full"]
+    check_sync_pattern(full)
+    records = full[0]["records"]
+    assert sum(r["h_step"] for r in records) == 24
+    assert sync_steps(full[0]) == [r["start_step"] + r["h_step"] for r in records]
+    assert records[0]["h_step"] == 4 and records[0]["start_step"] == 0
+    assert full[0]["forwards"] == 24 * 2, "two micro-batches per optimizer step were counted"
+    for result in full:
+        check_no_gradient_traffic(result, 24)
+        assert result["global_step"] == 24
+
+
+def test_autoloco_token_counts_exclude_padding(autoloco):
+    full = autoloco["full"]
+    records = full[0]["records"]
+    # every example is right-padded to 16 positions with 6..16 real tokens (PaddedTokens)
+    for r in records:
+        positions = r["h_step"] * 2 * 2 * 2  # steps x accumulation x batch x workers
+        assert 6 * positions <= r["tokens"] < 16 * positions
+    assert full[0]["totals"]["tokens"] == sum(r["tokens"] for r in records)
+
+
+def test_autoloco_logs_and_jsonl(autoloco):
+    full = autoloco["full"]
+    losses = {h["step"] for h in full[0]["log_history"] if "loss" in h}
+    assert set(sync_steps(full[0])) & {5, 10, 15, 20}, "a sync falls on a logging step"
+    assert {5, 10, 15, 20} <= losses, "the Trainer's own logging survives a sync at a logging step"
+    logged = [h for h in full[0]["log_history"] if "autoloco/H_step" in h]
+    assert len(logged) == full[0]["totals"]["syncs"]
+    for key in ("autoloco/H_tok", "autoloco/rho", "autoloco/mu_t", "autoloco/eta_t", "autoloco/D_t",
+                "autoloco/C_t", "autoloco/assessment", "autoloco/syncs", "autoloco/payload_bytes",
+                "autoloco/wire_bytes"):
+        assert key in logged[-1]
+    assert logged[-1]["autoloco/syncs"] == full[0]["totals"]["syncs"]
+    with open(os.path.join(autoloco["full_dir"], "autoloco_intervals.jsonl")) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    assert deterministic_records(lines) == deterministic_records(full[0]["records"])
+
+
+def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
+    full, resumed = autoloco["full"], autoloco["resumed"]
+    records = full[0]["records"]
+    assert any(r["start_step"] < 10 < r["start_step"] + r["h_step"] for r in records), "step 10 is mid-interval"
+    checkpoint = autoloco["split_dir"] / "checkpoint-10" / "autoloco"
+    assert sorted(os.listdir(checkpoint)) == ["rank0.pt", "rank1.pt"]
+    for a, b in zip(full, resumed):
+        assert b["global_step"] == 24
+        for p_full, p_resumed in zip(a["params"], b["params"]):
+            assert torch.equal(p_full, p_resumed)
+        assert deterministic_records(b["records"]) == deterministic_records(a["records"])
+        assert b["fingerprints"] == a["fingerprints"][10:], "every step after the resume matches"
+    with open(os.path.join(autoloco["split_dir"], "autoloco_intervals.jsonl")) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    assert deterministic_records(lines) == deterministic_records(records)
+
+
+def test_worker_groups_four_processes(tmp_path):
+    """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs."""
+    spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
+            "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2}}
+    results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
+    fp = [r["fingerprints"] for r in results]
+    synced = results[0]["synced"]
+    assert sync_steps(results[0]) == [4, 8]
+    for step in range(8):
+        assert fp[0][step] == fp[1][step] and fp[2][step] == fp[3][step], f"inner DDP diverged at step {step + 1}"
+        if synced[step]:
+            assert fp[0][step] == fp[2][step]
+        elif step > 0:
+            assert fp[0][step] != fp[2][step], f"workers must differ between syncs (step {step + 1})"
+    for r in results:
+        assert r["ddp_comm_hooks"] == ["_average_in_worker_group"]
+        assert r["hook"]["local_bytes"] == 0 and r["hook"]["group_bytes"] >= 8 * r["model_bytes"]
+        outer = [c for c in model_sized(r) if c[3].startswith("communicators.py")]
+        inner = [c for c in model_sized(r) if c[3].startswith("hooks.py")]
+        assert len(outer) == r["totals"]["syncs"] == 2
+        assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
+        assert len(model_sized(r)) == len(outer) + len(inner)
+
+
+def test_ddp_method_keeps_normal_ddp(tmp_path):
+    """method="ddp": no hook, gradients all-reduced every step (replicas identical), the engine counts each one."""
+    spec = {"output_dir": str(tmp_path), "steps": 6, "batch": 2, "autoloco": {"method": "ddp", "h_base": 4}}
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    assert r0["ddp_comm_hooks"] == [] and r0["hook"] is None
+    assert r0["fingerprints"] == r1["fingerprints"]
+    assert len(set(r0["fingerprints"])) == 6, "the model trains"
+    assert r0["totals"]["steps"] == 6 and r0["totals"]["syncs"] == 6 and r0["records"] == []
+    assert r0["totals"]["payload_bytes"] == 6 * r0["model_bytes"]  # FP32 gradients every step
+
+
+def test_int8_wire_through_the_trainer(tmp_path):
+    """AutoLoCo with the INT8 codec (spec 7): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
+    spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
+            "autoloco": {"method": "autoloco", "h_base": 4, "wire_dtype": "int8"}}
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    assert sync_steps(r0) == [4, 8] and r0["fingerprints"][-1] == r1["fingerprints"][-1]
+    for r in (r0, r1):
+        data = [c for c in r["collectives"] if c[1] > 1024]
+        assert {c[0] for c in data} == {"all_to_all_single"} and {c[2] + 1 for c in data} == {4, 8}
+        assert r["totals"]["payload_bytes"] < 0.3 * 2 * r["model_bytes"]

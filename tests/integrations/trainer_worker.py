@@ -1,0 +1,202 @@
+"""One rank of a Trainer + AutoLoCoCallback run on a tiny Llama (launched by torchrun from the tests).
+
+Usage: ``torchrun --nproc_per_node N tests/integrations/trainer_worker.py SPEC.json``. The
+spec (JSON) sets method, h_base, steps, gradient accumulation, seeds, worker
+groups, checkpointing, and where to write ``result_rank{r}.pt``:
+
+* ``fingerprints``: per optimizer step, a float64 fingerprint of this rank's
+  parameters taken after the AutoLoCo callback ran (after a sync: theta_{t+1});
+* ``synced``: whether that step closed an interval;
+* ``collectives``: every ``torch.distributed`` collective called during
+  training (name, bytes, step), so tests can prove that only syncs carry
+  model-sized data; ``hook``: the DDP comm hook's own counters;
+* ``params``: the final parameters; ``totals`` / ``records``: the engine's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+# ---------------------------------------------------------------- collective counter (before anything imports dist)
+COLLECTIVES: list[tuple[str, int, int, str]] = []
+PHASE = {"train": False, "step": 0}
+_NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+          "all_to_all_single", "all_to_all", "reduce", "gather", "scatter", "reduce_scatter",
+          "all_gather_object", "broadcast_object_list", "gather_object", "barrier")
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    return 0
+
+
+def _wrap(name, fn):
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        if PHASE["train"]:
+            size = max([_nbytes(a) for a in args] + [_nbytes(v) for v in kwargs.values()] + [0])
+            caller = traceback.extract_stack(limit=2)[0]  # the direct caller of the collective
+            where = f"{os.path.basename(caller.filename)}:{caller.name}"
+            COLLECTIVES.append((name, size, PHASE["step"], where))
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+for _name in _NAMES:
+    for _mod in (dist, dist.distributed_c10d):
+        if hasattr(_mod, _name):
+            setattr(_mod, _name, _wrap(_name, getattr(_mod, _name)))
+
+torch.set_num_threads(1)
+
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
+
+VOCAB, SEQ, PAD = 96, 16, 0
+
+
+def tiny_llama(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                      pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(cfg)
+
+
+class PaddedTokens(torch.utils.data.Dataset):
+    """Right-padded random sequences with a learnable pattern; lengths vary so padding is real."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.items = []
+        for _ in range(n):
+            length = int(torch.randint(6, SEQ + 1, (1,), generator=g))
+            start = int(torch.randint(3, VOCAB - SEQ, (1,), generator=g))
+            ids = torch.full((SEQ,), PAD, dtype=torch.long)
+            ids[:length] = torch.arange(start, start + length) % VOCAB
+            mask = torch.zeros(SEQ, dtype=torch.long)
+            mask[:length] = 1
+            labels = ids.clone()
+            labels[length:] = -100
+            self.items.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def fingerprint(model: torch.nn.Module) -> float:
+    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    w = torch.linspace(-1.0, 1.0, flat.numel(), dtype=torch.float64)
+    return float(torch.dot(flat, w))
+
+
+class Probe(TrainerCallback):
+    """Test-only: fingerprints after every step (after AutoLoCo), phase flags, optional interruption."""
+
+    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False) -> None:
+        self.autoloco = autoloco
+        self.record_batches = record_batches
+        self.stop_at = stop_at
+        self.fingerprints: list[float] = []
+        self.synced: list[bool] = []
+        self.batches: list = []
+        self._syncs = 0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        PHASE["train"] = True
+        PHASE["step"] = state.global_step
+        if self.record_batches:
+            model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        if module.training:
+            self.batches.append({k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")})
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        engine = self.autoloco.engine
+        syncs = engine.totals.syncs
+        self.synced.append(syncs != self._syncs)
+        self._syncs = syncs
+        self.fingerprints.append(fingerprint(model))
+        PHASE["step"] = state.global_step
+        if self.stop_at is not None and state.global_step >= self.stop_at:
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        PHASE["train"] = False
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank = int(os.environ.get("RANK", "0"))
+    steps, accum, batch = spec["steps"], spec.get("accum", 1), spec.get("batch", 4)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model = tiny_llama(spec.get("model_seed", 0))
+    data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
+    config = AutoLoCoConfig(**spec["autoloco"])
+    callback = AutoLoCoCallback(config)
+    probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False))
+    args = TrainingArguments(
+        output_dir=spec["output_dir"],
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accum,
+        max_steps=steps,
+        learning_rate=spec.get("lr", 3e-3),
+        lr_scheduler_type=spec.get("scheduler", "cosine"),
+        warmup_steps=spec.get("warmup", 2),
+        max_grad_norm=spec.get("max_grad_norm", 1.0),
+        logging_steps=spec.get("logging_steps", 1000),
+        save_strategy="steps" if spec.get("save_steps") else "no",
+        save_steps=spec.get("save_steps") or 500,
+        report_to=[],
+        use_cpu=True,
+        seed=spec.get("seed", 42),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback, probe])
+    trainer.train(resume_from_checkpoint=spec.get("resume_from"))
+    runtime = callback.runtime
+    hook = runtime.gradient_traffic
+    result = {
+        "rank": rank,
+        "world": world,
+        "fingerprints": probe.fingerprints,
+        "synced": probe.synced,
+        "collectives": COLLECTIVES,
+        "hook": None if hook is None else {"buckets": hook.buckets, "local_bytes": hook.local_bytes,
+                                           "group_bytes": hook.group_bytes},
+        "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
+        "params": [p.detach().clone() for p in trainer.model.parameters()],
+        "totals": runtime.engine.totals.as_dict(),
+        "records": [r.__dict__.copy() for r in runtime.engine.records],
+        "log_history": trainer.state.log_history,
+        "global_step": trainer.state.global_step,
+        "forwards": runtime.meter.forwards,
+        "batches": probe.batches,
+        "ddp_forward_sync_buffers": getattr(runtime.ddp, "forward_sync_buffers", None),
+        "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
+        # the hooks DDP's reducer calls instead of its built-in gradient all-reduce
+        "ddp_comm_hooks": [hook.__name__ for hook, _ in getattr(runtime.ddp, "_comm_hooks", [])],
+    }
+    torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
