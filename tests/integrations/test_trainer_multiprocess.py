@@ -199,7 +199,7 @@ def test_worker_groups_four_processes(tmp_path):
         assert r["ddp_comm_hooks"] == ["_average_in_worker_group"]
         assert r["hook"]["local_bytes"] == 0 and r["hook"]["group_bytes"] >= 8 * r["model_bytes"]
         outer = [c for c in model_sized(r) if c[3].startswith("communicators.py")]
-        inner = [c for c in model_sized(r) if c[3].startswith("hooks.py")]
+        inner = [c for c in model_sized(r) if c[3].startswith("ddp_hooks.py")]
         assert len(outer) == r["totals"]["syncs"] == 2
         assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
         assert len(model_sized(r)) == len(outer) + len(inner)
