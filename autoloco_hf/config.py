@@ -21,10 +21,43 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Optional
 
-METHODS = ("ddp", "diloco", "autoloco", "qsr", "linear")
-WIRE_DTYPES = ("fp32", "bf16", "int8")
+class ValueEnum(str, Enum):
+    """A ``str`` enum that prints as its value, so records, JSON and messages show ``"diloco"``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Method(ValueEnum):
+    """How workers synchronize: every step (DDP) or at interval boundaries chosen by a policy."""
+
+    DDP = "ddp"
+    DILOCO = "diloco"
+    AUTOLOCO = "autoloco"
+    QSR = "qsr"
+    LINEAR = "linear"
+
+
+class WireDtype(ValueEnum):
+    """Format of the pseudo-gradient on the wire."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+    @property
+    def bytes_per_element(self) -> int:
+        return {"fp32": 4, "bf16": 2, "int8": 1}[self.value]
+
+
+METHODS = tuple(m.value for m in Method)
+WIRE_DTYPES = tuple(w.value for w in WireDtype)
 
 # Recipe presets: the paper's two settings (spec 1, 5.4). Budgets are what the
 # `plan` command previews; training code reads the budget from the trainer.
@@ -169,7 +202,7 @@ class AutoLoCoConfig:
             Ranks forming one worker (inner DDP inside, spec 8.3).
     """
 
-    method: str = "autoloco"
+    method: Method = Method.AUTOLOCO
     h_base: int = 500
     q_h: Optional[int] = None
     h_min: Optional[int] = None
@@ -210,7 +243,7 @@ class AutoLoCoConfig:
     qsr_alpha: Optional[float] = None
     qsr_gamma: float = 2.0
     linear_increment: int = 10
-    wire_dtype: str = "fp32"
+    wire_dtype: WireDtype = WireDtype.FP32
     int8_block_size: int = 4096
     error_feedback: bool = False
     outer_on_cpu: bool = False
@@ -220,6 +253,7 @@ class AutoLoCoConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             _fail("method", self.method, f"use one of {', '.join(METHODS)}")
+        self.method = Method(self.method)
         for name in _SWITCHES:  # a string such as "false" would otherwise silently turn a switch on
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "pass True or False")
@@ -286,6 +320,7 @@ class AutoLoCoConfig:
         self._check_int("linear_increment", 1)
         if self.wire_dtype not in WIRE_DTYPES:
             _fail("wire_dtype", self.wire_dtype, f"use one of {', '.join(WIRE_DTYPES)}")
+        self.wire_dtype = WireDtype(self.wire_dtype)
         self._check_int("int8_block_size", 1)
         if self.error_feedback and self.wire_dtype == "fp32":
             _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")

@@ -8,7 +8,7 @@ recalibrations on deviations.
 
 Example (an always-supporting stream climbs one ``q_H`` at a time)::
 
-    >>> from autoloco_hf.config import AutoLoCoConfig
+    >>> from autoloco_hf.config import AutoLoCoConfig, ValueEnum
     >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24), warmup_steps=0)
     >>> step, trace = 0, []
     >>> for _ in range(12):
@@ -29,19 +29,46 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, ValueEnum
 
-# Phases (spec 5.3)
-WARMUP, CALIBRATION, VARIABILITY, MONITORING, CANDIDATE = (
-    "warmup",
-    "calibration",
-    "variability",
-    "monitoring",
-    "candidate",
-)
-# Assessments (spec 5.2) plus the intervals that take no decision
-INVALID, SEVERE, MODERATE, SUPPORTING, CONSISTENT = "invalid", "severe", "moderate", "supporting", "consistent"
-UNUSED, TRUNCATED, NO_DECISION = "unused", "truncated", "no_decision"
+class Phase(ValueEnum):
+    """Controller phases (spec 5.3); ``FIXED`` marks intervals of a policy without a controller."""
+
+    WARMUP = "warmup"
+    CALIBRATION = "calibration"
+    VARIABILITY = "variability"
+    MONITORING = "monitoring"
+    CANDIDATE = "candidate"
+    FIXED = "fixed"
+
+
+class Assessment(ValueEnum):
+    """How an interval's statistics compare with the reference (spec 5.2), or why none was made."""
+
+    INVALID = "invalid"
+    SEVERE = "severe"
+    MODERATE = "moderate"
+    SUPPORTING = "supporting"
+    CONSISTENT = "consistent"
+    UNUSED = "unused"
+    TRUNCATED = "truncated"
+    NO_DECISION = "no_decision"
+    FIXED = "fixed"
+
+
+class Decision(ValueEnum):
+    """What the controller did with the horizon after an interval (spec 5.3)."""
+
+    KEEP = "keep"
+    PROPOSE = "propose"
+    ADOPT = "adopt"
+    CONTINUE = "continue"
+    REJECT = "reject"
+    FALLBACK = "fallback"
+    RECALIBRATE = "recalibrate"
+    REDUCE = "reduce"
+    NONE = "none"
+    FIXED = "fixed"
 
 
 @dataclass
@@ -63,9 +90,9 @@ class IntervalObservation:
 class ControllerDecision:
     """The controller's reading of an interval and what it does next (logged per interval)."""
 
-    phase: str
-    assessment: str
-    decision: str
+    phase: Phase
+    assessment: Assessment
+    decision: Decision
     next_h_tok: int
     residual_drift: Optional[float] = None
     residual_coherence: Optional[float] = None
@@ -87,7 +114,7 @@ class RejectedBound:
 class _State:
     h_accepted: int
     h_tok: int
-    phase: str = WARMUP
+    phase: Phase = Phase.WARMUP
     calibration_needed: int = 2
     calibration_logs: list = field(default_factory=list)  # [(log d, log C)]
     variability_left: int = 3
@@ -160,23 +187,23 @@ class HorizonController:
             math.isfinite(v) for v in (obs.drift_energy, obs.coherence, obs.lr_mass, obs.mean_loss)
         )
 
-        if not finite and phase == WARMUP:
-            decision = self._decision(phase, INVALID, "keep")  # the recipe horizon is kept through warm-up
-        elif not finite and phase == CANDIDATE:
-            decision = self._reject(self._decision(phase, INVALID, ""), obs.lr_mass)
+        if not finite and phase == Phase.WARMUP:
+            decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)  # the recipe horizon is kept through warm-up
+        elif not finite and phase == Phase.CANDIDATE:
+            decision = self._reject(self._decision(phase, Assessment.INVALID, Decision.REJECT), obs.lr_mass)
         elif not finite:
-            decision = self._on_invalid_or_severe(phase, INVALID, None)
+            decision = self._on_invalid_or_severe(phase, Assessment.INVALID, None)
         elif obs.truncated:
-            decision = self._decision(phase, TRUNCATED, "none")
+            decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
         elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (spec 5.1)
-            decision = self._decision(phase, NO_DECISION, "none")
-        elif phase == WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps:
-            decision = self._decision(phase, UNUSED, "keep")
-        elif phase in (WARMUP, CALIBRATION):
+            decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
+        elif phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps:
+            decision = self._decision(phase, Assessment.UNUSED, Decision.KEEP)
+        elif phase in (Phase.WARMUP, Phase.CALIBRATION):
             decision = self._calibrate(log_drift, log_coherence)
-        elif phase == VARIABILITY:
+        elif phase == Phase.VARIABILITY:
             decision = self._variability(log_drift, log_coherence)
-        elif phase == MONITORING:
+        elif phase == Phase.MONITORING:
             decision = self._monitor(log_drift, log_coherence, preview)
         else:
             decision = self._candidate(log_drift, log_coherence, obs.lr_mass)
@@ -190,23 +217,23 @@ class HorizonController:
         st.calibration_logs.append((log_drift, log_coherence))
         st.bad_event_pending = False  # a finite calibration interval counts as consistent
         self._finish_calibration_if_complete()
-        return self._decision(CALIBRATION, CONSISTENT, "keep")
+        return self._decision(Phase.CALIBRATION, Assessment.CONSISTENT, Decision.KEEP)
 
     def _finish_calibration_if_complete(self) -> None:
         st = self.state
-        st.phase = CALIBRATION
+        st.phase = Phase.CALIBRATION
         if len(st.calibration_logs) < st.calibration_needed:
             return
         st.ref_log_drift = math.fsum(d for d, _ in st.calibration_logs) / len(st.calibration_logs)
         st.ref_log_coherence = math.fsum(c for _, c in st.calibration_logs) / len(st.calibration_logs)
         st.calibration_logs = []
         st.variability_left = self.cfg.variability_intervals
-        st.phase = VARIABILITY if st.variability_left > 0 else MONITORING
+        st.phase = Phase.VARIABILITY if st.variability_left > 0 else Phase.MONITORING
         st.monitored_ok = 0
 
     def _variability(self, log_drift: float, log_coherence: float) -> ControllerDecision:
         st, cfg = self.state, self.cfg
-        decision = self._assess(VARIABILITY, log_drift, log_coherence)
+        decision = self._assess(Phase.VARIABILITY, log_drift, log_coherence)
         self._update_reference(decision)
         bound = cfg.k_moderate * cfg.sigma_floor
         st.history_drift.append(_clip(decision.residual_drift, bound))
@@ -215,24 +242,24 @@ class HorizonController:
         st.bad_event_pending = False
         st.variability_left -= 1
         if st.variability_left <= 0:
-            st.phase = MONITORING
+            st.phase = Phase.MONITORING
             st.monitored_ok = 0
-        decision.decision = "keep"
+        decision.decision = Decision.KEEP
         return decision
 
     def _monitor(
         self, log_drift: float, log_coherence: float, preview: Callable[[int], float]
     ) -> ControllerDecision:
         st, cfg = self.state, self.cfg
-        decision = self._assess(MONITORING, log_drift, log_coherence)
-        if decision.assessment == SEVERE:
-            return self._on_invalid_or_severe(MONITORING, SEVERE, decision)
+        decision = self._assess(Phase.MONITORING, log_drift, log_coherence)
+        if decision.assessment == Assessment.SEVERE:
+            return self._on_invalid_or_severe(Phase.MONITORING, Assessment.SEVERE, decision)
         self._update_reference(decision)
-        if decision.assessment == MODERATE:
+        if decision.assessment == Assessment.MODERATE:
             st.moderate_streak += 1
             if st.moderate_streak >= cfg.moderate_confirmations:
                 return self._reduce(decision, cfg.reduce_moderate)
-            decision.decision = "keep"
+            decision.decision = Decision.KEEP
             return decision
         # supporting or consistent
         st.moderate_streak = 0
@@ -242,23 +269,23 @@ class HorizonController:
         self._trim_history()
         st.monitored_ok += 1
         may_increase = st.monitored_ok >= cfg.monitoring_holdoff and (
-            decision.assessment == SUPPORTING or not cfg.increase_requires_support
+            decision.assessment == Assessment.SUPPORTING or not cfg.increase_requires_support
         )
         candidate = self._select_candidate(preview) if may_increase else None
         if candidate is None:
-            decision.decision = "keep"
+            decision.decision = Decision.KEEP
         else:
-            st.phase, st.h_tok, st.candidate_intervals = CANDIDATE, candidate, 0
-            decision.decision = "propose"
+            st.phase, st.h_tok, st.candidate_intervals = Phase.CANDIDATE, candidate, 0
+            decision.decision = Decision.PROPOSE
         return decision
 
     def _candidate(self, log_drift: float, log_coherence: float, lr_mass: float) -> ControllerDecision:
         st = self.state
-        decision = self._assess(CANDIDATE, log_drift, log_coherence)
+        decision = self._assess(Phase.CANDIDATE, log_drift, log_coherence)
         st.candidate_intervals += 1
-        if decision.assessment in (MODERATE, SEVERE):
+        if decision.assessment in (Assessment.MODERATE, Assessment.SEVERE):
             return self._reject(decision, lr_mass)
-        if decision.assessment == SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
+        if decision.assessment == Assessment.SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
             # adopt: this interval doubles as the new reference's calibration interval
             st.h_accepted = st.h_tok
             st.moderate_streak = 0
@@ -266,20 +293,20 @@ class HorizonController:
             self._start_recalibration()
             st.calibration_logs.append((log_drift, log_coherence))
             self._finish_calibration_if_complete()
-            decision.decision = "adopt"
+            decision.decision = Decision.ADOPT
         else:
-            decision.decision = "continue"
+            decision.decision = Decision.CONTINUE
         return decision
 
     # ------------------------------------------------------------ transitions
     def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
         st = self.state
         st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
-        if decision.assessment in (SEVERE, INVALID):
+        if decision.assessment in (Assessment.SEVERE, Assessment.INVALID):
             st.bad_event_pending = True
         st.h_tok = st.h_accepted
         self._start_recalibration()
-        decision.decision = "reject"
+        decision.decision = Decision.REJECT
         return decision
 
     def _on_invalid_or_severe(
@@ -287,13 +314,13 @@ class HorizonController:
     ) -> ControllerDecision:
         """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
         st, cfg = self.state, self.cfg
-        decision = decision or self._decision(phase, assessment, "")
+        decision = decision or self._decision(phase, assessment, Decision.NONE)
         if st.bad_event_pending:
             st.bad_event_pending = False
             fallback = st.h_accepted != cfg.h_min
             st.h_accepted = st.h_tok = cfg.h_min
             self._start_recalibration()
-            decision.decision = "fallback" if fallback else "recalibrate"
+            decision.decision = Decision.FALLBACK if fallback else Decision.RECALIBRATE
             return decision
         st.bad_event_pending = True
         return self._reduce(decision, cfg.reduce_severe)
@@ -305,17 +332,17 @@ class HorizonController:
         smaller = [h for h in self._admissible() if h < st.h_accepted]
         if smaller:
             st.h_accepted = st.h_tok = _nearest(smaller, target)
-            decision.decision = "reduce"
+            decision.decision = Decision.REDUCE
         else:
             st.h_tok = st.h_accepted
-            decision.decision = "recalibrate"
+            decision.decision = Decision.RECALIBRATE
         st.moderate_streak = 0
         self._start_recalibration()
         return decision
 
     def _start_recalibration(self) -> None:
         st = self.state
-        st.phase = CALIBRATION
+        st.phase = Phase.CALIBRATION
         st.calibration_needed = self.cfg.recalibration_intervals
         st.calibration_logs = []
         st.history_drift, st.history_coherence = [], []
@@ -376,16 +403,16 @@ class HorizonController:
         z_d, z_c = (r_drift - c_d) / s_d, (r_coherence - c_c) / s_c
         adverse = max(z_d, -z_c)
         if len(st.history_drift) < cfg.min_history:
-            assessment = CONSISTENT
+            assessment = Assessment.CONSISTENT
         elif adverse > cfg.k_severe:
-            assessment = SEVERE
+            assessment = Assessment.SEVERE
         elif adverse > cfg.k_moderate:
-            assessment = MODERATE
+            assessment = Assessment.MODERATE
         elif z_d <= 0 and z_c >= 0:
-            assessment = SUPPORTING
+            assessment = Assessment.SUPPORTING
         else:
-            assessment = CONSISTENT
-        return ControllerDecision(phase, assessment, "", st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
+            assessment = Assessment.CONSISTENT
+        return ControllerDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
 
     def _update_reference(self, decision: ControllerDecision) -> None:
         """Log-space EMA of the reference, residual clipped to ``+-k_moderate * sigma`` (spec 5.1)."""
@@ -400,7 +427,7 @@ class HorizonController:
         st.history_drift = st.history_drift[-size:]
         st.history_coherence = st.history_coherence[-size:]
 
-    def _decision(self, phase: str, assessment: str, decision: str) -> ControllerDecision:
+    def _decision(self, phase: Phase, assessment: Assessment, decision: Decision) -> ControllerDecision:
         return ControllerDecision(phase, assessment, decision, self.state.h_tok)
 
     # ------------------------------------------------------------- state
@@ -413,6 +440,7 @@ class HorizonController:
         values = dict(state)
         bound = values.pop("rejected")
         values["calibration_logs"] = [tuple(x) for x in values["calibration_logs"]]
+        values["phase"] = Phase(values["phase"])
         self.state = _State(**values, rejected=RejectedBound(**bound) if bound else None)
 
 

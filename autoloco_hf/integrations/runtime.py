@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
@@ -38,15 +39,15 @@ STATE_DIRNAME = "autoloco"
 
 # Numeric code of the interval assessment for scalar loggers (higher = better for longer horizons)
 ASSESSMENT_CODES = {
-    "supporting": 2.0,
-    "consistent": 1.0,
-    "fixed": 0.0,
-    "unused": 0.0,
-    "no_decision": 0.0,
-    "truncated": 0.0,
-    "moderate": -1.0,
-    "severe": -2.0,
-    "invalid": -3.0,
+    Assessment.SUPPORTING: 2.0,
+    Assessment.CONSISTENT: 1.0,
+    Assessment.FIXED: 0.0,
+    Assessment.UNUSED: 0.0,
+    Assessment.NO_DECISION: 0.0,
+    Assessment.TRUNCATED: 0.0,
+    Assessment.MODERATE: -1.0,
+    Assessment.SEVERE: -2.0,
+    Assessment.INVALID: -3.0,
 }
 
 

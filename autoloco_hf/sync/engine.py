@@ -50,6 +50,7 @@ import torch
 from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
 from autoloco_hf.sync.communicators import Communicator, Traffic
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.algorithm.controller import Assessment, Decision, Phase
 from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.algorithm.preview import payload_bytes
@@ -376,9 +377,9 @@ class IntervalEngine:
             mean_loss=mean_loss,
             tokens=int(round(sums[_TOKENS])),
             outer_step_applied=valid,
-            assessment=decision.assessment if decision else "fixed",
-            decision=decision.decision if decision else "fixed",
-            phase=decision.phase if decision else "fixed",
+            assessment=decision.assessment if decision else Assessment.FIXED,
+            decision=decision.decision if decision else Decision.FIXED,
+            phase=decision.phase if decision else Phase.FIXED,
             next_h_tok=next_plan.h_tok if next_plan else None,
             next_h_step=next_plan.h_step if next_plan else None,
             z_drift=decision.z_drift if decision else None,

@@ -19,22 +19,11 @@ import pytest
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.controller import (
-    CALIBRATION,
-    CANDIDATE,
-    CONSISTENT,
-    INVALID,
-    MODERATE,
-    MONITORING,
-    NO_DECISION,
-    SEVERE,
-    SUPPORTING,
-    TRUNCATED,
-    UNUSED,
-    VARIABILITY,
-    WARMUP,
+    Assessment,
     ControllerDecision,
     HorizonController,
     IntervalObservation,
+    Phase,
 )
 
 MODERATE_R, SEVERE_R, CONSISTENT_R = 0.3, 0.6, 0.1
@@ -92,8 +81,8 @@ class Driver:
     def to_monitoring(self) -> None:
         """2 calibration + 3 variability intervals of a flat stream (warm-up 0)."""
         decisions = self.feed_many(5)
-        assert [d.phase for d in decisions] == [CALIBRATION] * 2 + [VARIABILITY] * 3
-        assert self.ctl.phase == MONITORING
+        assert [d.phase for d in decisions] == [Phase.CALIBRATION] * 2 + [Phase.VARIABILITY] * 3
+        assert self.ctl.phase == Phase.MONITORING
         assert self.ctl.state.history_drift == [0.0, 0.0, 0.0]
 
     def accept_at_max(self) -> None:
@@ -104,7 +93,7 @@ class Driver:
         assert self.ctl.h_tok == self.cfg.h_max
         assert self.feed().decision == "adopt"
         self.feed_many(3)
-        assert self.ctl.phase == MONITORING and self.ctl.h_accepted == self.cfg.h_max
+        assert self.ctl.phase == Phase.MONITORING and self.ctl.h_accepted == self.cfg.h_max
 
 
 def decisions(log: list[ControllerDecision]) -> list[str]:
@@ -138,7 +127,7 @@ def test_no_candidate_within_budget_keeps() -> None:
     d = Driver(preview=lambda h: float(h) ** 3)
     d.to_monitoring()
     assert d.feed().decision == "keep"
-    assert d.ctl.h_tok == 500 and d.ctl.phase == MONITORING
+    assert d.ctl.h_tok == 500 and d.ctl.phase == Phase.MONITORING
 
 
 # ------------------------------------------------------------- warm-up 5.3.1
@@ -146,12 +135,12 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
     """Spec 5.3.1: intervals ending before warm-up ends are unused; the one completing it is calibration #1."""
     d = Driver(warmup_steps=1000)
     first = d.feed(log_d=5.0, log_c=-3.0)  # wild values: must not enter the reference
-    assert (first.phase, first.assessment, first.decision) == (WARMUP, UNUSED, "keep")
-    assert d.ctl.phase == WARMUP and d.ctl.state.ref_log_drift is None
+    assert (first.phase, first.assessment, first.decision) == (Phase.WARMUP, Assessment.UNUSED, "keep")
+    assert d.ctl.phase == Phase.WARMUP and d.ctl.state.ref_log_drift is None
     second = d.feed()  # [500, 1000): warm-up completes in it
-    assert second.phase == CALIBRATION and d.ctl.phase == CALIBRATION
+    assert second.phase == Phase.CALIBRATION and d.ctl.phase == Phase.CALIBRATION
     d.feed()
-    assert d.ctl.phase == VARIABILITY
+    assert d.ctl.phase == Phase.VARIABILITY
     assert d.ctl.state.ref_log_drift == 0.0 and d.ctl.state.ref_log_coherence == pytest.approx(0.0, abs=1e-7)
     d.feed_many(3)
     assert d.feed().decision == "propose"
@@ -166,8 +155,8 @@ def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> N
     """Spec 5.3.1: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
     d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, calibration_delay_steps=delay), warmup_steps=warmup)
     phases = [d.feed().assessment for _ in range(unused + 1)]
-    assert phases == [UNUSED] * unused + [CONSISTENT]
-    assert d.ctl.phase == CALIBRATION
+    assert phases == [Assessment.UNUSED] * unused + [Assessment.CONSISTENT]
+    assert d.ctl.phase == Phase.CALIBRATION
 
 
 # ------------------------------------------------------------ reference 5.1
@@ -193,9 +182,9 @@ def test_variability_intervals_cannot_be_moderate_or_severe() -> None:
     d = Driver()
     d.feed_many(2)
     out = [d.feed(log_d=3.0, log_c=-3.0) for _ in range(3)]
-    assert [x.assessment for x in out] == [CONSISTENT] * 3
+    assert [x.assessment for x in out] == [Assessment.CONSISTENT] * 3
     assert decisions(out) == ["keep"] * 3
-    assert d.ctl.phase == MONITORING and d.ctl.h_accepted == 500
+    assert d.ctl.phase == Phase.MONITORING and d.ctl.h_accepted == 500
 
 
 def test_candidate_intervals_do_not_update_reference() -> None:
@@ -214,12 +203,12 @@ def test_two_consecutive_moderates_reduce_by_1_2_with_tie_toward_larger() -> Non
     d = Driver(preview=flat)
     d.accept_at_max()
     first = d.feed(log_d=MODERATE_R)
-    assert (first.assessment, first.decision) == (MODERATE, "keep")
+    assert (first.assessment, first.decision) == (Assessment.MODERATE, "keep")
     assert d.ctl.h_tok == 750
     second = d.feed(log_d=MODERATE_R)
-    assert (second.assessment, second.decision) == (MODERATE, "reduce")
+    assert (second.assessment, second.decision) == (Assessment.MODERATE, "reduce")
     assert d.ctl.h_accepted == d.ctl.h_tok == 650
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
 
 
 @pytest.mark.parametrize("h_acc, expected", [(750, 650), (700, 600), (650, 550), (600, 500), (550, 500)])
@@ -237,9 +226,9 @@ def test_moderate_then_consistent_does_not_reduce() -> None:
     d = Driver(preview=flat)
     d.accept_at_max()
     out = [d.feed(log_d=r) for r in (MODERATE_R, CONSISTENT_R, MODERATE_R, 0.0, MODERATE_R)]
-    assert [x.assessment for x in out] == [MODERATE, CONSISTENT, MODERATE, SUPPORTING, MODERATE]
+    assert [x.assessment for x in out] == [Assessment.MODERATE, Assessment.CONSISTENT, Assessment.MODERATE, Assessment.SUPPORTING, Assessment.MODERATE]
     assert decisions(out) == ["keep"] * 5
-    assert d.ctl.h_accepted == 750 and d.ctl.phase == MONITORING
+    assert d.ctl.h_accepted == 750 and d.ctl.phase == Phase.MONITORING
 
 
 @pytest.mark.parametrize("log_d, log_c", [(SEVERE_R, 0.0), (0.0, -SEVERE_R), (SEVERE_R, -SEVERE_R)])
@@ -248,13 +237,13 @@ def test_severe_reduces_by_1_5_at_once(log_d: float, log_c: float) -> None:
     d = Driver(preview=flat)
     d.accept_at_max()
     out = d.feed(log_d=log_d, log_c=log_c)
-    assert (out.assessment, out.decision) == (SEVERE, "reduce")
+    assert (out.assessment, out.decision) == (Assessment.SEVERE, "reduce")
     assert d.ctl.h_accepted == d.ctl.h_tok == 500
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
     assert d.ctl.state.history_drift == [] and d.ctl.state.history_coherence == []
 
 
-@pytest.mark.parametrize("r, assessment", [(0.2, CONSISTENT), (0.2001, MODERATE), (0.4, MODERATE), (0.4001, SEVERE)])
+@pytest.mark.parametrize("r, assessment", [(0.2, Assessment.CONSISTENT), (0.2001, Assessment.MODERATE), (0.4, Assessment.MODERATE), (0.4001, Assessment.SEVERE)])
 def test_thresholds_are_strict(r: float, assessment: str) -> None:
     """Spec 5.2: moderate is ``k_moderate < a <= k_severe``, severe ``a > k_severe``."""
     d = Driver(preview=flat)
@@ -285,7 +274,7 @@ def test_holdoff_after_reduction() -> None:
     assert d.feed(log_d=MODERATE_R).decision == "reduce"
     assert d.ctl.h_accepted == 400
     after = d.feed_many(5)
-    assert [x.phase for x in after] == [CALIBRATION] + [VARIABILITY] * 3 + [MONITORING]
+    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [Phase.MONITORING]
     assert decisions(after) == ["keep"] * 4 + ["propose"]
     assert d.ctl.h_tok == 450  # 460 budget at proportional previews
 
@@ -301,9 +290,9 @@ def test_severe_then_invalid_falls_back_to_h_min() -> None:
     assert d.feed(log_d=SEVERE_R).decision == "reduce"
     assert d.ctl.h_accepted == 350
     out = d.feed(drift_energy=math.nan)
-    assert (out.assessment, out.decision) == (INVALID, "fallback")
+    assert (out.assessment, out.decision) == (Assessment.INVALID, "fallback")
     assert d.ctl.h_accepted == d.ctl.h_tok == 100
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
 
 
 def test_invalid_invalid_falls_back_and_no_decision_intervals_do_not_separate() -> None:
@@ -320,7 +309,7 @@ def test_consistent_interval_between_bad_events_prevents_fallback() -> None:
     d = Driver(FALLBACK_CFG)
     d.to_monitoring()
     d.feed(log_d=SEVERE_R)  # 500 -> 350
-    assert d.feed().phase == CALIBRATION
+    assert d.feed().phase == Phase.CALIBRATION
     out = d.feed(coherence=math.nan)  # variability, invalid
     assert out.decision == "reduce"
     assert d.ctl.h_accepted == 250  # 350 / 1.5 = 233 -> 250 (nearer than 200)
@@ -353,12 +342,12 @@ def test_reduction_impossible_at_h_min_recalibrates_without_deadlock(trigger: st
     assert out.decision == "recalibrate"
     st = d.ctl.state
     assert d.ctl.h_tok == d.ctl.h_accepted == 500
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
     assert st.history_drift == [] and st.history_coherence == []
     # the stream settles at a new level (the literal reading deadlocked here in "severe")
     level = SEVERE_R + 0.5
     after = [d.feed(log_d=level) for _ in range(5)]
-    assert [x.phase for x in after] == [CALIBRATION] + [VARIABILITY] * 3 + [MONITORING]
+    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [Phase.MONITORING]
     assert decisions(after)[-1] == "propose"
     assert d.feed(log_d=level).decision == "adopt"
     assert d.ctl.h_accepted == 550
@@ -369,12 +358,12 @@ def test_candidate_supporting_is_adopted_at_once() -> None:
     d = Driver()
     d.to_monitoring()
     d.feed()
-    assert d.ctl.phase == CANDIDATE and d.ctl.h_tok == 550 and d.ctl.h_accepted == 500
+    assert d.ctl.phase == Phase.CANDIDATE and d.ctl.h_tok == 550 and d.ctl.h_accepted == 500
     out = d.feed(log_d=-0.05)
-    assert (out.assessment, out.decision) == (SUPPORTING, "adopt")
+    assert (out.assessment, out.decision) == (Assessment.SUPPORTING, "adopt")
     assert d.ctl.h_accepted == 550
     # the candidate interval doubled as the new reference's only calibration interval
-    assert d.ctl.phase == VARIABILITY
+    assert d.ctl.phase == Phase.VARIABILITY
     assert d.ctl.state.ref_log_drift == pytest.approx(-0.05)
 
 
@@ -383,12 +372,12 @@ def test_candidate_consistent_then_adopted_on_second_interval() -> None:
     d.to_monitoring()
     d.feed()
     first = d.feed(log_d=CONSISTENT_R)
-    assert (first.assessment, first.decision) == (CONSISTENT, "continue")
-    assert d.ctl.phase == CANDIDATE and d.ctl.h_tok == 550 and d.ctl.h_accepted == 500
+    assert (first.assessment, first.decision) == (Assessment.CONSISTENT, "continue")
+    assert d.ctl.phase == Phase.CANDIDATE and d.ctl.h_tok == 550 and d.ctl.h_accepted == 500
     second = d.feed(log_d=1.5 * CONSISTENT_R)
-    assert (second.assessment, second.decision) == (CONSISTENT, "adopt")
+    assert (second.assessment, second.decision) == (Assessment.CONSISTENT, "adopt")
     assert d.ctl.h_accepted == d.ctl.h_tok == 550
-    assert d.ctl.phase == VARIABILITY
+    assert d.ctl.phase == Phase.VARIABILITY
     assert d.ctl.state.ref_log_drift == pytest.approx(1.5 * CONSISTENT_R)  # the last candidate interval
 
 
@@ -417,7 +406,7 @@ def test_candidate_rejected_creates_bound_and_returns(first: dict, second: Optio
     st = d.ctl.state
     assert st.rejected is not None and st.rejected.h_tok == 550
     assert d.ctl.h_tok == d.ctl.h_accepted == 500
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
 
 
 def test_rejected_bound_uses_geometric_midpoint() -> None:
@@ -508,14 +497,14 @@ INVALID_OBS = [
 
 
 def _drive_to(phase: str) -> Driver:
-    d = Driver(FALLBACK_CFG, warmup_steps=1000 if phase == WARMUP else 0)
-    if phase == CALIBRATION:
+    d = Driver(FALLBACK_CFG, warmup_steps=1000 if phase == Phase.WARMUP else 0)
+    if phase == Phase.CALIBRATION:
         d.feed()
-    elif phase == VARIABILITY:
+    elif phase == Phase.VARIABILITY:
         d.feed_many(3)
-    elif phase == MONITORING:
+    elif phase == Phase.MONITORING:
         d.to_monitoring()
-    elif phase == CANDIDATE:
+    elif phase == Phase.CANDIDATE:
         d.to_monitoring()
         d.feed()
     assert d.ctl.phase == phase
@@ -523,21 +512,21 @@ def _drive_to(phase: str) -> Driver:
 
 
 @pytest.mark.parametrize("bad", INVALID_OBS)
-@pytest.mark.parametrize("phase", [CALIBRATION, VARIABILITY, MONITORING])
+@pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING])
 def test_invalid_takes_invalid_path_in_every_phase(phase: str, bad: dict) -> None:
     """Spec 5.2/5.3: non-finite D, C, Lambda, loss or pseudo-gradient -> invalid, handled like severe."""
     d = _drive_to(phase)
     out = d.feed(**bad)
-    assert (out.assessment, out.decision) == (INVALID, "reduce")
+    assert (out.assessment, out.decision) == (Assessment.INVALID, "reduce")
     assert d.ctl.h_accepted == d.ctl.h_tok == 350  # 500 / 1.5 -> 350
-    assert d.ctl.phase == CALIBRATION
+    assert d.ctl.phase == Phase.CALIBRATION
 
 
 @pytest.mark.parametrize("bad", INVALID_OBS)
 def test_invalid_candidate_is_rejected(bad: dict) -> None:
-    d = _drive_to(CANDIDATE)
+    d = _drive_to(Phase.CANDIDATE)
     out = d.feed(**bad)
-    assert (out.assessment, out.decision) == (INVALID, "reject")
+    assert (out.assessment, out.decision) == (Assessment.INVALID, "reject")
     assert d.ctl.h_accepted == d.ctl.h_tok == 500
     assert d.ctl.state.rejected.h_tok == 550
 
@@ -545,21 +534,21 @@ def test_invalid_candidate_is_rejected(bad: dict) -> None:
 @pytest.mark.parametrize("bad", INVALID_OBS)
 def test_invalid_during_warmup_is_assessed_but_recipe_horizon_kept(bad: dict) -> None:
     """Spec 5.3.1: the recipe horizon is kept throughout warm-up; invalid is still detected."""
-    d = _drive_to(WARMUP)
+    d = _drive_to(Phase.WARMUP)
     out = d.feed(**bad)
-    assert out.assessment == INVALID
-    assert d.ctl.h_tok == 500 and d.ctl.phase == WARMUP
+    assert out.assessment == Assessment.INVALID
+    assert d.ctl.h_tok == 500 and d.ctl.phase == Phase.WARMUP
 
 
 @pytest.mark.parametrize(
     "kw, assessment",
     [
-        (dict(truncated=True, log_d=SEVERE_R * 3), TRUNCATED),
-        (dict(lr_mass=0.0), NO_DECISION),
-        (dict(drift_energy=0.0), NO_DECISION),
+        (dict(truncated=True, log_d=SEVERE_R * 3), Assessment.TRUNCATED),
+        (dict(lr_mass=0.0), Assessment.NO_DECISION),
+        (dict(drift_energy=0.0), Assessment.NO_DECISION),
     ],
 )
-@pytest.mark.parametrize("phase", [CALIBRATION, VARIABILITY, MONITORING, CANDIDATE])
+@pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING, Phase.CANDIDATE])
 def test_truncated_and_zero_mass_intervals_take_no_decision(phase: str, kw: dict, assessment: str) -> None:
     """Spec 5.1, 5.3.8: truncated intervals and Lambda = 0 (or D = 0) leave the state unchanged."""
     d = _drive_to(phase)
@@ -583,7 +572,7 @@ def test_slow_drift_with_realistic_noise_raises_no_alarm(seed: int, drift_d: flo
     for log_d, log_c in _noisy_stream(seed, drift_d=drift_d, drift_c=drift_c):
         d.feed(log_d, log_c)
     assessments = [x.assessment for x in d.log]
-    assert SEVERE not in assessments
+    assert Assessment.SEVERE not in assessments
     assert not {"reduce", "fallback", "recalibrate"} & set(decisions(d.log))
     assert d.ctl.h_accepted == 750  # the favourable or slow stream still climbs to H_max
 
@@ -615,7 +604,7 @@ def test_state_dict_round_trip_reproduces_decisions_at_every_split() -> None:
     for kw in stream:
         full.feed(**kw)
     assert {"reject", "reduce", "adopt", "propose", "continue"} <= set(decisions(full.log))
-    assert MODERATE in [x.assessment for x in full.log]
+    assert Assessment.MODERATE in [x.assessment for x in full.log]
     expected = [vars(x) for x in full.log]
 
     for split in range(1, len(stream)):
@@ -663,7 +652,7 @@ def test_scores_follow_robust_centre_and_scale() -> None:
         ref_d, ref_c = st.ref_log_drift, st.ref_log_coherence
         log_d, log_c = rng.gauss(0.0, 0.12), rng.gauss(0.0, 0.12)
         out = d.feed(log_d, log_c)
-        if out.phase != MONITORING:
+        if out.phase != Phase.MONITORING:
             continue
         c_d, s_d = centre_scale(hist_d)
         c_c, s_c = centre_scale(hist_c)
@@ -683,10 +672,10 @@ def test_monitoring_intervals_move_reference_by_clipped_ema() -> None:
     d.accept_at_max()
     st = d.ctl.state
     assert st.ref_log_drift == 0.0
-    assert d.feed(log_d=CONSISTENT_R).assessment == CONSISTENT
+    assert d.feed(log_d=CONSISTENT_R).assessment == Assessment.CONSISTENT
     assert st.ref_log_drift == pytest.approx(0.2 * CONSISTENT_R)
     ref = st.ref_log_drift
-    assert d.feed(log_d=MODERATE_R).assessment == MODERATE
+    assert d.feed(log_d=MODERATE_R).assessment == Assessment.MODERATE
     # sigma is still the floor (the history holds 0, 0, 0, 0.1): residual clipped to 0.2
     assert st.ref_log_drift == pytest.approx(ref + 0.2 * 0.2)
     assert st.history_drift == pytest.approx([0.0, 0.0, 0.0, CONSISTENT_R])  # moderates stay out
@@ -743,5 +732,5 @@ def test_calibration_and_variability_counts() -> None:
     cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, calibration_intervals=3, variability_intervals=1)
     d = Driver(cfg)
     out = d.feed_many(5)
-    assert [x.phase for x in out] == [CALIBRATION] * 3 + [VARIABILITY, MONITORING]
+    assert [x.phase for x in out] == [Phase.CALIBRATION] * 3 + [Phase.VARIABILITY, Phase.MONITORING]
     assert out[-1].decision == "propose"

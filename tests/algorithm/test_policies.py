@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.algorithm.controller import INVALID, TRUNCATED
+from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.algorithm.policies import (
     AutoLoCoPolicy,
     FixedPolicy,
@@ -199,7 +199,7 @@ def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
         plan = p.plan(step)
         decisions.append(p.complete(outcome(plan)))
         step += plan.h_step
-    assert decisions[-1].assessment == TRUNCATED
+    assert decisions[-1].assessment == Assessment.TRUNCATED
     assert step == 1030
 
 
@@ -207,7 +207,7 @@ def test_autoloco_invalid_outcome() -> None:
     p, _ = small_autoloco()
     execute(p, 500)  # calibration + variability
     d = p.complete(outcome(p.plan(500), pseudo_grad_finite=False))
-    assert d.assessment == INVALID
+    assert d.assessment == Assessment.INVALID
 
 
 def test_autoloco_state_dict_resumes_same_trajectory() -> None:
