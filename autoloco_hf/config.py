@@ -223,12 +223,12 @@ class AutoLoCoConfig:
             still retires it.
         cumulative_check (`bool`, defaults to `False`):
             Beyond the paper, opt-in. At each adoption, add the candidate's
-            standardized scores to a ladder of adopted horizons and compare the
-            new horizon with every lower rung: if
-            `max(sum z_D, -sum z_C) / sqrt(k) > k_moderate` over the `k`
-            adoptions since some rung, return to that rung and bound the
-            candidate. Catches a slow blow-up that each one-step comparison
-            misses.
+            standardized scores to a ladder of adopted horizons (reset by a
+            reduction) and compare the new horizon with every lower rung: if
+            `max(sum z_D, -sum z_C) > k_moderate` summed over the adoptions
+            since some rung, return to that rung and make the candidate the
+            rejected bound. Catches a slow blow-up that each one-step
+            comparison reads as consistent.
         candidate_max_quanta (`int`, defaults to 0):
             Beyond the paper, opt-in. A candidate lies at most this many `q_h`
             above the accepted horizon (0: no cap, the spec's rule), so a

@@ -315,10 +315,12 @@ class HorizonController:
         Each adoption adds the candidate's standardized scores to a ladder of
         adopted horizons. Every score is measured against the reference of the
         horizon just below, at nearly the same time, so the sums carry the
-        effect of the horizon and not the drift of training. If the sums since
-        some lower rung reach ``max(sum z_D, -sum z_C) / sqrt(k) > k_moderate``
-        (``k`` adoptions), the accepted horizon returns to that rung (the one
-        scoring worst) and the candidate becomes the rejected bound.
+        effect of the horizon and not the drift of training. A healthy longer
+        horizon scores ``z_D <= 0``, ``z_C >= 0``, so the sums fall as the
+        ladder climbs; if they rise since some lower rung to
+        ``max(sum z_D, -sum z_C) > k_moderate``, the accepted horizon returns
+        to that rung (the one scoring worst) and the candidate becomes the
+        rejected bound.
         """
         st, cfg = self.state, self.cfg
         ladder = st.ladder or [[st.h_accepted, 0.0, 0.0]]
@@ -326,8 +328,7 @@ class HorizonController:
         top = [st.h_tok, sum_drift + decision.z_drift, sum_incoherence - decision.z_coherence]
         worst, worst_index = cfg.k_moderate, None
         for index, (_, rung_drift, rung_incoherence) in enumerate(ladder):
-            steps = len(ladder) - index
-            score = max(top[1] - rung_drift, top[2] - rung_incoherence) / math.sqrt(steps)
+            score = max(top[1] - rung_drift, top[2] - rung_incoherence)
             if score > worst:
                 worst, worst_index = score, index
         if worst_index is None:
