@@ -59,9 +59,9 @@ def cell(scenario: Scenario, seeds: int, overrides: dict[str, Any]) -> str:
         hit = sum(t.reductions() > 0 for t in traces)
         return f"{hit}/{seeds} ({sum(t.reductions() for t in traces)}), {syncs:.1f}"
     if scenario.kind == Kind.BLOWUP:
-        critical, total = scenario.stream.critical, traces[0].start[-1] + traces[0].h_step[-1]
-        above = statistics.fmean(t.above(critical, total, scenario.from_fraction) for t in traces)
-        excess = statistics.fmean(t.excess(critical, RECIPES["sft"]["q_h"]) for t in traces)
+        critical, since = scenario.stream.critical, scenario.since_step()
+        above = statistics.fmean(t.above(critical, since) for t in traces)
+        excess = statistics.fmean(t.excess(critical, RECIPES["sft"]["q_h"], since) for t in traces)
         return f"{above:.1f} / {excess:.1f}, {syncs:.1f}"
     last_bad = max(scenario.stream.nan_intervals)
     return f"{max(t.recovery(last_bad) for t in traces)}, {syncs:.1f}"

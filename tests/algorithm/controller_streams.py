@@ -98,13 +98,13 @@ class Trace:
         """Reductions, fallbacks and recalibrations-in-place from interval ``since`` on."""
         return sum(d in REDUCTIONS for d in self.decisions[since:])
 
-    def above(self, critical: int, total_steps: int, from_fraction: float = 0.0) -> int:
-        """Intervals executed above ``critical`` (only those starting after ``from_fraction`` of the run)."""
-        return sum(h > critical and s >= from_fraction * total_steps for h, s in zip(self.h_tok, self.start))
+    def above(self, critical: int, since_step: int = 0) -> int:
+        """Intervals executed above ``critical`` among those starting at ``since_step`` or later."""
+        return sum(h > critical and s >= since_step for h, s in zip(self.h_tok, self.start))
 
-    def excess(self, critical: int, q_h: int) -> int:
-        """Sum over intervals of the quanta above ``critical``: how far, not only how often."""
-        return sum(max(h - critical, 0) // q_h for h in self.h_tok)
+    def excess(self, critical: int, q_h: int, since_step: int = 0) -> int:
+        """Quanta above ``critical`` summed over those intervals: how far, not only how often."""
+        return sum(max(h - critical, 0) // q_h for h, s in zip(self.h_tok, self.start) if s >= since_step)
 
     def recovery(self, last_bad: int) -> int:
         """Intervals after interval ``last_bad`` until the controller proposes an increase again."""
@@ -197,13 +197,17 @@ class Kind(ValueEnum):
 class Scenario:
     stream: Stream
     kind: Kind
-    from_fraction: float = 0.0  # count intervals above critical only from here on (late blow-up)
+    from_fraction: float = 0.0  # count intervals above critical only from this fraction of the run on
     h_min: Optional[int] = None  # NaN scenarios lower h_min so that reductions show (70 -> 80 fits gamma_inc)
 
     def run(self, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:
         if self.h_min is not None:
             overrides.setdefault("h_min", self.h_min)
         return run_closed_loop(self.stream, seed, recipe, **overrides)
+
+    def since_step(self, recipe: str = "sft") -> int:
+        """First step at which the blow-up counts (the late one appears at ``LATE_FROM`` of the run)."""
+        return math.ceil(self.from_fraction * RECIPE_SCHEDULES[recipe]["total_steps"])
 
 
 def _nan(*indices: int) -> Stream:
