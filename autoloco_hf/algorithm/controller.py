@@ -369,7 +369,7 @@ class HorizonController:
 
     def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
         """Spec 5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
-        st, cfg = self.state, self.cfg
+        st = self.state
         target = st.h_accepted / factor
         smaller = [h for h in self._admissible() if h < st.h_accepted]
         if smaller:

@@ -229,6 +229,6 @@ SCENARIOS: dict[str, Scenario] = {
     "late blow-up > 120": Scenario(Stream(blowup=Blowup.LATE, critical=120), Kind.BLOWUP, from_fraction=LATE_FROM),
     "NaN pair at 0": Scenario(_nan(0, 1), Kind.NAN, h_min=70),
     "NaN pair at 20": Scenario(_nan(20, 21), Kind.NAN, h_min=70),
-    "NaN x5 at 0": Scenario(_nan(*range(0, 5)), Kind.NAN, h_min=70),
+    "NaN x5 at 0": Scenario(_nan(*range(5)), Kind.NAN, h_min=70),
     "NaN x5 at 30": Scenario(_nan(*range(30, 35)), Kind.NAN, h_min=70),
 }
