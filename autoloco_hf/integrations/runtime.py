@@ -46,6 +46,7 @@ ASSESSMENT_CODES = {
     Assessment.NO_DECISION: 0.0,
     Assessment.TRUNCATED: 0.0,
     Assessment.MODERATE: -1.0,
+    Assessment.CUMULATIVE: -1.0,
     Assessment.SEVERE: -2.0,
     Assessment.INVALID: -3.0,
 }
