@@ -12,8 +12,9 @@ import json
 import math
 
 from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, AutoLoCoConfig, ConfigError
-from autoloco_hf.algorithm.preview import payload_bytes, plan_run, run_length
+from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+from autoloco_hf.sync.accounting import payload_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
-    result = plan_run(config, schedule, warmup)
+    result = preview_run(config, schedule, warmup)
     diloco_syncs = math.ceil(total / baseline.h_base)
     params = int(args.params)
     payload = payload_bytes(result.syncs, params, args.wire_dtype)

@@ -176,8 +176,8 @@ class WorkerRuntime:
         """Account one true optimizer step; synchronizes at an interval boundary."""
         engine = self.engine
         self.meter.end_step()
-        plan = engine.plan
-        closes = plan is None or engine.step + 1 >= plan.start_step + plan.h_step
+        interval = engine.current_interval
+        closes = interval is None or engine.step + 1 >= interval.start_step + interval.h_step
         tokens, loss = self.meter.flush() if closes else (0, 0.0)
         if self.config.method == "ddp" and self.topology.world_size > 1:
             engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
