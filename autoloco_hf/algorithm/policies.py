@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Method
 from autoloco_hf.algorithm.controller import ControllerDecision, HorizonController, IntervalObservation
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
@@ -201,13 +201,13 @@ class AutoLoCoPolicy(IntervalPolicy):
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:
     """The interval policy of ``config.method`` (not defined for DDP, which has no intervals)."""
-    if config.method == "diloco":
+    if config.method == Method.DILOCO:
         return FixedPolicy(schedule, total_steps, config.h_base)
-    if config.method == "autoloco":
+    if config.method == Method.AUTOLOCO:
         return AutoLoCoPolicy(config, schedule, total_steps, warmup_steps)
-    if config.method == "linear":
+    if config.method == Method.LINEAR:
         return LinearIntervalPolicy(config.linear_increment, total_steps, schedule)
-    if config.method == "qsr":
+    if config.method == Method.QSR:
         alpha = config.qsr_alpha
         if alpha is None:
             peak = max(schedule.lr_at(s) for s in range(0, min(total_steps, max(warmup_steps, 0) + 1)))

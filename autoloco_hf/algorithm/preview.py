@@ -45,7 +45,7 @@ def preview_run(
 ) -> RunPreview:
     """Execute ``config``'s policy over ``schedule.total_steps`` with an always-supporting stream."""
     total = schedule.total_steps
-    if config.method == "ddp":
+    if not config.is_interval_method:  # DDP: one gradient all-reduce per step
         return RunPreview(config.method, [1] * total)
     policy = make_policy(config, schedule, total, warmup_steps)
     result = RunPreview(config.method)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -51,14 +50,6 @@ from autoloco_hf.sync.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks
 QMAX = 127
 SCALE_MIN = float.fromhex("0x1p-126")  # smallest normal FP32, see module docstring
 SCALE_MAX = float.fromhex("0x1.020406p+121")  # largest FP32 s with 127 * s finite
-
-
-@dataclass(frozen=True)
-class Int8Blocks:
-    """One INT8-encoded 1-D chunk (spec 7): codes and one FP32 scale per block."""
-
-    values: torch.Tensor  # int8, same numel as the encoded chunk
-    scales: torch.Tensor  # float32, ceil(numel / block_size) entries
 
 
 def _check_block_size(block_size: int) -> None:
@@ -107,34 +98,6 @@ def _decode_into(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
     for ob in _blocked(out, block_size):
         ob.mul_(scales[row : row + ob.shape[0], None])
         row += ob.shape[0]
-
-
-def encode_int8(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> Int8Blocks:
-    """INT8 blockwise encoding of a 1-D tensor (spec 7); blocks of ``block_size``, last one partial.
-
-    Non-FP32 input is cast to FP32 first, since scales and quotients are FP32 by spec.
-    """
-    _check_block_size(block_size)
-    if x.dim() != 1:
-        raise ValueError(f"encode_int8 expects a 1-D tensor, got shape {tuple(x.shape)}")
-    x = x.to(torch.float32)
-    values = torch.empty(x.numel(), dtype=torch.int8, device=x.device)
-    scales = torch.empty(num_int8_blocks(x.numel(), block_size), dtype=torch.float32, device=x.device)
-    _encode_into(x, values, scales, block_size)
-    return Int8Blocks(values=values, scales=scales)
-
-
-def decode_int8(blocks: Int8Blocks, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
-    """Inverse of :func:`encode_int8`: ``q * scale`` in FP32 (spec 7)."""
-    _check_block_size(block_size)
-    numel = blocks.values.numel()
-    if blocks.scales.numel() != num_int8_blocks(numel, block_size):
-        raise ValueError(
-            f"{blocks.scales.numel()} scales do not match {numel} values with block_size {block_size}"
-        )
-    out = torch.empty(numel, dtype=torch.float32, device=blocks.values.device)
-    _decode_into(blocks.values, blocks.scales, out, block_size)
-    return out
 
 
 class WireCodec:

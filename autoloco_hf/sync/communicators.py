@@ -24,11 +24,11 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-from autoloco_hf.config import WireDtype
+from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.accounting import wire_bytes_sent
 from autoloco_hf.sync.codec import (
     WireCodec,
@@ -254,3 +254,17 @@ class ProcessGroupCommunicator(Communicator):
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+
+
+def make_communicator(
+    config: AutoLoCoConfig, distributed: bool, simulated_workers: int = 1, group: Any = None
+) -> Communicator:
+    """The communicator of a run of ``config``, with its wire dtype, INT8 block size and bucket size.
+
+    ``distributed``: one worker per process over ``torch.distributed`` (``group``,
+    default the world); else ``simulated_workers`` workers inside this process.
+    """
+    kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
+    if distributed:
+        return ProcessGroupCommunicator(group=group, **kwargs)
+    return SimulatedCommunicator(simulated_workers, **kwargs)

@@ -179,6 +179,11 @@ class IntervalEngine:
         return self.comm.num_workers
 
     @property
+    def averages_gradients(self) -> bool:
+        """DDP baseline (``config.is_interval_method`` is False): no intervals; gradients are averaged every step."""
+        return self.policy is None
+
+    @property
     def current_interval(self) -> Optional[NextInterval]:
         """The interval being executed (``None`` for DDP or after the budget)."""
         return self._interval
