@@ -145,7 +145,7 @@ def batches(tokenizer: Any, texts: Iterator[str], batch_size: int, seq_len: int,
         yield {k: v.to(device) for k, v in collate(tokenizer, chunk, seq_len).items()}
 
 
-class Runtime:
+class Launch:
     """Where this process stands: simulated (all workers here) or one worker of a process group."""
 
     def __init__(self, s: C4Settings) -> None:
@@ -165,16 +165,16 @@ class Runtime:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if cuda else "gloo")
             self.rank = dist.get_rank()
-            self.local_workers = [self.rank]
+            self.worker_ids = [self.rank]
         else:
             self.rank = 0
-            self.local_workers = list(range(s.workers))
+            self.worker_ids = list(range(s.workers))
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
         from autoloco_hf.sync.communicators import make_communicator
 
-        return make_communicator(config, self.distributed, simulated_workers=len(self.local_workers))
+        return make_communicator(config, self.distributed, simulated_workers=len(self.worker_ids))
 
     def sum(self, values: list[float]) -> list[float]:
         """Sum small float vectors over processes (validation shards)."""
@@ -187,20 +187,20 @@ class Runtime:
         return t.tolist()
 
 
-def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any) -> float:
+def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: Any) -> float:
     """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
     import itertools
 
     from autoloco_hf.cli.demo_data import loss_sums
 
     total, count = 0.0, 0
-    for shard in rt.local_workers:  # one validation shard per worker, as for training data
+    for shard in launch.worker_ids:  # one validation shard per worker, as for training data
         docs = itertools.islice(texts(worker_dataset(s, "validation", shard, s.workers), s.text_field),
                                 -(-s.val_docs // s.workers))
-        with _autocast(s, rt):
-            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, rt.device))
+        with _autocast(s, launch):
+            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, launch.device))
         total, count = total + t, count + c
-    total, count = rt.sum([total, float(count)])
+    total, count = launch.sum([total, float(count)])
     return total / max(count, 1.0)
 
 
@@ -223,9 +223,9 @@ def accumulated_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], mic
     return model(**parts[-1]).loss * (targets[-1] / total) + done
 
 
-def _autocast(s: C4Settings, rt: Runtime) -> Any:
-    enabled = s.bf16 and rt.device.type == "cuda"
-    return torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16, enabled=enabled)
+def _autocast(s: C4Settings, launch: Launch) -> Any:
+    enabled = s.bf16 and launch.device.type == "cuda"
+    return torch.autocast(device_type=launch.device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def train(s: C4Settings) -> dict[str, Any]:
@@ -235,26 +235,26 @@ def train(s: C4Settings) -> dict[str, Any]:
     from autoloco_hf.cli.report import RunWriter
     from autoloco_hf.sync.local_workers import LocalWorkers
 
-    rt = Runtime(s)
+    launch = Launch(s)
     config = autoloco_config(s)
     tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = build_model(s, len(tokenizer)).to(rt.device)
+    model = build_model(s, len(tokenizer)).to(launch.device)
     run_dir = os.path.join(s.output_dir, s.run_name)
-    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{rt.rank}.pt")
-    state = torch.load(checkpoint, map_location=rt.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
+    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{launch.rank}.pt")
+    state = torch.load(checkpoint, map_location=launch.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
     start = state["step"] if state else 0
-    writer = RunWriter(run_dir, s.run_name, resume_step=start) if rt.rank == 0 else None
+    writer = RunWriter(run_dir, s.run_name, resume_step=start) if launch.rank == 0 else None
 
     def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with _autocast(s, rt):
+        with _autocast(s, launch):
             return accumulated_loss(m, batch, s.micro_batch_size)
 
     workers = LocalWorkers(
         config,
         model,
-        rt.communicator(config),
+        launch.communicator(config),
         optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2)),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, s.warmup_steps, s.steps),
         total_steps=s.steps,
@@ -264,13 +264,13 @@ def train(s: C4Settings) -> dict[str, Any]:
         records_path=writer.intervals_path if writer else None,
     )
     del model  # LocalWorkers trains its own copies
-    datasets = [worker_dataset(s, "train", w, s.workers) for w in rt.local_workers]
+    datasets = [worker_dataset(s, "train", w, s.workers) for w in launch.worker_ids]
     if state:
         workers.load_state_dict(state["workers"])
         for dataset, position in zip(datasets, state["data"]):
             dataset.load_state_dict(position)
-    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, rt.device) for d in datasets]
-    bar = _progress(s, rt, start)
+    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, launch.device) for d in datasets]
+    bar = _progress(s, launch, start)
     started = time.perf_counter() - (state["seconds"] if state else 0.0)
     for step in range(start + 1, s.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
@@ -289,12 +289,12 @@ def train(s: C4Settings) -> dict[str, Any]:
                                              workers=workers.state_dict(), data=[d.state_dict() for d in datasets]))
     wall = time.perf_counter() - started
     bar.close()
-    val_loss = validate(s, rt, workers.models[0], tokenizer)
+    val_loss = validate(s, launch, workers.models[0], tokenizer)
     if writer is None:
         return {}
     params = sum(p.numel() for p in workers.models[0].parameters())
     return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
-                         params=params, mode=rt.mode, resumed_from_step=start, settings=dataclasses.asdict(s))
+                         params=params, mode=launch.mode, resumed_from_step=start, settings=dataclasses.asdict(s))
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
@@ -304,10 +304,10 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _progress(s: C4Settings, rt: Runtime, start: int) -> Any:
+def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=rt.rank != 0, mininterval=2.0)
+    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=launch.rank != 0, mininterval=2.0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -11,7 +11,16 @@ import argparse
 import json
 import math
 
-from autoloco_hf.config import METHODS, RECIPE_SCHEDULES, RECIPES, WIRE_DTYPES, AutoLoCoConfig, ConfigError, Method, WireDtype
+from autoloco_hf.config import (
+    METHODS,
+    RECIPE_SCHEDULES,
+    RECIPES,
+    WIRE_DTYPES,
+    AutoLoCoConfig,
+    ConfigError,
+    Method,
+    WireDtype,
+)
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.sync.accounting import payload_bytes

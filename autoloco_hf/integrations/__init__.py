@@ -1,9 +1,9 @@
 """Hugging Face integration: ``AutoLoCoCallback`` (Trainer, TRL SFTTrainer) and ``AutoLoCoAccelerate``.
 
-See docs/hf.md. Modules: ``callback`` (the TrainerCallback and launch checks),
+See docs/hf.md. Modules: ``trainer`` (the TrainerCallback and launch checks),
 ``accelerate`` (plain Accelerate loops), ``runtime`` (one worker's engine, hooks
-and checkpoint state, shared by both), ``hooks`` (the DDP communication hook and
-the token/loss meter), ``groups`` (worker groups, spec 8.3). Imported lazily so
+and checkpoint state, shared by both), ``ddp_hooks`` (the DDP communication hook
+and the token/loss meter), ``groups`` (worker groups, spec 8.3). Imported lazily so
 that ``import autoloco_hf.integrations`` does not import transformers.
 """
 
