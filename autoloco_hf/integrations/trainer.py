@@ -55,12 +55,14 @@ from typing import Any, Optional
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.integrations.groups import check_worker_layout
-from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
+from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, state_path
+from autoloco_hf.sync.checkpoint import peek_header
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -145,6 +147,34 @@ def checkpoint_dir(args: Any, state: Any) -> str:
         raise AutoLoCoConfigurationError("AutoLoCo does not support hyperparameter search (trial "
                                          f"{state.trial_name!r}): run each configuration as its own job")
     return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+def last_complete_checkpoint(output_dir: str) -> Optional[str]:
+    """The newest ``checkpoint-*`` in ``output_dir`` that holds the Trainer's state and every rank's AutoLoCo state.
+
+    For scripts restarted by ``torchrun --max-restarts`` (or an equivalent launcher):
+    ``trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))`` starts fresh on the first
+    attempt and resumes after a restart. Unlike ``get_last_checkpoint`` it skips a folder a killed worker left
+    half-written (no ``trainer_state.json``, a missing or short ``autoloco/rank{r}.pt``); checksums are verified
+    when the state is loaded.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    steps = []
+    for name in os.listdir(output_dir):
+        prefix, _, step = name.partition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and os.path.isdir(os.path.join(output_dir, name)):
+            steps.append(int(step))
+    for step in sorted(steps, reverse=True):
+        folder = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if not os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME)):
+            continue
+        first = peek_header(state_path(folder, 0))
+        if first is None or first.step != step:
+            continue
+        if all(peek_header(state_path(folder, rank)) is not None for rank in range(1, first.world_size)):
+            return folder
+    return None
 
 
 class AutoLoCoCallback(TrainerCallback):

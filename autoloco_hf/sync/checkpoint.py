@@ -28,7 +28,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -99,8 +99,8 @@ def write_state(path: str, state: dict[str, Any], *, config: AutoLoCoConfig, wor
         os.close(dir_fd)
 
 
-def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
-    """Parse and verify the envelope of a state file's bytes; returns the header and the payload."""
+def _parse_header(path: str, data: bytes) -> tuple[StateHeader, int]:
+    """The header at the start of ``data`` and the offset of the payload."""
     if not data.startswith(MAGIC):
         raise CheckpointError(f"{path}: not an AutoLoCo state file (field magic: expected {MAGIC!r} at the start); "
                               "the file is corrupted or was written by autoloco-hf < 0.2: start a new run or "
@@ -109,15 +109,20 @@ def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
     try:
         if end < 0:
             raise ValueError("no end of header line")
-        fields = json.loads(data[len(MAGIC):end])
-        header = StateHeader(**fields)
+        header = StateHeader(**json.loads(data[len(MAGIC):end]))
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable header (field header: {err}); the file is truncated or "
                               "corrupted: resume from an earlier checkpoint") from err
     if header.format_version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: field format_version={header.format_version}, this autoloco-hf reads "
                               f"{FORMAT_VERSION}: resume with the autoloco-hf version that wrote it")
-    payload = data[end + 1:]
+    return header, end + 1
+
+
+def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
+    """Parse and verify the envelope of a state file's bytes; returns the header and the payload."""
+    header, start = _parse_header(path, data)
+    payload = data[start:]
     if len(payload) != header.payload_bytes:
         raise CheckpointError(f"{path}: field payload_bytes={header.payload_bytes} but the file holds "
                               f"{len(payload)} payload bytes (truncated write or disk full): resume from an "
@@ -127,6 +132,17 @@ def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
         raise CheckpointError(f"{path}: field sha256 does not match the payload ({digest[:12]} != "
                               f"{header.sha256[:12]}): the file is corrupted; resume from an earlier checkpoint")
     return header, payload
+
+
+def peek_header(path: str, limit: int = 1 << 20) -> Optional[StateHeader]:
+    """The header of a state file whose size matches it, else ``None`` (cheap: the checksum is left to loading)."""
+    try:
+        with open(path, "rb") as f:
+            header, start = _parse_header(path, f.read(limit))
+        complete = os.path.getsize(path) == start + header.payload_bytes
+    except (OSError, CheckpointError):
+        return None
+    return header if complete else None
 
 
 def check_compatible(path: str, header: StateHeader, *, config: AutoLoCoConfig, world_size: int,

@@ -221,3 +221,35 @@ def test_gradient_accumulation_that_does_not_divide_the_dataset(tmp_path):
     assert trainer.state.global_step == trainer.state.max_steps == engine.step == 6
     assert [r.h_step for r in engine.records] == [2, 2, 2], "the last interval closes at the last step"
     assert callback.runtime.meter.forwards == 10 and engine.totals.tokens == 2 * 10 * SEQ
+
+
+def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
+    """What a restarted script resumes from: the newest folder with trainer_state.json and every rank's state."""
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.runtime import state_path
+    from autoloco_hf.integrations.trainer import last_complete_checkpoint
+    from autoloco_hf.sync.checkpoint import write_state
+
+    config = AutoLoCoConfig(**CONFIG)
+    assert last_complete_checkpoint(str(tmp_path / "missing")) is None and last_complete_checkpoint(str(tmp_path)) is None
+
+    def checkpoint(step: int, ranks=(0, 1), trainer_state: bool = True):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if trainer_state:
+            (folder / "trainer_state.json").write_text("{}")
+        for rank in ranks:
+            write_state(state_path(str(folder), rank), {"x": torch.zeros(64)}, config=config, world_size=2,
+                        ranks_per_worker=1, rank=rank, step=step)
+        return str(folder)
+
+    good = checkpoint(10)
+    checkpoint(20, ranks=(0,))  # rank 1 died before writing its state
+    checkpoint(30, trainer_state=False)  # killed before the Trainer finished
+    short = checkpoint(40)
+    path = state_path(short, 1)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    (tmp_path / "checkpoint-50").mkdir()  # killed right after creating the folder
+    (tmp_path / "checkpoint-x").mkdir()
+    assert last_complete_checkpoint(str(tmp_path)) == good

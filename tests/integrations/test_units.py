@@ -157,3 +157,31 @@ def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
         other.load(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no AutoLoCo state for rank 0"):
         other.load(str(tmp_path / "elsewhere"))
+
+
+def test_accelerate_synchronized_parameters_for_saving(tmp_path):
+    """AutoLoCoAccelerate: theta_t inside the block, the replica after it; save inside keeps the replica."""
+    from accelerate import Accelerator
+
+    from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = Toy()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with AutoLoCoAccelerate(accelerator, model, optimizer, None, AutoLoCoConfig(method="diloco", h_base=3),
+                            total_steps=6) as autoloco:
+        for _ in range(4):
+            accelerator.backward(model(input_ids=ids)["loss"])
+            optimizer.step()
+            optimizer.zero_grad()
+        replica = model.emb.weight.detach().clone()
+        theta = autoloco.runtime.global_parameters()[0]
+        with autoloco.synchronized_parameters():
+            assert torch.equal(model.emb.weight, theta)
+            autoloco.save(str(tmp_path))
+        assert torch.equal(model.emb.weight, replica)
+        autoloco.load(str(tmp_path))
+        assert torch.equal(model.emb.weight, replica) and autoloco.runtime.step == 4
