@@ -34,7 +34,7 @@ def item(i: int, padding: bool = False) -> dict:
     return {"input_ids": ids, "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": ids.clone()}
 
 
-def make_trainer(output_dir, data, config: dict, **kwargs):
+def make_trainer(output_dir, data, config: dict, eval_dataset=None, **kwargs):
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
@@ -44,7 +44,7 @@ def make_trainer(output_dir, data, config: dict, **kwargs):
                     per_device_train_batch_size=2, logging_steps=1000, learning_rate=3e-3, seed=42)
     callback = AutoLoCoCallback(AutoLoCoConfig(**config))
     trainer = Trainer(model=tiny_model(), args=TrainingArguments(**{**defaults, **kwargs}), train_dataset=data,
-                      callbacks=[callback])
+                      eval_dataset=eval_dataset, callbacks=[callback])
     return trainer, callback
 
 
@@ -253,3 +253,23 @@ def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
     (tmp_path / "checkpoint-50").mkdir()  # killed right after creating the folder
     (tmp_path / "checkpoint-x").mkdir()
     assert last_complete_checkpoint(str(tmp_path)) == good
+
+
+def test_save_strategy_best_saves_theta_and_training_goes_on_from_the_replica(tmp_path, saved_run):
+    """save_strategy="best" decides after evaluating: theta_t is shown from on_evaluate, the replica restored after."""
+    from safetensors.torch import load_file
+
+    trainer, callback = make_trainer(tmp_path, DATA, CONFIG, max_steps=6, eval_strategy="steps", eval_steps=2,
+                                     save_strategy="best", metric_for_best_model="loss", greater_is_better=False,
+                                     eval_dataset=DATA[:2])
+    trainer.train()
+    saved = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert saved, "at least the first evaluation is a new best"
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    for name in saved:
+        weights = load_file(str(tmp_path / name / "model.safetensors"))
+        theta, _ = theta_and_replica(str(tmp_path / name), CONFIG, params)
+        assert all(torch.equal(weights[n], t) for n, t in zip(names, theta)), name
+    for a, b in zip(saved_run["trainer"].model.parameters(), trainer.model.parameters()):
+        assert torch.equal(a, b), "evaluating and saving did not change the trajectory"
