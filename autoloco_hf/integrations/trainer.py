@@ -115,8 +115,8 @@ def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, 
 
 # ---------------------------------------------------------------- Trainer internals we rely on
 # Everything here reads Trainer behaviour that is not part of the callback contract. It is kept to these
-# two functions, and tests/integrations/test_trainer_contract.py fails loudly when a transformers upgrade
-# changes either of them.
+# two functions, and tests/integrations/test_trainer_single_process.py::test_trainer_internals_still_hold fails
+# loudly when a transformers upgrade changes either of them.
 
 
 def _trainer_being_built(callback: "AutoLoCoCallback", max_depth: int = 8) -> Optional[Trainer]:
@@ -362,7 +362,8 @@ class AutoLoCoCallback(TrainerCallback):
 
     # A checkpoint's model file must be the model the workers agreed on: from the moment the Trainer decides to
     # save until on_save, the model holds theta_t and this rank's replica waits in host memory. An evaluation
-    # run in the same step (eval_steps == save_steps) therefore evaluates theta_t too.
+    # run in the same step (eval_steps == save_steps) therefore evaluates theta_t too; with save_strategy="best"
+    # the decision comes after the evaluation, which saw rank 0's replica.
     def on_step_begin(self, args, state, control, **kwargs):
         if self.runtime is not None:  # save_strategy="best" evaluated theta_t but found no new best
             self.runtime.restore_local_parameters()

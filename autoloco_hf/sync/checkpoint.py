@@ -28,7 +28,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -134,7 +134,7 @@ def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
     return header, payload
 
 
-def peek_header(path: str, limit: int = 1 << 20) -> Optional[StateHeader]:
+def peek_header(path: str, limit: int = 1 << 20) -> StateHeader | None:
     """The header of a state file whose size matches it, else ``None`` (cheap: the checksum is left to loading)."""
     try:
         with open(path, "rb") as f:

@@ -40,8 +40,9 @@ def make_trainer(output_dir, data, config: dict, eval_dataset=None, **kwargs):
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 
     torch.set_num_threads(1)
-    defaults = dict(output_dir=str(output_dir), use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
-                    per_device_train_batch_size=2, logging_steps=1000, learning_rate=3e-3, seed=42)
+    defaults = {"output_dir": str(output_dir), "use_cpu": True, "report_to": [], "save_strategy": "no",
+                "disable_tqdm": True, "per_device_train_batch_size": 2, "logging_steps": 1000, "learning_rate": 3e-3,
+                "seed": 42}
     callback = AutoLoCoCallback(AutoLoCoConfig(**config))
     trainer = Trainer(model=tiny_model(), args=TrainingArguments(**{**defaults, **kwargs}), train_dataset=data,
                       eval_dataset=eval_dataset, callbacks=[callback])
@@ -259,7 +260,7 @@ def test_save_strategy_best_saves_theta_and_training_goes_on_from_the_replica(tm
     """save_strategy="best" decides after evaluating: theta_t is shown from on_evaluate, the replica restored after."""
     from safetensors.torch import load_file
 
-    trainer, callback = make_trainer(tmp_path, DATA, CONFIG, max_steps=6, eval_strategy="steps", eval_steps=2,
+    trainer, _ = make_trainer(tmp_path, DATA, CONFIG, max_steps=6, eval_strategy="steps", eval_steps=2,
                                      save_strategy="best", metric_for_best_model="loss", greater_is_better=False,
                                      eval_dataset=DATA[:2])
     trainer.train()

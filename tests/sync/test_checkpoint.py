@@ -13,7 +13,7 @@ from autoloco_hf.sync import checkpoint
 from autoloco_hf.sync.checkpoint import CheckpointError, read_state, write_state
 
 CONFIG = AutoLoCoConfig(method="autoloco", h_base=4)
-LAYOUT = dict(world_size=2, ranks_per_worker=1, rank=1)
+LAYOUT = {"world_size": 2, "ranks_per_worker": 1, "rank": 1}
 
 
 def write(path, config=CONFIG, **layout) -> dict:
