@@ -274,3 +274,18 @@ def test_save_strategy_best_saves_theta_and_training_goes_on_from_the_replica(tm
         assert all(torch.equal(weights[n], t) for n, t in zip(names, theta)), name
     for a, b in zip(saved_run["trainer"].model.parameters(), trainer.model.parameters()):
         assert torch.equal(a, b), "evaluating and saving did not change the trajectory"
+
+
+def test_save_strategy_epoch_saves_theta(tmp_path):
+    """An epoch of 3 steps with h_base=4: the checkpoint at the end of epoch 1 is mid-interval and holds theta_t."""
+    from safetensors.torch import load_file
+
+    trainer, _ = make_trainer(tmp_path, [item(i) for i in range(6)], CONFIG | {"h_base": 4}, num_train_epochs=2,
+                              save_strategy="epoch")
+    trainer.train()
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    weights = load_file(str(tmp_path / "checkpoint-3" / "model.safetensors"))
+    theta, replica = theta_and_replica(str(tmp_path / "checkpoint-3"), CONFIG | {"h_base": 4}, params)
+    assert all(torch.equal(weights[n], t) for n, t in zip(names, theta))
+    assert any(not torch.equal(t, r) for t, r in zip(theta, replica))
