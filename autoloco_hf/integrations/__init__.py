@@ -13,6 +13,7 @@ _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
     "AutoLoCoConfigurationError": "autoloco_hf.integrations.trainer",
     "check_launch": "autoloco_hf.integrations.trainer",
+    "last_complete_checkpoint": "autoloco_hf.integrations.trainer",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
     "WorkerRuntime": "autoloco_hf.integrations.runtime",
     "WorkerTopology": "autoloco_hf.integrations.groups",
