@@ -31,7 +31,7 @@ import torch
 
 from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.sync.checkpoint import read_state, write_state
-from autoloco_hf.sync.communicators import make_communicator
+from autoloco_hf.sync.communicators import ShardedWorkerCommunicator, make_communicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
@@ -89,11 +89,49 @@ def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str =
     return {prefix + k: float(v) for k, v in values.items()}
 
 
+def fsdp2_mesh(model: torch.nn.Module) -> Any:
+    """The device mesh an FSDP2 (``fully_shard``) model is sharded over, or ``None`` for a model held whole."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    if len(meshes) > 1:
+        raise ValueError("the model's parameters are sharded over several device meshes: AutoLoCo needs one "
+                         "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)")
+    return next(iter(meshes.values()), None)
+
+
+def check_fsdp2_worker(mesh: Any, topology: WorkerTopology) -> None:
+    """Refuse an FSDP2 mesh that is not exactly this rank's worker (spec 8.3): HSDP, or a mesh across workers."""
+    import torch.distributed as dist
+
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"the model is sharded over a {mesh.ndim}-D device mesh {mesh.mesh.tolist()} (HSDP replicates across "
+            "workers every step): shard each worker over its own ranks only, "
+            f"fully_shard(module, mesh=worker_mesh({topology.ranks_per_worker}, device_type))"
+        )
+    ranks = dist.get_process_group_ranks(mesh.get_group())
+    if ranks != topology.inner_ranks():
+        raise ValueError(
+            f"the model is sharded over ranks {ranks} but AutoLoCoConfig.ranks_per_worker="
+            f"{topology.ranks_per_worker} makes this rank's worker the ranks {topology.inner_ranks()}: shard with "
+            f"fully_shard(module, mesh=worker_mesh({topology.ranks_per_worker}, device_type)) or set "
+            f"ranks_per_worker={len(ranks)}"
+        )
+
+
 class TrainableParameters:
-    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move)."""
+    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move).
+
+    An FSDP2 model's parameters are DTensors: the engine gets their local shards (``to_local()``, views that
+    the inner optimizer updates in place and the outer write-back overwrites), never the gathered tensors.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            self.params = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
 
@@ -139,14 +177,20 @@ class WorkerRuntime:
         topo = self.topology
         self.gradient_traffic: Optional[GradientTraffic] = None
         self.ddp = find_ddp(wrapped_model)
-        if topo.world_size > 1 and config.is_interval_method:
+        self.fsdp_mesh = fsdp2_mesh(model)  # FSDP2 averages gradients inside the worker by itself
+        if self.fsdp_mesh is not None and topo.world_size > 1:
+            check_fsdp2_worker(self.fsdp_mesh, topo)
+        elif topo.world_size > 1 and config.is_interval_method:
             if self.ddp is None:
                 raise RuntimeError(
                     f"{topo.world_size} processes but the model is not wrapped in DistributedDataParallel "
-                    f"({type(wrapped_model).__name__}): AutoLoCo supports DDP multi-process training"
+                    f"({type(wrapped_model).__name__}) nor sharded with FSDP2 fully_shard: AutoLoCo supports DDP "
+                    "and FSDP2 multi-process training"
                 )
             self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
         comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group)
+        if self.fsdp_mesh is not None and topo.ranks_per_worker > 1:  # rank r of every worker syncs shard r
+            comm = ShardedWorkerCommunicator(comm, topo.inner_group, topo.ranks_per_worker)
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
         self._extra_on_record = on_record

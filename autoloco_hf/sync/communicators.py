@@ -112,6 +112,18 @@ class Communicator(ABC):
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Make ``tensor`` identical on all workers (worker 0's value)."""
 
+    # A worker whose ranks each hold one shard of the model (FSDP2, spec 8.3) overrides these; a worker that
+    # holds the whole model is its own single shard.
+    shards_per_worker: int = 1
+
+    def gather_over_shards(self, values: torch.Tensor) -> torch.Tensor:
+        """Float64 ``(shards_per_worker, k)``: every shard's ``values`` of this worker, in rank order."""
+        return values.to(torch.float64).reshape(1, -1)
+
+    def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        """Float64 sums over this worker's shards, added in rank order (bit-identical on every rank of the worker)."""
+        return sum_in_worker_order(list(self.gather_over_shards(partial)))
+
 
 class SimulatedCommunicator(Communicator):
     """``N`` workers inside one process (the paper's simulation, spec 8.4)."""
@@ -254,6 +266,60 @@ class ProcessGroupCommunicator(Communicator):
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+
+
+class ShardedWorkerCommunicator(Communicator):
+    """A worker of ``R`` ranks that each hold one shard of its model (FSDP2 ``fully_shard`` inside the worker).
+
+    Rank ``r`` of every worker holds the same shard (the same model sharded over
+    the same number of ranks), so the outer collective runs on the local shard
+    only, among the ranks of equal ``rank_in_worker`` (``outer``: any wire, the
+    INT8 owner-reduce included): each rank sends ``1/R`` of the model across
+    workers and keeps the outer parameters and momentum of its shard only.
+    Pseudo-gradients are never gathered. The controller's statistics need the
+    whole model's squared norms: :meth:`gather_over_shards` all-gathers the
+    ranks' partial sums over ``inner_group`` (the worker's fast link), so every
+    rank of the worker computes the same ``D_t``, ``C_t`` and horizon.
+
+    Args:
+        outer: a :class:`ProcessGroupCommunicator` over the outer group.
+        inner_group: the process group of this rank's worker (the group FSDP shards over).
+        ranks_per_worker: ``R``, the size of ``inner_group``.
+    """
+
+    def __init__(self, outer: Communicator, inner_group: Any, ranks_per_worker: int) -> None:
+        import torch.distributed as dist
+
+        super().__init__(wire_dtype=outer.wire_dtype, block_size=outer.block_size)
+        if dist.get_world_size(inner_group) != ranks_per_worker:
+            raise ValueError(f"the worker's group has {dist.get_world_size(inner_group)} ranks but "
+                             f"ranks_per_worker={ranks_per_worker}: build it with build_topology(ranks_per_worker)")
+        self.dist = dist
+        self.outer = outer
+        self.inner_group = inner_group
+        self.shards_per_worker = ranks_per_worker
+        self.num_workers = outer.num_workers
+        self.local_workers = 1
+        self.bucket_elements = outer.bucket_elements
+        # NCCL collectives take CUDA tensors only; the partial sums are a few float64 values
+        nccl = "nccl" in str(dist.get_backend(inner_group)).lower()
+        self._scalar_device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+        return self.outer.codec(segment_sizes, wire_dtype)
+
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+        """The outer collective on this rank's shard (``flats`` and ``segment_sizes`` describe the shard)."""
+        return self.outer.average(flats, scalars, segment_sizes, wire_dtype)
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        self.outer.broadcast_(tensor)
+
+    def gather_over_shards(self, values: torch.Tensor) -> torch.Tensor:
+        local = values.to(device=self._scalar_device, dtype=torch.float64).reshape(-1).contiguous()
+        gathered = [torch.empty_like(local) for _ in range(self.shards_per_worker)]
+        self.dist.all_gather(gathered, local, group=self.inner_group)
+        return torch.stack(gathered).cpu()
 
 
 def make_communicator(

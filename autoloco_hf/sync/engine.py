@@ -59,7 +59,7 @@ from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
 from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
-from autoloco_hf.sync.communicators import Communicator, Traffic
+from autoloco_hf.sync.communicators import Communicator, Traffic, sum_in_worker_order
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
@@ -288,22 +288,34 @@ class IntervalEngine:
             elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
-            messages.append(self._control_message(interval, i, sq_norm, finite).pack())
+            messages.append(self._worker_message(self._control_message(interval, i, sq_norm, finite)))
         result = self.comm.average(deltas, messages, self.segment_sizes)
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
         control.check_agreement()
         totals = control.totals
-        stats = interval_statistics(
-            totals.sq_norm,
-            float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
-            self.num_workers,
-            lr_mass,
-            self.config.eps,
-        )
+        # a sharded worker holds its part of the mean: the squared norm and the finiteness add up over its ranks
+        mean_sq_norm, mean_nonfinite = self.comm.sum_over_shards(torch.tensor(
+            [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+             float(not bool(torch.isfinite(result.mean).all()))], dtype=torch.float64)).tolist()
+        stats = interval_statistics(totals.sq_norm, mean_sq_norm, self.num_workers, lr_mass, self.config.eps)
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
-        valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
+        valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
         return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
+
+    def _worker_message(self, message: ControlMessage) -> torch.Tensor:
+        """This worker's packed message; a sharded worker's (FSDP2) is the sum of its ranks' (spec 2, exact ``D_t``).
+
+        Each rank's squared norm covers its shard and its tokens and losses its own micro-batches: their sums are
+        the whole worker's. The agreed fields (the interval executed) must agree inside the worker too.
+        """
+        packed = message.pack()
+        if self.comm.shards_per_worker == 1:
+            return packed
+        rows = self.comm.gather_over_shards(packed)
+        inner = ControlRound.from_rows(sum_in_worker_order(list(rows)), rows)
+        inner.check_agreement()
+        return inner.totals.pack()
 
     def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
         return ControlMessage(
