@@ -23,7 +23,7 @@ from autoloco_hf.config import (
 )
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
-from autoloco_hf.sync.accounting import payload_bytes
+from autoloco_hf.sync.accounting import outer_state_bytes_per_rank, payload_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
     parser.add_argument("--params", type=float, default=215e6, help="model parameters, for the payload estimate")
     parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
+    parser.add_argument("--ranks-per-worker", type=int, default=1,
+                        help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
 
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"autoloco plan: need 0 <= --warmup ({warmup}) < --steps ({total})")
     if not args.params > 0:
         raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
+    if args.ranks_per_worker < 1:
+        raise SystemExit(f"autoloco plan: --ranks-per-worker must be >= 1, got {args.ranks_per_worker}")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
     result = preview_run(config, schedule, warmup)
@@ -88,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         "payload_bytes_per_worker": payload,
         "diloco_bf16_payload_bytes_per_worker": diloco_payload,
         "payload_reduction": 1.0 - payload / diloco_payload,
+        "ranks_per_worker": args.ranks_per_worker,
+        "outer_state_bytes_per_rank": outer_state_bytes_per_rank(
+            params, args.ranks_per_worker, config.uses_nesterov_outer, config.error_feedback),
     }
     if args.json:
         print(json.dumps(summary))
@@ -97,5 +104,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"payload per worker at {args.wire_dtype}: {payload / 2**30:.1f} GiB for {params / 1e6:.0f}M parameters "
         f"(diloco bf16: {diloco_payload / 2**30:.1f} GiB, {-100 * summary['payload_reduction']:+.1f}%)"
+    )
+    print(
+        f"outer state per rank (FP32 theta_t + momentum, ranks_per_worker={args.ranks_per_worker}): "
+        f"{summary['outer_state_bytes_per_rank'] / 2**30:.2f} GiB"
     )
     return 0
