@@ -279,6 +279,11 @@ class AutoLoCoCallback(TrainerCallback):
         )
         if getattr(trainer, "is_fsdp_enabled", False):
             check_fsdp2_workers(trainer.model, accelerator.num_processes, self.config.ranks_per_worker)
+        elif getattr(args, "fsdp", None) and accelerator.num_processes > 1:
+            # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
+            logger.warning("AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
+                           "device (%s): every rank holds the whole model and trains as DDP", args.fsdp,
+                           accelerator.distributed_type)
         if getattr(args, "parallelism_config", None) is not None:
             raise AutoLoCoConfigurationError(f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}.")
         if self.config.is_interval_method and accelerator.num_processes > 1:
