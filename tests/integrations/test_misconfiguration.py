@@ -93,3 +93,13 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
         events.Reload()
         assert [e.step for e in events.Scalars("train/autoloco/H_step")] == [3, 6]
         assert "train/autoloco/C_t" in events.Tags()["scalars"]
+
+
+def test_fsdp2_plugin_with_several_workers_needs_a_presharded_model():
+    """Accelerate's FSDP2 plugin shards over the whole world (one worker); several workers must shard themselves."""
+    from autoloco_hf.integrations.trainer import check_fsdp2_workers
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(AutoLoCoConfigurationError, match=r"worker_mesh\(R"):
+        check_fsdp2_workers(model, world_size=4, ranks_per_worker=2)
+    check_fsdp2_workers(model, world_size=4, ranks_per_worker=4)  # one worker of every rank: the plugin's sharding
