@@ -603,7 +603,7 @@ def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
         for step in range(FSDP_STEPS):
             loss = model(**_fsdp_batch(rank, step, torch.device("cuda", rank)))
             loss.backward()
-            runtime.meter.add_external(loss=float(loss))  # the forward hooks count the input_ids
+            runtime.meter.add_external(loss=float(loss.detach()))  # the forward hooks count the input_ids
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             runtime.after_optimizer_step(3e-2)
@@ -650,7 +650,7 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         engine.after_optimizer_step(tokens=[FSDP_R * 4 * 12] * FSDP_WORKERS, losses=losses, lr=3e-2)
     expected = [r.__dict__ for r in engine.records]
     numel = sum(p.numel() for p in models[0].parameters())

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
+from _dist import run_gloo
+from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-
-from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
 
 R, WORKERS = 2, 2
 STEPS, WARMUP, SAVE_AT = 64, 6, 30  # SAVE_AT falls inside an interval (checked below)
@@ -66,7 +65,7 @@ def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | 
         model.train()
         loss = model(**rank_batch(topo.worker_index, topo.rank_in_worker, step)).loss
         loss.backward()
-        runtime.meter.add_external(loss=float(loss))  # the toy's output is not a mapping the meter reads
+        runtime.meter.add_external(loss=float(loss.detach()))  # the toy's output is not a mapping the meter reads
         lr = float(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
@@ -120,6 +119,10 @@ def _fsdp_worker(rank: int, world_size: int, checkpoint: str) -> dict:
     return result
 
 
+def untimed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in records]
+
+
 def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
     results = run_gloo(_fsdp_worker, R * WORKERS, str(tmp_path))
 
@@ -158,8 +161,7 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
         # resume from the mid-interval checkpoint reproduces the uninterrupted run exactly
         assert result["saved_mid_interval"]
         assert all(torch.equal(p, q) for p, q in zip(result["resumed_full"], result["full"]))
-        strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows]
-        assert strip(result["resumed_records"]) == strip(got)
+        assert untimed(result["resumed_records"]) == untimed(got)
         world_mesh, hsdp = result["refusals"]
         assert "sharded over ranks [0, 1, 2, 3]" in world_mesh and "worker_mesh(2" in world_mesh
         assert "2-D device mesh" in hsdp and "HSDP" in hsdp
