@@ -4,7 +4,8 @@ Rank ``r`` of worker ``g`` trains on half of the batch the single-rank worker ``
 the two halves' gradients inside the worker), syncs only its shard with rank ``r`` of the other worker,
 and sums its shard's squared norms with its worker's other rank, so ``D_t``, ``C_t``, the horizons and
 the parameters match the unsharded run; each rank sends and keeps ``1/R`` of the model. The same
-processes then resume from a mid-interval checkpoint and must reproduce the uninterrupted run exactly.
+processes then resume from a mid-interval checkpoint, through ``AutoLoCoAccelerate`` this time, and must
+reproduce the uninterrupted run exactly.
 """
 
 from __future__ import annotations
@@ -39,8 +40,25 @@ def worker_batch(worker: int, step: int) -> dict:
     return {key: torch.cat([h[key] for h in halves]) for key in halves[0]}
 
 
-def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | None):
-    """Build an FSDP2 worker rank and its WorkerRuntime; train steps [start, stop)."""
+def _accelerate_wrapper(model, optimizer, scheduler, rank: int, world_size: int):
+    """``AutoLoCoAccelerate`` around the FSDP2 model (the loop calls ``step``), on the group already initialized."""
+    import os
+
+    from accelerate import Accelerator
+
+    from autoloco_hf.integrations.accelerate import AutoLoCoAccelerate
+
+    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT="1")  # group exists
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.num_processes == world_size
+    return AutoLoCoAccelerate(accelerator, model, optimizer, scheduler, config(), total_steps=STEPS,
+                              warmup_steps=WARMUP, auto_step=False)
+
+
+def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | None, accelerate: bool = False):
+    """Build an FSDP2 worker rank and its WorkerRuntime (or AutoLoCoAccelerate); train steps [start, stop)."""
+    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from autoloco_hf.integrations.groups import build_topology, worker_mesh
@@ -54,8 +72,10 @@ def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | 
     fully_shard(model, mesh=mesh)
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, WARMUP)(optimizer)
-    runtime = WorkerRuntime(config(), model, model, optimizer, SchedulerPreview(scheduler, STEPS), STEPS, WARMUP,
-                            topology=topo)
+    wrapper = _accelerate_wrapper(model, optimizer, scheduler, dist.get_rank(), dist.get_world_size()) if accelerate \
+        else None
+    runtime = wrapper.runtime if wrapper else WorkerRuntime(
+        config(), model, model, optimizer, SchedulerPreview(scheduler, STEPS), STEPS, WARMUP, topology=topo)
     if resume_dir is not None:
         runtime.load(resume_dir)
         for _ in range(start):
@@ -65,12 +85,15 @@ def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | 
         model.train()
         loss = model(**rank_batch(topo.worker_index, topo.rank_in_worker, step)).loss
         loss.backward()
-        runtime.meter.add_external(loss=float(loss.detach()))  # the toy's output is not a mapping the meter reads
         lr = float(optimizer.param_groups[0]["lr"])
         optimizer.step()
+        if wrapper:
+            wrapper.step(loss=float(loss.detach()))
+        else:
+            runtime.meter.add_external(loss=float(loss.detach()))  # the toy's output is not a mapping the meter reads
+            runtime.after_optimizer_step(lr)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        runtime.after_optimizer_step(lr)
         if save_dir is not None and runtime.step == SAVE_AT:
             interval = runtime.engine.current_interval
             saved_mid_interval = runtime.step != interval.start_step
@@ -113,7 +136,8 @@ def _fsdp_worker(rank: int, world_size: int, checkpoint: str) -> dict:
         "refusals": refusals,
     }
     runtime.close()
-    resumed, resumed_full, _ = _sharded_run(None, SAVE_AT, STEPS, checkpoint)
+    # the resumed run goes through AutoLoCoAccelerate (a plain Accelerate loop) on the same FSDP2 layout
+    resumed, resumed_full, _ = _sharded_run(None, SAVE_AT, STEPS, checkpoint, accelerate=True)
     result["resumed_full"] = resumed_full
     result["resumed_records"] = [r.__dict__.copy() for r in resumed.engine.records]
     return result
