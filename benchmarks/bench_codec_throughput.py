@@ -3,10 +3,10 @@
 Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
 encode, decode and encode+decode of the bf16 and int8 wires, median of
 ``--repeats`` runs after one warm-up, so that the codec's cost can be compared
-with the time an outer synchronization spends on the network. ``into bufs``
-encodes/decodes into persistent wire buffers (``out=``, what the communicator
-does); ``fresh`` allocates the outputs on every call. The first row is the
-physical limit: a plain ``torch`` copy of the same FP32 buffer into a
+with the time an outer synchronization spends on the network. ``encode`` /
+``decode`` write into persistent wire buffers (``out=``, what the communicator
+does); ``enc+dec fresh`` allocates the outputs on every call. The ``copy`` row is
+the physical limit: a plain ``torch`` copy of the same FP32 buffer into a
 preallocated one.
 
     python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
@@ -33,7 +33,17 @@ def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device
     fn()  # warm-up: allocator, kernels
     times = []
     for _ in range(repeats):
-        if device.type == "cuddef main() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="elements, e.g. 16M")
     parser.add_argument("--wires", nargs="+", default=["bf16", "int8"], choices=["fp32", "bf16", "int8"])

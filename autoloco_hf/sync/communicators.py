@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from autoloco_hf.sync.codec import WireCodec, mean_in_worker_order, owner_reduce_mean, owner_reduce_part
+from autoloco_hf.sync.codec import WireCodec, mean_in_worker_order, owner_reduce_mean
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -168,6 +168,7 @@ class ProcessGroupCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.local_workers = 1
         self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
+        self._owner: Optional[_OwnerReduceBuffers] = None  # reused by the BF16 / INT8 owner-reduce
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
         if len(flats) != 1:
@@ -206,53 +207,99 @@ class ProcessGroupCommunicator(Communicator):
 
     def _owner_reduce_mean(self, flat: torch.Tensor, codec: WireCodec, traffic: Traffic) -> torch.Tensor:
         n, rank = self.num_workers, self.rank
-        parts = codec.partition(n)
-        my_start, my_end = parts[rank]
+        bufs = self._owner_buffers(codec, flat.device)
+        my_start, my_end = bufs.parts[rank]
+        my_numel = my_end - my_start
 
         tick = _now(flat)
-        outgoing = [codec.encode(flat[s:e], s) for s, e in parts]  # my contribution to each owner
+        for (s, e), wire in zip(bufs.parts, bufs.by_part):  # my contribution to each owner, in place
+            codec.encode(flat[s:e], s, out=wire)
         traffic.encode_seconds += _now(flat) - tick
 
-        incoming = [codec.empty_wire(my_start, my_end - my_start, flat.device) for _ in range(n)]
-        self._exchange(outgoing, incoming, traffic)
+        self._exchange(bufs.by_part_flat, bufs.by_worker_flat, bufs.part_splits, bufs.worker_splits, traffic)
 
-        tick = _now(flat)
-        decoded = [codec.decode(wire, my_start, my_end - my_start) for wire in incoming]
+        tick = _now(flat)  # decode + mean in worker order 0..N-1, as mean_in_worker_order does (spec 7, 8.4)
+        total = codec.decode(bufs.by_worker[0], my_start, my_numel, out=bufs.total)
+        for wire in bufs.by_worker[1:]:
+            total += codec.decode(wire, my_start, my_numel, out=bufs.scratch)
+        total /= n
         traffic.decode_seconds += _now(flat) - tick
 
-        tick = _now(flat)
-        my_mean_wire = owner_reduce_part(codec, decoded, my_start)  # FP32 mean, encoded once
+        tick = _now(flat)  # the owner's mean, encoded once, sent to every worker (itself included)
+        codec.encode(total, my_start, out=bufs.by_worker[0])
+        for wire in bufs.by_worker[1:]:
+            for dst, src in zip(wire, bufs.by_worker[0]):
+                dst.copy_(src)
         traffic.encode_seconds += _now(flat) - tick
 
-        gathered = [codec.empty_wire(s, e - s, flat.device) for s, e in parts]
-        self._exchange([my_mean_wire] * n, gathered, traffic)
+        self._exchange(bufs.by_worker_flat, bufs.by_part_flat, bufs.worker_splits, bufs.part_splits, traffic)
 
         tick = _now(flat)
-        mean = torch.empty_like(flat)
-        for (s, e), wire in zip(parts, gathered):
-            mean[s:e] = codec.decode(wire, s, e - s)
+        for (s, e), wire in zip(bufs.parts, bufs.by_part):
+            codec.decode(wire, s, e - s, out=bufs.mean[s:e])
         traffic.decode_seconds += _now(flat) - tick
         traffic.wire_bytes = self.owner_reduce_bytes(codec, rank)
-        return mean
+        return bufs.mean
+
+    def _owner_buffers(self, codec: WireCodec, device: torch.device) -> "_OwnerReduceBuffers":
+        """Persistent wire buffers of the owner-reduce (fresh ones per sync cost more than the codec on CPU)."""
+        key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, self.num_workers, device)
+        if self._owner is None or self._owner.key != key:
+            self._owner = _OwnerReduceBuffers(key, codec, self.num_workers, self.rank, device)
+        return self._owner
 
     def _exchange(
-        self, outgoing: list[list[torch.Tensor]], incoming: list[list[torch.Tensor]], traffic: Traffic
+        self,
+        send: list[torch.Tensor],
+        recv: list[torch.Tensor],
+        send_splits: list[list[int]],
+        recv_splits: list[list[int]],
+        traffic: Traffic,
     ) -> None:
-        """``all_to_all_single`` per wire tensor kind: ``outgoing[j]`` goes to worker ``j``, ``incoming[j]`` comes from it."""
-        tick = _now(outgoing[0][0])
-        for kind in range(len(outgoing[0])):
-            send = torch.cat([wire[kind].reshape(-1) for wire in outgoing])
-            recv = torch.empty(sum(w[kind].numel() for w in incoming), dtype=send.dtype, device=send.device)
+        """One ``all_to_all_single`` per wire tensor kind over contiguous buffers: split ``j`` goes to / comes from worker ``j``."""
+        tick = _now(send[0])
+        for out, inp, out_splits, in_splits in zip(recv, send, recv_splits, send_splits):
             self.dist.all_to_all_single(
-                recv,
-                send,
-                output_split_sizes=[w[kind].numel() for w in incoming],
-                input_split_sizes=[w[kind].numel() for w in outgoing],
-                group=self.group,
+                out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=self.group
             )
-            for target, chunk in zip(incoming, torch.split(recv, [w[kind].numel() for w in incoming])):
-                target[kind].copy_(chunk.view_as(target[kind]))
-        traffic.collective_seconds += _now(outgoing[0][0]) - tick
+        traffic.collective_seconds += _now(send[0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+
+
+class _OwnerReduceBuffers:
+    """Wire and FP32 buffers of one owner-reduce layout, allocated once and reused by every sync.
+
+    ``by_part``: the whole buffer's wire tensors, part ``j`` at its place (what a
+    worker sends to the owners, and later receives from them): per kind one
+    contiguous tensor, so ``all_to_all_single`` needs no concatenation.
+    ``by_worker``: ``N`` copies of this rank's part (the contributions it receives as
+    owner, then its encoded mean sent to everybody). ``total`` / ``scratch``: FP32
+    accumulators of the owner's part; ``mean``: the decoded mean of the whole buffer.
+    """
+
+    def __init__(self, key: tuple, codec: WireCodec, n: int, rank: int, device: torch.device) -> None:
+        self.key = key
+        self.parts = codec.partition(n)
+        my_start, my_end = self.parts[rank]
+        my_numel = my_end - my_start
+        part_wires = [codec.empty_wire(s, e - s, "meta") for s, e in self.parts]
+        my_wire = part_wires[rank]
+        self.by_part_flat = [
+            torch.empty(sum(w[k].numel() for w in part_wires), dtype=w0.dtype, device=device)
+            for k, w0 in enumerate(part_wires[0])
+        ]
+        self.by_worker_flat = [torch.empty(n * w.numel(), dtype=w.dtype, device=device) for w in my_wire]
+        self.by_part = [
+            list(ws) for ws in zip(*(torch.split(buf, [w[k].numel() for w in part_wires])
+                                   for k, buf in enumerate(self.by_part_flat)))
+        ]
+        self.by_worker = [
+            list(ws) for ws in zip(*(torch.split(buf, [w.numel()] * n) for buf, w in zip(self.by_worker_flat, my_wire)))
+        ]
+        self.part_splits = [[w[k].numel() for w in part_wires] for k in range(len(my_wire))]  # per kind
+        self.worker_splits = [[w.numel()] * n for w in my_wire]
+        self.total = torch.empty(my_numel, dtype=torch.float32, device=device)
+        self.scratch = torch.empty(my_numel, dtype=torch.float32, device=device)
+        self.mean = torch.empty(codec.numel, dtype=torch.float32, device=device)
