@@ -80,6 +80,7 @@ _SWITCHES = (
     "increase_requires_support",
     "error_feedback",
     "outer_on_cpu",
+    "hierarchical_sync",
 )
 
 
@@ -200,6 +201,13 @@ class AutoLoCoConfig:
             Size of one all-reduce bucket of the flat pseudo-gradient.
         ranks_per_worker (`int`, defaults to 1):
             Ranks forming one worker (inner DDP inside, spec 8.3).
+        hierarchical_sync (`bool`, defaults to `True`):
+            With `ranks_per_worker = R > 1`, rank `r` of a worker owns shard `r`
+            of the flat model: it syncs only that 1/R shard with the other
+            workers and keeps the outer parameters and momentum of that shard
+            only; the worker then all-gathers the shards over its fast link.
+            Each node sends every byte across the slow link once instead of R
+            times. `False`: every rank syncs the whole model (R copies per node).
     """
 
     method: Method = Method.AUTOLOCO
@@ -249,6 +257,7 @@ class AutoLoCoConfig:
     outer_on_cpu: bool = False
     bucket_size_mb: float = 64.0
     ranks_per_worker: int = 1
+    hierarchical_sync: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

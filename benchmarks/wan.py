@@ -449,8 +449,8 @@ def worker(spec_path: str) -> int:
                       ranks_per_worker=spec["ranks_per_worker"])
         if spec["method"] == "autoloco":
             config.update(h_min=max(1, spec["h_base"] // 2), q_h=max(1, spec["h_base"] // 5))
-        if spec["hierarchical"]:
-            config["hierarchical_sync"] = True
+        if spec["ranks_per_worker"] > 1:
+            config["hierarchical_sync"] = spec["hierarchical"]
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
         callbacks.append(autoloco)
     callbacks.append(Meter())

@@ -8,7 +8,9 @@ wrapped (DDP) and the optimizer and scheduler exist:
    (nothing, or an average inside the worker group);
 3. hooks the model's forward to count non-padding tokens and read the loss;
 4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
-   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group (or a
+   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
+   (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
+   worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
    one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
    is a single process);
 5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
@@ -25,7 +27,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from autoloco_hf.algorithm.controller import Assessment
-from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
+from autoloco_hf.sync.communicators import (
+    HierarchicalCommunicator,
+    ProcessGroupCommunicator,
+    SimulatedCommunicator,
+)
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
@@ -143,6 +149,8 @@ class WorkerRuntime:
                       bucket_size_mb=config.bucket_size_mb)
         if topo.world_size > 1:
             comm = ProcessGroupCommunicator(group=topo.outer_group, **kwargs)
+            if topo.ranks_per_worker > 1 and config.hierarchical_sync:  # each rank syncs its 1/R shard
+                comm = HierarchicalCommunicator(comm, topo.inner_group, topo.ranks_per_worker, topo.rank_in_worker)
         else:
             comm = SimulatedCommunicator(1, **kwargs)
         self.meter = BatchMeter(model)

@@ -170,6 +170,19 @@ def decode_int8(blocks: Int8Blocks, block_size: int = DEFAULT_BLOCK_SIZE) -> tor
     return out
 
 
+def balanced_parts(numel: int, num_parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` parts of ``range(numel)``; sizes differ by at most 1, the first ones larger."""
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    base, extra = divmod(numel, num_parts)
+    parts, start = [], 0
+    for i in range(num_parts):
+        end = start + base + (1 if i < extra else 0)
+        parts.append((start, end))
+        start = end
+    return parts
+
+
 class WireCodec:
     """Encodes a flat FP32 buffer made of several tensor segments for one wire dtype (spec 7).
 
@@ -205,15 +218,7 @@ class WireCodec:
         The first ``numel % num_parts`` parts get one extra element; parts may be
         empty when ``num_parts > numel``.
         """
-        if num_parts < 1:
-            raise ValueError(f"num_parts must be >= 1, got {num_parts}")
-        base, extra = divmod(self.numel, num_parts)
-        parts, start = [], 0
-        for i in range(num_parts):
-            end = start + base + (1 if i < extra else 0)
-            parts.append((start, end))
-            start = end
-        return parts
+        return balanced_parts(self.numel, num_parts)
 
     def pieces(self, start: int, numel: int) -> list[tuple[int, int]]:
         """``(offset within the slice, length)`` of each non-empty ``segment ∩ [start, start+numel)``."""

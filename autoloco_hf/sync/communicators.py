@@ -24,11 +24,11 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-from autoloco_hf.sync.codec import WireCodec, mean_in_worker_order, owner_reduce_mean
+from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_order, owner_reduce_mean
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -101,6 +101,21 @@ class Communicator(ABC):
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Make ``tensor`` identical on all workers (worker 0's value)."""
+
+    # A worker whose ranks each own a shard of the flat model (HierarchicalCommunicator)
+    # overrides these; for a worker that syncs the whole model they are identities.
+    shards_per_worker: int = 1
+    def shard_range(self, numel: int) -> tuple[int, int]:
+        """``[start, end)`` of the flat model whose outer state and sync this rank owns."""
+        return 0, numel
+
+    def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        """Float64 sums over this shard's ranks (squared norms, tokens, counts) -> sums over every rank of every worker."""
+        return partial
+
+    def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
+        """The whole flat model from this worker's shards (``shard`` covers :meth:`shard_range`)."""
+        return shard
 
     def ring_bytes(self, numel: int, bytes_per_element: int = 4) -> int:
         """Bytes one worker sends in a ring all-reduce of ``numel`` elements."""
@@ -303,3 +318,82 @@ class _OwnerReduceBuffers:
         self.total = torch.empty(my_numel, dtype=torch.float32, device=device)
         self.scratch = torch.empty(my_numel, dtype=torch.float32, device=device)
         self.mean = torch.empty(codec.numel, dtype=torch.float32, device=device)
+
+
+class HierarchicalCommunicator(Communicator):
+    """A worker of ``R`` ranks syncing shard by shard (spec 8.3): each byte crosses the slow link once.
+
+    Rank ``r`` of a worker owns shard ``r`` of the flat model (``R`` contiguous,
+    balanced parts). At a sync it averages only that shard with rank ``r`` of every
+    other worker through ``outer`` (a :class:`ProcessGroupCommunicator` over the
+    outer group: any wire, the INT8 owner-reduce included), keeps the outer
+    parameters and momentum of that shard only, and the worker all-gathers the
+    updated shards over ``inner_group`` (its fast, intra-node link).
+
+    The shard's pseudo-gradient is taken locally: the ranks of a DDP worker hold
+    identical parameters (gradients are averaged inside the worker every step),
+    so the reduce-scatter inside the worker would return each rank's own slice;
+    skipping it saves the intra-node traffic. A sharded worker (FSDP) plugs in
+    by taking its pseudo-gradient from its local shard the same way.
+    Controller statistics stay exact: squared norms are summed over the shards
+    inside the worker (:meth:`sum_over_shards`, in rank order, so every rank of
+    the worker gets bit-identical values and the same horizon); so are tokens and
+    losses, which therefore count every rank of every worker.
+    """
+
+    def __init__(self, outer: Communicator, inner_group: Any, ranks_per_worker: int, rank_in_worker: int) -> None:
+        import torch.distributed as dist
+
+        super().__init__(wire_dtype=outer.wire_dtype, block_size=outer.block_size)
+        if dist.get_world_size(inner_group) != ranks_per_worker:
+            raise ValueError(
+                f"the inner group has {dist.get_world_size(inner_group)} ranks but ranks_per_worker={ranks_per_worker}"
+            )
+        self.dist = dist
+        self.outer = outer
+        self.inner_group = inner_group
+        self.ranks_per_worker = self.shards_per_worker = ranks_per_worker
+        self.rank_in_worker = rank_in_worker
+        self.num_workers = outer.num_workers
+        self.local_workers = 1
+        self.bucket_elements = outer.bucket_elements
+        self._gather: Optional[torch.Tensor] = None  # persistent all-gather buffers (padded shards)
+        self._send: Optional[torch.Tensor] = None
+        self._full: Optional[torch.Tensor] = None
+
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+        return self.outer.codec(segment_sizes, wire_dtype)
+
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+        """The outer collective on this rank's shard (``flats`` and ``segment_sizes`` describe the shard)."""
+        return self.outer.average(flats, scalars, segment_sizes, wire_dtype)
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        self.outer.broadcast_(tensor)
+
+    def shard_range(self, numel: int) -> tuple[int, int]:
+        return balanced_parts(numel, self.ranks_per_worker)[self.rank_in_worker]
+
+    def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        local = partial.to(torch.float64).reshape(-1).contiguous()
+        gathered = [torch.empty_like(local) for _ in range(self.ranks_per_worker)]
+        self.dist.all_gather(gathered, local, group=self.inner_group)
+        return sum_in_worker_order(gathered)
+
+    def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
+        """All-gather inside the worker; shards differ by at most one element, so they travel padded."""
+        parts = balanced_parts(numel, self.ranks_per_worker)
+        width = parts[0][1] - parts[0][0]
+        if self._full is None or self._full.numel() != numel or self._full.device != shard.device:
+            self._gather = torch.empty(width * self.ranks_per_worker, dtype=torch.float32, device=shard.device)
+            self._send = torch.zeros(width, dtype=torch.float32, device=shard.device)
+            self._full = torch.empty(numel, dtype=torch.float32, device=shard.device)
+        self._send[: shard.numel()].copy_(shard)
+        self.dist.all_gather_single(self._gather, self._send, group=self.inner_group)
+        for r, (s, e) in enumerate(parts):
+            self._full[s:e].copy_(self._gather[r * width : r * width + e - s])
+        return self._full
+
+    def owner_reduce_bytes(self, codec: WireCodec, worker: int) -> int:
+        return self.outer.owner_reduce_bytes(codec, worker)
+

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
+from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
 from autoloco_hf.sync.communicators import Communicator, Traffic
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.controller import Assessment, Decision, Phase
@@ -61,6 +61,8 @@ from autoloco_hf.algorithm.stats import interval_statistics
 
 # Layout of the per-worker float64 scalar vector summed in every synchronization
 _SQ_NORM, _TOKENS, _LOSS_SUM, _LOSS_COUNT, _NONFINITE, _H, _H_SQ, _START, _START_SQ = range(9)
+# appended after the collective: this process's part of ||mean||^2, and whether its part of the mean is non-finite
+_MEAN_SQ_NORM, _MEAN_NONFINITE = 9, 10
 
 
 class WorkerDisagreement(RuntimeError):
@@ -126,11 +128,18 @@ class IntervalEngine:
         self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
 
         self._broadcast_initial_parameters()
+        # the range of the flat model whose outer state and sync this process owns (all of it unless
+        # the worker's ranks each own a shard: HierarchicalCommunicator, spec 8.3)
+        numel = sum(self.segment_sizes)
+        self.shard = communicator.shard_range(numel)
+        start, end = self.shard
+        self.shard_segment_sizes = [n for _, n in WireCodec("fp32", self.segment_sizes).pieces(start, end - start)]
         self.outer = OuterOptimizer(
             self.worker_params[0],
             lr=config.outer_lr,
             momentum=config.outer_momentum,
             device="cpu" if config.outer_on_cpu else None,
+            shard=None if self.shard == (0, numel) else self.shard,
         )
         self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
         # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
@@ -235,14 +244,21 @@ class IntervalEngine:
                 delta = self._compensate(i, delta)
             deltas.append(delta)
             scalars.append(self._scalar_summary(plan, sq_norm if finite else 0.0, i, finite))
-        result = self.comm.average(deltas, scalars, self.segment_sizes)
-        sums = result.scalar_sums.tolist()
+        result = self.comm.average(deltas, scalars, self.shard_segment_sizes)
+        # this shard's sums (and its part of the mean's squared norm) -> the whole worker group's, so that
+        # every rank of every worker sees the same D_t, C_t, tokens and losses (identity when unsharded)
+        mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+                     float(not bool(torch.isfinite(result.mean).all()))]
+        sums = self.comm.sum_over_shards(
+            torch.cat([result.scalar_sums.to(torch.float64), torch.tensor(mean_part, dtype=torch.float64)])
+        ).tolist()
+        mean_sq_norm, mean_nonfinite = sums[_MEAN_SQ_NORM], sums[_MEAN_NONFINITE]
         self._check_agreement(sums, plan)
 
         n = self.num_workers
         stats = interval_statistics(
             sums[_SQ_NORM],
-            float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+            mean_sq_norm,
             n,
             lr_mass,
             self.config.eps,
@@ -250,7 +266,7 @@ class IntervalEngine:
         mean_loss = sums[_LOSS_SUM] / max(sums[_LOSS_COUNT], 1.0)
         self._check_lr_mass(plan, lr_mass)
         all_finite = sums[_NONFINITE] == 0
-        valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
+        valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
         correction = self._correction(plan)
         if valid:
             if self.config.uses_nesterov_outer:
@@ -260,8 +276,9 @@ class IntervalEngine:
         else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
             self.totals.skipped_outer_steps += 1
             self._sanitize_optimizers()
+        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
         for params in self.worker_params:
-            self.outer.write_back(params)
+            self.outer.write_back(params, theta)
         sync_seconds = time.perf_counter() - sync_started
 
         controller_started = time.perf_counter()
@@ -290,7 +307,7 @@ class IntervalEngine:
     def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         feedback = self.error_feedback[worker]
         compensated = feedback.compensate(delta)
-        codec = self.comm.codec(self.segment_sizes)
+        codec = self.comm.codec(self.shard_segment_sizes)
         feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
         return compensated
 
@@ -307,7 +324,7 @@ class IntervalEngine:
 
     def _check_agreement(self, sums: list[float], plan: IntervalPlan) -> None:
         """All workers executed the same interval iff ``(sum h)^2 == N sum h^2`` (and the same for the start)."""
-        n = self.num_workers
+        n = self.num_workers * self.comm.shards_per_worker  # every rank contributed its h and h^2
         for total, total_sq, name in ((_H, _H_SQ, "horizon"), (_START, _START_SQ, "start step")):
             if sums[total] ** 2 != n * sums[total_sq]:
                 raise WorkerDisagreement(
