@@ -364,6 +364,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     results.append(run_row(net, row, rate, args, workdir))
     except KeyboardInterrupt:
         print("interrupted: namespaces removed", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
         return 130
     finally:
         if results:

@@ -204,7 +204,7 @@ def test_worker_groups_four_processes(tmp_path):
         # hierarchical sync (the default): per sync, this rank's half of the model across workers, then the
         # worker's all-gather of the updated halves
         assert r["totals"]["syncs"] == 2
-        assert sorted(c[3] for c in outer) == ["communicators.py:_all_reduce_mean"] * 2 + ["communicators.py:gather_shards"] * 2
+        assert sorted(c[0] for c in outer) == ["all_gather_single"] * 2 + ["all_reduce"] * 2
         half = -(-r["model_bytes"] // 8) * 4  # the larger of the two shards, in FP32 bytes
         assert all(c[1] <= half for c in outer if c[0] == "all_reduce")
         assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
