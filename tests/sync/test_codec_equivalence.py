@@ -66,7 +66,8 @@ def _edge_case_input(numel: int, seed: int) -> torch.Tensor:
         [0.0, -0.0, float("nan"), float("inf"), -float("inf"), torch.finfo(torch.float32).max,
          -torch.finfo(torch.float32).max, 1e-40, -1e-45, 2.5, -0.5, 127.5]
     )
-    idx = torch.randint(0, numel, (max(1, numel // 50),), generator=gen)
+    # specials in the first third only: later groups of blocks take the encoder's all-finite fast path
+    idx = torch.randint(0, max(1, numel // 3), (max(1, numel // 150),), generator=gen)
     x[idx] = specials[torch.randint(0, len(specials), idx.shape, generator=gen)]
     if numel > 100:  # whole stretches of zeros and of subnormals (all-zero blocks, clamped scales)
         x[numel // 3 : numel // 3 + 70] = 0.0
