@@ -319,23 +319,40 @@ def write_report(
     return path
 
 
+def loss_levels(text: str) -> list[float]:
+    """An ``argparse`` type: comma-separated finite loss levels (``3.5,3.2``)."""
+    try:
+        levels = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        levels = []
+    if not levels or not all(math.isfinite(v) for v in levels):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass comma-separated numbers, e.g. 3.5,3.2")
+    return levels
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from autoloco_hf.cli import new_file_path
+
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)")
-    parser.add_argument("--out", help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
-    parser.add_argument("--thresholds", help="comma-separated loss levels for Table 2 (default: derived from the runs)")
+    parser.add_argument("--out", type=new_file_path,
+                        help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
+    parser.add_argument("--thresholds", type=loss_levels, help="comma-separated loss levels for Table 2 (default: derived from the runs)")
     parser.add_argument("--title", default="AutoLoCo run comparison", help="title of report.md")
 
 
 def run(args: argparse.Namespace) -> int:
     import shlex
 
+    from autoloco_hf.cli import usage_error
+
     try:
         runs = find_runs(args.run_dirs)
     except FileNotFoundError as err:
-        raise SystemExit(f"autoloco report: {err}")
-    thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else default_thresholds(runs)
+        usage_error(str(err), "autoloco report")
+    thresholds = args.thresholds or default_thresholds(runs)
     out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
-    command = shlex.join(["autoloco", "report", *args.run_dirs] + (["--thresholds", args.thresholds] if args.thresholds else []) + ["--out", out])
+    levels = ["--thresholds", ",".join(f"{t:g}" for t in args.thresholds)] if args.thresholds else []
+    command = shlex.join(["autoloco", "report", *args.run_dirs] + levels + ["--out", out])
     path = write_report(runs, out, args.title, command, thresholds)
     print(render(runs, thresholds))
     print(f"report: {path}")
