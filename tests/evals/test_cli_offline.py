@@ -42,9 +42,10 @@ def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeyp
     monkeypatch.setenv("HTTP_PROXY", "http://10.255.255.1:9")
     argv = [a.format(fixtures=FIXTURES_DIR) for a in argv]
     start = time.perf_counter()
-    code = run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
+    with pytest.raises(SystemExit) as exc:
+        run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
     assert time.perf_counter() - start < 5
-    assert code == 2
+    assert exc.value.code == 2
     assert option in capsys.readouterr().err
 
 
