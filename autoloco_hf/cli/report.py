@@ -10,6 +10,11 @@ by :class:`RunWriter` (the demo and the C4 recipe use it):
 * ``summary.json``: the run's totals (:class:`~autoloco_hf.sync.records.RunTotals`),
   its configuration and its final losses.
 
+A Trainer's ``output_dir`` with :class:`~autoloco_hf.AutoLoCoCallback` is a
+run folder too: the callback writes ``autoloco_summary.json``,
+``autoloco_steps.jsonl`` (at the Trainer's ``logging_steps``) and
+``autoloco_intervals.jsonl``.
+
 ``autoloco report DIR [DIR ...]`` accepts run folders or folders of run
 folders (a demo's output), and writes the paper's Table 1 (method, syncs,
 payload, train loss over the last 2% of steps, validation loss) and Table 2
@@ -26,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from autoloco_hf.sync.records import RunTotals, read_jsonl
+from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
 LAST_FRACTION = 0.02  # the paper reports train loss over the last 2% of steps (1k of 50k)
@@ -122,12 +127,24 @@ class Run:
         return moving_average([s["loss"] for s in self.steps], window)
 
 
+def _summary_file(path: str) -> Optional[str]:
+    """A run folder's summary: ``summary.json`` (RunWriter), else ``autoloco_summary.json`` (a Trainer's output_dir)."""
+    for name in (SUMMARY, TRAINER_SUMMARY_FILENAME):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    return None
+
+
 def load_run(path: str) -> Run:
-    with open(os.path.join(path, SUMMARY)) as f:
+    summary_path = _summary_file(path)
+    with open(summary_path) as f:
         summary = json.load(f)
-    intervals_path, steps_path = os.path.join(path, INTERVALS), os.path.join(path, STEPS)
+    # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
+    intervals_path = os.path.join(path, summary.get("intervals_file", INTERVALS))
+    steps_path = os.path.join(path, summary.get("steps_file", STEPS))
     intervals = read_jsonl(intervals_path) if os.path.exists(intervals_path) else []
     steps = read_jsonl(steps_path) if os.path.exists(steps_path) else []
+    summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
 
 
@@ -135,12 +152,13 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
     runs = []
     for path in paths:
-        if os.path.exists(os.path.join(path, SUMMARY)):
+        if _summary_file(path):
             runs.append(load_run(path))
             continue
-        inside = sorted(d for d in os.listdir(path) if os.path.exists(os.path.join(path, d, SUMMARY))) if os.path.isdir(path) else []
+        inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
         if not inside:
-            raise FileNotFoundError(f"{path}: no {SUMMARY} here or in its sub-folders; is it a finished run?")
+            raise FileNotFoundError(f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
+                                    "its sub-folders; is it a finished run?")
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
     return runs
 
