@@ -180,7 +180,8 @@ def evaluate_model_dir(
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    except OSError as err:  # no weights / tokenizer files: one line instead of the loader's traceback
-        raise MissingLocalDataError(f"MODEL_DIR {model_dir}: cannot load it ({str(err).splitlines()[0]})") from err
+    except (OSError, ValueError) as err:  # no weights / tokenizer files / model type: one line, not a traceback
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise MissingLocalDataError(f"MODEL_DIR {model_dir}: cannot load it ({first})") from err
     meta = {"model": str(model_dir), "load_s": round(time.perf_counter() - start, 1)}
     return evaluate(model, tokenizer, settings, out_dir, run_name or Path(model_dir).name, meta)
