@@ -11,10 +11,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
@@ -54,7 +54,7 @@ def files_format(paths: Sequence[str | os.PathLike]) -> FileFormat:
     return kinds.pop()
 
 
-def read_rows(path: str | os.PathLike, limit: Optional[int] = None) -> list[dict]:
+def read_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
     """The first ``limit`` rows (all when ``None``) of a JSON Lines / JSON (gzipped or not) or Parquet file."""
     kind = file_format(path)
     if kind is FileFormat.PARQUET:

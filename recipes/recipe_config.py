@@ -21,7 +21,8 @@ import dataclasses
 import difflib
 import os
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -75,7 +76,7 @@ def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
 
 
 def parse_settings(
-    types: Sequence[type], argv: Optional[Sequence[str]], description: str, defaults: Optional[dict[str, Any]] = None
+    types: Sequence[type], argv: Sequence[str] | None, description: str, defaults: dict[str, Any] | None = None
 ) -> tuple[Any, ...]:
     """One instance per dataclass in ``types``, from their defaults, ``defaults``, ``--config`` YAML and flags (later wins)."""
     from transformers import HfArgumentParser

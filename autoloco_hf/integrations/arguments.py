@@ -24,7 +24,7 @@ import dataclasses
 import re
 import typing
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 from autoloco_hf.config import AutoLoCoConfig, ConfigError
 
@@ -93,7 +93,7 @@ def _build() -> type:
         shown = default.value if isinstance(default, Enum) else default
         text = helps.get(f.name) or f"AutoLoCoConfig.{f.name}"
         metadata = {"help": f"{text} (AutoLoCoConfig.{f.name}; not given: the recipe's value, else {shown!r})"}
-        fields.append((PREFIX + f.name, Optional[kind], dataclasses.field(default=None, metadata=metadata)))
+        fields.append((PREFIX + f.name, kind | None, dataclasses.field(default=None, metadata=metadata)))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(AutoLoCoConfig):

@@ -75,7 +75,7 @@ def test_one_line_exit_2(case, tmp_path, capsys):
 def test_console_script_has_no_traceback(tmp_path):
     """The installed entry point, in a fresh process: one line on stderr, exit code 2."""
     done = subprocess.run([sys.executable, "-c", "import sys; from autoloco_hf.cli import main; sys.exit(main())",
-                           "demo", "--threads", "0"], capture_output=True, text=True, timeout=120)
+                           "demo", "--threads", "0"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["autoloco demo: error: argument --threads: invalid value '0': "
-                                                "pass a whole number >= 1 (see autoloco demo --help)"]
+    assert done.stderr.strip().splitlines() == [("autoloco demo: error: argument --threads: invalid value '0': "
+                                                 "pass a whole number >= 1 (see autoloco demo --help)")]

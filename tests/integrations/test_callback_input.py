@@ -34,8 +34,9 @@ def tiny_llama() -> LlamaForCausalLM:
 
 
 def training_args(tmp_path, **overrides) -> TrainingArguments:
-    values = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=STEPS, learning_rate=1e-2,
-                  warmup_steps=1, logging_steps=4, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
+    values = {"output_dir": str(tmp_path), "per_device_train_batch_size": 2, "max_steps": STEPS, "learning_rate": 1e-2,
+              "warmup_steps": 1, "logging_steps": 4, "save_strategy": "no", "report_to": [], "use_cpu": True,
+              "disable_tqdm": True}
     return TrainingArguments(**{**values, **overrides})
 
 
@@ -69,7 +70,8 @@ def test_the_class_instead_of_an_instance_is_refused(tmp_path):
 
 def test_exports_of_unsynchronized_weights_are_refused(tmp_path):
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=4))
-    best = dict(load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps", save_steps=4, eval_steps=4)
+    best = {"load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps", "save_steps": 4,
+            "eval_steps": 4}
     with pytest.raises(AutoLoCoConfigurationError, match="load_best_model_at_end=False"):
         Trainer(model=tiny_llama(), args=training_args(tmp_path, **best), train_dataset=Tokens(),
                 eval_dataset=Tokens(), callbacks=[callback])
@@ -126,5 +128,5 @@ def test_early_stop_warns_that_the_model_is_not_synchronized(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
         trainer.train()
     warnings = [r.getMessage() for r in caplog.records if "stopped at step" in r.getMessage()]
-    assert warnings == ["AutoLoCo: training stopped at step 6 of 8 planned; the model holds this rank's local "
-                        "weights 2 steps after the last synchronization (step 4), not a synchronized model"]
+    assert warnings == [("AutoLoCo: training stopped at step 6 of 8 planned; the model holds this rank's local "
+                         "weights 2 steps after the last synchronization (step 4), not a synchronized model")]
