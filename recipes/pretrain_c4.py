@@ -39,7 +39,7 @@ from typing import Any, Iterator, Literal, Optional, Sequence
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import load_yaml, parse_settings, usage_error  # noqa: E402
+from recipe_config import load_yaml, parse_settings, setting, usage_error  # noqa: E402
 
 from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
@@ -57,36 +57,38 @@ MODEL_215M = dict(
 class C4Settings:
     """Every knob of the recipe but the engine's (:class:`AutoLoCoArguments`); YAML files and flags override these defaults."""
 
-    run_name: str = "c4_autoloco"
-    output_dir: str = "runs/c4"
-    method: Method = Method.AUTOLOCO
-    ablation: Optional[Literal["intervals_only", "momentum", "full", "full_normalized"]] = None  # AutoLoCoConfig.ablation's variants
-    mode: Literal["auto", "simulated", "multiprocess"] = "auto"
-    workers: int = 8
-    steps: int = 50_000
-    warmup_steps: int = 1_000
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.95
-    max_grad_norm: Optional[float] = 1.0  # per-worker gradient clipping before each inner step
-    batch_size: int = 128  # documents per worker per step
-    micro_batch_size: Optional[int] = None  # split each worker's batch for memory (gradient accumulation)
-    seq_len: int = 1_024
-    dataset: str = "allenai/c4"
-    dataset_config: str = "en"
-    train_files: Optional[list[str]] = None  # local files instead of the hub stream: JSON Lines / JSON (.gz) / Parquet / text
-    val_files: Optional[list[str]] = None
-    text_field: str = "text"
-    val_docs: int = 4_096
-    eval_batch_size: int = 32
-    tokenizer: str = "hf-internal-testing/llama-tokenizer"  # any LLaMA-style 32k tokenizer, or a local path
-    model_config: Optional[str] = None  # JSON/YAML of LlamaConfig fields; default: the ~215M model
-    bf16: bool = True  # autocast on CUDA; FP32 on CPU
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    save_every: int = 0  # steps between checkpoints in output_dir/run_name/checkpoint (0: never)
-    resume: bool = False  # continue from that checkpoint when it exists
-
+    run_name: str = setting("c4_autoloco", "run folder name under output_dir")
+    output_dir: str = setting("runs/c4", "where run folders go")
+    method: Method = setting(Method.AUTOLOCO, "how workers synchronize")
+    ablation: Optional[Literal["intervals_only", "momentum", "full", "full_normalized"]] = setting(
+        None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method")
+    mode: Literal["auto", "simulated", "multiprocess"] = setting(
+        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE")
+    workers: int = setting(8, "data-parallel workers")
+    steps: int = setting(50_000, "optimizer steps")
+    warmup_steps: int = setting(1_000, "linear LR warm-up steps, then cosine decay")
+    lr: float = setting(3e-4, "peak AdamW learning rate")
+    weight_decay: float = setting(0.1, "AdamW weight decay")
+    adam_beta2: float = setting(0.95, "AdamW beta2")
+    max_grad_norm: Optional[float] = setting(1.0, "per-worker gradient clipping before each inner step")
+    batch_size: int = setting(128, "documents per worker per step")
+    micro_batch_size: Optional[int] = setting(None, "split each worker's batch for memory (same gradient)")
+    seq_len: int = setting(1_024, "tokens per document after truncation or padding (no packing)")
+    dataset: str = setting("allenai/c4", "hub dataset, streamed")
+    dataset_config: str = setting("en", "hub dataset configuration")
+    train_files: Optional[list[str]] = setting(
+        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content")
+    val_files: Optional[list[str]] = setting(None, "local validation files (same formats)")
+    text_field: str = setting("text", "the column holding the document text")
+    val_docs: int = setting(4_096, "validation documents")
+    eval_batch_size: int = setting(32, "validation batch size")
+    tokenizer: str = setting("hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path")
+    model_config: Optional[str] = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
+    bf16: bool = setting(True, "bf16 autocast on CUDA (CPU runs in FP32)")
+    gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass to save memory")
+    seed: int = setting(0, "seed of the initialization (the ablation configs use 42, as the paper)")
+    save_every: int = setting(0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)")
+    resume: bool = setting(False, "continue from that checkpoint when it exists")
 
 def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus the ``autoloco_*`` overrides."""

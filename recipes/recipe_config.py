@@ -33,6 +33,11 @@ from autoloco_hf.integrations.arguments import PREFIX
 AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
 
 
+def setting(default: Any, help: str) -> Any:
+    """A settings field with its ``--help`` text."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def _suggest(name: str, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f"did you mean {close[0]}?" if close else "see --help for the known names"

@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import parse_settings, usage_error  # noqa: E402
+from recipe_config import parse_settings, setting, usage_error  # noqa: E402
 
 from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
@@ -52,22 +52,23 @@ ROLES = ("system", "user", "assistant")
 class SFTSettings:
     """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`), the engine's ``autoloco_*``."""
 
-    method: Method = Method.AUTOLOCO  # diloco, autoloco (ddp, qsr, linear also run)
-    int8: bool = False  # INT8 blockwise pseudo-gradient communication (spec 7)
-    model_name_or_path: str = "meta-llama/Llama-3.1-8B"
-    tokenizer: Optional[str] = None  # default: the model's
-    chat_template: Optional[str] = None  # a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template
-    model_dtype: str = "bfloat16"  # weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)
-    dataset: str = "HuggingFaceH4/ultrachat_200k"
-    train_split: str = "train_sft"
-    test_split: str = "test_sft"
-    train_files: Optional[list[str]] = None  # local JSON Lines / JSON / Parquet with a `messages` column instead of the hub
-    test_files: Optional[list[str]] = None
-    global_batch_size: int = 32  # conversations per optimizer step, all workers together (sets gradient accumulation)
-    test_conversations: int = 1_000
-    eval_batch_size: int = 8
-    resume: bool = False  # continue from the last checkpoint in output_dir/run_name when there is one
-
+    method: Method = setting(Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)")
+    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (spec 7)")
+    model_name_or_path: str = setting("meta-llama/Llama-3.1-8B", "hub id or local folder of the model")
+    tokenizer: Optional[str] = setting(None, "hub id or local folder; default: the model's")
+    chat_template: Optional[str] = setting(
+        None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template")
+    model_dtype: str = setting("bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)")
+    dataset: str = setting("HuggingFaceH4/ultrachat_200k", "hub dataset")
+    train_split: str = setting("train_sft", "hub split to train on")
+    test_split: str = setting("test_sft", "hub split of the test NLL")
+    train_files: Optional[list[str]] = setting(
+        None, "local JSON Lines / JSON / Parquet files with a `messages` column instead of the hub")
+    test_files: Optional[list[str]] = setting(None, "local test files (same formats)")
+    global_batch_size: int = setting(32, "conversations per optimizer step, all workers together (sets gradient accumulation)")
+    test_conversations: int = setting(1_000, "valid test conversations for the test NLL")
+    eval_batch_size: int = setting(8, "test NLL batch size")
+    resume: bool = setting(False, "continue from the last checkpoint in output_dir/run_name when there is one")
 
 def _checkpointing_field() -> str:
     """transformers >= 5.2x calls it ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias)."""
