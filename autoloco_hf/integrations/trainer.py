@@ -55,7 +55,7 @@ from typing import Any, Optional, Union
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from autoloco_hf.config import AutoLoCoConfig, ConfigError
+from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.groups import check_worker_layout
