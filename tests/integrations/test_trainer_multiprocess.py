@@ -168,6 +168,24 @@ def test_autoloco_logs_and_jsonl(autoloco):
     assert deterministic_records(lines) == deterministic_records(full[0]["records"])
 
 
+def test_report_on_a_trainer_output_dir(autoloco, tmp_path, capsys):
+    """`autoloco report OUTPUT_DIR` on the Trainer's own folder: tables, and plots of H, D_t/C_t, mu/eta, bytes."""
+    from autoloco_hf.cli import main
+
+    full = autoloco["full"]
+    assert main(["report", str(autoloco["full_dir"]), "--out", str(tmp_path / "report")]) == 0
+    table = capsys.readouterr().out
+    syncs = full[0]["totals"]["syncs"]
+    row = next(line for line in table.splitlines() if line.startswith(f"| {autoloco['full_dir'].name} |"))
+    assert f"| {syncs:,} |" in row and "nan" not in row  # syncs, payload, train loss over the last 2%
+    for name in ("loss_vs_step.png", "loss_vs_bytes.png", "horizon.png", "outer_mu_eta.png", "drift_coherence.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 1000, name
+    # the logged steps, at the Trainer's logging_steps; the resumed run keeps those before its checkpoint
+    for folder in ("full_dir", "split_dir"):
+        with open(os.path.join(autoloco[folder], "autoloco_steps.jsonl")) as f:
+            assert [json.loads(line)["step"] for line in f] == [5, 10, 15, 20], folder
+
+
 def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
     full, resumed = autoloco["full"], autoloco["resumed"]
     records = full[0]["records"]
