@@ -21,6 +21,9 @@ from typing import Any, Optional
 
 import torch
 
+from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
+
+IGNORE_INDEX = -100  # the label value transformers' losses ignore
 
 @dataclass
 class GradientTraffic:
@@ -89,24 +92,6 @@ def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, 
     return traffic
 
 
-def _count_tokens(kwargs: dict[str, Any], args: tuple) -> Any:
-    """Non-padding input tokens of one forward call (spec 3): a device tensor (mask sum) or a Python int.
-
-    Counts from shapes stay Python ints: building a device tensor from a host number would force a
-    host-device synchronization on every forward.
-    """
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        return mask.sum()
-    ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-    if isinstance(ids, torch.Tensor):
-        return ids.numel()
-    embeds = kwargs.get("inputs_embeds")
-    if isinstance(embeds, torch.Tensor):
-        return embeds.shape[:-1].numel()
-    return None
-
-
 def _output_loss(output: Any) -> Optional[torch.Tensor]:
     loss = None
     if isinstance(output, dict) or hasattr(output, "get"):
@@ -125,7 +110,9 @@ class BatchMeter:
     Per optimizer step the loss is the sum of the micro-batch losses when the
     model received ``num_items_in_batch`` (the Trainer's token-normalized loss
     under gradient accumulation), else their mean. Evaluation forwards
-    (``model.eval()`` or no grad) are not counted.
+    (``model.eval()`` or no grad) are not counted. A forward whose ``labels``
+    are all ``-100`` counts as loss 0 (transformers returns 0/0 = NaN for it,
+    with a zero gradient); its tokens still count (``attention_mask``).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -146,7 +133,7 @@ class BatchMeter:
 
     def _pre_hook(self, module, args, kwargs):
         if self._training():
-            tokens = _count_tokens(kwargs, args)
+            tokens = count_non_padding_tokens(kwargs, args)
             if tokens is not None:
                 self.step_tokens = self.step_tokens + tokens
             self.forwards += 1
@@ -157,6 +144,11 @@ class BatchMeter:
             loss = _output_loss(output)
             if loss is not None:
                 self.loss_seen = True
+                labels = kwargs.get("labels")
+                if isinstance(labels, torch.Tensor) and not labels.is_floating_point():
+                    # A batch whose labels are all ignored (all padding, or prompt-only) has a 0/0 = NaN loss in
+                    # transformers but a zero gradient: it carries no loss, not a divergence (stays on device).
+                    loss = torch.where((labels != IGNORE_INDEX).any(), loss, torch.zeros_like(loss))
                 if kwargs.get("num_items_in_batch") is not None:
                     self.step_scaled_loss = self.step_scaled_loss + loss.detach().float()
                 else:

@@ -1,4 +1,4 @@
-"""``plan_run`` and the ``autoloco plan`` command (spec 5.4, 6)."""
+"""``preview_run`` and the ``autoloco plan`` command (spec 5.4, 6)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.cli import main
-from autoloco_hf.algorithm.preview import payload_bytes, plan_run, run_length
+from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+from autoloco_hf.sync.accounting import payload_bytes
 
 C4_TRAJECTORY = "500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1"
 SFT_TRAJECTORY = "100x6, 110x5, 120x5, 130x5, 140x5, 150x22, 90x1"
@@ -36,7 +37,7 @@ def cli_json(capsys, *argv: str) -> dict:
     return json.loads(cli(capsys, *argv, "--json"))
 
 
-# ----------------------------------------------------------------- plan_run
+# ----------------------------------------------------------------- preview_run
 def test_run_length() -> None:
     assert run_length([500, 500, 550]) == "500x2, 550x1"
     assert run_length([1, 2, 1]) == "1x1, 2x1, 1x1"
@@ -46,7 +47,7 @@ def test_run_length() -> None:
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 def test_c4_trajectory(make) -> None:
     """Spec 5.4: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
-    p = plan_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
+    p = preview_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
     assert run_length(p.intervals) == C4_TRAJECTORY
     assert p.syncs == 73 and p.steps == 50_000
 
@@ -55,16 +56,16 @@ def test_c4_trajectory(make) -> None:
 @pytest.mark.parametrize("warmup", [0, 10, 65, 100, 195])
 def test_sft_gives_49_syncs(make, warmup: int) -> None:
     """Spec 5.4: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
-    p = plan_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
+    p = preview_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
     assert p.syncs == 49 and p.steps == 6490
 
 
 def test_diloco_ddp_plans() -> None:
     sched = warmup_cosine(3e-4, 1000, 50_000)
-    assert plan_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
-    sft = plan_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
+    assert preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
+    sft = preview_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
     assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (spec 5.4)
-    ddp = plan_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
+    ddp = preview_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
     assert ddp.syncs == 300 and ddp.steps == 300
 
 
@@ -147,9 +148,9 @@ def test_cli_overrides_change_the_plan(capsys, argv: list, check) -> None:
     assert sum(data["intervals"]) == data["steps"]
 
 
-def test_cli_h_base_override_matches_plan_run(capsys) -> None:
+def test_cli_h_base_override_matches_preview_run(capsys) -> None:
     data = cli_json(capsys, "--h-base", "200", "--steps", "10000", "--warmup", "100")
-    expected = plan_run(AutoLoCoConfig(h_base=200), warmup_cosine(1.0, 100, 10_000), 100)
+    expected = preview_run(AutoLoCoConfig(h_base=200), warmup_cosine(1.0, 100, 10_000), 100)
     assert data["intervals"] == expected.intervals
 
 
@@ -166,18 +167,38 @@ def test_cli_h_base_override_matches_plan_run(capsys) -> None:
         (["--warmup", "60000"], "--warmup"),
     ],
 )
-def test_cli_bad_options_exit_with_message(argv: list, message: str) -> None:
+def test_cli_bad_options_exit_with_message(capsys, argv: list, message: str) -> None:
     with pytest.raises(SystemExit) as info:
         main(["plan", *argv])
-    assert isinstance(info.value.code, str), info.value.code
-    assert info.value.code.startswith("autoloco plan:")
-    assert message in info.value.code
+    assert info.value.code == 2  # a usage error, like argparse's own
+    err = capsys.readouterr().err
+    assert err.startswith("autoloco plan: error:") and err.count("\n") == 1
+    assert message in err
 
 
 @pytest.mark.parametrize("params", ["0", "-1"])
-def test_cli_non_positive_params_exits_with_message(params: str) -> None:
-    with pytest.raises(SystemExit, match="--params"):
+def test_cli_non_positive_params_exits_with_message(capsys, params: str) -> None:
+    with pytest.raises(SystemExit) as info:
         main(["plan", "--params", params, "--steps", "1000", "--warmup", "10"])
+    assert info.value.code == 2 and "--params" in capsys.readouterr().err
+
+
+def test_h_max_off_the_q_h_grid_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--h-max", "740"])
+    assert info.value.code == 2
+    assert "--h-max 740 is not a multiple of q_H=50: use 700 or 750" in capsys.readouterr().err
+
+
+def test_payload_uses_the_recipe_model_size(capsys) -> None:
+    """The SFT recipe trains Llama-3.1-8B: its payload is 8.03B parameters' worth, not the C4 model's 215M."""
+    sft = cli_json(capsys, "--recipe", "sft")
+    c4 = cli_json(capsys, "--recipe", "c4")
+    assert sft["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 8_030_261_248, "bf16")
+    assert c4["payload_bytes_per_worker"] == payload_bytes(c4["syncs"], 214_983_680, "bf16")
+    assert "8.03B parameters" in cli(capsys, "--recipe", "sft")
+    explicit = cli_json(capsys, "--recipe", "sft", "--params", "1e9")
+    assert explicit["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 10**9, "bf16")
 
 
 @pytest.mark.parametrize("argv", [["--recipe", "wiki"], ["--steps", "many"], ["--schedule", "step"]])
