@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "alh-lp-"
@@ -94,7 +94,7 @@ ROWS = {
 
 
 # ----------------------------------------------------------------------------- network namespaces
-def _ip(*args: str, ns: Optional[str] = None) -> None:
+def _ip(*args: str, ns: str | None = None) -> None:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -121,7 +121,7 @@ class Network:
         self.mtu = mtu
         self.namespaces: list[str] = []
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         try:
             self._build()
         except BaseException:
@@ -199,7 +199,7 @@ def _kill_namespace_processes(ns: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def check_root() -> Optional[str]:
+def check_root() -> str | None:
     """Why this machine cannot run the benchmark (one line), or None."""
     if os.geteuid() != 0:
         return "benchmarks/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
@@ -276,7 +276,7 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
                 method=row.method)
 
 
-def time_to_target(losses: list[float], times: list[float], target: float) -> Optional[float]:
+def time_to_target(losses: list[float], times: list[float], target: float) -> float | None:
     """Seconds until the mean of the last ``LOSS_WINDOW`` losses (fewer at the start) first reaches ``target``."""
     for i in range(len(losses)):
         if statistics.fmean(losses[max(0, i - LOSS_WINDOW + 1) : i + 1]) <= target:
@@ -288,7 +288,7 @@ def final_loss(losses: list[float]) -> float:
     return statistics.fmean(losses[-LOSS_WINDOW:])
 
 
-def print_table(rows: list[dict[str, Any]], target_loss: Optional[float]) -> None:
+def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     header = (f"{'rate':>9} {'row':<16} {'steps/s':>7} {'x single':>8} {'sync %':>7} {'syncs':>5} "
               f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
               f"{'outer MB/rank':>13}")
@@ -310,7 +310,7 @@ def print_table(rows: list[dict[str, Any]], target_loss: Optional[float]) -> Non
                   f"{r['outer_state_bytes'] / 1e6:>13.2f}")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--nodes", type=int, default=2, help="network namespaces (2: one veth pair; more: a bridge)")
