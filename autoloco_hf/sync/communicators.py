@@ -326,8 +326,14 @@ class HierarchicalCommunicator(Communicator):
     The shard's pseudo-gradient is taken locally: the ranks of a DDP worker hold
     identical parameters (gradients are averaged inside the worker every step),
     so the reduce-scatter inside the worker would return each rank's own slice;
-    skipping it saves the intra-node traffic. A sharded worker (FSDP) plugs in
-    by taking its pseudo-gradient from its local shard the same way.
+    skipping it saves the intra-node traffic.
+
+    The engine only sees :meth:`shard_range`, :meth:`sum_over_shards` and
+    :meth:`gather_shards` (identities on the base class). A worker sharded by FSDP2
+    plugs in with the same three: its shard is its local ``DTensor.to_local()``
+    pieces (the engine's "model" is then the local shards, ``shard_range`` all of
+    them), ``sum_over_shards`` is this class's, and ``gather_shards`` is the
+    identity (the outer step writes straight into the local shards).
     Controller statistics stay exact: squared norms are summed over the shards
     inside the worker (:meth:`sum_over_shards`, in rank order, so every rank of
     the worker gets bit-identical values and the same horizon); so are tokens and
