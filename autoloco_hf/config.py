@@ -87,6 +87,7 @@ _SWITCHES = (
     "increase_requires_support",
     "error_feedback",
     "outer_on_cpu",
+    "hierarchical_sync",
 )
 
 
@@ -233,6 +234,13 @@ class AutoLoCoConfig:
             Beyond the paper, opt-in. A candidate lies at most this many `q_h`
             above the accepted horizon (0: no cap, the spec's rule), so a
             budget that admits `h_max` late in training climbs step by step.
+        hierarchical_sync (`bool`, defaults to `True`):
+            With `ranks_per_worker = R > 1`, rank `r` of a worker owns shard `r`
+            of the flat model: it syncs only that 1/R shard with the other
+            workers and keeps the outer parameters and momentum of that shard
+            only; the worker then all-gathers the shards over its fast link.
+            Each node sends every byte across the slow link once instead of R
+            times. `False`: every rank syncs the whole model (R copies per node).
     """
 
     method: Method = Method.AUTOLOCO
@@ -287,6 +295,7 @@ class AutoLoCoConfig:
     rejected_bound_min_age: int = 0
     cumulative_check: bool = False
     candidate_max_quanta: int = 0
+    hierarchical_sync: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

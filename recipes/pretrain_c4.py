@@ -19,9 +19,11 @@ w, N)`` in both modes, so the two modes see the same data.
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml
     torchrun --nproc_per_node 8 recipes/pretrain_c4.py --config recipes/configs/c4_diloco.yaml --mode multiprocess
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml \\
-        --train-files train.jsonl --val-files val.jsonl --model-config tiny.json --tokenizer ./tok
+        --train-files c4-train.00000-of-01024.json.gz --val-files val.parquet --model-config tiny.json --tokenizer ./tok
 
-The run folder (``output_dir/run_name``) is readable by ``autoloco report``.
+The run folder (``output_dir/run_name``) is readable by ``autoloco report`` and
+ends with the final synchronized model and its tokenizer
+(``save_pretrained``), ready for ``autoloco eval output_dir/run_name``.
 """
 
 from __future__ import annotations
@@ -31,16 +33,18 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal, Optional, Sequence
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import load_yaml, parse_settings  # noqa: E402
+from recipe_config import load_yaml, parse_settings, setting, usage_error  # noqa: E402
 
+from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
-from autoloco_hf.config import RECIPES  # noqa: E402
+from autoloco_hf.config import RECIPES, ConfigError, Method  # noqa: E402
+from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
 
 # LLaMA-style, 214.96M parameters with a 32k vocabulary (untied embeddings).
 MODEL_215M = dict(
@@ -51,47 +55,58 @@ MODEL_215M = dict(
 
 @dataclass
 class C4Settings:
-    """Every knob of the recipe; YAML files under ``recipes/configs/`` and flags override these defaults."""
+    """Every knob of the recipe but the engine's (:class:`AutoLoCoArguments`); YAML files and flags override these defaults."""
 
-    run_name: str = "c4_autoloco"
-    output_dir: str = "runs/c4"
-    method: str = "autoloco"  # ddp, diloco, autoloco, qsr, linear
-    ablation: Optional[str] = None  # AutoLoCoConfig.ablation variant (intervals_only, momentum, full, ...)
-    mode: str = "auto"  # simulated, multiprocess, auto
-    workers: int = 8
-    steps: int = 50_000
-    warmup_steps: int = 1_000
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.95
-    max_grad_norm: Optional[float] = 1.0  # per-worker gradient clipping before each inner step
-    batch_size: int = 128  # documents per worker per step
-    micro_batch_size: Optional[int] = None  # split each worker's batch for memory (gradient accumulation)
-    seq_len: int = 1_024
-    dataset: str = "allenai/c4"
-    dataset_config: str = "en"
-    train_files: Optional[list] = None  # local JSONL/Parquet/text files instead of the hub stream
-    val_files: Optional[list] = None
-    text_field: str = "text"
-    val_docs: int = 4_096
-    eval_batch_size: int = 32
-    tokenizer: str = "hf-internal-testing/llama-tokenizer"  # any LLaMA-style 32k tokenizer, or a local path
-    model_config: Optional[str] = None  # JSON/YAML of LlamaConfig fields; default: the ~215M model
-    bf16: bool = True  # autocast on CUDA; FP32 on CPU
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    save_every: int = 0  # steps between checkpoints in output_dir/run_name/checkpoint (0: never)
-    resume: bool = False  # continue from that checkpoint when it exists
-    autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides (outer_momentum, wire_dtype, ...)
+    run_name: str = setting("c4_autoloco", "run folder name under output_dir")
+    output_dir: str = setting("runs/c4", "where run folders go")
+    method: Method = setting(Method.AUTOLOCO, "how workers synchronize")
+    ablation: Optional[Literal["intervals_only", "momentum", "full", "full_normalized"]] = setting(
+        None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method")
+    mode: Literal["auto", "simulated", "multiprocess"] = setting(
+        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE")
+    workers: int = setting(8, "data-parallel workers")
+    steps: int = setting(50_000, "optimizer steps")
+    warmup_steps: int = setting(1_000, "linear LR warm-up steps, then cosine decay")
+    lr: float = setting(3e-4, "peak AdamW learning rate")
+    weight_decay: float = setting(0.1, "AdamW weight decay")
+    adam_beta2: float = setting(0.95, "AdamW beta2")
+    max_grad_norm: Optional[float] = setting(1.0, "per-worker gradient clipping before each inner step")
+    batch_size: int = setting(128, "documents per worker per step")
+    micro_batch_size: Optional[int] = setting(None, "split each worker's batch for memory (same gradient)")
+    seq_len: int = setting(1_024, "tokens per document after truncation or padding (no packing)")
+    dataset: str = setting("allenai/c4", "hub dataset, streamed")
+    dataset_config: str = setting("en", "hub dataset configuration")
+    train_files: Optional[list[str]] = setting(
+        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content")
+    val_files: Optional[list[str]] = setting(None, "local validation files (same formats)")
+    text_field: str = setting("text", "the column holding the document text")
+    val_docs: int = setting(4_096, "validation documents")
+    eval_batch_size: int = setting(32, "validation batch size")
+    tokenizer: str = setting("hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path")
+    model_config: Optional[str] = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
+    bf16: bool = setting(True, "bf16 autocast on CUDA (CPU runs in FP32)")
+    gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass to save memory")
+    seed: int = setting(0, "seed of the initialization (the ablation configs use 42, as the paper)")
+    save_every: int = setting(0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)")
+    resume: bool = setting(False, "continue from that checkpoint when it exists")
 
-
-def autoloco_config(s: C4Settings) -> AutoLoCoConfig:
-    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus overrides."""
-    overrides = {**s.autoloco, "warmup_steps": s.warmup_steps}
+def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
+    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus the ``autoloco_*`` overrides."""
+    overrides = {"warmup_steps": s.warmup_steps, **a.overrides()}
     if s.ablation:
         horizon = {k: v for k, v in RECIPES["c4"].items() if k != "normalize_pseudo_grad"}
         return AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
-    return AutoLoCoConfig.for_recipe("c4", method=s.method, **overrides)
+    return AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[C4Settings, AutoLoCoArguments]:
+    """Settings from defaults, ``--config`` YAML and flags; a bad engine setting is a usage error (exit 2)."""
+    settings, autoloco = parse_settings((C4Settings, AutoLoCoArguments), argv, __doc__.splitlines()[0])
+    try:
+        autoloco_config(settings, autoloco)
+    except ConfigError as err:
+        usage_error(str(err))
+    return settings, autoloco
 
 
 def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
@@ -114,9 +129,8 @@ def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> 
     from datasets.distributed import split_dataset_by_node
 
     files = s.train_files if split == "train" else s.val_files
-    if files:
-        stream = load_dataset("json" if str(files[0]).endswith((".json", ".jsonl")) else "text",
-                              data_files=list(files), split="train", streaming=True)
+    if files:  # by content: the real C4 shards are gzipped JSON Lines
+        stream = load_dataset(files_format(files).value, data_files=list(files), split="train", streaming=True)
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
     return split_dataset_by_node(stream, rank=worker, world_size=num_workers)
@@ -228,7 +242,7 @@ def _autocast(s: C4Settings, launch: Launch) -> Any:
     return torch.autocast(device_type=launch.device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def train(s: C4Settings) -> dict[str, Any]:
+def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary (rank 0) or an empty dict (other ranks)."""
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
@@ -236,7 +250,7 @@ def train(s: C4Settings) -> dict[str, Any]:
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     launch = Launch(s)
-    config = autoloco_config(s)
+    config = autoloco_config(s, a)
     tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -292,9 +306,13 @@ def train(s: C4Settings) -> dict[str, Any]:
     val_loss = validate(s, launch, workers.models[0], tokenizer)
     if writer is None:
         return {}
+    # The budget ends on a sync, so every replica holds the synchronized model: keep it for `autoloco eval`.
+    workers.models[0].save_pretrained(run_dir)
+    tokenizer.save_pretrained(run_dir)
     params = sum(p.numel() for p in workers.models[0].parameters())
     return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
-                         params=params, mode=launch.mode, resumed_from_step=start, settings=dataclasses.asdict(s))
+                         params=params, mode=launch.mode, resumed_from_step=start,
+                         settings={**dataclasses.asdict(s), **dataclasses.asdict(a)})
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
@@ -311,9 +329,9 @@ def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    settings = parse_settings(C4Settings, argv, __doc__.splitlines()[0])
+    settings, autoloco = parse_args(argv)
     try:
-        summary = train(settings)
+        summary = train(settings, autoloco)
     finally:
         import torch.distributed as dist
 

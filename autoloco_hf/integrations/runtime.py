@@ -8,7 +8,9 @@ wrapped (DDP) and the optimizer and scheduler exist:
    (nothing, or an average inside the worker group);
 3. hooks the model's forward to count non-padding tokens and read the loss;
 4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
-   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group (or a
+   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
+   (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
+   worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
    one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
    is a single process);
 5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
@@ -31,7 +33,7 @@ import torch
 
 from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.sync.checkpoint import read_state, write_state
-from autoloco_hf.sync.communicators import ShardedWorkerCommunicator, make_communicator
+from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
@@ -188,9 +190,10 @@ class WorkerRuntime:
                     "and FSDP2 multi-process training"
                 )
             self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
-        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group)
-        if self.fsdp_mesh is not None and topo.ranks_per_worker > 1:  # rank r of every worker syncs shard r
-            comm = ShardedWorkerCommunicator(comm, topo.inner_group, topo.ranks_per_worker)
+        # an FSDP2 worker's ranks hold different shards already: rank r of every worker syncs shard r
+        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group,
+                                 inner_group=topo.inner_group, rank_in_worker=topo.rank_in_worker,
+                                 fsdp_worker=self.fsdp_mesh is not None)
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
         self._extra_on_record = on_record

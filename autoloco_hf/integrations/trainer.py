@@ -26,9 +26,17 @@ callback does:
 * ``on_optimizer_step`` / ``on_step_end``: once per true optimizer step (after
   gradient accumulation) feeds the engine; at a boundary the engine averages
   pseudo-gradients, applies the outer step and writes ``theta_{t+1}`` into the
-  model, and the callback logs ``autoloco/*`` through ``Trainer.log`` (so every
-  ``report_to`` integration receives them) and appends one JSONL line to
-  ``<output_dir>/autoloco_intervals.jsonl``.
+  model, and the callback appends one JSONL line to
+  ``<output_dir>/autoloco_intervals.jsonl`` and logs ``autoloco/*`` through
+  ``Trainer.log`` (so every ``report_to`` tracker receives every sync); the
+  console only shows a one-field summary (``autoloco``: syncs, H, mu, eta,
+  payload) on the Trainer's own ``logging_steps`` cadence.
+* ``on_log`` / ``on_train_end``: the main process keeps
+  ``<output_dir>/autoloco_steps.jsonl`` (loss, LR, syncs, bytes at each
+  logged step) and writes ``<output_dir>/autoloco_summary.json``, so
+  ``autoloco report <output_dir>`` works on a Trainer run. A run that stops
+  before its planned last step gets a warning: its weights are a rank's local
+  ones, not a synchronized model.
 * when the Trainer saves: the model holds the last synchronized parameters
   ``theta_t`` while the Trainer writes the checkpoint (so evaluating, pushing or
   serving any checkpoint gives the model the workers agreed on), and
@@ -48,21 +56,26 @@ callback does:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
-from typing import Any, Optional
+import time
+from typing import Any, Optional, Union
 
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
+from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.groups import check_worker_layout
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, state_path
 from autoloco_hf.sync.checkpoint import peek_header
+from autoloco_hf.sync.records import TRAINER_STEPS_FILENAME, TRAINER_SUMMARY_FILENAME
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -148,6 +161,43 @@ def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worke
         )
 
 
+def _as_config(config: Any) -> AutoLoCoConfig:
+    """A config, a dict of its fields or parsed :class:`AutoLoCoArguments`; anything else fails now, in one line."""
+    if config is None:
+        # Trainer(callbacks=[AutoLoCoCallback]) instantiates the class with no arguments, in CallbackHandler.add_callback
+        caller = sys._getframe(2)
+        if caller.f_code.co_name == "add_callback" and isinstance(caller.f_locals.get("callback"), type):
+            raise TypeError("callbacks=[AutoLoCoCallback] passes the class, which would silently run the defaults: "
+                            "pass an instance, callbacks=[AutoLoCoCallback(AutoLoCoConfig(...))]")
+        return AutoLoCoConfig()
+    if isinstance(config, AutoLoCoConfig):
+        return config
+    if isinstance(config, dict):
+        return AutoLoCoConfig.from_dict(config)
+    if isinstance(config, AutoLoCoArguments):
+        return config.to_config()
+    raise TypeError(f"AutoLoCoCallback(config={config!r}): expected an AutoLoCoConfig or a dict of its fields, got "
+                    f"{type(config).__name__}; e.g. AutoLoCoCallback(AutoLoCoConfig(method='diloco', h_base=100))")
+
+
+def _sync_summary(metrics: dict[str, float]) -> str:
+    """The latest sync in one short console field: ``syncs 12 | H 20 | mu 0.70 | eta 0.70 | 1.5 MiB``."""
+    return (f"syncs {metrics['autoloco/syncs']:.0f} | H {metrics['autoloco/H_step']:.0f} | "
+            f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | "
+            f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB")
+
+
+def _quiet_console(printer_on_log: Any) -> Any:
+    """Wrap a console callback's ``on_log`` so per-sync ``autoloco/*``-only logs (for the trackers) are not printed."""
+
+    def on_log(args, state, control, logs=None, **kwargs):
+        if logs and all(key.startswith("autoloco/") or key in ("epoch", "step") for key in logs):  # Trainer.log adds epoch
+            return None
+        return printer_on_log(args, state, control, logs=logs, **kwargs)
+
+    return on_log
+
+
 # ---------------------------------------------------------------- Trainer internals we rely on
 # Everything here reads Trainer behaviour that is not part of the callback contract. It is kept to these
 # two functions, and tests/integrations/test_trainer_single_process.py::test_trainer_internals_still_hold fails
@@ -216,9 +266,11 @@ class AutoLoCoCallback(TrainerCallback):
     """Turns ``Trainer`` / ``SFTTrainer`` data-parallel training into AutoLoCo (or DiLoCo, QSR, Linear Interval).
 
     Args:
-        config: the :class:`AutoLoCoConfig` (default: AutoLoCo with its defaults).
+        config: the :class:`AutoLoCoConfig`, a dict of its fields, or parsed
+            :class:`~autoloco_hf.integrations.arguments.AutoLoCoArguments` (default: AutoLoCo with its defaults).
         records_filename: per-interval JSONL, written in ``args.output_dir`` by the main process.
-        log_metrics: log ``autoloco/*`` through ``Trainer.log`` at every synchronization.
+        log_metrics: send ``autoloco/*`` to the ``report_to`` trackers at every synchronization (the
+            console shows a short summary on the Trainer's ``logging_steps`` cadence either way).
         resume_from_checkpoint: checkpoint folder with AutoLoCo state; by default the one given to
             ``trainer.train(resume_from_checkpoint=...)``.
         manage_ddp_kwargs: switch off DDP's ``find_unused_parameters`` and buffer broadcast when the
@@ -230,13 +282,13 @@ class AutoLoCoCallback(TrainerCallback):
 
     def __init__(
         self,
-        config: Optional[AutoLoCoConfig] = None,
+        config: Union[AutoLoCoConfig, dict, AutoLoCoArguments, None] = None,
         records_filename: str = RECORDS_FILENAME,
         log_metrics: bool = True,
         resume_from_checkpoint: Optional[str] = None,
         manage_ddp_kwargs: bool = True,
     ) -> None:
-        self.config = config or AutoLoCoConfig()
+        self.config = _as_config(config)
         self.records_filename = records_filename
         self.log_metrics = log_metrics
         self.resume_from_checkpoint = resume_from_checkpoint
@@ -245,6 +297,8 @@ class AutoLoCoCallback(TrainerCallback):
         self.runtime: Optional[WorkerRuntime] = None
         self._lr: Optional[float] = None
         self._checked = False
+        self._last_sync: dict[str, float] = {}
+        self._started = time.perf_counter()
 
     # ------------------------------------------------------------ wiring
     @property
@@ -286,6 +340,9 @@ class AutoLoCoCallback(TrainerCallback):
                            accelerator.distributed_type)
         if getattr(args, "parallelism_config", None) is not None:
             raise AutoLoCoConfigurationError(f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}.")
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, (ProgressCallback, PrinterCallback)):
+                callback.on_log = _quiet_console(callback.on_log)
         if self.config.is_interval_method and accelerator.num_processes > 1:
             if args.average_tokens_across_devices:
                 # A per-step gather of token counts, and the Trainer then multiplies every rank's loss by the
@@ -318,6 +375,7 @@ class AutoLoCoCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         trainer = self._trainer()
+        self._start_run_log(args, state)
         if self.runtime is not None:  # a second train() call on the same trainer
             self.runtime.close()
             self.runtime = None
@@ -392,11 +450,13 @@ class AutoLoCoCallback(TrainerCallback):
             return
         record = runtime.after_optimizer_step(self._lr)
         self._lr = None
-        if record is not None and self.log_metrics and self.trainer is not None:
+        if record is not None and self.trainer is not None:
             metrics = runtime.pop_metrics()
-            if metrics:
+            self._last_sync = metrics or self._last_sync
+            if metrics and self.log_metrics:
                 # Trainer.log (the base method: no subclass side effects such as TRL's metric flush) ends in
                 # on_log, which clears control.should_log: keep the Trainer's own logging decision for this step.
+                # The console callbacks skip these autoloco/*-only logs (_quiet_console); the trackers get them.
                 should_log = control.should_log
                 Trainer.log(self.trainer, metrics)
                 control.should_log = self.trainer.control.should_log = should_log
@@ -420,6 +480,18 @@ class AutoLoCoCallback(TrainerCallback):
         if self.runtime is not None and args.save_strategy == SaveStrategy.BEST:
             self.runtime.show_global_parameters()
 
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or self.runtime is None:
+            return
+        if self._last_sync:  # the console's view of the sync (later callbacks: progress bar / printer)
+            logs["autoloco"] = _sync_summary(self._last_sync)
+        if state.is_world_process_zero:
+            totals = self.engine.totals
+            row = dict(step=state.global_step, loss=float(logs["loss"]), lr=float(logs.get("learning_rate", 0.0)),
+                       syncs=totals.syncs, payload_bytes=totals.payload_bytes, seconds=time.perf_counter() - self._started)
+            with open(os.path.join(args.output_dir, TRAINER_STEPS_FILENAME), "a") as f:
+                f.write(json.dumps(row) + "\n")
+
     def on_save(self, args, state, control, **kwargs):
         if self.runtime is None:
             return
@@ -429,4 +501,35 @@ class AutoLoCoCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.runtime is not None:
             self.runtime.restore_local_parameters()
+            self._finish_run(args, state)
             self.runtime.close()
+
+    def _start_run_log(self, args: Any, state: Any) -> None:
+        """Start the clock; keep ``autoloco_steps.jsonl`` rows up to the step a resumed run restarts from."""
+        self._started = time.perf_counter()
+        self._last_sync = {}
+        path = os.path.join(args.output_dir, TRAINER_STEPS_FILENAME)
+        if not state.is_world_process_zero or not os.path.exists(path):
+            return
+        with open(path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= state.global_step]
+        with open(path, "w") as f:
+            f.writelines(kept)
+
+    def _finish_run(self, args: Any, state: Any) -> None:
+        """Warn when the run stops before its planned last step; write the run summary for ``autoloco report``."""
+        runtime = self.runtime
+        if runtime.step < runtime.total_steps and self.config.is_interval_method:
+            records = runtime.engine.records
+            last = records[-1].start_step + records[-1].h_step if records else 0
+            logger.warning(
+                "AutoLoCo: training stopped at step %d of %d planned; the model holds this rank's local weights "
+                "%d steps after the last synchronization (step %d), not a synchronized model",
+                runtime.step, runtime.total_steps, runtime.step - last, last)
+        if state.is_world_process_zero:
+            summary = dict(name=args.run_name or os.path.basename(os.path.normpath(args.output_dir)),
+                           method=str(self.config.method), steps=runtime.step, planned_steps=runtime.total_steps,
+                           wall_seconds=time.perf_counter() - self._started, totals=runtime.engine.totals.as_dict(),
+                           config=self.config.to_dict(), intervals_file=self.records_filename, steps_file=TRAINER_STEPS_FILENAME)
+            with open(os.path.join(args.output_dir, TRAINER_SUMMARY_FILENAME), "w") as f:
+                json.dump(summary, f, indent=2, default=str)

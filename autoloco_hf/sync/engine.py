@@ -43,6 +43,7 @@ Example (two simulated workers on a toy regression)::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -58,8 +59,8 @@ from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
-from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
-from autoloco_hf.sync.communicators import Communicator, Traffic, sum_in_worker_order
+from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
+from autoloco_hf.sync.communicators import Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
@@ -159,11 +160,17 @@ class IntervalEngine:
         self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
 
         self._broadcast_initial_parameters()
+        # the range of the flat model whose outer state and sync this process owns (all of it unless
+        # the worker's ranks each own a shard: HierarchicalCommunicator, spec 8.3)
+        self.shard = communicator.shard_range(numel)
+        start, end = self.shard
+        self.shard_segment_sizes = [n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)]
         self.outer = OuterOptimizer(
             self.worker_params[0],
             lr=config.outer_lr,
             momentum=config.outer_momentum,
             device="cpu" if config.outer_on_cpu else None,
+            shard=None if self.shard == (0, numel) else self.shard,
         )
         self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
         # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
@@ -288,34 +295,30 @@ class IntervalEngine:
             elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
-            messages.append(self._worker_message(self._control_message(interval, i, sq_norm, finite)))
-        result = self.comm.average(deltas, messages, self.segment_sizes)
+            messages.append(self._control_message(interval, i, sq_norm, finite).pack())
+        result = self.comm.average(deltas, messages, self.shard_segment_sizes)
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
         control.check_agreement()
-        totals = control.totals
-        # a sharded worker holds its part of the mean: the squared norm and the finiteness add up over its ranks
-        mean_sq_norm, mean_nonfinite = self.comm.sum_over_shards(torch.tensor(
-            [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
-             float(not bool(torch.isfinite(result.mean).all()))], dtype=torch.float64)).tolist()
-        stats = interval_statistics(totals.sq_norm, mean_sq_norm, self.num_workers, lr_mass, self.config.eps)
+        # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
+        # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
+        mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+                     float(not bool(torch.isfinite(result.mean).all()))]
+        summed = self.comm.sum_over_shards(torch.cat([control.totals.pack(), torch.tensor(mean_part, dtype=torch.float64)]))
+        agreed = {name: getattr(control.totals, name) for name in ControlMessage.agreed_fields()}
+        totals = dataclasses.replace(ControlMessage.unpack(summed[:-2]), **agreed)
+        control = dataclasses.replace(control, totals=totals)
+        mean_sq_norm, mean_nonfinite = summed[-2:].tolist()
+        stats = interval_statistics(
+            totals.sq_norm,
+            mean_sq_norm,
+            self.num_workers,
+            lr_mass,
+            self.config.eps,
+        )
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
         valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
         return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
-
-    def _worker_message(self, message: ControlMessage) -> torch.Tensor:
-        """This worker's packed message; a sharded worker's (FSDP2) is the sum of its ranks' (spec 2, exact ``D_t``).
-
-        Each rank's squared norm covers its shard and its tokens and losses its own micro-batches: their sums are
-        the whole worker's. The agreed fields (the interval executed) must agree inside the worker too.
-        """
-        packed = message.pack()
-        if self.comm.shards_per_worker == 1:
-            return packed
-        rows = self.comm.gather_over_shards(packed)
-        inner = ControlRound.from_rows(sum_in_worker_order(list(rows)), rows)
-        inner.check_agreement()
-        return inner.totals.pack()
 
     def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
         return ControlMessage(
@@ -339,8 +342,9 @@ class IntervalEngine:
         else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
             self.totals.skipped_outer_steps += 1
             self._sanitize_optimizers()
+        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
         for params in self.worker_params:
-            self.outer.write_back(params)
+            self.outer.write_back(params, theta)
         return OuterStep(correction, aggregate.valid)
 
     def _advance_policy(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> PolicyAdvance:
@@ -366,7 +370,7 @@ class IntervalEngine:
     def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         feedback = self.error_feedback[worker]
         compensated = feedback.compensate(delta)
-        codec = self.comm.codec(self.segment_sizes)
+        codec = self.comm.codec(self.shard_segment_sizes)
         feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
         return compensated
 

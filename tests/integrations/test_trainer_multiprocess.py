@@ -168,6 +168,24 @@ def test_autoloco_logs_and_jsonl(autoloco):
     assert deterministic_records(lines) == deterministic_records(full[0]["records"])
 
 
+def test_report_on_a_trainer_output_dir(autoloco, tmp_path, capsys):
+    """`autoloco report OUTPUT_DIR` on the Trainer's own folder: tables, and plots of H, D_t/C_t, mu/eta, bytes."""
+    from autoloco_hf.cli import main
+
+    full = autoloco["full"]
+    assert main(["report", str(autoloco["full_dir"]), "--out", str(tmp_path / "report")]) == 0
+    table = capsys.readouterr().out
+    syncs = full[0]["totals"]["syncs"]
+    row = next(line for line in table.splitlines() if line.startswith(f"| {autoloco['full_dir'].name} |"))
+    assert f"| {syncs:,} |" in row and "nan" not in row  # syncs, payload, train loss over the last 2%
+    for name in ("loss_vs_step.png", "loss_vs_bytes.png", "horizon.png", "outer_mu_eta.png", "drift_coherence.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 1000, name
+    # the logged steps, at the Trainer's logging_steps; the resumed run keeps those before its checkpoint
+    for folder in ("full_dir", "split_dir"):
+        with open(os.path.join(autoloco[folder], "autoloco_steps.jsonl")) as f:
+            assert [json.loads(line)["step"] for line in f] == [5, 10, 15, 20], folder
+
+
 def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
     full, resumed = autoloco["full"], autoloco["resumed"]
     records = full[0]["records"]
@@ -210,7 +228,8 @@ def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
 
 
 def test_worker_groups_four_processes(tmp_path):
-    """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs."""
+    """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs,
+    each rank syncs half of the model."""
     spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
             "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2}}
     results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
@@ -228,7 +247,12 @@ def test_worker_groups_four_processes(tmp_path):
         assert r["hook"]["local_bytes"] == 0 and r["hook"]["group_bytes"] >= 8 * r["model_bytes"]
         outer = [c for c in model_sized(r) if c[3].startswith("communicators.py")]
         inner = [c for c in model_sized(r) if c[3].startswith("ddp_hooks.py")]
-        assert len(outer) == r["totals"]["syncs"] == 2
+        # hierarchical sync (the default): per sync, this rank's half of the model across workers, then the
+        # worker's all-gather of the updated halves
+        assert r["totals"]["syncs"] == 2
+        assert sorted(c[0] for c in outer) == ["all_gather_single"] * 2 + ["all_reduce"] * 2
+        half = -(-r["model_bytes"] // 8) * 4  # the larger of the two shards, in FP32 bytes
+        assert all(c[1] <= half for c in outer if c[0] == "all_reduce")
         assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
         assert len(model_sized(r)) == len(outer) + len(inner)
 
