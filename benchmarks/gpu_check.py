@@ -426,8 +426,9 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     argv = [
         "--config", os.path.join(REPO, "recipes", "configs", config), "--output-dir", os.path.join(root, "runs"),
         "--model-name-or-path", model_dir, "--train-files", train, "--test-files", test,
-        "--global-batch-size", "4", "--per-device-batch-size", "2", "--max-length", "64",
-        "--max-steps", str(ctx.sizes.sft_steps), "--lr", "1e-3", "--num-proc", "1", "--eval-batch-size", "4",
+        "--global-batch-size", "4", "--per-device-train-batch-size", "2", "--max-length", "64",
+        "--max-steps", str(ctx.sizes.sft_steps), "--learning-rate", "1e-3", "--dataset-num-proc", "1",
+        "--eval-batch-size", "4",
         "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3",
     ]
     if ctx.cuda:
