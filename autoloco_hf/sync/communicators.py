@@ -21,10 +21,13 @@ sizes of the ``all_to_all`` splits leaving the worker.
 
 from __future__ import annotations
 
+import datetime
+import re
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -53,6 +56,35 @@ class AverageResult:
     mean: torch.Tensor  # decoded mean (FP32, identical on all workers); may be a buffer reused by the next call
     scalar_sums: torch.Tensor  # float64 sums over all workers
     traffic: Traffic
+    # float64 [num_workers, k]: every worker's own scalar vector, in worker order (who sent what: agreement
+    # checks and per-rank diagnostics); empty when no scalars were sent
+    scalar_rows: Optional[torch.Tensor] = None
+
+
+class PeerLostError(RuntimeError):
+    """A collective did not complete: a peer died, was partitioned away, or did not answer within the timeout.
+
+    ``silent_ranks`` are the global ranks that may not have answered (exact with
+    two workers; with more, the backend does not say which peer was missing, so
+    all the others are listed). The message is one line.
+    """
+
+    def __init__(self, message: str, silent_ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.silent_ranks = list(silent_ranks)
+
+    def at(self, where: str, advice: str = "") -> "PeerLostError":
+        """The same error, prefixed with where the run was (step, interval) and followed by what to do."""
+        return PeerLostError(f"{where}: {self}" + (f"; {advice}" if advice else ""), self.silent_ranks)
+
+
+_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:78] " prefix
+
+
+def describe_backend_error(err: BaseException) -> str:
+    """The backend's first message line without its C++ source location (one line for the user)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return _SOURCE_PREFIX.sub("", text)
 
 
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -138,7 +170,8 @@ class SimulatedCommunicator(Communicator):
             traffic.wire_bytes = self.owner_reduce_bytes(codec, worker=0)
         traffic.collective_seconds = _now(flats[0]) - start
         sums = sum_in_worker_order(scalars) if scalars else torch.zeros(0, dtype=torch.float64)
-        return AverageResult(mean, sums, traffic)
+        rows = torch.stack([v.to(torch.float64).reshape(-1) for v in scalars]) if scalars else None
+        return AverageResult(mean, sums, traffic, rows)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         pass  # replicas in one process are built from one initialization
@@ -151,9 +184,16 @@ class ProcessGroupCommunicator(Communicator):
         group: the process group across workers (default: the world). With
             worker groups (spec 8.3) it holds the ranks of equal local rank.
         wire_dtype: ``fp32``, ``bf16`` or ``int8`` (spec 7).
+        timeout_s: bound on every collective (``AutoLoCoConfig.sync_timeout_s``).
+            Without ``group``, a new group over the world is created with this
+            timeout (collective: every rank must build its communicator), so
+            the bound does not depend on the launcher's default group timeout
+            (``TrainingArguments.ddp_timeout``, 30 minutes by default). With a
+            ``group``, that group must have been created with this timeout.
+            A collective that fails or times out raises :class:`PeerLostError`.
     """
 
-    def __init__(self, group=None, **kwargs) -> None:
+    def __init__(self, group=None, timeout_s: Optional[float] = None, **kwargs) -> None:
         import torch.distributed as dist
 
         super().__init__(**kwargs)
@@ -163,11 +203,33 @@ class ProcessGroupCommunicator(Communicator):
                 "or use SimulatedCommunicator for workers inside one process"
             )
         self.dist = dist
+        if group is None and timeout_s is not None:
+            group = dist.new_group(list(range(dist.get_world_size())), timeout=datetime.timedelta(seconds=timeout_s))
         self.group = group
+        self.timeout_s = timeout_s
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
         self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
+
+    def global_rank(self, worker: int) -> int:
+        """The global rank of ``worker`` (its rank in this communicator's group)."""
+        return self.dist.get_global_rank(self.group, worker) if self.group is not None else worker
+
+    @contextmanager
+    def _guarded(self, operation: str) -> Iterator[None]:
+        """Turn a failed or timed-out collective into one :class:`PeerLostError` line that names the peers."""
+        try:
+            yield
+        except RuntimeError as err:  # gloo raises RuntimeError, NCCL DistBackendError (a RuntimeError)
+            others = [self.global_rank(w) for w in range(self.num_workers) if w != self.rank]
+            who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others} (the backend does not say which)"
+            bound = f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
+            raise PeerLostError(
+                f"{operation} on rank {self.global_rank(self.rank)}: {who} did not answer{bound} "
+                f"({describe_backend_error(err)})",
+                others,
+            ) from err
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
         if len(flats) != 1:
@@ -176,16 +238,19 @@ class ProcessGroupCommunicator(Communicator):
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         sums = torch.zeros(0, dtype=torch.float64)
-        if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
-            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
-            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
-            self.dist.all_gather(gathered, local, group=self.group)
-            sums = sum_in_worker_order(gathered).cpu()
-        if wire == "fp32":
-            mean = self._all_reduce_mean(flat, traffic)
-        else:
-            mean = self._owner_reduce_mean(flat, self.codec(segment_sizes, wire), traffic)
-        return AverageResult(mean, sums, traffic)
+        rows = None
+        with self._guarded("the synchronization collective"):
+            if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
+                local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
+                gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+                self.dist.all_gather(gathered, local, group=self.group)
+                sums = sum_in_worker_order(gathered).cpu()
+                rows = torch.stack(gathered).cpu()
+            if wire == "fp32":
+                mean = self._all_reduce_mean(flat, traffic)
+            else:
+                mean = self._owner_reduce_mean(flat, self.codec(segment_sizes, wire), traffic)
+        return AverageResult(mean, sums, traffic, rows)
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
         start = _now(flat)
@@ -255,4 +320,5 @@ class ProcessGroupCommunicator(Communicator):
         traffic.collective_seconds += _now(outgoing[0][0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
-        self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        with self._guarded("the start-up broadcast of rank 0's parameters"):
+            self.dist.broadcast(tensor, src=self.global_rank(0), group=self.group)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -21,21 +22,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
-    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``."""
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning", **extra}
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def write_spec(spec: dict) -> Path:
+    """Write ``spec`` as JSON into its ``output_dir`` (created) and return the file."""
     out = Path(spec["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / f"spec_{int(time.time() * 1e6)}.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(HERE / script), str(spec_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    results = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(nproc)]
-    for r in range(nproc):
+    return spec_path
+
+
+def torchrun_command(script: str, spec_path: Path, nproc: int, master_addr: str, master_port: int,
+                     nnodes: int = 1, node_rank: int = 0, max_restarts: Optional[int] = None,
+                     local_addr: Optional[str] = None) -> list[str]:
+    """``python -m torch.distributed.run ...`` for one node; with ``max_restarts``, an elastic (c10d) rendezvous.
+
+    ``local_addr``: this node's address, which the elastic rendezvous hands to the
+    workers as ``MASTER_ADDR`` (else torchrun looks up the host name, which does
+    not resolve to the right interface inside a network namespace).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", str(nnodes)]
+    if max_restarts is None:
+        cmd += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
+    else:  # restarts need every agent to re-rendezvous, which the static rendezvous cannot do
+        cmd += ["--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-id", "autoloco-test",
+                "--rdzv-endpoint", f"{master_addr}:{master_port}", "--monitor-interval", "0.2",
+                # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
+                "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}"]
+        if local_addr is not None:
+            cmd += ["--local-addr", local_addr]
+    return cmd + [str(HERE / script), str(spec_path)]
+
+
+def load_results(out: Path, ranks: int) -> list[dict]:
+    """Each rank's ``result_rank{r}.pt`` (removed after reading, so a later run cannot pass with stale ones)."""
+    results = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(ranks)]
+    for r in range(ranks):
         os.remove(out / f"result_rank{r}.pt")
     return results
+
+
+def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
+    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``."""
+    spec_path = write_spec(spec)
+    cmd = torchrun_command(script, spec_path, nproc, "127.0.0.1", free_port())
+    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return load_results(Path(spec["output_dir"]), nproc)

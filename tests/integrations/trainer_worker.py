@@ -61,8 +61,10 @@ for _name in _NAMES:
 torch.set_num_threads(1)
 
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
+from fault_injection import fault_callbacks  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
@@ -149,7 +151,8 @@ def main(spec_path: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = tiny_llama(spec.get("model_seed", 0))
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
-    config = AutoLoCoConfig(**spec["autoloco"])
+    # "autoloco_rank": per-rank overrides, to force workers to disagree (a misconfigured launch)
+    config = AutoLoCoConfig(**{**spec["autoloco"], **spec.get("autoloco_rank", {}).get(str(rank), {})})
     callback = AutoLoCoCallback(config)
     probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False))
     args = TrainingArguments(
@@ -170,8 +173,12 @@ def main(spec_path: str) -> None:
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback, probe])
-    trainer.train(resume_from_checkpoint=spec.get("resume_from"))
+    before, after = fault_callbacks(spec, rank, callback)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*before, callback, probe, *after])
+    resume = spec.get("resume_from")
+    if resume == "last":  # what a script restarted by `torchrun --max-restarts` does
+        resume = get_last_checkpoint(spec["output_dir"])
+    trainer.train(resume_from_checkpoint=resume)
     runtime = callback.runtime
     hook = runtime.gradient_traffic
     result = {
@@ -194,6 +201,7 @@ def main(spec_path: str) -> None:
         "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
         # the hooks DDP's reducer calls instead of its built-in gradient all-reduce
         "ddp_comm_hooks": [hook.__name__ for hook, _ in getattr(runtime.ddp, "_comm_hooks", [])],
+        "snapshots": after[0].snapshots if after else None,
     }
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
 
