@@ -27,7 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -94,6 +94,10 @@ def describe_backend_error(err: BaseException) -> str:
     return _SOURCE_PREFIX.sub("", text)
 
 
+# check(sums, rows) run on the gathered scalars before the payload is exchanged (see Communicator.average)
+ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
+
+
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Float64 ``v0 + v1 + ... + v_{N-1}`` in this fixed order on both paths.
 
@@ -134,8 +138,18 @@ class Communicator(ABC):
         scalars: Sequence[torch.Tensor],
         segment_sizes: Sequence[int],
         wire_dtype: Optional[str] = None,
+        check: Optional[ScalarCheck] = None,
     ) -> AverageResult:
-        """Mean of all workers' ``flats`` and sum of their ``scalars`` (one entry per local worker)."""
+        """Mean of all workers' ``flats`` and sum of their ``scalars`` (one entry per local worker).
+
+        ``check(sums, rows)`` runs on every worker once the scalars have arrived
+        and before the model-sized payload is sent; whatever it raises stops
+        the synchronization there, on every worker alike.
+        """
+
+    def worker_labels(self) -> list[str]:
+        """How messages name the workers, in worker order."""
+        return [f"worker {i}" for i in range(self.num_workers)]
 
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor) -> None:
@@ -150,9 +164,11 @@ class SimulatedCommunicator(Communicator):
         self.num_workers = num_workers
         self.local_workers = num_workers
 
-    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         if len(flats) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} contributions, got {len(flats)}")
+        if scalars and check is not None:
+            check(sum_in_worker_order(scalars), torch.stack([s.to(torch.float64).reshape(-1) for s in scalars]))
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         start = _now(flats[0])
@@ -204,6 +220,9 @@ class ProcessGroupCommunicator(Communicator):
         self.local_workers = 1
         self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
 
+    def worker_labels(self) -> list[str]:
+        return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
+
     def global_rank(self, worker: int) -> int:
         """The global rank of ``worker`` (its rank in this communicator's group)."""
         return self.dist.get_global_rank(self.group, worker) if self.group is not None else worker
@@ -223,7 +242,7 @@ class ProcessGroupCommunicator(Communicator):
                 others,
             ) from err
 
-    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         if len(flats) != 1:
             raise ValueError("a process-group worker contributes exactly one buffer")
         flat = flats[0]
@@ -232,13 +251,16 @@ class ProcessGroupCommunicator(Communicator):
         sums = torch.zeros(0, dtype=torch.float64)
         rows = torch.zeros(0, 0, dtype=torch.float64)
         codec = self.codec(segment_sizes, wire)
-        with self._guarded("the synchronization collective"):
-            if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
-                local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
-                gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+        if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
+            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
+            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+            with self._guarded("the synchronization's control messages"):
                 self.dist.all_gather(gathered, local, group=self.group)
-                sums = sum_in_worker_order(gathered).cpu()
-                rows = torch.stack(gathered).cpu()
+            sums = sum_in_worker_order(gathered).cpu()
+            rows = torch.stack(gathered).cpu()
+            if check is not None:  # every worker holds the same rows: all raise alike, before the payload
+                check(sums, rows)
+        with self._guarded("the synchronization's pseudo-gradient exchange"):
             if wire == WireDtype.FP32:
                 mean = self._all_reduce_mean(flat, traffic)
             else:
