@@ -69,11 +69,21 @@ def load_results(out: Path, ranks: int) -> list[dict]:
     return results
 
 
+def _run_local(script: str, spec: dict, nproc: int, timeout: float) -> subprocess.CompletedProcess:
+    cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port())
+    return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
     """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``."""
-    spec_path = write_spec(spec)
-    cmd = torchrun_command(script, spec_path, nproc, "127.0.0.1", free_port())
-    proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    proc = _run_local(script, spec, nproc, timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return load_results(Path(spec["output_dir"]), nproc)
+
+
+def torchrun_failing(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> str:
+    """Run a launch that must fail; return its stdout and stderr (the workers' tracebacks are in stderr)."""
+    proc = _run_local(script, spec, nproc, timeout)
+    assert proc.returncode != 0, f"{' '.join(proc.args)} succeeded but was expected to fail:\n{proc.stderr[-4000:]}"
+    return proc.stdout + proc.stderr
