@@ -86,3 +86,35 @@ def test_disagreement_is_raised_before_the_payload_is_exchanged():
             for step in range(4):
                 run.train_step([batch_for(w, step) for w in range(2)])
     assert not payload_sent and torch.equal(run.engine.outer.params, theta_0) and not run.engine.records
+
+
+def _silent_peer(rank: int, world_size: int) -> str:
+    """Rank 1 builds its communicator (a collective) and then never joins the synchronization."""
+    import time
+
+    from autoloco_hf.sync.communicators import PeerLostError, ProcessGroupCommunicator
+
+    comm = ProcessGroupCommunicator(timeout_s=2.0)
+    if rank == 1:
+        time.sleep(4.0)  # longer than the timeout: rank 0 must give up on its own
+        return ""
+    started = time.monotonic()
+    try:
+        comm.average([torch.zeros(8)], [torch.zeros(3, dtype=torch.float64)], [8])
+    except PeerLostError as err:
+        return f"{time.monotonic() - started:.1f} {err.silent_ranks} {err}"
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_silent_peer_is_named_after_sync_timeout_s():
+    """Real gloo processes: the collective gives up after sync_timeout_s (its own group's timeout, not the 120 s
+    of the default group) with one line naming the rank that did not answer."""
+    from _dist import run_gloo
+
+    result = run_gloo(_silent_peer, 2)[0]
+    seconds, rest = result.split(" ", 1)
+    assert 1.5 <= float(seconds) < 3.5, result
+    assert rest.startswith("[1] the synchronization's control messages on rank 0: rank 1 did not answer within "
+                           "sync_timeout_s=2 (Timed out waiting 2000ms"), rest
+    assert "\n" not in rest
