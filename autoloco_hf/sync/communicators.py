@@ -89,9 +89,9 @@ _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/pa
 
 
 def describe_backend_error(err: BaseException) -> str:
-    """The backend's first message line without its C++ source location (one line for the user)."""
+    """The backend's first sentence without its C++ source location (one line for the user)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return _SOURCE_PREFIX.sub("", text)
+    return _SOURCE_PREFIX.sub("", text).split(". ")[0]
 
 
 # check(sums, rows) run on the gathered scalars before the payload is exchanged (see Communicator.average)
@@ -235,11 +235,13 @@ class ProcessGroupCommunicator(Communicator):
         except RuntimeError as err:  # gloo raises RuntimeError, NCCL DistBackendError (a RuntimeError)
             others = [self.global_rank(w) for w in range(self.num_workers) if w != self.rank]
             who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others} (the backend does not say which)"
-            bound = f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
+            detail = describe_backend_error(err)
+            if any(word in detail.lower() for word in ("closed", "reset")):
+                what = "closed its connection (its process ended)"
+            else:
+                what = "did not answer" + (f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else "")
             raise PeerLostError(
-                f"{operation} on rank {self.global_rank(self.rank)}: {who} did not answer{bound} "
-                f"({describe_backend_error(err)})",
-                others,
+                f"{operation} on rank {self.global_rank(self.rank)}: {who} {what} ({detail})", others
             ) from err
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
