@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 from launch import torchrun_command, worker_env
 
@@ -33,7 +32,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
-def netns_skip_reason() -> Optional[str]:
+def netns_skip_reason() -> str | None:
     """Why two-namespace tests cannot run here (``None`` when they can)."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces"
@@ -67,7 +66,7 @@ class TwoNodes:
             _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
             _ip("-n", ns, "link", "set", dev, "up")
 
-    def launch(self, script: str, spec_path: Path, logs: Path, max_restarts: Optional[int] = None) -> list[subprocess.Popen]:
+    def launch(self, script: str, spec_path: Path, logs: Path, max_restarts: int | None = None) -> list[subprocess.Popen]:
         """One torchrun agent per namespace (one worker each); stdout+stderr to ``logs/node{k}.log``."""
         for node in range(2):
             cmd = torchrun_command(script, spec_path, 1, self.addr[0], MASTER_PORT, nnodes=2, node_rank=node,

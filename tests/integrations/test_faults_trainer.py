@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from launch import torchrun, torchrun_failing
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from launch import torchrun, write_spec
 from netns import TwoNodes, netns_skip_reason
 

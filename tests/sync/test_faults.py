@@ -6,14 +6,13 @@ import logging
 
 import pytest
 import torch
+from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.control import WorkerDisagreement
 from autoloco_hf.sync.engine import TooManyInvalidIntervals
 from autoloco_hf.sync.local_workers import LocalWorkers
-
-from toy import adamw, batch_for, cosine, make_model
 
 STEPS = 24
 
