@@ -22,11 +22,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(**extra: str) -> dict[str, str]:
+def worker_env(max_restarts: Optional[int] = None, **extra: str) -> dict[str, str]:
     """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning", **extra}
     env.pop("WORLD_SIZE", None)
+    if max_restarts:
+        # A restarted worker that reaches init_process_group before its peer can read the previous attempt's gloo
+        # address from the launcher's store and fail ("connectFullMesh ... Connection refused"): the store is
+        # reused across restarts with the static rendezvous and shared by default with c10d (pytorch/pytorch#135712).
+        # The c10d rendezvous with an unshared store gives every attempt a fresh one.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
 
@@ -69,14 +75,18 @@ def load_results(out: Path, ranks: int) -> list[dict]:
     return results
 
 
-def _run_local(script: str, spec: dict, nproc: int, timeout: float) -> subprocess.CompletedProcess:
-    cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port())
-    return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+def _run_local(script: str, spec: dict, nproc: int, timeout: float,
+               max_restarts: Optional[int] = None) -> subprocess.CompletedProcess:
+    cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts)
+    return subprocess.run(cmd, env=worker_env(max_restarts), capture_output=True, text=True, timeout=timeout)
 
 
-def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
-    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``."""
-    proc = _run_local(script, spec, nproc, timeout)
+def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0) -> list[dict]:
+    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``.
+
+    ``max_restarts``: torchrun restarts every worker (up to that many times) when one fails.
+    """
+    proc = _run_local(script, spec, nproc, timeout, max_restarts or None)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return load_results(Path(spec["output_dir"]), nproc)

@@ -71,11 +71,7 @@ class TwoNodes:
         for node in range(2):
             cmd = torchrun_command(script, spec_path, 1, self.addr[0], MASTER_PORT, nnodes=2, node_rank=node,
                                    max_restarts=max_restarts, local_addr=self.addr[node])
-            env = worker_env(GLOO_SOCKET_IFNAME=self.dev[node])
-            if max_restarts is not None:
-                # torch 2.13: with the rendezvous store shared across restarts, restarted workers read the
-                # previous attempt's gloo addresses ("Connection refused"); a fresh store per round avoids it
-                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            env = worker_env(max_restarts, GLOO_SOCKET_IFNAME=self.dev[node])
             log = open(logs / f"node{node}.log", "w")
             self.procs.append(subprocess.Popen(["ip", "netns", "exec", self.ns[node], *cmd], env=env,
                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))

@@ -178,7 +178,7 @@ def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
     """``torchrun --max-restarts 1``: kill rank 1 mid-interval; both workers restart from checkpoint-4 and finish
     with exactly the parameters of an uninterrupted run resumed from that checkpoint."""
     out = tmp_path / "restarted"
-    spec = {**base_spec(out, pause={"step": 6, "ranks": [0, 1]}), "resume_from": "last"}
+    spec = {**base_spec(out, pause={"step": 6, "ranks": [0, 1]}), "resume_last": True}
     procs = nodes.launch("trainer_worker.py", write_spec(spec), out, max_restarts=1)
     wait_for(lambda: all((out / f"paused_rank{r}").exists() for r in (0, 1)), "both ranks paused", procs)
     shutil.copytree(out / "checkpoint-4", tmp_path / "reference" / "checkpoint-4")  # before anything rewrites it
