@@ -241,6 +241,21 @@ class AutoLoCoConfig:
             only; the worker then all-gathers the shards over its fast link.
             Each node sends every byte across the slow link once instead of R
             times. `False`: every rank syncs the whole model (R copies per node).
+        sync_timeout_s (`float`, defaults to 600):
+            Upper bound, in seconds, on every collective AutoLoCo issues (the
+            outer synchronization, the start-up broadcast, and the per-step
+            gradient average inside a worker group). AutoLoCo runs them on its
+            own process groups created with this timeout, so a dead or
+            partitioned peer stops every survivor after at most this long with
+            an error naming the step, the interval and the rank that did not
+            answer, instead of waiting for `TrainingArguments.ddp_timeout`
+            (30 minutes by default). Keep it above the slowest worker's lag at
+            a boundary (see docs/reliability.md).
+        max_consecutive_invalid (`int`, defaults to 3):
+            Consecutive intervals with a non-finite loss or pseudo-gradient on
+            any worker after which the run stops with an error (each one skips
+            the outer step and restarts from the last synchronized parameters,
+            spec 5.2); the last checkpoint written before them stays intact.
     """
 
     method: Method = Method.AUTOLOCO
@@ -296,6 +311,9 @@ class AutoLoCoConfig:
     cumulative_check: bool = False
     candidate_max_quanta: int = 0
     hierarchical_sync: bool = True
+    # --- reliability (issue 10) ---
+    sync_timeout_s: float = 600.0
+    max_consecutive_invalid: int = 3
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -377,6 +395,9 @@ class AutoLoCoConfig:
         self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
         self._check_int("ranks_per_worker", 1)
         self._check_controller_robustness()
+        # --- reliability (issue 10) ---
+        self._check_float("sync_timeout_s", 0.0, math.inf, low_open=True)
+        self._check_int("max_consecutive_invalid", 1)
 
     # -- validation helpers -------------------------------------------------
     def _check_int(self, name: str, minimum: int) -> None:

@@ -131,6 +131,11 @@ def test_outer_momentum_default_depends_on_method(method: str, momentum: float) 
         ("bucket_size_mb", 0),
         ("ranks_per_worker", 0),
         ("ranks_per_worker", True),
+        ("sync_timeout_s", 0),
+        ("sync_timeout_s", math.inf),
+        ("sync_timeout_s", "60"),
+        ("max_consecutive_invalid", 0),
+        ("max_consecutive_invalid", 2.0),
     ],
 )
 def test_invalid_field_is_named(field: str, value: object) -> None:

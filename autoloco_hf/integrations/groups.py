@@ -15,6 +15,7 @@ order, for every group: :func:`build_topology` does exactly that.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -56,8 +57,14 @@ def check_worker_layout(world_size: int, ranks_per_worker: int) -> None:
         )
 
 
-def build_topology(ranks_per_worker: int = 1, backend: Optional[str] = None) -> WorkerTopology:
-    """Create the inner and outer process groups of this run (collective: call on every rank)."""
+def build_topology(
+    ranks_per_worker: int = 1, backend: Optional[str] = None, timeout_s: Optional[float] = None
+) -> WorkerTopology:
+    """Create the inner and outer process groups of this run (collective: call on every rank).
+
+    ``timeout_s`` (``AutoLoCoConfig.sync_timeout_s``) bounds every collective on
+    these groups; without it they inherit the default group's timeout.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -73,12 +80,13 @@ def build_topology(ranks_per_worker: int = 1, backend: Optional[str] = None) -> 
     if ranks_per_worker == 1:
         return topo  # every rank is a worker: the outer collective is the world
     R = ranks_per_worker
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
     for g in range(world // R):  # every rank creates every group, in the same order
-        group = dist.new_group(list(range(g * R, g * R + R)), backend=backend)
+        group = dist.new_group(list(range(g * R, g * R + R)), backend=backend, timeout=timeout)
         if g == topo.worker_index:
             topo.inner_group = group
     for r in range(R):
-        group = dist.new_group(list(range(r, world, R)), backend=backend)
+        group = dist.new_group(list(range(r, world, R)), backend=backend, timeout=timeout)
         if r == topo.rank_in_worker:
             topo.outer_group = group
     return topo

@@ -33,7 +33,7 @@ import torch
 
 from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.sync.checkpoint import read_state, write_state
-from autoloco_hf.sync.communicators import make_communicator
+from autoloco_hf.sync.communicators import PeerLostError, make_communicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
@@ -175,7 +175,7 @@ class WorkerRuntime:
         self.model = model
         self.optimizer = optimizer
         self.total_steps = total_steps
-        self.topology = topology or build_topology(config.ranks_per_worker)
+        self.topology = topology or build_topology(config.ranks_per_worker, timeout_s=config.sync_timeout_s)
         topo = self.topology
         self.gradient_traffic: Optional[GradientTraffic] = None
         self.ddp = find_ddp(wrapped_model)
@@ -200,17 +200,21 @@ class WorkerRuntime:
         self.pending: list[IntervalRecord] = []
         self.trainable = TrainableParameters(model)
         self._local_replica: Optional[list[torch.Tensor]] = None  # set while the model shows theta_t
-        self.engine = IntervalEngine(
-            config,
-            [self.trainable],
-            schedule,
-            comm,
-            total_steps,
-            warmup_steps=warmup_steps,
-            optimizers=[optimizer],
-            records_path=self.records_path,  # the engine rewrites it from the checkpoint on resume
-            on_record=self._on_record,
-        )
+        try:
+            self.engine = IntervalEngine(
+                config,
+                [self.trainable],
+                schedule,
+                comm,
+                total_steps,
+                warmup_steps=warmup_steps,
+                optimizers=[optimizer],
+                records_path=self.records_path,  # the engine rewrites it from the checkpoint on resume
+                on_record=self._on_record,
+            )
+        except PeerLostError as err:
+            raise err.at("AutoLoCo could not start", "check that every rank is up and reachable "
+                         "(docs/reliability.md)") from None
 
     # ------------------------------------------------------------- steps
     def _on_record(self, record: IntervalRecord) -> None:
@@ -231,7 +235,16 @@ class WorkerRuntime:
         tokens, loss = self.meter.flush() if closes else (0, 0.0)
         if engine.averages_gradients and self.topology.world_size > 1:
             engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
-        return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
+        try:
+            return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
+        except PeerLostError as err:
+            # nothing of this interval was applied or written: the outer state is still the last synchronized one
+            raise err.at(
+                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}, steps "
+                f"{interval.start_step + 1}-{interval.start_step + interval.h_step}) failed",
+                "nothing of this interval was applied or saved: restart from the last checkpoint "
+                "(docs/reliability.md)",
+            ) from None
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the synchronizations since the last call (the latest wins)."""

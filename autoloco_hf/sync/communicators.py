@@ -21,10 +21,13 @@ sizes of the ``all_to_all`` splits leaving the worker.
 
 from __future__ import annotations
 
+import datetime
+import re
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -58,6 +61,36 @@ class AverageResult:
     # float64 (num_workers, len(scalars)): every worker's scalars in worker order, so that callers can
     # check that values which must agree (the executed interval) do agree; (0, 0) without scalars
     scalar_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))
+
+
+class PeerLostError(RuntimeError):
+    """A collective did not complete: a peer died, was partitioned away, or did not answer within the timeout.
+
+    ``silent_ranks`` are the global ranks that may not have answered (exact with
+    two workers; with more, the backend does not say which peer was missing, so
+    all the others are listed). The message is one line.
+    """
+
+    def __init__(self, message: str, silent_ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.silent_ranks = list(silent_ranks)
+
+    def at(self, where: str, advice: str = "") -> "PeerLostError":
+        """The same error, prefixed with where the run was (step, interval) and followed by what to do."""
+        return PeerLostError(f"{where}: {self}" + (f"; {advice}" if advice else ""), self.silent_ranks)
+
+
+_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # gloo's "[/path/pair.cc:78] " prefix
+
+
+def describe_backend_error(err: BaseException) -> str:
+    """The backend's first sentence without its C++ source location (one line for the user)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return _SOURCE_PREFIX.sub("", text).split(". ")[0]
+
+
+# check(sums, rows) run on the gathered scalars before the payload is exchanged (see Communicator.average)
+ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -100,8 +133,18 @@ class Communicator(ABC):
         scalars: Sequence[torch.Tensor],
         segment_sizes: Sequence[int],
         wire_dtype: Optional[str] = None,
+        check: Optional[ScalarCheck] = None,
     ) -> AverageResult:
-        """Mean of all workers' ``flats`` and sum of their ``scalars`` (one entry per local worker)."""
+        """Mean of all workers' ``flats`` and sum of their ``scalars`` (one entry per local worker).
+
+        ``check(sums, rows)`` runs on every worker once the scalars have arrived
+        and before the model-sized payload is sent; whatever it raises stops
+        the synchronization there, on every worker alike.
+        """
+
+    def worker_labels(self) -> list[str]:
+        """How messages name the workers, in worker order."""
+        return [f"worker {i}" for i in range(self.num_workers)]
 
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor) -> None:
@@ -131,9 +174,11 @@ class SimulatedCommunicator(Communicator):
         self.num_workers = num_workers
         self.local_workers = num_workers
 
-    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         if len(flats) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} contributions, got {len(flats)}")
+        if scalars and check is not None:
+            check(sum_in_worker_order(scalars), torch.stack([s.to(torch.float64).reshape(-1) for s in scalars]))
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         start = _now(flats[0])
@@ -157,9 +202,16 @@ class ProcessGroupCommunicator(Communicator):
         group: the process group across workers (default: the world). With
             worker groups (spec 8.3) it holds the ranks of equal local rank.
         wire_dtype: ``fp32``, ``bf16`` or ``int8`` (spec 7).
+        timeout_s: bound on every collective (``AutoLoCoConfig.sync_timeout_s``).
+            Without ``group``, a new group over the world is created with this
+            timeout (collective: every rank must build its communicator), so
+            the bound does not depend on the launcher's default group timeout
+            (``TrainingArguments.ddp_timeout``, 30 minutes by default). With a
+            ``group``, that group must have been created with this timeout.
+            A collective that fails or times out raises :class:`PeerLostError`.
     """
 
-    def __init__(self, group=None, **kwargs) -> None:
+    def __init__(self, group=None, timeout_s: Optional[float] = None, **kwargs) -> None:
         import torch.distributed as dist
 
         super().__init__(**kwargs)
@@ -169,14 +221,41 @@ class ProcessGroupCommunicator(Communicator):
                 "or use SimulatedCommunicator for workers inside one process"
             )
         self.dist = dist
+        if group is None and timeout_s is not None:
+            group = dist.new_group(list(range(dist.get_world_size())), timeout=datetime.timedelta(seconds=timeout_s))
         self.group = group
+        self.timeout_s = timeout_s
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
         self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
         self._owner: Optional[_OwnerReduceBuffers] = None  # reused by the BF16 / INT8 owner-reduce
 
-    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+    def worker_labels(self) -> list[str]:
+        return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
+
+    def global_rank(self, worker: int) -> int:
+        """The global rank of ``worker`` (its rank in this communicator's group)."""
+        return self.dist.get_global_rank(self.group, worker) if self.group is not None else worker
+
+    @contextmanager
+    def _guarded(self, operation: str) -> Iterator[None]:
+        """Turn a failed or timed-out collective into one :class:`PeerLostError` line that names the peers."""
+        try:
+            yield
+        except RuntimeError as err:  # gloo raises RuntimeError, NCCL DistBackendError (a RuntimeError)
+            others = [self.global_rank(w) for w in range(self.num_workers) if w != self.rank]
+            who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others} (the backend does not say which)"
+            detail = describe_backend_error(err)
+            if any(word in detail.lower() for word in ("closed", "reset")):
+                what = "closed its connection (its process ended)"
+            else:
+                what = "did not answer" + (f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else "")
+            raise PeerLostError(
+                f"{operation} on rank {self.global_rank(self.rank)}: {who} {what} ({detail})", others
+            ) from err
+
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         if len(flats) != 1:
             raise ValueError("a process-group worker contributes exactly one buffer")
         flat = flats[0]
@@ -184,17 +263,21 @@ class ProcessGroupCommunicator(Communicator):
         traffic = Traffic()
         sums = torch.zeros(0, dtype=torch.float64)
         rows = torch.zeros(0, 0, dtype=torch.float64)
+        codec = self.codec(segment_sizes, wire)
         if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
             local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
             gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
-            self.dist.all_gather(gathered, local, group=self.group)
+            with self._guarded("the synchronization's control messages"):
+                self.dist.all_gather(gathered, local, group=self.group)
             sums = sum_in_worker_order(gathered).cpu()
             rows = torch.stack(gathered).cpu()
-        codec = self.codec(segment_sizes, wire)
-        if wire == WireDtype.FP32:
-            mean = self._all_reduce_mean(flat, traffic)
-        else:
-            mean = self._owner_reduce_mean(flat, codec, traffic)
+            if check is not None:  # every worker holds the same rows: all raise alike, before the payload
+                check(sums, rows)
+        with self._guarded("the synchronization's pseudo-gradient exchange"):
+            if wire == WireDtype.FP32:
+                mean = self._all_reduce_mean(flat, traffic)
+            else:
+                mean = self._owner_reduce_mean(flat, codec, traffic)
         traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, self.rank)
         return AverageResult(mean, sums, traffic, rows)
 
@@ -273,7 +356,8 @@ class ProcessGroupCommunicator(Communicator):
         traffic.collective_seconds += _now(send[0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
-        self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        with self._guarded("the start-up broadcast of rank 0's parameters"):
+            self.dist.broadcast(tensor, src=self.global_rank(0), group=self.group)
 
 
 class _OwnerReduceBuffers:
@@ -363,9 +447,12 @@ class HierarchicalCommunicator(Communicator):
     def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
         return self.outer.codec(segment_sizes, wire_dtype)
 
-    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         """The outer collective on this rank's shard (``flats`` and ``segment_sizes`` describe the shard)."""
-        return self.outer.average(flats, scalars, segment_sizes, wire_dtype)
+        return self.outer.average(flats, scalars, segment_sizes, wire_dtype, check=check)
+
+    def worker_labels(self) -> list[str]:
+        return self.outer.worker_labels()
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.outer.broadcast_(tensor)
@@ -429,7 +516,8 @@ def make_communicator(
     """The communicator of a run of ``config``, with its wire dtype, INT8 block size and bucket size.
 
     ``distributed``: one worker per process over ``torch.distributed`` (``group``,
-    default the world); else ``simulated_workers`` workers inside this process.
+    default a new group over the world), every collective bounded by ``config.sync_timeout_s``; else
+    ``simulated_workers`` workers inside this process.
     With worker groups (``config.ranks_per_worker > 1``, ``inner_group`` the
     worker's ranks) and ``config.hierarchical_sync``, each rank syncs its shard
     (:class:`HierarchicalCommunicator`). ``fsdp_worker``: the ranks hold FSDP2 shards of the
@@ -437,7 +525,7 @@ def make_communicator(
     """
     kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
     if distributed:
-        comm = ProcessGroupCommunicator(group=group, **kwargs)
+        comm = ProcessGroupCommunicator(group=group, timeout_s=config.sync_timeout_s, **kwargs)
         if config.ranks_per_worker > 1 and (config.hierarchical_sync or fsdp_worker):
             if inner_group is None:
                 raise ValueError("ranks_per_worker > 1 with hierarchical_sync needs the worker's inner_group")

@@ -9,8 +9,17 @@ Each field is declared either :func:`summed` (a statistic added over workers:
 squared norms, tokens, losses) or :func:`agreed` (a value every worker must
 hold identically, such as the interval it just executed). Adding a field is
 one line: packing, unpacking, summing and the agreement check follow from the
-declaration. Agreement is checked on every worker's own value (min and max over
-the rows), not on a sum, so it names the field and the range that disagrees.
+declaration. Agreement is checked on every worker's own value (its row), not on
+a sum, so it names the field and shows each worker's value.
+
+The agreed fields are the decisions every worker must have taken identically
+(docs/algorithm.md §5.3, last paragraph): the step and interval index of the
+boundary, the interval just executed (its start and its step and token-
+equivalent horizons, i.e. the horizon decided at the previous boundary), and a
+fingerprint of the configuration. Communicators check them as soon as the
+control messages have arrived, before the model-sized payload, so a mismatch
+stops every worker at that boundary with the same error instead of pairing
+mismatched collectives.
 
 Example::
 
@@ -25,8 +34,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
@@ -49,6 +60,17 @@ class WorkerDisagreement(RuntimeError):
     """Workers executed different intervals: their controllers diverged (spec 5.3, last paragraph)."""
 
 
+# Settings a worker may choose for itself without changing what the workers compute together
+LOCAL_SETTINGS = ("outer_on_cpu", "sync_timeout_s")
+
+
+def config_fingerprint(config: Any) -> float:
+    """52 bits of a SHA-256 of the configuration (minus :data:`LOCAL_SETTINGS`), exact in a float64."""
+    values = {k: v for k, v in config.to_dict().items() if k not in LOCAL_SETTINGS}
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+    return float(int(digest[:13], 16))
+
+
 @dataclass(frozen=True)
 class ControlMessage:
     """One worker's scalars of one synchronization, packed as float64 in field order."""
@@ -58,8 +80,12 @@ class ControlMessage:
     loss_sum: float = summed()  # sum of per-step training losses (0 if non-finite)
     loss_count: float = summed()  # steps whose losses are in loss_sum
     nonfinite: float = summed()  # 1 when the pseudo-gradient or a loss was NaN/inf
+    step: float = agreed()  # the optimizer step that closed the interval
+    interval_index: float = agreed()  # intervals closed before this one
     start_step: float = agreed()  # first step of the interval just executed
-    h_step: float = agreed()  # its executed length
+    h_step: float = agreed()  # its executed length: the horizon decided at the previous boundary
+    h_tok: float = agreed()  # its token-equivalent horizon (spec 3)
+    config_fingerprint: float = agreed()  # config_fingerprint() of the worker's AutoLoCoConfig
 
     WIDTH: ClassVar[int]  # number of packed float64 values, set below
 
@@ -108,14 +134,27 @@ class ControlRound:
         values = [getattr(w, name) for w in self.workers]
         return min(values), max(values)
 
-    def check_agreement(self) -> None:
-        """Raise :class:`WorkerDisagreement` naming every agreed field whose value differs between workers."""
-        spread = {name: self.ranges(name) for name in ControlMessage.agreed_fields()}
-        differing = {name: lo_hi for name, lo_hi in spread.items() if lo_hi[0] != lo_hi[1]}
+    def check_agreement(self, labels: Optional[Sequence[str]] = None) -> None:
+        """Raise :class:`WorkerDisagreement` naming every agreed field that differs, with each worker's value.
+
+        ``labels`` name the workers in the message (default ``worker 0``, ``worker 1``, ...).
+        """
+        labels = list(labels) if labels is not None else [f"worker {i}" for i in range(len(self.workers))]
+        differing = [name for name in ControlMessage.agreed_fields() if len(set(self._values(name))) > 1]
         if differing:
-            detail = ", ".join(f"{name} from {lo:g} to {hi:g}" for name, (lo, hi) in differing.items())
-            raise WorkerDisagreement(
-                f"workers disagree on the interval they executed ({detail} over {len(self.workers)} workers). "
-                "Every worker must run the same config, LR schedule and total_steps; restart from the last "
-                "checkpoint."
+            detail = "; ".join(
+                f"{name}: " + ", ".join(f"{label}={_show(name, v)}" for label, v in zip(labels, self._values(name)))
+                for name in differing
             )
+            raise WorkerDisagreement(
+                f"workers disagree at a synchronization ({detail}). Every worker must run the same "
+                "AutoLoCoConfig, LR schedule, max_steps and checkpoint; restart all of them from the last "
+                "checkpoint with one configuration (docs/reliability.md)."
+            )
+
+    def _values(self, name: str) -> list[float]:
+        return [getattr(w, name) for w in self.workers]
+
+
+def _show(name: str, value: float) -> str:
+    return f"{int(value):013x}" if name == "config_fingerprint" else f"{value:g}"

@@ -44,6 +44,7 @@ Example (two simulated workers on a toy regression)::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import warnings
@@ -61,11 +62,17 @@ from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
 from autoloco_hf.sync.communicators import Communicator, Traffic
-from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement
+from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
-__all__ = ["IntervalEngine", "WorkerDisagreement"]
+__all__ = ["IntervalEngine", "TooManyInvalidIntervals", "WorkerDisagreement"]
+
+logger = logging.getLogger("autoloco_hf")
+
+
+class TooManyInvalidIntervals(RuntimeError):
+    """``config.max_consecutive_invalid`` intervals in a row had a non-finite loss or pseudo-gradient (spec 5.2)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,7 @@ class IntervalEngine:
         self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
         numel = sum(self.segment_sizes)
         self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
+        self._fingerprint = config_fingerprint(config)
 
         self._broadcast_initial_parameters()
         # the range of the flat model whose outer state and sync this process owns (all of it unless
@@ -281,6 +289,8 @@ class IntervalEngine:
         advance = self._advance_policy(interval, lr_mass, aggregate)
         record = self._record(interval, lr_mass, aggregate, outer, advance, sync_seconds)
         self._account(record, aggregate.traffic, sync_seconds, advance.controller_seconds)
+        if not aggregate.valid:
+            self._report_invalid(interval, aggregate.control)
         return record
 
     def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
@@ -296,9 +306,9 @@ class IntervalEngine:
                 delta = self._compensate(i, delta)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite).pack())
-        result = self.comm.average(deltas, messages, self.shard_segment_sizes)
+        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
+        result = self.comm.average(deltas, messages, self.shard_segment_sizes, check=self._check_agreement)
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
-        control.check_agreement()
         # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
         # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
         mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
@@ -327,9 +337,40 @@ class IntervalEngine:
             loss_sum=self._loss_sum[worker] if finite else 0.0,
             loss_count=float(self._loss_count),
             nonfinite=0.0 if finite else 1.0,
+            step=float(self.step),
+            interval_index=float(len(self.records)),
             start_step=float(interval.start_step),
             h_step=float(interval.h_step),
+            h_tok=float(interval.h_tok),
+            config_fingerprint=self._fingerprint,
         )
+
+    def _check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
+        """Every worker closed the same interval at the same step with the same config, else stop here."""
+        ControlRound.from_rows(sums, rows).check_agreement(self.comm.worker_labels())
+
+    def _report_invalid(self, interval: NextInterval, control: ControlRound) -> None:
+        """Log who produced the non-finite values; stop after ``max_consecutive_invalid`` such intervals in a row."""
+        labels = self.comm.worker_labels()
+        culprits = [label for label, w in zip(labels, control.workers) if w.nonfinite] or ["the mean (every worker)"]
+        streak = 0
+        for record in reversed(self.records):  # this interval's record is the last one
+            if record.outer_step_applied:
+                break
+            streak += 1
+        good_step = self.records[-streak].start_step  # theta is still the one synchronized there
+        where = (f"interval {len(self.records) - 1} (steps {interval.start_step + 1}-{self.step}): non-finite loss "
+                 f"or pseudo-gradient on {', '.join(culprits)}")
+        limit = self.config.max_consecutive_invalid
+        if streak >= limit:
+            raise TooManyInvalidIntervals(
+                f"AutoLoCo stopped at step {self.step}: {where}, {streak} such intervals in a row "
+                f"(max_consecutive_invalid={limit}); the outer parameters are still those synchronized at step "
+                f"{good_step}: lower the learning rate or check the data of steps {good_step + 1}-{self.step}, then "
+                "resume from the last checkpoint (docs/reliability.md)"
+            )
+        logger.warning("AutoLoCo: %s; outer step skipped, every worker restarts from the parameters synchronized at "
+                       "step %d (%d of max_consecutive_invalid=%d in a row)", where, good_step, streak, limit)
 
     def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
         """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (spec 4, 5.2)."""

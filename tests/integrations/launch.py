@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -21,17 +22,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0) -> list[dict]:
-    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``.
-
-    ``max_restarts``: torchrun restarts every worker (up to that many times) when one fails.
-    """
-    out = Path(spec["output_dir"])
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = out / f"spec_{int(time.time() * 1e6)}.json"
-    spec_path.write_text(json.dumps(spec))
+def worker_env(max_restarts: Optional[int] = None, **extra: str) -> dict[str, str]:
+    """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning", **extra}
     env.pop("WORLD_SIZE", None)
     if max_restarts:
         # A restarted worker that reaches init_process_group before its peer can read the previous attempt's gloo
@@ -39,16 +33,67 @@ def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_re
         # reused across restarts with the static rendezvous and shared by default with c10d (pytorch/pytorch#135712).
         # The c10d rendezvous with an unshared store gives every attempt a fresh one.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        launch = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                  "--max-restarts", str(max_restarts)]
-    else:
-        launch = ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *launch,
-           str(HERE / script), str(spec_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    results = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(nproc)]
-    for r in range(nproc):
+    return env
+
+
+def write_spec(spec: dict) -> Path:
+    """Write ``spec`` as JSON into its ``output_dir`` (created) and return the file."""
+    out = Path(spec["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / f"spec_{int(time.time() * 1e6)}.json"
+    spec_path.write_text(json.dumps(spec))
+    return spec_path
+
+
+def torchrun_command(script: str, spec_path: Path, nproc: int, master_addr: str, master_port: int,
+                     nnodes: int = 1, node_rank: int = 0, max_restarts: Optional[int] = None,
+                     local_addr: Optional[str] = None) -> list[str]:
+    """``python -m torch.distributed.run ...`` for one node; with ``max_restarts``, an elastic (c10d) rendezvous.
+
+    ``local_addr``: this node's address, which the elastic rendezvous hands to the
+    workers as ``MASTER_ADDR`` (else torchrun looks up the host name, which does
+    not resolve to the right interface inside a network namespace).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", str(nnodes)]
+    if max_restarts is None:
+        cmd += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
+    else:  # restarts need every agent to re-rendezvous, which the static rendezvous cannot do
+        cmd += ["--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-id", "autoloco-test",
+                "--rdzv-endpoint", f"{master_addr}:{master_port}", "--monitor-interval", "0.2",
+                # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
+                "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}"]
+        if local_addr is not None:
+            cmd += ["--local-addr", local_addr]
+    return cmd + [str(HERE / script), str(spec_path)]
+
+
+def load_results(out: Path, ranks: int) -> list[dict]:
+    """Each rank's ``result_rank{r}.pt`` (removed after reading, so a later run cannot pass with stale ones)."""
+    results = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(ranks)]
+    for r in range(ranks):
         os.remove(out / f"result_rank{r}.pt")
     return results
+
+
+def _run_local(script: str, spec: dict, nproc: int, timeout: float,
+               max_restarts: Optional[int] = None) -> subprocess.CompletedProcess:
+    cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts)
+    return subprocess.run(cmd, env=worker_env(max_restarts), capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0) -> list[dict]:
+    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``.
+
+    ``max_restarts``: torchrun restarts every worker (up to that many times) when one fails.
+    """
+    proc = _run_local(script, spec, nproc, timeout, max_restarts or None)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return load_results(Path(spec["output_dir"]), nproc)
+
+
+def torchrun_failing(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> str:
+    """Run a launch that must fail; return its stdout and stderr (the workers' tracebacks are in stderr)."""
+    proc = _run_local(script, spec, nproc, timeout)
+    assert proc.returncode != 0, f"{' '.join(proc.args)} succeeded but was expected to fail:\n{proc.stderr[-4000:]}"
+    return proc.stdout + proc.stderr

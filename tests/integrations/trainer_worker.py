@@ -65,6 +65,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.integrations.trainer import last_complete_checkpoint  # noqa: E402
+from fault_injection import fault_callbacks  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
@@ -157,7 +158,8 @@ def main(spec_path: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = tiny_llama(spec.get("model_seed", 0))
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
-    config = AutoLoCoConfig(**spec["autoloco"])
+    # "autoloco_rank": per-rank overrides, to force workers to disagree (a misconfigured launch)
+    config = AutoLoCoConfig(**{**spec["autoloco"], **spec.get("autoloco_rank", {}).get(str(rank), {})})
     callback = AutoLoCoCallback(config)
     # "kill": {"rank": r, "step": s} makes rank r die at step s on the launcher's first attempt
     kill = spec.get("kill")
@@ -182,7 +184,8 @@ def main(spec_path: str) -> None:
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback, probe])
+    before, after = fault_callbacks(spec, rank, callback)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*before, callback, probe, *after])
     # "resume_from": a folder or True; "resume_last": what a restartable script does (fresh start, else resume)
     resume = last_complete_checkpoint(spec["output_dir"]) if spec.get("resume_last") else spec.get("resume_from")
     trainer.train(resume_from_checkpoint=resume)
@@ -209,6 +212,7 @@ def main(spec_path: str) -> None:
         "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
         # the hooks DDP's reducer calls instead of its built-in gradient all-reduce
         "ddp_comm_hooks": [hook.__name__ for hook, _ in getattr(runtime.ddp, "_comm_hooks", [])],
+        "snapshots": after[0].snapshots if after else None,
     }
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
 
