@@ -56,6 +56,13 @@ class WireDtype(ValueEnum):
         return {"fp32": 4, "bf16": 2, "int8": 1}[self.value]
 
 
+class ReferenceClip(ValueEnum):
+    """How the reference EMA clips a residual before the update (docs/algorithm.md §5.1)."""
+
+    CENTRE = "centre"  # clip r - c around the history's robust centre c: follows drift of any speed
+    ZERO = "zero"  # clip r around 0 (the paper's literal rule): follows drift by <= alpha * k_moderate * sigma
+
+
 class Overlap(ValueEnum):
     """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md §11)."""
 
@@ -209,6 +216,32 @@ class AutoLoCoConfig:
             Size of one all-reduce bucket of the flat pseudo-gradient.
         ranks_per_worker (`int`, defaults to 1):
             Ranks forming one worker (inner DDP inside, spec 8.3).
+        reference_clip (`str`, defaults to `"centre"`):
+            Reference EMA update (spec 5.1): `centre` moves the reference by
+            `ref_ema_alpha * (c + clip(r - c, +-k_moderate * sigma))`, `c` the
+            robust centre of the residual history (0 while it holds fewer than
+            `min_history` residuals), so the reference follows drift of any
+            speed; `zero` is the literal rule `ref_ema_alpha * clip(r, ...)`,
+            which follows at most `ref_ema_alpha * k_moderate * sigma` per
+            interval and reads faster drift as deviations.
+        rejected_bound_min_age (`int`, defaults to 0):
+            Beyond the paper, opt-in. A rejected bound retires on LR-mass decay
+            (`rejected_bound_release`) only once it is at least this many
+            intervals old, so a sharp blow-up is probed at most once per this
+            many intervals; 0 is the spec's rule. `rejected_bound_max_age`
+            still retires it.
+        cumulative_check (`bool`, defaults to `False`):
+            Beyond the paper, opt-in. At each adoption, add the candidate's
+            standardized scores to a ladder of adopted horizons (reset by a
+            reduction) and compare the new horizon with every lower rung: if
+            `max(sum z_D, -sum z_C) > k_moderate` summed over the adoptions
+            since some rung, return to that rung and make the candidate the
+            rejected bound. Catches a slow blow-up that each one-step
+            comparison reads as consistent.
+        candidate_max_quanta (`int`, defaults to 0):
+            Beyond the paper, opt-in. A candidate lies at most this many `q_h`
+            above the accepted horizon (0: no cap, the spec's rule), so a
+            budget that admits `h_max` late in training climbs step by step.
         overlap (`str`, defaults to `"none"`):
             `none` blocks every worker at a boundary until the average arrives
             (the paper). `delayed` starts the collective asynchronously, trains
@@ -276,6 +309,11 @@ class AutoLoCoConfig:
     outer_on_cpu: bool = False
     bucket_size_mb: float = 64.0
     ranks_per_worker: int = 1
+    # --- controller robustness (issue 11) ---
+    reference_clip: ReferenceClip = ReferenceClip.CENTRE
+    rejected_bound_min_age: int = 0
+    cumulative_check: bool = False
+    candidate_max_quanta: int = 0
     # --- overlap (issue 15) ---
     overlap: Overlap = Overlap.NONE
     overlap_steps: int = 1
@@ -300,6 +338,9 @@ class AutoLoCoConfig:
             self.h_max = max(self.h_base, (int(1.5 * self.h_base) // self.q_h) * self.q_h)
         self._check_int("h_min", 1)
         self._check_int("h_max", 1)
+        if self.h_min % self.q_h:  # else a reduction or fallback executes a horizon off the grid
+            nearest = max(self.h_min // self.q_h, 1) * self.q_h
+            _fail("h_min", self.h_min, f"it must be a multiple of q_h={self.q_h} (e.g. h_min={nearest})")
         if self.h_min > self.h_base:
             _fail("h_min", self.h_min, f"it must not exceed h_base={self.h_base} (h_min <= h_base <= h_max)")
         if self.h_max < self.h_base:
@@ -357,6 +398,7 @@ class AutoLoCoConfig:
             _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")
         self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
         self._check_int("ranks_per_worker", 1)
+        self._check_controller_robustness()
         self._check_overlap()
 
     def _check_overlap(self) -> None:
@@ -399,6 +441,16 @@ class AutoLoCoConfig:
         if too_low or too_high:
             lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
             _fail(name, value, f"it must lie in {lo}{low}, {high}{hi}")
+
+    def _check_controller_robustness(self) -> None:
+        choices = tuple(c.value for c in ReferenceClip)
+        if self.reference_clip not in choices:
+            _fail("reference_clip", self.reference_clip, f"use one of {', '.join(choices)}")
+        self.reference_clip = ReferenceClip(self.reference_clip)
+        self._check_int("rejected_bound_min_age", 0)
+        if not isinstance(self.cumulative_check, bool):
+            _fail("cumulative_check", self.cumulative_check, "pass True or False")
+        self._check_int("candidate_max_quanta", 0)
 
     # -- derived properties -------------------------------------------------
     @property

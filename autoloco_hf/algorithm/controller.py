@@ -29,7 +29,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from autoloco_hf.config import AutoLoCoConfig, ValueEnum
+from autoloco_hf.algorithm.stats import log_normalized_drift
+from autoloco_hf.config import AutoLoCoConfig, ReferenceClip, ValueEnum
 
 class Phase(ValueEnum):
     """Controller phases (spec 5.3); ``FIXED`` marks intervals of a policy without a controller."""
@@ -54,6 +55,7 @@ class Assessment(ValueEnum):
     TRUNCATED = "truncated"
     NO_DECISION = "no_decision"
     FIXED = "fixed"
+    CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
 
 
 class Decision(ValueEnum):
@@ -127,6 +129,8 @@ class _State:
     bad_event_pending: bool = False
     candidate_intervals: int = 0
     rejected: Optional[RejectedBound] = None
+    # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per adopted horizon since the last reduction
+    ladder: list = field(default_factory=list)
 
 
 def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
@@ -187,8 +191,12 @@ class HorizonController:
             math.isfinite(v) for v in (obs.drift_energy, obs.coherence, obs.lr_mass, obs.mean_loss)
         )
 
-        if not finite and phase == Phase.WARMUP:
-            decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)  # the recipe horizon is kept through warm-up
+        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (spec 5.3.1)
+        in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps
+        if not finite and in_warmup:
+            # the recipe horizon is kept through warm-up, but the event arms the fallback (spec 5.2)
+            st.bad_event_pending = True
+            decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)
         elif not finite and phase == Phase.CANDIDATE:
             decision = self._reject(self._decision(phase, Assessment.INVALID, Decision.REJECT), obs.lr_mass)
         elif not finite:
@@ -197,7 +205,8 @@ class HorizonController:
             decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
         elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (spec 5.1)
             decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
-        elif phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps:
+        elif in_warmup:
+            st.bad_event_pending = False  # a finite warm-up interval separates two bad events
             decision = self._decision(phase, Assessment.UNUSED, Decision.KEEP)
         elif phase in (Phase.WARMUP, Phase.CALIBRATION):
             decision = self._calibrate(log_drift, log_coherence)
@@ -286,6 +295,8 @@ class HorizonController:
         if decision.assessment in (Assessment.MODERATE, Assessment.SEVERE):
             return self._reject(decision, lr_mass)
         if decision.assessment == Assessment.SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
+            if self.cfg.cumulative_check and self._climb_ladder(decision):
+                return self._reject(decision, lr_mass)
             # adopt: this interval doubles as the new reference's calibration interval
             st.h_accepted = st.h_tok
             st.moderate_streak = 0
@@ -297,6 +308,36 @@ class HorizonController:
         else:
             decision.decision = Decision.CONTINUE
         return decision
+
+    def _climb_ladder(self, decision: ControllerDecision) -> bool:
+        """Opt-in cumulative check at an adoption; True when the candidate must be rejected.
+
+        Each adoption adds the candidate's standardized scores to a ladder of
+        adopted horizons. Every score is measured against the reference of the
+        horizon just below, at nearly the same time, so the sums carry the
+        effect of the horizon and not the drift of training. A healthy longer
+        horizon scores ``z_D <= 0``, ``z_C >= 0``, so the sums fall as the
+        ladder climbs; if they rise since some lower rung to
+        ``max(sum z_D, -sum z_C) > k_moderate``, the accepted horizon returns
+        to that rung (the one scoring worst) and the candidate becomes the
+        rejected bound.
+        """
+        st, cfg = self.state, self.cfg
+        ladder = st.ladder or [[st.h_accepted, 0.0, 0.0]]
+        _, sum_drift, sum_incoherence = ladder[-1]
+        top = [st.h_tok, sum_drift + decision.z_drift, sum_incoherence - decision.z_coherence]
+        worst, worst_index = cfg.k_moderate, None
+        for index, (_, rung_drift, rung_incoherence) in enumerate(ladder):
+            score = max(top[1] - rung_drift, top[2] - rung_incoherence)
+            if score > worst:
+                worst, worst_index = score, index
+        if worst_index is None:
+            st.ladder = ladder + [top]
+            return False
+        st.ladder = ladder[: worst_index + 1]
+        st.h_accepted = ladder[worst_index][0]
+        decision.assessment = Assessment.CUMULATIVE
+        return True
 
     # ------------------------------------------------------------ transitions
     def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
@@ -319,6 +360,7 @@ class HorizonController:
             st.bad_event_pending = False
             fallback = st.h_accepted != cfg.h_min
             st.h_accepted = st.h_tok = cfg.h_min
+            st.ladder = []
             self._start_recalibration()
             decision.decision = Decision.FALLBACK if fallback else Decision.RECALIBRATE
             return decision
@@ -327,7 +369,7 @@ class HorizonController:
 
     def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
         """Spec 5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
-        st, cfg = self.state, self.cfg
+        st = self.state
         target = st.h_accepted / factor
         smaller = [h for h in self._admissible() if h < st.h_accepted]
         if smaller:
@@ -337,6 +379,7 @@ class HorizonController:
             st.h_tok = st.h_accepted
             decision.decision = Decision.RECALIBRATE
         st.moderate_streak = 0
+        st.ladder = []
         self._start_recalibration()
         return decision
 
@@ -353,6 +396,8 @@ class HorizonController:
         st, cfg = self.state, self.cfg
         self._maybe_retire_bound(preview)
         above = [h for h in self._admissible() if h > st.h_accepted]
+        if cfg.candidate_max_quanta:  # opt-in: climb at most this many q_H per proposal
+            above = [h for h in above if h <= st.h_accepted + cfg.candidate_max_quanta * cfg.q_h]
         if st.rejected is not None:
             inside = [h for h in above if h < st.rejected.h_tok]
             if not inside:
@@ -373,24 +418,26 @@ class HorizonController:
         bound = self.state.rejected
         if bound is None:
             return
-        too_old = bound.age >= self.cfg.rejected_bound_max_age
-        decayed = bound.lr_mass is not None and preview(bound.h_tok) <= self.cfg.rejected_bound_release * bound.lr_mass
+        cfg = self.cfg
+        too_old = bound.age >= cfg.rejected_bound_max_age
+        decayed = (
+            bound.age >= cfg.rejected_bound_min_age
+            and bound.lr_mass is not None
+            and preview(bound.h_tok) <= cfg.rejected_bound_release * bound.lr_mass
+        )
         if too_old or decayed:
             self.state.rejected = None
 
     # ------------------------------------------------------------- helpers
     def _admissible(self) -> list[int]:
-        cfg = self.cfg
-        first = -(-cfg.h_min // cfg.q_h) * cfg.q_h
-        return list(range(first, cfg.h_max + 1, cfg.q_h))
+        cfg = self.cfg  # h_min is a multiple of q_h (validated by the config)
+        return list(range(cfg.h_min, cfg.h_max + 1, cfg.q_h))
 
     def _logs(self, obs: IntervalObservation) -> tuple[Optional[float], Optional[float]]:
         """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (spec 5.1)."""
-        if not (obs.drift_energy > 0 and obs.lr_mass > 0) or not math.isfinite(obs.drift_energy * obs.lr_mass):
+        log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
+        if math.isnan(log_drift) or not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
             return None, None
-        if not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
-            return None, None
-        log_drift = math.log(obs.drift_energy) - 2.0 * math.log(obs.lr_mass)
         return log_drift, math.log(obs.coherence + self.cfg.eps)
 
     def _assess(self, phase: str, log_drift: float, log_coherence: float) -> ControllerDecision:
@@ -415,12 +462,29 @@ class HorizonController:
         return ControllerDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
 
     def _update_reference(self, decision: ControllerDecision) -> None:
-        """Log-space EMA of the reference, residual clipped to ``+-k_moderate * sigma`` (spec 5.1)."""
+        """Log-space EMA of the reference with a clipped residual (spec 5.1)."""
         st, cfg = self.state, self.cfg
-        _, s_d = robust_centre_scale(st.history_drift, cfg.sigma_floor)
-        _, s_c = robust_centre_scale(st.history_coherence, cfg.sigma_floor)
-        st.ref_log_drift += cfg.ref_ema_alpha * _clip(decision.residual_drift, cfg.k_moderate * s_d)
-        st.ref_log_coherence += cfg.ref_ema_alpha * _clip(decision.residual_coherence, cfg.k_moderate * s_c)
+        st.ref_log_drift += cfg.ref_ema_alpha * self._clipped_residual(decision.residual_drift, st.history_drift)
+        st.ref_log_coherence += cfg.ref_ema_alpha * self._clipped_residual(
+            decision.residual_coherence, st.history_coherence
+        )
+
+    def _clipped_residual(self, residual: float, history: list[float]) -> float:
+        """``c + clip(r - c, +-k_moderate * sigma)`` (``reference_clip="centre"``) or ``clip(r, ...)`` (``"zero"``).
+
+        Around 0 the reference follows at most ``alpha * k_moderate * sigma``
+        log-units per interval, so faster drift piles up in the residuals and
+        reads as a deviation. Around the robust centre ``c`` (the lag a steady
+        drift leaves in the history) it follows drift of any speed while an
+        outlier still moves it by at most ``alpha * k_moderate * sigma`` more
+        than the lag. ``c`` is taken as 0 while the history is shorter than
+        ``min_history`` (a median of one or two residuals is no robust centre).
+        """
+        cfg = self.cfg
+        centre, scale = robust_centre_scale(history, cfg.sigma_floor)
+        if cfg.reference_clip == ReferenceClip.ZERO or len(history) < cfg.min_history:
+            centre = 0.0
+        return centre + _clip(residual - centre, cfg.k_moderate * scale)
 
     def _trim_history(self) -> None:
         st, size = self.state, self.cfg.history_size

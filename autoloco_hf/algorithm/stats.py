@@ -16,6 +16,17 @@ import math
 from dataclasses import dataclass
 
 
+def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
+    """``log d_t = log D_t - 2 log Lambda_t`` in float64 (spec 5.1); NaN when undefined.
+
+    Undefined means non-finite, ``D_t <= 0`` or ``Lambda_t <= 0``: such an
+    interval takes no decision (the controller treats it like truncation).
+    """
+    if not (math.isfinite(drift_energy) and math.isfinite(lr_mass) and drift_energy > 0 and lr_mass > 0):
+        return math.nan
+    return math.log(drift_energy) - 2.0 * math.log(lr_mass)
+
+
 @dataclass(frozen=True)
 class IntervalStatistics:
     """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (spec 2)."""
@@ -33,9 +44,7 @@ class IntervalStatistics:
     @property
     def log_normalized_drift(self) -> float:
         """``log d_t = log D_t - 2 log Lambda_t`` in float64 (spec 5.1); NaN when undefined."""
-        if not self.finite or self.drift_energy <= 0 or self.lr_mass <= 0:
-            return math.nan
-        return math.log(self.drift_energy) - 2.0 * math.log(self.lr_mass)
+        return log_normalized_drift(self.drift_energy, self.lr_mass) if self.finite else math.nan
 
 
 def interval_statistics(

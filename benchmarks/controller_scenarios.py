@@ -1,0 +1,86 @@
+"""Closed-loop controller scenarios: false reductions, time above a critical horizon, NaN recovery.
+
+Not a test (``tests/algorithm/test_closed_loop.py`` asserts bounds on a few
+seeds). Drives ``AutoLoCoPolicy`` on the SFT recipe through the synthetic
+statistic streams of ``tests/algorithm/controller_streams.py`` (pure Python,
+seeded) for every scenario and configuration column, and prints a Markdown
+table (docs/controller.md):
+
+* no blow-up: ``seeds with a false reduction / seeds`` (reductions,
+  fallbacks and recalibrations-in-place; total count in brackets) and the mean
+  number of syncs;
+* blow-ups: intervals above the critical horizon per seed (mean), the quanta
+  above it summed over intervals (mean: how far, not only how often), syncs;
+* NaN: intervals from the last non-finite interval to the next proposal
+  (worst seed), syncs.
+
+    python benchmarks/controller_scenarios.py [--seeds 10] [--columns default zero ...]
+
+Column ``default`` passes no override, so running this file against an older
+checkout (``PYTHONPATH=<old tree> python benchmarks/controller_scenarios.py
+--columns default``) measures that checkout's behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "algorithm"))
+from controller_streams import SCENARIOS, Kind, Scenario  # noqa: E402
+
+from autoloco_hf.config import RECIPES  # noqa: E402
+
+COLUMNS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "zero": dict(reference_clip="zero"),
+    "min_age": dict(rejected_bound_min_age=20),
+    "cumulative": dict(cumulative_check=True),
+    "cap": dict(candidate_max_quanta=1),
+}
+TITLES = {
+    "default": "default",
+    "zero": "reference_clip=zero",
+    "min_age": "+rejected_bound_min_age=20",
+    "cumulative": "+cumulative_check",
+    "cap": "+candidate_max_quanta=1",
+}
+STUDENT_SEEDS = 50  # the issue's heavy-tail count
+
+
+def cell(scenario: Scenario, seeds: int, overrides: dict[str, Any]) -> str:
+    traces = [scenario.run(seed, **overrides) for seed in range(seeds)]
+    syncs = statistics.fmean(t.syncs for t in traces)
+    if scenario.kind == Kind.FALSE_ALARM:
+        hit = sum(t.reductions() > 0 for t in traces)
+        return f"{hit}/{seeds} ({sum(t.reductions() for t in traces)}), {syncs:.1f}"
+    if scenario.kind == Kind.BLOWUP:
+        critical, since = scenario.stream.critical, scenario.since_step()
+        above = statistics.fmean(t.above(critical, since) for t in traces)
+        excess = statistics.fmean(t.excess(critical, RECIPES["sft"]["q_h"], since) for t in traces)
+        return f"{above:.1f} / {excess:.1f}, {syncs:.1f}"
+    last_bad = max(scenario.stream.nan_intervals)
+    return f"{max(t.recovery(last_bad) for t in traces)}, {syncs:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=list(COLUMNS))
+    args = parser.parse_args()
+    started = time.perf_counter()
+    print("| scenario | " + " | ".join(TITLES[c] for c in args.columns) + " |")
+    print("| --- |" + " --- |" * len(args.columns))
+    for name, scenario in SCENARIOS.items():
+        seeds = STUDENT_SEEDS if name.startswith("student") else args.seeds
+        row = [cell(scenario, seeds, COLUMNS[c]) for c in args.columns]
+        print(f"| {name} ({seeds} seeds) | " + " | ".join(row) + " |")
+    print(f"\n{time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

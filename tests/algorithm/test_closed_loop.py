@@ -1,0 +1,123 @@
+"""Closed loop: ``AutoLoCoPolicy`` driven through synthetic statistic streams as the engine drives it.
+
+The streams and the loop live in ``controller_streams.py`` (model in its
+docstring); ``benchmarks/controller_scenarios.py`` runs the same scenarios on
+10 seeds for docs/controller.md. Here a few seeds per scenario assert bounds
+that the pre-fix controller, or a regression, breaks.
+"""
+
+from __future__ import annotations
+
+import pytest
+from controller_streams import SCENARIOS, Kind, Noise, Stream, Trace, recipe_config, run_closed_loop
+
+from autoloco_hf.algorithm.controller import Assessment, Decision
+from autoloco_hf.algorithm.preview import plan_run, run_length
+
+SEEDS = range(10)
+OPT_INS = [
+    {},
+    dict(reference_clip="zero"),
+    dict(rejected_bound_min_age=20),
+    dict(cumulative_check=True),
+    dict(candidate_max_quanta=1),
+]
+
+
+def runs(name: str, seeds=SEEDS, **overrides) -> list[Trace]:
+    return [SCENARIOS[name].run(seed, **overrides) for seed in seeds]
+
+
+def seeds_with_reductions(traces: list[Trace]) -> int:
+    return sum(t.reductions() > 0 for t in traces)
+
+
+# ------------------------------------------------------------------ benign
+@pytest.mark.parametrize("overrides", OPT_INS, ids=lambda o: ",".join(o) or "default")
+def test_benign_stream_executes_the_plan_trajectory(overrides: dict) -> None:
+    """A noise-free, drift-free stream runs exactly what `autoloco plan` prints, with every option."""
+    cfg, schedule, warmup = recipe_config("sft", **overrides)
+    trace = run_closed_loop(Stream(noise=Noise.NONE), seed=0, **overrides)
+    assert trace.h_step == plan_run(cfg, schedule, warmup).intervals
+    assert trace.syncs == 49 and trace.reductions() == 0
+
+
+def test_benign_c4_stream_executes_the_paper_trajectory() -> None:
+    trace = run_closed_loop(Stream(noise=Noise.NONE), seed=0, recipe="c4")
+    assert run_length(trace.h_step) == "500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1"
+
+
+# ------------------------------------------------------------------- drift
+@pytest.mark.parametrize("name", ["noise only", "drift 1x", "drift 3x", "drift 4x", "student-t(3)"])
+def test_no_false_reduction_up_to_4x_drift_and_heavy_tails(name: str) -> None:
+    """The centred reference clip follows drift at 4x the unit rate: no seed reduces."""
+    traces = runs(name)
+    assert seeds_with_reductions(traces) == 0
+    assert all(t.h_tok[-2] == 150 for t in traces)  # and every seed still climbs to H_max
+
+
+def test_literal_clip_falls_behind_4x_drift() -> None:
+    """The spec's literal rule follows at most 0.04 log-units per interval: 4x drift reads as deviations."""
+    assert seeds_with_reductions(runs("drift 4x", reference_clip="zero")) >= 2
+
+
+def test_8x_drift_no_worse_than_literal_clip() -> None:
+    default, literal = runs("drift 8x"), runs("drift 8x", reference_clip="zero")
+    assert sum(t.reductions() for t in default) <= sum(t.reductions() for t in literal)
+
+
+# ---------------------------------------------------------------- blow-ups
+def test_sharp_blowup_costs_one_probe_per_bound_and_min_age_spaces_them() -> None:
+    default = runs("sharp blow-up > 120", seeds=range(4))
+    spaced = runs("sharp blow-up > 120", seeds=range(4), rejected_bound_min_age=20)
+    for trace in default:
+        assert 3 <= trace.above(120) <= 10  # every probe above 120 is rejected at once
+        assert Assessment.SEVERE in trace.assessments
+    assert all(t.above(120) <= 3 for t in spaced)
+    assert sum(t.above(120) for t in spaced) < sum(t.above(120) for t in default)
+
+
+def test_soft_blowup_is_caught_only_by_the_cumulative_check() -> None:
+    """Each one-quantum step reads consistent; summed since 110 they deviate."""
+    seeds = range(5)
+    default = sum(t.excess(110, 10) for t in runs("soft blow-up > 110", seeds))
+    cumulative_traces = runs("soft blow-up > 110", seeds, cumulative_check=True)
+    assert sum(t.excess(110, 10) for t in cumulative_traces) < 0.6 * default
+    assert any(Assessment.CUMULATIVE in t.assessments for t in cumulative_traces)
+
+
+def test_late_blowup_is_left_at_once() -> None:
+    since = SCENARIOS["late blow-up > 120"].since_step()
+    for trace in runs("late blow-up > 120", seeds=range(4)):
+        first = next(i for i, s in enumerate(trace.start) if s >= since)
+        assert trace.h_tok[first] == 150  # at H_max when the blow-up appears ...
+        assert trace.decisions[first] == Decision.REDUCE  # ... severe: reduced by 1.5 at once
+        assert trace.above(120, since) <= 3
+
+
+def test_candidate_cap_bounds_every_increase() -> None:
+    """Late in training the budget admits two quanta at once; the cap keeps each proposal to one."""
+
+    def largest_step(trace: Trace) -> int:
+        return max(b - a for a, b in zip(trace.h_tok, trace.h_tok[1:]))
+
+    seeds = range(3)
+    assert max(largest_step(t) for t in runs("soft blow-up > 110", seeds)) > 10
+    assert max(largest_step(t) for t in runs("soft blow-up > 110", seeds, candidate_max_quanta=1)) == 10
+
+
+# --------------------------------------------------------------------- NaN
+@pytest.mark.parametrize("name", [n for n, s in SCENARIOS.items() if s.kind == Kind.NAN])
+def test_nan_intervals_reduce_then_recover_without_deadlock(name: str) -> None:
+    """Non-finite intervals act in every phase (interval 0 included); the controller proposes again after
+    1 calibration + 3 variability + 1 monitoring interval and climbs back (h_min 70 -> H_base 100
+    takes 15 intervals, one q_H per 5)."""
+    bad = sorted(SCENARIOS[name].stream.nan_intervals)
+    for trace in runs(name, seeds=range(3)):
+        assert trace.decisions[bad[0]] == Decision.REDUCE  # a first bad event reduces by 1.5 ...
+        # ... a second in a row falls back to h_min (a recalibration when already there: 100 / 1.5 -> 70)
+        assert trace.decisions[bad[1]] in (Decision.FALLBACK, Decision.RECALIBRATE)
+        assert trace.h_tok[bad[1] + 1] == 70
+        assert all(trace.assessments[i] == Assessment.INVALID for i in bad)
+        assert trace.recovery(bad[-1]) == 5
+        assert max(trace.h_tok[bad[-1] + 1 :]) >= 110  # climbs back past H_base: no deadlock
