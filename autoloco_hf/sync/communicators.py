@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -53,6 +53,31 @@ class AverageResult:
     mean: torch.Tensor  # decoded mean (FP32, identical on all workers); may be a buffer reused by the next call
     scalar_sums: torch.Tensor  # float64 sums over all workers
     traffic: Traffic
+
+
+class PendingAverage:
+    """An average in flight (overlapped synchronization, docs/algorithm.md §11).
+
+    :meth:`wait` blocks until the collective has completed and returns its
+    :class:`AverageResult`; later calls return the same result, so a checkpoint
+    may wait for it before the training loop does.
+    """
+
+    def __init__(self, finish: Callable[[], AverageResult]) -> None:
+        self._finish: Optional[Callable[[], AverageResult]] = finish
+        self._result: Optional[AverageResult] = None
+
+    @classmethod
+    def completed(cls, result: AverageResult) -> "PendingAverage":
+        pending = cls(lambda: result)
+        pending.wait()
+        return pending
+
+    def wait(self) -> AverageResult:
+        if self._finish is not None:
+            self._result, self._finish = self._finish(), None
+        assert self._result is not None
+        return self._result
 
 
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -87,6 +112,21 @@ class Communicator(ABC):
         if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes) or self._codec.wire_dtype != wire:
             self._codec = WireCodec(wire, segment_sizes, self.block_size)
         return self._codec
+
+    def start_average(
+        self,
+        flats: Sequence[torch.Tensor],
+        scalars: Sequence[torch.Tensor],
+        segment_sizes: Sequence[int],
+        wire_dtype: Optional[str] = None,
+    ) -> PendingAverage:
+        """Start :meth:`average` without waiting for it; the inputs may be reused once this returns.
+
+        This default computes the average at once: the simulation applies it at
+        the step the engine says it is due, which models an asynchronous
+        collective's timing exactly (docs/algorithm.md §11).
+        """
+        return PendingAverage.completed(self.average(flats, scalars, segment_sizes, wire_dtype))
 
     @abstractmethod
     def average(
@@ -256,3 +296,40 @@ class ProcessGroupCommunicator(Communicator):
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+
+    def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
+        """FP32: the control all-gather and the bucketed all-reduce run as ``async_op=True`` work handles.
+
+        The flat buffer is copied into a buffer of its own, so the caller may go
+        on training while the collective runs. BF16/INT8 owner-reduce needs its
+        two exchanges with a decode in between: it completes here (not overlapped).
+        """
+        wire = wire_dtype or self.wire_dtype
+        if wire != "fp32":
+            return super().start_average(flats, scalars, segment_sizes, wire)
+        if len(flats) != 1:
+            raise ValueError("a process-group worker contributes exactly one buffer")
+        flat = flats[0]
+        traffic = Traffic(wire_bytes=self.ring_bytes(flat.numel()))
+        start = time.perf_counter()
+        gathered: list[torch.Tensor] = []
+        works = []
+        if scalars:
+            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
+            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+            works.append(self.dist.all_gather(gathered, local, group=self.group, async_op=True))
+        total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
+        works += [
+            self.dist.all_reduce(bucket, group=self.group, async_op=True)
+            for bucket in torch.split(total, self.bucket_elements)
+        ]
+
+        def finish() -> AverageResult:
+            for work in works:
+                work.wait()
+            total.div_(self.num_workers)
+            traffic.collective_seconds = _now(total) - start  # issue to completion, compute overlapped included
+            sums = sum_in_worker_order(gathered).cpu() if gathered else torch.zeros(0, dtype=torch.float64)
+            return AverageResult(total, sums, traffic)
+
+        return PendingAverage(finish)
