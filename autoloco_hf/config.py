@@ -346,14 +346,14 @@ class AutoLoCoConfig:
         if self.h_max < self.h_base:
             _fail("h_max", self.h_max, f"it must be at least h_base={self.h_base} (h_min <= h_base <= h_max)")
         if self.outer_momentum is None:
-            self.outer_momentum = 0.9 if self.method == "diloco" else 0.7
+            self.outer_momentum = 0.9 if self.method == Method.DILOCO else 0.7
         self._check_float("outer_lr", 0.0, math.inf, low_open=True)
         self._check_float("outer_momentum", 0.0, 1.0, high_open=True)
         self._check_float("mu_min", 0.0, 1.0, high_open=True)
         self._check_float("mu_max", 0.0, 1.0, high_open=True)
         if self.mu_min > self.mu_max:
             _fail("mu_min", self.mu_min, f"it must not exceed mu_max={self.mu_max}")
-        if self.method == "autoloco" and not self.mu_min <= self.outer_momentum <= self.mu_max:
+        if self.method == Method.AUTOLOCO and not self.mu_min <= self.outer_momentum <= self.mu_max:
             _fail(
                 "outer_momentum",
                 self.outer_momentum,
@@ -394,7 +394,7 @@ class AutoLoCoConfig:
             _fail("wire_dtype", self.wire_dtype, f"use one of {', '.join(WIRE_DTYPES)}")
         self.wire_dtype = WireDtype(self.wire_dtype)
         self._check_int("int8_block_size", 1)
-        if self.error_feedback and self.wire_dtype == "fp32":
+        if self.error_feedback and self.wire_dtype == WireDtype.FP32:
             _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")
         self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
         self._check_int("ranks_per_worker", 1)
@@ -456,12 +456,12 @@ class AutoLoCoConfig:
     @property
     def is_interval_method(self) -> bool:
         """Whether workers run local intervals (everything but DDP)."""
-        return self.method != "ddp"
+        return self.method != Method.DDP
 
     @property
     def uses_nesterov_outer(self) -> bool:
         """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (spec 6)."""
-        return self.method in ("diloco", "autoloco")
+        return self.method in (Method.DILOCO, Method.AUTOLOCO)
 
     @property
     def min_interval_steps(self) -> int:
@@ -475,7 +475,7 @@ class AutoLoCoConfig:
     @property
     def outer_correction_enabled(self) -> bool:
         """The spec-4 correction runs only for AutoLoCo."""
-        return self.method == "autoloco"
+        return self.method == Method.AUTOLOCO
 
     # -- construction helpers -------------------------------------------------
     @classmethod
@@ -501,7 +501,7 @@ class AutoLoCoConfig:
         }
         if variant not in variants:
             raise ConfigError(f"unknown ablation {variant!r}: use one of {', '.join(variants)}")
-        return cls(**{"method": "autoloco", **variants[variant], **overrides})
+        return cls(**{"method": Method.AUTOLOCO, **variants[variant], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

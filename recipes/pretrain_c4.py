@@ -172,12 +172,9 @@ class Runtime:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
-        from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
+        from autoloco_hf.sync.communicators import make_communicator
 
-        kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
-        if self.distributed:
-            return ProcessGroupCommunicator(**kwargs)
-        return SimulatedCommunicator(len(self.local_workers), **kwargs)
+        return make_communicator(config, self.distributed, simulated_workers=len(self.local_workers))
 
     def sum(self, values: list[float]) -> list[float]:
         """Sum small float vectors over processes (validation shards)."""

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recipe_config import parse_settings  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
+from autoloco_hf.config import WireDtype  # noqa: E402
 
 ROLES = ("system", "user", "assistant")
 
@@ -82,7 +83,7 @@ def autoloco_config(s: SFTSettings) -> AutoLoCoConfig:
     """The SFT preset (H_base 100, q_H 10, H_max 150, normalization on for AutoLoCo) plus overrides."""
     overrides = dict(s.autoloco)
     if s.int8:
-        overrides["wire_dtype"] = "int8"
+        overrides["wire_dtype"] = WireDtype.INT8
     return AutoLoCoConfig.for_recipe("sft", method=s.method, **overrides)
 
 

@@ -1,13 +1,13 @@
 """Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (spec 6).
 
 A policy answers two questions: how long is the interval that starts at step
-``s`` (:meth:`IntervalPolicy.plan`), and what does a completed interval teach
+``s`` (:meth:`IntervalPolicy.next_interval`), and what does a completed interval teach
 it (:meth:`IntervalPolicy.complete`). All policies are pure and serializable.
 
 Example::
 
     >>> p = LinearIntervalPolicy(increment=10, total_steps=100)
-    >>> [p.plan(s).h_step for s in (0, 10, 30, 60)]
+    >>> [p.next_interval(s).h_step for s in (0, 10, 30, 60)]
     [10, 20, 30, 40]
 """
 
@@ -18,15 +18,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Method
 from autoloco_hf.algorithm.controller import ControllerDecision, HorizonController, IntervalObservation
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
 
 
 @dataclass
-class IntervalPlan:
-    """What every worker executes next (identical on all workers, spec 5.3)."""
+class NextInterval:
+    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (spec 5.3)."""
 
     start_step: int
     h_tok: int  # token-equivalent horizon
@@ -41,7 +41,7 @@ class IntervalPlan:
 class IntervalOutcome:
     """All-reduced facts about a completed interval."""
 
-    plan: IntervalPlan
+    interval: NextInterval
     global_tokens: int
     drift_energy: float
     coherence: float
@@ -58,11 +58,11 @@ class IntervalPolicy(ABC):
         self.total_steps = total_steps
         self.h_base = h_base
 
-    def plan(self, start_step: int) -> IntervalPlan:
+    def next_interval(self, start_step: int) -> NextInterval:
         h_tok, wanted = self._length(start_step)
         h_ref = self._reference_steps()
         h_step = min(wanted, self.total_steps - start_step)
-        return IntervalPlan(
+        return NextInterval(
             start_step=start_step,
             h_tok=h_tok,
             h_step=h_step,
@@ -132,7 +132,7 @@ class LinearIntervalPolicy(IntervalPolicy):
         self.increment = increment
 
     def _length(self, start_step: int) -> tuple[int, int]:
-        # k is derived from the start step so that plan() is idempotent
+        # k is derived from the start step so that next_interval() is idempotent
         k, covered = 1, 0
         while covered + self.increment * k <= start_step:
             covered += self.increment * k
@@ -167,24 +167,24 @@ class AutoLoCoPolicy(IntervalPolicy):
         return self.mapper.map(self.h_base)
 
     def complete(self, outcome: IntervalOutcome) -> Optional[ControllerDecision]:
-        plan = outcome.plan
-        full = not plan.truncated
+        interval = outcome.interval
+        full = not interval.truncated
         self.mapper.observe(
-            outcome.global_tokens, plan.h_step, at_recipe_horizon=full and plan.h_tok == self.h_base
+            outcome.global_tokens, interval.h_step, at_recipe_horizon=full and interval.h_tok == self.h_base
         )
         if not self.config.adaptive_horizon:
             return None
-        next_start = plan.start_step + plan.h_step
+        next_start = interval.start_step + interval.h_step
         observation = IntervalObservation(
-            h_tok=plan.h_tok,
-            start_step=plan.start_step,
+            h_tok=interval.h_tok,
+            start_step=interval.start_step,
             end_step=next_start,
             drift_energy=outcome.drift_energy,
             coherence=outcome.coherence,
             lr_mass=outcome.lr_mass,
             mean_loss=outcome.mean_loss,
             pseudo_grad_finite=outcome.pseudo_grad_finite,
-            truncated=plan.truncated,
+            truncated=interval.truncated,
         )
         # candidate previews use the mapper updated with this interval (spec 3, last bullets)
         return self.controller.observe(
@@ -201,13 +201,13 @@ class AutoLoCoPolicy(IntervalPolicy):
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:
     """The interval policy of ``config.method`` (not defined for DDP, which has no intervals)."""
-    if config.method == "diloco":
+    if config.method == Method.DILOCO:
         return FixedPolicy(schedule, total_steps, config.h_base)
-    if config.method == "autoloco":
+    if config.method == Method.AUTOLOCO:
         return AutoLoCoPolicy(config, schedule, total_steps, warmup_steps)
-    if config.method == "linear":
+    if config.method == Method.LINEAR:
         return LinearIntervalPolicy(config.linear_increment, total_steps, schedule)
-    if config.method == "qsr":
+    if config.method == Method.QSR:
         alpha = config.qsr_alpha
         if alpha is None:
             peak = max(schedule.lr_at(s) for s in range(0, min(total_steps, max(warmup_steps, 0) + 1)))

@@ -9,7 +9,7 @@ Example::
 
     >>> from autoloco_hf import AutoLoCoConfig
     >>> from autoloco_hf.algorithm.schedule import warmup_cosine
-    >>> p = plan_run(AutoLoCoConfig.for_recipe("c4"), warmup_cosine(3e-4, 1000, 50_000), warmup_steps=1000)
+    >>> p = preview_run(AutoLoCoConfig.for_recipe("c4"), warmup_cosine(3e-4, 1000, 50_000), warmup_steps=1000)
     >>> run_length(p.intervals), p.syncs
     ('500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1', 73)
 """
@@ -17,18 +17,15 @@ Example::
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.policies import IntervalOutcome, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 
-_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}
-
 
 @dataclass
-class RunPlan:
+class RunPreview:
     """Horizon sequence and sync count of a previewed run."""
 
     method: str
@@ -43,22 +40,22 @@ class RunPlan:
         return sum(self.intervals)
 
 
-def plan_run(
+def preview_run(
     config: AutoLoCoConfig, schedule: LRSchedule, warmup_steps: int, tokens_per_step: float = 1024.0
-) -> RunPlan:
+) -> RunPreview:
     """Execute ``config``'s policy over ``schedule.total_steps`` with an always-supporting stream."""
     total = schedule.total_steps
-    if config.method == "ddp":
-        return RunPlan("ddp", [1] * total)
+    if not config.is_interval_method:  # DDP: one gradient all-reduce per step
+        return RunPreview(config.method, [1] * total)
     policy = make_policy(config, schedule, total, warmup_steps)
-    result = RunPlan(config.method)
+    result = RunPreview(config.method)
     step = 0
     while step < total:
-        plan = policy.plan(step)
+        interval = policy.next_interval(step)
         policy.complete(
             IntervalOutcome(
-                plan=plan,
-                global_tokens=round(tokens_per_step * plan.h_step),
+                interval=interval,
+                global_tokens=round(tokens_per_step * interval.h_step),
                 # D_t = Lambda_t = 1 keeps log d_t and log C_t exactly constant: every
                 # residual is exactly 0, so every interval reads as increase-supporting
                 drift_energy=1.0,
@@ -68,8 +65,8 @@ def plan_run(
                 pseudo_grad_finite=True,
             )
         )
-        result.intervals.append(plan.h_step)
-        step += plan.h_step
+        result.intervals.append(interval.h_step)
+        step += interval.h_step
     return result
 
 
@@ -77,10 +74,3 @@ def run_length(intervals: list[int]) -> str:
     """``[500, 500, 550]`` -> ``'500x2, 550x1'``."""
     return ", ".join(f"{h}x{len(list(group))}" for h, group in itertools.groupby(intervals))
 
-
-def payload_bytes(syncs: int, num_params: int, wire_dtype: str, block_size: int = 4096) -> float:
-    """Logical payload of ``syncs`` synchronizations per worker at a wire dtype (INT8 adds FP32 scales)."""
-    per_sync = num_params * _BYTES[wire_dtype]
-    if wire_dtype == "int8":
-        per_sync += 4.0 * math.ceil(num_params / block_size)
-    return syncs * per_sync

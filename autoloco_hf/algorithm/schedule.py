@@ -35,14 +35,14 @@ def lr_mass(schedule: LRSchedule, start: int, num_steps: int) -> float:
     return math.fsum(schedule.lr_at(step) for step in range(max(start, 0), end))
 
 
-class _MassMixin:
+class LRMassMixin:
     """Adds ``lr_mass`` to a class that defines ``lr_at`` and ``total_steps``."""
 
     def lr_mass(self, start: int, num_steps: int) -> float:
         return lr_mass(self, start, num_steps)
 
 
-class FunctionSchedule(_MassMixin):
+class FunctionSchedule(LRMassMixin):
     """A schedule given as a plain function ``step -> lr`` (pure; used by `plan` and tests)."""
 
     def __init__(self, fn: Callable[[int], float], total_steps: int) -> None:
@@ -93,7 +93,7 @@ class _ShadowOptimizer:
         pass
 
 
-class SchedulerPreview(_MassMixin):
+class SchedulerPreview(LRMassMixin):
     """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (spec 2).
 
     ``LambdaLR`` (all of transformers' ``get_*_schedule_with_warmup``) is

@@ -29,18 +29,39 @@ def round_to_multiple(value: float, multiple: int) -> int:
     return max(multiple, multiple * math.floor(value / multiple + 0.5))
 
 
-def count_non_padding_tokens(batch: Any) -> int:
-    """Non-padding input tokens of a batch (spec 3).
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "numel") and hasattr(value, "dim")  # duck-typed: this module never imports torch
 
-    Uses ``attention_mask`` when present, else counts every ``input_ids``
-    position. Labels that mask prompt tokens do not matter: the paper counts
-    input tokens.
+
+def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
+    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (spec 3).
+
+    A 2-D ``attention_mask`` is summed; without one every ``input_ids``
+    position counts (also a tensor passed positionally), else every position of
+    ``inputs_embeds``; ``None`` when the call has none of them. Labels that mask
+    prompt tokens do not matter: the paper counts input tokens. A tensor mask
+    gives a 0-d tensor on its device (``int()`` it when a number is needed):
+    converting here would force a host-device synchronization on every forward
+    of the Trainer's hooks. Plain nested lists are counted too.
     """
-    mask = batch.get("attention_mask") if hasattr(batch, "get") else None
-    if mask is not None:
-        return int(mask.sum()) if hasattr(mask, "sum") else sum(sum(row) for row in mask)
-    input_ids = batch["input_ids"]
-    return int(input_ids.numel()) if hasattr(input_ids, "numel") else sum(len(row) for row in input_ids)
+    get = batch.get if hasattr(batch, "get") else (lambda key: None)
+    mask = get("attention_mask")
+    if _is_tensor(mask):
+        if mask.dim() == 2:
+            return mask.sum()
+    elif mask is not None:
+        return sum(sum(row) for row in mask)
+    ids = get("input_ids")
+    if ids is None and args and _is_tensor(args[0]):
+        ids = args[0]
+    if _is_tensor(ids):
+        return ids.numel()
+    if ids is not None:
+        return sum(len(row) for row in ids)
+    embeds = get("inputs_embeds")
+    if _is_tensor(embeds):
+        return embeds.shape[:-1].numel()
+    return None
 
 
 class TokenMapper:

@@ -31,20 +31,20 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Method
 from autoloco_hf.cli.report import RunWriter, find_runs, table1, write_report
 
 # name -> (what it is, AutoLoCoConfig fields)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "ddp": ("gradient all-reduce every step", dict(method="ddp")),
-    "diloco": ("DiLoCo, outer Nesterov momentum 0.9 (the paper's baseline)", dict(method="diloco")),
+    "ddp": ("gradient all-reduce every step", dict(method=Method.DDP)),
+    "diloco": ("DiLoCo, outer Nesterov momentum 0.9 (the paper's baseline)", dict(method=Method.DILOCO)),
     "diloco_mu07": (
         "DiLoCo at outer momentum 0.7, AutoLoCo's base momentum (the fair comparator)",
-        dict(method="diloco", outer_momentum=0.7),
+        dict(method=Method.DILOCO, outer_momentum=0.7),
     ),
-    "autoloco": ("AutoLoCo: adaptive horizon + outer correction", dict(method="autoloco")),
-    "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method="qsr")),
-    "linear": ("Linear Interval: H_k = a k, model averaging", dict(method="linear")),
+    "autoloco": ("AutoLoCo: adaptive horizon + outer correction", dict(method=Method.AUTOLOCO)),
+    "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method=Method.QSR)),
+    "linear": ("Linear Interval: H_k = a k, model averaging", dict(method=Method.LINEAR)),
 }
 DEFAULT_METHODS = "diloco,diloco_mu07,autoloco"
 

@@ -11,14 +11,15 @@ import argparse
 import json
 import math
 
-from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, AutoLoCoConfig, ConfigError
-from autoloco_hf.algorithm.preview import payload_bytes, plan_run, run_length
+from autoloco_hf.config import METHODS, RECIPE_SCHEDULES, RECIPES, WIRE_DTYPES, AutoLoCoConfig, ConfigError, Method, WireDtype
+from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+from autoloco_hf.sync.accounting import payload_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="c4", help="the paper recipe to start from")
-    parser.add_argument("--method", default="autoloco", help="autoloco, diloco, qsr, linear or ddp")
+    parser.add_argument("--method", default=Method.AUTOLOCO, help=", ".join(METHODS))
     parser.add_argument("--steps", type=int, help="training budget in optimizer steps")
     parser.add_argument("--warmup", type=int, help="inner-LR warm-up steps")
     parser.add_argument("--schedule", choices=["cosine", "linear"], help="decay after warm-up")
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--q-h", type=int, help="horizon granularity q_H (default H_base/10)")
     parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
     parser.add_argument("--params", type=float, default=215e6, help="model parameters, for the payload estimate")
-    parser.add_argument("--wire-dtype", default="bf16", choices=["fp32", "bf16", "int8"], help="wire format of the payload")
+    parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["h_max"] = args.h_max
     try:
         config = AutoLoCoConfig.for_recipe(args.recipe, **overrides)
-        baseline = AutoLoCoConfig.for_recipe(args.recipe, **{**overrides, "method": "diloco"})
+        baseline = AutoLoCoConfig.for_recipe(args.recipe, **{**overrides, "method": Method.DILOCO})
     except ConfigError as err:
         raise SystemExit(f"autoloco plan: {err}")
     total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
@@ -57,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
-    result = plan_run(config, schedule, warmup)
+    result = preview_run(config, schedule, warmup)
     diloco_syncs = math.ceil(total / baseline.h_base)
     params = int(args.params)
     payload = payload_bytes(result.syncs, params, args.wire_dtype)
-    diloco_payload = payload_bytes(diloco_syncs, params, "bf16")
+    diloco_payload = payload_bytes(diloco_syncs, params, WireDtype.BF16)
     summary = {
         "recipe": args.recipe,
         "method": config.method,

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from autoloco_hf.config import Method
 from autoloco_hf.sync.records import RunTotals, read_jsonl
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
@@ -162,13 +163,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 def table1(runs: Sequence[Run]) -> str:
     """The paper's Table 1: syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
-    baseline = next((r for r in runs if r.summary.get("method") == "diloco"), None)
+    baseline = next((r for r in runs if r.summary.get("method") == Method.DILOCO), None)
     rows = []
     for run in runs:
         totals = run.summary["totals"]
         syncs, payload = totals["syncs"], totals["payload_bytes"]
         vs = "-"
-        if baseline is not None and run.summary.get("method") != "ddp":
+        if baseline is not None and run.summary.get("method") != Method.DDP:
             vs = f"{100 * (payload / baseline.summary['totals']['payload_bytes'] - 1):+.1f}%"
         rows.append(
             [
@@ -225,7 +226,7 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
-    interval_runs = [r for r in runs if r.intervals and r.summary.get("method") != "ddp"]
+    interval_runs = [r for r in runs if r.intervals and r.summary.get("method") != Method.DDP]
 
     def save(fig, name: str) -> None:
         fig.suptitle(PLOTS[name])

@@ -34,14 +34,14 @@ from typing import Any, Optional
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.algorithm.schedule import FunctionSchedule, SchedulerPreview
+from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
 from autoloco_hf.integrations.trainer import check_launch
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
 
 logger = logging.getLogger("autoloco_hf")
 
 
-class _StridedSchedule:
+class _StridedSchedule(LRMassMixin):
     """``lr_at(s) = inner.lr_at(s * stride)``: an ``AcceleratedScheduler`` steps ``num_processes`` times per step."""
 
     def __init__(self, inner: Any, stride: int, total_steps: int) -> None:
@@ -49,11 +49,6 @@ class _StridedSchedule:
 
     def lr_at(self, step: int) -> float:
         return 0.0 if step < 0 or step >= self.total_steps else self.inner.lr_at(step * self.stride)
-
-    def lr_mass(self, start: int, num_steps: int) -> float:
-        from autoloco_hf.algorithm.schedule import lr_mass
-
-        return lr_mass(self, start, num_steps)
 
 
 def schedule_preview(scheduler: Any, optimizer: torch.optim.Optimizer, total_steps: int, num_processes: int = 1):

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 import torch
 
+from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
+
 
 @dataclass
 class GradientTraffic:
@@ -89,24 +91,6 @@ def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, 
     return traffic
 
 
-def _count_tokens(kwargs: dict[str, Any], args: tuple) -> Any:
-    """Non-padding input tokens of one forward call (spec 3): a device tensor (mask sum) or a Python int.
-
-    Counts from shapes stay Python ints: building a device tensor from a host number would force a
-    host-device synchronization on every forward.
-    """
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        return mask.sum()
-    ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-    if isinstance(ids, torch.Tensor):
-        return ids.numel()
-    embeds = kwargs.get("inputs_embeds")
-    if isinstance(embeds, torch.Tensor):
-        return embeds.shape[:-1].numel()
-    return None
-
-
 def _output_loss(output: Any) -> Optional[torch.Tensor]:
     loss = None
     if isinstance(output, dict) or hasattr(output, "get"):
@@ -146,7 +130,7 @@ class BatchMeter:
 
     def _pre_hook(self, module, args, kwargs):
         if self._training():
-            tokens = _count_tokens(kwargs, args)
+            tokens = count_non_padding_tokens(kwargs, args)
             if tokens is not None:
                 self.step_tokens = self.step_tokens + tokens
             self.forwards += 1

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from autoloco_hf.algorithm.controller import Assessment
-from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
+from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
@@ -46,6 +46,7 @@ ASSESSMENT_CODES = {
     Assessment.NO_DECISION: 0.0,
     Assessment.TRUNCATED: 0.0,
     Assessment.MODERATE: -1.0,
+    Assessment.CUMULATIVE: -1.0,
     Assessment.SEVERE: -2.0,
     Assessment.INVALID: -3.0,
 }
@@ -139,12 +140,7 @@ class WorkerRuntime:
                     f"({type(wrapped_model).__name__}): AutoLoCo supports DDP multi-process training"
                 )
             self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
-        kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size,
-                      bucket_size_mb=config.bucket_size_mb)
-        if topo.world_size > 1:
-            comm = ProcessGroupCommunicator(group=topo.outer_group, **kwargs)
-        else:
-            comm = SimulatedCommunicator(1, **kwargs)
+        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group)
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
         self._extra_on_record = on_record
@@ -176,10 +172,10 @@ class WorkerRuntime:
         """Account one true optimizer step; synchronizes at an interval boundary."""
         engine = self.engine
         self.meter.end_step()
-        plan = engine.plan
-        closes = plan is None or engine.step + 1 >= plan.start_step + plan.h_step
+        interval = engine.current_interval
+        closes = interval is None or engine.step + 1 >= interval.start_step + interval.h_step
         tokens, loss = self.meter.flush() if closes else (0, 0.0)
-        if self.config.method == "ddp" and self.topology.world_size > 1:
+        if engine.averages_gradients and self.topology.world_size > 1:
             engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
         return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
 

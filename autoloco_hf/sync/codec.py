@@ -41,28 +41,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-WIRE_DTYPES = ("fp32", "bf16", "int8")
-DEFAULT_BLOCK_SIZE = 4096
+from autoloco_hf.config import WIRE_DTYPES, WireDtype
+from autoloco_hf.sync.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks
+
 QMAX = 127
 SCALE_MIN = float.fromhex("0x1p-126")  # smallest normal FP32, see module docstring
 SCALE_MAX = float.fromhex("0x1.020406p+121")  # largest FP32 s with 127 * s finite
-
-
-@dataclass(frozen=True)
-class Int8Blocks:
-    """One INT8-encoded 1-D chunk (spec 7): codes and one FP32 scale per block."""
-
-    values: torch.Tensor  # int8, same numel as the encoded chunk
-    scales: torch.Tensor  # float32, ceil(numel / block_size) entries
-
-
-def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """Blocks of one contiguous chunk: full blocks plus one partial last block."""
-    return -(-numel // block_size)
 
 
 def _check_block_size(block_size: int) -> None:
@@ -113,34 +100,6 @@ def _decode_into(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
         row += ob.shape[0]
 
 
-def encode_int8(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> Int8Blocks:
-    """INT8 blockwise encoding of a 1-D tensor (spec 7); blocks of ``block_size``, last one partial.
-
-    Non-FP32 input is cast to FP32 first, since scales and quotients are FP32 by spec.
-    """
-    _check_block_size(block_size)
-    if x.dim() != 1:
-        raise ValueError(f"encode_int8 expects a 1-D tensor, got shape {tuple(x.shape)}")
-    x = x.to(torch.float32)
-    values = torch.empty(x.numel(), dtype=torch.int8, device=x.device)
-    scales = torch.empty(num_int8_blocks(x.numel(), block_size), dtype=torch.float32, device=x.device)
-    _encode_into(x, values, scales, block_size)
-    return Int8Blocks(values=values, scales=scales)
-
-
-def decode_int8(blocks: Int8Blocks, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
-    """Inverse of :func:`encode_int8`: ``q * scale`` in FP32 (spec 7)."""
-    _check_block_size(block_size)
-    numel = blocks.values.numel()
-    if blocks.scales.numel() != num_int8_blocks(numel, block_size):
-        raise ValueError(
-            f"{blocks.scales.numel()} scales do not match {numel} values with block_size {block_size}"
-        )
-    out = torch.empty(numel, dtype=torch.float32, device=blocks.values.device)
-    _decode_into(blocks.values, blocks.scales, out, block_size)
-    return out
-
-
 class WireCodec:
     """Encodes a flat FP32 buffer made of several tensor segments for one wire dtype (spec 7).
 
@@ -159,6 +118,7 @@ class WireCodec:
         if wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {wire_dtype!r}")
         _check_block_size(block_size)
+        wire_dtype = WireDtype(wire_dtype)
         sizes = [int(s) for s in segment_sizes]
         if any(s < 0 for s in sizes):
             raise ValueError("segment sizes must be non-negative")
@@ -207,18 +167,18 @@ class WireCodec:
     def wire_bytes(self, start: int, numel: int) -> int:
         """Exact bytes of :meth:`encode`'s output for the slice (spec 8.1 accounting)."""
         self._check_slice(start, numel)
-        if self.wire_dtype == "fp32":
+        if self.wire_dtype == WireDtype.FP32:
             return 4 * numel
-        if self.wire_dtype == "bf16":
+        if self.wire_dtype == WireDtype.BF16:
             return 2 * numel
         return numel + 4 * self.num_blocks(start, numel)
 
     def empty_wire(self, start: int, numel: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
         """Uninitialized receive buffers shaped like :meth:`encode`'s output for the slice."""
         self._check_slice(start, numel)
-        if self.wire_dtype == "fp32":
+        if self.wire_dtype == WireDtype.FP32:
             return [torch.empty(numel, dtype=torch.float32, device=device)]
-        if self.wire_dtype == "bf16":
+        if self.wire_dtype == WireDtype.BF16:
             return [torch.empty(numel, dtype=torch.bfloat16, device=device)]
         return [
             torch.empty(numel, dtype=torch.int8, device=device),
@@ -232,9 +192,9 @@ class WireCodec:
         numel = flat_part.numel()
         self._check_slice(start, numel)
         flat_part = flat_part.contiguous()
-        if self.wire_dtype == "fp32":
+        if self.wire_dtype == WireDtype.FP32:
             return [flat_part]
-        if self.wire_dtype == "bf16":
+        if self.wire_dtype == WireDtype.BF16:
             return [flat_part.to(torch.bfloat16)]
         values, scales = self.empty_wire(start, numel, flat_part.device)
         row = 0
@@ -254,9 +214,9 @@ class WireCodec:
                 f"wire tensors {[(w.dtype, tuple(w.shape)) for w in wire]} do not match "
                 f"{[(e.dtype, tuple(e.shape)) for e in expected]} for slice ({start}, {numel})"
             )
-        if self.wire_dtype == "fp32":
+        if self.wire_dtype == WireDtype.FP32:
             return wire[0]
-        if self.wire_dtype == "bf16":
+        if self.wire_dtype == WireDtype.BF16:
             return wire[0].to(torch.float32)
         values, scales = wire
         out = torch.empty(numel, dtype=torch.float32, device=values.device)

@@ -23,12 +23,19 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from autoloco_hf.sync.codec import WireCodec, mean_in_worker_order, owner_reduce_mean, owner_reduce_part
+from autoloco_hf.config import AutoLoCoConfig, WireDtype
+from autoloco_hf.sync.accounting import wire_bytes_sent
+from autoloco_hf.sync.codec import (
+    WireCodec,
+    mean_in_worker_order,
+    owner_reduce_mean,
+    owner_reduce_part,
+)
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -51,8 +58,11 @@ class Traffic:
 @dataclass
 class AverageResult:
     mean: torch.Tensor  # decoded mean (FP32, identical on all workers); may be a buffer reused by the next call
-    scalar_sums: torch.Tensor  # float64 sums over all workers
+    scalar_sums: torch.Tensor  # float64 sums over all workers, added in worker order
     traffic: Traffic
+    # float64 (num_workers, len(scalars)): every worker's scalars in worker order, so that callers can
+    # check that values which must agree (the executed interval) do agree; (0, 0) without scalars
+    scalar_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))
 
 
 class PendingAverage:
@@ -100,8 +110,8 @@ class Communicator(ABC):
     num_workers: int
     local_workers: int
 
-    def __init__(self, wire_dtype: str = "fp32", block_size: int = 4096, bucket_size_mb: float = 64.0) -> None:
-        self.wire_dtype = wire_dtype
+    def __init__(self, wire_dtype: str = WireDtype.FP32, block_size: int = 4096, bucket_size_mb: float = 64.0) -> None:
+        self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
         self._codec: Optional[WireCodec] = None
@@ -142,18 +152,6 @@ class Communicator(ABC):
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Make ``tensor`` identical on all workers (worker 0's value)."""
 
-    def ring_bytes(self, numel: int, bytes_per_element: int = 4) -> int:
-        """Bytes one worker sends in a ring all-reduce of ``numel`` elements."""
-        n = self.num_workers
-        return (2 * (n - 1) * numel * bytes_per_element) // n
-
-    def owner_reduce_bytes(self, codec: WireCodec, worker: int) -> int:
-        """Bytes ``worker`` sends in owner-reduce: its contributions to the other owners, then its mean part to the others."""
-        parts = codec.partition(self.num_workers)
-        to_owners = sum(codec.wire_bytes(s, e - s) for j, (s, e) in enumerate(parts) if j != worker)
-        s, e = parts[worker]
-        return to_owners + (self.num_workers - 1) * codec.wire_bytes(s, e - s)
-
 
 class SimulatedCommunicator(Communicator):
     """``N`` workers inside one process (the paper's simulation, spec 8.4)."""
@@ -169,16 +167,14 @@ class SimulatedCommunicator(Communicator):
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         start = _now(flats[0])
-        if wire == "fp32":
-            mean = mean_in_worker_order(flats)
-            traffic.wire_bytes = self.ring_bytes(flats[0].numel())
-        else:
-            codec = self.codec(segment_sizes, wire)
-            mean = owner_reduce_mean(codec, flats)
-            traffic.wire_bytes = self.owner_reduce_bytes(codec, worker=0)
+        codec = self.codec(segment_sizes, wire)
+        mean = mean_in_worker_order(flats) if wire == WireDtype.FP32 else owner_reduce_mean(codec, flats)
+        traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, worker=0)
         traffic.collective_seconds = _now(flats[0]) - start
-        sums = sum_in_worker_order(scalars) if scalars else torch.zeros(0, dtype=torch.float64)
-        return AverageResult(mean, sums, traffic)
+        if not scalars:
+            return AverageResult(mean, torch.zeros(0, dtype=torch.float64), traffic)
+        rows = torch.stack([s.to(torch.float64).reshape(-1) for s in scalars])
+        return AverageResult(mean, sum_in_worker_order(scalars), traffic, rows)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         pass  # replicas in one process are built from one initialization
@@ -216,16 +212,20 @@ class ProcessGroupCommunicator(Communicator):
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         sums = torch.zeros(0, dtype=torch.float64)
+        rows = torch.zeros(0, 0, dtype=torch.float64)
         if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
             local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
             gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
             self.dist.all_gather(gathered, local, group=self.group)
             sums = sum_in_worker_order(gathered).cpu()
-        if wire == "fp32":
+            rows = torch.stack(gathered).cpu()
+        codec = self.codec(segment_sizes, wire)
+        if wire == WireDtype.FP32:
             mean = self._all_reduce_mean(flat, traffic)
         else:
-            mean = self._owner_reduce_mean(flat, self.codec(segment_sizes, wire), traffic)
-        return AverageResult(mean, sums, traffic)
+            mean = self._owner_reduce_mean(flat, codec, traffic)
+        traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, self.rank)
+        return AverageResult(mean, sums, traffic, rows)
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
         start = _now(flat)
@@ -241,7 +241,6 @@ class ProcessGroupCommunicator(Communicator):
             work.wait()
         total /= self.num_workers
         traffic.collective_seconds = _now(flat) - start
-        traffic.wire_bytes = self.ring_bytes(flat.numel())
         return total
 
     def _owner_reduce_mean(self, flat: torch.Tensor, codec: WireCodec, traffic: Traffic) -> torch.Tensor:
@@ -272,7 +271,6 @@ class ProcessGroupCommunicator(Communicator):
         for (s, e), wire in zip(parts, gathered):
             mean[s:e] = codec.decode(wire, s, e - s)
         traffic.decode_seconds += _now(flat) - tick
-        traffic.wire_bytes = self.owner_reduce_bytes(codec, rank)
         return mean
 
     def _exchange(
@@ -304,13 +302,13 @@ class ProcessGroupCommunicator(Communicator):
         on training while the collective runs. BF16/INT8 owner-reduce needs its
         two exchanges with a decode in between: it completes here (not overlapped).
         """
-        wire = wire_dtype or self.wire_dtype
-        if wire != "fp32":
+        wire = WireDtype(wire_dtype or self.wire_dtype)
+        if wire != WireDtype.FP32:
             return super().start_average(flats, scalars, segment_sizes, wire)
         if len(flats) != 1:
             raise ValueError("a process-group worker contributes exactly one buffer")
         flat = flats[0]
-        traffic = Traffic(wire_bytes=self.ring_bytes(flat.numel()))
+        traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
         start = time.perf_counter()
         gathered: list[torch.Tensor] = []
         works = []
@@ -329,7 +327,22 @@ class ProcessGroupCommunicator(Communicator):
                 work.wait()
             total.div_(self.num_workers)
             traffic.collective_seconds = _now(total) - start  # issue to completion, compute overlapped included
-            sums = sum_in_worker_order(gathered).cpu() if gathered else torch.zeros(0, dtype=torch.float64)
-            return AverageResult(total, sums, traffic)
+            if not gathered:
+                return AverageResult(total, torch.zeros(0, dtype=torch.float64), traffic)
+            return AverageResult(total, sum_in_worker_order(gathered).cpu(), traffic, torch.stack(gathered).cpu())
 
         return PendingAverage(finish)
+
+
+def make_communicator(
+    config: AutoLoCoConfig, distributed: bool, simulated_workers: int = 1, group: Any = None
+) -> Communicator:
+    """The communicator of a run of ``config``, with its wire dtype, INT8 block size and bucket size.
+
+    ``distributed``: one worker per process over ``torch.distributed`` (``group``,
+    default the world); else ``simulated_workers`` workers inside this process.
+    """
+    kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
+    if distributed:
+        return ProcessGroupCommunicator(group=group, **kwargs)
+    return SimulatedCommunicator(simulated_workers, **kwargs)

@@ -5,15 +5,19 @@ one model with :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator`
 ``torchrun`` / ``accelerate launch``, or ``N`` replicas with
 :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator`. The caller runs the inner
 steps and calls :meth:`IntervalEngine.after_optimizer_step` once per true
-optimizer step; at a boundary the engine (spec 2-5):
+optimizer step; at a boundary the engine (spec 2-5) runs three stages, each
+returning a small frozen result, and then builds the interval's record once:
 
-1. computes each worker's pseudo-gradient ``theta_t - theta_t^i``;
-2. averages them and sums the scalar summaries in one synchronization;
-3. computes ``D_t``, ``C_t`` and the outer correction ``rho_t, mu_t, eta_t``;
-4. applies the Nesterov outer step (or skips it on a non-finite interval);
-5. writes ``theta_{t+1}`` back into every local worker;
-6. lets the policy choose the next horizon and checks, in the next
-   collective, that every worker executed the same horizon.
+1. aggregate (:class:`Aggregate`): each worker's pseudo-gradient
+   ``theta_t - theta_t^i`` is averaged and its
+   :class:`~autoloco_hf.sync.control.ControlMessage` (squared norm, tokens,
+   losses, the interval it executed) summed in one synchronization; every
+   worker must have executed the same interval; ``D_t`` and ``C_t`` follow;
+2. outer step (:class:`OuterStep`): the outer correction ``rho_t, mu_t, eta_t``
+   and the Nesterov step (skipped on a non-finite interval), ``theta_{t+1}``
+   written back into every local worker;
+3. advance the policy (:class:`PolicyAdvance`): the policy learns from the
+   interval and chooses the next one.
 
 Example (two simulated workers on a toy regression)::
 
@@ -42,29 +46,56 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from autoloco_hf.algorithm.controller import Assessment, ControllerDecision, Decision, Phase
+from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
+from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
+from autoloco_hf.algorithm.schedule import LRSchedule
+from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
+from autoloco_hf.config import AutoLoCoConfig, WireDtype
+from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
 from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
 from autoloco_hf.sync.communicators import Communicator, Traffic
-from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.algorithm.controller import Assessment, Decision, Phase
-from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
+from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
-from autoloco_hf.algorithm.preview import payload_bytes
-from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPlan, make_policy
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
-from autoloco_hf.algorithm.schedule import LRSchedule
-from autoloco_hf.algorithm.stats import interval_statistics
 
-# Layout of the per-worker float64 scalar vector summed in every synchronization
-_SQ_NORM, _TOKENS, _LOSS_SUM, _LOSS_COUNT, _NONFINITE, _H, _H_SQ, _START, _START_SQ = range(9)
+__all__ = ["IntervalEngine", "WorkerDisagreement"]
 
 
-class WorkerDisagreement(RuntimeError):
-    """Workers executed different horizons: their controllers diverged (spec 5.3, last paragraph)."""
+@dataclass(frozen=True)
+class Aggregate:
+    """What the one collective of a boundary produced, and whether the outer step may use it (spec 2, 5.2)."""
+
+    mean: torch.Tensor  # mean pseudo-gradient (FP32, identical on all workers)
+    control: ControlRound
+    stats: IntervalStatistics
+    mean_loss: float
+    all_finite: bool  # no worker reported a non-finite pseudo-gradient or loss
+    valid: bool  # all finite, and so are the statistics and the mean: the outer step runs
+    traffic: Traffic
+
+
+@dataclass(frozen=True)
+class OuterStep:
+    """The outer correction used and whether ``theta`` moved (spec 4)."""
+
+    correction: OuterCorrection
+    applied: bool
+
+
+@dataclass(frozen=True)
+class PolicyAdvance:
+    """The policy's decision on the closed interval and the interval that follows it (spec 5, 6)."""
+
+    decision: Optional[ControllerDecision]
+    next_interval: Optional[NextInterval]
+    interval_seconds: float  # wall time of the closed interval, sync and decision included
+    controller_seconds: float
 
 
 class IntervalEngine:
@@ -124,6 +155,7 @@ class IntervalEngine:
         self.totals = RunTotals()
         self.records: list[IntervalRecord] = []
         self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
+        self._payload_bytes = payload_bytes(1, sum(self.segment_sizes), communicator.wire_dtype, communicator.block_size)
 
         self._broadcast_initial_parameters()
         self.outer = OuterOptimizer(
@@ -147,9 +179,14 @@ class IntervalEngine:
         return self.comm.num_workers
 
     @property
-    def plan(self) -> Optional[IntervalPlan]:
+    def averages_gradients(self) -> bool:
+        """DDP baseline (``config.is_interval_method`` is False): no intervals; gradients are averaged every step."""
+        return self.policy is None
+
+    @property
+    def current_interval(self) -> Optional[NextInterval]:
         """The interval being executed (``None`` for DDP or after the budget)."""
-        return self._plan
+        return self._interval
 
     def after_optimizer_step(
         self, tokens: Sequence[int], losses: Sequence[float], lr: Optional[float] = None
@@ -172,7 +209,7 @@ class IntervalEngine:
         self._loss_count += 1
         self.step += 1
         self.totals.steps = self.step
-        if self._plan is None or self.step < self._plan.start_step + self._plan.h_step:
+        if self._interval is None or self.step < self._interval.start_step + self._interval.h_step:
             return None
         return self._synchronize()
 
@@ -184,7 +221,7 @@ class IntervalEngine:
             for params in self.worker_params
         ]
         start = time.perf_counter()
-        result = self.comm.average(grads, [], self.segment_sizes, wire_dtype="fp32")
+        result = self.comm.average(grads, [], self.segment_sizes, wire_dtype=WireDtype.FP32)
         for params in self.worker_params:
             for p, chunk in zip(params, torch.split(result.mean, self.segment_sizes)):
                 if p.grad is None:
@@ -194,11 +231,12 @@ class IntervalEngine:
 
     def account_gradient_sync(self, traffic: Optional[Traffic] = None, seconds: float = 0.0) -> None:
         """Count one per-step FP32 gradient all-reduce of the DDP baseline, ours or torch DDP's (ring bytes)."""
-        numel = sum(self.segment_sizes)
         self.totals.syncs += 1
         self.totals.payload_tensors += 1
-        self.totals.payload_bytes += int(payload_bytes(1, numel, "fp32"))
-        self._add_traffic(traffic or Traffic(wire_bytes=self.comm.ring_bytes(numel)), seconds)
+        self.totals.payload_bytes += payload_bytes(1, sum(self.segment_sizes), WireDtype.FP32)
+        if traffic is None:
+            traffic = Traffic(wire_bytes=wire_bytes_sent(self.comm.codec(self.segment_sizes, WireDtype.FP32), self.num_workers))
+        self._add_traffic(traffic, seconds)
 
     # ------------------------------------------------------------- internals
     def _broadcast_initial_parameters(self) -> None:
@@ -217,14 +255,28 @@ class IntervalEngine:
         self._loss_count = 0
         self._lr_mass = 0.0
         self._interval_started = time.perf_counter()
-        self._plan = self.policy.plan(self.step) if self.policy and self.step < self.total_steps else None
+        self._interval = (
+            self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
+        )
 
     @torch.no_grad()
     def _synchronize(self) -> IntervalRecord:
-        plan, lr_mass = self._plan, self._lr_mass
-        assert plan is not None
-        sync_started = time.perf_counter()
-        deltas, scalars = [], []
+        """Close the interval: aggregate, outer step, advance the policy, then record it once."""
+        interval, lr_mass = self._interval, self._lr_mass
+        assert interval is not None
+        started = time.perf_counter()
+        aggregate = self._aggregate(interval, lr_mass)
+        self._check_lr_mass(interval, lr_mass)
+        outer = self._outer_step(interval, aggregate)
+        sync_seconds = time.perf_counter() - started
+        advance = self._advance_policy(interval, lr_mass, aggregate)
+        record = self._record(interval, lr_mass, aggregate, outer, advance, sync_seconds)
+        self._account(record, aggregate.traffic, sync_seconds, advance.controller_seconds)
+        return record
+
+    def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
+        """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (spec 2)."""
+        deltas, messages = [], []
         for i, params in enumerate(self.worker_params):
             delta = self.outer.pseudo_gradient(params)
             sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
@@ -234,58 +286,68 @@ class IntervalEngine:
             elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
-            scalars.append(self._scalar_summary(plan, sq_norm if finite else 0.0, i, finite))
-        result = self.comm.average(deltas, scalars, self.segment_sizes)
-        sums = result.scalar_sums.tolist()
-        self._check_agreement(sums, plan)
-
-        n = self.num_workers
+            messages.append(self._control_message(interval, i, sq_norm, finite).pack())
+        result = self.comm.average(deltas, messages, self.segment_sizes)
+        control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
+        control.check_agreement()
+        totals = control.totals
         stats = interval_statistics(
-            sums[_SQ_NORM],
+            totals.sq_norm,
             float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
-            n,
+            self.num_workers,
             lr_mass,
             self.config.eps,
         )
-        mean_loss = sums[_LOSS_SUM] / max(sums[_LOSS_COUNT], 1.0)
-        self._check_lr_mass(plan, lr_mass)
-        all_finite = sums[_NONFINITE] == 0
+        mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
+        all_finite = totals.nonfinite == 0
         valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
-        correction = self._correction(plan)
-        if valid:
+        return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
+
+    def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
+        return ControlMessage(
+            sq_norm=sq_norm if finite else 0.0,
+            tokens=float(self._tokens[worker]),
+            loss_sum=self._loss_sum[worker] if finite else 0.0,
+            loss_count=float(self._loss_count),
+            nonfinite=0.0 if finite else 1.0,
+            start_step=float(interval.start_step),
+            h_step=float(interval.h_step),
+        )
+
+    def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
+        """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (spec 4, 5.2)."""
+        correction = self._correction(interval)
+        if aggregate.valid:
             if self.config.uses_nesterov_outer:
-                self.outer.step(result.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
+                self.outer.step(aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
             else:
-                self.outer.average_step(result.mean)
+                self.outer.average_step(aggregate.mean)
         else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
             self.totals.skipped_outer_steps += 1
             self._sanitize_optimizers()
         for params in self.worker_params:
             self.outer.write_back(params)
-        sync_seconds = time.perf_counter() - sync_started
+        return OuterStep(correction, aggregate.valid)
 
-        controller_started = time.perf_counter()
+    def _advance_policy(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> PolicyAdvance:
+        """Tell the policy what the interval did and start the next one (spec 3, 5)."""
+        assert self.policy is not None
+        started = time.perf_counter()
+        finite = aggregate.all_finite
         decision = self.policy.complete(
             IntervalOutcome(
-                plan=plan,
-                global_tokens=int(round(sums[_TOKENS])),
-                drift_energy=stats.drift_energy if all_finite else math.nan,
-                coherence=stats.coherence if all_finite else math.nan,
+                interval=interval,
+                global_tokens=int(round(aggregate.control.totals.tokens)),
+                drift_energy=aggregate.stats.drift_energy if finite else math.nan,
+                coherence=aggregate.stats.coherence if finite else math.nan,
                 lr_mass=lr_mass,
-                mean_loss=mean_loss if all_finite else math.nan,
-                pseudo_grad_finite=valid,
+                mean_loss=aggregate.mean_loss if finite else math.nan,
+                pseudo_grad_finite=aggregate.valid,
             )
         )
         interval_seconds = time.perf_counter() - self._interval_started
         self._start_interval()
-        controller_seconds = time.perf_counter() - controller_started
-
-        record = self._record(plan, lr_mass, stats, correction, mean_loss, sums, valid, decision, result.traffic)
-        record.seconds = interval_seconds
-        record.sync_seconds = sync_seconds
-        record.controller_seconds = controller_seconds
-        self._account(record, result.traffic, sync_seconds, controller_seconds)
-        return record
+        return PolicyAdvance(decision, self._interval, interval_seconds, time.perf_counter() - started)
 
     def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         feedback = self.error_feedback[worker]
@@ -294,45 +356,23 @@ class IntervalEngine:
         feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
         return compensated
 
-    def _scalar_summary(self, plan: IntervalPlan, sq_norm: float, worker: int, finite: bool) -> torch.Tensor:
-        values = [0.0] * 9
-        values[_SQ_NORM] = sq_norm
-        values[_TOKENS] = float(self._tokens[worker])
-        values[_LOSS_SUM] = self._loss_sum[worker] if finite else 0.0
-        values[_LOSS_COUNT] = float(self._loss_count)
-        values[_NONFINITE] = 0.0 if finite else 1.0
-        values[_H], values[_H_SQ] = float(plan.h_step), float(plan.h_step) ** 2
-        values[_START], values[_START_SQ] = float(plan.start_step), float(plan.start_step) ** 2
-        return torch.tensor(values, dtype=torch.float64)
-
-    def _check_agreement(self, sums: list[float], plan: IntervalPlan) -> None:
-        """All workers executed the same interval iff ``(sum h)^2 == N sum h^2`` (and the same for the start)."""
-        n = self.num_workers
-        for total, total_sq, name in ((_H, _H_SQ, "horizon"), (_START, _START_SQ, "start step")):
-            if sums[total] ** 2 != n * sums[total_sq]:
-                raise WorkerDisagreement(
-                    f"workers disagree on the interval {name} (this worker: start {plan.start_step}, "
-                    f"{plan.h_step} steps; mean over workers {sums[total] / n:.3f}). Every worker must run "
-                    "the same config, LR schedule and total_steps; restart from the last checkpoint."
-                )
-
-    def _check_lr_mass(self, plan: IntervalPlan, measured: float) -> None:
+    def _check_lr_mass(self, interval: NextInterval, measured: float) -> None:
         """Spec 2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
-        if not self._lr_mass_warned and not math.isclose(measured, plan.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
+        if not self._lr_mass_warned and not math.isclose(measured, interval.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
             self._lr_mass_warned = True
             warnings.warn(
-                f"interval at step {plan.start_step}: the learning rates actually used sum to {measured:.6g} but the "
-                f"schedule preview gave {plan.lr_mass:.6g}; the outer correction and candidate selection rely on "
-                "the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
+                f"interval at step {interval.start_step}: the learning rates actually used sum to {measured:.6g} but "
+                f"the schedule preview gave {interval.lr_mass:.6g}; the outer correction and candidate selection rely "
+                "on the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
                 RuntimeWarning,
             )
 
-    def _correction(self, plan: IntervalPlan) -> OuterCorrection:
+    def _correction(self, interval: NextInterval) -> OuterCorrection:
         cfg = self.config
         if cfg.outer_correction_enabled:
             return outer_correction(
-                plan.lr_mass,
-                plan.lr_mass_base,
+                interval.lr_mass,
+                interval.lr_mass_base,
                 cfg.outer_momentum,
                 cfg.outer_lr,
                 mu_min=cfg.mu_min,
@@ -343,7 +383,7 @@ class IntervalEngine:
                 scale_outer_lr=cfg.scale_outer_lr,
                 normalize_pseudo_grad=cfg.normalize_pseudo_grad,
             )
-        rho = interval_ratio(plan.lr_mass, plan.lr_mass_base, cfg.eps)
+        rho = interval_ratio(interval.lr_mass, interval.lr_mass_base, cfg.eps)
         if cfg.uses_nesterov_outer:  # DiLoCo: fixed outer settings
             return OuterCorrection(rho, cfg.outer_momentum, cfg.outer_lr, 1.0, None)
         return OuterCorrection(rho, 0.0, 1.0, 1.0, None)  # direct model averaging
@@ -356,17 +396,26 @@ class IntervalEngine:
                     if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
                         torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
-    def _record(self, plan, lr_mass, stats, correction, mean_loss, sums, valid, decision, traffic: Traffic) -> IntervalRecord:
-        next_plan = self._plan
+    def _record(
+        self,
+        interval: NextInterval,
+        lr_mass: float,
+        aggregate: Aggregate,
+        outer: OuterStep,
+        advance: PolicyAdvance,
+        sync_seconds: float,
+    ) -> IntervalRecord:
+        stats, correction, decision, following = aggregate.stats, outer.correction, advance.decision, advance.next_interval
+        traffic = aggregate.traffic
         return IntervalRecord(
             index=len(self.records),
-            start_step=plan.start_step,
-            h_tok=plan.h_tok,
-            h_step=plan.h_step,
-            h_ref=plan.h_ref,
+            start_step=interval.start_step,
+            h_tok=interval.h_tok,
+            h_step=interval.h_step,
+            h_ref=interval.h_ref,
             lr_mass=lr_mass,
-            lr_mass_preview=plan.lr_mass,
-            lr_mass_base=plan.lr_mass_base,
+            lr_mass_preview=interval.lr_mass,
+            lr_mass_base=interval.lr_mass_base,
             rho=correction.rho,
             mu=correction.momentum,
             eta=correction.outer_lr,
@@ -374,20 +423,20 @@ class IntervalEngine:
             coherence=stats.coherence,
             normalized_drift=stats.normalized_drift,
             disagreement=stats.disagreement,
-            mean_loss=mean_loss,
-            tokens=int(round(sums[_TOKENS])),
-            outer_step_applied=valid,
+            mean_loss=aggregate.mean_loss,
+            tokens=int(round(aggregate.control.totals.tokens)),
+            outer_step_applied=outer.applied,
             assessment=decision.assessment if decision else Assessment.FIXED,
             decision=decision.decision if decision else Decision.FIXED,
             phase=decision.phase if decision else Phase.FIXED,
-            next_h_tok=next_plan.h_tok if next_plan else None,
-            next_h_step=next_plan.h_step if next_plan else None,
+            next_h_tok=following.h_tok if following else None,
+            next_h_step=following.h_step if following else None,
             z_drift=decision.z_drift if decision else None,
             z_coherence=decision.z_coherence if decision else None,
-            seconds=0.0,
-            sync_seconds=0.0,
-            controller_seconds=0.0,
-            payload_bytes=int(payload_bytes(1, sum(self.segment_sizes), self.comm.wire_dtype, self.comm.block_size)),
+            seconds=advance.interval_seconds,
+            sync_seconds=sync_seconds,
+            controller_seconds=advance.controller_seconds,
+            payload_bytes=self._payload_bytes,
             wire_bytes=traffic.wire_bytes,
             encode_seconds=traffic.encode_seconds,
             collective_seconds=traffic.collective_seconds,
@@ -428,7 +477,7 @@ class IntervalEngine:
             "step": self.step,
             "outer": self.outer.state_dict(),
             "policy": self.policy.state_dict() if self.policy else None,
-            "plan": asdict(self._plan) if self._plan else None,
+            "current_interval": asdict(self._interval) if self._interval else None,
             "interval": {
                 "tokens": list(self._tokens),
                 "loss_sum": list(self._loss_sum),
@@ -459,7 +508,8 @@ class IntervalEngine:
         if self._writer is not None:
             self._writer.restore(self.records)
         self._start_interval()
-        self._plan = IntervalPlan(**state["plan"]) if state["plan"] else None  # the interval in flight
+        saved_interval = state["current_interval"]
+        self._interval = NextInterval(**saved_interval) if saved_interval else None  # the interval in flight
         interval = state["interval"]
         self._tokens = list(interval["tokens"])
         self._loss_sum = list(interval["loss_sum"])

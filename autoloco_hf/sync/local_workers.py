@@ -113,8 +113,13 @@ class LocalWorkers:
             loss = self.loss_fn(model, batch)
             loss.backward()
             losses.append(float(loss.detach()))
-            tokens.append(count_non_padding_tokens(batch))
-        if self.config.method == "ddp":
+            count = count_non_padding_tokens(batch)
+            if count is None:
+                raise ValueError(
+                    "cannot count the batch's tokens (spec 3): give it an attention_mask, input_ids or inputs_embeds"
+                )
+            tokens.append(int(count))
+        if self.engine.averages_gradients:
             self.engine.average_gradients()
         if self.max_grad_norm is not None:
             for model in self.models:

@@ -26,7 +26,7 @@ C4 = warmup_cosine(3e-4, 1000, 50_000)
 
 def outcome(plan, tokens_per_step: float = 1024.0, **kw) -> IntervalOutcome:
     values = dict(
-        plan=plan,
+        interval=plan,
         global_tokens=round(tokens_per_step * plan.h_step),
         drift_energy=1.0,
         coherence=1.0,
@@ -41,7 +41,7 @@ def outcome(plan, tokens_per_step: float = 1024.0, **kw) -> IntervalOutcome:
 def execute(policy: IntervalPolicy, total: int, **kw) -> list:
     plans, step = [], 0
     while step < total:
-        plan = policy.plan(step)
+        plan = policy.next_interval(step)
         policy.complete(outcome(plan, **kw))
         plans.append(plan)
         step += plan.h_step
@@ -81,7 +81,7 @@ def test_linear_interval_general(a: int, total: int, expected: list) -> None:
 
 def test_linear_interval_plan_is_idempotent() -> None:
     p = LinearIntervalPolicy(increment=10, total_steps=1000)
-    assert [p.plan(s).h_step for s in (0, 0, 10, 30, 30, 60, 100)] == [10, 10, 20, 30, 30, 40, 50]
+    assert [p.next_interval(s).h_step for s in (0, 0, 10, 30, 30, 60, 100)] == [10, 10, 20, 30, 30, 40, 50]
 
 
 # --------------------------------------------------------------------- QSR
@@ -102,20 +102,20 @@ def test_qsr_rule() -> None:
     sched = warmup_cosine(1.0, 100, 20_000)
     alpha = math.sqrt(50) * 1.0
     p = QSRPolicy(sched, 20_000, h_base=50, alpha=alpha, gamma=2.0, warmup_steps=100)
-    assert p.plan(0).h_step == 50 and p.plan(99).h_step == 50  # starts inside the warm-up
+    assert p.next_interval(0).h_step == 50 and p.next_interval(99).h_step == 50  # starts inside the warm-up
     for s in (100, 5000, 10_000, 15_000, 17_000):
         expected = max(50, math.floor((alpha / sched.lr_at(s)) ** 2))
-        assert p.plan(s).h_step == min(expected, 20_000 - s)
-    late = p.plan(19_990)
+        assert p.next_interval(s).h_step == min(expected, 20_000 - s)
+    late = p.next_interval(19_990)
     assert late.h_step == 10 and late.truncated
-    assert p.plan(1000).h_step == 50  # near peak LR the rule stays at H_base
-    assert p.plan(19_000).h_step > 50
+    assert p.next_interval(1000).h_step == 50  # near peak LR the rule stays at H_base
+    assert p.next_interval(19_000).h_step > 50
 
 
 def test_qsr_alpha_override_and_gamma() -> None:
     sched = FunctionSchedule(lambda s: 0.5, 10_000)
     p = make_policy(AutoLoCoConfig(method="qsr", h_base=10, qsr_alpha=4.0, qsr_gamma=3.0), sched, 10_000, 0)
-    assert p.plan(0).h_step == math.floor((4.0 / 0.5) ** 3) == 512
+    assert p.next_interval(0).h_step == math.floor((4.0 / 0.5) ** 3) == 512
 
 
 def test_make_policy_types() -> None:
@@ -148,7 +148,7 @@ def test_autoloco_follows_token_density() -> None:
     step = 0
     plans = []
     for density in [1000, 1000, 1000, 500, 500, 500]:
-        plan = p.plan(step)
+        plan = p.next_interval(step)
         plans.append(plan)
         p.complete(outcome(plan, tokens_per_step=density))
         step += plan.h_step
@@ -158,7 +158,7 @@ def test_autoloco_follows_token_density() -> None:
     assert plans[4].h_step == 110
     n_hat = 0.9 * (0.9 * 950 + 0.1 * 500) + 0.1 * 500
     assert p.mapper.tokens_per_step == pytest.approx(n_hat)
-    nxt = p.plan(step)
+    nxt = p.next_interval(step)
     assert nxt.h_step == 10 * math.floor(100 * 1000 / n_hat / 10 + 0.5)
     assert nxt.h_ref == nxt.h_step  # H_ref = map(H_base)
     assert nxt.lr_mass_base == lr_mass(sched, step, nxt.h_ref)
@@ -169,18 +169,18 @@ def test_autoloco_maps_next_horizon_after_updating_n_hat() -> None:
     p, _ = small_autoloco(adaptive_horizon=False)
     step = 0
     for _ in range(3):
-        plan = p.plan(step)
+        plan = p.next_interval(step)
         p.complete(outcome(plan, tokens_per_step=1000))
         step += plan.h_step
-    plan = p.plan(step)
+    plan = p.next_interval(step)
     p.complete(outcome(plan, tokens_per_step=100))  # a drastic drop: n_hat = 910
-    assert p.plan(step + plan.h_step).h_step == 110
+    assert p.next_interval(step + plan.h_step).h_step == 110
 
 
 def test_autoloco_without_token_mapping_is_identity() -> None:
     p, _ = small_autoloco(adaptive_horizon=False, map_tokens=False)
     plans = execute(p, 1000, tokens_per_step=37.0)
-    plans += [p.plan(1000)]
+    plans += [p.next_interval(1000)]
     assert {x.h_step for x in plans} == {100} and {x.h_ref for x in plans} == {100}
 
 
@@ -188,7 +188,7 @@ def test_autoloco_fixed_horizon_ignores_statistics() -> None:
     """adaptive_horizon=False keeps H_base whatever the statistics say (DiLoCo special case, spec 4)."""
     p, _ = small_autoloco(adaptive_horizon=False, map_tokens=False)
     assert all(x.h_step == 100 for x in execute(p, 3000))
-    assert p.complete(outcome(p.plan(3000), drift_energy=math.nan)) is None
+    assert p.complete(outcome(p.next_interval(3000), drift_energy=math.nan)) is None
 
 
 def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
@@ -196,7 +196,7 @@ def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
     p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 1030, warmup_steps=0)
     step, decisions = 0, []
     while step < 1030:
-        plan = p.plan(step)
+        plan = p.next_interval(step)
         decisions.append(p.complete(outcome(plan)))
         step += plan.h_step
     assert decisions[-1].assessment == Assessment.TRUNCATED
@@ -206,7 +206,7 @@ def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
 def test_autoloco_invalid_outcome() -> None:
     p, _ = small_autoloco()
     execute(p, 500)  # calibration + variability
-    d = p.complete(outcome(p.plan(500), pseudo_grad_finite=False))
+    d = p.complete(outcome(p.next_interval(500), pseudo_grad_finite=False))
     assert d.assessment == Assessment.INVALID
 
 
@@ -217,7 +217,7 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
     def run(policy, start_index=0, step=0, n=len(densities)):
         out = []
         for density in densities[start_index:n]:
-            plan = policy.plan(step)
+            plan = policy.next_interval(step)
             policy.complete(outcome(plan, tokens_per_step=density))
             out.append((plan.h_tok, plan.h_step, plan.h_ref))
             step += plan.h_step
@@ -238,12 +238,12 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
     sched = FunctionSchedule(lambda s: 1.0, 100_000)
     cfg = AutoLoCoConfig(h_base=100, q_h=10, h_min=50, h_max=150)
     p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
-    p.complete(outcome(p.plan(0), tokens_per_step=1000))
-    d = p.complete(outcome(p.plan(100), tokens_per_step=1000, pseudo_grad_finite=False))
+    p.complete(outcome(p.next_interval(0), tokens_per_step=1000))
+    d = p.complete(outcome(p.next_interval(100), tokens_per_step=1000, pseudo_grad_finite=False))
     assert d.decision == "reduce" and p.controller.h_tok == 70  # 100 / 1.5 -> 70
     step = 200
     for _ in range(4):
-        plan = p.plan(step)
+        plan = p.next_interval(step)
         assert plan.h_tok == 70 and plan.h_step == 70
         p.complete(outcome(plan, tokens_per_step=500))
         step += plan.h_step
@@ -269,7 +269,7 @@ def test_autoloco_candidate_previews_use_mapped_steps() -> None:
     plans = execute(p, 6 * 50, tokens_per_step=density)
     assert [x.h_step for x in plans] == [50] * 6
     assert p.controller.h_tok == 120  # previews 50, 50, 50 <= 1.15 x 50; 130 -> 60 is over budget
-    assert p.plan(300).h_step == 50
+    assert p.next_interval(300).h_step == 50
 
 
 @pytest.mark.parametrize("h_base", [25, 45, 100, 500])

@@ -1,4 +1,4 @@
-"""``plan_run`` and the ``autoloco plan`` command (spec 5.4, 6)."""
+"""``preview_run`` and the ``autoloco plan`` command (spec 5.4, 6)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.cli import main
-from autoloco_hf.algorithm.preview import payload_bytes, plan_run, run_length
+from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+from autoloco_hf.sync.accounting import payload_bytes
 
 C4_TRAJECTORY = "500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1"
 SFT_TRAJECTORY = "100x6, 110x5, 120x5, 130x5, 140x5, 150x22, 90x1"
@@ -36,7 +37,7 @@ def cli_json(capsys, *argv: str) -> dict:
     return json.loads(cli(capsys, *argv, "--json"))
 
 
-# ----------------------------------------------------------------- plan_run
+# ----------------------------------------------------------------- preview_run
 def test_run_length() -> None:
     assert run_length([500, 500, 550]) == "500x2, 550x1"
     assert run_length([1, 2, 1]) == "1x1, 2x1, 1x1"
@@ -46,7 +47,7 @@ def test_run_length() -> None:
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 def test_c4_trajectory(make) -> None:
     """Spec 5.4: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
-    p = plan_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
+    p = preview_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
     assert run_length(p.intervals) == C4_TRAJECTORY
     assert p.syncs == 73 and p.steps == 50_000
 
@@ -55,16 +56,16 @@ def test_c4_trajectory(make) -> None:
 @pytest.mark.parametrize("warmup", [0, 10, 65, 100, 195])
 def test_sft_gives_49_syncs(make, warmup: int) -> None:
     """Spec 5.4: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
-    p = plan_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
+    p = preview_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
     assert p.syncs == 49 and p.steps == 6490
 
 
 def test_diloco_ddp_plans() -> None:
     sched = warmup_cosine(3e-4, 1000, 50_000)
-    assert plan_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
-    sft = plan_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
+    assert preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
+    sft = preview_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
     assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (spec 5.4)
-    ddp = plan_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
+    ddp = preview_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
     assert ddp.syncs == 300 and ddp.steps == 300
 
 
@@ -147,9 +148,9 @@ def test_cli_overrides_change_the_plan(capsys, argv: list, check) -> None:
     assert sum(data["intervals"]) == data["steps"]
 
 
-def test_cli_h_base_override_matches_plan_run(capsys) -> None:
+def test_cli_h_base_override_matches_preview_run(capsys) -> None:
     data = cli_json(capsys, "--h-base", "200", "--steps", "10000", "--warmup", "100")
-    expected = plan_run(AutoLoCoConfig(h_base=200), warmup_cosine(1.0, 100, 10_000), 100)
+    expected = preview_run(AutoLoCoConfig(h_base=200), warmup_cosine(1.0, 100, 10_000), 100)
     assert data["intervals"] == expected.intervals
 
 

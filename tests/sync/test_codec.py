@@ -1,6 +1,6 @@
 """Tests for the wire codecs and the owner-reduce aggregation (spec 7, paper Appendix G.1).
 
-Error bound used throughout (see autoloco_hf/codec.py): per element
+Error bound used throughout (see autoloco_hf/sync/codec.py): per element
 ``|x - decode(encode(x))| <= scale * (1/2 + 2**-16)``. The ``2**-16`` slack covers
 the two FP32 roundings, of ``x / scale`` (|x / scale| <= 127 (1 + 2**-24), so at most
 ``128 * 2**-24`` before rounding to an integer) and of ``q * scale`` (at most
@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import math
 
+from typing import NamedTuple
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from autoloco_hf.config import WireDtype
 from autoloco_hf.sync.codec import (
     SCALE_MAX,
     SCALE_MIN,
     WIRE_DTYPES,
     ErrorFeedback,
-    Int8Blocks,
     WireCodec,
-    decode_int8,
-    encode_int8,
     mean_in_worker_order,
     num_int8_blocks,
     owner_reduce_mean,
@@ -36,6 +36,23 @@ SLACK = 2.0**-16
 FMAX = torch.finfo(torch.float32).max
 BS = 4096
 NUMEL = 3 * BS + 1234  # last block partial
+
+
+class Int8Blocks(NamedTuple):
+    """The two wire tensors of one INT8-encoded chunk."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+
+
+def encode_int8(x: torch.Tensor, block_size: int = BS) -> Int8Blocks:
+    """INT8 encoding of one 1-D chunk through the public codec (a single segment, the whole buffer)."""
+    return Int8Blocks(*WireCodec(WireDtype.INT8, [x.numel()], block_size).encode(x.to(torch.float32), 0))
+
+
+def decode_int8(blocks: Int8Blocks, block_size: int = BS) -> torch.Tensor:
+    numel = blocks.values.numel()
+    return WireCodec(WireDtype.INT8, [numel], block_size).decode(list(blocks), 0, numel)
 
 
 def _gen(seed: int = 0) -> torch.Generator:

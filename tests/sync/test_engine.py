@@ -152,7 +152,7 @@ def test_resume_mid_interval_continues_the_same_trajectory(method):
                          scheduler_factory=cosine(steps, 8), total_steps=steps, warmup_steps=8)
     for step in range(interrupt):
         first.train_step([batch_for(w, step, padded=True) for w in range(2)])
-    assert first.engine.plan.start_step < interrupt  # really inside an interval
+    assert first.engine.current_interval.start_step < interrupt  # really inside an interval
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)

@@ -1,0 +1,56 @@
+"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (spec 7, 8.1).
+
+The one place that knows how many bytes a wire dtype costs. Kept free of
+``torch`` (the codec passes itself in) so that ``autoloco plan`` starts fast.
+
+Example::
+
+    >>> payload_bytes(syncs=10, num_params=8192, wire_dtype="int8")  # codes plus an FP32 scale per block
+    82000
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoloco_hf.config import WireDtype
+
+if TYPE_CHECKING:
+    from autoloco_hf.sync.codec import WireCodec
+
+DEFAULT_BLOCK_SIZE = 4096  # INT8 elements per FP32 scale (spec 7)
+
+
+def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """Blocks of one contiguous chunk: full blocks plus one partial last block."""
+    return -(-numel // block_size)
+
+
+def payload_bytes(syncs: int, num_params: int, wire_dtype: str, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The paper's logical payload per worker of ``syncs`` full-model synchronizations.
+
+    ``num_params`` elements at the wire dtype, plus for INT8 one FP32 scale per
+    ``block_size`` elements of the flat buffer. This is the number the paper and
+    ``autoloco plan`` compare; what a worker really sends is :func:`wire_bytes_sent`.
+    """
+    per_sync = num_params * WireDtype(wire_dtype).bytes_per_element
+    if wire_dtype == WireDtype.INT8:
+        per_sync += 4 * num_int8_blocks(num_params, block_size)
+    return syncs * per_sync
+
+
+def wire_bytes_sent(codec: "WireCodec", num_workers: int, worker: int = 0) -> int:
+    """Bytes ``worker`` sends to the others in one aggregation of ``codec``'s flat buffer.
+
+    FP32 goes through a ring all-reduce: ``2 (N-1)/N`` times the buffer. BF16 and
+    INT8 go through owner-reduce: the worker's encoded contributions to the other
+    owners, then its encoded mean part to each of the others (exact split sizes
+    from :meth:`WireCodec.wire_bytes`).
+    """
+    n = num_workers
+    if codec.wire_dtype == WireDtype.FP32:
+        return (2 * (n - 1) * codec.numel * WireDtype.FP32.bytes_per_element) // n
+    parts = codec.partition(n)
+    to_owners = sum(codec.wire_bytes(s, e - s) for j, (s, e) in enumerate(parts) if j != worker)
+    s, e = parts[worker]
+    return to_owners + (n - 1) * codec.wire_bytes(s, e - s)
