@@ -112,14 +112,14 @@ def test_eager_update_follows_the_documented_equations():
             with torch.no_grad():
                 for i, m in enumerate(models):
                     for p in m.parameters():
-                        p.add_(0.01 * (i + 1) * (k + 1) * (-1) ** k)  # local_update
+                        p.add_(0.01 * (i + 1) * (k + 1))
             engine.after_optimizer_step([1, 1], [0.0, 0.0])
 
     theta0 = flat(models[0])
     x0 = [flat(m) for m in models]
     interval(0)  # boundary 2: nothing to apply yet; y_1^i = step(theta_0, 0, Delta_0^i / 2)
-    net = [-0.01 * (i + 1) for i in range(2)]  # what local_update adds over two steps k, k+1 (k even)
-    delta0 = [theta0 - (x + d) for x, d in zip(x0, net)]
+    net = lambda first: [0.01 * (i + 1) * (2 * first + 3) for i in range(2)]  # what steps first, first+1 add
+    delta0 = [theta0 - (x + d) for x, d in zip(x0, net(0))]
     for model, d in zip(models, delta0):
         g = d / 2
         torch.testing.assert_close(flat(model), theta0 - lr * (g + mu * g))
@@ -129,7 +129,7 @@ def test_eager_update_follows_the_documented_equations():
     mean0 = (delta0[0] + delta0[1]) / 2
     theta1 = theta0 - lr * (mean0 + mu * mean0)
     torch.testing.assert_close(engine.outer.params.detach(), theta1)
-    delta1 = [y - (y + d) for y, d in zip(y1, net)]
+    delta1 = [y - (y + d) for y, d in zip(y1, net(2))]
     for model, d0, d1 in zip(models, delta0, delta1):
         g = mean0 + (d1 - d0) / 2
         torch.testing.assert_close(flat(model), theta1 - lr * (g + mu * (mu * mean0 + g)))
