@@ -527,6 +527,11 @@ class IntervalEngine:
                     f"checkpoint was written with {key}={saved.get(key)!r} but this run has "
                     f"{key}={getattr(self.config, key)!r}: resume with the same AutoLoCoConfig"
                 )
+        if state.get("overlap") is not None and self.config.overlap == Overlap.NONE:
+            raise ValueError(
+                f"checkpoint was written with overlap={state['overlap']['mode']!r} but this run has overlap='none': "
+                "resume with the same AutoLoCoConfig"
+            )
         self.outer.load_state_dict(state["outer"])
         if self.policy is not None:
             self.policy.load_state_dict(state["policy"])

@@ -135,7 +135,7 @@ class OverlappedEngine(IntervalEngine):
                 self.outer.write_back(params)
             else:
                 for p, chunk in zip(params, torch.split(self.outer.params.detach(), self.outer.numels)):
-                    p.lerp_(chunk.view_as(p).to(p.dtype), 1.0 - alpha)
+                    p.lerp_(chunk.view_as(p).to(device=p.device, dtype=p.dtype), 1.0 - alpha)
         sync_seconds = time.perf_counter() - started
         advance = self._advance(flight, aggregate, next_start=None, plan_at=boundary)
         record = self._emit(flight, aggregate, outer, advance, sync_seconds)

@@ -241,6 +241,8 @@ def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
     other = runner_for(config(overlap="delayed"), SimulatedCommunicator(2))
     with pytest.raises(ValueError, match="overlap='eager' but this run has overlap='delayed'"):
         other.load_state_dict(first.state_dict())
+    with pytest.raises(ValueError, match="overlap='eager' but this run has overlap='none'"):
+        runner_for(config(), SimulatedCommunicator(2)).load_state_dict(first.state_dict())
 
 
 # ------------------------------------------------- simulation == gloo processes
