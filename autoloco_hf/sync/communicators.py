@@ -313,7 +313,7 @@ class ProcessGroupCommunicator(Communicator):
         gathered: list[torch.Tensor] = []
         works = []
         if scalars:
-            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
+            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).clone()
             gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
             works.append(self.dist.all_gather(gathered, local, group=self.group, async_op=True))
         total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
