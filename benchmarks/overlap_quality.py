@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import warmup_cosine
+from autoloco_hf.config import AutoLoCoConfig
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "diloco": ("DiLoCo, outer momentum 0.9, blocking", dict(method="diloco")),
@@ -37,7 +37,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "AutoLoCo + delayed merge (tau 1, alpha 0)",
         dict(method="autoloco", overlap="delayed", overlap_steps=1, overlap_mix=0.0),
     ),
-    "autoloco_eager": ("AutoLoCo + eager update (controller one interval late)", dict(method="autoloco", overlap="eager")),
+    "autoloco_eager": (
+        "AutoLoCo + eager update (controller one interval late)",
+        dict(method="autoloco", overlap="eager"),
+    ),
     "diloco_eager": ("DiLoCo (momentum 0.9) + eager update", dict(method="diloco", overlap="eager")),
 }
 SEQ_LEN, BATCH, PEAK_LR, WEIGHT_DECAY = 64, 4, 2e-3, 0.01
@@ -51,13 +54,13 @@ def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> di
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     warmup = max(1, round(0.02 * args.steps))
-    config = AutoLoCoConfig(
-        h_base=args.h_base, q_h=args.q_h, warmup_steps=warmup, **VARIANTS[name][1]
-    )
+    config = AutoLoCoConfig(h_base=args.h_base, q_h=args.q_h, warmup_steps=warmup, **VARIANTS[name][1])
     schedule = warmup_cosine(1.0, warmup, args.steps)
     model = tiny_llama(VOCAB, HIDDEN, LAYERS, HEADS, max_position_embeddings=SEQ_LEN, seed=seed)
     workers = LocalWorkers(
-        config, model, SimulatedCommunicator(args.workers),
+        config,
+        model,
+        SimulatedCommunicator(args.workers),
         optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule.lr_at),
         total_steps=args.steps,
@@ -104,8 +107,15 @@ def report(results: list[dict[str, Any]], variants: list[str], command: str, arg
         if not rows:
             continue
         losses = [r["val_loss"] for r in rows]
-        diffs = [by[(v, s)]["val_loss"] - by[("autoloco", s)]["val_loss"] for s in seeds if (v, s) in by and ("autoloco", s) in by]
-        std = lambda xs: statistics.stdev(xs) if len(xs) > 1 else float("nan")
+        diffs = [
+            by[(v, s)]["val_loss"] - by[("autoloco", s)]["val_loss"]
+            for s in seeds
+            if (v, s) in by and ("autoloco", s) in by
+        ]
+
+        def std(xs):
+            return statistics.stdev(xs) if len(xs) > 1 else float("nan")
+
         lines.append(
             f"| {v} ({VARIANTS[v][0]}) | {statistics.fmean(losses):.4f} ± {std(losses):.4f} | "
             f"{statistics.fmean(diffs):+.4f} ± {std(diffs):.4f} | {statistics.fmean(r['syncs'] for r in rows):.1f} | "

@@ -39,8 +39,9 @@ Example (two simulated workers, eager overlap)::
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -77,21 +78,23 @@ class OverlappedEngine(IntervalEngine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._in_flight: Optional[InFlight] = None
+        self._in_flight: InFlight | None = None
         self._eager = self.config.overlap == Overlap.EAGER
         device = self.outer.device
         # eager: y_t^i, where worker i started the running interval, and Delta_{t-1}^i, its last contribution
         self._starts = [flatten_fp32(p, device) for p in self.worker_params] if self._eager else []
-        self._previous = [torch.zeros(self.outer.numel, device=device) for _ in self.worker_params] if self._eager else []
+        self._previous = (
+            [torch.zeros(self.outer.numel, device=device) for _ in self.worker_params] if self._eager else []
+        )
 
     @property
-    def in_flight(self) -> Optional[InFlight]:
+    def in_flight(self) -> InFlight | None:
         """The collective started at the last boundary and not applied yet (``None`` when there is none)."""
         return self._in_flight
 
     def after_optimizer_step(
-        self, tokens: Sequence[int], losses: Sequence[float], lr: Optional[float] = None
-    ) -> Optional[IntervalRecord]:
+        self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
+    ) -> IntervalRecord | None:
         record = super().after_optimizer_step(tokens, losses, lr)  # a boundary calls _synchronize
         flight = self._in_flight
         if not self._eager and flight is not None and self.step >= flight.due_step:
@@ -100,10 +103,10 @@ class OverlappedEngine(IntervalEngine):
 
     # ------------------------------------------------------------- boundary
     @torch.no_grad()
-    def _synchronize(self) -> Optional[IntervalRecord]:
+    def _synchronize(self) -> IntervalRecord | None:
         return self._boundary_eager() if self._eager else self._boundary_delayed()
 
-    def _boundary_delayed(self) -> Optional[IntervalRecord]:
+    def _boundary_delayed(self) -> IntervalRecord | None:
         """Start the collective of ``Delta_t^i = theta_t - x^i``; the interval that follows gets its length when it lands."""
         interval, lr_mass = self._interval, self._lr_mass
         assert interval is not None and self._in_flight is None
@@ -111,7 +114,10 @@ class OverlappedEngine(IntervalEngine):
         deltas, messages = self._contributions(interval)
         due = min(self.step + self.config.overlap_steps, self.total_steps)
         self._in_flight = InFlight(
-            interval, lr_mass, due, self.comm.start_average(deltas, messages, self.segment_sizes),
+            interval,
+            lr_mass,
+            due,
+            self.comm.start_average(deltas, messages, self.segment_sizes),
             time.perf_counter() - self._interval_started,
         )
         self._reset_interval_counters()
@@ -144,15 +150,15 @@ class OverlappedEngine(IntervalEngine):
             return self._boundary_delayed() or record  # the budget's last interval ended before the merge
         return record
 
-    def _boundary_eager(self) -> Optional[IntervalRecord]:
+    def _boundary_eager(self) -> IntervalRecord | None:
         """Apply the average of interval ``t-1``, start that of ``t``, start ``t+1`` from the eager estimate."""
         interval, lr_mass = self._interval, self._lr_mass
         assert interval is not None
         self._check_lr_mass(interval, lr_mass)
         interval_seconds = time.perf_counter() - self._interval_started
         deltas, messages = self._contributions(interval, starts=self._starts)
-        record: Optional[IntervalRecord] = None
-        previous_mean: Optional[torch.Tensor] = None
+        record: IntervalRecord | None = None
+        previous_mean: torch.Tensor | None = None
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             started = time.perf_counter()
@@ -167,8 +173,11 @@ class OverlappedEngine(IntervalEngine):
         if self.step >= self.total_steps:  # the last boundary blocks: the run ends on theta for everybody
             started = time.perf_counter()
             last = InFlight(
-                interval, lr_mass, self.step,
-                PendingAverage.completed(self.comm.average(deltas, messages, self.segment_sizes)), interval_seconds,
+                interval,
+                lr_mass,
+                self.step,
+                PendingAverage.completed(self.comm.average(deltas, messages, self.segment_sizes)),
+                interval_seconds,
             )
             aggregate = self._read_aggregate(last.pending.wait(), lr_mass)
             outer = self._outer_step(interval, aggregate)
@@ -189,7 +198,7 @@ class OverlappedEngine(IntervalEngine):
         interval: NextInterval,
         deltas: list[torch.Tensor],
         finite: list[bool],
-        previous_mean: Optional[torch.Tensor],
+        previous_mean: torch.Tensor | None,
     ) -> None:
         """``x^i <- y_{t+1}^i``: an outer step, on copies, with the last average and this worker's fresh contribution."""
         n = self.num_workers
@@ -214,7 +223,7 @@ class OverlappedEngine(IntervalEngine):
 
     # -------------------------------------------------------------- helpers
     def _advance(
-        self, flight: InFlight, aggregate: Aggregate, next_start: Optional[int], plan_at: Optional[int]
+        self, flight: InFlight, aggregate: Aggregate, next_start: int | None, plan_at: int | None
     ) -> PolicyAdvance:
         """Feed the landed interval to the policy and plan the next one.
 
@@ -277,12 +286,17 @@ class OverlappedEngine(IntervalEngine):
         self._in_flight = None
         if flight is not None:
             result = AverageResult(
-                flight["mean"].to(self.outer.device), flight["scalar_sums"], Traffic(**flight["traffic"]), flight["scalar_rows"]
+                flight["mean"].to(self.outer.device),
+                flight["scalar_sums"],
+                Traffic(**flight["traffic"]),
+                flight["scalar_rows"],
             )
             self._in_flight = InFlight(
-                NextInterval(**flight["interval"]), float(flight["lr_mass"]), int(flight["due_step"]),
-                PendingAverage.completed(result), float(flight["interval_seconds"]),
+                NextInterval(**flight["interval"]),
+                float(flight["lr_mass"]),
+                int(flight["due_step"]),
+                PendingAverage.completed(result),
+                float(flight["interval_seconds"]),
             )
         self._starts = [s.to(self.outer.device) for s in saved["starts"]]
         self._previous = [p.to(self.outer.device) for p in saved["previous"]]
-

@@ -21,9 +21,24 @@ def load_script():
 
 def test_report_pairs_each_variant_with_blocking_autoloco_of_the_same_seed():
     script = load_script()
-    row = lambda v, s, loss: {"variant": v, "seed": s, "val_loss": loss, "syncs": 10, "mean_h_step": 4.0,
-                              "stale": 1 if v == "autoloco_eager" else 0, "wall_seconds": 1.0}
-    results = [row("autoloco", 0, 3.0), row("autoloco", 1, 4.0), row("autoloco_eager", 0, 3.1), row("autoloco_eager", 1, 4.3)]
+
+    def row(v, s, loss):
+        return {
+            "variant": v,
+            "seed": s,
+            "val_loss": loss,
+            "syncs": 10,
+            "mean_h_step": 4.0,
+            "stale": 1 if v == "autoloco_eager" else 0,
+            "wall_seconds": 1.0,
+        }
+
+    results = [
+        row("autoloco", 0, 3.0),
+        row("autoloco", 1, 4.0),
+        row("autoloco_eager", 0, 3.1),
+        row("autoloco_eager", 1, 4.3),
+    ]
     args = argparse.Namespace(workers=2, steps=10, h_base=4, q_h=2)
     text = script.report(results, ["autoloco", "autoloco_eager"], "python benchmarks/overlap_quality.py", args)
     eager = next(line for line in text.splitlines() if line.startswith("| autoloco_eager ("))

@@ -7,21 +7,27 @@ import math
 
 import pytest
 import torch
+from _dist import run_gloo
+from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, IntervalOutcome
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.overlap import OverlappedEngine
 
-from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
-
 STEPS, WARMUP = 40, 4
-TIMING_FIELDS = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds", "decode_seconds"}
+TIMING_FIELDS = {
+    "seconds",
+    "sync_seconds",
+    "controller_seconds",
+    "encode_seconds",
+    "collective_seconds",
+    "decode_seconds",
+}
 
 
 def config(**overrides) -> AutoLoCoConfig:
@@ -34,8 +40,14 @@ def records_of(runner: LocalWorkers) -> list[dict]:
 
 def runner_for(cfg: AutoLoCoConfig, communicator, seed: int = 0, steps: int = STEPS, on_record=None) -> LocalWorkers:
     return LocalWorkers(
-        cfg, make_model(seed=seed), communicator, adamw,
-        scheduler_factory=cosine(steps, WARMUP), total_steps=steps, warmup_steps=WARMUP, on_record=on_record,
+        cfg,
+        make_model(seed=seed),
+        communicator,
+        adamw,
+        scheduler_factory=cosine(steps, WARMUP),
+        total_steps=steps,
+        warmup_steps=WARMUP,
+        on_record=on_record,
     )
 
 
@@ -104,7 +116,10 @@ def test_eager_update_follows_the_documented_equations():
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
     engine = IntervalEngine(cfg, models, FunctionSchedule(lambda s: 1e-2, 8), SimulatedCommunicator(2), total_steps=8)
-    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+    def flat(m):
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
     lr, mu = 0.7, 0.9
 
     def interval(first: int) -> None:
@@ -118,7 +133,10 @@ def test_eager_update_follows_the_documented_equations():
     theta0 = flat(models[0])
     x0 = [flat(m) for m in models]
     interval(0)  # boundary 2: nothing to apply yet; y_1^i = step(theta_0, 0, Delta_0^i / 2)
-    net = lambda first: [0.01 * (i + 1) * (2 * first + 3) for i in range(2)]  # what steps first, first+1 add
+
+    def net(first):
+        return [0.01 * (i + 1) * (2 * first + 3) for i in range(2)]  # what steps first, first+1 add
+
     delta0 = [theta0 - (x + d) for x, d in zip(x0, net(0))]
     for model, d in zip(models, delta0):
         g = d / 2
@@ -152,7 +170,10 @@ def test_delayed_merge_mixes_the_running_replica_with_the_outer_result():
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
     engine = IntervalEngine(cfg, models, FunctionSchedule(lambda s: 1e-2, 12), SimulatedCommunicator(2), total_steps=12)
-    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+    def flat(m):
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
     theta0 = flat(models[0])
 
     def local_update(k: int) -> None:  # stands in for an inner optimizer step, different on each worker
@@ -186,8 +207,9 @@ def test_a_finite_interval_run_at_a_replaced_horizon_is_stale_and_not_fed_to_the
     interval = policy.next_interval(0)
     policy.controller.state.h_tok = interval.h_tok + cfg.q_h  # a decision since this interval was planned
     before = policy.controller.state_dict()
-    outcome = IntervalOutcome(interval, 32, drift_energy=1.0, coherence=2.0, lr_mass=0.04, mean_loss=1.0,
-                              pseudo_grad_finite=True)
+    outcome = IntervalOutcome(
+        interval, 32, drift_energy=1.0, coherence=2.0, lr_mass=0.04, mean_loss=1.0, pseudo_grad_finite=True
+    )
     decision = policy.complete(outcome, next_start=8)
     assert decision.assessment == Assessment.STALE and decision.next_h_tok == interval.h_tok + cfg.q_h
     assert policy.controller.state_dict() == before
@@ -216,7 +238,12 @@ def test_resume_in_the_middle_of_an_overlapped_collective(overlap):
     for step in range(STEPS):
         full.train_step([batch_for(w, step, padded=True) for w in workers])
         flight = full.engine.in_flight
-        if cut is None and step >= 12 and flight is not None and full.step < (flight.due_step if overlap == "delayed" else STEPS):
+        if (
+            cut is None
+            and step >= 12
+            and flight is not None
+            and full.step < (flight.due_step if overlap == "delayed" else STEPS)
+        ):
             if full.engine.step > flight.interval.start_step + flight.interval.h_step:
                 cut = full.step
     assert cut is not None
@@ -249,7 +276,9 @@ def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
 def _process_worker(rank: int, world_size: int, overlap: str) -> dict:
     outer_after_each_step = []
     runner = runner_for(
-        config(overlap=overlap), ProcessGroupCommunicator(), seed=rank,
+        config(overlap=overlap),
+        ProcessGroupCommunicator(),
+        seed=rank,
         on_record=lambda r: outer_after_each_step.append(
             (runner.engine.outer.params.detach().clone(), runner.engine.outer.momentum_buffer.clone())
         ),
@@ -263,13 +292,19 @@ def test_two_gloo_processes_equal_two_simulated_workers(overlap):
     outer_sim = []
     cfg = config(overlap=overlap)
     sim = runner_for(
-        cfg, SimulatedCommunicator(2),
-        on_record=lambda r: outer_sim.append((sim.engine.outer.params.detach().clone(), sim.engine.outer.momentum_buffer.clone())),
+        cfg,
+        SimulatedCommunicator(2),
+        on_record=lambda r: outer_sim.append(
+            (sim.engine.outer.params.detach().clone(), sim.engine.outer.momentum_buffer.clone())
+        ),
     )
     train(sim, 0, STEPS, (0, 1))
     results = run_gloo(_process_worker, 2, overlap)
     sim_records = records_of(sim)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "wire_bytes"} for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "wire_bytes"} for r in rows]
+
     for rank, result in enumerate(results):
         for p, q in zip(result["params"], sim.models[rank].parameters()):
             assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
