@@ -11,10 +11,11 @@ from its local replica; the average is applied when it is due:
   ``x <- alpha x + (1 - alpha) theta_{t+1}``; the length of the interval that
   is running is decided at that moment from the statistics that just arrived.
 * ``eager`` (eager updates): at the next boundary. Meanwhile each worker runs
-  from an outer step on its own estimate of the mean, the last average with its
-  stale contribution replaced by its fresh pseudo-gradient; the controller
-  decides one interval late (the horizon of interval ``t+2`` from the statistics
-  of interval ``t``).
+  from an outer step that adds its own fresh pseudo-gradient (its share
+  ``1/N`` of the average) to the outer state, which holds every earlier
+  average: its fresh contribution takes the place of the one still in flight.
+  The controller decides one interval late (the horizon of interval ``t+2``
+  from the statistics of interval ``t``).
 
 The outer parameters and momentum move only with complete averages, so they are
 identical on every worker. Both the simulation and real process groups apply a
@@ -72,8 +73,8 @@ class OverlappedEngine(IntervalEngine):
 
     Takes the same arguments; built by ``IntervalEngine(config, ...)`` when
     ``config.overlap`` is not ``none``. Extra memory: the in-flight mean (one
-    FP32 model copy); ``eager`` also keeps each local worker's start point and
-    previous contribution (two FP32 copies per local worker).
+    FP32 model copy); ``eager`` also keeps each local worker's start point (one
+    FP32 copy per local worker).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -81,11 +82,8 @@ class OverlappedEngine(IntervalEngine):
         self._in_flight: InFlight | None = None
         self._eager = self.config.overlap == Overlap.EAGER
         device = self.outer.device
-        # eager: y_t^i, where worker i started the running interval, and Delta_{t-1}^i, its last contribution
+        # eager: y_t^i, where worker i started the running interval (its pseudo-gradient is measured from there)
         self._starts = [flatten_fp32(p, device) for p in self.worker_params] if self._eager else []
-        self._previous = (
-            [torch.zeros(self.outer.numel, device=device) for _ in self.worker_params] if self._eager else []
-        )
 
     @property
     def in_flight(self) -> InFlight | None:
@@ -158,15 +156,12 @@ class OverlappedEngine(IntervalEngine):
         interval_seconds = time.perf_counter() - self._interval_started
         deltas, messages = self._contributions(interval, starts=self._starts)
         record: IntervalRecord | None = None
-        previous_mean: torch.Tensor | None = None
         flight, self._in_flight = self._in_flight, None
         if flight is not None:
             started = time.perf_counter()
             aggregate = self._read_aggregate(flight.pending.wait(), flight.lr_mass)
             outer = self._apply_outer(flight.interval, aggregate)
             sync_seconds = time.perf_counter() - started
-            if aggregate.valid:
-                previous_mean = aggregate.mean.clone()  # the communicator may reuse its buffer
             advance = self._advance(flight, aggregate, next_start=self.step, plan_at=None)
             record = self._emit(flight, aggregate, outer, advance, sync_seconds)
 
@@ -188,36 +183,28 @@ class OverlappedEngine(IntervalEngine):
         pending = self.comm.start_average(deltas, messages, self.segment_sizes)
         self._in_flight = InFlight(interval, lr_mass, self.step, pending, interval_seconds)
         finite = [ControlMessage.unpack(m).nonfinite == 0 for m in messages]
-        self._eager_restart(interval, deltas, finite, previous_mean)
+        self._eager_restart(interval, deltas, finite)
         if flight is None:  # nothing was decided at this boundary: the next interval keeps the current horizon
             self._start_interval()
         return record
 
-    def _eager_restart(
-        self,
-        interval: NextInterval,
-        deltas: list[torch.Tensor],
-        finite: list[bool],
-        previous_mean: torch.Tensor | None,
-    ) -> None:
-        """``x^i <- y_{t+1}^i``: an outer step, on copies, with the last average and this worker's fresh contribution."""
+    def _eager_restart(self, interval: NextInterval, deltas: list[torch.Tensor], finite: list[bool]) -> None:
+        """``x^i <- y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N)``, taken on copies of the outer state (§11.2).
+
+        ``theta_t`` holds every average up to interval ``t - 1``; the worker adds
+        its own fresh contribution now and the others' when their average lands.
+        """
         n = self.num_workers
         correction = self._correction(interval)
         for i, (params, delta) in enumerate(zip(self.worker_params, deltas)):
-            if previous_mean is None:  # no valid average yet: the stale terms are zero
-                estimate = delta / n
-            else:
-                estimate = previous_mean + (delta - self._previous[i]) / n
+            estimate = delta / n
             if self.config.uses_nesterov_outer:
-                start = self.outer.lookahead(
-                    estimate, correction.outer_lr, correction.momentum, correction.grad_divisor
-                )
+                start = self.outer.lookahead(estimate, correction.outer_lr, correction.momentum, correction.grad_divisor)
             else:
                 start = self.outer.params.detach() - estimate
             for p, chunk in zip(params, torch.split(start, self.outer.numels)):
                 p.copy_(chunk.view_as(p))
-            self._starts[i] = start.clone()
-            self._previous[i] = delta.clone()
+            self._starts[i] = start
         if not all(finite):  # a worker that produced NaN restarts from a finite point with a finite optimizer
             self._sanitize_optimizers()
 
@@ -270,7 +257,6 @@ class OverlappedEngine(IntervalEngine):
             "mode": str(self.config.overlap),
             "in_flight": saved_flight,
             "starts": [s.clone() for s in self._starts],
-            "previous": [p.clone() for p in self._previous],
         }
         return state
 
@@ -299,4 +285,3 @@ class OverlappedEngine(IntervalEngine):
                 float(flight["interval_seconds"]),
             )
         self._starts = [s.to(self.outer.device) for s in saved["starts"]]
-        self._previous = [p.to(self.outer.device) for p in saved["previous"]]
