@@ -199,7 +199,9 @@ class OverlappedEngine(IntervalEngine):
         for i, (params, delta) in enumerate(zip(self.worker_params, deltas)):
             estimate = delta / n
             if self.config.uses_nesterov_outer:
-                start = self.outer.lookahead(estimate, correction.outer_lr, correction.momentum, correction.grad_divisor)
+                start = self.outer.lookahead(
+                    estimate, correction.outer_lr, correction.momentum, correction.grad_divisor
+                )
             else:
                 start = self.outer.params.detach() - estimate
             for p, chunk in zip(params, torch.split(start, self.outer.numels)):
