@@ -1,13 +1,14 @@
 """`python -m autoloco_evals MODEL_DIR ...`: the same command as `autoloco eval`."""
 
-import argparse
 import sys
+
+from autoloco_hf.cli import OneLineParser
 
 from .cli import add_arguments, run
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m autoloco_evals", description=__doc__)
+    parser = OneLineParser(prog="python -m autoloco_evals", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args())
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from .data_files import files_format, find_split, read_rows
+
 TASKS_DIR = Path(__file__).parent / "tasks"
 
 
@@ -41,14 +43,23 @@ def _builtin_dir() -> Path:
     return Path(lm_eval.tasks.__file__).parent
 
 
-def _json_task(include: Path, task: str, data_files: dict[str, str]) -> dict:
+def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> dict:
+    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by content)."""
+    builder = files_format([f for files in data_files.values() for f in files]).value
     return {
         "include": str(include),
         "task": task,
-        "dataset_path": "json",
+        "dataset_path": builder,
         "dataset_name": None,
         "dataset_kwargs": {"data_files": data_files},
     }
+
+
+def _split_files(path: Path, split: str, option: str) -> list[str]:
+    files = find_split(path, split)
+    if not files:
+        raise FileNotFoundError(f"{option}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in {path}")
+    return [str(f) for f in files]
 
 
 def _group(builtin_group_yaml: Path, group: str, tasks: list[str]) -> dict:
@@ -59,16 +70,17 @@ def _group(builtin_group_yaml: Path, group: str, tasks: list[str]) -> dict:
 def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     """Task YAMLs (file stem -> config) that run task ``name`` on local data at ``path``.
 
-    mmlu_pro: a folder with test.jsonl and validation.jsonl (TIGER-Lab/MMLU-Pro rows);
-    bbh: a folder of <subtask>.jsonl files ({"input", "target"} rows);
-    ifeval, ifbench: one JSONL file of their hub rows.
+    mmlu_pro: a folder with test and validation files (TIGER-Lab/MMLU-Pro rows): ``test.jsonl``,
+    ``test.parquet`` or the hub's ``data/test-*.parquet`` (see :func:`~autoloco_evals.data_files.find_split`);
+    bbh: a folder of ``<subtask>.jsonl`` or ``<subtask>.parquet`` files, or the hub's
+    ``<subtask>/test-*.parquet`` folders ({"input", "target"} rows);
+    ifeval, ifbench: one JSONL or Parquet file of their hub rows.
     """
     builtin = _builtin_dir()
     group = f"local_{name}"
     if name == "mmlu_pro":
-        files = {"test": str(path / "test.jsonl"), "validation": str(path / "validation.jsonl")}
-        with open(files["test"], encoding="utf-8") as f:
-            subjects = sorted({json.loads(line)["category"].replace(" ", "_") for line in f if line.strip()})
+        files = {split: _split_files(path, split, "--mmlu-pro-path") for split in ("test", "validation")}
+        subjects = sorted({row["category"].replace(" ", "_") for f in files["test"] for row in read_rows(f)})
         configs = {
             f"{group}_{s}": _json_task(builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files)
             for s in subjects
@@ -77,16 +89,19 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
         return configs
     if name == "bbh":
         cot = builtin / "bbh" / "cot_fewshot"
+        subtasks = {f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))}
+        subtasks.update({d.name: [str(f) for f in find_split(d, "test")] for d in sorted(path.iterdir())
+                         if d.is_dir() and find_split(d, "test")})
         configs = {
-            f"{group}_{f.stem}": _json_task(cot / f"{f.stem}.yaml", f"{group}_{f.stem}", {"test": str(f)})
-            for f in sorted(path.glob("*.jsonl"))
+            f"{group}_{name}": _json_task(cot / f"{name}.yaml", f"{group}_{name}", {"test": files})
+            for name, files in subtasks.items()
         }
         if not configs:
-            raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl files in {path}")
+            raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl / <subtask>.parquet files in {path}")
         configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
         return configs
     include = builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
-    return {group: _json_task(include, group, {"train": str(path)})}
+    return {group: _json_task(include, group, {"train": [str(path)]})}
 
 
 def run_lm_eval(

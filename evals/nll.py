@@ -8,7 +8,6 @@ of targets), not a mean of per-document means.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from itertools import islice
@@ -18,6 +17,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from .data_files import read_rows
 
 C4_DEFAULT = ("allenai/c4", "en", "validation")
 CHAT_DEFAULT = ("HuggingFaceH4/ultrachat_200k", None, "test_sft")
@@ -37,10 +38,9 @@ class NLLResult:
 
 
 def read_records(local: Path | None, hub: tuple[str, str | None, str], limit: int) -> list[dict]:
-    """First ``limit`` records of a local JSONL file, else of the hub dataset (streamed)."""
+    """First ``limit`` records of a local JSON Lines / JSON (gzipped or not) or Parquet file, else of the hub dataset (streamed)."""
     if local is not None:
-        with open(local, encoding="utf-8") as f:
-            return [json.loads(line) for line in islice((l for l in f if l.strip()), limit)]
+        return read_rows(local, limit)
     import datasets
 
     name, config, split = hub

@@ -15,7 +15,7 @@ from pathlib import Path
 from .humaneval_plus import evaluate_humaneval_plus
 from .lm_eval_tasks import LM_EVAL_TASKS, run_lm_eval
 from .nll import evaluate_nll
-from .offline import ensure_punkt_tab, resolve_local, set_offline
+from .offline import MissingLocalDataError, ensure_punkt_tab, resolve_local, set_offline
 
 TASKS = ("mmlu_pro", "bbh", "ifeval", "ifbench", "humaneval_plus", "nll")
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
@@ -169,15 +169,19 @@ def evaluate_model_dir(
     dtype: str = "auto",
 ) -> dict:
     """Load a checkpoint (model and tokenizer from one folder) and evaluate it."""
+    if settings.offline:  # before the hub clients are imported: they read their offline switches at import
+        set_offline()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if settings.offline:
-        set_offline()
     resolve_data(settings)  # fail on missing data before the slow model load
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    except (OSError, ValueError) as err:  # no weights / tokenizer files / model type: one line, not a traceback
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise MissingLocalDataError(f"MODEL_DIR {model_dir}: cannot load it ({first})") from err
     meta = {"model": str(model_dir), "load_s": round(time.perf_counter() - start, 1)}
     return evaluate(model, tokenizer, settings, out_dir, run_name or Path(model_dir).name, meta)

@@ -19,9 +19,11 @@ w, N)`` in both modes, so the two modes see the same data.
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml
     torchrun --nproc_per_node 8 recipes/pretrain_c4.py --config recipes/configs/c4_diloco.yaml --mode multiprocess
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml \\
-        --train-files train.jsonl --val-files val.jsonl --model-config tiny.json --tokenizer ./tok
+        --train-files c4-train.00000-of-01024.json.gz --val-files val.parquet --model-config tiny.json --tokenizer ./tok
 
-The run folder (``output_dir/run_name``) is readable by ``autoloco report``.
+The run folder (``output_dir/run_name``) is readable by ``autoloco report`` and
+ends with the final synchronized model and its tokenizer
+(``save_pretrained``), ready for ``autoloco eval output_dir/run_name``.
 """
 
 from __future__ import annotations
@@ -31,16 +33,18 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal, Optional, Sequence
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import load_yaml, parse_settings  # noqa: E402
+from recipe_config import load_yaml, parse_settings, setting, usage_error  # noqa: E402
 
+from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
-from autoloco_hf.config import RECIPES  # noqa: E402
+from autoloco_hf.config import RECIPES, ConfigError, Method  # noqa: E402
+from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
 
 # LLaMA-style, 214.96M parameters with a 32k vocabulary (untied embeddings).
 MODEL_215M = dict(
@@ -51,47 +55,58 @@ MODEL_215M = dict(
 
 @dataclass
 class C4Settings:
-    """Every knob of the recipe; YAML files under ``recipes/configs/`` and flags override these defaults."""
+    """Every knob of the recipe but the engine's (:class:`AutoLoCoArguments`); YAML files and flags override these defaults."""
 
-    run_name: str = "c4_autoloco"
-    output_dir: str = "runs/c4"
-    method: str = "autoloco"  # ddp, diloco, autoloco, qsr, linear
-    ablation: Optional[str] = None  # AutoLoCoConfig.ablation variant (intervals_only, momentum, full, ...)
-    mode: str = "auto"  # simulated, multiprocess, auto
-    workers: int = 8
-    steps: int = 50_000
-    warmup_steps: int = 1_000
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.95
-    max_grad_norm: Optional[float] = 1.0  # per-worker gradient clipping before each inner step
-    batch_size: int = 128  # documents per worker per step
-    micro_batch_size: Optional[int] = None  # split each worker's batch for memory (gradient accumulation)
-    seq_len: int = 1_024
-    dataset: str = "allenai/c4"
-    dataset_config: str = "en"
-    train_files: Optional[list] = None  # local JSONL/Parquet/text files instead of the hub stream
-    val_files: Optional[list] = None
-    text_field: str = "text"
-    val_docs: int = 4_096
-    eval_batch_size: int = 32
-    tokenizer: str = "hf-internal-testing/llama-tokenizer"  # any LLaMA-style 32k tokenizer, or a local path
-    model_config: Optional[str] = None  # JSON/YAML of LlamaConfig fields; default: the ~215M model
-    bf16: bool = True  # autocast on CUDA; FP32 on CPU
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    save_every: int = 0  # steps between checkpoints in output_dir/run_name/checkpoint (0: never)
-    resume: bool = False  # continue from that checkpoint when it exists
-    autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides (outer_momentum, wire_dtype, ...)
+    run_name: str = setting("c4_autoloco", "run folder name under output_dir")
+    output_dir: str = setting("runs/c4", "where run folders go")
+    method: Method = setting(Method.AUTOLOCO, "how workers synchronize")
+    ablation: Optional[Literal["intervals_only", "momentum", "full", "full_normalized"]] = setting(
+        None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method")
+    mode: Literal["auto", "simulated", "multiprocess"] = setting(
+        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE")
+    workers: int = setting(8, "data-parallel workers")
+    steps: int = setting(50_000, "optimizer steps")
+    warmup_steps: int = setting(1_000, "linear LR warm-up steps, then cosine decay")
+    lr: float = setting(3e-4, "peak AdamW learning rate")
+    weight_decay: float = setting(0.1, "AdamW weight decay")
+    adam_beta2: float = setting(0.95, "AdamW beta2")
+    max_grad_norm: Optional[float] = setting(1.0, "per-worker gradient clipping before each inner step")
+    batch_size: int = setting(128, "documents per worker per step")
+    micro_batch_size: Optional[int] = setting(None, "split each worker's batch for memory (same gradient)")
+    seq_len: int = setting(1_024, "tokens per document after truncation or padding (no packing)")
+    dataset: str = setting("allenai/c4", "hub dataset, streamed")
+    dataset_config: str = setting("en", "hub dataset configuration")
+    train_files: Optional[list[str]] = setting(
+        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content")
+    val_files: Optional[list[str]] = setting(None, "local validation files (same formats)")
+    text_field: str = setting("text", "the column holding the document text")
+    val_docs: int = setting(4_096, "validation documents")
+    eval_batch_size: int = setting(32, "validation batch size")
+    tokenizer: str = setting("hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path")
+    model_config: Optional[str] = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
+    bf16: bool = setting(True, "bf16 autocast on CUDA (CPU runs in FP32)")
+    gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass to save memory")
+    seed: int = setting(0, "seed of the initialization (the ablation configs use 42, as the paper)")
+    save_every: int = setting(0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)")
+    resume: bool = setting(False, "continue from that checkpoint when it exists")
 
-
-def autoloco_config(s: C4Settings) -> AutoLoCoConfig:
-    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus overrides."""
-    overrides = {**s.autoloco, "warmup_steps": s.warmup_steps}
+def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
+    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus the ``autoloco_*`` overrides."""
+    overrides = {"warmup_steps": s.warmup_steps, **a.overrides()}
     if s.ablation:
         horizon = {k: v for k, v in RECIPES["c4"].items() if k != "normalize_pseudo_grad"}
         return AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
-    return AutoLoCoConfig.for_recipe("c4", method=s.method, **overrides)
+    return AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[C4Settings, AutoLoCoArguments]:
+    """Settings from defaults, ``--config`` YAML and flags; a bad engine setting is a usage error (exit 2)."""
+    settings, autoloco = parse_settings((C4Settings, AutoLoCoArguments), argv, __doc__.splitlines()[0])
+    try:
+        autoloco_config(settings, autoloco)
+    except ConfigError as err:
+        usage_error(str(err))
+    return settings, autoloco
 
 
 def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
@@ -114,9 +129,8 @@ def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> 
     from datasets.distributed import split_dataset_by_node
 
     files = s.train_files if split == "train" else s.val_files
-    if files:
-        stream = load_dataset("json" if str(files[0]).endswith((".json", ".jsonl")) else "text",
-                              data_files=list(files), split="train", streaming=True)
+    if files:  # by content: the real C4 shards are gzipped JSON Lines
+        stream = load_dataset(files_format(files).value, data_files=list(files), split="train", streaming=True)
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
     return split_dataset_by_node(stream, rank=worker, world_size=num_workers)
@@ -145,7 +159,7 @@ def batches(tokenizer: Any, texts: Iterator[str], batch_size: int, seq_len: int,
         yield {k: v.to(device) for k, v in collate(tokenizer, chunk, seq_len).items()}
 
 
-class Runtime:
+class Launch:
     """Where this process stands: simulated (all workers here) or one worker of a process group."""
 
     def __init__(self, s: C4Settings) -> None:
@@ -165,16 +179,16 @@ class Runtime:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if cuda else "gloo")
             self.rank = dist.get_rank()
-            self.local_workers = [self.rank]
+            self.worker_ids = [self.rank]
         else:
             self.rank = 0
-            self.local_workers = list(range(s.workers))
+            self.worker_ids = list(range(s.workers))
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
         from autoloco_hf.sync.communicators import make_communicator
 
-        return make_communicator(config, self.distributed, simulated_workers=len(self.local_workers))
+        return make_communicator(config, self.distributed, simulated_workers=len(self.worker_ids))
 
     def sum(self, values: list[float]) -> list[float]:
         """Sum small float vectors over processes (validation shards)."""
@@ -187,20 +201,20 @@ class Runtime:
         return t.tolist()
 
 
-def validate(s: C4Settings, rt: Runtime, model: torch.nn.Module, tokenizer: Any) -> float:
+def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: Any) -> float:
     """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
     import itertools
 
     from autoloco_hf.cli.demo_data import loss_sums
 
     total, count = 0.0, 0
-    for shard in rt.local_workers:  # one validation shard per worker, as for training data
+    for shard in launch.worker_ids:  # one validation shard per worker, as for training data
         docs = itertools.islice(texts(worker_dataset(s, "validation", shard, s.workers), s.text_field),
                                 -(-s.val_docs // s.workers))
-        with _autocast(s, rt):
-            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, rt.device))
+        with _autocast(s, launch):
+            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, launch.device))
         total, count = total + t, count + c
-    total, count = rt.sum([total, float(count)])
+    total, count = launch.sum([total, float(count)])
     return total / max(count, 1.0)
 
 
@@ -223,38 +237,38 @@ def accumulated_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], mic
     return model(**parts[-1]).loss * (targets[-1] / total) + done
 
 
-def _autocast(s: C4Settings, rt: Runtime) -> Any:
-    enabled = s.bf16 and rt.device.type == "cuda"
-    return torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16, enabled=enabled)
+def _autocast(s: C4Settings, launch: Launch) -> Any:
+    enabled = s.bf16 and launch.device.type == "cuda"
+    return torch.autocast(device_type=launch.device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def train(s: C4Settings) -> dict[str, Any]:
+def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary (rank 0) or an empty dict (other ranks)."""
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.report import RunWriter
     from autoloco_hf.sync.local_workers import LocalWorkers
 
-    rt = Runtime(s)
-    config = autoloco_config(s)
+    launch = Launch(s)
+    config = autoloco_config(s, a)
     tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = build_model(s, len(tokenizer)).to(rt.device)
+    model = build_model(s, len(tokenizer)).to(launch.device)
     run_dir = os.path.join(s.output_dir, s.run_name)
-    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{rt.rank}.pt")
-    state = torch.load(checkpoint, map_location=rt.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
+    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{launch.rank}.pt")
+    state = torch.load(checkpoint, map_location=launch.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
     start = state["step"] if state else 0
-    writer = RunWriter(run_dir, s.run_name, resume_step=start) if rt.rank == 0 else None
+    writer = RunWriter(run_dir, s.run_name, resume_step=start) if launch.rank == 0 else None
 
     def loss_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with _autocast(s, rt):
+        with _autocast(s, launch):
             return accumulated_loss(m, batch, s.micro_batch_size)
 
     workers = LocalWorkers(
         config,
         model,
-        rt.communicator(config),
+        launch.communicator(config),
         optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2)),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, s.warmup_steps, s.steps),
         total_steps=s.steps,
@@ -264,13 +278,13 @@ def train(s: C4Settings) -> dict[str, Any]:
         records_path=writer.intervals_path if writer else None,
     )
     del model  # LocalWorkers trains its own copies
-    datasets = [worker_dataset(s, "train", w, s.workers) for w in rt.local_workers]
+    datasets = [worker_dataset(s, "train", w, s.workers) for w in launch.worker_ids]
     if state:
         workers.load_state_dict(state["workers"])
         for dataset, position in zip(datasets, state["data"]):
             dataset.load_state_dict(position)
-    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, rt.device) for d in datasets]
-    bar = _progress(s, rt, start)
+    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, launch.device) for d in datasets]
+    bar = _progress(s, launch, start)
     started = time.perf_counter() - (state["seconds"] if state else 0.0)
     for step in range(start + 1, s.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
@@ -289,12 +303,16 @@ def train(s: C4Settings) -> dict[str, Any]:
                                              workers=workers.state_dict(), data=[d.state_dict() for d in datasets]))
     wall = time.perf_counter() - started
     bar.close()
-    val_loss = validate(s, rt, workers.models[0], tokenizer)
+    val_loss = validate(s, launch, workers.models[0], tokenizer)
     if writer is None:
         return {}
+    # The budget ends on a sync, so every replica holds the synchronized model: keep it for `autoloco eval`.
+    workers.models[0].save_pretrained(run_dir)
+    tokenizer.save_pretrained(run_dir)
     params = sum(p.numel() for p in workers.models[0].parameters())
     return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
-                         params=params, mode=rt.mode, resumed_from_step=start, settings=dataclasses.asdict(s))
+                         params=params, mode=launch.mode, resumed_from_step=start,
+                         settings={**dataclasses.asdict(s), **dataclasses.asdict(a)})
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
@@ -304,16 +322,16 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _progress(s: C4Settings, rt: Runtime, start: int) -> Any:
+def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=rt.rank != 0, mininterval=2.0)
+    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=launch.rank != 0, mininterval=2.0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    settings = parse_settings(C4Settings, argv, __doc__.splitlines()[0])
+    settings, autoloco = parse_args(argv)
     try:
-        summary = train(settings)
+        summary = train(settings, autoloco)
     finally:
         import torch.distributed as dist
 

@@ -1,79 +1,114 @@
-"""Recipe settings: a dataclass of defaults, YAML files that override it, flags that override both.
+"""Recipe settings through Hugging Face's ``HfArgumentParser``: defaults, YAML files that override them, flags that override both.
 
-Both recipes describe their settings as one dataclass. A YAML file may name a
-``base:`` file (relative to itself) whose values it extends, so the method
-configs under ``recipes/configs/`` only state what differs from the shared
-recipe. Every dataclass field is also a command-line flag
-(``batch_size`` -> ``--batch-size``); a nested ``autoloco:`` mapping holds
-:class:`~autoloco_hf.AutoLoCoConfig` fields.
+A recipe lists its dataclasses (its own settings; TRL's ``SFTConfig`` for the
+SFT recipe, so that every ``TrainingArguments`` field is settable;
+:class:`~autoloco_hf.integrations.arguments.AutoLoCoArguments` for the engine).
+Every field is a flag (``--batch_size`` or ``--batch-size``) and a YAML key.
+A YAML file may name a ``base:`` file (relative to itself) whose values it
+extends, so the method configs under ``recipes/configs/`` only state what
+differs from the shared recipe; a nested ``autoloco:`` mapping holds
+``AutoLoCoConfig`` fields (``autoloco: {h_base: 250}`` is ``autoloco_h_base:
+250``), and so does the repeatable flag ``--autoloco h_base=250``.
+
+Usage errors (an unknown key or flag, a missing file, a bad value) print one
+line naming the flag or key, the value and the fix, and exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
-from typing import Any, Optional, Sequence, TypeVar
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
-T = TypeVar("T")
+from autoloco_hf.cli import usage_error
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.integrations.arguments import PREFIX
+
+AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
+
+
+def setting(default: Any, help: str) -> Any:
+    """A settings field with its ``--help`` text."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _suggest(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {close[0]}?" if close else "see --help for the known names"
 
 
 def load_yaml(path: str) -> dict[str, Any]:
-    """``path``'s mapping merged over its ``base:`` chain (``autoloco:`` sub-mappings merge key by key)."""
-    with open(path) as f:
-        values = yaml.safe_load(f) or {}
+    """``path``'s mapping merged over its ``base:`` chain, with ``autoloco:`` sub-mappings flattened to ``autoloco_*`` keys."""
+    if not os.path.isfile(path):
+        usage_error(f"--config {path}: no such file; pass a YAML file such as recipes/configs/c4_autoloco.yaml")
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        usage_error(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})")
+    if not isinstance(values, dict):
+        usage_error(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+    for key, value in (values.pop("autoloco", None) or {}).items():
+        values[PREFIX + key] = value
     base = values.pop("base", None)
     if base is None:
         return values
-    merged = load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base))
-    autoloco = {**merged.get("autoloco", {}), **values.pop("autoloco", {})}
-    merged.update(values)
-    if autoloco:
-        merged["autoloco"] = autoloco
-    return merged
+    return {**load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base)), **values}
 
 
-def _flag_type(field: dataclasses.Field) -> Any:
-    kind = str(field.type)
-    if "bool" in kind:
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
-    if "int" in kind and "float" not in kind:
-        return int
-    if "float" in kind:
-        return float
-    return str
-
-
-def parse_settings(cls: type[T], argv: Optional[Sequence[str]], description: str) -> T:
-    """Build ``cls`` from its defaults, ``--config`` YAML and flags (later wins); ``--set-autoloco k=v`` for the engine."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", help="YAML file (see recipes/configs/)")
-    parser.add_argument(
-        "--autoloco", action="append", default=[], metavar="FIELD=VALUE",
-        help="an AutoLoCoConfig field, e.g. --autoloco h_base=250 (repeatable; YAML-parsed value)",
-    )
-    fields = [f for f in dataclasses.fields(cls) if f.name != "autoloco"]
-    for field in fields:
-        flag = "--" + field.name.replace("_", "-")
-        if "list" in str(field.type):
-            parser.add_argument(flag, nargs="+", default=None)
+def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
+    """``--autoloco FIELD=VALUE`` -> ``--autoloco_FIELD VALUE`` (the short form the recipe docs use)."""
+    out: list[str] = []
+    items = iter(argv)
+    for arg in items:
+        if arg == "--autoloco" or arg.startswith("--autoloco="):
+            item = arg.partition("=")[2] if "=" in arg else next(items, "")
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in AUTOLOCO_FIELDS:
+                hint = _suggest(key, AUTOLOCO_FIELDS) if sep else "write FIELD=VALUE, e.g. --autoloco h_base=250"
+                usage_error(f"--autoloco {item}: {key!r} is not an AutoLoCoConfig field; {hint}")
+            out += [f"--{PREFIX}{key}", value]
         else:
-            parser.add_argument(flag, type=_flag_type(field), default=None)
-    args = parser.parse_args(argv)
-    values = load_yaml(args.config) if args.config else {}
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        parser.error(f"{args.config}: unknown setting(s) {unknown}")
-    for field in fields:
-        given = getattr(args, field.name)
-        if given is not None:
-            values[field.name] = given
-    autoloco = dict(values.get("autoloco") or {})
-    for item in args.autoloco:
-        key, _, text = item.partition("=")
-        autoloco[key.strip()] = yaml.safe_load(text)
-    values["autoloco"] = autoloco
-    return cls(**values)
+            out.append(arg)
+    return out
+
+
+def parse_settings(
+    types: Sequence[type], argv: Sequence[str] | None, description: str, defaults: dict[str, Any] | None = None
+) -> tuple[Any, ...]:
+    """One instance per dataclass in ``types``, from their defaults, ``defaults``, ``--config`` YAML and flags (later wins)."""
+    from transformers import HfArgumentParser
+
+    argv = _expand_autoloco_flags(list(sys.argv[1:] if argv is None else argv))
+    parser = HfArgumentParser(list(types), description=description, allow_abbrev=False)
+    parser.error = usage_error  # one line, not argparse's full usage block (the recipes have ~200 flags)
+    parser.add_argument("--config", help="YAML file of settings (see recipes/configs/); flags override it")
+    known = {action.dest for action in parser._actions} - {"help", "config"}
+    values = dict(defaults or {})
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    config_path = pre.parse_known_args(argv)[0].config
+    if config_path:
+        from_file = load_yaml(config_path)
+        unknown = sorted(set(from_file) - known)
+        if unknown:
+            usage_error(f"--config {config_path}: unknown setting {unknown[0]!r}; {_suggest(unknown[0], sorted(known))}")
+        values.update(from_file)
+    parser.set_defaults(**values)
+    _, rest = parser.parse_known_args(argv)
+    if rest:
+        flag = next((a for a in rest if a.startswith("--")), rest[0])
+        name = flag.lstrip("-").split("=")[0].replace("-", "_")
+        usage_error(f"unrecognized argument {flag}; {_suggest(name, sorted(known))}")
+    try:
+        parsed = parser.parse_args_into_dataclasses(args=argv)
+    except (ValueError, TypeError) as err:  # a dataclass's __post_init__ refused a combination of values
+        usage_error(str(err).splitlines()[0])
+    return tuple(p for p in parsed if not isinstance(p, argparse.Namespace))

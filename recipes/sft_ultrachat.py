@@ -14,10 +14,15 @@ One process per worker (the callback's multi-process mode):
     accelerate launch --config_file recipes/accelerate/1node_8gpu.yaml \\
         recipes/sft_ultrachat.py --config recipes/configs/sft_autoloco.yaml
 
-Every download can be replaced by a local path: ``--model-name-or-path``,
-``--tokenizer``, ``--train-files`` / ``--test-files`` (JSONL with a
-``messages`` list). The run folder (``output_dir/run_name``) is readable by
-``autoloco report``; the test NLL appears as its validation loss.
+Every ``SFTConfig`` / ``TrainingArguments`` field is a flag and a YAML key
+(``--report_to wandb``, ``--optim adamw_torch_fused``, ``--save_total_limit 3``),
+as is every ``AutoLoCoConfig`` field with an ``autoloco_`` prefix. Every
+download can be replaced by a local path: ``--model-name-or-path``,
+``--tokenizer``, ``--train-files`` / ``--test-files`` (JSON Lines, JSON or
+Parquet with a ``messages`` list). The run folder (``output_dir/run_name``) is
+readable by ``autoloco report`` (the test NLL appears as its validation loss)
+and ends with the final synchronized model and tokenizer, ready for
+``autoloco eval``.
 """
 
 from __future__ import annotations
@@ -27,64 +32,95 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import parse_settings  # noqa: E402
+from recipe_config import parse_settings, setting, usage_error  # noqa: E402
 
+from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
-from autoloco_hf.config import WireDtype  # noqa: E402
+from autoloco_hf.config import ConfigError, Method, WireDtype  # noqa: E402
+from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
 
 ROLES = ("system", "user", "assistant")
 
 
 @dataclass
 class SFTSettings:
-    """Every knob of the recipe; YAML files under ``recipes/configs/`` and flags override these defaults."""
+    """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`), the engine's ``autoloco_*``."""
 
-    run_name: str = "sft_autoloco"
-    output_dir: str = "runs/sft"
-    method: str = "autoloco"  # diloco, autoloco (ddp, qsr, linear also run)
-    int8: bool = False  # INT8 blockwise pseudo-gradient communication (spec 7)
-    model_name_or_path: str = "meta-llama/Llama-3.1-8B"
-    tokenizer: Optional[str] = None  # default: the model's
-    chat_template: Optional[str] = None  # a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template
-    model_dtype: str = "bfloat16"  # weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)
-    dataset: str = "HuggingFaceH4/ultrachat_200k"
-    train_split: str = "train_sft"
-    test_split: str = "test_sft"
-    train_files: Optional[list] = None  # local JSONL with a `messages` column instead of the hub dataset
-    test_files: Optional[list] = None
-    global_batch_size: int = 32  # conversations per optimizer step, all workers together
-    per_device_batch_size: int = 2  # the rest is gradient accumulation (2 with 8 workers, 1 with 16)
-    max_length: int = 2_048
-    num_epochs: float = 1.0
-    max_steps: int = -1  # > 0 stops early (smoke tests)
-    lr: float = 2e-5
-    warmup_ratio: float = 0.01
-    lr_scheduler: str = "cosine"
-    weight_decay: float = 0.0
-    bf16: bool = True  # on CUDA; CPU runs in FP32
-    gradient_checkpointing: bool = True  # on CUDA; off on CPU, where it only costs time
-    test_conversations: int = 1_000
-    eval_batch_size: int = 8
-    logging_steps: int = 1
-    num_proc: Optional[int] = None
-    seed: int = 42
-    save_steps: int = 0  # Trainer checkpoints (with the AutoLoCo state of every rank) every N steps; 0: none
-    resume: bool = False  # continue from the last checkpoint in output_dir/run_name when there is one
-    autoloco: dict = field(default_factory=dict)  # AutoLoCoConfig overrides
+    method: Method = setting(Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)")
+    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (spec 7)")
+    model_name_or_path: str = setting("meta-llama/Llama-3.1-8B", "hub id or local folder of the model")
+    tokenizer: Optional[str] = setting(None, "hub id or local folder; default: the model's")
+    chat_template: Optional[str] = setting(
+        None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template")
+    model_dtype: str = setting("bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)")
+    dataset: str = setting("HuggingFaceH4/ultrachat_200k", "hub dataset")
+    train_split: str = setting("train_sft", "hub split to train on")
+    test_split: str = setting("test_sft", "hub split of the test NLL")
+    train_files: Optional[list[str]] = setting(
+        None, "local JSON Lines / JSON / Parquet files with a `messages` column instead of the hub")
+    test_files: Optional[list[str]] = setting(None, "local test files (same formats)")
+    global_batch_size: int = setting(32, "conversations per optimizer step, all workers together (sets gradient accumulation)")
+    test_conversations: int = setting(1_000, "valid test conversations for the test NLL")
+    eval_batch_size: int = setting(8, "test NLL batch size")
+    resume: bool = setting(False, "continue from the last checkpoint in output_dir/run_name when there is one")
+
+def _checkpointing_field() -> str:
+    """transformers >= 5.2x calls it ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias)."""
+    from trl import SFTConfig
+
+    names = {f.name for f in dataclasses.fields(SFTConfig)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
-def autoloco_config(s: SFTSettings) -> AutoLoCoConfig:
-    """The SFT preset (H_base 100, q_H 10, H_max 150, normalization on for AutoLoCo) plus overrides."""
-    overrides = dict(s.autoloco)
-    if s.int8:
-        overrides["wire_dtype"] = WireDtype.INT8
-    return AutoLoCoConfig.for_recipe("sft", method=s.method, **overrides)
+def trainer_defaults() -> dict[str, Any]:
+    """The paper's ``SFTConfig`` values where they differ from TRL's defaults; YAML and flags override them."""
+    cuda = torch.cuda.is_available()
+    return dict(
+        output_dir="runs/sft",
+        run_name="sft_autoloco",
+        per_device_train_batch_size=2,  # the rest of the global batch is gradient accumulation
+        max_length=2_048,
+        num_train_epochs=1.0,
+        learning_rate=2e-5,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.01,  # a float below 1 is a ratio of the training steps
+        weight_decay=0.0,
+        bf16=cuda,  # CPU runs in FP32
+        use_cpu=not cuda,
+        **{_checkpointing_field(): cuda},  # on CPU it only costs time
+        packing=False,
+        padding_free=False,
+        assistant_only_loss=True,
+        logging_steps=1,
+        save_strategy="no",
+        seed=42,
+        average_tokens_across_devices=False,  # a per-step gather otherwise; each worker normalizes by its own tokens
+    )
+
+
+def autoloco_config(s: SFTSettings, a: AutoLoCoArguments) -> AutoLoCoConfig:
+    """The SFT preset (H_base 100, q_H 10, H_max 150, normalization on for AutoLoCo) plus the ``autoloco_*`` overrides."""
+    overrides = {"method": s.method, **({"wire_dtype": WireDtype.INT8} if s.int8 else {}), **a.overrides()}
+    return AutoLoCoConfig.for_recipe("sft", **overrides)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[SFTSettings, Any, AutoLoCoArguments]:
+    """(recipe settings, ``SFTConfig``, engine arguments) from defaults, ``--config`` YAML and flags."""
+    from trl import SFTConfig
+
+    settings, args, autoloco = parse_settings((SFTSettings, SFTConfig, AutoLoCoArguments), argv,
+                                              __doc__.splitlines()[0], defaults=trainer_defaults())
+    try:
+        autoloco_config(settings, autoloco)
+    except ConfigError as err:
+        usage_error(str(err))
+    return settings, args, autoloco
 
 
 def valid_conversation(messages: Any) -> bool:
@@ -107,20 +143,20 @@ def has_assistant_target(tokenizer: Any, messages: list, max_length: int) -> boo
     return any(mask[1:])
 
 
-def conversations(s: SFTSettings, split: str, tokenizer: Any, limit: Optional[int] = None) -> Any:
+def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: Optional[int] = None) -> Any:
     """The ``messages`` of ``split`` (train or test) after filtering; ``limit`` keeps the first ones."""
     from datasets import load_dataset
 
     files = s.train_files if split == "train" else s.test_files
-    if files:
-        ds = load_dataset("json", data_files=list(files), split="train")
+    if files:  # by content: UltraChat's hub files are Parquet
+        ds = load_dataset(files_format(files).value, data_files=list(files), split="train")
     else:
         ds = load_dataset(s.dataset, split=s.train_split if split == "train" else s.test_split)
     ds = ds.select_columns(["messages"])
-    ds = ds.filter(lambda ex: valid_conversation(ex["messages"]), num_proc=s.num_proc)
+    ds = ds.filter(lambda ex: valid_conversation(ex["messages"]), num_proc=args.dataset_num_proc)
     if limit is not None:
         ds = ds.select(range(min(limit * 2, len(ds))))  # headroom for the truncation filter
-    ds = ds.filter(lambda ex: has_assistant_target(tokenizer, ex["messages"], s.max_length), num_proc=s.num_proc)
+    ds = ds.filter(lambda ex: has_assistant_target(tokenizer, ex["messages"], args.max_length), num_proc=args.dataset_num_proc)
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
@@ -140,31 +176,35 @@ def load_tokenizer(s: SFTSettings) -> Any:
     return tokenizer
 
 
-def train(s: SFTSettings) -> dict[str, Any]:
+def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary on the main process, else an empty dict."""
     from transformers import AutoModelForCausalLM, TrainerCallback
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from autoloco_evals.nll import chat_example, masked_nll
     from autoloco_hf import AutoLoCoCallback
     from autoloco_hf.cli.report import RunWriter
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if s.global_batch_size % (s.per_device_batch_size * world):
-        raise SystemExit(f"global batch {s.global_batch_size} is not a multiple of {s.per_device_batch_size} x {world} workers")
+    per_step = args.per_device_train_batch_size * world
+    if s.global_batch_size % per_step:
+        usage_error(f"--global_batch_size {s.global_batch_size} is not a multiple of --per_device_train_batch_size "
+                    f"{args.per_device_train_batch_size} x {world} workers: change one of them")
+    args.gradient_accumulation_steps = s.global_batch_size // per_step
+    run_name = args.run_name
+    run_dir = args.output_dir = os.path.join(args.output_dir, run_name)  # one folder per run, as in the C4 recipe
     cuda = torch.cuda.is_available()
-    config = autoloco_config(s)
+    config = autoloco_config(s, a)
     tokenizer = load_tokenizer(s)
-    run_dir = os.path.join(s.output_dir, s.run_name)
-    train_set = conversations(s, "train", tokenizer)
+    train_set = conversations(s, args, "train", tokenizer)
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
     callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
     main_process = int(os.environ.get("RANK", "0")) == 0
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
-    writer = RunWriter(run_dir, s.run_name, resume_step=resume_step) if main_process else None
+    writer = RunWriter(run_dir, run_name, resume_step=resume_step) if main_process else None
     started = time.perf_counter()
 
     class StepLog(TrainerCallback):
@@ -175,52 +215,30 @@ def train(s: SFTSettings) -> dict[str, Any]:
                 writer.log_step(state.global_step, float(logs["loss"]), float(logs.get("learning_rate", 0.0)),
                                 callback.engine.totals, time.perf_counter() - started)
 
-    args = SFTConfig(
-        output_dir=run_dir,
-        per_device_train_batch_size=s.per_device_batch_size,
-        gradient_accumulation_steps=s.global_batch_size // (s.per_device_batch_size * world),
-        num_train_epochs=s.num_epochs,
-        max_steps=s.max_steps,
-        learning_rate=s.lr,
-        lr_scheduler_type=s.lr_scheduler,
-        warmup_steps=s.warmup_ratio,  # a float below 1 is a ratio of the training steps
-        weight_decay=s.weight_decay,
-        bf16=s.bf16 and cuda,
-        activation_checkpointing=s.gradient_checkpointing and cuda,  # transformers 5 name of gradient checkpointing
-        use_cpu=not cuda,
-        max_length=s.max_length,
-        packing=False,
-        padding_free=False,
-        assistant_only_loss=True,
-        logging_steps=s.logging_steps,
-        save_strategy="steps" if s.save_steps else "no",
-        save_steps=s.save_steps or 500,
-        save_total_limit=2,  # an 8B checkpoint with every rank's AutoLoCo state is large
-        report_to="none",
-        seed=s.seed,
-        dataset_num_proc=s.num_proc,
-        average_tokens_across_devices=False,  # a per-step gather otherwise; each worker normalizes by its own tokens
-    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          callbacks=[callback, StepLog()])
     trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - started
+    # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
+    trainer.save_model(run_dir)
     if writer is None:
         return {}
-    test_set = conversations(s, "test", tokenizer, limit=s.test_conversations)
+    test_set = conversations(s, args, "test", tokenizer, limit=s.test_conversations)
     trainer.model.eval()
-    nll = masked_nll(trainer.model, (chat_example(tokenizer, ex["messages"], s.max_length) for ex in test_set),
+    nll = masked_nll(trainer.model, (chat_example(tokenizer, ex["messages"], args.max_length) for ex in test_set),
                      s.eval_batch_size, "test nll")
     return writer.finish(callback.engine.totals, config.to_dict(), wall, val_loss=nll.nll, test_nll=nll.nll,
                          test_tokens=nll.tokens, test_conversations=nll.examples, train_conversations=len(train_set),
-                         workers=world, resumed_from_step=resume_step, settings=dataclasses.asdict(s))
+                         workers=world, resumed_from_step=resume_step,
+                         settings={**dataclasses.asdict(s), **a.overrides(), "trainer": args.to_dict()})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    settings = parse_settings(SFTSettings, argv, __doc__.splitlines()[0])
-    summary = train(settings)
+    settings, args, autoloco = parse_args(argv)
+    run_name = args.run_name
+    summary = train(settings, args, autoloco)
     if summary:
-        print(json.dumps({"run": settings.run_name, "syncs": summary["totals"]["syncs"],
+        print(json.dumps({"run": run_name, "syncs": summary["totals"]["syncs"],
                           "payload_bytes": summary["totals"]["payload_bytes"], "test_nll": summary["test_nll"],
                           "train_conversations": summary["train_conversations"]}))
     return 0

@@ -99,8 +99,12 @@ class TokenMapper:
         return self.enabled and self.base_tokens is not None and bool(self.tokens_per_step)
 
     def observe(self, global_tokens: int, h_step: int, at_recipe_horizon: bool) -> None:
-        """Record a completed interval: its exact global non-padding token count and length."""
-        if h_step <= 0:
+        """Record a completed interval: its exact global non-padding token count and length.
+
+        An interval without a single token (all padding) says nothing about the token density: it is not
+        recorded, so it can neither make ``M_base`` zero (every horizon would map to ``q_h``) nor pull ``n_hat``.
+        """
+        if h_step <= 0 or global_tokens <= 0:
             return
         if at_recipe_horizon and len(self.base_counts) < self.calibration_intervals:
             self.base_counts.append(int(global_tokens))

@@ -3,14 +3,20 @@
 Each sub-command lives in its own module, which provides
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them,
 importing each lazily so that ``autoloco plan`` starts in well under a second.
+
+Usage errors (a bad flag value, a missing input file, an output path that is
+a file) print one line, ``autoloco CMD: error: FLAG VALUE: fix``, and exit
+with code 2; :func:`usage_error` and :func:`positive_int` are shared by the
+sub-commands (and the recipes) so that they all behave alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 COMMANDS = {
     "plan": ("autoloco_hf.cli.plan", "preview the horizons, syncs and payload of a recipe before training"),
@@ -20,8 +26,49 @@ COMMANDS = {
 }
 
 
+USAGE_ERROR = 2  # argparse's exit code for a usage error
+
+
+def usage_error(message: str, prog: Optional[str] = None) -> NoReturn:
+    """Print ``<prog>: error: <message>`` (one line) and exit with code 2."""
+    print(f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr)
+    raise SystemExit(USAGE_ERROR)
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3`` would otherwise mean "default" or "drop the last 3")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= 1")
+    return value
+
+
+def new_file_path(text: str) -> str:
+    """An ``argparse`` type for an output folder: anything but an existing file."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is an existing file: pass a folder (new or existing)")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """An ``argparse`` type for an input file that must exist."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (not the usage block), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(f"{message} (see {self.prog} --help)", self.prog)
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autoloco", description="AutoLoCo low-communication training tools")
+    parser = OneLineParser(prog="autoloco", description="AutoLoCo low-communication training tools")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)

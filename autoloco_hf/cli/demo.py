@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.config import AutoLoCoConfig, Method
+from autoloco_hf.cli import new_file_path, positive_int, usage_error
+from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method
 from autoloco_hf.cli.report import RunWriter, find_runs, table1, write_report
 
 # name -> (what it is, AutoLoCoConfig fields)
@@ -136,16 +137,16 @@ def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per method (default 1000)")
-    parser.add_argument("--workers", type=int, default=4, help="simulated workers (default 4)")
+    parser.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps per method (default 1000, at least 10)")
+    parser.add_argument("--workers", type=positive_int, default=4, help="simulated workers (default 4)")
     parser.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)} (default {DEFAULT_METHODS})"
     )
-    parser.add_argument("--out", help="run folder (default runs/demo-<UTC timestamp>)")
-    parser.add_argument("--h-base", type=int, help="recipe horizon H_base (default steps/100, at least 2)")
+    parser.add_argument("--out", type=new_file_path, help="run folder (default runs/demo-<UTC timestamp>)")
+    parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (default steps/100, at least 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initialization and the data order")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads", type=positive_int, default=1,
         help="torch CPU threads (default 1: for a model this small, intra-op threads cost more than they give)",
     )
 
@@ -156,17 +157,21 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        raise SystemExit(f"autoloco demo: unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    if args.steps < 10 or args.workers < 1:
-        raise SystemExit("autoloco demo: need --steps >= 10 and --workers >= 1")
-    args.h_base = args.h_base or max(2, args.steps // 100)
+        usage_error(f"--methods {args.methods}: unknown method(s) {unknown}; choose from {', '.join(METHODS)}", "autoloco demo")
+    if args.steps < 10:
+        usage_error(f"--steps {args.steps}: pass at least 10 (warm-up and one interval need room)", "autoloco demo")
+    if args.h_base is None:
+        args.h_base = max(2, args.steps // 100)
     args.out = args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S", time.gmtime())
     torch.set_num_threads(args.threads)
     command = shlex.join(
         ["autoloco", "demo", "--steps", str(args.steps), "--workers", str(args.workers), "--methods", ",".join(methods),
          "--h-base", str(args.h_base), "--seed", str(args.seed), "--out", args.out]
     )
-    configs = {m: scaled_config(m, args.steps, args.h_base) for m in methods}  # fail on a bad scale before training
+    try:  # fail on a bad scale before training
+        configs = {m: scaled_config(m, args.steps, args.h_base) for m in methods}
+    except ConfigError as err:
+        usage_error(f"--h-base {args.h_base} with --steps {args.steps}: {err}", "autoloco demo")
 
     started, cpu_started = time.perf_counter(), time.process_time()
     setup = build_setup(args.seed)

@@ -11,10 +11,24 @@ import argparse
 import json
 import math
 
-from autoloco_hf.config import METHODS, RECIPE_SCHEDULES, RECIPES, WIRE_DTYPES, AutoLoCoConfig, ConfigError, Method, WireDtype
+from autoloco_hf.cli import usage_error
+from autoloco_hf.config import (
+    METHODS,
+    RECIPE_SCHEDULES,
+    RECIPES,
+    WIRE_DTYPES,
+    AutoLoCoConfig,
+    ConfigError,
+    Method,
+    WireDtype,
+)
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.sync.accounting import payload_bytes
+
+# Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
+# model (recipes/pretrain_c4.py, 32k vocabulary) and Llama-3.1-8B (the SFT recipe).
+RECIPE_PARAMS = {"c4": 214_983_680, "sft": 8_030_261_248}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--h-base", type=int, help="recipe horizon H_base (steps)")
     parser.add_argument("--q-h", type=int, help="horizon granularity q_H (default H_base/10)")
     parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
-    parser.add_argument("--params", type=float, default=215e6, help="model parameters, for the payload estimate")
+    parser.add_argument("--params", type=float,
+                        help="model parameters, for the payload estimate (default: the recipe's model, 215M for c4, 8.03B for sft)")
     parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
@@ -50,12 +65,18 @@ def run(args: argparse.Namespace) -> int:
         config = AutoLoCoConfig.for_recipe(args.recipe, **overrides)
         baseline = AutoLoCoConfig.for_recipe(args.recipe, **{**overrides, "method": Method.DILOCO})
     except ConfigError as err:
-        raise SystemExit(f"autoloco plan: {err}")
+        usage_error(str(err), "autoloco plan")
+    if config.h_max % config.q_h:  # the controller's horizons live on the q_H grid (spec 1): H_max would never be reached
+        below = config.h_max // config.q_h * config.q_h
+        usage_error(f"--h-max {config.h_max} is not a multiple of q_H={config.q_h}: use {below} or {below + config.q_h}",
+                    "autoloco plan")
     total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
     if total <= 0 or not 0 <= warmup < total:
-        raise SystemExit(f"autoloco plan: need 0 <= --warmup ({warmup}) < --steps ({total})")
+        usage_error(f"need 0 <= --warmup ({warmup}) < --steps ({total})", "autoloco plan")
+    if args.params is None:
+        args.params = RECIPE_PARAMS[args.recipe]
     if not args.params > 0:
-        raise SystemExit(f"autoloco plan: --params must be a positive parameter count, got {args.params}")
+        usage_error(f"--params {args.params:g}: pass a positive parameter count, e.g. 8.03e9", "autoloco plan")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
     result = preview_run(config, schedule, warmup)
@@ -86,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{config.method}: {summary['run_length']}")
     print(f"syncs: {result.syncs} (diloco: {diloco_syncs}, {-100 * summary['sync_reduction']:+.1f}%)")
     print(
-        f"payload per worker at {args.wire_dtype}: {payload / 2**30:.1f} GiB for {params / 1e6:.0f}M parameters "
+        f"payload per worker at {args.wire_dtype}: {payload / 2**30:.1f} GiB for {_count(params)} parameters "
         f"(diloco bf16: {diloco_payload / 2**30:.1f} GiB, {-100 * summary['payload_reduction']:+.1f}%)"
     )
     return 0
+
+
+def _count(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"

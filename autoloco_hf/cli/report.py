@@ -10,6 +10,11 @@ by :class:`RunWriter` (the demo and the C4 recipe use it):
 * ``summary.json``: the run's totals (:class:`~autoloco_hf.sync.records.RunTotals`),
   its configuration and its final losses.
 
+A Trainer's ``output_dir`` with :class:`~autoloco_hf.AutoLoCoCallback` is a
+run folder too: the callback writes ``autoloco_summary.json``,
+``autoloco_steps.jsonl`` (at the Trainer's ``logging_steps``) and
+``autoloco_intervals.jsonl``.
+
 ``autoloco report DIR [DIR ...]`` accepts run folders or folders of run
 folders (a demo's output), and writes the paper's Table 1 (method, syncs,
 payload, train loss over the last 2% of steps, validation loss) and Table 2
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from autoloco_hf.config import Method
-from autoloco_hf.sync.records import RunTotals, read_jsonl
+from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
 LAST_FRACTION = 0.02  # the paper reports train loss over the last 2% of steps (1k of 50k)
@@ -123,12 +128,24 @@ class Run:
         return moving_average([s["loss"] for s in self.steps], window)
 
 
+def _summary_file(path: str) -> Optional[str]:
+    """A run folder's summary: ``summary.json`` (RunWriter), else ``autoloco_summary.json`` (a Trainer's output_dir)."""
+    for name in (SUMMARY, TRAINER_SUMMARY_FILENAME):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    return None
+
+
 def load_run(path: str) -> Run:
-    with open(os.path.join(path, SUMMARY)) as f:
+    summary_path = _summary_file(path)
+    with open(summary_path) as f:
         summary = json.load(f)
-    intervals_path, steps_path = os.path.join(path, INTERVALS), os.path.join(path, STEPS)
+    # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
+    intervals_path = os.path.join(path, summary.get("intervals_file", INTERVALS))
+    steps_path = os.path.join(path, summary.get("steps_file", STEPS))
     intervals = read_jsonl(intervals_path) if os.path.exists(intervals_path) else []
     steps = read_jsonl(steps_path) if os.path.exists(steps_path) else []
+    summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
 
 
@@ -136,12 +153,13 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
     runs = []
     for path in paths:
-        if os.path.exists(os.path.join(path, SUMMARY)):
+        if _summary_file(path):
             runs.append(load_run(path))
             continue
-        inside = sorted(d for d in os.listdir(path) if os.path.exists(os.path.join(path, d, SUMMARY))) if os.path.isdir(path) else []
+        inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
         if not inside:
-            raise FileNotFoundError(f"{path}: no {SUMMARY} here or in its sub-folders; is it a finished run?")
+            raise FileNotFoundError(f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
+                                    "its sub-folders; is it a finished run?")
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
     return runs
 
@@ -320,23 +338,40 @@ def write_report(
     return path
 
 
+def loss_levels(text: str) -> list[float]:
+    """An ``argparse`` type: comma-separated finite loss levels (``3.5,3.2``)."""
+    try:
+        levels = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        levels = []
+    if not levels or not all(math.isfinite(v) for v in levels):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass comma-separated numbers, e.g. 3.5,3.2")
+    return levels
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from autoloco_hf.cli import new_file_path
+
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)")
-    parser.add_argument("--out", help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
-    parser.add_argument("--thresholds", help="comma-separated loss levels for Table 2 (default: derived from the runs)")
+    parser.add_argument("--out", type=new_file_path,
+                        help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
+    parser.add_argument("--thresholds", type=loss_levels, help="comma-separated loss levels for Table 2 (default: derived from the runs)")
     parser.add_argument("--title", default="AutoLoCo run comparison", help="title of report.md")
 
 
 def run(args: argparse.Namespace) -> int:
     import shlex
 
+    from autoloco_hf.cli import usage_error
+
     try:
         runs = find_runs(args.run_dirs)
     except FileNotFoundError as err:
-        raise SystemExit(f"autoloco report: {err}")
-    thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else default_thresholds(runs)
+        usage_error(str(err), "autoloco report")
+    thresholds = args.thresholds or default_thresholds(runs)
     out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
-    command = shlex.join(["autoloco", "report", *args.run_dirs] + (["--thresholds", args.thresholds] if args.thresholds else []) + ["--out", out])
+    levels = ["--thresholds", ",".join(f"{t:g}" for t in args.thresholds)] if args.thresholds else []
+    command = shlex.join(["autoloco", "report", *args.run_dirs] + levels + ["--out", out])
     path = write_report(runs, out, args.title, command, thresholds)
     print(render(runs, thresholds))
     print(f"report: {path}")

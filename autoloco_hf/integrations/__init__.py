@@ -1,9 +1,9 @@
 """Hugging Face integration: ``AutoLoCoCallback`` (Trainer, TRL SFTTrainer) and ``AutoLoCoAccelerate``.
 
-See docs/hf.md. Modules: ``callback`` (the TrainerCallback and launch checks),
+See docs/hf.md. Modules: ``trainer`` (the TrainerCallback and launch checks),
 ``accelerate`` (plain Accelerate loops), ``runtime`` (one worker's engine, hooks
-and checkpoint state, shared by both), ``hooks`` (the DDP communication hook and
-the token/loss meter), ``groups`` (worker groups, spec 8.3). Imported lazily so
+and checkpoint state, shared by both), ``ddp_hooks`` (the DDP communication hook
+and the token/loss meter), ``groups`` (worker groups, spec 8.3). Imported lazily so
 that ``import autoloco_hf.integrations`` does not import transformers.
 """
 
@@ -13,6 +13,7 @@ _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
     "AutoLoCoConfigurationError": "autoloco_hf.integrations.trainer",
     "check_launch": "autoloco_hf.integrations.trainer",
+    "last_complete_checkpoint": "autoloco_hf.integrations.trainer",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
     "WorkerRuntime": "autoloco_hf.integrations.runtime",
     "WorkerTopology": "autoloco_hf.integrations.groups",

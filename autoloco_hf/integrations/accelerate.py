@@ -20,6 +20,14 @@ calls ``autoloco.step(loss=loss)`` after ``optimizer.step()`` instead (optionall
 with ``tokens=`` when the model is not called with ``input_ids`` /
 ``attention_mask``).
 
+Checkpoints: inside ``with autoloco.synchronized_parameters():`` the model
+holds the last synchronized parameters, so the saved model is the one every
+worker agreed on, and ``autoloco.save`` keeps this rank's local replica::
+
+    with autoloco.synchronized_parameters():
+        accelerator.save_state(folder)
+        autoloco.save(folder)           # every rank; resume: accelerator.load_state(folder); autoloco.load(folder)
+
 Unlike accelerate's ``LocalSGD``, the interval length counts true optimizer
 steps (a post-step hook on the unwrapped optimizer fires only when gradient
 accumulation actually steps, and not for steps a gradient scaler skipped).
@@ -27,9 +35,10 @@ accumulation actually steps, and not for steps a gradient scaler skipped).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -148,6 +157,19 @@ class AutoLoCoAccelerate:
         return self.runtime.pop_metrics()
 
     # ------------------------------------------------------------ state
+    @contextlib.contextmanager
+    def synchronized_parameters(self) -> Iterator[None]:
+        """Within the block the model holds theta_t, the last synchronized parameters; the replica returns after.
+
+        Wrap ``accelerator.save_state`` / ``save_pretrained`` / an evaluation in it so that what is saved or
+        evaluated is the model every worker agreed on, not this rank's mid-interval replica.
+        """
+        self.runtime.show_global_parameters()
+        try:
+            yield
+        finally:
+            self.runtime.restore_local_parameters()
+
     def save(self, checkpoint_dir: str) -> str:
         """Write this rank's AutoLoCo state (call on every rank, next to ``accelerator.save_state``)."""
         return self.runtime.save(checkpoint_dir)

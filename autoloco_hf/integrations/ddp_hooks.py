@@ -23,6 +23,7 @@ import torch
 
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 
+IGNORE_INDEX = -100  # the label value transformers' losses ignore
 
 @dataclass
 class GradientTraffic:
@@ -109,7 +110,9 @@ class BatchMeter:
     Per optimizer step the loss is the sum of the micro-batch losses when the
     model received ``num_items_in_batch`` (the Trainer's token-normalized loss
     under gradient accumulation), else their mean. Evaluation forwards
-    (``model.eval()`` or no grad) are not counted.
+    (``model.eval()`` or no grad) are not counted. A forward whose ``labels``
+    are all ``-100`` counts as loss 0 (transformers returns 0/0 = NaN for it,
+    with a zero gradient); its tokens still count (``attention_mask``).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -141,6 +144,11 @@ class BatchMeter:
             loss = _output_loss(output)
             if loss is not None:
                 self.loss_seen = True
+                labels = kwargs.get("labels")
+                if isinstance(labels, torch.Tensor) and not labels.is_floating_point():
+                    # A batch whose labels are all ignored (all padding, or prompt-only) has a 0/0 = NaN loss in
+                    # transformers but a zero gradient: it carries no loss, not a divergence (stays on device).
+                    loss = torch.where((labels != IGNORE_INDEX).any(), loss, torch.zeros_like(loss))
                 if kwargs.get("num_items_in_batch") is not None:
                     self.step_scaled_loss = self.step_scaled_loss + loss.detach().float()
                 else:

@@ -13,7 +13,12 @@ wrapped (DDP) and the optimizer and scheduler exist:
    is a single process);
 5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
    boundary the engine synchronizes and writes ``theta_{t+1}`` into the model;
-6. saves and loads everything a mid-interval resume needs, per rank.
+6. saves and loads everything a mid-interval resume needs, per rank, in the
+   versioned, checksummed file of :mod:`autoloco_hf.sync.checkpoint`; while a
+   checkpoint is written the model holds the last synchronized parameters
+   (:meth:`WorkerRuntime.show_global_parameters`), so the framework's own model
+   file is the model every worker agreed on, and this rank's local replica goes
+   into its AutoLoCo state.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from autoloco_hf.algorithm.controller import Assessment
+from autoloco_hf.sync.checkpoint import read_state, write_state
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
@@ -146,6 +152,7 @@ class WorkerRuntime:
         self._extra_on_record = on_record
         self.pending: list[IntervalRecord] = []
         self.trainable = TrainableParameters(model)
+        self._local_replica: Optional[list[torch.Tensor]] = None  # set while the model shows theta_t
         self.engine = IntervalEngine(
             config,
             [self.trainable],
@@ -188,17 +195,54 @@ class WorkerRuntime:
         return metrics
 
     # ------------------------------------------------------------- state
+    @property
+    def shows_global_parameters(self) -> bool:
+        """Whether the model currently holds theta_t while this rank's replica is kept aside."""
+        return self._local_replica is not None
+
+    @torch.no_grad()
+    def show_global_parameters(self) -> None:
+        """Put the last synchronized parameters theta_t into the model before a checkpoint is written.
+
+        Mid-interval every rank's model is its own local replica; a checkpoint's model file must be the model
+        the workers agreed on. The replica moves to host memory until :meth:`restore_local_parameters`.
+        Nothing to do at a boundary (the replica is theta_t) or for the DDP method (no outer state).
+        """
+        interval = self.engine.current_interval
+        if self._local_replica is not None or not self.config.is_interval_method:
+            return
+        if interval is None or self.engine.step == interval.start_step:  # after the last sync, or right after one
+            return
+        params = self.trainable.params
+        self._local_replica = [p.detach().to("cpu", copy=True) for p in params]
+        self.engine.outer.write_back(params)
+
+    @torch.no_grad()
+    def restore_local_parameters(self) -> None:
+        """Undo :meth:`show_global_parameters`: this rank continues its interval from its own replica."""
+        if self._local_replica is None:
+            return
+        for p, saved in zip(self.trainable.params, self._local_replica):
+            p.copy_(saved.to(p.device, p.dtype))
+        self._local_replica = None
+
+    def global_parameters(self) -> list[torch.Tensor]:
+        """theta_t, the last synchronized parameters, shaped and typed like the model's trainable parameters."""
+        flat = self.engine.outer.params.detach()
+        chunks = torch.split(flat, [p.numel() for p in self.trainable.params])
+        return [c.view_as(p).to(p.dtype) for c, p in zip(chunks, self.trainable.params)]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything one rank needs to resume mid-interval (its local parameters differ from rank 0's)."""
         topo = self.topology
+        local = self._local_replica or [p.detach().cpu().clone() for p in self.trainable.params]
         return {
-            "version": 1,
             "world_size": topo.world_size,
             "rank": topo.rank,
             "ranks_per_worker": topo.ranks_per_worker,
             "engine": self.engine.state_dict(),
             "meter": self.meter.state_dict(),
-            "params": [p.detach().cpu().clone() for p in self.trainable.params],
+            "params": local,
             "optimizer": self.optimizer.state_dict(),
         }
 
@@ -215,6 +259,7 @@ class WorkerRuntime:
         params = self.trainable.params
         if len(params) != len(state["params"]):
             raise ValueError("the AutoLoCo checkpoint holds a different model (parameter count differs)")
+        self._local_replica = None
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved.to(p.device, p.dtype))
@@ -222,19 +267,25 @@ class WorkerRuntime:
         self.pending = []
 
     def save(self, checkpoint_dir: str) -> str:
-        path = state_path(checkpoint_dir, self.topology.rank)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save(self.state_dict(), path)
+        """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.pt`` (atomically, with its envelope)."""
+        topo = self.topology
+        path = state_path(checkpoint_dir, topo.rank)
+        write_state(path, self.state_dict(), config=self.config, world_size=topo.world_size,
+                    ranks_per_worker=topo.ranks_per_worker, rank=topo.rank, step=self.step)
         return path
 
     def load(self, checkpoint_dir: str) -> str:
-        path = state_path(checkpoint_dir, self.topology.rank)
+        """Load this rank's state, refusing a corrupted file or another layout / config (see ``sync.checkpoint``)."""
+        topo = self.topology
+        path = state_path(checkpoint_dir, topo.rank)
         if not os.path.isfile(path):
             raise FileNotFoundError(
-                f"resuming from {checkpoint_dir} but it has no AutoLoCo state for rank {self.topology.rank} "
-                f"({path}): was the checkpoint written by a run with AutoLoCoCallback and the same world size?"
+                f"resuming from {checkpoint_dir} but it has no AutoLoCo state for rank {topo.rank} ({path}): "
+                "was the checkpoint written by a run with AutoLoCo and the same number of processes?"
             )
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        _, state = read_state(path, config=self.config, world_size=topo.world_size,
+                              ranks_per_worker=topo.ranks_per_worker, rank=topo.rank)
+        self.load_state_dict(state)
         return path
 
     def close(self) -> None:

@@ -15,7 +15,8 @@ the rows), not on a sum, so it names the field and the range that disagrees.
 Example::
 
     >>> import torch
-    >>> rows = torch.stack([ControlMessage(tokens=5.0, h_step=4.0).pack(), ControlMessage(tokens=7.0, h_step=4.0).pack()])
+    >>> messages = [ControlMessage(tokens=5.0, h_step=4.0), ControlMessage(tokens=7.0, h_step=4.0)]
+    >>> rows = torch.stack([m.pack() for m in messages])
     >>> round_ = ControlRound.from_rows(rows.sum(0), rows)
     >>> round_.totals.tokens, round_.totals.h_step
     (12.0, 4.0)

@@ -163,7 +163,8 @@ class IntervalEngine:
         self.totals = RunTotals()
         self.records: list[IntervalRecord] = []
         self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
-        self._payload_bytes = payload_bytes(1, sum(self.segment_sizes), communicator.wire_dtype, communicator.block_size)
+        numel = sum(self.segment_sizes)
+        self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
 
         self._broadcast_initial_parameters()
         self.outer = OuterOptimizer(
@@ -243,7 +244,8 @@ class IntervalEngine:
         self.totals.payload_tensors += 1
         self.totals.payload_bytes += payload_bytes(1, sum(self.segment_sizes), WireDtype.FP32)
         if traffic is None:
-            traffic = Traffic(wire_bytes=wire_bytes_sent(self.comm.codec(self.segment_sizes, WireDtype.FP32), self.num_workers))
+            codec = self.comm.codec(self.segment_sizes, WireDtype.FP32)
+            traffic = Traffic(wire_bytes=wire_bytes_sent(codec, self.num_workers))
         self._add_traffic(traffic, seconds)
 
     # ------------------------------------------------------------- internals
@@ -435,7 +437,8 @@ class IntervalEngine:
         advance: PolicyAdvance,
         sync_seconds: float,
     ) -> IntervalRecord:
-        stats, correction, decision, following = aggregate.stats, outer.correction, advance.decision, advance.next_interval
+        stats, correction = aggregate.stats, outer.correction
+        decision, following = advance.decision, advance.next_interval
         traffic = aggregate.traffic
         return IntervalRecord(
             index=len(self.records),

@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 
+# What AutoLoCoCallback leaves in a Trainer's output_dir besides the interval records, for `autoloco report`.
+TRAINER_SUMMARY_FILENAME = "autoloco_summary.json"
+TRAINER_STEPS_FILENAME = "autoloco_steps.jsonl"
+
+
 @dataclass
 class IntervalRecord:
     """One synchronization."""

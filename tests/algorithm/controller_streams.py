@@ -21,7 +21,7 @@ The stream model (docs/algorithm.md §5.1, §10), in log space per interval of
   one-quantum step reads z ~ 1: consistent); ``late`` is the sharp one from 60% of the run on;
 * NaN intervals: every statistic non-finite, as the engine reports them.
 
-``run_closed_loop`` calls ``policy.plan(step)`` at each interval start, runs
+``run_closed_loop`` calls ``policy.next_interval(step)`` at each interval start, runs
 ``h_step`` steps whose measured LR mass is the schedule's sum over them, and
 hands ``policy.complete`` the all-reduced outcome; then advances by ``h_step``.
 Pure Python, seeded, milliseconds per run (the benchmark and the tests share it).
@@ -159,14 +159,14 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
     noise = (_Noise(stream.noise, rng), _Noise(stream.noise, rng))
     trace, step = Trace(), 0
     while step < total:
-        plan = policy.plan(step)
-        mass = lr_mass(schedule, step, plan.h_step)  # what the engine accumulates step by step
-        log_d, log_c = _logs(stream, cfg, plan.h_tok, step, total, noise)
+        interval = policy.next_interval(step)
+        mass = lr_mass(schedule, step, interval.h_step)  # what the engine accumulates step by step
+        log_d, log_c = _logs(stream, cfg, interval.h_tok, step, total, noise)
         valid = trace.syncs not in stream.nan_intervals
         decision = policy.complete(
             IntervalOutcome(
-                plan=plan,
-                global_tokens=TOKENS_PER_STEP * plan.h_step,
+                interval=interval,
+                global_tokens=TOKENS_PER_STEP * interval.h_step,
                 drift_energy=math.exp(log_d) * mass * mass if valid else math.nan,
                 coherence=min(math.exp(log_c), WORKERS) if valid else math.nan,
                 lr_mass=mass,
@@ -175,13 +175,13 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
             )
         )
         assert decision is not None
-        trace.h_tok.append(plan.h_tok)
-        trace.h_step.append(plan.h_step)
+        trace.h_tok.append(interval.h_tok)
+        trace.h_step.append(interval.h_step)
         trace.start.append(step)
         trace.decisions.append(decision.decision)
         trace.phases.append(decision.phase)
         trace.assessments.append(decision.assessment)
-        step += plan.h_step
+        step += interval.h_step
     return trace
 
 

@@ -12,7 +12,7 @@ import pytest
 from controller_streams import SCENARIOS, Kind, Noise, Stream, Trace, recipe_config, run_closed_loop
 
 from autoloco_hf.algorithm.controller import Assessment, Decision
-from autoloco_hf.algorithm.preview import plan_run, run_length
+from autoloco_hf.algorithm.preview import preview_run, run_length
 
 SEEDS = range(10)
 OPT_INS = [
@@ -38,7 +38,7 @@ def test_benign_stream_executes_the_plan_trajectory(overrides: dict) -> None:
     """A noise-free, drift-free stream runs exactly what `autoloco plan` prints, with every option."""
     cfg, schedule, warmup = recipe_config("sft", **overrides)
     trace = run_closed_loop(Stream(noise=Noise.NONE), seed=0, **overrides)
-    assert trace.h_step == plan_run(cfg, schedule, warmup).intervals
+    assert trace.h_step == preview_run(cfg, schedule, warmup).intervals
     assert trace.syncs == 49 and trace.reductions() == 0
 
 

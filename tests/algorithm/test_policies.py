@@ -24,10 +24,10 @@ from autoloco_hf.algorithm.schedule import FunctionSchedule, lr_mass, warmup_cos
 C4 = warmup_cosine(3e-4, 1000, 50_000)
 
 
-def outcome(plan, tokens_per_step: float = 1024.0, **kw) -> IntervalOutcome:
+def outcome(interval, tokens_per_step: float = 1024.0, **kw) -> IntervalOutcome:
     values = dict(
-        interval=plan,
-        global_tokens=round(tokens_per_step * plan.h_step),
+        interval=interval,
+        global_tokens=round(tokens_per_step * interval.h_step),
         drift_energy=1.0,
         coherence=1.0,
         lr_mass=1.0,
@@ -39,13 +39,13 @@ def outcome(plan, tokens_per_step: float = 1024.0, **kw) -> IntervalOutcome:
 
 
 def execute(policy: IntervalPolicy, total: int, **kw) -> list:
-    plans, step = [], 0
+    intervals, step = [], 0
     while step < total:
-        plan = policy.next_interval(step)
-        policy.complete(outcome(plan, **kw))
-        plans.append(plan)
-        step += plan.h_step
-    return plans
+        interval = policy.next_interval(step)
+        policy.complete(outcome(interval, **kw))
+        intervals.append(interval)
+        step += interval.h_step
+    return intervals
 
 
 # ------------------------------------------------------------------ DiLoCo
@@ -53,11 +53,11 @@ def test_fixed_policy_and_truncation() -> None:
     """Spec 6 DiLoCo: fixed H_base; spec 5.3.8: the last interval is cut to the remaining budget."""
     sched = warmup_cosine(1e-3, 100, 1050)
     p = FixedPolicy(sched, total_steps=1050, h_base=500)
-    plans = execute(p, 1050)
-    assert [x.h_step for x in plans] == [500, 500, 50]
-    assert [x.truncated for x in plans] == [False, False, True]
-    assert [x.start_step for x in plans] == [0, 500, 1000]
-    for x in plans:
+    intervals = execute(p, 1050)
+    assert [x.h_step for x in intervals] == [500, 500, 50]
+    assert [x.truncated for x in intervals] == [False, False, True]
+    assert [x.start_step for x in intervals] == [0, 500, 1000]
+    for x in intervals:
         assert x.h_tok == 500 and x.h_ref == 500
         assert x.lr_mass == lr_mass(sched, x.start_step, x.h_step)
         assert x.lr_mass_base == lr_mass(sched, x.start_step, 500)
@@ -68,9 +68,9 @@ def test_linear_interval_c4() -> None:
     """Spec 6: 10, 20, ..., 990 then the 500-step remainder: 100 syncs in 50,000 steps."""
     p = make_policy(AutoLoCoConfig(method="linear", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, LinearIntervalPolicy)
-    plans = execute(p, 50_000)
-    assert [x.h_step for x in plans] == [10 * k for k in range(1, 100)] + [500]
-    assert len(plans) == 100 and plans[-1].truncated and not plans[-2].truncated
+    intervals = execute(p, 50_000)
+    assert [x.h_step for x in intervals] == [10 * k for k in range(1, 100)] + [500]
+    assert len(intervals) == 100 and intervals[-1].truncated and not intervals[-2].truncated
 
 
 @pytest.mark.parametrize("a, total, expected", [(25, 200, [25, 50, 75, 50]), (1, 10, [1, 2, 3, 4]), (5, 15, [5, 10])])
@@ -79,7 +79,7 @@ def test_linear_interval_general(a: int, total: int, expected: list) -> None:
     assert [x.h_step for x in execute(LinearIntervalPolicy(a, total), total)] == expected
 
 
-def test_linear_interval_plan_is_idempotent() -> None:
+def test_linear_next_interval_is_idempotent() -> None:
     p = LinearIntervalPolicy(increment=10, total_steps=1000)
     assert [p.next_interval(s).h_step for s in (0, 0, 10, 30, 30, 60, 100)] == [10, 10, 20, 30, 30, 40, 50]
 
@@ -90,11 +90,11 @@ def test_qsr_c4_paper_figures() -> None:
     p = make_policy(AutoLoCoConfig(method="qsr", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, QSRPolicy)
     assert p.alpha == pytest.approx(math.sqrt(500) * 3e-4, rel=1e-12)  # alpha^2 = H_base eta_peak^2
-    plans = execute(p, 50_000)
-    lengths = [x.h_step for x in plans]
+    intervals = execute(p, 50_000)
+    lengths = [x.h_step for x in intervals]
     assert len(lengths) == 41 and sum(lengths) == 50_000
     assert statistics.median(lengths) == 603
-    assert plans[-1].truncated
+    assert intervals[-1].truncated
 
 
 def test_qsr_rule() -> None:
@@ -135,10 +135,10 @@ def small_autoloco(**overrides) -> tuple[AutoLoCoPolicy, FunctionSchedule]:
 def test_autoloco_constant_density_trajectory() -> None:
     """Spec 5.4 pattern at H_base = 100: 6 intervals at 100, then 5 per adopted horizon."""
     p, _ = small_autoloco()
-    plans = execute(p, 4000)
-    steps = [x.h_step for x in plans]
+    intervals = execute(p, 4000)
+    steps = [x.h_step for x in intervals]
     assert steps[:16] == [100] * 6 + [110] * 5 + [120] * 5
-    assert all(x.h_step == x.h_tok for x in plans)  # constant density: the mapper is the identity
+    assert all(x.h_step == x.h_tok for x in intervals)  # constant density: the mapper is the identity
     assert max(steps) == 150
 
 
@@ -146,16 +146,16 @@ def test_autoloco_follows_token_density() -> None:
     """Spec 3: three recipe-horizon intervals give M_base; then fewer tokens per step -> more steps."""
     p, sched = small_autoloco(adaptive_horizon=False)
     step = 0
-    plans = []
+    intervals = []
     for density in [1000, 1000, 1000, 500, 500, 500]:
-        plan = p.next_interval(step)
-        plans.append(plan)
-        p.complete(outcome(plan, tokens_per_step=density))
-        step += plan.h_step
-    assert [x.h_tok for x in plans] == [100] * 6
-    assert [x.h_step for x in plans[:4]] == [100, 100, 100, 100]
+        interval = p.next_interval(step)
+        intervals.append(interval)
+        p.complete(outcome(interval, tokens_per_step=density))
+        step += interval.h_step
+    assert [x.h_tok for x in intervals] == [100] * 6
+    assert [x.h_step for x in intervals[:4]] == [100, 100, 100, 100]
     # n_hat after the 4th interval: 0.9 * 1000 + 0.1 * 500 = 950 -> 100 * 1000 / 950 = 105.3 -> 110
-    assert plans[4].h_step == 110
+    assert intervals[4].h_step == 110
     n_hat = 0.9 * (0.9 * 950 + 0.1 * 500) + 0.1 * 500
     assert p.mapper.tokens_per_step == pytest.approx(n_hat)
     nxt = p.next_interval(step)
@@ -169,19 +169,19 @@ def test_autoloco_maps_next_horizon_after_updating_n_hat() -> None:
     p, _ = small_autoloco(adaptive_horizon=False)
     step = 0
     for _ in range(3):
-        plan = p.next_interval(step)
-        p.complete(outcome(plan, tokens_per_step=1000))
-        step += plan.h_step
-    plan = p.next_interval(step)
-    p.complete(outcome(plan, tokens_per_step=100))  # a drastic drop: n_hat = 910
-    assert p.next_interval(step + plan.h_step).h_step == 110
+        interval = p.next_interval(step)
+        p.complete(outcome(interval, tokens_per_step=1000))
+        step += interval.h_step
+    interval = p.next_interval(step)
+    p.complete(outcome(interval, tokens_per_step=100))  # a drastic drop: n_hat = 910
+    assert p.next_interval(step + interval.h_step).h_step == 110
 
 
 def test_autoloco_without_token_mapping_is_identity() -> None:
     p, _ = small_autoloco(adaptive_horizon=False, map_tokens=False)
-    plans = execute(p, 1000, tokens_per_step=37.0)
-    plans += [p.next_interval(1000)]
-    assert {x.h_step for x in plans} == {100} and {x.h_ref for x in plans} == {100}
+    intervals = execute(p, 1000, tokens_per_step=37.0)
+    intervals += [p.next_interval(1000)]
+    assert {x.h_step for x in intervals} == {100} and {x.h_ref for x in intervals} == {100}
 
 
 def test_autoloco_fixed_horizon_ignores_statistics() -> None:
@@ -196,9 +196,9 @@ def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
     p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 1030, warmup_steps=0)
     step, decisions = 0, []
     while step < 1030:
-        plan = p.next_interval(step)
-        decisions.append(p.complete(outcome(plan)))
-        step += plan.h_step
+        interval = p.next_interval(step)
+        decisions.append(p.complete(outcome(interval)))
+        step += interval.h_step
     assert decisions[-1].assessment == Assessment.TRUNCATED
     assert step == 1030
 
@@ -217,10 +217,10 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
     def run(policy, start_index=0, step=0, n=len(densities)):
         out = []
         for density in densities[start_index:n]:
-            plan = policy.next_interval(step)
-            policy.complete(outcome(plan, tokens_per_step=density))
-            out.append((plan.h_tok, plan.h_step, plan.h_ref))
-            step += plan.h_step
+            interval = policy.next_interval(step)
+            policy.complete(outcome(interval, tokens_per_step=density))
+            out.append((interval.h_tok, interval.h_step, interval.h_ref))
+            step += interval.h_step
         return out, step
 
     full, _ = run(small_autoloco()[0])
@@ -243,10 +243,10 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
     assert d.decision == "reduce" and p.controller.h_tok == 70  # 100 / 1.5 -> 70
     step = 200
     for _ in range(4):
-        plan = p.next_interval(step)
-        assert plan.h_tok == 70 and plan.h_step == 70
-        p.complete(outcome(plan, tokens_per_step=500))
-        step += plan.h_step
+        interval = p.next_interval(step)
+        assert interval.h_tok == 70 and interval.h_step == 70
+        p.complete(outcome(interval, tokens_per_step=500))
+        step += interval.h_step
     assert p.mapper.base_counts == [100_000, 100_000]
     assert p.mapper.base_tokens is None
 
@@ -254,8 +254,8 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
 def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
     sched = FunctionSchedule(lambda s: 1.0, 250)
     p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 250, warmup_steps=0)
-    plans = execute(p, 250)
-    assert [x.h_step for x in plans] == [100, 100, 50] and plans[-1].truncated
+    intervals = execute(p, 250)
+    assert [x.h_step for x in intervals] == [100, 100, 50] and intervals[-1].truncated
     assert len(p.mapper.base_counts) == 2
 
 
@@ -266,8 +266,8 @@ def test_autoloco_candidate_previews_use_mapped_steps() -> None:
     density = 1000 / 0.45  # 2.2x the base density: map(H) = round10(0.45 H)
     p.mapper.load_state_dict({"base_counts": [100_000] * 3, "tokens_per_step": density})
     assert [p.mapper.map(h) for h in (100, 110, 120, 130)] == [50, 50, 50, 60]
-    plans = execute(p, 6 * 50, tokens_per_step=density)
-    assert [x.h_step for x in plans] == [50] * 6
+    intervals = execute(p, 6 * 50, tokens_per_step=density)
+    assert [x.h_step for x in intervals] == [50] * 6
     assert p.controller.h_tok == 120  # previews 50, 50, 50 <= 1.15 x 50; 130 -> 60 is over budget
     assert p.next_interval(300).h_step == 50
 

@@ -168,3 +168,15 @@ def test_count_non_padding_tokens_accepts_plain_lists():
 
     assert count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5, 0]], "attention_mask": [[1, 1, 1], [1, 1, 0]]}) == 5
     assert count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5]]}) == 5
+
+
+def test_count_forward_call_stays_on_device_and_falls_back() -> None:
+    """The Trainer hooks call it with a forward's (kwargs, args): a mask sum stays a tensor (no host sync)."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    counted = count_non_padding_tokens({"attention_mask": mask})
+    assert isinstance(counted, torch.Tensor) and int(counted) == 3
+    assert count_non_padding_tokens({}, (torch.zeros(2, 5, dtype=torch.long),)) == 10  # positional input_ids
+    assert count_non_padding_tokens({"inputs_embeds": torch.zeros(2, 4, 8)}) == 8
+    four_d = torch.ones(2, 1, 3, 3)  # a 4-D attention mask is not a padding mask: count input_ids
+    assert count_non_padding_tokens({"attention_mask": four_d, "input_ids": torch.zeros(2, 3)}) == 6
+    assert count_non_padding_tokens({"labels": torch.zeros(2, 3)}) is None

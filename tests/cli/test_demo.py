@@ -65,6 +65,7 @@ def test_demo_baselines_and_same_data(tmp_path):
     assert len(set(firsts.values())) == 1  # same initialization and the same first batches
 
 
-def test_demo_rejects_unknown_method(tmp_path):
-    with pytest.raises(SystemExit, match="unknown method"):
+def test_demo_rejects_unknown_method(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
         main(["demo", "--methods", "diloco,nope", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "unknown method" in capsys.readouterr().err

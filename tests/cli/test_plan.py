@@ -167,18 +167,38 @@ def test_cli_h_base_override_matches_preview_run(capsys) -> None:
         (["--warmup", "60000"], "--warmup"),
     ],
 )
-def test_cli_bad_options_exit_with_message(argv: list, message: str) -> None:
+def test_cli_bad_options_exit_with_message(capsys, argv: list, message: str) -> None:
     with pytest.raises(SystemExit) as info:
         main(["plan", *argv])
-    assert isinstance(info.value.code, str), info.value.code
-    assert info.value.code.startswith("autoloco plan:")
-    assert message in info.value.code
+    assert info.value.code == 2  # a usage error, like argparse's own
+    err = capsys.readouterr().err
+    assert err.startswith("autoloco plan: error:") and err.count("\n") == 1
+    assert message in err
 
 
 @pytest.mark.parametrize("params", ["0", "-1"])
-def test_cli_non_positive_params_exits_with_message(params: str) -> None:
-    with pytest.raises(SystemExit, match="--params"):
+def test_cli_non_positive_params_exits_with_message(capsys, params: str) -> None:
+    with pytest.raises(SystemExit) as info:
         main(["plan", "--params", params, "--steps", "1000", "--warmup", "10"])
+    assert info.value.code == 2 and "--params" in capsys.readouterr().err
+
+
+def test_h_max_off_the_q_h_grid_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--h-max", "740"])
+    assert info.value.code == 2
+    assert "--h-max 740 is not a multiple of q_H=50: use 700 or 750" in capsys.readouterr().err
+
+
+def test_payload_uses_the_recipe_model_size(capsys) -> None:
+    """The SFT recipe trains Llama-3.1-8B: its payload is 8.03B parameters' worth, not the C4 model's 215M."""
+    sft = cli_json(capsys, "--recipe", "sft")
+    c4 = cli_json(capsys, "--recipe", "c4")
+    assert sft["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 8_030_261_248, "bf16")
+    assert c4["payload_bytes_per_worker"] == payload_bytes(c4["syncs"], 214_983_680, "bf16")
+    assert "8.03B parameters" in cli(capsys, "--recipe", "sft")
+    explicit = cli_json(capsys, "--recipe", "sft", "--params", "1e9")
+    assert explicit["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 10**9, "bf16")
 
 
 @pytest.mark.parametrize("argv", [["--recipe", "wiki"], ["--steps", "many"], ["--schedule", "step"]])

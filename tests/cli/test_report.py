@@ -73,6 +73,7 @@ def test_tables_and_report(tmp_path, capsys):
     assert [r.name for r in find_runs([str(tmp_path / "a")])] == ["autoloco", "diloco"]
 
 
-def test_report_rejects_a_folder_without_runs(tmp_path):
-    with pytest.raises(SystemExit, match="no summary.json"):
+def test_report_rejects_a_folder_without_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
         main(["report", str(tmp_path)])
+    assert exc.value.code == 2 and "no summary.json" in capsys.readouterr().err

@@ -42,9 +42,10 @@ def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeyp
     monkeypatch.setenv("HTTP_PROXY", "http://10.255.255.1:9")
     argv = [a.format(fixtures=FIXTURES_DIR) for a in argv]
     start = time.perf_counter()
-    code = run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
+    with pytest.raises(SystemExit) as exc:
+        run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
     assert time.perf_counter() - start < 5
-    assert code == 2
+    assert exc.value.code == 2
     assert option in capsys.readouterr().err
 
 
@@ -82,3 +83,26 @@ def test_markdown_table_layout():
         "| DDP | 0.8745 | 50.00 | 25.00 |\n"
         "| AutoLoCo | - | 48.13 | - |\n"
     )
+
+
+def test_offline_is_set_before_the_hub_clients_load(tmp_path):
+    """A fresh `autoloco eval --offline` process: the hub clients see offline mode, a bad MODEL_DIR is one line."""
+    import subprocess
+    import sys
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a folder that is not a loadable checkpoint
+    script = (
+        "import sys\n"
+        "from autoloco_hf.cli import main\n"
+        "try:\n"
+        f"    main(['eval', {str(tmp_path / 'model')!r}, '--offline', '--tasks', 'nll', '--fixtures', '--out', {str(tmp_path / 'out')!r}])\n"
+        "except SystemExit as exc:\n"
+        "    import huggingface_hub.constants as hub\n"
+        "    print(exc.code, hub.HF_HUB_OFFLINE)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.endswith("_OFFLINE")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.split() == ["2", "True"], done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("autoloco eval: error:")]
+    assert len(errors) == 1 and "cannot load it" in errors[0] and "Traceback" not in done.stderr

@@ -40,14 +40,18 @@ def diloco(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def autoloco(tmp_path_factory):
-    """AutoLoCo with gradient accumulation 2: a full run, and the same run interrupted at step 10 then resumed."""
+    """AutoLoCo with gradient accumulation 2: a full run, and the same run with a worker killed, then restarted.
+
+    Restart = resume: under ``torchrun --max-restarts 1`` rank 1 dies at step 12 (mid-interval, after the
+    checkpoint at step 10); torchrun restarts both workers, and the script's
+    ``trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))`` resumes from checkpoint-10.
+    """
     base = {"steps": 24, "accum": 2, "batch": 2, "save_steps": 10, "logging_steps": 5,
             "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6}}
     full_dir, split_dir = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("split")
     full = torchrun("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
-    torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir), "stop_at": 10}, nproc=2)
-    resumed = torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir),
-                                             "resume_from": str(split_dir / "checkpoint-10")}, nproc=2)
+    resumed = torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir), "resume_last": True,
+                                             "kill": {"rank": 1, "step": 12}}, nproc=2, max_restarts=1)
     return {"full": full, "resumed": resumed, "full_dir": full_dir, "split_dir": split_dir}
 
 
@@ -57,7 +61,7 @@ def check_sync_pattern(results):
     assert syncs == sync_steps(r1) and syncs, "both workers synchronize at the same steps"
     assert syncs[-1] == len(r0["fingerprints"]), "the last step closes the last interval"
     for step, (a, b, synced) in enumerate(zip(r0["fingerprints"], r1["fingerprints"], r0["synced"]), start=1):
-        if synced:
+        if synced or r0["showing"][step - 1]:  # a mid-interval save step shows theta_t on every rank
             assert a == b, f"replicas must be identical right after the sync at step {step}"
         elif step > 1:  # step 1 runs at learning rate 0 (linear warm-up starts at 0)
             assert a != b, f"replicas must differ between syncs (step {step}): gradients were averaged?"
@@ -164,10 +168,29 @@ def test_autoloco_logs_and_jsonl(autoloco):
     assert deterministic_records(lines) == deterministic_records(full[0]["records"])
 
 
+def test_report_on_a_trainer_output_dir(autoloco, tmp_path, capsys):
+    """`autoloco report OUTPUT_DIR` on the Trainer's own folder: tables, and plots of H, D_t/C_t, mu/eta, bytes."""
+    from autoloco_hf.cli import main
+
+    full = autoloco["full"]
+    assert main(["report", str(autoloco["full_dir"]), "--out", str(tmp_path / "report")]) == 0
+    table = capsys.readouterr().out
+    syncs = full[0]["totals"]["syncs"]
+    row = next(line for line in table.splitlines() if line.startswith(f"| {autoloco['full_dir'].name} |"))
+    assert f"| {syncs:,} |" in row and "nan" not in row  # syncs, payload, train loss over the last 2%
+    for name in ("loss_vs_step.png", "loss_vs_bytes.png", "horizon.png", "outer_mu_eta.png", "drift_coherence.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 1000, name
+    # the logged steps, at the Trainer's logging_steps; the resumed run keeps those before its checkpoint
+    for folder in ("full_dir", "split_dir"):
+        with open(os.path.join(autoloco[folder], "autoloco_steps.jsonl")) as f:
+            assert [json.loads(line)["step"] for line in f] == [5, 10, 15, 20], folder
+
+
 def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
     full, resumed = autoloco["full"], autoloco["resumed"]
     records = full[0]["records"]
     assert any(r["start_step"] < 10 < r["start_step"] + r["h_step"] for r in records), "step 10 is mid-interval"
+    assert full[0]["showing"][9] and full[1]["showing"][9], "the save at step 10 showed theta_t"
     checkpoint = autoloco["split_dir"] / "checkpoint-10" / "autoloco"
     assert sorted(os.listdir(checkpoint)) == ["rank0.pt", "rank1.pt"]
     for a, b in zip(full, resumed):
@@ -179,6 +202,29 @@ def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
     with open(os.path.join(autoloco["split_dir"], "autoloco_intervals.jsonl")) as f:
         lines = [json.loads(line) for line in f if line.strip()]
     assert deterministic_records(lines) == deterministic_records(records)
+
+
+def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
+    """checkpoint-10's model file is theta_t (what the workers agreed on); each rank's replica is in its state."""
+    from safetensors.torch import load_file
+    from trainer_worker import tiny_llama
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.runtime import state_path
+    from autoloco_hf.sync.checkpoint import read_state
+
+    checkpoint = str(autoloco["split_dir"] / "checkpoint-10")
+    saved = load_file(os.path.join(checkpoint, "model.safetensors"))
+    weights = [saved[name] for name, _ in tiny_llama(0).named_parameters()]
+    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=1, h_max=6)
+    replicas = []
+    for rank in range(2):
+        _, state = read_state(state_path(checkpoint, rank), config=config, world_size=2, ranks_per_worker=1, rank=rank)
+        theta = state["engine"]["outer"]["params"]
+        assert torch.equal(torch.cat([w.reshape(-1).float() for w in weights]), theta), f"rank {rank}: model != theta_t"
+        replicas.append(torch.cat([p.reshape(-1) for p in state["params"]]))
+    assert not torch.equal(replicas[0], replicas[1]), "mid-interval the ranks' replicas differ"
+    assert not torch.equal(replicas[0], theta)
 
 
 def test_worker_groups_four_processes(tmp_path):

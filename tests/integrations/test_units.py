@@ -88,3 +88,100 @@ def test_topology_layout():
     assert (single.world_size, single.num_workers) == (1, 1)
     with pytest.raises(ValueError, match="distributed launch"):
         build_topology(2)
+
+
+def _runtime(config, model=None):
+    from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.integrations.runtime import WorkerRuntime
+
+    torch.manual_seed(0)
+    model = model or Toy()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    runtime = WorkerRuntime(config, model, model, optimizer, FunctionSchedule(lambda s: 1e-2, 8), 8, 0)
+    return runtime, model, optimizer
+
+
+def _steps(runtime, model, optimizer, n):
+    ids = torch.tensor([[1, 2, 3, 4]])
+    for _ in range(n):
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        runtime.after_optimizer_step(1e-2)
+
+
+def test_checkpoint_model_shows_theta_and_state_keeps_the_local_replica(tmp_path):
+    """Mid-interval: while saving, the model holds theta_t; the state file holds this rank's own replica."""
+    from autoloco_hf import AutoLoCoConfig
+
+    runtime, model, optimizer = _runtime(AutoLoCoConfig(method="diloco", h_base=3))
+    _steps(runtime, model, optimizer, 4)  # sync at 3, step 4 is mid-interval
+    local = model.emb.weight.detach().clone()
+    theta = runtime.global_parameters()[0].clone()
+    assert not torch.equal(local, theta)
+    runtime.show_global_parameters()
+    assert torch.equal(model.emb.weight, theta) and runtime.shows_global_parameters
+    runtime.save(str(tmp_path))
+    runtime.restore_local_parameters()
+    assert torch.equal(model.emb.weight, local) and not runtime.shows_global_parameters
+
+    resumed, model2, _ = _runtime(AutoLoCoConfig(method="diloco", h_base=3))
+    resumed.load(str(tmp_path))
+    assert torch.equal(model2.emb.weight, local) and torch.equal(resumed.global_parameters()[0], theta)
+    assert resumed.step == 4
+
+
+def test_show_global_is_a_no_op_at_a_boundary():
+    from autoloco_hf import AutoLoCoConfig
+
+    runtime, model, optimizer = _runtime(AutoLoCoConfig(method="diloco", h_base=3))
+    _steps(runtime, model, optimizer, 3)
+    runtime.show_global_parameters()
+    assert not runtime.shows_global_parameters, "right after a sync the model already is theta_t"
+
+
+def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.runtime import state_path
+    from autoloco_hf.sync.checkpoint import CheckpointError, write_state
+
+    config = AutoLoCoConfig(method="diloco", h_base=3)
+    runtime, _, _ = _runtime(config)
+    path = state_path(str(tmp_path), 0)
+    write_state(path, runtime.state_dict(), config=config, world_size=2, ranks_per_worker=1, rank=0, step=0)
+    with pytest.raises(CheckpointError, match=r"autoloco/rank0\.pt: field world_size=2 .* world_size=1"):
+        runtime.load(str(tmp_path))
+    runtime.save(str(tmp_path))
+    other, _, _ = _runtime(AutoLoCoConfig(method="diloco", h_base=6))
+    with pytest.raises(CheckpointError, match=r"rank0\.pt: field config\.h_base=3"):
+        other.load(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no AutoLoCo state for rank 0"):
+        other.load(str(tmp_path / "elsewhere"))
+
+
+def test_accelerate_synchronized_parameters_for_saving(tmp_path):
+    """AutoLoCoAccelerate: theta_t inside the block, the replica after it; save inside keeps the replica."""
+    from accelerate import Accelerator
+
+    from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = Toy()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with AutoLoCoAccelerate(accelerator, model, optimizer, None, AutoLoCoConfig(method="diloco", h_base=3),
+                            total_steps=6) as autoloco:
+        for _ in range(4):
+            accelerator.backward(model(input_ids=ids)["loss"])
+            optimizer.step()
+            optimizer.zero_grad()
+        replica = model.emb.weight.detach().clone()
+        theta = autoloco.runtime.global_parameters()[0]
+        with autoloco.synchronized_parameters():
+            assert torch.equal(model.emb.weight, theta)
+            autoloco.save(str(tmp_path))
+        assert torch.equal(model.emb.weight, replica)
+        autoloco.load(str(tmp_path))
+        assert torch.equal(model.emb.weight, replica) and autoloco.runtime.step == 4

@@ -6,7 +6,8 @@ groups, checkpointing, and where to write ``result_rank{r}.pt``:
 
 * ``fingerprints``: per optimizer step, a float64 fingerprint of this rank's
   parameters taken after the AutoLoCo callback ran (after a sync: theta_{t+1});
-* ``synced``: whether that step closed an interval;
+* ``synced``: whether that step closed an interval; ``showing``: whether the
+  model held theta_t then because the Trainer was about to save a checkpoint;
 * ``collectives``: every ``torch.distributed`` collective called during
   training (name, bytes, step), so tests can prove that only syncs carry
   model-sized data; ``hook``: the DDP comm hook's own counters;
@@ -63,6 +64,7 @@ torch.set_num_threads(1)
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
+from autoloco_hf.integrations.trainer import last_complete_checkpoint  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
@@ -108,12 +110,15 @@ def fingerprint(model: torch.nn.Module) -> float:
 class Probe(TrainerCallback):
     """Test-only: fingerprints after every step (after AutoLoCo), phase flags, optional interruption."""
 
-    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False) -> None:
+    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False,
+                 kill_at: int | None = None) -> None:
         self.autoloco = autoloco
         self.record_batches = record_batches
         self.stop_at = stop_at
+        self.kill_at = kill_at
         self.fingerprints: list[float] = []
         self.synced: list[bool] = []
+        self.showing: list[bool] = []  # the model holds theta_t for a checkpoint being written at this step
         self.batches: list = []
         self._syncs = 0
 
@@ -131,11 +136,14 @@ class Probe(TrainerCallback):
         engine = self.autoloco.engine
         syncs = engine.totals.syncs
         self.synced.append(syncs != self._syncs)
+        self.showing.append(self.autoloco.runtime.shows_global_parameters)
         self._syncs = syncs
         self.fingerprints.append(fingerprint(model))
         PHASE["step"] = state.global_step
         if self.stop_at is not None and state.global_step >= self.stop_at:
             control.should_training_stop = True
+        if self.kill_at is not None and state.global_step == self.kill_at:
+            os._exit(17)  # a worker dies mid-interval (no cleanup, like a crash or SIGKILL)
 
     def on_train_end(self, args, state, control, **kwargs):
         PHASE["train"] = False
@@ -151,7 +159,11 @@ def main(spec_path: str) -> None:
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
     config = AutoLoCoConfig(**spec["autoloco"])
     callback = AutoLoCoCallback(config)
-    probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False))
+    # "kill": {"rank": r, "step": s} makes rank r die at step s on the launcher's first attempt
+    kill = spec.get("kill")
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    kill_at = kill["step"] if kill and first_attempt and kill["rank"] == rank else None
+    probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False), kill_at)
     args = TrainingArguments(
         output_dir=spec["output_dir"],
         per_device_train_batch_size=batch,
@@ -171,7 +183,9 @@ def main(spec_path: str) -> None:
         disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback, probe])
-    trainer.train(resume_from_checkpoint=spec.get("resume_from"))
+    # "resume_from": a folder or True; "resume_last": what a restartable script does (fresh start, else resume)
+    resume = last_complete_checkpoint(spec["output_dir"]) if spec.get("resume_last") else spec.get("resume_from")
+    trainer.train(resume_from_checkpoint=resume)
     runtime = callback.runtime
     hook = runtime.gradient_traffic
     result = {
@@ -179,6 +193,7 @@ def main(spec_path: str) -> None:
         "world": world,
         "fingerprints": probe.fingerprints,
         "synced": probe.synced,
+        "showing": probe.showing,
         "collectives": COLLECTIVES,
         "hook": None if hook is None else {"buckets": hook.buckets, "local_bytes": hook.local_bytes,
                                            "group_bytes": hook.group_bytes},

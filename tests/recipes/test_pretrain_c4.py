@@ -26,18 +26,63 @@ def tiny_args(out, tokenizer_dir, tiny_llama_config, text_files, config="c4_auto
     ]
 
 
+def eval_quick_nll(model_dir, out) -> dict:
+    """`autoloco eval --suite quick --fixtures --offline --tasks nll` on what a recipe wrote (the documented next step)."""
+    from autoloco_hf.cli import main
+
+    assert main(["eval", str(model_dir), "--suite", "quick", "--fixtures", "--offline", "--tasks", "nll",
+                 "--out", str(out), "--run-name", "recipe"]) == 0
+    return json.loads((out / "recipe.json").read_text())
+
+
 def test_every_config_parses():
     c4 = load_recipe("pretrain_c4")
     for path in sorted(glob.glob(os.path.join(RECIPES, "configs", "c4_*.yaml"))):
-        settings = c4.parse_settings(c4.C4Settings, ["--config", path], "")
-        config = c4.autoloco_config(settings)
+        settings, autoloco = c4.parse_args(["--config", path])
+        config = c4.autoloco_config(settings, autoloco)
         assert settings.steps == 50_000 and settings.batch_size == 128 and settings.seq_len == 1024
         assert settings.workers == (4 if "ablation" in path else 8), path
+        assert settings.seed == (42 if "ablation" in path else 0), path  # the paper's ablation seed
         assert (config.h_base, config.q_h, config.h_max) == (500, 50, 750), path
-    mu07 = c4.parse_settings(c4.C4Settings, ["--config", os.path.join(RECIPES, "configs", "c4_diloco_mu07.yaml")], "")
-    assert c4.autoloco_config(mu07).outer_momentum == 0.7
-    momentum = c4.parse_settings(c4.C4Settings, ["--config", os.path.join(RECIPES, "configs", "c4_ablation_momentum.yaml")], "")
-    assert (c4.autoloco_config(momentum).adjust_momentum, c4.autoloco_config(momentum).scale_outer_lr) == (True, False)
+    mu07 = c4.parse_args(["--config", os.path.join(RECIPES, "configs", "c4_diloco_mu07.yaml")])
+    assert c4.autoloco_config(*mu07).outer_momentum == 0.7
+    momentum = c4.autoloco_config(*c4.parse_args(["--config", os.path.join(RECIPES, "configs", "c4_ablation_momentum.yaml")]))
+    assert (momentum.adjust_momentum, momentum.scale_outer_lr) == (True, False)
+    # the recipe's ablation choices are exactly AutoLoCoConfig.ablation's variants
+    from typing import get_args, get_type_hints
+
+    for variant in get_args(get_args(get_type_hints(c4.C4Settings)["ablation"])[0]):
+        assert c4.AutoLoCoConfig.ablation(variant).method == "autoloco"
+
+
+def test_flags_yaml_and_autoloco_fields(tmp_path):
+    """Flags beat YAML; `autoloco:` keys, `autoloco_*` flags and `--autoloco k=v` reach the engine; YAML 7e-1 is a number."""
+    c4 = load_recipe("pretrain_c4")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"base: {os.path.join(RECIPES, 'configs', 'c4_diloco.yaml')}\nlr: 1e-3\nautoloco:\n  outer_lr: 7e-1\n")
+    settings, autoloco = c4.parse_args(["--config", str(path), "--batch_size", "4", "--autoloco_h_base", "100",
+                                        "--autoloco", "h_max=200"])
+    config = c4.autoloco_config(settings, autoloco)
+    assert (settings.lr, settings.batch_size, settings.run_name) == (1e-3, 4, "c4_diloco")
+    assert (config.method, config.outer_lr, config.h_base, config.h_max) == ("diloco", 0.7, 100, 200)
+
+
+def test_reads_gzipped_json_lines_and_parquet_by_content(tmp_path):
+    """The real C4 shards are `.json.gz`: the model must see the `text` field, not the raw JSON line."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c4 = load_recipe("pretrain_c4")
+    rows = [{"text": f"document {i}", "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.org/{i}"} for i in range(4)]
+    shard = tmp_path / "c4-train.00000-of-01024.json.gz"
+    with gzip.open(shard, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "validation.parquet")
+    settings, _ = c4.parse_args(["--train-files", str(shard), "--val-files", str(tmp_path / "validation.parquet")])
+    for split in ("train", "validation"):
+        assert list(c4.texts(c4.worker_dataset(settings, split, 0, 1), "text")) == [r["text"] for r in rows], split
 
 
 def test_default_model_is_215m():
@@ -49,7 +94,9 @@ def test_default_model_is_215m():
     assert 210e6 < sum(p.numel() for p in model.parameters()) < 220e6
 
 
-def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files):
+def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files, monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `eval --offline` sets them
+        monkeypatch.setenv(var, os.environ.get(var, "0"))
     c4 = load_recipe("pretrain_c4")
     assert c4.main(tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_autoloco.yaml")) == 0
     ddp_args = tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_ddp.yaml")
@@ -63,6 +110,9 @@ def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files):
     assert sum(json.loads(r)["tokens"] for r in records) < 8 * 2 * 2 * 48
     ddp = json.loads((tmp_path / "c4_ddp" / "summary.json").read_text())
     assert ddp["totals"]["syncs"] == 8
+    # the run folder holds the final model and tokenizer: evaluate it as the docs say
+    record = eval_quick_nll(tmp_path / "c4_autoloco", tmp_path / "eval")
+    assert 0 < record["scores"]["nll_c4"] < 10 and record["details"]["nll"]["nll_c4_tokens"] > 0
 
 
 def test_multiprocess_mode_matches_simulated(tmp_path, tokenizer_dir, tiny_llama_config, text_files):

@@ -65,14 +65,24 @@ def test_filters():
 def test_every_config_parses():
     sft = load_recipe("sft_ultrachat")
     for path in sorted(glob.glob(os.path.join(RECIPES, "configs", "sft_*.yaml"))):
-        s = sft.parse_settings(sft.SFTSettings, ["--config", path], "")
-        config = sft.autoloco_config(s)
-        assert (s.global_batch_size, s.max_length, s.num_epochs, config.h_base) == (32, 2048, 1, 100), path
-    autoloco = sft.parse_settings(sft.SFTSettings, ["--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml")], "")
-    config = sft.autoloco_config(autoloco)
+        s, args, a = sft.parse_args(["--config", path])
+        config = sft.autoloco_config(s, a)
+        assert (s.global_batch_size, args.max_length, args.num_train_epochs, config.h_base) == (32, 2048, 1, 100), path
+        assert (args.learning_rate, args.save_steps, args.save_total_limit, args.assistant_only_loss) == (2e-5, 1000, 2, True)
+    config = sft.autoloco_config(*sft.parse_args(["--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml")])[::2])
     assert config.normalize_pseudo_grad and config.wire_dtype == "int8" and config.outer_on_cpu
-    diloco = sft.autoloco_config(sft.parse_settings(sft.SFTSettings, ["--config", os.path.join(RECIPES, "configs", "sft_diloco.yaml")], ""))
+    diloco = sft.autoloco_config(*sft.parse_args(["--config", os.path.join(RECIPES, "configs", "sft_diloco.yaml")])[::2])
     assert (diloco.method, diloco.outer_momentum) == ("diloco", 0.9)
+
+
+def test_every_trainer_field_is_settable():
+    """Any SFTConfig / TrainingArguments field is a flag: trackers, optimizer, checkpoint retention, ..."""
+    sft = load_recipe("sft_ultrachat")
+    _, args, _ = sft.parse_args(["--config", os.path.join(RECIPES, "configs", "sft_autoloco.yaml"), "--report_to", "tensorboard",
+                                 "--optim", "adamw_torch_fused", "--save_total_limit", "5", "--neftune_noise_alpha", "5"])
+    assert (args.report_to, args.optim, args.save_total_limit, args.neftune_noise_alpha) == (["tensorboard"], "adamw_torch_fused", 5, 5.0)
+    source = open(os.path.join(RECIPES, "sft_ultrachat.py")).read()
+    assert "report_to=" not in source  # the recipe leaves the trackers to the user
 
 
 def tiny_args(out, sft_files, config: str) -> list[str]:
@@ -80,13 +90,15 @@ def tiny_args(out, sft_files, config: str) -> list[str]:
     return [
         "--config", os.path.join(RECIPES, "configs", config), "--output-dir", str(out),
         "--model-name-or-path", model, "--train-files", train, "--test-files", test,
-        "--global-batch-size", "4", "--per-device-batch-size", "2", "--max-length", "64", "--max-steps", "6",
-        "--lr", "1e-3", "--num-proc", "1", "--eval-batch-size", "4",
+        "--global-batch-size", "4", "--per-device-train-batch-size", "2", "--max-length", "64", "--max-steps", "6",
+        "--learning-rate", "1e-3", "--dataset-num-proc", "1", "--eval-batch-size", "4",
         "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3", "--autoloco", "outer_on_cpu=false",
     ]
 
 
-def test_sft_smoke(tmp_path, sft_files):
+def test_sft_smoke(tmp_path, sft_files, monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `eval --offline` sets them
+        monkeypatch.setenv(var, os.environ.get(var, "0"))
     sft = load_recipe("sft_ultrachat")
     assert sft.main(tiny_args(tmp_path, sft_files, "sft_autoloco_int8.yaml")) == 0
     run = tmp_path / "sft_autoloco_int8"
@@ -98,6 +110,13 @@ def test_sft_smoke(tmp_path, sft_files):
     assert [row["step"] for row in steps] == [1, 2, 3, 4, 5, 6] 
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
     assert 0 < summary["test_nll"] < 10
+    # the run folder holds the final model and tokenizer: `autoloco eval` it as the docs say
+    from autoloco_hf.cli import main
+
+    assert main(["eval", str(run), "--suite", "quick", "--fixtures", "--offline", "--tasks", "nll",
+                 "--out", str(tmp_path / "eval"), "--run-name", "recipe"]) == 0
+    record = json.loads((tmp_path / "eval" / "recipe.json").read_text())
+    assert 0 < record["scores"]["nll_chat"] < 10 and 0 < record["scores"]["nll_c4"] < 10
 
 
 def test_sft_two_processes(tmp_path, sft_files):
@@ -118,11 +137,11 @@ def test_sft_resume(tmp_path, sft_files):
 
     sft = load_recipe("sft_ultrachat")
     full = tmp_path / "full"
-    assert sft.main(tiny_args(full, sft_files, "sft_autoloco.yaml") + ["--save-steps", "4"]) == 0
+    assert sft.main(tiny_args(full, sft_files, "sft_autoloco.yaml") + ["--save-strategy", "steps", "--save-steps", "4"]) == 0
     crashed = tmp_path / "crashed" / "sft_autoloco"
     shutil.copytree(full / "sft_autoloco", crashed)
     shutil.rmtree(crashed / "checkpoint-6")  # the crash came before the last checkpoint
-    assert sft.main(tiny_args(tmp_path / "crashed", sft_files, "sft_autoloco.yaml") + ["--save-steps", "4", "--resume", "true"]) == 0
+    assert sft.main(tiny_args(tmp_path / "crashed", sft_files, "sft_autoloco.yaml") + ["--save-strategy", "steps", "--save-steps", "4", "--resume", "true"]) == 0
     a, b = (json.loads((root / "summary.json").read_text()) for root in (full / "sft_autoloco", crashed))
     assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)
     assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(a["test_nll"], rel=1e-5)

@@ -24,7 +24,8 @@ import torch
 
 from _dist import run_gloo
 from autoloco_hf.sync.codec import WireCodec, num_int8_blocks
-from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator, make_communicator
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +117,7 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
             out[name, wire] = {
                 "mean": res.mean,
                 "sums": res.scalar_sums,
+                "rows": res.scalar_rows,
                 "wire_bytes": res.traffic.wire_bytes,
                 "sent_bytes": counter.sent_bytes,
                 "fp32_all_reduce_elements": counter.fp32_all_reduce_elements,
@@ -129,6 +131,8 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
     comm = ProcessGroupCommunicator(wire_dtype="fp32")
     res = comm.average([contributions[rank].clone()], [scalars[rank].clone()], segments, wire_dtype="int8")
     out["hand", "fp32->int8"] = {"mean": res.mean, "wire_bytes": res.traffic.wire_bytes}
+    made = make_communicator(AutoLoCoConfig(method="diloco", wire_dtype="int8", int8_block_size=64), distributed=True)
+    out["made"] = (type(made).__name__, made.num_workers, made.rank, made.wire_dtype, made.block_size)
     return out
 
 
@@ -217,12 +221,27 @@ def test_scalar_sums_equal_on_both_paths(gloo) -> None:
     n, cases, ranks = gloo
     for name, (segments, contributions, scalars) in cases.items():
         for wire in WIRES:
-            sim = SimulatedCommunicator(n, wire_dtype=wire).average(contributions, scalars, segments).scalar_sums
+            simulated = SimulatedCommunicator(n, wire_dtype=wire).average(contributions, scalars, segments)
+            sim = simulated.scalar_sums
             assert sim.dtype == torch.float64
+            rows = torch.stack(scalars).to(torch.float64)  # every worker's own values, in worker order
+            assert torch.equal(simulated.scalar_rows.view(torch.int64), rows.view(torch.int64))
             for r, res in enumerate(ranks):
                 got = res[name, wire]["sums"]
                 assert got.dtype == torch.float64 and got.shape == (9,)
                 assert torch.equal(got.view(torch.int64), sim.view(torch.int64)), (name, wire, r, got - sim)
+                assert torch.equal(res[name, wire]["rows"].view(torch.int64), rows.view(torch.int64)), (name, wire, r)
+
+
+def test_make_communicator_follows_the_config(gloo) -> None:
+    n, _, ranks = gloo
+    assert [res["made"] for res in ranks] == [("ProcessGroupCommunicator", n, r, "int8", 64) for r in range(n)]
+    config = AutoLoCoConfig(method="diloco", wire_dtype="bf16", int8_block_size=32, bucket_size_mb=1.0)
+    simulated = make_communicator(config, distributed=False, simulated_workers=n)
+    assert isinstance(simulated, SimulatedCommunicator)
+    assert (simulated.num_workers, simulated.local_workers) == (n, n)
+    assert (simulated.wire_dtype, simulated.block_size) == ("bf16", 32)
+    assert simulated.bucket_elements == 2**20 // 4
 
 
 # Hand count for HAND = [5000, 300, 4096, 10] (9,406 elements), INT8 blocks of 4,096 per segment piece.
