@@ -96,6 +96,7 @@ _SWITCHES = (
     "increase_requires_support",
     "error_feedback",
     "outer_on_cpu",
+    "hierarchical_sync",
 )
 
 
@@ -242,6 +243,13 @@ class AutoLoCoConfig:
             Beyond the paper, opt-in. A candidate lies at most this many `q_h`
             above the accepted horizon (0: no cap, the spec's rule), so a
             budget that admits `h_max` late in training climbs step by step.
+        hierarchical_sync (`bool`, defaults to `True`):
+            With `ranks_per_worker = R > 1`, rank `r` of a worker owns shard `r`
+            of the flat model: it syncs only that 1/R shard with the other
+            workers and keeps the outer parameters and momentum of that shard
+            only; the worker then all-gathers the shards over its fast link.
+            Each node sends every byte across the slow link once instead of R
+            times. `False`: every rank syncs the whole model (R copies per node).
         overlap (`str`, defaults to `"none"`):
             `none` blocks every worker at a boundary until the average arrives
             (the paper). `delayed` starts the collective asynchronously, trains
@@ -314,6 +322,7 @@ class AutoLoCoConfig:
     rejected_bound_min_age: int = 0
     cumulative_check: bool = False
     candidate_max_quanta: int = 0
+    hierarchical_sync: bool = True
     # --- overlap (issue 15) ---
     overlap: Overlap = Overlap.NONE
     overlap_steps: int = 1
@@ -414,6 +423,10 @@ class AutoLoCoConfig:
             _fail("overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method")
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
+        if self.ranks_per_worker > 1 and self.hierarchical_sync:
+            _fail(
+                "overlap", self.overlap, "it does not combine with sharded hierarchical_sync yet: set hierarchical_sync=False"
+            )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
                 "overlap_steps",

@@ -3,7 +3,11 @@
 Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
 encode, decode and encode+decode of the bf16 and int8 wires, median of
 ``--repeats`` runs after one warm-up, so that the codec's cost can be compared
-with the time an outer synchronization spends on the network.
+with the time an outer synchronization spends on the network. ``encode`` /
+``decode`` write into persistent wire buffers (``out=``, what the communicator
+does); ``enc+dec fresh`` allocates the outputs on every call. The ``copy`` row is
+the physical limit: a plain ``torch`` copy of the same FP32 buffer into a
+preallocated one.
 
     python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
 """
@@ -54,21 +58,26 @@ def main() -> None:
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, device {device}, torch.get_num_threads() = {torch.get_num_threads()}, "
           f"block_size {args.block_size}, median of {args.repeats}")
-    header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "wire/fp32")
-    print(f"{header[0]:>5} {header[1]:>12} {header[2]:>12} {header[3]:>12} {header[4]:>13} {header[5]:>10}")
+    header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "enc+dec fresh", "wire/fp32")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (5, 12, 12, 12, 13, 14, 10))))
     gen = torch.Generator().manual_seed(0)
     for size in args.sizes:
         numel = _parse_size(size)
         x = torch.randn(numel, generator=gen).to(device)
         gb = 4 * numel / 1e9
+        copy = torch.empty_like(x)
+        t_copy = _median_seconds(lambda: copy.copy_(x), args.repeats, device)
+        print(f"{'copy':>5} {numel:>12,} {gb / t_copy:>12.2f} {'':>12} {'':>13} {'':>14} {1.0:>10.4f}")
         for wire in args.wires:
             codec = WireCodec(wire, [numel], block_size=args.block_size)
-            encoded = codec.encode(x, 0)
-            t_enc = _median_seconds(lambda: codec.encode(x, 0), args.repeats, device)
-            t_dec = _median_seconds(lambda: codec.decode(encoded, 0, numel), args.repeats, device)
-            t_rt = _median_seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
+            wire_bufs = codec.empty_wire(0, numel, device)
+            codec.encode(x, 0, out=wire_bufs)
+            t_enc = _median_seconds(lambda: codec.encode(x, 0, out=wire_bufs), args.repeats, device)
+            t_dec = _median_seconds(lambda: codec.decode(wire_bufs, 0, numel, out=copy), args.repeats, device)
+            t_fresh = _median_seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
             ratio = codec.wire_bytes(0, numel) / (4 * numel)
-            print(f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / t_rt:>13.2f} {ratio:>10.4f}")
+            print(f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
+                  f"{gb / t_fresh:>14.2f} {ratio:>10.4f}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ Checks, in order (each one passes, fails or is skipped with a reason):
 * ``outer_state``: the engine over a one-rank process group (NCCL on CUDA,
   gloo on CPU, as the recipes launch it), FP32 and INT8 wires, outer state on
   the device vs ``outer_on_cpu``: peak device memory and sync time of each;
-* ``fsdp2_workers``: skipped until FSDP2 workers exist.
+* ``fsdp2_workers``: 2 workers x FSDP2 (``fully_shard``) over 2 GPUs each, NCCL,
+  against 2 single-GPU workers on the same data: same horizons, ``D_t`` / ``C_t``
+  within ``FSDP_RTOL``, bytes and outer state per rank 1/2 (needs 4 GPUs; skipped
+  with the reason otherwise, and in the dry run, where its gloo twin is a test).
 
 ``--cpu-dry-run`` runs the same code with the CPU as "the device" (every
 comparison then compares CPU with CPU) and skips only what needs CUDA (peak
@@ -423,8 +426,9 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     argv = [
         "--config", os.path.join(REPO, "recipes", "configs", config), "--output-dir", os.path.join(root, "runs"),
         "--model-name-or-path", model_dir, "--train-files", train, "--test-files", test,
-        "--global-batch-size", "4", "--per-device-batch-size", "2", "--max-length", "64",
-        "--max-steps", str(ctx.sizes.sft_steps), "--lr", "1e-3", "--num-proc", "1", "--eval-batch-size", "4",
+        "--global-batch-size", "4", "--per-device-train-batch-size", "2", "--max-length", "64",
+        "--max-steps", str(ctx.sizes.sft_steps), "--learning-rate", "1e-3", "--dataset-num-proc", "1",
+        "--eval-batch-size", "4",
         "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3",
     ]
     if ctx.cuda:
@@ -537,8 +541,143 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
     return result
 
 
+FSDP_R, FSDP_WORKERS, FSDP_STEPS, FSDP_WARMUP = 2, 2, 24, 3  # as tests/integrations/test_fsdp2_workers.py
+FSDP_RTOL = 1e-3  # TF32-free FP32 on CUDA; reduction orders differ between FSDP's reduce-scatter and one batch
+
+
+class _ToyLM:
+    """Embedding -> MLP -> logits, every dim 0 even (exact FSDP halves); built lazily so torch loads late."""
+
+    @staticmethod
+    def build(device: Any) -> Any:
+        import torch
+
+        class ToyLM(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = torch.nn.Embedding(32, 16)
+                self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh())
+                self.head = torch.nn.Linear(16, 32)
+
+            def forward(self, input_ids, labels):
+                logits = self.head(self.mlp(self.embed(input_ids)))
+                return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 32), labels[:, 1:].reshape(-1))
+
+        torch.manual_seed(0)
+        return ToyLM().to(device)
+
+
+def _fsdp_batch(shard: int, step: int, device: Any) -> dict[str, Any]:
+    """Rank ``shard``'s batch (shard = R * worker + rank_in_worker) at ``step``: same on every device."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * shard + step)
+    ids = torch.randint(0, 32, (4, 12), generator=g)
+    ids[:, 1::2] = (ids[:, 0::2] + 1) % 32
+    return {"input_ids": ids.to(device), "labels": ids.to(device)}
+
+
+def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
+    """One NCCL rank of 2 workers x FSDP2 over 2 GPUs: trains, syncs its shard, writes its records and full model."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.integrations.groups import build_topology, worker_mesh
+    from autoloco_hf.integrations.runtime import WorkerRuntime
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=store, rank=rank, world_size=world)
+    try:
+        topo = build_topology(FSDP_R)
+        model = _ToyLM.build(torch.device("cuda", rank))
+        mesh = worker_mesh(FSDP_R, "cuda")
+        for module in (model.embed, model.mlp, model.head):
+            fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+        config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=FSDP_R)
+        runtime = WorkerRuntime(config, model, model, optimizer, FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
+                                FSDP_STEPS, FSDP_WARMUP, topology=topo)
+        for step in range(FSDP_STEPS):
+            loss = model(**_fsdp_batch(rank, step, torch.device("cuda", rank)))
+            loss.backward()
+            runtime.meter.add_external(loss=float(loss.detach()))  # the forward hooks count the input_ids
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            runtime.after_optimizer_step(3e-2)
+        full = [p.full_tensor().detach().cpu() for p in model.parameters()]
+        torch.save({"records": [r.__dict__.copy() for r in runtime.engine.records], "full": full,
+                    "outer_numel": runtime.engine.outer.numel}, os.path.join(out_dir, f"fsdp_rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
-    raise Skip("autoloco_hf has no FSDP2 workers yet: add the CPU equality test's GPU twin here when it does")
+    """2 workers x FSDP2 over 2 GPUs (NCCL) == 2 single-GPU workers on the same data: the GPU twin of the CPU test."""
+    import torch
+    import torch.multiprocessing as mp
+
+    world = FSDP_R * FSDP_WORKERS
+    if not ctx.cuda:
+        raise Skip("FSDP2 workers over NCCL need CUDA; on CPU the same equality runs over gloo in "
+                   "tests/integrations/test_fsdp2_workers.py")
+    if torch.cuda.device_count() < world:
+        raise Skip(f"FSDP2 workers over NCCL need {world} GPUs (2 workers x 2 ranks, one rank per GPU: NCCL refuses "
+                   f"two ranks on one GPU); this machine has {torch.cuda.device_count()}")
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.engine import IntervalEngine
+
+    store = f"file://{os.path.join(ctx.workdir, 'fsdp_store')}"
+    mp.start_processes(_fsdp2_rank, args=(world, store, ctx.workdir), nprocs=world, start_method="spawn")
+    ranks = [torch.load(os.path.join(ctx.workdir, f"fsdp_rank{r}.pt"), weights_only=False) for r in range(world)]
+
+    # reference: 2 single-GPU workers, each on its FSDP counterpart's two half batches concatenated
+    models = [_ToyLM.build(ctx.device) for _ in range(FSDP_WORKERS)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.0) for m in models]
+    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
+    engine = IntervalEngine(config, models, FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
+                            SimulatedCommunicator(FSDP_WORKERS), FSDP_STEPS, warmup_steps=FSDP_WARMUP)
+    for step in range(FSDP_STEPS):
+        losses = []
+        for w, (model, optimizer) in enumerate(zip(models, optimizers)):
+            halves = [_fsdp_batch(FSDP_R * w + r, step, ctx.device) for r in range(FSDP_R)]
+            loss = model(**{k: torch.cat([h[k] for h in halves]) for k in halves[0]})
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+        engine.after_optimizer_step(tokens=[FSDP_R * 4 * 12] * FSDP_WORKERS, losses=losses, lr=3e-2)
+    expected = [r.__dict__ for r in engine.records]
+    numel = sum(p.numel() for p in models[0].parameters())
+    problems, worst = [], {"drift_energy": 0.0, "coherence": 0.0, "params": 0.0}
+    for rank, result in enumerate(ranks):
+        got = result["records"]
+        if [(r["start_step"], r["h_step"]) for r in got] != [(r["start_step"], r["h_step"]) for r in expected]:
+            problems.append(f"rank {rank}: horizon trajectory differs")
+            continue
+        for mine, ref in zip(got, expected):
+            for key in ("drift_energy", "coherence"):
+                worst[key] = max(worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12))
+            if mine["wire_bytes"] * FSDP_R != ref["wire_bytes"]:
+                problems.append(f"rank {rank}: {mine['wire_bytes']} wire bytes, expected {ref['wire_bytes']}/{FSDP_R}")
+        if result["outer_numel"] != numel // FSDP_R:
+            problems.append(f"rank {rank}: outer state of {result['outer_numel']} elements, expected {numel // FSDP_R}")
+        for p, q in zip(result["full"], models[rank // FSDP_R].parameters()):
+            worst["params"] = max(worst["params"], float((p - q.detach().cpu()).abs().max()))
+    if max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL:
+        problems.append(f"D_t/C_t differ by up to {max(worst['drift_energy'], worst['coherence']):.2e} (relative)")
+    details = {"intervals": len(expected), "worst": worst, "numel": numel, "world": world}
+    if problems:
+        return Status.FAIL, "; ".join(problems[:4]), details
+    return (Status.PASS, f"{len(expected)} intervals, same horizons; D_t/C_t rel diff <= "
+            f"{max(worst['drift_energy'], worst['coherence']):.1e}; params max abs diff {worst['params']:.1e}; "
+            f"bytes and outer state per rank 1/{FSDP_R}", details)
 
 
 CHECKS: list[tuple[str, Callable[[Context], tuple[Status, str, dict[str, Any]]]]] = [

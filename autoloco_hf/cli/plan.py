@@ -24,7 +24,7 @@ from autoloco_hf.config import (
 )
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
-from autoloco_hf.sync.accounting import payload_bytes
+from autoloco_hf.sync.accounting import outer_state_bytes_per_rank, payload_bytes
 
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
 # model (recipes/pretrain_c4.py, 32k vocabulary) and Llama-3.1-8B (the SFT recipe).
@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", type=float,
                         help="model parameters, for the payload estimate (default: the recipe's model, 215M for c4, 8.03B for sft)")
     parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
+    parser.add_argument("--ranks-per-worker", type=int, default=1,
+                        help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
 
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         args.params = RECIPE_PARAMS[args.recipe]
     if not args.params > 0:
         usage_error(f"--params {args.params:g}: pass a positive parameter count, e.g. 8.03e9", "autoloco plan")
+    if args.ranks_per_worker < 1:
+        usage_error(f"--ranks-per-worker {args.ranks_per_worker}: pass the ranks per worker, >= 1", "autoloco plan")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
     result = preview_run(config, schedule, warmup)
@@ -100,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         "payload_bytes_per_worker": payload,
         "diloco_bf16_payload_bytes_per_worker": diloco_payload,
         "payload_reduction": 1.0 - payload / diloco_payload,
+        "ranks_per_worker": args.ranks_per_worker,
+        "outer_state_bytes_per_rank": outer_state_bytes_per_rank(
+            params, args.ranks_per_worker, config.uses_nesterov_outer, config.error_feedback),
     }
     if args.json:
         print(json.dumps(summary))
@@ -109,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"payload per worker at {args.wire_dtype}: {payload / 2**30:.1f} GiB for {_count(params)} parameters "
         f"(diloco bf16: {diloco_payload / 2**30:.1f} GiB, {-100 * summary['payload_reduction']:+.1f}%)"
+    )
+    print(
+        f"outer state per rank (FP32 theta_t + momentum, ranks_per_worker={args.ranks_per_worker}): "
+        f"{summary['outer_state_bytes_per_rank'] / 2**30:.2f} GiB"
     )
     return 0
 

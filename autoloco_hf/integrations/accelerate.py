@@ -44,7 +44,7 @@ import torch
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
-from autoloco_hf.integrations.trainer import check_launch
+from autoloco_hf.integrations.trainer import check_launch, fsdp_version
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
 
 logger = logging.getLogger("autoloco_hf")
@@ -105,7 +105,7 @@ class AutoLoCoAccelerate:
         if total_steps <= 0:
             raise ValueError("total_steps (the number of true optimizer steps of the run) must be positive")
         check_launch(accelerator.num_processes, accelerator.distributed_type, 1,
-                     ranks_per_worker=self.config.ranks_per_worker)
+                     ranks_per_worker=self.config.ranks_per_worker, fsdp_version=fsdp_version(accelerator))
         self.accelerator = accelerator
         self.inner_optimizer = getattr(optimizer, "optimizer", optimizer)
         self.auto_step = auto_step

@@ -82,3 +82,20 @@ def build_topology(ranks_per_worker: int = 1, backend: Optional[str] = None) -> 
         if r == topo.rank_in_worker:
             topo.outer_group = group
     return topo
+
+
+def worker_mesh(ranks_per_worker: int, device_type: str = "cpu") -> Any:
+    """The 1-D device mesh of this rank's worker, to shard it with FSDP2 (collective: call on every rank).
+
+    ``fully_shard(module, mesh=worker_mesh(R, "cuda"))`` shards each worker over its own ``R`` ranks
+    (``g*R .. g*R + R - 1``, the topology's inner group), so gradients are averaged inside the worker only
+    and rank ``r`` of every worker holds the same shard: the outer sync runs shard by shard.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    check_worker_layout(world, ranks_per_worker)
+    mesh = init_device_mesh(device_type, (world // ranks_per_worker, ranks_per_worker),
+                            mesh_dim_names=("worker", "shard"))
+    return mesh["shard"]

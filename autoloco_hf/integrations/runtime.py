@@ -8,7 +8,9 @@ wrapped (DDP) and the optimizer and scheduler exist:
    (nothing, or an average inside the worker group);
 3. hooks the model's forward to count non-padding tokens and read the loss;
 4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
-   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group (or a
+   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
+   (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
+   worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
    one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
    is a single process);
 5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
@@ -89,11 +91,49 @@ def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str =
     return {prefix + k: float(v) for k, v in values.items()}
 
 
+def fsdp2_mesh(model: torch.nn.Module) -> Any:
+    """The device mesh an FSDP2 (``fully_shard``) model is sharded over, or ``None`` for a model held whole."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    if len(meshes) > 1:
+        raise ValueError("the model's parameters are sharded over several device meshes: AutoLoCo needs one "
+                         "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)")
+    return next(iter(meshes.values()), None)
+
+
+def check_fsdp2_worker(mesh: Any, topology: WorkerTopology) -> None:
+    """Refuse an FSDP2 mesh that is not exactly this rank's worker (spec 8.3): HSDP, or a mesh across workers."""
+    import torch.distributed as dist
+
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"the model is sharded over a {mesh.ndim}-D device mesh {mesh.mesh.tolist()} (HSDP replicates across "
+            "workers every step): shard each worker over its own ranks only, "
+            f"fully_shard(module, mesh=worker_mesh({topology.ranks_per_worker}, device_type))"
+        )
+    ranks = dist.get_process_group_ranks(mesh.get_group())
+    if ranks != topology.inner_ranks():
+        raise ValueError(
+            f"the model is sharded over ranks {ranks} but AutoLoCoConfig.ranks_per_worker="
+            f"{topology.ranks_per_worker} makes this rank's worker the ranks {topology.inner_ranks()}: shard with "
+            f"fully_shard(module, mesh=worker_mesh({topology.ranks_per_worker}, device_type)) or set "
+            f"ranks_per_worker={len(ranks)}"
+        )
+
+
 class TrainableParameters:
-    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move)."""
+    """What the engine sees of a model: its trainable parameters only (frozen ones, e.g. a LoRA base, never move).
+
+    An FSDP2 model's parameters are DTensors: the engine gets their local shards (``to_local()``, views that
+    the inner optimizer updates in place and the outer write-back overwrites), never the gathered tensors.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            self.params = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
 
@@ -139,14 +179,21 @@ class WorkerRuntime:
         topo = self.topology
         self.gradient_traffic: Optional[GradientTraffic] = None
         self.ddp = find_ddp(wrapped_model)
-        if topo.world_size > 1 and config.is_interval_method:
+        self.fsdp_mesh = fsdp2_mesh(model)  # FSDP2 averages gradients inside the worker by itself
+        if self.fsdp_mesh is not None and topo.world_size > 1:
+            check_fsdp2_worker(self.fsdp_mesh, topo)
+        elif topo.world_size > 1 and config.is_interval_method:
             if self.ddp is None:
                 raise RuntimeError(
                     f"{topo.world_size} processes but the model is not wrapped in DistributedDataParallel "
-                    f"({type(wrapped_model).__name__}): AutoLoCo supports DDP multi-process training"
+                    f"({type(wrapped_model).__name__}) nor sharded with FSDP2 fully_shard: AutoLoCo supports DDP "
+                    "and FSDP2 multi-process training"
                 )
             self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
-        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group)
+        # an FSDP2 worker's ranks hold different shards already: rank r of every worker syncs shard r
+        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group,
+                                 inner_group=topo.inner_group, rank_in_worker=topo.rank_in_worker,
+                                 fsdp_worker=self.fsdp_mesh is not None)
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
         self._extra_on_record = on_record

@@ -13,7 +13,7 @@ callback does:
 
 * ``on_init_end``: binds to the Trainer being built (or call
   ``callback.attach(trainer)`` after ``trainer.add_callback(callback)``), rejects configurations it does not
-  support (FSDP, DeepSpeed, DataParallel, the silent "every rank trains alone"
+  support (FSDP1, DeepSpeed, DataParallel, the silent "every rank trains alone"
   launch), and switches off what would add per-step traffic:
   ``average_tokens_across_devices`` (a per-step gather; under AutoLoCo it
   would also scale every rank's loss by the world size) and DDP's
@@ -81,8 +81,13 @@ logger = logging.getLogger("autoloco_hf")
 
 SUPPORTED = (
     "supported: a single process, or one process per worker (or per rank of a worker group) with "
-    "DistributedDataParallel, on CPU (gloo) or GPU (NCCL), launched by torchrun or "
-    "`accelerate launch --multi_gpu`"
+    "DistributedDataParallel or FSDP2 (fully_shard, each worker sharded over its own ranks), on CPU (gloo) or "
+    "GPU (NCCL), launched by torchrun or `accelerate launch --multi_gpu`"
+)
+SHARDED_ALTERNATIVE = (
+    "to shard a large model use FSDP2 inside each worker: TrainingArguments(fsdp='full_shard', "
+    "fsdp_config={'fsdp_version': 2}) or accelerate's FSDP plugin with fsdp_version=2, and "
+    "AutoLoCoConfig(ranks_per_worker=<ranks per worker>)"
 )
 
 
@@ -97,9 +102,19 @@ def _env_world_size() -> int:
         return 1
 
 
+def fsdp_version(accelerator: Any) -> int:
+    """The FSDP version of an accelerator's FSDP plugin (1 when the plugin does not say; 0 without FSDP)."""
+    plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    return int(getattr(plugin, "fsdp_version", 1) or 1) if plugin is not None else 0
+
+
 def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, *, fsdp: bool = False,
-                 deepspeed: bool = False, ranks_per_worker: int = 1) -> None:
-    """Raise :class:`AutoLoCoConfigurationError` for launches AutoLoCo does not support (issue item 7)."""
+                 deepspeed: bool = False, ranks_per_worker: int = 1, fsdp_version: int = 1) -> None:
+    """Raise :class:`AutoLoCoConfigurationError` for launches AutoLoCo does not support (issue item 7).
+
+    FSDP is accepted in version 2 (``fully_shard``: the engine syncs each rank's local shards, spec 8.3);
+    FSDP1 and DeepSpeed ZeRO are refused with the supported alternatives named.
+    """
     env_world = _env_world_size()
     if env_world > 1 and world_size == 1:
         raise AutoLoCoConfigurationError(
@@ -110,9 +125,11 @@ def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, 
         )
     dtype = str(getattr(distributed_type, "value", distributed_type) or "").upper()
     if deepspeed or "DEEPSPEED" in dtype:
-        raise AutoLoCoConfigurationError(f"AutoLoCo does not support DeepSpeed yet; {SUPPORTED}.")
-    if fsdp or "FSDP" in dtype:
-        raise AutoLoCoConfigurationError(f"AutoLoCo does not support FSDP yet; {SUPPORTED}.")
+        raise AutoLoCoConfigurationError(f"AutoLoCo does not support DeepSpeed (ZeRO) yet; {SHARDED_ALTERNATIVE}; "
+                                         f"{SUPPORTED}.")
+    if (fsdp or "FSDP" in dtype) and fsdp_version != 2:
+        raise AutoLoCoConfigurationError(f"AutoLoCo does not support FSDP version {fsdp_version} (FSDP1 flat "
+                                         f"parameters); {SHARDED_ALTERNATIVE}; {SUPPORTED}.")
     if any(name in dtype for name in ("XLA", "MEGATRON")):
         raise AutoLoCoConfigurationError(f"AutoLoCo does not support distributed type {dtype} yet; {SUPPORTED}.")
     if n_gpu > 1:
@@ -126,6 +143,22 @@ def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, 
         raise AutoLoCoConfigurationError(str(err)) from err
 
 
+def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worker: int) -> None:
+    """Accelerate's FSDP2 plugin shards an unsharded model over the whole world: one worker of every rank.
+
+    Several workers need each worker sharded over its own ranks before the Trainer is built
+    (accelerate keeps a model that is already ``fully_shard``-ed).
+    """
+    from autoloco_hf.integrations.runtime import fsdp2_mesh
+
+    if ranks_per_worker != world_size and fsdp2_mesh(model) is None:
+        raise AutoLoCoConfigurationError(
+            f"FSDP2 with ranks_per_worker={ranks_per_worker} and {world_size} processes: accelerate's FSDP plugin "
+            "would shard the model over all ranks (one worker). Shard each worker over its own ranks before "
+            "building the Trainer: `fully_shard(layer, mesh=worker_mesh(R, device_type))` for each block, then "
+            "`fully_shard(model, mesh=...)` (autoloco_hf.integrations.groups.worker_mesh), or set "
+            f"ranks_per_worker={world_size} for a single sharded worker"
+        )
 
 
 def _as_config(config: Any) -> AutoLoCoConfig:
@@ -296,7 +329,15 @@ class AutoLoCoCallback(TrainerCallback):
             fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)),
             deepspeed=bool(getattr(trainer, "is_deepspeed_enabled", False)),
             ranks_per_worker=self.config.ranks_per_worker,
+            fsdp_version=fsdp_version(accelerator),
         )
+        if getattr(trainer, "is_fsdp_enabled", False):
+            check_fsdp2_workers(trainer.model, accelerator.num_processes, self.config.ranks_per_worker)
+        elif getattr(args, "fsdp", None) and accelerator.num_processes > 1:
+            # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
+            logger.warning("AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
+                           "device (%s): every rank holds the whole model and trains as DDP", args.fsdp,
+                           accelerator.distributed_type)
         if getattr(args, "parallelism_config", None) is not None:
             raise AutoLoCoConfigurationError(f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}.")
         for callback in trainer.callback_handler.callbacks:

@@ -54,3 +54,15 @@ def wire_bytes_sent(codec: "WireCodec", num_workers: int, worker: int = 0) -> in
     to_owners = sum(codec.wire_bytes(s, e - s) for j, (s, e) in enumerate(parts) if j != worker)
     s, e = parts[worker]
     return to_owners + (n - 1) * codec.wire_bytes(s, e - s)
+
+
+def outer_state_bytes_per_rank(num_params: int, ranks_per_worker: int = 1, momentum: bool = True,
+                               error_feedback: bool = False) -> int:
+    """FP32 outer state one rank holds: ``theta_t``, the Nesterov momentum and the optional error-feedback residual.
+
+    With FSDP2 workers (spec 8.3) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
+    by ``ranks_per_worker``; FSDP2 pads each parameter's dim 0 to a multiple of ``R``, so the largest shard
+    is at most one row per tensor above ``num_params / R`` (ignored here).
+    """
+    copies = 1 + int(momentum) + int(error_feedback)
+    return copies * WireDtype.FP32.bytes_per_element * -(-num_params // ranks_per_worker)

@@ -30,12 +30,7 @@ import torch
 
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.accounting import wire_bytes_sent
-from autoloco_hf.sync.codec import (
-    WireCodec,
-    mean_in_worker_order,
-    owner_reduce_mean,
-    owner_reduce_part,
-)
+from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_order, owner_reduce_mean
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -152,6 +147,21 @@ class Communicator(ABC):
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Make ``tensor`` identical on all workers (worker 0's value)."""
 
+    # A worker whose ranks each own a shard of the flat model (HierarchicalCommunicator)
+    # overrides these; for a worker that syncs the whole model they are identities.
+    shards_per_worker: int = 1
+    def shard_range(self, numel: int) -> tuple[int, int]:
+        """``[start, end)`` of the flat model whose outer state and sync this rank owns."""
+        return 0, numel
+
+    def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        """Float64 sums over this shard's ranks (squared norms, tokens, counts) -> sums over every rank of every worker."""
+        return partial
+
+    def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
+        """The whole flat model from this worker's shards (``shard`` covers :meth:`shard_range`)."""
+        return shard
+
 
 class SimulatedCommunicator(Communicator):
     """``N`` workers inside one process (the paper's simulation, spec 8.4)."""
@@ -204,6 +214,7 @@ class ProcessGroupCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.local_workers = 1
         self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
+        self._owner: Optional[_OwnerReduceBuffers] = None  # reused by the BF16 / INT8 owner-reduce
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
         if len(flats) != 1:
@@ -245,52 +256,61 @@ class ProcessGroupCommunicator(Communicator):
 
     def _owner_reduce_mean(self, flat: torch.Tensor, codec: WireCodec, traffic: Traffic) -> torch.Tensor:
         n, rank = self.num_workers, self.rank
-        parts = codec.partition(n)
-        my_start, my_end = parts[rank]
+        bufs = self._owner_buffers(codec, flat.device)
+        my_start, my_end = bufs.parts[rank]
+        my_numel = my_end - my_start
 
         tick = _now(flat)
-        outgoing = [codec.encode(flat[s:e], s) for s, e in parts]  # my contribution to each owner
+        for (s, e), wire in zip(bufs.parts, bufs.by_part):  # my contribution to each owner, in place
+            codec.encode(flat[s:e], s, out=wire)
         traffic.encode_seconds += _now(flat) - tick
 
-        incoming = [codec.empty_wire(my_start, my_end - my_start, flat.device) for _ in range(n)]
-        self._exchange(outgoing, incoming, traffic)
+        self._exchange(bufs.by_part_flat, bufs.by_worker_flat, bufs.part_splits, bufs.worker_splits, traffic)
 
-        tick = _now(flat)
-        decoded = [codec.decode(wire, my_start, my_end - my_start) for wire in incoming]
+        tick = _now(flat)  # decode + mean in worker order 0..N-1, as mean_in_worker_order does (spec 7, 8.4)
+        total = codec.decode(bufs.by_worker[0], my_start, my_numel, out=bufs.total)
+        for wire in bufs.by_worker[1:]:
+            total += codec.decode(wire, my_start, my_numel, out=bufs.scratch)
+        total /= n
         traffic.decode_seconds += _now(flat) - tick
 
-        tick = _now(flat)
-        my_mean_wire = owner_reduce_part(codec, decoded, my_start)  # FP32 mean, encoded once
+        tick = _now(flat)  # the owner's mean, encoded once, sent to every worker (itself included)
+        codec.encode(total, my_start, out=bufs.by_worker[0])
+        for wire in bufs.by_worker[1:]:
+            for dst, src in zip(wire, bufs.by_worker[0]):
+                dst.copy_(src)
         traffic.encode_seconds += _now(flat) - tick
 
-        gathered = [codec.empty_wire(s, e - s, flat.device) for s, e in parts]
-        self._exchange([my_mean_wire] * n, gathered, traffic)
+        self._exchange(bufs.by_worker_flat, bufs.by_part_flat, bufs.worker_splits, bufs.part_splits, traffic)
 
         tick = _now(flat)
-        mean = torch.empty_like(flat)
-        for (s, e), wire in zip(parts, gathered):
-            mean[s:e] = codec.decode(wire, s, e - s)
+        for (s, e), wire in zip(bufs.parts, bufs.by_part):
+            codec.decode(wire, s, e - s, out=bufs.mean[s:e])
         traffic.decode_seconds += _now(flat) - tick
-        return mean
+        return bufs.mean
+
+    def _owner_buffers(self, codec: WireCodec, device: torch.device) -> "_OwnerReduceBuffers":
+        """Persistent wire buffers of the owner-reduce (fresh ones per sync cost more than the codec on CPU)."""
+        key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, self.num_workers, device)
+        if self._owner is None or self._owner.key != key:
+            self._owner = _OwnerReduceBuffers(key, codec, self.num_workers, self.rank, device)
+        return self._owner
 
     def _exchange(
-        self, outgoing: list[list[torch.Tensor]], incoming: list[list[torch.Tensor]], traffic: Traffic
+        self,
+        send: list[torch.Tensor],
+        recv: list[torch.Tensor],
+        send_splits: list[list[int]],
+        recv_splits: list[list[int]],
+        traffic: Traffic,
     ) -> None:
-        """``all_to_all_single`` per wire tensor kind: ``outgoing[j]`` goes to worker ``j``, ``incoming[j]`` comes from it."""
-        tick = _now(outgoing[0][0])
-        for kind in range(len(outgoing[0])):
-            send = torch.cat([wire[kind].reshape(-1) for wire in outgoing])
-            recv = torch.empty(sum(w[kind].numel() for w in incoming), dtype=send.dtype, device=send.device)
+        """One ``all_to_all_single`` per wire tensor kind over contiguous buffers: split ``j`` goes to / comes from worker ``j``."""
+        tick = _now(send[0])
+        for out, inp, out_splits, in_splits in zip(recv, send, recv_splits, send_splits):
             self.dist.all_to_all_single(
-                recv,
-                send,
-                output_split_sizes=[w[kind].numel() for w in incoming],
-                input_split_sizes=[w[kind].numel() for w in outgoing],
-                group=self.group,
+                out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=self.group
             )
-            for target, chunk in zip(incoming, torch.split(recv, [w[kind].numel() for w in incoming])):
-                target[kind].copy_(chunk.view_as(target[kind]))
-        traffic.collective_seconds += _now(outgoing[0][0]) - tick
+        traffic.collective_seconds += _now(send[0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.dist.broadcast(tensor, src=self.dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
@@ -334,15 +354,172 @@ class ProcessGroupCommunicator(Communicator):
         return PendingAverage(finish)
 
 
+class _OwnerReduceBuffers:
+    """Wire and FP32 buffers of one owner-reduce layout, allocated once and reused by every sync.
+
+    ``by_part``: the whole buffer's wire tensors, part ``j`` at its place (what a
+    worker sends to the owners, and later receives from them): per kind one
+    contiguous tensor, so ``all_to_all_single`` needs no concatenation.
+    ``by_worker``: ``N`` copies of this rank's part (the contributions it receives as
+    owner, then its encoded mean sent to everybody). ``total`` / ``scratch``: FP32
+    accumulators of the owner's part; ``mean``: the decoded mean of the whole buffer.
+    """
+
+    def __init__(self, key: tuple, codec: WireCodec, n: int, rank: int, device: torch.device) -> None:
+        self.key = key
+        self.parts = codec.partition(n)
+        my_start, my_end = self.parts[rank]
+        my_numel = my_end - my_start
+        part_wires = [codec.empty_wire(s, e - s, "meta") for s, e in self.parts]
+        my_wire = part_wires[rank]
+        self.by_part_flat = [
+            torch.empty(sum(w[k].numel() for w in part_wires), dtype=w0.dtype, device=device)
+            for k, w0 in enumerate(part_wires[0])
+        ]
+        self.by_worker_flat = [torch.empty(n * w.numel(), dtype=w.dtype, device=device) for w in my_wire]
+        self.by_part = [
+            list(ws) for ws in zip(*(torch.split(buf, [w[k].numel() for w in part_wires])
+                                   for k, buf in enumerate(self.by_part_flat)))
+        ]
+        self.by_worker = [
+            list(ws) for ws in zip(*(torch.split(buf, [w.numel()] * n) for buf, w in zip(self.by_worker_flat, my_wire)))
+        ]
+        self.part_splits = [[w[k].numel() for w in part_wires] for k in range(len(my_wire))]  # per kind
+        self.worker_splits = [[w.numel()] * n for w in my_wire]
+        self.total = torch.empty(my_numel, dtype=torch.float32, device=device)
+        self.scratch = torch.empty(my_numel, dtype=torch.float32, device=device)
+        self.mean = torch.empty(codec.numel, dtype=torch.float32, device=device)
+
+
+class HierarchicalCommunicator(Communicator):
+    """A worker of ``R`` ranks syncing shard by shard (spec 8.3): each byte crosses the slow link once.
+
+    Rank ``r`` of a worker owns shard ``r`` of the flat model (``R`` contiguous,
+    balanced parts). At a sync it averages only that shard with rank ``r`` of every
+    other worker through ``outer`` (a :class:`ProcessGroupCommunicator` over the
+    outer group: any wire, the INT8 owner-reduce included), keeps the outer
+    parameters and momentum of that shard only, and the worker all-gathers the
+    updated shards over ``inner_group`` (its fast, intra-node link).
+
+    The shard's pseudo-gradient is taken locally: the ranks of a DDP worker hold
+    identical parameters (gradients are averaged inside the worker every step),
+    so the reduce-scatter inside the worker would return each rank's own slice;
+    skipping it saves the intra-node traffic.
+
+    The engine only sees :meth:`shard_range`, :meth:`sum_over_shards` and
+    :meth:`gather_shards` (identities on the base class). A worker sharded by FSDP2
+    plugs in with the same three: its shard is its local ``DTensor.to_local()``
+    pieces (the engine's "model" is then the local shards, ``shard_range`` all of
+    them), ``sum_over_shards`` is this class's, and ``gather_shards`` is the
+    identity (the outer step writes straight into the local shards).
+    Controller statistics stay exact: squared norms are summed over the shards
+    inside the worker (:meth:`sum_over_shards`, in rank order, so every rank of
+    the worker gets bit-identical values and the same horizon); so are tokens and
+    losses, which therefore count every rank of every worker.
+    """
+
+    def __init__(self, outer: Communicator, inner_group: Any, ranks_per_worker: int, rank_in_worker: int) -> None:
+        import torch.distributed as dist
+
+        super().__init__(wire_dtype=outer.wire_dtype, block_size=outer.block_size)
+        if dist.get_world_size(inner_group) != ranks_per_worker:
+            raise ValueError(
+                f"the inner group has {dist.get_world_size(inner_group)} ranks but ranks_per_worker={ranks_per_worker}"
+            )
+        self.dist = dist
+        self.outer = outer
+        self.inner_group = inner_group
+        self.ranks_per_worker = self.shards_per_worker = ranks_per_worker
+        self.rank_in_worker = rank_in_worker
+        self.num_workers = outer.num_workers
+        self.local_workers = 1
+        self.bucket_elements = outer.bucket_elements
+        self._gather: Optional[torch.Tensor] = None  # persistent all-gather buffers (padded shards)
+        self._send: Optional[torch.Tensor] = None
+        self._full: Optional[torch.Tensor] = None
+
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+        return self.outer.codec(segment_sizes, wire_dtype)
+
+    def average(self, flats, scalars, segment_sizes, wire_dtype=None) -> AverageResult:
+        """The outer collective on this rank's shard (``flats`` and ``segment_sizes`` describe the shard)."""
+        return self.outer.average(flats, scalars, segment_sizes, wire_dtype)
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        self.outer.broadcast_(tensor)
+
+    def shard_range(self, numel: int) -> tuple[int, int]:
+        return balanced_parts(numel, self.ranks_per_worker)[self.rank_in_worker]
+
+    def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        # NCCL collectives take CUDA tensors only; the partial sums are a few float64 values
+        nccl = "nccl" in str(self.dist.get_backend(self.inner_group)).lower()
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        local = partial.to(device=device, dtype=torch.float64).reshape(-1).contiguous()
+        gathered = [torch.empty_like(local) for _ in range(self.ranks_per_worker)]
+        self.dist.all_gather(gathered, local, group=self.inner_group)
+        return sum_in_worker_order(gathered).cpu()
+
+    def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
+        """All-gather inside the worker; shards differ by at most one element, so they travel padded."""
+        parts = balanced_parts(numel, self.ranks_per_worker)
+        width = parts[0][1] - parts[0][0]
+        if self._full is None or self._full.numel() != numel or self._full.device != shard.device:
+            self._gather = torch.empty(width * self.ranks_per_worker, dtype=torch.float32, device=shard.device)
+            self._send = torch.zeros(width, dtype=torch.float32, device=shard.device)
+            self._full = torch.empty(numel, dtype=torch.float32, device=shard.device)
+        self._send[: shard.numel()].copy_(shard)
+        self.dist.all_gather_single(self._gather, self._send, group=self.inner_group)
+        for r, (s, e) in enumerate(parts):
+            self._full[s:e].copy_(self._gather[r * width : r * width + e - s])
+        return self._full
+
+
+class ShardedWorkerCommunicator(HierarchicalCommunicator):
+    """A worker whose ``R`` ranks each hold one shard of its model already (FSDP2 ``fully_shard`` inside the worker).
+
+    The engine's "model" is this rank's local shards (``DTensor.to_local()``), and
+    rank ``r`` of every worker holds the same shard, so the whole local buffer is
+    this rank's part of the outer sync (:meth:`shard_range`), the outer step
+    writes straight into the local shards (:meth:`gather_shards` is the identity:
+    nothing is gathered), and the squared norms, tokens and losses are summed
+    over the worker's ranks as for :class:`HierarchicalCommunicator`. Each rank
+    sends ``1/R`` of the model across workers and keeps the outer parameters and
+    momentum of its shard only.
+    """
+
+    def shard_range(self, numel: int) -> tuple[int, int]:
+        return 0, numel
+
+    def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
+        return shard
+
+
 def make_communicator(
-    config: AutoLoCoConfig, distributed: bool, simulated_workers: int = 1, group: Any = None
+    config: AutoLoCoConfig,
+    distributed: bool,
+    simulated_workers: int = 1,
+    group: Any = None,
+    inner_group: Any = None,
+    rank_in_worker: int = 0,
+    fsdp_worker: bool = False,
 ) -> Communicator:
     """The communicator of a run of ``config``, with its wire dtype, INT8 block size and bucket size.
 
     ``distributed``: one worker per process over ``torch.distributed`` (``group``,
     default the world); else ``simulated_workers`` workers inside this process.
+    With worker groups (``config.ranks_per_worker > 1``, ``inner_group`` the
+    worker's ranks) and ``config.hierarchical_sync``, each rank syncs its shard
+    (:class:`HierarchicalCommunicator`). ``fsdp_worker``: the ranks hold FSDP2 shards of the
+    worker's model, each syncs its own (:class:`ShardedWorkerCommunicator`, whatever ``hierarchical_sync``).
     """
     kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
     if distributed:
-        return ProcessGroupCommunicator(group=group, **kwargs)
+        comm = ProcessGroupCommunicator(group=group, **kwargs)
+        if config.ranks_per_worker > 1 and (config.hierarchical_sync or fsdp_worker):
+            if inner_group is None:
+                raise ValueError("ranks_per_worker > 1 with hierarchical_sync needs the worker's inner_group")
+            sharded = ShardedWorkerCommunicator if fsdp_worker else HierarchicalCommunicator
+            comm = sharded(comm, inner_group, config.ranks_per_worker, rank_in_worker)
+        return comm
     return SimulatedCommunicator(simulated_workers, **kwargs)

@@ -43,6 +43,7 @@ Example (two simulated workers on a toy regression)::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -58,7 +59,7 @@ from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
-from autoloco_hf.sync.codec import ErrorFeedback, roundtrip_as_sent
+from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
 from autoloco_hf.sync.communicators import AverageResult, Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
@@ -167,11 +168,17 @@ class IntervalEngine:
         self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
 
         self._broadcast_initial_parameters()
+        # the range of the flat model whose outer state and sync this process owns (all of it unless
+        # the worker's ranks each own a shard: HierarchicalCommunicator, spec 8.3)
+        self.shard = communicator.shard_range(numel)
+        start, end = self.shard
+        self.shard_segment_sizes = [n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)]
         self.outer = OuterOptimizer(
             self.worker_params[0],
             lr=config.outer_lr,
             momentum=config.outer_momentum,
             device="cpu" if config.outer_on_cpu else None,
+            shard=None if self.shard == (0, numel) else self.shard,
         )
         self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
         # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
@@ -290,7 +297,7 @@ class IntervalEngine:
     def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
         """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (spec 2)."""
         deltas, messages = self._contributions(interval)
-        return self._read_aggregate(self.comm.average(deltas, messages, self.segment_sizes), lr_mass)
+        return self._read_aggregate(self.comm.average(deltas, messages, self.shard_segment_sizes), lr_mass)
 
     def _contributions(
         self, interval: NextInterval, starts: Optional[Sequence[torch.Tensor]] = None
@@ -316,17 +323,25 @@ class IntervalEngine:
         """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (spec 2, 5.2)."""
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
         control.check_agreement()
-        totals = control.totals
+        # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
+        # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
+        mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+                     float(not bool(torch.isfinite(result.mean).all()))]
+        summed = self.comm.sum_over_shards(torch.cat([control.totals.pack(), torch.tensor(mean_part, dtype=torch.float64)]))
+        agreed = {name: getattr(control.totals, name) for name in ControlMessage.agreed_fields()}
+        totals = dataclasses.replace(ControlMessage.unpack(summed[:-2]), **agreed)
+        control = dataclasses.replace(control, totals=totals)
+        mean_sq_norm, mean_nonfinite = summed[-2:].tolist()
         stats = interval_statistics(
             totals.sq_norm,
-            float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+            mean_sq_norm,
             self.num_workers,
             lr_mass,
             self.config.eps,
         )
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
-        valid = all_finite and stats.finite and math.isfinite(mean_loss) and bool(torch.isfinite(result.mean).all())
+        valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
         return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
 
     def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
@@ -343,8 +358,9 @@ class IntervalEngine:
     def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
         """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (spec 4, 5.2)."""
         outer = self._apply_outer(interval, aggregate)
+        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
         for params in self.worker_params:
-            self.outer.write_back(params)
+            self.outer.write_back(params, theta)
         return outer
 
     def _apply_outer(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
@@ -384,7 +400,7 @@ class IntervalEngine:
     def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         feedback = self.error_feedback[worker]
         compensated = feedback.compensate(delta)
-        codec = self.comm.codec(self.segment_sizes)
+        codec = self.comm.codec(self.shard_segment_sizes)
         feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
         return compensated
 

@@ -26,10 +26,27 @@ from typing import Any, Optional, Sequence
 import torch
 
 
-def flatten_fp32(params: Sequence[torch.Tensor], device: Optional[torch.device] = None) -> torch.Tensor:
-    """One flat FP32 copy of ``params`` (on ``device``, default the params' device)."""
+def flatten_fp32(
+    params: Sequence[torch.Tensor], device: Optional[torch.device] = None, shard: Optional[tuple[int, int]] = None
+) -> torch.Tensor:
+    """One flat FP32 copy of ``params`` (on ``device``, default the params' device).
+
+    ``shard = (start, end)`` copies only that range of the flat concatenation,
+    reading just the tensors that overlap it.
+    """
     device = device or params[0].device
-    return torch.cat([p.detach().reshape(-1).to(device=device, dtype=torch.float32) for p in params])
+    if shard is None:
+        return torch.cat([p.detach().reshape(-1).to(device=device, dtype=torch.float32) for p in params])
+    start, end = shard
+    pieces, offset = [], 0
+    for p in params:
+        lo, hi = max(start, offset), min(end, offset + p.numel())
+        if hi > lo:
+            pieces.append(p.detach().reshape(-1)[lo - offset : hi - offset].to(device=device, dtype=torch.float32))
+        offset += p.numel()
+    if not pieces:
+        return torch.zeros(0, dtype=torch.float32, device=device)
+    return torch.cat(pieces)
 
 
 class OuterOptimizer:
@@ -39,6 +56,9 @@ class OuterOptimizer:
         params: the worker model's parameters (their current values become ``theta_0``).
         lr, momentum: initial outer learning rate and momentum (overridden per step).
         device: where the FP32 outer state lives (``"cpu"`` to offload).
+        shard: ``(start, end)`` of the flat model this rank owns (worker groups
+            with the hierarchical sync, spec 8.3): the outer parameters,
+            momentum and pseudo-gradients cover only that range.
     """
 
     def __init__(
@@ -47,10 +67,12 @@ class OuterOptimizer:
         lr: float = 0.7,
         momentum: float = 0.9,
         device: Optional[torch.device | str] = None,
+        shard: Optional[tuple[int, int]] = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else params[0].device
         self.numels = [p.numel() for p in params]
-        self.params = flatten_fp32(params, self.device).requires_grad_(True)
+        self.shard = shard
+        self.params = flatten_fp32(params, self.device, shard).requires_grad_(True)
         self.optimizer = torch.optim.SGD([self.params], lr=lr, momentum=momentum, nesterov=True)
 
     @property
@@ -64,7 +86,7 @@ class OuterOptimizer:
     @torch.no_grad()
     def pseudo_gradient(self, local_params: Sequence[torch.Tensor]) -> torch.Tensor:
         """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (spec 2)."""
-        return self.params.detach() - flatten_fp32(local_params, self.device)
+        return self.params.detach() - flatten_fp32(local_params, self.device, self.shard)
 
     @torch.no_grad()
     def step(
@@ -106,15 +128,27 @@ class OuterOptimizer:
         self.params.sub_(mean_pseudo_grad.to(self.device, torch.float32))
 
     @torch.no_grad()
-    def write_back(self, params: Sequence[torch.Tensor]) -> None:
-        """Copy ``theta_{t+1}`` into a worker model (cast to its dtype and device)."""
-        for p, chunk in zip(params, torch.split(self.params.detach(), self.numels)):
+    def write_back(self, params: Sequence[torch.Tensor], full: Optional[torch.Tensor] = None) -> None:
+        """Copy ``theta_{t+1}`` into a worker model (cast to its dtype and device).
+
+        A sharded optimizer needs ``full``, the flat model gathered from all shards.
+        """
+        if full is None:
+            if self.shard is not None:
+                raise ValueError("a sharded OuterOptimizer writes back the gathered model: pass full=")
+            full = self.params.detach()
+        for p, chunk in zip(params, torch.split(full, self.numels)):
             p.copy_(chunk.view_as(p))
 
     def state_dict(self) -> dict[str, Any]:
         return {"params": self.params.detach().clone(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["params"].shape != self.params.shape:
+            raise ValueError(
+                f"the checkpoint holds outer parameters of shape {tuple(state['params'].shape)} but this rank "
+                f"owns {tuple(self.params.shape)}: resume with the same ranks_per_worker and hierarchical_sync"
+            )
         with torch.no_grad():
             self.params.copy_(state["params"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -115,7 +115,7 @@ class OverlappedEngine(IntervalEngine):
             interval,
             lr_mass,
             due,
-            self.comm.start_average(deltas, messages, self.segment_sizes),
+            self.comm.start_average(deltas, messages, self.shard_segment_sizes),
             time.perf_counter() - self._interval_started,
         )
         self._reset_interval_counters()
@@ -171,7 +171,7 @@ class OverlappedEngine(IntervalEngine):
                 interval,
                 lr_mass,
                 self.step,
-                PendingAverage.completed(self.comm.average(deltas, messages, self.segment_sizes)),
+                PendingAverage.completed(self.comm.average(deltas, messages, self.shard_segment_sizes)),
                 interval_seconds,
             )
             aggregate = self._read_aggregate(last.pending.wait(), lr_mass)
@@ -180,7 +180,7 @@ class OverlappedEngine(IntervalEngine):
             advance = self._advance(last, aggregate, next_start=self.step, plan_at=None)
             return self._emit(last, aggregate, outer, advance, sync_seconds)
 
-        pending = self.comm.start_average(deltas, messages, self.segment_sizes)
+        pending = self.comm.start_average(deltas, messages, self.shard_segment_sizes)
         self._in_flight = InFlight(interval, lr_mass, self.step, pending, interval_seconds)
         finite = [ControlMessage.unpack(m).nonfinite == 0 for m in messages]
         self._eager_restart(interval, deltas, finite)

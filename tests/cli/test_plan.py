@@ -207,3 +207,13 @@ def test_cli_argparse_errors(capsys, argv: list) -> None:
         main(["plan", *argv])
     assert info.value.code == 2
     assert "invalid" in capsys.readouterr().err
+
+
+def test_plan_outer_state_per_rank_falls_with_ranks_per_worker(capsys) -> None:
+    """FP32 theta_t + momentum = 8 bytes per parameter, split over the worker's FSDP2 ranks (issue 16)."""
+    whole = cli_json(capsys, "--recipe", "sft", "--params", "8e9")
+    sharded = cli_json(capsys, "--recipe", "sft", "--params", "8e9", "--ranks-per-worker", "8")
+    assert whole["outer_state_bytes_per_rank"] == 8 * 8_000_000_000
+    assert sharded["outer_state_bytes_per_rank"] == 8 * 1_000_000_000
+    averaging = cli_json(capsys, "--recipe", "sft", "--params", "8e9", "--method", "qsr", "--ranks-per-worker", "8")
+    assert averaging["outer_state_bytes_per_rank"] == 4 * 1_000_000_000  # model averaging keeps no momentum

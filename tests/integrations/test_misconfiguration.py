@@ -18,8 +18,10 @@ def test_world_size_env_but_single_process_accelerator(monkeypatch):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(distributed_type="DEEPSPEED"), "DeepSpeed"),
     (dict(deepspeed=True), "DeepSpeed"),
-    (dict(distributed_type="FSDP"), "FSDP"),
-    (dict(fsdp=True), "FSDP"),
+    (dict(distributed_type="FSDP"), "FSDP version 1"),
+    (dict(fsdp=True), "FSDP version 1"),
+    (dict(distributed_type="FSDP", fsdp_version=1), "fsdp_version': 2"),
+    (dict(deepspeed=True), "FSDP2 inside each worker"),
     (dict(distributed_type="XLA"), "XLA"),
     (dict(n_gpu=2), "DataParallel"),
     (dict(ranks_per_worker=3), "ranks_per_worker=3"),
@@ -36,6 +38,8 @@ def test_supported_setups_pass(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     check_launch(4, "MULTI_CPU")
     check_launch(4, "MULTI_GPU", ranks_per_worker=2)
+    check_launch(4, "FSDP", ranks_per_worker=2, fsdp_version=2)
+    check_launch(4, "MULTI_GPU", fsdp=True, fsdp_version=2)
     monkeypatch.delenv("WORLD_SIZE")
     check_launch(1, "NO")
 
@@ -89,3 +93,13 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
         events.Reload()
         assert [e.step for e in events.Scalars("train/autoloco/H_step")] == [3, 6]
         assert "train/autoloco/C_t" in events.Tags()["scalars"]
+
+
+def test_fsdp2_plugin_with_several_workers_needs_a_presharded_model():
+    """Accelerate's FSDP2 plugin shards over the whole world (one worker); several workers must shard themselves."""
+    from autoloco_hf.integrations.trainer import check_fsdp2_workers
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(AutoLoCoConfigurationError, match=r"worker_mesh\(R"):
+        check_fsdp2_workers(model, world_size=4, ranks_per_worker=2)
+    check_fsdp2_workers(model, world_size=4, ranks_per_worker=4)  # one worker of every rank: the plugin's sharding

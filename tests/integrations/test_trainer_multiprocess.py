@@ -228,7 +228,8 @@ def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
 
 
 def test_worker_groups_four_processes(tmp_path):
-    """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs."""
+    """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs,
+    each rank syncs half of the model."""
     spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
             "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2}}
     results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
@@ -246,7 +247,12 @@ def test_worker_groups_four_processes(tmp_path):
         assert r["hook"]["local_bytes"] == 0 and r["hook"]["group_bytes"] >= 8 * r["model_bytes"]
         outer = [c for c in model_sized(r) if c[3].startswith("communicators.py")]
         inner = [c for c in model_sized(r) if c[3].startswith("ddp_hooks.py")]
-        assert len(outer) == r["totals"]["syncs"] == 2
+        # hierarchical sync (the default): per sync, this rank's half of the model across workers, then the
+        # worker's all-gather of the updated halves
+        assert r["totals"]["syncs"] == 2
+        assert sorted(c[0] for c in outer) == ["all_gather_single"] * 2 + ["all_reduce"] * 2
+        half = -(-r["model_bytes"] // 8) * 4  # the larger of the two shards, in FP32 bytes
+        assert all(c[1] <= half for c in outer if c[0] == "all_reduce")
         assert len(inner) >= 8, "one inner-group gradient all-reduce per step"
         assert len(model_sized(r)) == len(outer) + len(inner)
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 # ---------------------------------------------------------------- collective counter (before anything imports dist)
 COLLECTIVES: list[tuple[str, int, int, str]] = []
 PHASE = {"train": False, "step": 0}
-_NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+_NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
           "all_to_all_single", "all_to_all", "reduce", "gather", "scatter", "reduce_scatter",
           "all_gather_object", "broadcast_object_list", "gather_object", "barrier")
 

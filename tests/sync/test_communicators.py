@@ -131,6 +131,12 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
     comm = ProcessGroupCommunicator(wire_dtype="fp32")
     res = comm.average([contributions[rank].clone()], [scalars[rank].clone()], segments, wire_dtype="int8")
     out["hand", "fp32->int8"] = {"mean": res.mean, "wire_bytes": res.traffic.wire_bytes}
+    # persistent owner-reduce buffers: a second sync of the same layout must not see the first one's data
+    for wire in ("bf16", "int8"):
+        comm = ProcessGroupCommunicator(wire_dtype=wire)
+        first = comm.average([contributions[rank] * -3.0], [scalars[rank].clone()], segments).mean.clone()
+        second = comm.average([contributions[rank].clone()], [scalars[rank].clone()], segments).mean
+        out["hand", wire + " reused"] = {"first": first, "mean": second.clone(), "same_buffer": second is comm._owner.mean}
     made = make_communicator(AutoLoCoConfig(method="diloco", wire_dtype="int8", int8_block_size=64), distributed=True)
     out["made"] = (type(made).__name__, made.num_workers, made.rank, made.wire_dtype, made.block_size)
     return out
@@ -288,6 +294,20 @@ def test_wire_bytes_equal_what_the_collectives_carry(gloo) -> None:
             for wire in ("bf16", "int8"):
                 assert res[name, wire]["fp32_all_reduce_elements"] == 0, (name, wire, r)
                 assert res[name, wire]["wire_bytes"] == res[name, wire]["sent_bytes"], (name, wire, r)
+
+
+def test_reused_owner_reduce_buffers_give_each_sync_its_own_mean(gloo) -> None:
+    n, cases, ranks = gloo
+    segments, contributions, scalars = cases["hand"]
+    for wire in ("bf16", "int8"):
+        sim = SimulatedCommunicator(n, wire_dtype=wire)
+        first = sim.average([c * -3.0 for c in contributions], scalars, segments).mean
+        second = sim.average(contributions, scalars, segments).mean
+        for res in ranks:
+            got = res["hand", wire + " reused"]
+            assert got["same_buffer"], wire
+            assert torch.equal(_bits(got["first"]), _bits(first)), wire
+            assert torch.equal(_bits(got["mean"]), _bits(second)), wire
 
 
 def test_wire_override_uses_the_requested_codec(gloo) -> None:

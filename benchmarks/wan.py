@@ -1,0 +1,485 @@
+"""Bandwidth-limited multi-node benchmark: Trainer + AutoLoCoCallback across network namespaces (not a test).
+
+    sudo python benchmarks/wan.py                      # all rows at 100mbit, 1gbit, unlimited
+    sudo python benchmarks/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
+    sudo python benchmarks/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
+
+Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24).
+Two nodes are joined by one veth pair (``alhl0`` <-> ``alhl1``); more nodes hang
+off a bridge ``alhlbr0`` in its own namespace ``alh-lp-br`` through veth pairs
+``alhl<k>`` (in the node) / ``alhlp<k>`` (at the bridge). Each node's interface
+gets a ``tbf`` egress limit per rate (``unlimited``: no qdisc), MTU ``--mtu``.
+Per run, one ``torchrun --nnodes N --node_rank k`` launcher agent per namespace
+starts a user-style ``Trainer`` + ``AutoLoCoCallback`` script (this file with
+``--worker``), gloo bound to the namespace's interface (``GLOO_SOCKET_IFNAME``).
+Everything is torn down afterwards, also on error and Ctrl-C. Only addresses in
+the namespaces this script created are used. Needs root (``ip netns``, ``tc``).
+
+Rows (``--rows``):
+
+* ``single``: one process in one namespace, no communication: the lower bound of
+  wall time per step (same per-rank batch, same steps);
+* ``ddp``: gradient all-reduce every step (torch DDP), one rank per node;
+* ``diloco``, ``autoloco``, ``autoloco-int8``: one rank per node, FP32 / FP32 / INT8 wire;
+* ``diloco-2x2-flat``: 2 ranks per node, ``ranks_per_worker=2``, each outer group
+  ``{r, r+2}`` syncing the whole model (every node sends 2 copies);
+* ``diloco-2x2-hier``: the same with the hierarchical sync (reduce-scatter in the
+  node, outer collective on the 1/2 shard, all-gather in the node).
+
+Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
+training wall time the engine spent blocked in synchronization; for ``ddp``,
+whose all-reduce overlaps the backward pass, ``1 - single step time / ddp step
+time`` marked ``~``), the bytes each node's interface sent during training
+(kernel ``tx_bytes``, read inside the namespace after a barrier at train begin and
+end) next to the engine's own ``wire_bytes`` summed over the node's ranks, their
+ratio, and the seconds until rank 0's training loss (mean of the last 5 steps)
+first reaches the target (``--target-loss``; default: the largest final loss of
+the rows at that rate, so every row reaches it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "alh-lp-"
+BRIDGE_NS = PREFIX + "br"
+BRIDGE = "alhlbr0"
+SUBNET = "10.232.0"
+RATES = ("100mbit", "1gbit", "unlimited")
+LOSS_WINDOW = 5
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark row: launch layout and AutoLoCo settings."""
+
+    name: str
+    method: str  # "none" for the single-node lower bound
+    ranks_per_node: int = 1
+    wire_dtype: str = "fp32"
+    ranks_per_worker: int = 1
+    hierarchical: bool = False
+
+    @property
+    def single(self) -> bool:
+        return self.method == "none"
+
+
+ROWS = {
+    r.name: r
+    for r in (
+        Row("single", "none"),
+        Row("ddp", "ddp"),
+        Row("diloco", "diloco"),
+        Row("autoloco", "autoloco"),
+        Row("autoloco-int8", "autoloco", wire_dtype="int8"),
+        Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
+        Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
+    )
+}
+
+
+# ----------------------------------------------------------------------------- network namespaces
+def _ip(*args: str, ns: str | None = None) -> None:
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def node_ns(k: int) -> str:
+    return f"{PREFIX}{k}"
+
+
+def node_dev(k: int) -> str:
+    return f"alhl{k}"
+
+
+def node_addr(k: int) -> str:
+    return f"{SUBNET}.{k + 1}"
+
+
+class Network:
+    """The namespaces, links and qdiscs of one benchmark; a context manager that always removes them."""
+
+    def __init__(self, nodes: int, mtu: int) -> None:
+        if nodes < 2:
+            raise ValueError(f"--nodes={nodes}: a link needs at least 2 nodes")
+        self.nodes = nodes
+        self.mtu = mtu
+        self.namespaces: list[str] = []
+
+    def __enter__(self) -> Network:
+        try:
+            self._build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.teardown()
+
+    def _add_ns(self, name: str) -> None:
+        subprocess.run(["ip", "netns", "add", name], check=True, stderr=subprocess.PIPE)
+        self.namespaces.append(name)
+        _ip("ip", "link", "set", "lo", "up", ns=name)
+
+    def _build(self) -> None:
+        stale = [n for n in _list_namespaces() if n.startswith(PREFIX)]
+        if stale:
+            raise RuntimeError(f"namespaces {stale} exist already (an earlier run?): remove them with "
+                               f"`ip netns del NAME` and rerun")
+        for k in range(self.nodes):
+            self._add_ns(node_ns(k))
+        if self.nodes == 2:  # one veth pair, one end in each node
+            _ip("ip", "link", "add", node_dev(0), "netns", node_ns(0), "type", "veth",
+                "peer", "name", node_dev(1), "netns", node_ns(1))
+        else:  # a bridge in its own namespace, one veth pair per node
+            self._add_ns(BRIDGE_NS)
+            _ip("ip", "link", "add", BRIDGE, "type", "bridge", ns=BRIDGE_NS)
+            _ip("ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up", ns=BRIDGE_NS)
+            for k in range(self.nodes):
+                peer = f"alhlp{k}"
+                _ip("ip", "link", "add", node_dev(k), "netns", node_ns(k), "type", "veth",
+                    "peer", "name", peer, "netns", BRIDGE_NS)
+                _ip("ip", "link", "set", peer, "mtu", str(self.mtu), "master", BRIDGE, "up", ns=BRIDGE_NS)
+        for k in range(self.nodes):
+            _ip("ip", "addr", "add", f"{node_addr(k)}/24", "dev", node_dev(k), ns=node_ns(k))
+            _ip("ip", "link", "set", node_dev(k), "mtu", str(self.mtu), "up", ns=node_ns(k))
+
+    def set_rate(self, rate: str) -> None:
+        """``tbf`` egress limit on every node's interface (``unlimited``: no qdisc)."""
+        for k in range(self.nodes):
+            ns, dev = node_ns(k), node_dev(k)
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # none yet is fine
+            if rate != "unlimited":
+                burst = max(256 * 1024, _rate_bits(rate) // 8 // 100)  # >= 10 ms of traffic, > a 64 KB GSO packet
+                _ip("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
+                    "latency", "2s", ns=ns)
+
+    def teardown(self) -> None:
+        for ns in reversed(self.namespaces):
+            _kill_namespace_processes(ns)
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        self.namespaces = []
+
+
+def _rate_bits(rate: str) -> int:
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+    for unit, mult in units.items():
+        if rate.endswith(unit):
+            return int(float(rate[: -len(unit)]) * mult)
+    raise ValueError(f"--rates: {rate!r} is not a rate like 100mbit, 1gbit or 'unlimited'")
+
+
+def _list_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    """SIGKILL what still runs inside one of our namespaces (left-over launchers after an error)."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def check_root() -> str | None:
+    """Why this machine cannot run the benchmark (one line), or None."""
+    if os.geteuid() != 0:
+        return "benchmarks/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"benchmarks/wan.py needs `{tool}` (iproute2): install it"
+    return None
+
+
+# ----------------------------------------------------------------------------- runs
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """Launch one row (one torchrun agent per node namespace) and collect rank 0's result."""
+    nodes = 1 if row.single else net.nodes
+    out = os.path.join(workdir, f"{row.name}-{rate}")
+    os.makedirs(out, exist_ok=True)
+    spec = dict(row.__dict__, steps=args.steps, h_base=args.h_base, output_dir=out, batch=args.batch,
+                seq=args.seq, hidden=args.hidden, layers=args.layers, vocab=args.vocab, threads=args.threads)
+    spec_path = os.path.join(out, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
+               HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    procs = []
+    try:
+        for k in range(nodes):
+            cmd = ["ip", "netns", "exec", node_ns(k), "env", f"GLOO_SOCKET_IFNAME={node_dev(k)}",
+                   "nice", "-n", str(args.nice), sys.executable, "-m", "torch.distributed.run",
+                   "--nnodes", str(nodes), "--node_rank", str(k), "--nproc_per_node", str(row.ranks_per_node),
+                   "--master_addr", node_addr(0), "--master_port", str(port),
+                   os.path.abspath(__file__), "--worker", spec_path]
+            log = open(os.path.join(out, f"node{k}.log"), "w")
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True), log))
+        deadline = time.monotonic() + args.run_timeout
+        for proc, _ in procs:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if rc != 0:
+                raise RuntimeError(f"row {row.name} at {rate}: a launcher exited with {rc}; see {out}/node*.log")
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+    results = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith("result_rank"):
+            with open(os.path.join(out, name)) as f:
+                results.append(json.load(f))
+    return summarize(row, rate, results)
+
+
+def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table row from the per-rank results (kernel bytes per node, engine bytes per node, times)."""
+    rank0 = next(r for r in results if r["rank"] == 0)
+    nodes = sorted({r["node"] for r in results})
+    tx = [sum(r["tx_bytes"] for r in results if r["node"] == n and r["local_rank"] == 0) for n in nodes]
+    engine = [sum(r["wire_bytes"] for r in results if r["node"] == n) for n in nodes]
+    wall = rank0["train_seconds"]
+    return dict(row=row.name, rate=rate, steps=rank0["steps"], steps_per_s=rank0["steps"] / wall,
+                step_seconds=statistics.median(rank0["step_seconds"]) if rank0["step_seconds"] else wall,
+                sync_share=rank0["sync_seconds"] / wall, syncs=rank0["syncs"],
+                tx_bytes_per_node=max(tx), engine_bytes_per_node=max(engine), losses=rank0["losses"],
+                loss_times=rank0["loss_times"], outer_state_bytes=rank0["outer_state_bytes"],
+                method=row.method)
+
+
+def time_to_target(losses: list[float], times: list[float], target: float) -> float | None:
+    """Seconds until the mean of the last ``LOSS_WINDOW`` losses (fewer at the start) first reaches ``target``."""
+    for i in range(len(losses)):
+        if statistics.fmean(losses[max(0, i - LOSS_WINDOW + 1) : i + 1]) <= target:
+            return times[i]
+    return None
+
+
+def final_loss(losses: list[float]) -> float:
+    return statistics.fmean(losses[-LOSS_WINDOW:])
+
+
+def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
+    header = (f"{'rate':>9} {'row':<16} {'steps/s':>7} {'x single':>8} {'sync %':>7} {'syncs':>5} "
+              f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
+              f"{'outer MB/rank':>13}")
+    print(header)
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        mine = [r for r in rows if r["rate"] == rate]
+        target = target_loss if target_loss is not None else max(final_loss(r["losses"]) for r in mine)
+        single = next((r for r in mine if r["method"] == "none"), None)
+        for r in mine:
+            share = f"{100 * r['sync_share']:>7.1f}"
+            if r["method"] == "ddp" and single is not None:
+                share = f"~{100 * max(0.0, 1 - single['step_seconds'] / r['step_seconds']):>6.1f}"
+            ratio = f"{r['tx_bytes_per_node'] / r['engine_bytes_per_node']:>9.4f}" if r["engine_bytes_per_node"] else f"{'-':>9}"
+            reach = time_to_target(r["losses"], r["loss_times"], target)
+            vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
+            print(f"{rate:>9} {r['row']:<16} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
+                  f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
+                  f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
+                  f"{r['outer_state_bytes'] / 1e6:>13.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", type=int, default=2, help="network namespaces (2: one veth pair; more: a bridge)")
+    parser.add_argument("--rates", nargs="+", default=list(RATES), help="tbf egress rate per node, or 'unlimited'")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--h-base", type=int, default=10, help="DiLoCo H / AutoLoCo h_base (optimizer steps)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--nice", type=int, default=10)
+    parser.add_argument("--target-loss", type=float, default=None)
+    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per row before it is killed")
+    parser.add_argument("--json", help="also write every row's numbers to this file")
+    parser.add_argument("--smoke", action="store_true", help="CI: 2 nodes, unlimited, diloco, 4 steps, H=2")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
+    for rate in args.rates:
+        if rate != "unlimited":
+            _rate_bits(rate)
+    if args.smoke:
+        args.nodes, args.rates, args.rows, args.steps, args.h_base = 2, ["unlimited"], ["diloco"], 4, 2
+        args.hidden, args.layers, args.vocab, args.seq = 32, 1, 128, 16
+    reason = check_root()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    rows = [ROWS[name] for name in args.rows]
+    if any(r.ranks_per_node > 1 for r in rows) and args.nodes != 2:
+        parser.error("--rows diloco-2x2-*: the 2 x 2 rows need --nodes 2")
+
+    def interrupted(signum, frame):  # SIGTERM tears down like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    print(f"{args.nodes} nodes, rates {' '.join(args.rates)}, {args.steps} steps, H {args.h_base}, "
+          f"MTU {args.mtu}, load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
+    results = []
+    workdir = tempfile.mkdtemp(prefix="alh-wan-")
+    try:
+        with Network(args.nodes, args.mtu) as net:
+            for rate in args.rates:  # rows interleaved within each rate, so load swings hit them alike
+                net.set_rate(rate)
+                for row in rows:
+                    print(f"  {rate} {row.name} ...", flush=True)
+                    results.append(run_row(net, row, rate, args, workdir))
+    except KeyboardInterrupt:
+        print("interrupted: namespaces removed", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 130
+    finally:
+        if results:
+            print_table(results, args.target_loss)
+        if args.json and results:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- the user-style training script
+def worker(spec_path: str) -> int:
+    """One rank: a tiny GPT-2 trained by ``Trainer`` (+ ``AutoLoCoCallback`` unless the row is ``single``)."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    node = rank // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    dev = os.environ.get("GLOO_SOCKET_IFNAME")
+    torch.manual_seed(0)
+    vocab, seq = spec["vocab"], spec["seq"]
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"],
+                                       n_layer=spec["layers"], n_head=4))
+    # a fixed random Markov chain with 4 successors per token: learnable, loss falls from ln(vocab) to ~ln(4)
+    g = torch.Generator().manual_seed(1)
+    successors = torch.randint(0, vocab, (vocab, 4), generator=g)
+    n_seq = spec["steps"] * spec["batch"] * world
+    ids = torch.empty(n_seq, seq, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, vocab, (n_seq,), generator=g)
+    for t in range(1, seq):
+        ids[:, t] = successors[ids[:, t - 1], torch.randint(0, 4, (n_seq,), generator=g)]
+    data = [{"input_ids": x, "labels": x} for x in ids]
+
+    def tx_bytes() -> int:
+        if dev is None or local_rank != 0:
+            return 0
+        with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+            return int(f.read())
+
+    losses: list[float] = []
+    loss_times: list[float] = []
+    step_ends: list[float] = []
+    marks: dict[str, float] = {}
+
+    class TimedTrainer(Trainer):  # the local loss of every step, without the Trainer's per-log gather
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+            loss = out[0] if return_outputs else out
+            losses.append(float(loss.detach()))
+            return out
+
+    class Meter(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if dist.is_initialized():
+                dist.barrier()
+            marks["tx0"], marks["t0"] = tx_bytes(), time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            step_ends.append(now)
+            loss_times.append(now - marks["t0"])
+
+        def on_train_end(self, args, state, control, **kwargs):
+            marks["t1"] = time.perf_counter()
+            if dist.is_initialized():
+                dist.barrier()
+            marks["tx1"] = tx_bytes()
+
+    callbacks: list[Any] = []
+    autoloco = None
+    if spec["method"] != "none":
+        config = dict(method=spec["method"], h_base=spec["h_base"], wire_dtype=spec["wire_dtype"],
+                      ranks_per_worker=spec["ranks_per_worker"])
+        if spec["method"] == "autoloco":
+            config.update(h_min=max(1, spec["h_base"] // 2), q_h=max(1, spec["h_base"] // 5))
+        if spec["ranks_per_worker"] > 1:
+            config["hierarchical_sync"] = spec["hierarchical"]
+        autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
+        callbacks.append(autoloco)
+    callbacks.append(Meter())
+    args = TrainingArguments(output_dir=spec["output_dir"], per_device_train_batch_size=spec["batch"],
+                             max_steps=spec["steps"], learning_rate=3e-3, warmup_steps=2, report_to=[],
+                             use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=10**6,
+                             dataloader_num_workers=0, seed=0, ddp_broadcast_buffers=False)
+    TimedTrainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
+    totals = autoloco.engine.totals if autoloco is not None else None
+    outer = autoloco.engine.outer if autoloco is not None and autoloco.engine.outer is not None else None
+    steps_between = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    result = dict(rank=rank, node=node, local_rank=local_rank, steps=len(step_ends),
+                  train_seconds=marks["t1"] - marks["t0"], step_seconds=steps_between,
+                  sync_seconds=totals.sync_seconds if totals else 0.0, syncs=totals.syncs if totals else 0,
+                  wire_bytes=totals.wire_bytes if totals else 0, tx_bytes=marks["tx1"] - marks["tx0"],
+                  losses=losses, loss_times=loss_times,
+                  outer_state_bytes=_outer_state_bytes(outer) if outer is not None else 0)
+    with open(os.path.join(spec["output_dir"], f"result_rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def _outer_state_bytes(outer: Any) -> int:
+    """FP32 outer parameters plus momentum held by this rank."""
+    params = outer.params.numel() * outer.params.element_size()
+    momentum = outer.momentum_buffer
+    return params + (momentum.numel() * momentum.element_size() if momentum is not None else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
