@@ -79,6 +79,8 @@ def test_config_defaults_to_blocking_and_validates_overlap():
         AutoLoCoConfig(method="ddp", overlap="eager")
     with pytest.raises(ConfigError, match="error_feedback"):
         config(overlap="eager", wire_dtype="int8", error_feedback=True)
+    with pytest.raises(ConfigError, match="hierarchical_sync"):
+        config(overlap="eager", ranks_per_worker=2)
     assert AutoLoCoConfig.from_dict(config(overlap="eager").to_dict()).overlap == "eager"
 
 
