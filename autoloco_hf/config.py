@@ -63,8 +63,17 @@ class ReferenceClip(ValueEnum):
     ZERO = "zero"  # clip r around 0 (the paper's literal rule): follows drift by <= alpha * k_moderate * sigma
 
 
+class Overlap(ValueEnum):
+    """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md §11)."""
+
+    NONE = "none"  # blocking: every worker waits for the average at each boundary
+    DELAYED = "delayed"  # Streaming-DiLoCo merge of the outer result overlap_steps inner steps later
+    EAGER = "eager"  # eager update from each worker's own fresh pseudo-gradient; the average lands one interval later
+
+
 METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
+OVERLAPS = tuple(o.value for o in Overlap)
 
 # Recipe presets: the paper's two settings (spec 1, 5.4). Budgets are what the
 # `plan` command previews; training code reads the budget from the trainer.
@@ -256,6 +265,24 @@ class AutoLoCoConfig:
             any worker after which the run stops with an error (each one skips
             the outer step and restarts from the last synchronized parameters,
             spec 5.2); the last checkpoint written before them stays intact.
+        overlap (`str`, defaults to `"none"`):
+            `none` blocks every worker at a boundary until the average arrives
+            (the paper). `delayed` starts the collective asynchronously, trains
+            on from the local replica and merges the outer result
+            `overlap_steps` inner steps later with mixing factor `overlap_mix`
+            (Streaming DiLoCo). `eager` lets the collective run behind the whole
+            next interval: each worker starts it from an outer step that uses its
+            own fresh pseudo-gradient in place of its stale contribution, and the
+            horizon controller decides one interval later. docs/algorithm.md §11.
+            Not in the paper.
+        overlap_steps (`int`, defaults to 1):
+            `delayed`: inner steps between a boundary and the merge of its outer
+            result (`tau`); must be shorter than the shortest interval. `0` with
+            `overlap_mix=0` is the blocking algorithm.
+        overlap_mix (`float`, defaults to 0.5):
+            `delayed`: weight `alpha` of the local replica in the merge
+            `x <- alpha x + (1 - alpha) theta` (Streaming DiLoCo's mixing factor;
+            0 replaces the replica by the outer parameters).
     """
 
     method: Method = Method.AUTOLOCO
@@ -314,6 +341,10 @@ class AutoLoCoConfig:
     # --- reliability (issue 10) ---
     sync_timeout_s: float = 600.0
     max_consecutive_invalid: int = 3
+    # --- overlap (issue 15) ---
+    overlap: Overlap = Overlap.NONE
+    overlap_steps: int = 1
+    overlap_mix: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -398,6 +429,32 @@ class AutoLoCoConfig:
         # --- reliability (issue 10) ---
         self._check_float("sync_timeout_s", 0.0, math.inf, low_open=True)
         self._check_int("max_consecutive_invalid", 1)
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        """Overlap needs intervals, an exact wire without a residual, and a merge due before the next boundary."""
+        if self.overlap not in OVERLAPS:
+            _fail("overlap", self.overlap, f"use one of {', '.join(OVERLAPS)}")
+        self.overlap = Overlap(self.overlap)
+        self._check_int("overlap_steps", 0)
+        self._check_float("overlap_mix", 0.0, 1.0, high_open=True)
+        if self.overlap == Overlap.NONE:
+            return
+        if not self.is_interval_method:
+            _fail("overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method")
+        if self.error_feedback:
+            _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
+        if self.ranks_per_worker > 1 and self.hierarchical_sync:
+            _fail(
+                "overlap", self.overlap, "it does not combine with sharded hierarchical_sync yet: set hierarchical_sync=False"
+            )
+        if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
+            _fail(
+                "overlap_steps",
+                self.overlap_steps,
+                f"the merge must land inside the next interval, whose shortest length for method={self.method} "
+                f"is {self.min_interval_steps} steps: use overlap_steps < {self.min_interval_steps}",
+            )
 
     # -- validation helpers -------------------------------------------------
     def _check_int(self, name: str, minimum: int) -> None:
@@ -439,6 +496,15 @@ class AutoLoCoConfig:
     def uses_nesterov_outer(self) -> bool:
         """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (spec 6)."""
         return self.method in (Method.DILOCO, Method.AUTOLOCO)
+
+    @property
+    def min_interval_steps(self) -> int:
+        """Shortest interval a policy can plan before truncation at the budget (multiples of q_h for AutoLoCo)."""
+        if self.method == Method.AUTOLOCO:
+            return min(self.q_h, self.h_min) if self.map_tokens else self.h_min
+        if self.method == Method.LINEAR:
+            return self.linear_increment
+        return self.h_base
 
     @property
     def outer_correction_enabled(self) -> bool:

@@ -56,6 +56,7 @@ class Assessment(ValueEnum):
     NO_DECISION = "no_decision"
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
+    STALE = "stale"  # eager overlap: ran a horizon the controller has since replaced; not fed to it (docs/algorithm.md §11.3)
 
 
 class Decision(ValueEnum):

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from autoloco_hf.config import AutoLoCoConfig, Method
-from autoloco_hf.algorithm.controller import ControllerDecision, HorizonController, IntervalObservation
+from autoloco_hf.algorithm.controller import (
+    Assessment,
+    ControllerDecision,
+    Decision,
+    HorizonController,
+    IntervalObservation,
+)
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
 
@@ -72,8 +78,12 @@ class IntervalPolicy(ABC):
             lr_mass_base=lr_mass(self.schedule, start_step, h_ref),
         )
 
-    def complete(self, outcome: IntervalOutcome) -> Optional[ControllerDecision]:
-        """Learn from a completed interval; adaptive policies return their decision."""
+    def complete(self, outcome: IntervalOutcome, next_start: Optional[int] = None) -> Optional[ControllerDecision]:
+        """Learn from a completed interval; adaptive policies return their decision.
+
+        ``next_start``: the start of the interval the decision sets, when that is
+        not the one right after ``outcome`` (eager overlap, docs/algorithm.md §11.3).
+        """
         return None
 
     @abstractmethod
@@ -166,7 +176,17 @@ class AutoLoCoPolicy(IntervalPolicy):
     def _reference_steps(self) -> int:
         return self.mapper.map(self.h_base)
 
-    def complete(self, outcome: IntervalOutcome) -> Optional[ControllerDecision]:
+    def complete(self, outcome: IntervalOutcome, next_start: Optional[int] = None) -> Optional[ControllerDecision]:
+        """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.
+
+        With the eager overlap the statistics of interval ``t`` arrive when
+        interval ``t + 1`` has already run, and the decision sets interval
+        ``t + 2`` (``next_start``). An interval that ran a horizon the
+        controller has replaced since it was planned says nothing about the
+        current horizon: if finite it is marked ``stale`` and not fed to the
+        controller; a non-finite one still takes the invalid path
+        (docs/algorithm.md §11.3).
+        """
         interval = outcome.interval
         full = not interval.truncated
         self.mapper.observe(
@@ -174,7 +194,14 @@ class AutoLoCoPolicy(IntervalPolicy):
         )
         if not self.config.adaptive_horizon:
             return None
-        next_start = interval.start_step + interval.h_step
+        lagged = next_start is not None
+        if next_start is None:
+            next_start = interval.start_step + interval.h_step
+        finite = outcome.pseudo_grad_finite and all(
+            math.isfinite(v) for v in (outcome.drift_energy, outcome.coherence, outcome.lr_mass, outcome.mean_loss)
+        )
+        if lagged and finite and interval.h_tok != self.controller.h_tok:
+            return ControllerDecision(self.controller.phase, Assessment.STALE, Decision.KEEP, self.controller.h_tok)
         observation = IntervalObservation(
             h_tok=interval.h_tok,
             start_step=interval.start_step,

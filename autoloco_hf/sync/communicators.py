@@ -93,6 +93,31 @@ def describe_backend_error(err: BaseException) -> str:
 ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
 
 
+class PendingAverage:
+    """An average in flight (overlapped synchronization, docs/algorithm.md §11).
+
+    :meth:`wait` blocks until the collective has completed and returns its
+    :class:`AverageResult`; later calls return the same result, so a checkpoint
+    may wait for it before the training loop does.
+    """
+
+    def __init__(self, finish: Callable[[], AverageResult]) -> None:
+        self._finish: Optional[Callable[[], AverageResult]] = finish
+        self._result: Optional[AverageResult] = None
+
+    @classmethod
+    def completed(cls, result: AverageResult) -> "PendingAverage":
+        pending = cls(lambda: result)
+        pending.wait()
+        return pending
+
+    def wait(self) -> AverageResult:
+        if self._finish is not None:
+            self._result, self._finish = self._finish(), None
+        assert self._result is not None
+        return self._result
+
+
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Float64 ``v0 + v1 + ... + v_{N-1}`` in this fixed order on both paths.
 
@@ -125,6 +150,21 @@ class Communicator(ABC):
         if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes) or self._codec.wire_dtype != wire:
             self._codec = WireCodec(wire, segment_sizes, self.block_size)
         return self._codec
+
+    def start_average(
+        self,
+        flats: Sequence[torch.Tensor],
+        scalars: Sequence[torch.Tensor],
+        segment_sizes: Sequence[int],
+        wire_dtype: Optional[str] = None,
+    ) -> PendingAverage:
+        """Start :meth:`average` without waiting for it; the inputs may be reused once this returns.
+
+        This default computes the average at once: the simulation applies it at
+        the step the engine says it is due, which models an asynchronous
+        collective's timing exactly (docs/algorithm.md §11).
+        """
+        return PendingAverage.completed(self.average(flats, scalars, segment_sizes, wire_dtype))
 
     @abstractmethod
     def average(
@@ -358,6 +398,45 @@ class ProcessGroupCommunicator(Communicator):
     def broadcast_(self, tensor: torch.Tensor) -> None:
         with self._guarded("the start-up broadcast of rank 0's parameters"):
             self.dist.broadcast(tensor, src=self.global_rank(0), group=self.group)
+
+    def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
+        """FP32: the control all-gather and the bucketed all-reduce run as ``async_op=True`` work handles.
+
+        The flat buffer is copied into a buffer of its own, so the caller may go
+        on training while the collective runs. BF16/INT8 owner-reduce needs its
+        two exchanges with a decode in between: it completes here (not overlapped).
+        """
+        wire = WireDtype(wire_dtype or self.wire_dtype)
+        if wire != WireDtype.FP32:
+            return super().start_average(flats, scalars, segment_sizes, wire)
+        if len(flats) != 1:
+            raise ValueError("a process-group worker contributes exactly one buffer")
+        flat = flats[0]
+        traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
+        start = time.perf_counter()
+        gathered: list[torch.Tensor] = []
+        works = []
+        if scalars:
+            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).clone()
+            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+            works.append(self.dist.all_gather(gathered, local, group=self.group, async_op=True))
+        total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
+        works += [
+            self.dist.all_reduce(bucket, group=self.group, async_op=True)
+            for bucket in torch.split(total, self.bucket_elements)
+        ]
+
+        def finish() -> AverageResult:
+            with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s
+                for work in works:
+                    work.wait()
+            total.div_(self.num_workers)
+            traffic.collective_seconds = _now(total) - start  # issue to completion, compute overlapped included
+            if not gathered:
+                return AverageResult(total, torch.zeros(0, dtype=torch.float64), traffic)
+            return AverageResult(total, sum_in_worker_order(gathered).cpu(), traffic, torch.stack(gathered).cpu())
+
+        return PendingAverage(finish)
 
 
 class _OwnerReduceBuffers:

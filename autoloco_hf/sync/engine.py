@@ -58,10 +58,10 @@ from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, ou
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
-from autoloco_hf.config import AutoLoCoConfig, WireDtype
+from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
-from autoloco_hf.sync.communicators import Communicator, Traffic
+from autoloco_hf.sync.communicators import AverageResult, Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
@@ -124,6 +124,14 @@ class IntervalEngine:
         records_path: JSONL file for per-interval records (write it on one rank).
         on_record: called with every :class:`IntervalRecord` (e.g. for logging).
     """
+
+    def __new__(cls, config: AutoLoCoConfig, *args: Any, **kwargs: Any) -> "IntervalEngine":
+        """``config.overlap`` other than ``none`` builds the overlapped engine (docs/algorithm.md §11)."""
+        if cls is IntervalEngine and config.overlap != Overlap.NONE:
+            from autoloco_hf.sync.overlap import OverlappedEngine
+
+            cls = OverlappedEngine
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -266,15 +274,18 @@ class IntervalEngine:
                     p.copy_(chunk.view_as(p))
 
     def _start_interval(self) -> None:
+        self._reset_interval_counters()
+        self._interval = (
+            self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
+        )
+
+    def _reset_interval_counters(self) -> None:
         workers = self.comm.local_workers
         self._tokens = [0] * workers
         self._loss_sum = [0.0] * workers
         self._loss_count = 0
         self._lr_mass = 0.0
         self._interval_started = time.perf_counter()
-        self._interval = (
-            self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
-        )
 
     @torch.no_grad()
     def _synchronize(self) -> IntervalRecord:
@@ -295,9 +306,21 @@ class IntervalEngine:
 
     def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
         """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (spec 2)."""
+        deltas, messages = self._contributions(interval)
+        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
+        result = self.comm.average(deltas, messages, self.shard_segment_sizes, check=self._check_agreement)
+        return self._read_aggregate(result, lr_mass)
+
+    def _contributions(
+        self, interval: NextInterval, starts: Optional[Sequence[torch.Tensor]] = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each local worker's pseudo-gradient (from ``theta_t``, or from its own start point ``starts[i]``) and packed control message."""
         deltas, messages = [], []
         for i, params in enumerate(self.worker_params):
-            delta = self.outer.pseudo_gradient(params)
+            if starts is None:
+                delta = self.outer.pseudo_gradient(params)
+            else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.3)
+                delta = starts[i] - flatten_fp32(params, self.outer.device)
             sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
             finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
@@ -306,9 +329,12 @@ class IntervalEngine:
                 delta = self._compensate(i, delta)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite).pack())
-        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
-        result = self.comm.average(deltas, messages, self.shard_segment_sizes, check=self._check_agreement)
+        return deltas, messages
+
+    def _read_aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
+        """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (spec 2, 5.2)."""
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
+        control.check_agreement(self.comm.worker_labels())  # the overlapped path's check; blocking checked it already
         # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
         # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
         mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
@@ -374,6 +400,14 @@ class IntervalEngine:
 
     def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
         """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (spec 4, 5.2)."""
+        outer = self._apply_outer(interval, aggregate)
+        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
+        for params in self.worker_params:
+            self.outer.write_back(params, theta)
+        return outer
+
+    def _apply_outer(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
+        """``theta_{t+1}`` and the momentum from the mean pseudo-gradient, or no move on an invalid interval."""
         correction = self._correction(interval)
         if aggregate.valid:
             if self.config.uses_nesterov_outer:
@@ -383,30 +417,28 @@ class IntervalEngine:
         else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
             self.totals.skipped_outer_steps += 1
             self._sanitize_optimizers()
-        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
-        for params in self.worker_params:
-            self.outer.write_back(params, theta)
         return OuterStep(correction, aggregate.valid)
 
     def _advance_policy(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> PolicyAdvance:
         """Tell the policy what the interval did and start the next one (spec 3, 5)."""
         assert self.policy is not None
         started = time.perf_counter()
-        finite = aggregate.all_finite
-        decision = self.policy.complete(
-            IntervalOutcome(
-                interval=interval,
-                global_tokens=int(round(aggregate.control.totals.tokens)),
-                drift_energy=aggregate.stats.drift_energy if finite else math.nan,
-                coherence=aggregate.stats.coherence if finite else math.nan,
-                lr_mass=lr_mass,
-                mean_loss=aggregate.mean_loss if finite else math.nan,
-                pseudo_grad_finite=aggregate.valid,
-            )
-        )
+        decision = self.policy.complete(self._outcome(interval, lr_mass, aggregate))
         interval_seconds = time.perf_counter() - self._interval_started
         self._start_interval()
         return PolicyAdvance(decision, self._interval, interval_seconds, time.perf_counter() - started)
+
+    def _outcome(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> IntervalOutcome:
+        finite = aggregate.all_finite
+        return IntervalOutcome(
+            interval=interval,
+            global_tokens=int(round(aggregate.control.totals.tokens)),
+            drift_energy=aggregate.stats.drift_energy if finite else math.nan,
+            coherence=aggregate.stats.coherence if finite else math.nan,
+            lr_mass=lr_mass,
+            mean_loss=aggregate.mean_loss if finite else math.nan,
+            pseudo_grad_finite=aggregate.valid,
+        )
 
     def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         feedback = self.error_feedback[worker]
@@ -557,6 +589,11 @@ class IntervalEngine:
                     f"checkpoint was written with {key}={saved.get(key)!r} but this run has "
                     f"{key}={getattr(self.config, key)!r}: resume with the same AutoLoCoConfig"
                 )
+        if state.get("overlap") is not None and self.config.overlap == Overlap.NONE:
+            raise ValueError(
+                f"checkpoint was written with overlap={state['overlap']['mode']!r} but this run has overlap='none': "
+                "resume with the same AutoLoCoConfig"
+            )
         self.outer.load_state_dict(state["outer"])
         if self.policy is not None:
             self.policy.load_state_dict(state["policy"])

@@ -107,6 +107,22 @@ class OuterOptimizer:
         self.params.grad = None
 
     @torch.no_grad()
+    def lookahead(
+        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: Optional[float] = None
+    ) -> torch.Tensor:
+        """What :meth:`step` would make of ``theta`` on this pseudo-gradient, with ``theta`` and the momentum untouched.
+
+        The eager overlap starts each worker's next interval from such a step on
+        its own estimate of the mean (docs/algorithm.md §11.3); running the same
+        SGD code on copies keeps it bit-exact with the step taken later.
+        """
+        shadow = OuterOptimizer([self.params.detach()], lr=lr, momentum=momentum, device=self.device)
+        if self.momentum_buffer is not None:
+            shadow.optimizer.state[shadow.params]["momentum_buffer"] = self.momentum_buffer.clone()
+        shadow.step(mean_pseudo_grad, lr, momentum, grad_divisor)
+        return shadow.params.detach()
+
+    @torch.no_grad()
     def average_step(self, mean_pseudo_grad: torch.Tensor) -> None:
         """Direct model averaging (QSR, Linear Interval): ``theta <- theta - mean Delta``."""
         self.params.sub_(mean_pseudo_grad.to(self.device, torch.float32))
