@@ -22,7 +22,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
+
 
 class ValueEnum(str, Enum):
     """A ``str`` enum that prints as its value, so records, JSON and messages show ``"diloco"``."""
@@ -75,7 +76,7 @@ METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
 OVERLAPS = tuple(o.value for o in Overlap)
 
-# Recipe presets: the paper's two settings (spec 1, 5.4). Budgets are what the
+# Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4). Budgets are what the
 # `plan` command previews; training code reads the budget from the trainer.
 RECIPES: dict[str, dict[str, Any]] = {
     "c4": dict(h_base=500, q_h=50, h_max=750, normalize_pseudo_grad=False),
@@ -117,97 +118,97 @@ class AutoLoCoConfig:
             One of `ddp` (gradient all-reduce every step), `diloco` (fixed
             horizon, Nesterov outer step), `autoloco` (adaptive horizon and
             corrected outer step), `qsr` and `linear` (interval baselines with
-            direct model averaging). Spec 6.
+            direct model averaging). docs/algorithm.md §6.
         h_base (`int`, defaults to 500):
             Recipe horizon in optimizer steps: DiLoCo's fixed `H`, AutoLoCo's
-            starting and reference horizon (spec 1).
+            starting and reference horizon (docs/algorithm.md §1).
         q_h (`int`, *optional*):
             Horizon granularity in steps; `h_base` must be a multiple of it.
             Defaults to `h_base // 10`, or the largest divisor of `h_base`
-            below that (spec 1).
+            below that (docs/algorithm.md §1).
         h_min (`int`, *optional*):
             Lower end of the token-equivalent horizon domain; defaults to `h_base`.
         h_max (`int`, *optional*):
             Upper end of the domain; defaults to `1.5 * h_base` rounded down to a
             multiple of `q_h`.
         outer_lr (`float`, defaults to 0.7):
-            Base outer learning rate `eta_base^out` (spec 4, 6).
+            Base outer learning rate `eta_base^out` (docs/algorithm.md §4, 6).
         outer_momentum (`float`, *optional*):
             Base Nesterov momentum `mu_base`. Defaults to 0.9 for `diloco` (the
-            paper's baseline) and 0.7 for `autoloco` (spec 4). Set 0.7 with
-            `diloco` for the fair comparator of spec 6.
+            paper's baseline) and 0.7 for `autoloco` (docs/algorithm.md §4). Set 0.7 with
+            `diloco` for the fair comparator of docs/algorithm.md §6.
         mu_min (`float`, defaults to 0.5), mu_max (`float`, defaults to 0.9):
-            Clip range of the retained momentum `mu_t = mu_base ** rho_t` (spec 4).
+            Clip range of the retained momentum `mu_t = mu_base ** rho_t` (docs/algorithm.md §4).
         kappa_max (`float`, defaults to 1.5):
-            Bound on the outer-step scale `kappa_t` *[reconstruction]* (spec 4).
+            Bound on the outer-step scale `kappa_t` *[reconstruction]* (docs/algorithm.md §4).
         eps (`float`, defaults to 1e-8):
-            Epsilon of the ratios `C_t`, `d_t`, `rho_t`, normalization (spec 2, 4).
+            Epsilon of the ratios `C_t`, `d_t`, `rho_t`, normalization (docs/algorithm.md §2, 4).
         adjust_momentum (`bool`, defaults to `True`):
-            Momentum retention switch (spec 4); off gives `mu_t = mu_base`.
+            Momentum retention switch (docs/algorithm.md §4); off gives `mu_t = mu_base`.
         scale_outer_lr (`bool`, defaults to `True`):
-            Bounded outer-step scaling switch (spec 4); off gives `eta_t = outer_lr`.
+            Bounded outer-step scaling switch (docs/algorithm.md §4); off gives `eta_t = outer_lr`.
         normalize_pseudo_grad (`bool`, defaults to `False`):
-            Divide the mean pseudo-gradient by `rho_t` (spec 4); on for SFT.
+            Divide the mean pseudo-gradient by `rho_t` (docs/algorithm.md §4); on for SFT.
         adaptive_horizon (`bool`, defaults to `True`):
             For `autoloco`, run the horizon controller; off keeps `h_base` (with
-            all three switches off this is DiLoCo, spec 4 "special case").
+            all three switches off this is DiLoCo, docs/algorithm.md §4 "special case").
         map_tokens (`bool`, defaults to `True`):
             For `autoloco`, map token-equivalent horizons to steps with the
-            observed token density (spec 3); off executes `H_step = H_tok`.
+            observed token density (docs/algorithm.md §3); off executes `H_step = H_tok`.
         token_calibration_intervals (`int`, defaults to 3):
-            Recipe-horizon intervals whose global token counts give `M_base` (spec 3).
+            Recipe-horizon intervals whose global token counts give `M_base` (docs/algorithm.md §3).
         token_ema_beta (`float`, defaults to 0.9):
-            EMA factor of the tokens-per-step estimate (spec 3).
+            EMA factor of the tokens-per-step estimate (docs/algorithm.md §3).
         warmup_steps (`int`, *optional*):
             Inner-LR warm-up length; the controller keeps `h_base` until it ends
-            (spec 5.3.1). The integrations read it from the trainer when unset.
+            (docs/algorithm.md §5.3.1). The integrations read it from the trainer when unset.
         calibration_delay_steps (`int`, defaults to 0):
-            Extra steps after warm-up before the first calibration interval (spec 5.3.1).
+            Extra steps after warm-up before the first calibration interval (docs/algorithm.md §5.3.1).
         calibration_intervals (`int`, defaults to 2):
-            Intervals that set the reference levels at the start (spec 5.3.2).
+            Intervals that set the reference levels at the start (docs/algorithm.md §5.3.2).
         recalibration_intervals (`int`, defaults to 1):
-            Calibration intervals after a reduction, adoption or return (spec 5.3.2).
+            Calibration intervals after a reduction, adoption or return (docs/algorithm.md §5.3.2).
         variability_intervals (`int`, defaults to 3):
-            Intervals that fill the residual history after calibration (spec 5.3.3).
+            Intervals that fill the residual history after calibration (docs/algorithm.md §5.3.3).
         monitoring_holdoff (`int`, defaults to 1):
             Monitored intervals that must be consistent with the reference before
-            an increase may be proposed (spec 5.3.4).
+            an increase may be proposed (docs/algorithm.md §5.3.4).
         ref_ema_alpha (`float`, defaults to 0.2):
-            Log-space EMA factor of the reference levels *[reconstruction]* (spec 5.1).
+            Log-space EMA factor of the reference levels *[reconstruction]* (docs/algorithm.md §5.1).
         history_size (`int`, defaults to 16):
-            Residuals kept per family (spec 5.1).
+            Residuals kept per family (docs/algorithm.md §5.1).
         sigma_floor (`float`, defaults to 0.10):
-            Floor of the robust residual scale *[reconstruction]* (spec 5.1).
+            Floor of the robust residual scale *[reconstruction]* (docs/algorithm.md §5.1).
         k_moderate (`float`, defaults to 2.0), k_severe (`float`, defaults to 4.0):
-            Adverse-score thresholds of moderate and severe deviations (spec 5.2).
+            Adverse-score thresholds of moderate and severe deviations (docs/algorithm.md §5.2).
         min_history (`int`, defaults to 3):
-            Residuals needed before moderate and severe can be assessed (spec 5.2).
+            Residuals needed before moderate and severe can be assessed (docs/algorithm.md §5.2).
         candidate_max_intervals (`int`, defaults to 2):
-            Intervals a candidate may run while consistent before it is adopted (spec 5.3.6).
+            Intervals a candidate may run while consistent before it is adopted (docs/algorithm.md §5.3.6).
         moderate_confirmations (`int`, defaults to 2):
-            Consecutive moderate deviations that trigger a reduction (spec 5.3.4).
+            Consecutive moderate deviations that trigger a reduction (docs/algorithm.md §5.3.4).
         reduce_moderate (`float`, defaults to 1.2), reduce_severe (`float`, defaults to 1.5):
-            Reduction factors (spec 5.3.4, 5.3.7).
+            Reduction factors (docs/algorithm.md §5.3.4, 5.3.7).
         gamma_inc (`float`, defaults to 1.15):
-            Candidate LR-mass budget relative to the accepted horizon (spec 5.3.5).
+            Candidate LR-mass budget relative to the accepted horizon (docs/algorithm.md §5.3.5).
         rejected_bound_release (`float`, defaults to 0.90):
             A rejected bound retires when its LR-mass preview falls to this
-            fraction of the LR mass observed at its creation (spec 5.3.5).
+            fraction of the LR mass observed at its creation (docs/algorithm.md §5.3.5).
         rejected_bound_max_age (`int`, defaults to 20):
-            ... or after this many intervals (spec 5.3.5).
+            ... or after this many intervals (docs/algorithm.md §5.3.5).
         increase_requires_support (`bool`, defaults to `False`):
-            Spec 5.3.4 proposes an increase after a supporting *or* consistent
+            docs/algorithm.md §5.3.4 proposes an increase after a supporting *or* consistent
             monitored interval; `True` proposes only after a supporting one.
         qsr_alpha (`float`, *optional*):
-            QSR's `alpha`; defaults to `sqrt(h_base) * eta_peak` (spec 6).
+            QSR's `alpha`; defaults to `sqrt(h_base) * eta_peak` (docs/algorithm.md §6).
         qsr_gamma (`float`, defaults to 2.0):
-            QSR's exponent (spec 6).
+            QSR's exponent (docs/algorithm.md §6).
         linear_increment (`int`, defaults to 10):
-            Linear Interval's `a` in `H_k = a * k` (spec 6).
+            Linear Interval's `a` in `H_k = a * k` (docs/algorithm.md §6).
         wire_dtype (`str`, defaults to `"fp32"`):
-            Pseudo-gradient wire format: `fp32`, `bf16` or `int8` (spec 7).
+            Pseudo-gradient wire format: `fp32`, `bf16` or `int8` (docs/algorithm.md §7).
         int8_block_size (`int`, defaults to 4096):
-            Elements per INT8 block (spec 7).
+            Elements per INT8 block (docs/algorithm.md §7).
         error_feedback (`bool`, defaults to `False`):
             Carry the codec's residual to the next interval (costs one FP32
             model copy per worker). Not in the paper.
@@ -216,9 +217,9 @@ class AutoLoCoConfig:
         bucket_size_mb (`float`, defaults to 64):
             Size of one all-reduce bucket of the flat pseudo-gradient.
         ranks_per_worker (`int`, defaults to 1):
-            Ranks forming one worker (inner DDP inside, spec 8.3).
+            Ranks forming one worker (inner DDP inside, docs/algorithm.md §8.3).
         reference_clip (`str`, defaults to `"centre"`):
-            Reference EMA update (spec 5.1): `centre` moves the reference by
+            Reference EMA update (docs/algorithm.md §5.1): `centre` moves the reference by
             `ref_ema_alpha * (c + clip(r - c, +-k_moderate * sigma))`, `c` the
             robust centre of the residual history (0 while it holds fewer than
             `min_history` residuals), so the reference follows drift of any
@@ -264,7 +265,7 @@ class AutoLoCoConfig:
             Consecutive intervals with a non-finite loss or pseudo-gradient on
             any worker after which the run stops with an error (each one skips
             the outer step and restarts from the last synchronized parameters,
-            spec 5.2); the last checkpoint written before them stays intact.
+            docs/algorithm.md §5.2); the last checkpoint written before them stays intact.
         overlap (`str`, defaults to `"none"`):
             `none` blocks every worker at a boundary until the average arrives
             (the paper). `delayed` starts the collective asynchronously, trains
@@ -287,11 +288,11 @@ class AutoLoCoConfig:
 
     method: Method = Method.AUTOLOCO
     h_base: int = 500
-    q_h: Optional[int] = None
-    h_min: Optional[int] = None
-    h_max: Optional[int] = None
+    q_h: int | None = None
+    h_min: int | None = None
+    h_max: int | None = None
     outer_lr: float = 0.7
-    outer_momentum: Optional[float] = None
+    outer_momentum: float | None = None
     mu_min: float = 0.5
     mu_max: float = 0.9
     kappa_max: float = 1.5
@@ -303,7 +304,7 @@ class AutoLoCoConfig:
     map_tokens: bool = True
     token_calibration_intervals: int = 3
     token_ema_beta: float = 0.9
-    warmup_steps: Optional[int] = None
+    warmup_steps: int | None = None
     calibration_delay_steps: int = 0
     calibration_intervals: int = 2
     recalibration_intervals: int = 1
@@ -323,7 +324,7 @@ class AutoLoCoConfig:
     rejected_bound_release: float = 0.90
     rejected_bound_max_age: int = 20
     increase_requires_support: bool = False
-    qsr_alpha: Optional[float] = None
+    qsr_alpha: float | None = None
     qsr_gamma: float = 2.0
     linear_increment: int = 10
     wire_dtype: WireDtype = WireDtype.FP32
@@ -357,7 +358,7 @@ class AutoLoCoConfig:
         if self.q_h is None:  # h_base / 10, or the largest divisor of h_base below it
             self.q_h = next(q for q in range(max(1, self.h_base // 10), 0, -1) if self.h_base % q == 0)
         self._check_int("q_h", 1)
-        if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (spec 3)
+        if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
             _fail("q_h", self.q_h, f"h_base={self.h_base} must be a multiple of it")
         if self.h_min is None:
             self.h_min = self.h_base
@@ -384,7 +385,7 @@ class AutoLoCoConfig:
             _fail(
                 "outer_momentum",
                 self.outer_momentum,
-                f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{self.mu_min}, {self.mu_max}] (spec 4)",
+                f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{self.mu_min}, {self.mu_max}] (docs/algorithm.md §4)",
             )
         self._check_float("kappa_max", 1.0, math.inf)
         self._check_float("eps", 0.0, 1.0, low_open=True)
@@ -441,12 +442,16 @@ class AutoLoCoConfig:
         if self.overlap == Overlap.NONE:
             return
         if not self.is_interval_method:
-            _fail("overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method")
+            _fail(
+                "overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method"
+            )
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
         if self.ranks_per_worker > 1 and self.hierarchical_sync:
             _fail(
-                "overlap", self.overlap, "it does not combine with sharded hierarchical_sync yet: set hierarchical_sync=False"
+                "overlap",
+                self.overlap,
+                "it does not combine with sharded hierarchical_sync yet: set hierarchical_sync=False",
             )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
@@ -464,9 +469,7 @@ class AutoLoCoConfig:
         if value < minimum:
             _fail(name, value, f"it must be >= {minimum}")
 
-    def _check_float(
-        self, name: str, low: float, high: float, low_open: bool = False, high_open: bool = False
-    ) -> None:
+    def _check_float(self, name: str, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             _fail(name, value, "pass a finite number")
@@ -494,7 +497,7 @@ class AutoLoCoConfig:
 
     @property
     def uses_nesterov_outer(self) -> bool:
-        """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (spec 6)."""
+        """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (docs/algorithm.md §6)."""
         return self.method in (Method.DILOCO, Method.AUTOLOCO)
 
     @property
@@ -508,19 +511,19 @@ class AutoLoCoConfig:
 
     @property
     def outer_correction_enabled(self) -> bool:
-        """The spec-4 correction runs only for AutoLoCo."""
+        """The docs/algorithm.md §4 correction runs only for AutoLoCo."""
         return self.method == Method.AUTOLOCO
 
     # -- construction helpers -------------------------------------------------
     @classmethod
-    def for_recipe(cls, recipe: str, **overrides: Any) -> "AutoLoCoConfig":
+    def for_recipe(cls, recipe: str, **overrides: Any) -> AutoLoCoConfig:
         """Config preset of the paper's `c4` or `sft` recipe, with overrides."""
         if recipe not in RECIPES:
             raise ConfigError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
         return cls(**{**RECIPES[recipe], **overrides})
 
     @classmethod
-    def ablation(cls, variant: str, **overrides: Any) -> "AutoLoCoConfig":
+    def ablation(cls, variant: str, **overrides: Any) -> AutoLoCoConfig:
         """The paper's Table 7 ablation variants of AutoLoCo.
 
         `intervals_only` (adaptive horizon, no outer correction), `momentum`
@@ -541,7 +544,7 @@ class AutoLoCoConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "AutoLoCoConfig":
+    def from_dict(cls, values: dict[str, Any]) -> AutoLoCoConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -1,4 +1,4 @@
-"""Encode/decode throughput of the pseudo-gradient wire codecs (spec 7).
+"""Encode/decode throughput of the pseudo-gradient wire codecs (docs/algorithm.md §7).
 
 Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
 encode, decode and encode+decode of the bf16 and int8 wires, median of
@@ -56,8 +56,10 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"torch {torch.__version__}, device {device}, torch.get_num_threads() = {torch.get_num_threads()}, "
-          f"block_size {args.block_size}, median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, device {device}, torch.get_num_threads() = {torch.get_num_threads()}, "
+        f"block_size {args.block_size}, median of {args.repeats}"
+    )
     header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "enc+dec fresh", "wire/fp32")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (5, 12, 12, 12, 13, 14, 10))))
     gen = torch.Generator().manual_seed(0)
@@ -76,8 +78,10 @@ def main() -> None:
             t_dec = _median_seconds(lambda: codec.decode(wire_bufs, 0, numel, out=copy), args.repeats, device)
             t_fresh = _median_seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
             ratio = codec.wire_bytes(0, numel) / (4 * numel)
-            print(f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
-                  f"{gb / t_fresh:>14.2f} {ratio:>10.4f}")
+            print(
+                f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
+                f"{gb / t_fresh:>14.2f} {ratio:>10.4f}"
+            )
 
 
 if __name__ == "__main__":

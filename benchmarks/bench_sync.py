@@ -1,4 +1,4 @@
-"""Cost of one outer synchronization on real gloo processes (spec 7, 8.1).
+"""Cost of one outer synchronization on real gloo processes (docs/algorithm.md §7, 8.1).
 
 Not a test. Spawns ``--world-size`` gloo processes on this machine (one thread each)
 and times, for a flat FP32 buffer of each ``--sizes`` with a transformer-like segment
@@ -52,6 +52,7 @@ def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list
     (vocab x h) and a final norm. ``h`` is the largest multiple of 64 that fits; the
     embedding absorbs the remainder so that the total is exactly ``numel``.
     """
+
     def sizes(h: int) -> list[int]:
         f = (8 * h // 3 + 63) // 64 * 64
         block = [h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h]
@@ -83,7 +84,10 @@ def _timed(fn, repeats: int) -> tuple[float, list]:
 def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, threads: int, queue) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=600),
     )
     rows = []
@@ -110,17 +114,28 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
                 k: statistics.median(getattr(r.traffic, k) for r in results)
                 for k in ("encode_seconds", "collective_seconds", "decode_seconds")
             }
-            rows.append(dict(numel=numel, segments=len(segments), method=f"average {wire}", seconds=t,
-                             wire_bytes=results[0].traffic.wire_bytes, **split))
+            rows.append(
+                dict(
+                    numel=numel,
+                    segments=len(segments),
+                    method=f"average {wire}",
+                    seconds=t,
+                    wire_bytes=results[0].traffic.wire_bytes,
+                    **split,
+                )
+            )
         if rank == 0:
             for wire in ("bf16", "int8"):
                 codec = WireCodec(wire, segments)
                 bufs, out = codec.empty_wire(0, numel), torch.empty_like(x)
-                t_rt = _median_seconds(lambda: codec.decode(codec.encode(x, 0, out=bufs), 0, numel, out=out),
-                                       repeats, x.device)
-                rows.append(dict(numel=numel, segments=len(segments), method=f"codec {wire}", gbps=4 * numel / 1e9 / t_rt))
+                t_rt = _median_seconds(
+                    lambda: codec.decode(codec.encode(x, 0, out=bufs), 0, numel, out=out), repeats, x.device
+                )
+                rows.append(
+                    dict(numel=numel, segments=len(segments), method=f"codec {wire}", gbps=4 * numel / 1e9 / t_rt)
+                )
         dist.barrier()
-        del x, buf, magnitudes
+        x = buf = magnitudes = None  # free this size's buffers before the next size allocates its own
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -142,28 +157,39 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
 
-    print(f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
-          f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "
-          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} after 1 warm-up")
+    print(
+        f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "
+        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} after 1 warm-up"
+    )
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(
-        _worker, args=(args.world_size, _free_port(), sizes, args.repeats, args.threads, queue),
-        nprocs=args.world_size, start_method="spawn",
+        _worker,
+        args=(args.world_size, _free_port(), sizes, args.repeats, args.threads, queue),
+        nprocs=args.world_size,
+        start_method="spawn",
     )
     rows = queue.get()
 
-    print(f"{'elements':>12} {'segs':>4} {'method':<16} {'seconds':>8} {'x bare':>7} {'wire MB/worker':>15} "
-          f"{'x fp32':>7} {'encode s':>9} {'collect. s':>10} {'decode s':>9}")
+    print(
+        f"{'elements':>12} {'segs':>4} {'method':<16} {'seconds':>8} {'x bare':>7} {'wire MB/worker':>15} "
+        f"{'x fp32':>7} {'encode s':>9} {'collect. s':>10} {'decode s':>9}"
+    )
     for numel in sizes:
         mine = [r for r in rows if r["numel"] == numel and "seconds" in r]
         bare = mine[0]
         for r in mine:
-            split = (f"{r['encode_seconds']:>9.3f} {r['collective_seconds']:>10.3f} {r['decode_seconds']:>9.3f}"
-                     if "encode_seconds" in r else f"{'':>9} {'':>10} {'':>9}")
-            print(f"{numel:>12,} {r['segments']:>4} {r['method']:<16} {r['seconds']:>8.3f} "
-                  f"{r['seconds'] / bare['seconds']:>7.2f} {r['wire_bytes'] / 1e6:>15.2f} "
-                  f"{r['wire_bytes'] / bare['wire_bytes']:>7.4f} {split}")
+            split = (
+                f"{r['encode_seconds']:>9.3f} {r['collective_seconds']:>10.3f} {r['decode_seconds']:>9.3f}"
+                if "encode_seconds" in r
+                else f"{'':>9} {'':>10} {'':>9}"
+            )
+            print(
+                f"{numel:>12,} {r['segments']:>4} {r['method']:<16} {r['seconds']:>8.3f} "
+                f"{r['seconds'] / bare['seconds']:>7.2f} {r['wire_bytes'] / 1e6:>15.2f} "
+                f"{r['wire_bytes'] / bare['wire_bytes']:>7.4f} {split}"
+            )
     print("codec encode+decode of the whole buffer into persistent buffers (rank 0), GB/s of FP32 input:")
     for r in rows:
         if "gbps" in r:

@@ -37,9 +37,17 @@ def worker(mode: str, out: str) -> None:
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=128, intermediate_size=256,
-                                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                                         max_position_embeddings=256))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=2048,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+        )
+    )
     g = torch.Generator().manual_seed(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 2048, (STEPS * 8 * world, 128), generator=g)]
@@ -50,17 +58,34 @@ def worker(mode: str, out: str) -> None:
         def on_step_end(self, args, state, control, **kwargs):
             times.append(time.perf_counter())
             engine = autoloco.engine if autoloco else None
-            synced.append(bool(engine and engine.totals.syncs and engine.records[-1].start_step
-                               + engine.records[-1].h_step == state.global_step))
+            synced.append(
+                bool(
+                    engine
+                    and engine.totals.syncs
+                    and engine.records[-1].start_step + engine.records[-1].h_step == state.global_step
+                )
+            )
 
     autoloco = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=H)) if mode.startswith("autoloco") else None
-    args = TrainingArguments(output_dir=out, per_device_train_batch_size=8, max_steps=STEPS, learning_rate=1e-3,
-                             report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=1000)
+    args = TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=8,
+        max_steps=STEPS,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1000,
+    )
     callbacks = [c for c in (autoloco, Clock()) if c is not None]
     Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
     gaps = [(b - a, s) for a, b, s in zip(times, times[1:], synced[1:])][5:]
-    result = {"mode": mode, "between_syncs": statistics.median(g for g, s in gaps if not s),
-              "sync_steps": [g for g, s in gaps if s]}
+    result = {
+        "mode": mode,
+        "between_syncs": statistics.median(g for g, s in gaps if not s),
+        "sync_steps": [g for g, s in gaps if s],
+    }
     if int(os.environ.get("RANK", "0")) == 0:
         with open(os.path.join(out, f"{mode}.json"), "w") as f:
             json.dump(result, f)
@@ -77,8 +102,19 @@ def launch(mode: str, out: str, nproc: int) -> dict:
     if nproc == 1:
         cmd = [sys.executable, __file__, "--worker", mode, out]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(_free_port()), __file__, "--worker", mode, out]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(_free_port()),
+            __file__,
+            "--worker",
+            mode,
+            out,
+        ]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     with open(os.path.join(out, f"{mode}.json")) as f:
         return json.load(f)
@@ -95,13 +131,19 @@ def main(rounds: int = 2) -> None:
                 best[mode] = result
     plain, auto, ddp, one = best["plain"], best["autoloco"], best["ddp"], best["autoloco1"]
     print(f"plain single-process Trainer: {1 / plain['between_syncs']:.2f} steps/s")
-    print(f"single-process Trainer + AutoLoCoCallback between syncs: {1 / one['between_syncs']:.2f} steps/s "
-          f"(ratio {plain['between_syncs'] / one['between_syncs']:.3f})")
-    print(f"AutoLoCo worker between syncs: {1 / auto['between_syncs']:.2f} steps/s per worker "
-          f"(ratio {plain['between_syncs'] / auto['between_syncs']:.3f}); sync steps took "
-          f"{[round(s, 3) for s in auto['sync_steps']]} s")
-    print(f"DDP worker (all-reduce every step): {1 / ddp['between_syncs']:.2f} steps/s per worker "
-          f"(ratio {plain['between_syncs'] / ddp['between_syncs']:.3f})")
+    print(
+        f"single-process Trainer + AutoLoCoCallback between syncs: {1 / one['between_syncs']:.2f} steps/s "
+        f"(ratio {plain['between_syncs'] / one['between_syncs']:.3f})"
+    )
+    print(
+        f"AutoLoCo worker between syncs: {1 / auto['between_syncs']:.2f} steps/s per worker "
+        f"(ratio {plain['between_syncs'] / auto['between_syncs']:.3f}); sync steps took "
+        f"{[round(s, 3) for s in auto['sync_steps']]} s"
+    )
+    print(
+        f"DDP worker (all-reduce every step): {1 / ddp['between_syncs']:.2f} steps/s per worker "
+        f"(ratio {plain['between_syncs'] / ddp['between_syncs']:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -92,12 +92,26 @@ class Sizes:
 
 
 GPU_SIZES = Sizes(
-    codec_numel=64 << 20, codec_repeats=10, sim_workers=4, identity_scale=16, sim_steps=160, sim_h_base=5,
-    trainer_steps=40, sft_steps=8, memory_params=64 << 20,
+    codec_numel=64 << 20,
+    codec_repeats=10,
+    sim_workers=4,
+    identity_scale=16,
+    sim_steps=160,
+    sim_h_base=5,
+    trainer_steps=40,
+    sft_steps=8,
+    memory_params=64 << 20,
 )
 DRY_RUN_SIZES = Sizes(
-    codec_numel=1 << 16, codec_repeats=2, sim_workers=2, identity_scale=1, sim_steps=12, sim_h_base=2,
-    trainer_steps=8, sft_steps=4, memory_params=1 << 14,
+    codec_numel=1 << 16,
+    codec_repeats=2,
+    sim_workers=2,
+    identity_scale=1,
+    sim_steps=12,
+    sim_h_base=2,
+    trainer_steps=8,
+    sft_steps=4,
+    memory_params=1 << 14,
 )
 
 
@@ -153,9 +167,18 @@ def tiny_llama(vocab: int, seed: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -182,8 +205,11 @@ def check_environment(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     import torch
 
     details: dict[str, Any] = {
-        "torch": torch.__version__, "python": platform.python_version(), "cuda_available": torch.cuda.is_available(),
-        "cuda_version": torch.version.cuda, "device": str(ctx.device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "device": str(ctx.device),
     }
     try:
         import transformers
@@ -194,8 +220,13 @@ def check_environment(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     if not ctx.cuda:
         return Status.PASS, f"CPU dry run, torch {torch.__version__}", details
     props = torch.cuda.get_device_properties(ctx.device)
-    details.update(name=props.name, capability=f"{props.major}.{props.minor}", memory_gib=round(props.total_memory / 2**30, 1),
-                   multiprocessors=props.multi_processor_count, bf16_supported=torch.cuda.is_bf16_supported())
+    details.update(
+        name=props.name,
+        capability=f"{props.major}.{props.minor}",
+        memory_gib=round(props.total_memory / 2**30, 1),
+        multiprocessors=props.multi_processor_count,
+        bf16_supported=torch.cuda.is_bf16_supported(),
+    )
     if not details["bf16_supported"]:
         return Status.FAIL, f"{props.name} has no bf16 support: the recipes' bf16 autocast cannot run", details
     return Status.PASS, f"{props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}", details
@@ -227,7 +258,9 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
     int8_only[-5:] = torch.tensor([math.nan, math.inf, -math.inf, 1.0, -1.0])  # defined non-finite behaviour (INT8)
     gen = torch.Generator().manual_seed(1)
     # finite contributions: an overflow to inf could make NaN, whose bit pattern differs between CPU and CUDA
-    contributions = [(flat * (1.0 + 0.1 * k)).clamp(-3e38, 3e38) + torch.randn(flat.numel(), generator=gen) for k in range(4)]
+    contributions = [
+        (flat * (1.0 + 0.1 * k)).clamp(-3e38, 3e38) + torch.randn(flat.numel(), generator=gen) for k in range(4)
+    ]
     details: dict[str, Any] = {"elements": flat.numel(), "segments": sizes}
     bad = []
     for wire, x in (("bf16", flat), ("int8", int8_only)):
@@ -243,7 +276,11 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
         bad += [f"{wire}.{k}={v}" for k, v in counts.items() if v != 0]
     if bad:
         return Status.FAIL, "device differs from CPU: " + ", ".join(bad), details
-    return Status.PASS, f"bf16 and int8 bit-identical on {flat.numel():,} elements (wire, decode, owner mean N=3,4)", details
+    return (
+        Status.PASS,
+        f"bf16 and int8 bit-identical on {flat.numel():,} elements (wire, decode, owner mean N=3,4)",
+        details,
+    )
 
 
 def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
@@ -256,8 +293,12 @@ def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     gigabytes = 4 * numel / 1e9  # FP32 bytes in, for every number below
     target = torch.empty_like(x)
     copy_gbs = gigabytes / median_seconds(lambda: target.copy_(x), ctx.device, repeats)
-    details: dict[str, Any] = {"elements": numel, "repeats": repeats, "copy_gb_per_s": round(copy_gbs, 2),
-                               "convention": "FP32 bytes processed per second (a copy reads and writes: x2 for bus traffic)"}
+    details: dict[str, Any] = {
+        "elements": numel,
+        "repeats": repeats,
+        "copy_gb_per_s": round(copy_gbs, 2),
+        "convention": "FP32 bytes processed per second (a copy reads and writes: x2 for bus traffic)",
+    }
     parts = [f"copy {copy_gbs:.1f} GB/s"]
     for wire in ("bf16", "int8"):
         codec = WireCodec(wire, [numel])
@@ -265,15 +306,20 @@ def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         encode_s = median_seconds(lambda c=codec: c.encode(x, 0), ctx.device, repeats)
         decode_s = median_seconds(lambda c=codec, e=encoded: c.decode(e, 0, numel), ctx.device, repeats)
         both_s = median_seconds(lambda c=codec: c.roundtrip(x, 0), ctx.device, repeats)
-        details[wire] = {"encode_gb_per_s": round(gigabytes / encode_s, 2), "decode_gb_per_s": round(gigabytes / decode_s, 2),
-                         "encode_decode_gb_per_s": round(gigabytes / both_s, 2),
-                         "fraction_of_copy": round(gigabytes / both_s / copy_gbs, 4),
-                         "wire_bytes_per_fp32_byte": codec.wire_bytes(0, numel) / (4 * numel)}
+        details[wire] = {
+            "encode_gb_per_s": round(gigabytes / encode_s, 2),
+            "decode_gb_per_s": round(gigabytes / decode_s, 2),
+            "encode_decode_gb_per_s": round(gigabytes / both_s, 2),
+            "fraction_of_copy": round(gigabytes / both_s / copy_gbs, 4),
+            "wire_bytes_per_fp32_byte": codec.wire_bytes(0, numel) / (4 * numel),
+        }
         parts.append(f"{wire} enc+dec {gigabytes / both_s:.1f} GB/s")
     return Status.PASS, ", ".join(parts), details
 
 
-def run_simulated(method: str, wire: str, device: Any, sizes: Sizes, model: Any, batches: list, workers: int) -> dict[str, Any]:
+def run_simulated(
+    method: str, wire: str, device: Any, sizes: Sizes, model: Any, batches: list, workers: int
+) -> dict[str, Any]:
     """Train ``workers`` simulated replicas with bf16 autocast on ``device``; return the trajectory and losses."""
     import torch
     from transformers import get_cosine_schedule_with_warmup
@@ -320,8 +366,13 @@ def check_simulated_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     workers, vocab = ctx.sizes.sim_workers, 128
     model = tiny_llama(vocab, seed=0)
     batches = padded_batches(ctx.sizes.sim_steps * workers, batch=8, seq=32, vocab=vocab, seed=1)
-    details: dict[str, Any] = {"workers": workers, "steps": ctx.sizes.sim_steps, "h_base": ctx.sizes.sim_h_base,
-                               "autocast": "bf16", "loss_rtol": LOSS_RTOL}
+    details: dict[str, Any] = {
+        "workers": workers,
+        "steps": ctx.sizes.sim_steps,
+        "h_base": ctx.sizes.sim_h_base,
+        "autocast": "bf16",
+        "loss_rtol": LOSS_RTOL,
+    }
     problems, parts = [], []
     for method, wire in (("diloco", "fp32"), ("autoloco", "fp32"), ("autoloco", "int8")):
         name = f"{method}_{wire}"
@@ -331,10 +382,16 @@ def check_simulated_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         distance = float((dev["params"] - ref["params"]).norm() / ref["params"].norm())
         same = dev["h_step"] == ref["h_step"]
         details[name] = {
-            "same_trajectory": same, "device_h_step": dev["h_step"], "cpu_h_step": ref["h_step"],
-            "device_decisions": dev["decisions"], "cpu_decisions": ref["decisions"],
-            "device_tail_loss": dev["tail_loss"], "cpu_tail_loss": ref["tail_loss"], "tail_loss_rel_diff": rel,
-            "param_rel_distance": distance, "syncs": dev["syncs"],
+            "same_trajectory": same,
+            "device_h_step": dev["h_step"],
+            "cpu_h_step": ref["h_step"],
+            "device_decisions": dev["decisions"],
+            "cpu_decisions": ref["decisions"],
+            "device_tail_loss": dev["tail_loss"],
+            "cpu_tail_loss": ref["tail_loss"],
+            "tail_loss_rel_diff": rel,
+            "param_rel_distance": distance,
+            "syncs": dev["syncs"],
         }
         if not same:
             first = next(i for i, (a, b) in enumerate(zip(dev["h_step"] + [None], ref["h_step"] + [None])) if a != b)
@@ -359,9 +416,20 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     callback = AutoLoCoCallback(config)
     out = os.path.join(ctx.workdir, "trainer")
     args = TrainingArguments(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=2e-3, lr_scheduler_type="cosine",
-        warmup_steps=1, bf16=ctx.cuda, use_cpu=not ctx.cuda, report_to="none", save_strategy="no", logging_steps=1,
-        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=2e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        bf16=ctx.cuda,
+        use_cpu=not ctx.cuda,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     trainer = Trainer(model=tiny_llama(vocab, seed=0), args=args, train_dataset=data, callbacks=[callback])
     for noisy in (PrinterCallback, ProgressCallback):  # the losses are in the report; keep the output a table
@@ -372,8 +440,13 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     model_device = next(trainer.model.parameters()).device.type
     outer = getattr(engine, "outer", None)
     details = {
-        "steps": steps, "syncs": engine.totals.syncs, "h_step": [r.h_step for r in engine.records], "losses": losses,
-        "model_device": model_device, "outer_device": str(getattr(outer, "device", "unknown")), "bf16": ctx.cuda,
+        "steps": steps,
+        "syncs": engine.totals.syncs,
+        "h_step": [r.h_step for r in engine.records],
+        "losses": losses,
+        "model_device": model_device,
+        "outer_device": str(getattr(outer, "device", "unknown")),
+        "bf16": ctx.cuda,
         "records_written": os.path.exists(os.path.join(out, "autoloco_intervals.jsonl")),
     }
     problems = []
@@ -387,7 +460,11 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         problems.append("no autoloco_intervals.jsonl")
     if problems:
         return Status.FAIL, "; ".join(problems), details
-    return Status.PASS, f"{engine.totals.syncs} syncs in {steps} steps on {model_device}, last loss {losses[-1]:.3f}", details
+    return (
+        Status.PASS,
+        f"{engine.totals.syncs} syncs in {steps} steps on {model_device}, last loss {losses[-1]:.3f}",
+        details,
+    )
 
 
 def sft_inputs(root: str) -> tuple[str, str, str]:
@@ -406,8 +483,10 @@ def sft_inputs(root: str) -> tuple[str, str, str]:
         path = os.path.join(root, name)
         with open(path, "w") as f:
             for i in range(offset, offset + count):
-                messages = [{"role": "user", "content": f"Explain part {i} of the Python docs."},
-                            {"role": "assistant", "content": docs[i][:200]}]
+                messages = [
+                    {"role": "user", "content": f"Explain part {i} of the Python docs."},
+                    {"role": "assistant", "content": docs[i][:200]},
+                ]
                 f.write(json.dumps({"messages": messages}) + "\n")
         paths.append(path)
     return model_dir, paths[0], paths[1]
@@ -424,12 +503,36 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     spec.loader.exec_module(recipe)
     config = "sft_autoloco_int8.yaml"  # INT8 wire, normalization and the outer state in host memory
     argv = [
-        "--config", os.path.join(REPO, "recipes", "configs", config), "--output-dir", os.path.join(root, "runs"),
-        "--model-name-or-path", model_dir, "--train-files", train, "--test-files", test,
-        "--global-batch-size", "4", "--per-device-train-batch-size", "2", "--max-length", "64",
-        "--max-steps", str(ctx.sizes.sft_steps), "--learning-rate", "1e-3", "--dataset-num-proc", "1",
-        "--eval-batch-size", "4",
-        "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3",
+        "--config",
+        os.path.join(REPO, "recipes", "configs", config),
+        "--output-dir",
+        os.path.join(root, "runs"),
+        "--model-name-or-path",
+        model_dir,
+        "--train-files",
+        train,
+        "--test-files",
+        test,
+        "--global-batch-size",
+        "4",
+        "--per-device-train-batch-size",
+        "2",
+        "--max-length",
+        "64",
+        "--max-steps",
+        str(ctx.sizes.sft_steps),
+        "--learning-rate",
+        "1e-3",
+        "--dataset-num-proc",
+        "1",
+        "--eval-batch-size",
+        "4",
+        "--autoloco",
+        "h_base=2",
+        "--autoloco",
+        "q_h=1",
+        "--autoloco",
+        "h_max=3",
     ]
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -438,8 +541,11 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     details = {
-        "exit_status": status, "syncs": summary["totals"]["syncs"], "test_nll": summary["test_nll"],
-        "wire_dtype": summary["config"]["wire_dtype"], "outer_on_cpu": summary["config"]["outer_on_cpu"],
+        "exit_status": status,
+        "syncs": summary["totals"]["syncs"],
+        "test_nll": summary["test_nll"],
+        "wire_dtype": summary["config"]["wire_dtype"],
+        "outer_on_cpu": summary["config"]["outer_on_cpu"],
         "peak_device_mib": round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1) if ctx.cuda else None,
     }
     problems = []
@@ -463,7 +569,9 @@ def check_outer_state(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     backend = "nccl" if ctx.cuda else "gloo"  # what the recipes initialize
     if ctx.cuda:
         torch.cuda.set_device(ctx.device)
-    dist.init_process_group(backend, init_method=f"file://{os.path.join(ctx.workdir, 'pg_store')}", rank=0, world_size=1)
+    dist.init_process_group(
+        backend, init_method=f"file://{os.path.join(ctx.workdir, 'pg_store')}", rank=0, world_size=1
+    )
     width = 4096
     layers = max(1, ctx.sizes.memory_params // (width * width)) if ctx.cuda else 1
     details: dict[str, Any] = {"backend": backend, "world_size": 1}
@@ -488,9 +596,13 @@ def check_outer_state(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             details[f"{wire}_saved_mib"] = round(saved, 1)
             if saved <= 0:
                 problems.append(f"{wire}: outer_on_cpu did not lower peak device memory ({saved:.1f} MiB)")
-            parts.append(f"{wire}: offload saves {saved:.0f} MiB, sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms")
+            parts.append(
+                f"{wire}: offload saves {saved:.0f} MiB, sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms"
+            )
         else:
-            parts.append(f"{wire}: sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms (peak memory: CUDA only)")
+            parts.append(
+                f"{wire}: sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms (peak memory: CUDA only)"
+            )
     if problems:
         return Status.FAIL, "; ".join(problems), details
     return Status.PASS, "; ".join(parts), details
@@ -599,8 +711,16 @@ def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
         config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=FSDP_R)
-        runtime = WorkerRuntime(config, model, model, optimizer, FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
-                                FSDP_STEPS, FSDP_WARMUP, topology=topo)
+        runtime = WorkerRuntime(
+            config,
+            model,
+            model,
+            optimizer,
+            FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
+            FSDP_STEPS,
+            FSDP_WARMUP,
+            topology=topo,
+        )
         for step in range(FSDP_STEPS):
             loss = model(**_fsdp_batch(rank, step, torch.device("cuda", rank)))
             loss.backward()
@@ -609,8 +729,14 @@ def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
             optimizer.zero_grad(set_to_none=True)
             runtime.after_optimizer_step(3e-2)
         full = [p.full_tensor().detach().cpu() for p in model.parameters()]
-        torch.save({"records": [r.__dict__.copy() for r in runtime.engine.records], "full": full,
-                    "outer_numel": runtime.engine.outer.numel}, os.path.join(out_dir, f"fsdp_rank{rank}.pt"))
+        torch.save(
+            {
+                "records": [r.__dict__.copy() for r in runtime.engine.records],
+                "full": full,
+                "outer_numel": runtime.engine.outer.numel,
+            },
+            os.path.join(out_dir, f"fsdp_rank{rank}.pt"),
+        )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -623,11 +749,15 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
 
     world = FSDP_R * FSDP_WORKERS
     if not ctx.cuda:
-        raise Skip("FSDP2 workers over NCCL need CUDA; on CPU the same equality runs over gloo in "
-                   "tests/integrations/test_fsdp2_workers.py")
+        raise Skip(
+            "FSDP2 workers over NCCL need CUDA; on CPU the same equality runs over gloo in "
+            "tests/integrations/test_fsdp2_workers.py"
+        )
     if torch.cuda.device_count() < world:
-        raise Skip(f"FSDP2 workers over NCCL need {world} GPUs (2 workers x 2 ranks, one rank per GPU: NCCL refuses "
-                   f"two ranks on one GPU); this machine has {torch.cuda.device_count()}")
+        raise Skip(
+            f"FSDP2 workers over NCCL need {world} GPUs (2 workers x 2 ranks, one rank per GPU: NCCL refuses "
+            f"two ranks on one GPU); this machine has {torch.cuda.device_count()}"
+        )
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import FunctionSchedule
     from autoloco_hf.sync.communicators import SimulatedCommunicator
@@ -641,8 +771,14 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     models = [_ToyLM.build(ctx.device) for _ in range(FSDP_WORKERS)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.0) for m in models]
     config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
-    engine = IntervalEngine(config, models, FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
-                            SimulatedCommunicator(FSDP_WORKERS), FSDP_STEPS, warmup_steps=FSDP_WARMUP)
+    engine = IntervalEngine(
+        config,
+        models,
+        FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
+        SimulatedCommunicator(FSDP_WORKERS),
+        FSDP_STEPS,
+        warmup_steps=FSDP_WARMUP,
+    )
     for step in range(FSDP_STEPS):
         losses = []
         for w, (model, optimizer) in enumerate(zip(models, optimizers)):
@@ -675,9 +811,13 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     details = {"intervals": len(expected), "worst": worst, "numel": numel, "world": world}
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
-    return (Status.PASS, f"{len(expected)} intervals, same horizons; D_t/C_t rel diff <= "
-            f"{max(worst['drift_energy'], worst['coherence']):.1e}; params max abs diff {worst['params']:.1e}; "
-            f"bytes and outer state per rank 1/{FSDP_R}", details)
+    return (
+        Status.PASS,
+        f"{len(expected)} intervals, same horizons; D_t/C_t rel diff <= "
+        f"{max(worst['drift_energy'], worst['coherence']):.1e}; params max abs diff {worst['params']:.1e}; "
+        f"bytes and outer state per rank 1/{FSDP_R}",
+        details,
+    )
 
 
 CHECKS: list[tuple[str, Callable[[Context], tuple[Status, str, dict[str, Any]]]]] = [
@@ -715,8 +855,11 @@ def print_table(results: list[CheckResult]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON report goes (default gpu_check.json)")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="run every step on CPU at tiny sizes; CUDA-only measurements are skipped with a reason")
+    parser.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="run every step on CPU at tiny sizes; CUDA-only measurements are skipped with a reason",
+    )
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(name for name, _ in CHECKS)}")
     args = parser.parse_args(argv)
     known = [name for name, _ in CHECKS]
@@ -770,8 +913,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, f, indent=1, default=str)
     print()
     print_table(results)
-    print(f"\n{len(results) - len(failed)} of {len(results)} checks did not fail, {total:.0f} s"
-          f"{'' if total <= TIME_BUDGET_S else f' (over the {TIME_BUDGET_S} s budget)'}; report: {args.out}")
+    print(
+        f"\n{len(results) - len(failed)} of {len(results)} checks did not fail, {total:.0f} s"
+        f"{'' if total <= TIME_BUDGET_S else f' (over the {TIME_BUDGET_S} s budget)'}; report: {args.out}"
+    )
     return 1 if failed else 0
 
 

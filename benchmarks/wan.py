@@ -140,21 +140,48 @@ class Network:
     def _build(self) -> None:
         stale = [n for n in _list_namespaces() if n.startswith(PREFIX)]
         if stale:
-            raise RuntimeError(f"namespaces {stale} exist already (an earlier run?): remove them with "
-                               f"`ip netns del NAME` and rerun")
+            raise RuntimeError(
+                f"namespaces {stale} exist already (an earlier run?): remove them with `ip netns del NAME` and rerun"
+            )
         for k in range(self.nodes):
             self._add_ns(node_ns(k))
         if self.nodes == 2:  # one veth pair, one end in each node
-            _ip("ip", "link", "add", node_dev(0), "netns", node_ns(0), "type", "veth",
-                "peer", "name", node_dev(1), "netns", node_ns(1))
+            _ip(
+                "ip",
+                "link",
+                "add",
+                node_dev(0),
+                "netns",
+                node_ns(0),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                node_dev(1),
+                "netns",
+                node_ns(1),
+            )
         else:  # a bridge in its own namespace, one veth pair per node
             self._add_ns(BRIDGE_NS)
             _ip("ip", "link", "add", BRIDGE, "type", "bridge", ns=BRIDGE_NS)
             _ip("ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up", ns=BRIDGE_NS)
             for k in range(self.nodes):
                 peer = f"alhlp{k}"
-                _ip("ip", "link", "add", node_dev(k), "netns", node_ns(k), "type", "veth",
-                    "peer", "name", peer, "netns", BRIDGE_NS)
+                _ip(
+                    "ip",
+                    "link",
+                    "add",
+                    node_dev(k),
+                    "netns",
+                    node_ns(k),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    peer,
+                    "netns",
+                    BRIDGE_NS,
+                )
                 _ip("ip", "link", "set", peer, "mtu", str(self.mtu), "master", BRIDGE, "up", ns=BRIDGE_NS)
         for k in range(self.nodes):
             _ip("ip", "addr", "add", f"{node_addr(k)}/24", "dev", node_dev(k), ns=node_ns(k))
@@ -164,12 +191,29 @@ class Network:
         """``tbf`` egress limit on every node's interface (``unlimited``: no qdisc)."""
         for k in range(self.nodes):
             ns, dev = node_ns(k), node_dev(k)
-            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # none yet is fine
+            subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # none yet is fine
             if rate != "unlimited":
                 burst = max(256 * 1024, _rate_bits(rate) // 8 // 100)  # >= 10 ms of traffic, > a 64 KB GSO packet
-                _ip("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                    "latency", "2s", ns=ns)
+                _ip(
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "2s",
+                    ns=ns,
+                )
 
     def teardown(self) -> None:
         for ns in reversed(self.namespaces):
@@ -221,26 +265,64 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
     nodes = 1 if row.single else net.nodes
     out = os.path.join(workdir, f"{row.name}-{rate}")
     os.makedirs(out, exist_ok=True)
-    spec = dict(row.__dict__, steps=args.steps, h_base=args.h_base, output_dir=out, batch=args.batch,
-                seq=args.seq, hidden=args.hidden, layers=args.layers, vocab=args.vocab, threads=args.threads)
+    spec = dict(
+        row.__dict__,
+        steps=args.steps,
+        h_base=args.h_base,
+        output_dir=out,
+        batch=args.batch,
+        seq=args.seq,
+        hidden=args.hidden,
+        layers=args.layers,
+        vocab=args.vocab,
+        threads=args.threads,
+    )
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
-               HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
     procs = []
     try:
         for k in range(nodes):
-            cmd = ["ip", "netns", "exec", node_ns(k), "env", f"GLOO_SOCKET_IFNAME={node_dev(k)}",
-                   "nice", "-n", str(args.nice), sys.executable, "-m", "torch.distributed.run",
-                   "--nnodes", str(nodes), "--node_rank", str(k), "--nproc_per_node", str(row.ranks_per_node),
-                   "--master_addr", node_addr(0), "--master_port", str(port),
-                   os.path.abspath(__file__), "--worker", spec_path]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                node_ns(k),
+                "env",
+                f"GLOO_SOCKET_IFNAME={node_dev(k)}",
+                "nice",
+                "-n",
+                str(args.nice),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(nodes),
+                "--node_rank",
+                str(k),
+                "--nproc_per_node",
+                str(row.ranks_per_node),
+                "--master_addr",
+                node_addr(0),
+                "--master_port",
+                str(port),
+                os.path.abspath(__file__),
+                "--worker",
+                spec_path,
+            ]
             log = open(os.path.join(out, f"node{k}.log"), "w")
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True), log))
+            procs.append(
+                (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
+            )
         deadline = time.monotonic() + args.run_timeout
         for proc, _ in procs:
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -268,12 +350,21 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
     tx = [sum(r["tx_bytes"] for r in results if r["node"] == n and r["local_rank"] == 0) for n in nodes]
     engine = [sum(r["wire_bytes"] for r in results if r["node"] == n) for n in nodes]
     wall = rank0["train_seconds"]
-    return dict(row=row.name, rate=rate, steps=rank0["steps"], steps_per_s=rank0["steps"] / wall,
-                step_seconds=statistics.median(rank0["step_seconds"]) if rank0["step_seconds"] else wall,
-                sync_share=rank0["sync_seconds"] / wall, syncs=rank0["syncs"],
-                tx_bytes_per_node=max(tx), engine_bytes_per_node=max(engine), losses=rank0["losses"],
-                loss_times=rank0["loss_times"], outer_state_bytes=rank0["outer_state_bytes"],
-                method=row.method)
+    return dict(
+        row=row.name,
+        rate=rate,
+        steps=rank0["steps"],
+        steps_per_s=rank0["steps"] / wall,
+        step_seconds=statistics.median(rank0["step_seconds"]) if rank0["step_seconds"] else wall,
+        sync_share=rank0["sync_seconds"] / wall,
+        syncs=rank0["syncs"],
+        tx_bytes_per_node=max(tx),
+        engine_bytes_per_node=max(engine),
+        losses=rank0["losses"],
+        loss_times=rank0["loss_times"],
+        outer_state_bytes=rank0["outer_state_bytes"],
+        method=row.method,
+    )
 
 
 def time_to_target(losses: list[float], times: list[float], target: float) -> float | None:
@@ -289,9 +380,11 @@ def final_loss(losses: list[float]) -> float:
 
 
 def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
-    header = (f"{'rate':>9} {'row':<16} {'steps/s':>7} {'x single':>8} {'sync %':>7} {'syncs':>5} "
-              f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
-              f"{'outer MB/rank':>13}")
+    header = (
+        f"{'rate':>9} {'row':<16} {'steps/s':>7} {'x single':>8} {'sync %':>7} {'syncs':>5} "
+        f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
+        f"{'outer MB/rank':>13}"
+    )
     print(header)
     for rate in dict.fromkeys(r["rate"] for r in rows):
         mine = [r for r in rows if r["rate"] == rate]
@@ -301,13 +394,19 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
             share = f"{100 * r['sync_share']:>7.1f}"
             if r["method"] == "ddp" and single is not None:
                 share = f"~{100 * max(0.0, 1 - single['step_seconds'] / r['step_seconds']):>6.1f}"
-            ratio = f"{r['tx_bytes_per_node'] / r['engine_bytes_per_node']:>9.4f}" if r["engine_bytes_per_node"] else f"{'-':>9}"
+            ratio = (
+                f"{r['tx_bytes_per_node'] / r['engine_bytes_per_node']:>9.4f}"
+                if r["engine_bytes_per_node"]
+                else f"{'-':>9}"
+            )
             reach = time_to_target(r["losses"], r["loss_times"], target)
             vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
-            print(f"{rate:>9} {r['row']:<16} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
-                  f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
-                  f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
-                  f"{r['outer_state_bytes'] / 1e6:>13.2f}")
+            print(
+                f"{rate:>9} {r['row']:<16} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
+                f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
+                f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
+                f"{r['outer_state_bytes'] / 1e6:>13.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,8 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    print(f"{args.nodes} nodes, rates {' '.join(args.rates)}, {args.steps} steps, H {args.h_base}, "
-          f"MTU {args.mtu}, load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
+    print(
+        f"{args.nodes} nodes, rates {' '.join(args.rates)}, {args.steps} steps, H {args.h_base}, "
+        f"MTU {args.mtu}, load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}",
+        flush=True,
+    )
     results = []
     workdir = tempfile.mkdtemp(prefix="alh-wan-")
     try:
@@ -396,8 +498,9 @@ def worker(spec_path: str) -> int:
     dev = os.environ.get("GLOO_SOCKET_IFNAME")
     torch.manual_seed(0)
     vocab, seq = spec["vocab"], spec["seq"]
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"],
-                                       n_layer=spec["layers"], n_head=4))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"], n_layer=spec["layers"], n_head=4)
+    )
     # a fixed random Markov chain with 4 successors per token: learnable, loss falls from ln(vocab) to ~ln(4)
     g = torch.Generator().manual_seed(1)
     successors = torch.randint(0, vocab, (vocab, 4), generator=g)
@@ -446,8 +549,12 @@ def worker(spec_path: str) -> int:
     callbacks: list[Any] = []
     autoloco = None
     if spec["method"] != "none":
-        config = dict(method=spec["method"], h_base=spec["h_base"], wire_dtype=spec["wire_dtype"],
-                      ranks_per_worker=spec["ranks_per_worker"])
+        config = dict(
+            method=spec["method"],
+            h_base=spec["h_base"],
+            wire_dtype=spec["wire_dtype"],
+            ranks_per_worker=spec["ranks_per_worker"],
+        )
         if spec["method"] == "autoloco":
             config.update(h_min=max(1, spec["h_base"] // 2), q_h=max(1, spec["h_base"] // 5))
         if spec["ranks_per_worker"] > 1:
@@ -455,20 +562,40 @@ def worker(spec_path: str) -> int:
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
         callbacks.append(autoloco)
     callbacks.append(Meter())
-    args = TrainingArguments(output_dir=spec["output_dir"], per_device_train_batch_size=spec["batch"],
-                             max_steps=spec["steps"], learning_rate=3e-3, warmup_steps=2, report_to=[],
-                             use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=10**6,
-                             dataloader_num_workers=0, seed=0, ddp_broadcast_buffers=False)
+    args = TrainingArguments(
+        output_dir=spec["output_dir"],
+        per_device_train_batch_size=spec["batch"],
+        max_steps=spec["steps"],
+        learning_rate=3e-3,
+        warmup_steps=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=10**6,
+        dataloader_num_workers=0,
+        seed=0,
+        ddp_broadcast_buffers=False,
+    )
     TimedTrainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
     totals = autoloco.engine.totals if autoloco is not None else None
     outer = autoloco.engine.outer if autoloco is not None and autoloco.engine.outer is not None else None
     steps_between = [b - a for a, b in zip(step_ends, step_ends[1:])]
-    result = dict(rank=rank, node=node, local_rank=local_rank, steps=len(step_ends),
-                  train_seconds=marks["t1"] - marks["t0"], step_seconds=steps_between,
-                  sync_seconds=totals.sync_seconds if totals else 0.0, syncs=totals.syncs if totals else 0,
-                  wire_bytes=totals.wire_bytes if totals else 0, tx_bytes=marks["tx1"] - marks["tx0"],
-                  losses=losses, loss_times=loss_times,
-                  outer_state_bytes=_outer_state_bytes(outer) if outer is not None else 0)
+    result = dict(
+        rank=rank,
+        node=node,
+        local_rank=local_rank,
+        steps=len(step_ends),
+        train_seconds=marks["t1"] - marks["t0"],
+        step_seconds=steps_between,
+        sync_seconds=totals.sync_seconds if totals else 0.0,
+        syncs=totals.syncs if totals else 0,
+        wire_bytes=totals.wire_bytes if totals else 0,
+        tx_bytes=marks["tx1"] - marks["tx0"],
+        losses=losses,
+        loss_times=loss_times,
+        outer_state_bytes=_outer_state_bytes(outer) if outer is not None else 0,
+    )
     with open(os.path.join(spec["output_dir"], f"result_rank{rank}.json"), "w") as f:
         json.dump(result, f)
     return 0

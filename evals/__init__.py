@@ -8,4 +8,12 @@ from .offline import MissingLocalDataError
 from .report import markdown_table
 from .runner import TASKS, EvalSettings, evaluate, evaluate_model_dir, suite_settings
 
-__all__ = ["TASKS", "EvalSettings", "MissingLocalDataError", "evaluate", "evaluate_model_dir", "markdown_table", "suite_settings"]
+__all__ = [
+    "TASKS",
+    "EvalSettings",
+    "MissingLocalDataError",
+    "evaluate",
+    "evaluate_model_dir",
+    "markdown_table",
+    "suite_settings",
+]

@@ -21,25 +21,63 @@ from .runner import DATA, FIXTURES_DIR, SUITES, TASKS, evaluate_model_dir, resol
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add MODEL_DIR positionals and the evaluation options to ``parser``."""
     parser.add_argument("model_dirs", nargs="*", metavar="MODEL_DIR", help="checkpoint folders (model + tokenizer)")
-    parser.add_argument("--suite", choices=sorted(SUITES), default="paper", help="paper: full paper settings; quick: 10 examples per (sub)task, short generations")
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default="paper",
+        help="paper: full paper settings; quick: 10 examples per (sub)task, short generations",
+    )
     parser.add_argument("--tasks", nargs="+", choices=TASKS, help="subset of tasks (default: all)")
     parser.add_argument("--limit", type=positive_int, help="examples per (sub)task (overrides the suite)")
     parser.add_argument("--batch-size", type=positive_int, help="generation / NLL batch size (default 8)")
-    parser.add_argument("--max-gen-toks", type=positive_int, help="max generated tokens for lm-eval tasks (default: each task's own)")
-    parser.add_argument("--humaneval-max-new-tokens", type=positive_int, help="max generated tokens for HumanEval+ (default 768)")
-    parser.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None, help="apply the tokenizer's chat template (default: when it has one)")
+    parser.add_argument(
+        "--max-gen-toks", type=positive_int, help="max generated tokens for lm-eval tasks (default: each task's own)"
+    )
+    parser.add_argument(
+        "--humaneval-max-new-tokens", type=positive_int, help="max generated tokens for HumanEval+ (default 768)"
+    )
+    parser.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the tokenizer's chat template (default: when it has one)",
+    )
     parser.add_argument("--num-documents", type=positive_int, help="C4-style documents for NLL (default 4096)")
     parser.add_argument("--num-conversations", type=positive_int, help="chat conversations for NLL (default 1000)")
-    parser.add_argument("--nll-max-length", type=positive_int, help="truncate NLL examples to this many tokens (default 2048)")
-    parser.add_argument("--offline", action="store_true", help="no network: every task needs local data; fail fast naming the missing option")
+    parser.add_argument(
+        "--nll-max-length", type=positive_int, help="truncate NLL examples to this many tokens (default 2048)"
+    )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="no network: every task needs local data; fail fast naming the missing option",
+    )
     data = parser.add_mutually_exclusive_group()
-    data.add_argument("--data-dir", type=Path, help="folder holding datasets under their default names: " + ", ".join(s.filename for s in DATA.values()))
-    data.add_argument("--fixtures", action="store_true", help="use the tiny bundled fixtures for every dataset (a smoke test)")
+    data.add_argument(
+        "--data-dir",
+        type=Path,
+        help="folder holding datasets under their default names: " + ", ".join(s.filename for s in DATA.values()),
+    )
+    data.add_argument(
+        "--fixtures", action="store_true", help="use the tiny bundled fixtures for every dataset (a smoke test)"
+    )
     for key, source in DATA.items():
         parser.add_argument(source.option, dest=f"{key}_path", type=Path, metavar="PATH", help=f"local {source.what}")
-    parser.add_argument("--out", type=lambda text: Path(new_file_path(text)), default=Path("eval_results"), help="output folder (default ./eval_results)")
+    parser.add_argument(
+        "--out",
+        type=lambda text: Path(new_file_path(text)),
+        default=Path("eval_results"),
+        help="output folder (default ./eval_results)",
+    )
     parser.add_argument("--run-name", help="name of the run in the JSON and table (default: the folder name)")
-    parser.add_argument("--compare", nargs="+", type=existing_file, default=[], metavar="RUN_JSON", help="earlier run JSON files to add as table rows")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        type=existing_file,
+        default=[],
+        metavar="RUN_JSON",
+        help="earlier run JSON files to add as table rows",
+    )
     parser.add_argument("--device", help="default: cuda when available, else cpu")
     parser.add_argument("--dtype", default="auto", help="torch dtype to load the model in (default: the checkpoint's)")
 
@@ -75,8 +113,11 @@ def run(args: argparse.Namespace) -> int:
     for model_dir in args.model_dirs:
         if not (Path(model_dir) / "config.json").is_file():
             what = "has no config.json" if Path(model_dir).is_dir() else "does not exist"
-            usage_error(f"MODEL_DIR {model_dir} {what}: pass a folder written by save_pretrained "
-                        "(a recipe's run folder, or a Trainer's output_dir)", "autoloco eval")
+            usage_error(
+                f"MODEL_DIR {model_dir} {what}: pass a folder written by save_pretrained "
+                "(a recipe's run folder, or a Trainer's output_dir)",
+                "autoloco eval",
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     try:

@@ -50,7 +50,9 @@ def files_format(paths: Sequence[str | os.PathLike]) -> FileFormat:
     formats = {str(p): file_format(p) for p in paths}
     kinds = set(formats.values())
     if len(kinds) != 1:
-        raise ValueError(f"files of one split must share a format, got {', '.join(f'{p} ({k.value})' for p, k in formats.items())}")
+        raise ValueError(
+            f"files of one split must share a format, got {', '.join(f'{p} ({k.value})' for p, k in formats.items())}"
+        )
     return kinds.pop()
 
 

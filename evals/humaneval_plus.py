@@ -49,16 +49,14 @@ def generate_solutions(
     stops = EOS + (["\n```\n"] if chat else extra_eos_for_direct_completion("humaneval"))
     tasks = list(problems.values())
     prompts = [t["prompt"].strip() + "\n" for t in tasks]
-    inputs = [
-        make_raw_chat_prompt(p, INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer) if chat else p for p in prompts
-    ]
+    inputs = [make_raw_chat_prompt(p, INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer) if chat else p for p in prompts]
     samples = []
     for start in tqdm(range(0, len(tasks), batch_size), desc="humaneval_plus generate", unit="batch"):
         batch = inputs[start : start + batch_size]
         # A chat prompt already holds the template's special tokens.
-        enc = tokenizer(
-            batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat
-        ).to(model.device)
+        enc = tokenizer(batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat).to(
+            model.device
+        )
         out = model.generate(
             **enc,
             do_sample=False,

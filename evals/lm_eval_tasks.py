@@ -89,9 +89,16 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
         return configs
     if name == "bbh":
         cot = builtin / "bbh" / "cot_fewshot"
-        subtasks = {f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))}
-        subtasks.update({d.name: [str(f) for f in find_split(d, "test")] for d in sorted(path.iterdir())
-                         if d.is_dir() and find_split(d, "test")})
+        subtasks = {
+            f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))
+        }
+        subtasks.update(
+            {
+                d.name: [str(f) for f in find_split(d, "test")]
+                for d in sorted(path.iterdir())
+                if d.is_dir() and find_split(d, "test")
+            }
+        )
         configs = {
             f"{group}_{name}": _json_task(cot / f"{name}.yaml", f"{group}_{name}", {"test": files})
             for name, files in subtasks.items()
@@ -100,7 +107,9 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
             raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl / <subtask>.parquet files in {path}")
         configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
         return configs
-    include = builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
+    include = (
+        builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
+    )
     return {group: _json_task(include, group, {"train": [str(path)]})}
 
 
@@ -169,6 +178,11 @@ def _write_samples(output: dict, run_name: str, path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for task in _subtasks(output, run_name):
             for s in output["samples"][task]:
-                row = {"task": task, "doc_id": s["doc_id"], "response": s["resps"][0][0], "filtered": s["filtered_resps"]}
+                row = {
+                    "task": task,
+                    "doc_id": s["doc_id"],
+                    "response": s["resps"][0][0],
+                    "filtered": s["filtered_resps"],
+                }
                 row.update({k: s[k] for k in s if k in s.get("metrics", [])})
                 f.write(json.dumps(row, default=str) + "\n")

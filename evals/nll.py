@@ -9,10 +9,10 @@ of targets), not a mean of per-document means.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +75,9 @@ def chat_example(tokenizer, messages: Sequence[dict], max_length: int) -> tuple[
         prefix = encode(messages[:i], True)
         end = len(encode(messages[: i + 1], False))
         if ids[: len(prefix)] != prefix:
-            raise ValueError("chat template does not render conversations prefix by prefix; cannot mask assistant turns")
+            raise ValueError(
+                "chat template does not render conversations prefix by prefix; cannot mask assistant turns"
+            )
         mask[len(prefix) : end] = [True] * (end - len(prefix))
     return ids[:max_length], mask[:max_length]
 

@@ -31,13 +31,19 @@ class DataSource:
 
 
 DATA = {
-    "mmlu_pro": DataSource("--mmlu-pro-path", "mmlu_pro", "MMLU-Pro (TIGER-Lab/MMLU-Pro): a folder with test.jsonl and validation.jsonl"),
+    "mmlu_pro": DataSource(
+        "--mmlu-pro-path", "mmlu_pro", "MMLU-Pro (TIGER-Lab/MMLU-Pro): a folder with test.jsonl and validation.jsonl"
+    ),
     "bbh": DataSource("--bbh-path", "bbh", "BBH (SaylorTwift/bbh): a folder of <subtask>.jsonl files"),
     "ifeval": DataSource("--ifeval-path", "ifeval.jsonl", "IFEval (google/IFEval) rows as JSONL"),
     "ifbench": DataSource("--ifbench-path", "ifbench.jsonl", "IFBench (allenai/IFBench_test) rows as JSONL"),
-    "humaneval_plus": DataSource("--humaneval-plus-path", "humaneval_plus.jsonl", "HumanEval+ (evalplus HumanEvalPlus) JSONL"),
+    "humaneval_plus": DataSource(
+        "--humaneval-plus-path", "humaneval_plus.jsonl", "HumanEval+ (evalplus HumanEvalPlus) JSONL"
+    ),
     "c4": DataSource("--c4-path", "c4.jsonl", "C4-style documents (allenai/c4 en validation) as JSONL with 'text'"),
-    "chat": DataSource("--chat-path", "chat.jsonl", "conversations (HuggingFaceH4/ultrachat_200k test_sft) as JSONL with 'messages'"),
+    "chat": DataSource(
+        "--chat-path", "chat.jsonl", "conversations (HuggingFaceH4/ultrachat_200k test_sft) as JSONL with 'messages'"
+    ),
 }
 TASK_DATA = {"nll": ("c4", "chat")}  # every other task reads the dataset of its own name
 
@@ -62,7 +68,9 @@ class EvalSettings:
 
 SUITES = {
     "paper": EvalSettings(),
-    "quick": EvalSettings(limit=10, max_gen_toks=256, num_documents=64, num_conversations=32, humaneval_max_new_tokens=256),
+    "quick": EvalSettings(
+        limit=10, max_gen_toks=256, num_documents=64, num_conversations=32, humaneval_max_new_tokens=256
+    ),
 }
 
 

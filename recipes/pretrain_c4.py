@@ -33,8 +33,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -48,8 +49,14 @@ from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
 
 # LLaMA-style, 214.96M parameters with a 32k vocabulary (untied embeddings).
 MODEL_215M = dict(
-    hidden_size=1024, intermediate_size=2688, num_hidden_layers=12, num_attention_heads=16,
-    num_key_value_heads=16, max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-5,
+    hidden_size=1024,
+    intermediate_size=2688,
+    num_hidden_layers=12,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-5,
 )
 
 
@@ -60,35 +67,39 @@ class C4Settings:
     run_name: str = setting("c4_autoloco", "run folder name under output_dir")
     output_dir: str = setting("runs/c4", "where run folders go")
     method: Method = setting(Method.AUTOLOCO, "how workers synchronize")
-    ablation: Optional[Literal["intervals_only", "momentum", "full", "full_normalized"]] = setting(
-        None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method")
+    ablation: Literal["intervals_only", "momentum", "full", "full_normalized"] | None = setting(
+        None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method"
+    )
     mode: Literal["auto", "simulated", "multiprocess"] = setting(
-        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE")
+        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE"
+    )
     workers: int = setting(8, "data-parallel workers")
     steps: int = setting(50_000, "optimizer steps")
     warmup_steps: int = setting(1_000, "linear LR warm-up steps, then cosine decay")
     lr: float = setting(3e-4, "peak AdamW learning rate")
     weight_decay: float = setting(0.1, "AdamW weight decay")
     adam_beta2: float = setting(0.95, "AdamW beta2")
-    max_grad_norm: Optional[float] = setting(1.0, "per-worker gradient clipping before each inner step")
+    max_grad_norm: float | None = setting(1.0, "per-worker gradient clipping before each inner step")
     batch_size: int = setting(128, "documents per worker per step")
-    micro_batch_size: Optional[int] = setting(None, "split each worker's batch for memory (same gradient)")
+    micro_batch_size: int | None = setting(None, "split each worker's batch for memory (same gradient)")
     seq_len: int = setting(1_024, "tokens per document after truncation or padding (no packing)")
     dataset: str = setting("allenai/c4", "hub dataset, streamed")
     dataset_config: str = setting("en", "hub dataset configuration")
-    train_files: Optional[list[str]] = setting(
-        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content")
-    val_files: Optional[list[str]] = setting(None, "local validation files (same formats)")
+    train_files: list[str] | None = setting(
+        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content"
+    )
+    val_files: list[str] | None = setting(None, "local validation files (same formats)")
     text_field: str = setting("text", "the column holding the document text")
     val_docs: int = setting(4_096, "validation documents")
     eval_batch_size: int = setting(32, "validation batch size")
     tokenizer: str = setting("hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path")
-    model_config: Optional[str] = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
+    model_config: str | None = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
     bf16: bool = setting(True, "bf16 autocast on CUDA (CPU runs in FP32)")
     gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass to save memory")
     seed: int = setting(0, "seed of the initialization (the ablation configs use 42, as the paper)")
     save_every: int = setting(0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)")
     resume: bool = setting(False, "continue from that checkpoint when it exists")
+
 
 def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus the ``autoloco_*`` overrides."""
@@ -99,7 +110,7 @@ def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     return AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[C4Settings, AutoLoCoArguments]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[C4Settings, AutoLoCoArguments]:
     """Settings from defaults, ``--config`` YAML and flags; a bad engine setting is a usage error (exit 2)."""
     settings, autoloco = parse_settings((C4Settings, AutoLoCoArguments), argv, __doc__.splitlines()[0])
     try:
@@ -148,7 +159,9 @@ def collate(tokenizer: Any, texts: Sequence[str], seq_len: int) -> dict[str, tor
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
 
 
-def batches(tokenizer: Any, texts: Iterator[str], batch_size: int, seq_len: int, device: torch.device) -> Iterator[dict]:
+def batches(
+    tokenizer: Any, texts: Iterator[str], batch_size: int, seq_len: int, device: torch.device
+) -> Iterator[dict]:
     chunk: list[str] = []
     for text in texts:
         chunk.append(text)
@@ -173,7 +186,9 @@ class Launch:
             import torch.distributed as dist
 
             if world != s.workers:
-                raise SystemExit(f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode")
+                raise SystemExit(
+                    f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode"
+                )
             cuda = torch.cuda.is_available()
             if cuda:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -183,7 +198,9 @@ class Launch:
         else:
             self.rank = 0
             self.worker_ids = list(range(s.workers))
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
         from autoloco_hf.sync.communicators import make_communicator
@@ -209,8 +226,9 @@ def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: A
 
     total, count = 0.0, 0
     for shard in launch.worker_ids:  # one validation shard per worker, as for training data
-        docs = itertools.islice(texts(worker_dataset(s, "validation", shard, s.workers), s.text_field),
-                                -(-s.val_docs // s.workers))
+        docs = itertools.islice(
+            texts(worker_dataset(s, "validation", shard, s.workers), s.text_field), -(-s.val_docs // s.workers)
+        )
         with _autocast(s, launch):
             t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, launch.device))
         total, count = total + t, count + c
@@ -218,7 +236,9 @@ def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: A
     return total / max(count, 1.0)
 
 
-def accumulated_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], micro_batch_size: Optional[int]) -> torch.Tensor:
+def accumulated_loss(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], micro_batch_size: int | None
+) -> torch.Tensor:
     """The batch's token-weighted mean loss, computed in micro-batches; returns the last part's graph.
 
     Earlier micro-batches are back-propagated here; the returned tensor has the
@@ -257,7 +277,11 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     model = build_model(s, len(tokenizer)).to(launch.device)
     run_dir = os.path.join(s.output_dir, s.run_name)
     checkpoint = os.path.join(run_dir, "checkpoint", f"rank{launch.rank}.pt")
-    state = torch.load(checkpoint, map_location=launch.device, weights_only=False) if s.resume and os.path.exists(checkpoint) else None
+    state = (
+        torch.load(checkpoint, map_location=launch.device, weights_only=False)
+        if s.resume and os.path.exists(checkpoint)
+        else None
+    )
     start = state["step"] if state else 0
     writer = RunWriter(run_dir, s.run_name, resume_step=start) if launch.rank == 0 else None
 
@@ -269,7 +293,9 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
         config,
         model,
         launch.communicator(config),
-        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2)),
+        optimizer_factory=lambda ps: torch.optim.AdamW(
+            ps, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, s.adam_beta2)
+        ),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, s.warmup_steps, s.steps),
         total_steps=s.steps,
         loss_fn=loss_fn,
@@ -290,8 +316,10 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
         try:
             workers.train_step([next(stream) for stream in streams])
-        except StopIteration:
-            raise SystemExit(f"the training data ran out at step {step} of {s.steps}: add data or lower --steps")
+        except StopIteration as err:
+            raise SystemExit(
+                f"the training data ran out at step {step} of {s.steps}: add data or lower --steps"
+            ) from err
         if writer:
             # local workers' mean loss (all workers when simulated, rank 0's own in multiprocess mode)
             loss = sum(workers.last_losses) / len(workers.last_losses)
@@ -299,8 +327,15 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", syncs=workers.engine.totals.syncs, refresh=False)
         if s.save_every and step % s.save_every == 0 and step < s.steps:
-            save_checkpoint(checkpoint, dict(step=step, seconds=time.perf_counter() - started,
-                                             workers=workers.state_dict(), data=[d.state_dict() for d in datasets]))
+            save_checkpoint(
+                checkpoint,
+                dict(
+                    step=step,
+                    seconds=time.perf_counter() - started,
+                    workers=workers.state_dict(),
+                    data=[d.state_dict() for d in datasets],
+                ),
+            )
     wall = time.perf_counter() - started
     bar.close()
     val_loss = validate(s, launch, workers.models[0], tokenizer)
@@ -310,9 +345,17 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     workers.models[0].save_pretrained(run_dir)
     tokenizer.save_pretrained(run_dir)
     params = sum(p.numel() for p in workers.models[0].parameters())
-    return writer.finish(workers.engine.totals, config.to_dict(), wall, val_loss=val_loss, workers=s.workers,
-                         params=params, mode=launch.mode, resumed_from_step=start,
-                         settings={**dataclasses.asdict(s), **dataclasses.asdict(a)})
+    return writer.finish(
+        workers.engine.totals,
+        config.to_dict(),
+        wall,
+        val_loss=val_loss,
+        workers=s.workers,
+        params=params,
+        mode=launch.mode,
+        resumed_from_step=start,
+        settings={**dataclasses.asdict(s), **dataclasses.asdict(a)},
+    )
 
 
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
@@ -328,7 +371,7 @@ def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
     return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=launch.rank != 0, mininterval=2.0)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings, autoloco = parse_args(argv)
     try:
         summary = train(settings, autoloco)
@@ -339,8 +382,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             dist.destroy_process_group()
     if summary:
         keys = ("syncs", "payload_bytes")
-        print(json.dumps({"run": settings.run_name, **{k: summary["totals"][k] for k in keys},
-                          "train_loss_last": summary["train_loss_last"], "val_loss": summary["val_loss"]}))
+        print(
+            json.dumps(
+                {
+                    "run": settings.run_name,
+                    **{k: summary["totals"][k] for k in keys},
+                    "train_loss_last": summary["train_loss_last"],
+                    "val_loss": summary["val_loss"],
+                }
+            )
+        )
     return 0
 
 

@@ -99,7 +99,9 @@ def parse_settings(
         from_file = load_yaml(config_path)
         unknown = sorted(set(from_file) - known)
         if unknown:
-            usage_error(f"--config {config_path}: unknown setting {unknown[0]!r}; {_suggest(unknown[0], sorted(known))}")
+            usage_error(
+                f"--config {config_path}: unknown setting {unknown[0]!r}; {_suggest(unknown[0], sorted(known))}"
+            )
         values.update(from_file)
     parser.set_defaults(**values)
     _, rest = parser.parse_known_args(argv)

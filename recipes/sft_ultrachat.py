@@ -32,8 +32,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -53,22 +54,29 @@ class SFTSettings:
     """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`), the engine's ``autoloco_*``."""
 
     method: Method = setting(Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)")
-    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (spec 7)")
+    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (docs/algorithm.md §7)")
     model_name_or_path: str = setting("meta-llama/Llama-3.1-8B", "hub id or local folder of the model")
-    tokenizer: Optional[str] = setting(None, "hub id or local folder; default: the model's")
-    chat_template: Optional[str] = setting(
-        None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template")
-    model_dtype: str = setting("bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)")
+    tokenizer: str | None = setting(None, "hub id or local folder; default: the model's")
+    chat_template: str | None = setting(
+        None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template"
+    )
+    model_dtype: str = setting(
+        "bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)"
+    )
     dataset: str = setting("HuggingFaceH4/ultrachat_200k", "hub dataset")
     train_split: str = setting("train_sft", "hub split to train on")
     test_split: str = setting("test_sft", "hub split of the test NLL")
-    train_files: Optional[list[str]] = setting(
-        None, "local JSON Lines / JSON / Parquet files with a `messages` column instead of the hub")
-    test_files: Optional[list[str]] = setting(None, "local test files (same formats)")
-    global_batch_size: int = setting(32, "conversations per optimizer step, all workers together (sets gradient accumulation)")
+    train_files: list[str] | None = setting(
+        None, "local JSON Lines / JSON / Parquet files with a `messages` column instead of the hub"
+    )
+    test_files: list[str] | None = setting(None, "local test files (same formats)")
+    global_batch_size: int = setting(
+        32, "conversations per optimizer step, all workers together (sets gradient accumulation)"
+    )
     test_conversations: int = setting(1_000, "valid test conversations for the test NLL")
     eval_batch_size: int = setting(8, "test NLL batch size")
     resume: bool = setting(False, "continue from the last checkpoint in output_dir/run_name when there is one")
+
 
 def _checkpointing_field() -> str:
     """transformers >= 5.2x calls it ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias)."""
@@ -110,12 +118,13 @@ def autoloco_config(s: SFTSettings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     return AutoLoCoConfig.for_recipe("sft", **overrides)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[SFTSettings, Any, AutoLoCoArguments]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, AutoLoCoArguments]:
     """(recipe settings, ``SFTConfig``, engine arguments) from defaults, ``--config`` YAML and flags."""
     from trl import SFTConfig
 
-    settings, args, autoloco = parse_settings((SFTSettings, SFTConfig, AutoLoCoArguments), argv,
-                                              __doc__.splitlines()[0], defaults=trainer_defaults())
+    settings, args, autoloco = parse_settings(
+        (SFTSettings, SFTConfig, AutoLoCoArguments), argv, __doc__.splitlines()[0], defaults=trainer_defaults()
+    )
     try:
         autoloco_config(settings, autoloco)
     except ConfigError as err:
@@ -128,11 +137,20 @@ def valid_conversation(messages: Any) -> bool:
     if not isinstance(messages, list) or not messages:
         return False
     for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str) or not m["content"].strip():
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+            or not m["content"].strip()
+        ):
             return False
     turns = messages[1:] if messages[0]["role"] == "system" else messages
     expected = ["user", "assistant"] * len(turns)
-    return bool(turns) and [m["role"] for m in turns] == expected[: len(turns)] and any(m["role"] == "assistant" for m in turns)
+    return (
+        bool(turns)
+        and [m["role"] for m in turns] == expected[: len(turns)]
+        and any(m["role"] == "assistant" for m in turns)
+    )
 
 
 def has_assistant_target(tokenizer: Any, messages: list, max_length: int) -> bool:
@@ -143,7 +161,7 @@ def has_assistant_target(tokenizer: Any, messages: list, max_length: int) -> boo
     return any(mask[1:])
 
 
-def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: Optional[int] = None) -> Any:
+def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: int | None = None) -> Any:
     """The ``messages`` of ``split`` (train or test) after filtering; ``limit`` keeps the first ones."""
     from datasets import load_dataset
 
@@ -156,7 +174,9 @@ def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: 
     ds = ds.filter(lambda ex: valid_conversation(ex["messages"]), num_proc=args.dataset_num_proc)
     if limit is not None:
         ds = ds.select(range(min(limit * 2, len(ds))))  # headroom for the truncation filter
-    ds = ds.filter(lambda ex: has_assistant_target(tokenizer, ex["messages"], args.max_length), num_proc=args.dataset_num_proc)
+    ds = ds.filter(
+        lambda ex: has_assistant_target(tokenizer, ex["messages"], args.max_length), num_proc=args.dataset_num_proc
+    )
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
 
@@ -189,8 +209,10 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.per_device_train_batch_size * world
     if s.global_batch_size % per_step:
-        usage_error(f"--global_batch_size {s.global_batch_size} is not a multiple of --per_device_train_batch_size "
-                    f"{args.per_device_train_batch_size} x {world} workers: change one of them")
+        usage_error(
+            f"--global_batch_size {s.global_batch_size} is not a multiple of --per_device_train_batch_size "
+            f"{args.per_device_train_batch_size} x {world} workers: change one of them"
+        )
     args.gradient_accumulation_steps = s.global_batch_size // per_step
     run_name = args.run_name
     run_dir = args.output_dir = os.path.join(args.output_dir, run_name)  # one folder per run, as in the C4 recipe
@@ -212,11 +234,17 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if writer is not None and logs and "loss" in logs and callback.engine is not None:
-                writer.log_step(state.global_step, float(logs["loss"]), float(logs.get("learning_rate", 0.0)),
-                                callback.engine.totals, time.perf_counter() - started)
+                writer.log_step(
+                    state.global_step,
+                    float(logs["loss"]),
+                    float(logs.get("learning_rate", 0.0)),
+                    callback.engine.totals,
+                    time.perf_counter() - started,
+                )
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
-                         callbacks=[callback, StepLog()])
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback, StepLog()]
+    )
     trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - started
     # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
@@ -225,22 +253,43 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         return {}
     test_set = conversations(s, args, "test", tokenizer, limit=s.test_conversations)
     trainer.model.eval()
-    nll = masked_nll(trainer.model, (chat_example(tokenizer, ex["messages"], args.max_length) for ex in test_set),
-                     s.eval_batch_size, "test nll")
-    return writer.finish(callback.engine.totals, config.to_dict(), wall, val_loss=nll.nll, test_nll=nll.nll,
-                         test_tokens=nll.tokens, test_conversations=nll.examples, train_conversations=len(train_set),
-                         workers=world, resumed_from_step=resume_step,
-                         settings={**dataclasses.asdict(s), **a.overrides(), "trainer": args.to_dict()})
+    nll = masked_nll(
+        trainer.model,
+        (chat_example(tokenizer, ex["messages"], args.max_length) for ex in test_set),
+        s.eval_batch_size,
+        "test nll",
+    )
+    return writer.finish(
+        callback.engine.totals,
+        config.to_dict(),
+        wall,
+        val_loss=nll.nll,
+        test_nll=nll.nll,
+        test_tokens=nll.tokens,
+        test_conversations=nll.examples,
+        train_conversations=len(train_set),
+        workers=world,
+        resumed_from_step=resume_step,
+        settings={**dataclasses.asdict(s), **a.overrides(), "trainer": args.to_dict()},
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings, args, autoloco = parse_args(argv)
     run_name = args.run_name
     summary = train(settings, args, autoloco)
     if summary:
-        print(json.dumps({"run": run_name, "syncs": summary["totals"]["syncs"],
-                          "payload_bytes": summary["totals"]["payload_bytes"], "test_nll": summary["test_nll"],
-                          "train_conversations": summary["train_conversations"]}))
+        print(
+            json.dumps(
+                {
+                    "run": run_name,
+                    "syncs": summary["totals"]["syncs"],
+                    "payload_bytes": summary["totals"]["payload_bytes"],
+                    "test_nll": summary["test_nll"],
+                    "train_conversations": summary["train_conversations"],
+                }
+            )
+        )
     return 0
 
 

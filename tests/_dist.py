@@ -28,7 +28,8 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -67,7 +68,11 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
     with tempfile.TemporaryDirectory(prefix="autoloco_gloo_") as out_dir:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.start_processes(
-            _entry, args=(fn, world_size, init_method, out_dir, args), nprocs=world_size, join=False, start_method="spawn"
+            _entry,
+            args=(fn, world_size, init_method, out_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         # join() raises ProcessRaisedException / ProcessExitedException when a child fails

@@ -20,7 +20,7 @@ def floors() -> dict[str, Version]:
     cfg.read(ROOT / "setup.cfg")
     lines = cfg["options"]["install_requires"].splitlines() + cfg["options.extras_require"]["sft"].splitlines()
     found = {}
-    for line in filter(None, (l.strip() for l in lines)):
+    for line in filter(None, (raw.strip() for raw in lines)):
         req = Requirement(line)
         for spec in req.specifier:
             if spec.operator == ">=":
@@ -30,8 +30,11 @@ def floors() -> dict[str, Version]:
 
 def test_readme_installs_torch_per_platform():
     """A plain `pip install torch==X` is the CUDA build on Linux: the CPU-only line must name the CPU index."""
-    commands = [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()
-                if line.startswith("pip install")]
+    commands = [
+        line.split("#")[0].strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("pip install")
+    ]
     torch_lines = [c for c in commands if re.search(r"\btorch==", c)]
     assert any(CPU_INDEX in c for c in torch_lines), "a CPU-only install line with the CPU wheel index"
     assert any(CPU_INDEX not in c and "--index-url" not in c for c in torch_lines), "a GPU line with the default wheel"
@@ -53,4 +56,6 @@ def test_floors_meet_what_our_dependencies_require(package):
             continue
         for spec in req.specifier:
             if spec.operator == ">=":
-                assert ours[req.name.lower()] >= Version(spec.version), f"setup.cfg {req.name}>={ours[req.name.lower()]} < {line}"
+                assert ours[req.name.lower()] >= Version(spec.version), (
+                    f"setup.cfg {req.name}>={ours[req.name.lower()]} < {line}"
+                )

@@ -1,8 +1,8 @@
-"""The AutoLoCo horizon controller: a serializable state machine (spec 5).
+"""The AutoLoCo horizon controller: a serializable state machine (docs/algorithm.md §5).
 
 Plain numbers in, a decision out. After every interval the controller sees the
 interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
-chooses the next token-equivalent horizon. Phases (spec 5.3): warm-up ->
+chooses the next token-equivalent horizon. Phases (docs/algorithm.md §5.3): warm-up ->
 calibration -> variability -> monitoring <-> candidate, with reductions and
 recalibrations on deviations.
 
@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from autoloco_hf.algorithm.stats import log_normalized_drift
 from autoloco_hf.config import AutoLoCoConfig, ReferenceClip, ValueEnum
 
+
 class Phase(ValueEnum):
-    """Controller phases (spec 5.3); ``FIXED`` marks intervals of a policy without a controller."""
+    """Controller phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a controller."""
 
     WARMUP = "warmup"
     CALIBRATION = "calibration"
@@ -44,7 +46,7 @@ class Phase(ValueEnum):
 
 
 class Assessment(ValueEnum):
-    """How an interval's statistics compare with the reference (spec 5.2), or why none was made."""
+    """How an interval's statistics compare with the reference (docs/algorithm.md §5.2), or why none was made."""
 
     INVALID = "invalid"
     SEVERE = "severe"
@@ -60,7 +62,7 @@ class Assessment(ValueEnum):
 
 
 class Decision(ValueEnum):
-    """What the controller did with the horizon after an interval (spec 5.3)."""
+    """What the controller did with the horizon after an interval (docs/algorithm.md §5.3)."""
 
     KEEP = "keep"
     PROPOSE = "propose"
@@ -97,19 +99,19 @@ class ControllerDecision:
     assessment: Assessment
     decision: Decision
     next_h_tok: int
-    residual_drift: Optional[float] = None
-    residual_coherence: Optional[float] = None
-    z_drift: Optional[float] = None
-    z_coherence: Optional[float] = None
-    adverse: Optional[float] = None
+    residual_drift: float | None = None
+    residual_coherence: float | None = None
+    z_drift: float | None = None
+    z_coherence: float | None = None
+    adverse: float | None = None
 
 
 @dataclass
 class RejectedBound:
-    """A rejected candidate horizon: increases stay below it until it retires (spec 5.3.5)."""
+    """A rejected candidate horizon: increases stay below it until it retires (docs/algorithm.md §5.3.5)."""
 
     h_tok: int
-    lr_mass: Optional[float]  # Lambda observed when the bound was created (None if non-finite)
+    lr_mass: float | None  # Lambda observed when the bound was created (None if non-finite)
     age: int = 0
 
 
@@ -121,21 +123,21 @@ class _State:
     calibration_needed: int = 2
     calibration_logs: list = field(default_factory=list)  # [(log d, log C)]
     variability_left: int = 3
-    ref_log_drift: Optional[float] = None
-    ref_log_coherence: Optional[float] = None
+    ref_log_drift: float | None = None
+    ref_log_coherence: float | None = None
     history_drift: list = field(default_factory=list)
     history_coherence: list = field(default_factory=list)
     monitored_ok: int = 0
     moderate_streak: int = 0
     bad_event_pending: bool = False
     candidate_intervals: int = 0
-    rejected: Optional[RejectedBound] = None
+    rejected: RejectedBound | None = None
     # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per adopted horizon since the last reduction
     ladder: list = field(default_factory=list)
 
 
 def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
-    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (spec 5.1)."""
+    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md §5.1)."""
     if not history:
         return 0.0, sigma_floor
     centre = statistics.median(history)
@@ -144,12 +146,12 @@ def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float
 
 
 class HorizonController:
-    """Spec 5 state machine over token-equivalent horizons.
+    """docs/algorithm.md §5 state machine over token-equivalent horizons.
 
     Args:
         config: the run's :class:`AutoLoCoConfig` (thresholds, domain, counts).
         warmup_steps: inner-LR warm-up length; intervals ending before
-            ``warmup_steps + calibration_delay_steps`` are not used (spec 5.3.1).
+            ``warmup_steps + calibration_delay_steps`` are not used (docs/algorithm.md §5.3.1).
     """
 
     def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
@@ -192,10 +194,10 @@ class HorizonController:
             math.isfinite(v) for v in (obs.drift_energy, obs.coherence, obs.lr_mass, obs.mean_loss)
         )
 
-        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (spec 5.3.1)
+        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md §5.3.1)
         in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps
         if not finite and in_warmup:
-            # the recipe horizon is kept through warm-up, but the event arms the fallback (spec 5.2)
+            # the recipe horizon is kept through warm-up, but the event arms the fallback (docs/algorithm.md §5.2)
             st.bad_event_pending = True
             decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)
         elif not finite and phase == Phase.CANDIDATE:
@@ -204,7 +206,7 @@ class HorizonController:
             decision = self._on_invalid_or_severe(phase, Assessment.INVALID, None)
         elif obs.truncated:
             decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
-        elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (spec 5.1)
+        elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (docs/algorithm.md §5.1)
             decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
         elif in_warmup:
             st.bad_event_pending = False  # a finite warm-up interval separates two bad events
@@ -257,9 +259,7 @@ class HorizonController:
         decision.decision = Decision.KEEP
         return decision
 
-    def _monitor(
-        self, log_drift: float, log_coherence: float, preview: Callable[[int], float]
-    ) -> ControllerDecision:
+    def _monitor(self, log_drift: float, log_coherence: float, preview: Callable[[int], float]) -> ControllerDecision:
         st, cfg = self.state, self.cfg
         decision = self._assess(Phase.MONITORING, log_drift, log_coherence)
         if decision.assessment == Assessment.SEVERE:
@@ -352,7 +352,7 @@ class HorizonController:
         return decision
 
     def _on_invalid_or_severe(
-        self, phase: str, assessment: str, decision: Optional[ControllerDecision]
+        self, phase: str, assessment: str, decision: ControllerDecision | None
     ) -> ControllerDecision:
         """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
         st, cfg = self.state, self.cfg
@@ -369,7 +369,7 @@ class HorizonController:
         return self._reduce(decision, cfg.reduce_severe)
 
     def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
-        """Spec 5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
+        """docs/algorithm.md §5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
         st = self.state
         target = st.h_accepted / factor
         smaller = [h for h in self._admissible() if h < st.h_accepted]
@@ -392,8 +392,8 @@ class HorizonController:
         st.history_drift, st.history_coherence = [], []
         st.monitored_ok = 0
 
-    def _select_candidate(self, preview: Callable[[int], float]) -> Optional[int]:
-        """Spec 5.3.5: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
+    def _select_candidate(self, preview: Callable[[int], float]) -> int | None:
+        """docs/algorithm.md §5.3.5: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
         st, cfg = self.state, self.cfg
         self._maybe_retire_bound(preview)
         above = [h for h in self._admissible() if h > st.h_accepted]
@@ -434,15 +434,15 @@ class HorizonController:
         cfg = self.cfg  # h_min is a multiple of q_h (validated by the config)
         return list(range(cfg.h_min, cfg.h_max + 1, cfg.q_h))
 
-    def _logs(self, obs: IntervalObservation) -> tuple[Optional[float], Optional[float]]:
-        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (spec 5.1)."""
+    def _logs(self, obs: IntervalObservation) -> tuple[float | None, float | None]:
+        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (docs/algorithm.md §5.1)."""
         log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
         if math.isnan(log_drift) or not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
             return None, None
         return log_drift, math.log(obs.coherence + self.cfg.eps)
 
     def _assess(self, phase: str, log_drift: float, log_coherence: float) -> ControllerDecision:
-        """Residuals, standardized scores and the spec-5.2 assessment of a finite interval."""
+        """Residuals, standardized scores and the docs/algorithm.md §5.2 assessment of a finite interval."""
         st, cfg = self.state, self.cfg
         r_drift = log_drift - st.ref_log_drift
         r_coherence = log_coherence - st.ref_log_coherence
@@ -463,7 +463,7 @@ class HorizonController:
         return ControllerDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
 
     def _update_reference(self, decision: ControllerDecision) -> None:
-        """Log-space EMA of the reference with a clipped residual (spec 5.1)."""
+        """Log-space EMA of the reference with a clipped residual (docs/algorithm.md §5.1)."""
         st, cfg = self.state, self.cfg
         st.ref_log_drift += cfg.ref_ema_alpha * self._clipped_residual(decision.residual_drift, st.history_drift)
         st.ref_log_coherence += cfg.ref_ema_alpha * self._clipped_residual(
@@ -514,5 +514,5 @@ def _clip(value: float, bound: float) -> float:
 
 
 def _nearest(options: list[int], target: float) -> int:
-    """The option nearest to ``target``; ties break toward the larger horizon (spec 5.3)."""
+    """The option nearest to ``target``; ties break toward the larger horizon (docs/algorithm.md §5.3)."""
     return min(options, key=lambda h: (abs(h - target), -h))

@@ -1,4 +1,4 @@
-"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (spec 6).
+"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (docs/algorithm.md §6).
 
 A policy answers two questions: how long is the interval that starts at step
 ``s`` (:meth:`IntervalPolicy.next_interval`), and what does a completed interval teach
@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-from autoloco_hf.config import AutoLoCoConfig, Method
 from autoloco_hf.algorithm.controller import (
     Assessment,
     ControllerDecision,
@@ -28,11 +27,12 @@ from autoloco_hf.algorithm.controller import (
 )
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
+from autoloco_hf.config import AutoLoCoConfig, Method
 
 
 @dataclass
 class NextInterval:
-    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (spec 5.3)."""
+    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (docs/algorithm.md §5.3)."""
 
     start_step: int
     h_tok: int  # token-equivalent horizon
@@ -78,7 +78,7 @@ class IntervalPolicy(ABC):
             lr_mass_base=lr_mass(self.schedule, start_step, h_ref),
         )
 
-    def complete(self, outcome: IntervalOutcome, next_start: Optional[int] = None) -> Optional[ControllerDecision]:
+    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
 
         ``next_start``: the start of the interval the decision sets, when that is
@@ -96,7 +96,7 @@ class IntervalPolicy(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (stateless policies keep this no-op)
         pass
 
 
@@ -108,7 +108,7 @@ class FixedPolicy(IntervalPolicy):
 
 
 class QSRPolicy(IntervalPolicy):
-    """Quadratic Synchronization Rule (Gu et al., 2024; spec 6).
+    """Quadratic Synchronization Rule (Gu et al., 2024; docs/algorithm.md §6).
 
     ``H = max(H_base, floor((alpha / eta_in(s))**gamma))`` at the interval
     start; intervals starting inside the warm-up keep ``H_base``.
@@ -133,9 +133,9 @@ class QSRPolicy(IntervalPolicy):
 
 
 class LinearIntervalPolicy(IntervalPolicy):
-    """Linear Interval: the k-th interval has ``increment * k`` steps (spec 6)."""
+    """Linear Interval: the k-th interval has ``increment * k`` steps (docs/algorithm.md §6)."""
 
-    def __init__(self, increment: int, total_steps: int, schedule: Optional[LRSchedule] = None) -> None:
+    def __init__(self, increment: int, total_steps: int, schedule: LRSchedule | None = None) -> None:
         from autoloco_hf.algorithm.schedule import FunctionSchedule
 
         super().__init__(schedule or FunctionSchedule(lambda s: 0.0, total_steps), total_steps, increment)
@@ -155,7 +155,7 @@ class LinearIntervalPolicy(IntervalPolicy):
 
 
 class AutoLoCoPolicy(IntervalPolicy):
-    """AutoLoCo: controller (spec 5) over token-equivalent horizons, token mapper (spec 3)."""
+    """AutoLoCo: controller (docs/algorithm.md §5) over token-equivalent horizons, token mapper (docs/algorithm.md §3)."""
 
     def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
         super().__init__(schedule, total_steps, config.h_base)
@@ -176,7 +176,7 @@ class AutoLoCoPolicy(IntervalPolicy):
     def _reference_steps(self) -> int:
         return self.mapper.map(self.h_base)
 
-    def complete(self, outcome: IntervalOutcome, next_start: Optional[int] = None) -> Optional[ControllerDecision]:
+    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.
 
         With the eager overlap the statistics of interval ``t`` arrive when
@@ -213,7 +213,7 @@ class AutoLoCoPolicy(IntervalPolicy):
             pseudo_grad_finite=outcome.pseudo_grad_finite,
             truncated=interval.truncated,
         )
-        # candidate previews use the mapper updated with this interval (spec 3, last bullets)
+        # candidate previews use the mapper updated with this interval (docs/algorithm.md §3, last bullets)
         return self.controller.observe(
             observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
         )

@@ -3,7 +3,7 @@
 Runs the real interval policy against the recipe's LR schedule with an
 always-increase-supporting statistic stream (``d_t`` and ``C_t`` constant,
 so every residual is 0; the schedule still drives candidate previews) and constant token density: the upper bound of what
-AutoLoCo can save, and exactly the trajectory of spec 5.4.
+AutoLoCo can save, and exactly the trajectory of docs/algorithm.md §5.4.
 
 Example::
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.policies import IntervalOutcome, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
+from autoloco_hf.config import AutoLoCoConfig
 
 
 @dataclass
@@ -73,4 +73,3 @@ def preview_run(
 def run_length(intervals: list[int]) -> str:
     """``[500, 500, 550]`` -> ``'500x2, 550x1'``."""
     return ", ".join(f"{h}x{len(list(group))}" for h, group in itertools.groupby(intervals))
-

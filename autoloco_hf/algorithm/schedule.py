@@ -1,4 +1,4 @@
-"""Exact learning-rate-mass previews (spec 2).
+"""Exact learning-rate-mass previews (docs/algorithm.md §2).
 
 AutoLoCo compares intervals by their accumulated inner learning rate
 ``Lambda(s, h) = sum_{k<h} eta_in(s + k)``. The preview must be exact and must
@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class LRSchedule(Protocol):
@@ -30,7 +31,7 @@ class LRSchedule(Protocol):
 
 
 def lr_mass(schedule: LRSchedule, start: int, num_steps: int) -> float:
-    """``Lambda(start, num_steps)`` in float64, clamped to the budget (spec 2)."""
+    """``Lambda(start, num_steps)`` in float64, clamped to the budget (docs/algorithm.md §2)."""
     end = min(start + max(num_steps, 0), schedule.total_steps)
     return math.fsum(schedule.lr_at(step) for step in range(max(start, 0), end))
 
@@ -94,7 +95,7 @@ class _ShadowOptimizer:
 
 
 class SchedulerPreview(LRMassMixin):
-    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (spec 2).
+    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (docs/algorithm.md §2).
 
     ``LambdaLR`` (all of transformers' ``get_*_schedule_with_warmup``) is
     evaluated in closed form, ``base_lr * lr_lambda(step)``. Any other
@@ -116,7 +117,7 @@ class SchedulerPreview(LRMassMixin):
         if isinstance(scheduler, ReduceLROnPlateau):
             raise TypeError(
                 "ReduceLROnPlateau depends on future metrics, so its learning-rate mass cannot be "
-                "previewed (spec 2): use a deterministic schedule (e.g. cosine with warm-up)"
+                "previewed (docs/algorithm.md §2): use a deterministic schedule (e.g. cosine with warm-up)"
             )
         self.total_steps = int(total_steps)
         self.param_group = param_group

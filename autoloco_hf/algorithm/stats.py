@@ -1,4 +1,4 @@
-"""Per-interval statistics from all-reduced scalars (spec 2).
+"""Per-interval statistics from all-reduced scalars (docs/algorithm.md §2).
 
 Plain floats in, plain floats out: every worker computes the same numbers from
 the same all-reduced sums, so these functions decide nothing on their own.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 
 def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
-    """``log d_t = log D_t - 2 log Lambda_t`` in float64 (spec 5.1); NaN when undefined.
+    """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md §5.1); NaN when undefined.
 
     Undefined means non-finite, ``D_t <= 0`` or ``Lambda_t <= 0``: such an
     interval takes no decision (the controller treats it like truncation).
@@ -29,7 +29,7 @@ def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
 
 @dataclass(frozen=True)
 class IntervalStatistics:
-    """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (spec 2)."""
+    """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (docs/algorithm.md §2)."""
 
     drift_energy: float  # D_t = mean_i ||Delta_i||^2
     coherence: float  # C_t = N ||Delta_bar||^2 / (D_t + eps), in [0, N]
@@ -43,7 +43,7 @@ class IntervalStatistics:
 
     @property
     def log_normalized_drift(self) -> float:
-        """``log d_t = log D_t - 2 log Lambda_t`` in float64 (spec 5.1); NaN when undefined."""
+        """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md §5.1); NaN when undefined."""
         return log_normalized_drift(self.drift_energy, self.lr_mass) if self.finite else math.nan
 
 
@@ -61,7 +61,7 @@ def interval_statistics(
         mean_sq_norm: ``||Delta_bar_t||^2`` of the averaged (decoded) pseudo-gradient.
         num_workers: ``N``.
         lr_mass: ``Lambda_t``, the interval's accumulated inner learning rate.
-        eps: ratio epsilon (spec 4 defaults).
+        eps: ratio epsilon (docs/algorithm.md §4 defaults).
     """
     drift = sum_local_sq_norms / num_workers
     coherence = num_workers * mean_sq_norm / (drift + eps)

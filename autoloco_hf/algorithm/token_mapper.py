@@ -1,4 +1,4 @@
-"""Token-equivalent horizons to executable steps (spec 3).
+"""Token-equivalent horizons to executable steps (docs/algorithm.md §3).
 
 The controller reasons in token-equivalent horizons ``H_tok`` (steps at the
 base token density). With padded batches a step consumes a varying number of
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Optional
+from typing import Any
 
 
 def round_to_multiple(value: float, multiple: int) -> int:
-    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (spec 3, 5.3)."""
+    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (docs/algorithm.md §3, 5.3)."""
     return max(multiple, multiple * math.floor(value / multiple + 0.5))
 
 
@@ -34,7 +34,7 @@ def _is_tensor(value: Any) -> bool:
 
 
 def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
-    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (spec 3).
+    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (docs/algorithm.md §3).
 
     A 2-D ``attention_mask`` is summed; without one every ``input_ids``
     position counts (also a tensor passed positionally), else every position of
@@ -65,7 +65,7 @@ def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
 
 
 class TokenMapper:
-    """Spec 3 mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
+    """docs/algorithm.md §3 mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
 
     Args:
         h_base: recipe horizon in steps.
@@ -85,10 +85,10 @@ class TokenMapper:
         self.beta = beta
         self.enabled = enabled
         self.base_counts: list[int] = []
-        self.tokens_per_step: Optional[float] = None  # n_hat
+        self.tokens_per_step: float | None = None  # n_hat
 
     @property
-    def base_tokens(self) -> Optional[float]:
+    def base_tokens(self) -> float | None:
         """``M_base``, once the calibration intervals are complete."""
         if len(self.base_counts) < self.calibration_intervals:
             return None

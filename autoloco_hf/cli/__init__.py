@@ -16,7 +16,8 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 COMMANDS = {
     "plan": ("autoloco_hf.cli.plan", "preview the horizons, syncs and payload of a recipe before training"),
@@ -29,7 +30,7 @@ COMMANDS = {
 USAGE_ERROR = 2  # argparse's exit code for a usage error
 
 
-def usage_error(message: str, prog: Optional[str] = None) -> NoReturn:
+def usage_error(message: str, prog: str | None = None) -> NoReturn:
     """Print ``<prog>: error: <message>`` (one line) and exit with code 2."""
     print(f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
@@ -77,7 +78,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from autoloco_hf.cli import new_file_path, positive_int, usage_error
-from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method
 from autoloco_hf.cli.report import RunWriter, find_runs, table1, write_report
+from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method
 
 # name -> (what it is, AutoLoCoConfig fields)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -91,12 +91,14 @@ def warmup_steps(steps: int) -> int:
     return max(1, round(WARMUP_FRACTION * steps))
 
 
-def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
+def train_method(
+    name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argparse.Namespace, bar: Any
+) -> dict[str, Any]:
     """Train one method from the shared initialization; write its run folder; return its summary."""
     from transformers import get_cosine_schedule_with_warmup
 
-    from autoloco_hf.sync.communicators import SimulatedCommunicator
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     writer = RunWriter(f"{args.out}/{name}", name)
@@ -137,16 +139,22 @@ def train_method(name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps per method (default 1000, at least 10)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=1000, help="optimizer steps per method (default 1000, at least 10)"
+    )
     parser.add_argument("--workers", type=positive_int, default=4, help="simulated workers (default 4)")
     parser.add_argument(
-        "--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)} (default {DEFAULT_METHODS})"
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated, from {', '.join(METHODS)} (default {DEFAULT_METHODS})",
     )
     parser.add_argument("--out", type=new_file_path, help="run folder (default runs/demo-<UTC timestamp>)")
     parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (default steps/100, at least 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initialization and the data order")
     parser.add_argument(
-        "--threads", type=positive_int, default=1,
+        "--threads",
+        type=positive_int,
+        default=1,
         help="torch CPU threads (default 1: for a model this small, intra-op threads cost more than they give)",
     )
 
@@ -157,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        usage_error(f"--methods {args.methods}: unknown method(s) {unknown}; choose from {', '.join(METHODS)}", "autoloco demo")
+        usage_error(
+            f"--methods {args.methods}: unknown method(s) {unknown}; choose from {', '.join(METHODS)}", "autoloco demo"
+        )
     if args.steps < 10:
         usage_error(f"--steps {args.steps}: pass at least 10 (warm-up and one interval need room)", "autoloco demo")
     if args.h_base is None:
@@ -165,8 +175,22 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S", time.gmtime())
     torch.set_num_threads(args.threads)
     command = shlex.join(
-        ["autoloco", "demo", "--steps", str(args.steps), "--workers", str(args.workers), "--methods", ",".join(methods),
-         "--h-base", str(args.h_base), "--seed", str(args.seed), "--out", args.out]
+        [
+            "autoloco",
+            "demo",
+            "--steps",
+            str(args.steps),
+            "--workers",
+            str(args.workers),
+            "--methods",
+            ",".join(methods),
+            "--h-base",
+            str(args.h_base),
+            "--seed",
+            str(args.seed),
+            "--out",
+            args.out,
+        ]
     )
     try:  # fail on a bad scale before training
         configs = {m: scaled_config(m, args.steps, args.h_base) for m in methods}

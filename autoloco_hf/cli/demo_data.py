@@ -16,8 +16,9 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ def tiny_llama(
     hidden_size: int = 64,
     num_layers: int = 4,
     num_heads: int = 4,
-    intermediate_size: Optional[int] = None,
+    intermediate_size: int | None = None,
     max_position_embeddings: int = 256,
     seed: int = 0,
 ) -> Any:

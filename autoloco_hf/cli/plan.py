@@ -1,8 +1,8 @@
 """``autoloco plan``: what a recipe's run will execute and save, before renting machines.
 
-    $ autoloco plan --recipe c4
-    autoloco: 500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1
-    syncs: 73 (diloco: 100, -27.0%)
+$ autoloco plan --recipe c4
+autoloco: 500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1
+syncs: 73 (diloco: 100, -27.0%)
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import argparse
 import json
 import math
 
+from autoloco_hf.algorithm.preview import preview_run, run_length
+from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.cli import usage_error
 from autoloco_hf.config import (
     METHODS,
@@ -22,8 +24,6 @@ from autoloco_hf.config import (
     Method,
     WireDtype,
 )
-from autoloco_hf.algorithm.preview import preview_run, run_length
-from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.sync.accounting import outer_state_bytes_per_rank, payload_bytes
 
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
@@ -40,11 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--h-base", type=int, help="recipe horizon H_base (steps)")
     parser.add_argument("--q-h", type=int, help="horizon granularity q_H (default H_base/10)")
     parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
-    parser.add_argument("--params", type=float,
-                        help="model parameters, for the payload estimate (default: the recipe's model, 215M for c4, 8.03B for sft)")
+    parser.add_argument(
+        "--params",
+        type=float,
+        help="model parameters, for the payload estimate (default: the recipe's model, 215M for c4, 8.03B for sft)",
+    )
     parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
-    parser.add_argument("--ranks-per-worker", type=int, default=1,
-                        help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it")
+    parser.add_argument(
+        "--ranks-per-worker",
+        type=int,
+        default=1,
+        help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
 
@@ -68,10 +75,14 @@ def run(args: argparse.Namespace) -> int:
         baseline = AutoLoCoConfig.for_recipe(args.recipe, **{**overrides, "method": Method.DILOCO})
     except ConfigError as err:
         usage_error(str(err), "autoloco plan")
-    if config.h_max % config.q_h:  # the controller's horizons live on the q_H grid (spec 1): H_max would never be reached
+    if (
+        config.h_max % config.q_h
+    ):  # the controller's horizons live on the q_H grid (docs/algorithm.md §1): H_max would never be reached
         below = config.h_max // config.q_h * config.q_h
-        usage_error(f"--h-max {config.h_max} is not a multiple of q_H={config.q_h}: use {below} or {below + config.q_h}",
-                    "autoloco plan")
+        usage_error(
+            f"--h-max {config.h_max} is not a multiple of q_H={config.q_h}: use {below} or {below + config.q_h}",
+            "autoloco plan",
+        )
     total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
     if total <= 0 or not 0 <= warmup < total:
         usage_error(f"need 0 <= --warmup ({warmup}) < --steps ({total})", "autoloco plan")
@@ -106,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         "payload_reduction": 1.0 - payload / diloco_payload,
         "ranks_per_worker": args.ranks_per_worker,
         "outer_state_bytes_per_rank": outer_state_bytes_per_rank(
-            params, args.ranks_per_worker, config.uses_nesterov_outer, config.error_feedback),
+            params, args.ranks_per_worker, config.uses_nesterov_outer, config.error_feedback
+        ),
     }
     if args.json:
         print(json.dumps(summary))

@@ -28,8 +28,9 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from autoloco_hf.config import Method
 from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl
@@ -128,7 +129,7 @@ class Run:
         return moving_average([s["loss"] for s in self.steps], window)
 
 
-def _summary_file(path: str) -> Optional[str]:
+def _summary_file(path: str) -> str | None:
     """A run folder's summary: ``summary.json`` (RunWriter), else ``autoloco_summary.json`` (a Trainer's output_dir)."""
     for name in (SUMMARY, TRAINER_SUMMARY_FILENAME):
         if os.path.exists(os.path.join(path, name)):
@@ -156,10 +157,14 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
         if _summary_file(path):
             runs.append(load_run(path))
             continue
-        inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
+        inside = (
+            sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
+        )
         if not inside:
-            raise FileNotFoundError(f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
-                                    "its sub-folders; is it a finished run?")
+            raise FileNotFoundError(
+                f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
+                "its sub-folders; is it a finished run?"
+            )
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
     return runs
 
@@ -169,7 +174,7 @@ def _mib(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:,.1f}"
 
 
-def _fmt(value: Optional[float], digits: int = 4) -> str:
+def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
@@ -203,7 +208,16 @@ def table1(runs: Sequence[Run]) -> str:
         )
     vs_name = f"payload vs {baseline.name}" if baseline else "payload vs diloco"
     # CPU time next to wall time: on a shared machine only the CPU time compares methods fairly
-    headers = ["method", "syncs", "payload (MiB/worker)", vs_name, "train loss (last 2%)", "val loss", "wall (s)", "CPU (s)"]
+    headers = [
+        "method",
+        "syncs",
+        "payload (MiB/worker)",
+        vs_name,
+        "train loss (last 2%)",
+        "val loss",
+        "wall (s)",
+        "CPU (s)",
+    ]
     return markdown_table(headers, rows)
 
 
@@ -215,7 +229,7 @@ def default_thresholds(runs: Sequence[Run], count: int = 4) -> list[float]:
     return levels
 
 
-def reach(run: Run, threshold: float) -> Optional[dict[str, float]]:
+def reach(run: Run, threshold: float) -> dict[str, float] | None:
     """Step, seconds and payload bytes at which the smoothed training loss first reaches ``threshold``."""
     for row, loss in zip(run.steps, run.smoothed_loss):
         if loss <= threshold:
@@ -230,7 +244,11 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
         row = [run.name]
         for threshold in thresholds:
             hit = reach(run, threshold)
-            row.append("not reached" if hit is None else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB")
+            row.append(
+                "not reached"
+                if hit is None
+                else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB"
+            )
         rows.append(row)
     return markdown_table(["method"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
 
@@ -262,10 +280,16 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        points = [(s["payload_bytes"] / 2**20, l) for s, l in zip(run.steps, run.smoothed_loss) if s["payload_bytes"] > 0]
+        points = [
+            (s["payload_bytes"] / 2**20, loss)
+            for s, loss in zip(run.steps, run.smoothed_loss)
+            if s["payload_bytes"] > 0
+        ]
         if points:
             ax.plot(*zip(*points), label=run.name, lw=1.2)
-    ax.set(xscale="log", xlabel="payload communicated per worker (MiB, log scale)", ylabel="training loss (moving average)")
+    ax.set(
+        xscale="log", xlabel="payload communicated per worker (MiB, log scale)", ylabel="training loss (moving average)"
+    )
     _zoom_on_tail(ax, runs)
     ax.legend()
     save(fig, "loss_vs_bytes.png")
@@ -290,13 +314,15 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
         save(fig, name)
 
     two_panels("mu", "eta", "outer momentum mu_t", "outer LR eta_t", "outer_mu_eta.png")
-    two_panels("drift_energy", "coherence", "drift energy D_t", "coherence C_t (0..N)", "drift_coherence.png", log_top=True)
+    two_panels(
+        "drift_energy", "coherence", "drift energy D_t", "coherence C_t (0..N)", "drift_coherence.png", log_top=True
+    )
     return list(PLOTS)
 
 
 def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> None:
     """Clip the y axis above the early-training spike so the differences at the end stay visible."""
-    tails = [l for r in runs for l in r.smoothed_loss[len(r.smoothed_loss) // 10 :]]
+    tails = [loss for r in runs for loss in r.smoothed_loss[len(r.smoothed_loss) // 10 :]]
     if tails:
         low, high = min(tails), max(tails)
         ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
@@ -321,7 +347,7 @@ def write_report(
     out_dir: str,
     title: str,
     command: str,
-    thresholds: Optional[Sequence[float]] = None,
+    thresholds: Sequence[float] | None = None,
     notes: str = "",
 ) -> str:
     """Write ``report.md`` (the tables, the command, embedded plots) and the PNGs; return report.md's path."""
@@ -352,10 +378,19 @@ def loss_levels(text: str) -> list[float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from autoloco_hf.cli import new_file_path
 
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)")
-    parser.add_argument("--out", type=new_file_path,
-                        help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)")
-    parser.add_argument("--thresholds", type=loss_levels, help="comma-separated loss levels for Table 2 (default: derived from the runs)")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)"
+    )
+    parser.add_argument(
+        "--out",
+        type=new_file_path,
+        help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)",
+    )
+    parser.add_argument(
+        "--thresholds",
+        type=loss_levels,
+        help="comma-separated loss levels for Table 2 (default: derived from the runs)",
+    )
     parser.add_argument("--title", default="AutoLoCo run comparison", help="title of report.md")
 
 

@@ -3,7 +3,7 @@
 See docs/hf.md. Modules: ``trainer`` (the TrainerCallback and launch checks),
 ``accelerate`` (plain Accelerate loops), ``runtime`` (one worker's engine, hooks
 and checkpoint state, shared by both), ``ddp_hooks`` (the DDP communication hook
-and the token/loss meter), ``groups`` (worker groups, spec 8.3). Imported lazily so
+and the token/loss meter), ``groups`` (worker groups, docs/algorithm.md §8.3). Imported lazily so
 that ``import autoloco_hf.integrations`` does not import transformers.
 """
 

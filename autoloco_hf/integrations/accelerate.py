@@ -38,14 +38,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
-from autoloco_hf.integrations.trainer import check_launch, fsdp_version
+from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
+from autoloco_hf.integrations.trainer import check_launch, fsdp_version
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -95,17 +96,22 @@ class AutoLoCoAccelerate:
         model: torch.nn.Module,
         optimizer: Any,
         scheduler: Any = None,
-        config: Optional[AutoLoCoConfig] = None,
+        config: AutoLoCoConfig | None = None,
         total_steps: int = 0,
-        warmup_steps: Optional[int] = None,
-        output_dir: Optional[str] = None,
+        warmup_steps: int | None = None,
+        output_dir: str | None = None,
         auto_step: bool = True,
     ) -> None:
         self.config = config or AutoLoCoConfig()
         if total_steps <= 0:
             raise ValueError("total_steps (the number of true optimizer steps of the run) must be positive")
-        check_launch(accelerator.num_processes, accelerator.distributed_type, 1,
-                     ranks_per_worker=self.config.ranks_per_worker, fsdp_version=fsdp_version(accelerator))
+        check_launch(
+            accelerator.num_processes,
+            accelerator.distributed_type,
+            1,
+            ranks_per_worker=self.config.ranks_per_worker,
+            fsdp_version=fsdp_version(accelerator),
+        )
         self.accelerator = accelerator
         self.inner_optimizer = getattr(optimizer, "optimizer", optimizer)
         self.auto_step = auto_step
@@ -133,7 +139,7 @@ class AutoLoCoAccelerate:
         if self.runtime.step < self.runtime.total_steps:
             self.runtime.after_optimizer_step(float(optimizer.param_groups[0]["lr"]))
 
-    def step(self, loss: Any = None, tokens: Optional[int] = None):
+    def step(self, loss: Any = None, tokens: int | None = None):
         """Manual mode (``auto_step=False``): call after ``optimizer.step()``; returns a record at a sync.
 
         Calls made while gradients accumulate (``accelerator.sync_gradients`` is ``False``) or after a step
@@ -191,12 +197,15 @@ class AutoLoCoAccelerate:
             self._hook = None
         self.runtime.close()
 
-    def __enter__(self) -> "AutoLoCoAccelerate":
+    def __enter__(self) -> AutoLoCoAccelerate:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None and self.runtime.step < self.runtime.total_steps:
             logger.warning(
                 "AutoLoCo: the loop ended at step %d before total_steps=%d: workers hold different parameters "
-                "(the last interval never synchronized)", self.runtime.step, self.runtime.total_steps)
+                "(the last interval never synchronized)",
+                self.runtime.step,
+                self.runtime.total_steps,
+            )
         self.close()

@@ -78,8 +78,10 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
         if kind is float:
             return float(text)
     except ValueError:
-        raise ConfigError(f"--{PREFIX}{name}={value!r} is not a valid {kind.__name__}: pass e.g. "
-                          f"{ {bool: 'true', int: '500', float: '0.7'}[kind] }") from None
+        raise ConfigError(
+            f"--{PREFIX}{name}={value!r} is not a valid {kind.__name__}: pass e.g. "
+            f"{ {bool: 'true', int: '500', float: '0.7'}[kind] }"
+        ) from None
     return value
 
 
@@ -103,7 +105,7 @@ def _build() -> type:
 
     def overrides(self) -> dict[str, Any]:
         """The config fields that were given (not ``None``), without the prefix."""
-        values = {f.name[len(PREFIX):]: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values = {f.name[len(PREFIX) :]: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: v for k, v in values.items() if v is not None}
 
     def to_config(self, **preset: Any) -> AutoLoCoConfig:

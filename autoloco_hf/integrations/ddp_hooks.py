@@ -3,12 +3,12 @@
 * :func:`install_gradient_hook` registers a DDP communication hook on the
   wrapped model. For single-rank workers it is a no-op: every rank keeps its
   own gradient and **no byte leaves the process** in backward. For worker
-  groups (spec 8.3) it averages the bucket inside the worker's group only.
+  groups (docs/algorithm.md §8.3) it averages the bucket inside the worker's group only.
   Each hook call is counted in :class:`GradientTraffic`, so a test (or a
   user) can check that per-step gradient traffic is zero.
 * :class:`BatchMeter` puts a forward pre-hook and a forward hook on the
   unwrapped model: it counts non-padding input tokens (``attention_mask``
-  sum, else every ``input_ids`` position, spec 3) and reads ``outputs.loss``
+  sum, else every ``input_ids`` position, docs/algorithm.md §3) and reads ``outputs.loss``
   of every training forward, without a special collator. Values stay on the
   device until the engine needs them (at the end of an interval), so the meter
   adds no host synchronization per step.
@@ -17,13 +17,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 
 IGNORE_INDEX = -100  # the label value transformers' losses ignore
+
 
 @dataclass
 class GradientTraffic:
@@ -47,7 +48,7 @@ def _keep_local_gradients(state: GradientTraffic, bucket):  # no return annotati
 
 
 def _average_in_worker_group(state: GradientTraffic, bucket):
-    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of spec 8.3)."""
+    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of docs/algorithm.md §8.3)."""
     import torch.distributed as dist
 
     buffer = bucket.buffer()
@@ -58,7 +59,7 @@ def _average_in_worker_group(state: GradientTraffic, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def find_ddp(model: Any) -> Optional[torch.nn.parallel.DistributedDataParallel]:
+def find_ddp(model: Any) -> torch.nn.parallel.DistributedDataParallel | None:
     """The ``DistributedDataParallel`` module in ``model`` (itself, or under ``torch.compile``'s ``_orig_mod``)."""
     DDP = torch.nn.parallel.DistributedDataParallel
     seen = 0
@@ -70,8 +71,9 @@ def find_ddp(model: Any) -> Optional[torch.nn.parallel.DistributedDataParallel]:
     return None
 
 
-def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, inner_group: Any = None,
-                          group_size: int = 1) -> GradientTraffic:
+def install_gradient_hook(
+    ddp_model: torch.nn.parallel.DistributedDataParallel, inner_group: Any = None, group_size: int = 1
+) -> GradientTraffic:
     """Replace DDP's per-step gradient all-reduce (world) by nothing, or by a worker-group average."""
     existing = getattr(ddp_model, "_autoloco_gradient_traffic", None)
     if existing is not None:  # a second train() on the same wrapped model: the hook is already there
@@ -92,7 +94,7 @@ def install_gradient_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, 
     return traffic
 
 
-def _output_loss(output: Any) -> Optional[torch.Tensor]:
+def _output_loss(output: Any) -> torch.Tensor | None:
     loss = None
     if isinstance(output, dict) or hasattr(output, "get"):
         try:
@@ -184,8 +186,11 @@ class BatchMeter:
         self.step_scaled_loss = self.step_scaled_loss + float(loss)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"interval_tokens": int(self.interval_tokens), "interval_loss": float(self.interval_loss),
-                "forwards": self.forwards}
+        return {
+            "interval_tokens": int(self.interval_tokens),
+            "interval_loss": float(self.interval_loss),
+            "forwards": self.forwards,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.interval_tokens = int(state["interval_tokens"])

@@ -1,4 +1,4 @@
-"""Worker topology: which ranks form one worker, which ranks talk at a sync (spec 8.3).
+"""Worker topology: which ranks form one worker, which ranks talk at a sync (docs/algorithm.md §8.3).
 
 With ``WORLD_SIZE = W`` processes and ``ranks_per_worker = R`` (``W % R == 0``)
 there are ``N = W / R`` workers. Worker ``g`` is the ranks
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -58,7 +58,7 @@ def check_worker_layout(world_size: int, ranks_per_worker: int) -> None:
 
 
 def build_topology(
-    ranks_per_worker: int = 1, backend: Optional[str] = None, timeout_s: Optional[float] = None
+    ranks_per_worker: int = 1, backend: str | None = None, timeout_s: float | None = None
 ) -> WorkerTopology:
     """Create the inner and outer process groups of this run (collective: call on every rank).
 
@@ -104,6 +104,7 @@ def worker_mesh(ranks_per_worker: int, device_type: str = "cpu") -> Any:
 
     world = dist.get_world_size()
     check_worker_layout(world, ranks_per_worker)
-    mesh = init_device_mesh(device_type, (world // ranks_per_worker, ranks_per_worker),
-                            mesh_dim_names=("worker", "shard"))
+    mesh = init_device_mesh(
+        device_type, (world // ranks_per_worker, ranks_per_worker), mesh_dim_names=("worker", "shard")
+    )
     return mesh["shard"]

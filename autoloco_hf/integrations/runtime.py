@@ -3,7 +3,7 @@
 :class:`WorkerRuntime` is built once per process, after the model has been
 wrapped (DDP) and the optimizer and scheduler exist:
 
-1. builds the worker topology (inner/outer process groups, spec 8.3);
+1. builds the worker topology (inner/outer process groups, docs/algorithm.md §8.3);
 2. replaces DDP's per-step gradient all-reduce by the AutoLoCo comm hook
    (nothing, or an average inside the worker group);
 3. hooks the model's forward to count non-padding tokens and read the loss;
@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from autoloco_hf.algorithm.controller import Assessment
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
+from autoloco_hf.integrations.groups import WorkerTopology, build_topology
 from autoloco_hf.sync.checkpoint import read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
-from autoloco_hf.integrations.groups import WorkerTopology, build_topology
-from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -98,13 +99,15 @@ def fsdp2_mesh(model: torch.nn.Module) -> Any:
 
     meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
     if len(meshes) > 1:
-        raise ValueError("the model's parameters are sharded over several device meshes: AutoLoCo needs one "
-                         "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)")
+        raise ValueError(
+            "the model's parameters are sharded over several device meshes: AutoLoCo needs one "
+            "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)"
+        )
     return next(iter(meshes.values()), None)
 
 
 def check_fsdp2_worker(mesh: Any, topology: WorkerTopology) -> None:
-    """Refuse an FSDP2 mesh that is not exactly this rank's worker (spec 8.3): HSDP, or a mesh across workers."""
+    """Refuse an FSDP2 mesh that is not exactly this rank's worker (docs/algorithm.md §8.3): HSDP, or a mesh across workers."""
     import torch.distributed as dist
 
     if mesh.ndim != 1:
@@ -167,10 +170,10 @@ class WorkerRuntime:
         schedule: Any,
         total_steps: int,
         warmup_steps: int,
-        records_path: Optional[str] = None,
+        records_path: str | None = None,
         is_main_process: bool = True,
-        on_record: Optional[Callable[[IntervalRecord], None]] = None,
-        topology: Optional[WorkerTopology] = None,
+        on_record: Callable[[IntervalRecord], None] | None = None,
+        topology: WorkerTopology | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -178,7 +181,7 @@ class WorkerRuntime:
         self.total_steps = total_steps
         self.topology = topology or build_topology(config.ranks_per_worker, timeout_s=config.sync_timeout_s)
         topo = self.topology
-        self.gradient_traffic: Optional[GradientTraffic] = None
+        self.gradient_traffic: GradientTraffic | None = None
         self.ddp = find_ddp(wrapped_model)
         self.fsdp_mesh = fsdp2_mesh(model)  # FSDP2 averages gradients inside the worker by itself
         if self.fsdp_mesh is not None and topo.world_size > 1:
@@ -192,15 +195,20 @@ class WorkerRuntime:
                 )
             self.gradient_traffic = install_gradient_hook(self.ddp, topo.inner_group, topo.ranks_per_worker)
         # an FSDP2 worker's ranks hold different shards already: rank r of every worker syncs shard r
-        comm = make_communicator(config, distributed=topo.world_size > 1, group=topo.outer_group,
-                                 inner_group=topo.inner_group, rank_in_worker=topo.rank_in_worker,
-                                 fsdp_worker=self.fsdp_mesh is not None)
+        comm = make_communicator(
+            config,
+            distributed=topo.world_size > 1,
+            group=topo.outer_group,
+            inner_group=topo.inner_group,
+            rank_in_worker=topo.rank_in_worker,
+            fsdp_worker=self.fsdp_mesh is not None,
+        )
         self.meter = BatchMeter(model)
         self.records_path = records_path if is_main_process else None
         self._extra_on_record = on_record
         self.pending: list[IntervalRecord] = []
         self.trainable = TrainableParameters(model)
-        self._local_replica: Optional[list[torch.Tensor]] = None  # set while the model shows theta_t
+        self._local_replica: list[torch.Tensor] | None = None  # set while the model shows theta_t
         try:
             self.engine = IntervalEngine(
                 config,
@@ -214,8 +222,9 @@ class WorkerRuntime:
                 on_record=self._on_record,
             )
         except PeerLostError as err:
-            raise err.at("AutoLoCo could not start", "check that every rank is up and reachable "
-                         "(docs/reliability.md)") from None
+            raise err.at(
+                "AutoLoCo could not start", "check that every rank is up and reachable (docs/reliability.md)"
+            ) from None
 
     # ------------------------------------------------------------- steps
     def _on_record(self, record: IntervalRecord) -> None:
@@ -227,7 +236,7 @@ class WorkerRuntime:
     def step(self) -> int:
         return self.engine.step
 
-    def after_optimizer_step(self, lr: Optional[float]) -> Optional[IntervalRecord]:
+    def after_optimizer_step(self, lr: float | None) -> IntervalRecord | None:
         """Account one true optimizer step; synchronizes at an interval boundary."""
         engine = self.engine
         self.meter.end_step()
@@ -243,8 +252,7 @@ class WorkerRuntime:
             raise err.at(
                 f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}, steps "
                 f"{interval.start_step + 1}-{interval.start_step + interval.h_step}) failed",
-                "nothing of this interval was applied or saved: restart from the last checkpoint "
-                "(docs/reliability.md)",
+                "nothing of this interval was applied or saved: restart from the last checkpoint (docs/reliability.md)",
             ) from None
 
     def pop_metrics(self) -> dict[str, float]:
@@ -331,8 +339,15 @@ class WorkerRuntime:
         """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.pt`` (atomically, with its envelope)."""
         topo = self.topology
         path = state_path(checkpoint_dir, topo.rank)
-        write_state(path, self.state_dict(), config=self.config, world_size=topo.world_size,
-                    ranks_per_worker=topo.ranks_per_worker, rank=topo.rank, step=self.step)
+        write_state(
+            path,
+            self.state_dict(),
+            config=self.config,
+            world_size=topo.world_size,
+            ranks_per_worker=topo.ranks_per_worker,
+            rank=topo.rank,
+            step=self.step,
+        )
         return path
 
     def load(self, checkpoint_dir: str) -> str:
@@ -344,8 +359,9 @@ class WorkerRuntime:
                 f"resuming from {checkpoint_dir} but it has no AutoLoCo state for rank {topo.rank} ({path}): "
                 "was the checkpoint written by a run with AutoLoCo and the same number of processes?"
             )
-        _, state = read_state(path, config=self.config, world_size=topo.world_size,
-                              ranks_per_worker=topo.ranks_per_worker, rank=topo.rank)
+        _, state = read_state(
+            path, config=self.config, world_size=topo.world_size, ranks_per_worker=topo.ranks_per_worker, rank=topo.rank
+        )
         self.load_state_dict(state)
         return path
 

@@ -61,16 +61,16 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
+from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.groups import check_worker_layout
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, state_path
@@ -108,11 +108,19 @@ def fsdp_version(accelerator: Any) -> int:
     return int(getattr(plugin, "fsdp_version", 1) or 1) if plugin is not None else 0
 
 
-def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, *, fsdp: bool = False,
-                 deepspeed: bool = False, ranks_per_worker: int = 1, fsdp_version: int = 1) -> None:
+def check_launch(
+    world_size: int,
+    distributed_type: Any = None,
+    n_gpu: int = 1,
+    *,
+    fsdp: bool = False,
+    deepspeed: bool = False,
+    ranks_per_worker: int = 1,
+    fsdp_version: int = 1,
+) -> None:
     """Raise :class:`AutoLoCoConfigurationError` for launches AutoLoCo does not support (issue item 7).
 
-    FSDP is accepted in version 2 (``fully_shard``: the engine syncs each rank's local shards, spec 8.3);
+    FSDP is accepted in version 2 (``fully_shard``: the engine syncs each rank's local shards, docs/algorithm.md §8.3);
     FSDP1 and DeepSpeed ZeRO are refused with the supported alternatives named.
     """
     env_world = _env_world_size()
@@ -125,11 +133,14 @@ def check_launch(world_size: int, distributed_type: Any = None, n_gpu: int = 1, 
         )
     dtype = str(getattr(distributed_type, "value", distributed_type) or "").upper()
     if deepspeed or "DEEPSPEED" in dtype:
-        raise AutoLoCoConfigurationError(f"AutoLoCo does not support DeepSpeed (ZeRO) yet; {SHARDED_ALTERNATIVE}; "
-                                         f"{SUPPORTED}.")
+        raise AutoLoCoConfigurationError(
+            f"AutoLoCo does not support DeepSpeed (ZeRO) yet; {SHARDED_ALTERNATIVE}; {SUPPORTED}."
+        )
     if (fsdp or "FSDP" in dtype) and fsdp_version != 2:
-        raise AutoLoCoConfigurationError(f"AutoLoCo does not support FSDP version {fsdp_version} (FSDP1 flat "
-                                         f"parameters); {SHARDED_ALTERNATIVE}; {SUPPORTED}.")
+        raise AutoLoCoConfigurationError(
+            f"AutoLoCo does not support FSDP version {fsdp_version} (FSDP1 flat "
+            f"parameters); {SHARDED_ALTERNATIVE}; {SUPPORTED}."
+        )
     if any(name in dtype for name in ("XLA", "MEGATRON")):
         raise AutoLoCoConfigurationError(f"AutoLoCo does not support distributed type {dtype} yet; {SUPPORTED}.")
     if n_gpu > 1:
@@ -167,8 +178,10 @@ def _as_config(config: Any) -> AutoLoCoConfig:
         # Trainer(callbacks=[AutoLoCoCallback]) instantiates the class with no arguments, in CallbackHandler.add_callback
         caller = sys._getframe(2)
         if caller.f_code.co_name == "add_callback" and isinstance(caller.f_locals.get("callback"), type):
-            raise TypeError("callbacks=[AutoLoCoCallback] passes the class, which would silently run the defaults: "
-                            "pass an instance, callbacks=[AutoLoCoCallback(AutoLoCoConfig(...))]")
+            raise TypeError(
+                "callbacks=[AutoLoCoCallback] passes the class, which would silently run the defaults: "
+                "pass an instance, callbacks=[AutoLoCoCallback(AutoLoCoConfig(...))]"
+            )
         return AutoLoCoConfig()
     if isinstance(config, AutoLoCoConfig):
         return config
@@ -176,22 +189,28 @@ def _as_config(config: Any) -> AutoLoCoConfig:
         return AutoLoCoConfig.from_dict(config)
     if isinstance(config, AutoLoCoArguments):
         return config.to_config()
-    raise TypeError(f"AutoLoCoCallback(config={config!r}): expected an AutoLoCoConfig or a dict of its fields, got "
-                    f"{type(config).__name__}; e.g. AutoLoCoCallback(AutoLoCoConfig(method='diloco', h_base=100))")
+    raise TypeError(
+        f"AutoLoCoCallback(config={config!r}): expected an AutoLoCoConfig or a dict of its fields, got "
+        f"{type(config).__name__}; e.g. AutoLoCoCallback(AutoLoCoConfig(method='diloco', h_base=100))"
+    )
 
 
 def _sync_summary(metrics: dict[str, float]) -> str:
     """The latest sync in one short console field: ``syncs 12 | H 20 | mu 0.70 | eta 0.70 | 1.5 MiB``."""
-    return (f"syncs {metrics['autoloco/syncs']:.0f} | H {metrics['autoloco/H_step']:.0f} | "
-            f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | "
-            f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB")
+    return (
+        f"syncs {metrics['autoloco/syncs']:.0f} | H {metrics['autoloco/H_step']:.0f} | "
+        f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | "
+        f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB"
+    )
 
 
 def _quiet_console(printer_on_log: Any) -> Any:
     """Wrap a console callback's ``on_log`` so per-sync ``autoloco/*``-only logs (for the trackers) are not printed."""
 
     def on_log(args, state, control, logs=None, **kwargs):
-        if logs and all(key.startswith("autoloco/") or key in ("epoch", "step") for key in logs):  # Trainer.log adds epoch
+        if logs and all(
+            key.startswith("autoloco/") or key in ("epoch", "step") for key in logs
+        ):  # Trainer.log adds epoch
             return None
         return printer_on_log(args, state, control, logs=logs, **kwargs)
 
@@ -204,7 +223,7 @@ def _quiet_console(printer_on_log: Any) -> Any:
 # loudly when a transformers upgrade changes either of them.
 
 
-def _trainer_being_built(callback: "AutoLoCoCallback", max_depth: int = 8) -> Optional[Trainer]:
+def _trainer_being_built(callback: AutoLoCoCallback, max_depth: int = 8) -> Trainer | None:
     """The Trainer whose ``__init__`` is firing ``on_init_end`` with ``callback`` registered, or ``None``.
 
     The callback contract hands callbacks no Trainer, but AutoLoCo must adjust the Trainer's accelerator
@@ -229,12 +248,14 @@ def checkpoint_dir(args: Any, state: Any) -> str:
     ``<output_dir>/checkpoint-<global_step>``: hyperparameter-search trials write elsewhere and are refused.
     """
     if getattr(state, "trial_name", None):
-        raise AutoLoCoConfigurationError("AutoLoCo does not support hyperparameter search (trial "
-                                         f"{state.trial_name!r}): run each configuration as its own job")
+        raise AutoLoCoConfigurationError(
+            "AutoLoCo does not support hyperparameter search (trial "
+            f"{state.trial_name!r}): run each configuration as its own job"
+        )
     return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
-def last_complete_checkpoint(output_dir: str) -> Optional[str]:
+def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-*`` in ``output_dir`` that holds the Trainer's state and every rank's AutoLoCo state.
 
     For scripts restarted by ``torchrun --max-restarts`` (or an equivalent launcher):
@@ -282,10 +303,10 @@ class AutoLoCoCallback(TrainerCallback):
 
     def __init__(
         self,
-        config: Union[AutoLoCoConfig, dict, AutoLoCoArguments, None] = None,
+        config: AutoLoCoConfig | dict | AutoLoCoArguments | None = None,
         records_filename: str = RECORDS_FILENAME,
         log_metrics: bool = True,
-        resume_from_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: str | None = None,
         manage_ddp_kwargs: bool = True,
     ) -> None:
         self.config = _as_config(config)
@@ -293,9 +314,9 @@ class AutoLoCoCallback(TrainerCallback):
         self.log_metrics = log_metrics
         self.resume_from_checkpoint = resume_from_checkpoint
         self.manage_ddp_kwargs = manage_ddp_kwargs
-        self.trainer: Optional[Trainer] = None
-        self.runtime: Optional[WorkerRuntime] = None
-        self._lr: Optional[float] = None
+        self.trainer: Trainer | None = None
+        self.runtime: WorkerRuntime | None = None
+        self._lr: float | None = None
         self._checked = False
         self._last_sync: dict[str, float] = {}
         self._started = time.perf_counter()
@@ -305,7 +326,7 @@ class AutoLoCoCallback(TrainerCallback):
     def engine(self):
         return self.runtime.engine if self.runtime is not None else None
 
-    def attach(self, trainer: Trainer) -> "AutoLoCoCallback":
+    def attach(self, trainer: Trainer) -> AutoLoCoCallback:
         """Bind to ``trainer`` explicitly (automatic when the Trainer calls the callback), and check it."""
         self.trainer = trainer
         if not self._checked:
@@ -335,11 +356,16 @@ class AutoLoCoCallback(TrainerCallback):
             check_fsdp2_workers(trainer.model, accelerator.num_processes, self.config.ranks_per_worker)
         elif getattr(args, "fsdp", None) and accelerator.num_processes > 1:
             # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
-            logger.warning("AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
-                           "device (%s): every rank holds the whole model and trains as DDP", args.fsdp,
-                           accelerator.distributed_type)
+            logger.warning(
+                "AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
+                "device (%s): every rank holds the whole model and trains as DDP",
+                args.fsdp,
+                accelerator.distributed_type,
+            )
         if getattr(args, "parallelism_config", None) is not None:
-            raise AutoLoCoConfigurationError(f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}.")
+            raise AutoLoCoConfigurationError(
+                f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}."
+            )
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, (ProgressCallback, PrinterCallback)):
                 callback.on_log = _quiet_console(callback.on_log)
@@ -347,8 +373,10 @@ class AutoLoCoCallback(TrainerCallback):
             if args.average_tokens_across_devices:
                 # A per-step gather of token counts, and the Trainer then multiplies every rank's loss by the
                 # world size, which DDP's averaging would undo but AutoLoCo's local gradients would not.
-                logger.warning("AutoLoCo: setting average_tokens_across_devices=False (no per-step gather; "
-                               "each worker's loss is normalized by its own tokens)")
+                logger.warning(
+                    "AutoLoCo: setting average_tokens_across_devices=False (no per-step gather; "
+                    "each worker's loss is normalized by its own tokens)"
+                )
                 args.average_tokens_across_devices = False
             handler = getattr(accelerator, "ddp_handler", None)
             if self.manage_ddp_kwargs:
@@ -360,8 +388,10 @@ class AutoLoCoCallback(TrainerCallback):
                 if args.ddp_find_unused_parameters is None:
                     handler.find_unused_parameters = False  # else: one small all-reduce per backward
             if args.ddp_find_unused_parameters:
-                logger.warning("AutoLoCo: ddp_find_unused_parameters=True adds one small all-reduce of the "
-                               "used-parameter map per backward (no gradient traffic)")
+                logger.warning(
+                    "AutoLoCo: ddp_find_unused_parameters=True adds one small all-reduce of the "
+                    "used-parameter map per backward (no gradient traffic)"
+                )
             if args.include_num_input_tokens_seen not in ("no", False, None):
                 logger.warning("AutoLoCo: include_num_input_tokens_seen gathers token counts every step")
         self._checked = True
@@ -404,8 +434,11 @@ class AutoLoCoCallback(TrainerCallback):
         not visible to callbacks: pass it as ``AutoLoCoCallback(resume_from_checkpoint=...)`` or
         ``TrainingArguments(resume_from_checkpoint=...)`` when it is not under ``output_dir``.
         """
-        candidates = [self.resume_from_checkpoint, getattr(args, "resume_from_checkpoint", None),
-                      checkpoint_dir(args, state)]
+        candidates = [
+            self.resume_from_checkpoint,
+            getattr(args, "resume_from_checkpoint", None),
+            checkpoint_dir(args, state),
+        ]
         return [c for c in candidates if isinstance(c, str) and os.path.isdir(c)]
 
     def _resume(self, args, state) -> None:
@@ -487,8 +520,14 @@ class AutoLoCoCallback(TrainerCallback):
             logs["autoloco"] = _sync_summary(self._last_sync)
         if state.is_world_process_zero:
             totals = self.engine.totals
-            row = dict(step=state.global_step, loss=float(logs["loss"]), lr=float(logs.get("learning_rate", 0.0)),
-                       syncs=totals.syncs, payload_bytes=totals.payload_bytes, seconds=time.perf_counter() - self._started)
+            row = dict(
+                step=state.global_step,
+                loss=float(logs["loss"]),
+                lr=float(logs.get("learning_rate", 0.0)),
+                syncs=totals.syncs,
+                payload_bytes=totals.payload_bytes,
+                seconds=time.perf_counter() - self._started,
+            )
             with open(os.path.join(args.output_dir, TRAINER_STEPS_FILENAME), "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -525,11 +564,22 @@ class AutoLoCoCallback(TrainerCallback):
             logger.warning(
                 "AutoLoCo: training stopped at step %d of %d planned; the model holds this rank's local weights "
                 "%d steps after the last synchronization (step %d), not a synchronized model",
-                runtime.step, runtime.total_steps, runtime.step - last, last)
+                runtime.step,
+                runtime.total_steps,
+                runtime.step - last,
+                last,
+            )
         if state.is_world_process_zero:
-            summary = dict(name=args.run_name or os.path.basename(os.path.normpath(args.output_dir)),
-                           method=str(self.config.method), steps=runtime.step, planned_steps=runtime.total_steps,
-                           wall_seconds=time.perf_counter() - self._started, totals=runtime.engine.totals.as_dict(),
-                           config=self.config.to_dict(), intervals_file=self.records_filename, steps_file=TRAINER_STEPS_FILENAME)
+            summary = dict(
+                name=args.run_name or os.path.basename(os.path.normpath(args.output_dir)),
+                method=str(self.config.method),
+                steps=runtime.step,
+                planned_steps=runtime.total_steps,
+                wall_seconds=time.perf_counter() - self._started,
+                totals=runtime.engine.totals.as_dict(),
+                config=self.config.to_dict(),
+                intervals_file=self.records_filename,
+                steps_file=TRAINER_STEPS_FILENAME,
+            )
             with open(os.path.join(args.output_dir, TRAINER_SUMMARY_FILENAME), "w") as f:
                 json.dump(summary, f, indent=2, default=str)

@@ -1,4 +1,4 @@
-"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (spec 7, 8.1).
+"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (docs/algorithm.md §7, 8.1).
 
 The one place that knows how many bytes a wire dtype costs. Kept free of
 ``torch`` (the codec passes itself in) so that ``autoloco plan`` starts fast.
@@ -18,7 +18,7 @@ from autoloco_hf.config import WireDtype
 if TYPE_CHECKING:
     from autoloco_hf.sync.codec import WireCodec
 
-DEFAULT_BLOCK_SIZE = 4096  # INT8 elements per FP32 scale (spec 7)
+DEFAULT_BLOCK_SIZE = 4096  # INT8 elements per FP32 scale (docs/algorithm.md §7)
 
 
 def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -39,7 +39,7 @@ def payload_bytes(syncs: int, num_params: int, wire_dtype: str, block_size: int 
     return syncs * per_sync
 
 
-def wire_bytes_sent(codec: "WireCodec", num_workers: int, worker: int = 0) -> int:
+def wire_bytes_sent(codec: WireCodec, num_workers: int, worker: int = 0) -> int:
     """Bytes ``worker`` sends to the others in one aggregation of ``codec``'s flat buffer.
 
     FP32 goes through a ring all-reduce: ``2 (N-1)/N`` times the buffer. BF16 and
@@ -56,11 +56,12 @@ def wire_bytes_sent(codec: "WireCodec", num_workers: int, worker: int = 0) -> in
     return to_owners + (n - 1) * codec.wire_bytes(s, e - s)
 
 
-def outer_state_bytes_per_rank(num_params: int, ranks_per_worker: int = 1, momentum: bool = True,
-                               error_feedback: bool = False) -> int:
+def outer_state_bytes_per_rank(
+    num_params: int, ranks_per_worker: int = 1, momentum: bool = True, error_feedback: bool = False
+) -> int:
     """FP32 outer state one rank holds: ``theta_t``, the Nesterov momentum and the optional error-feedback residual.
 
-    With FSDP2 workers (spec 8.3) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
+    With FSDP2 workers (docs/algorithm.md §8.3) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
     by ``ranks_per_worker``; FSDP2 pads each parameter's dim 0 to a multiple of ``R``, so the largest shard
     is at most one row per tensor above ``num_params / R`` (ignored here).
     """

@@ -69,14 +69,30 @@ def _config_json(config: AutoLoCoConfig) -> dict[str, Any]:
     return json.loads(json.dumps(config.to_dict(), default=_json_default))
 
 
-def write_state(path: str, state: dict[str, Any], *, config: AutoLoCoConfig, world_size: int,
-                ranks_per_worker: int, rank: int, step: int) -> None:
+def write_state(
+    path: str,
+    state: dict[str, Any],
+    *,
+    config: AutoLoCoConfig,
+    world_size: int,
+    ranks_per_worker: int,
+    rank: int,
+    step: int,
+) -> None:
     """Write ``state`` to ``path`` atomically (temporary file, fsync, rename, fsync of the folder)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
-    header = StateHeader(FORMAT_VERSION, _config_json(config), world_size, ranks_per_worker, rank, step,
-                         len(payload), hashlib.sha256(payload).hexdigest())
+    header = StateHeader(
+        FORMAT_VERSION,
+        _config_json(config),
+        world_size,
+        ranks_per_worker,
+        rank,
+        step,
+        len(payload),
+        hashlib.sha256(payload).hexdigest(),
+    )
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -102,20 +118,26 @@ def write_state(path: str, state: dict[str, Any], *, config: AutoLoCoConfig, wor
 def _parse_header(path: str, data: bytes) -> tuple[StateHeader, int]:
     """The header at the start of ``data`` and the offset of the payload."""
     if not data.startswith(MAGIC):
-        raise CheckpointError(f"{path}: not an AutoLoCo state file (field magic: expected {MAGIC!r} at the start); "
-                              "the file is corrupted or was written by autoloco-hf < 0.2: start a new run or "
-                              "resume from another checkpoint")
+        raise CheckpointError(
+            f"{path}: not an AutoLoCo state file (field magic: expected {MAGIC!r} at the start); "
+            "the file is corrupted or was written by autoloco-hf < 0.2: start a new run or "
+            "resume from another checkpoint"
+        )
     end = data.find(b"\n", len(MAGIC))
     try:
         if end < 0:
             raise ValueError("no end of header line")
-        header = StateHeader(**json.loads(data[len(MAGIC):end]))
+        header = StateHeader(**json.loads(data[len(MAGIC) : end]))
     except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{path}: unreadable header (field header: {err}); the file is truncated or "
-                              "corrupted: resume from an earlier checkpoint") from err
+        raise CheckpointError(
+            f"{path}: unreadable header (field header: {err}); the file is truncated or "
+            "corrupted: resume from an earlier checkpoint"
+        ) from err
     if header.format_version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: field format_version={header.format_version}, this autoloco-hf reads "
-                              f"{FORMAT_VERSION}: resume with the autoloco-hf version that wrote it")
+        raise CheckpointError(
+            f"{path}: field format_version={header.format_version}, this autoloco-hf reads "
+            f"{FORMAT_VERSION}: resume with the autoloco-hf version that wrote it"
+        )
     return header, end + 1
 
 
@@ -124,13 +146,17 @@ def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
     header, start = _parse_header(path, data)
     payload = data[start:]
     if len(payload) != header.payload_bytes:
-        raise CheckpointError(f"{path}: field payload_bytes={header.payload_bytes} but the file holds "
-                              f"{len(payload)} payload bytes (truncated write or disk full): resume from an "
-                              "earlier checkpoint")
+        raise CheckpointError(
+            f"{path}: field payload_bytes={header.payload_bytes} but the file holds "
+            f"{len(payload)} payload bytes (truncated write or disk full): resume from an "
+            "earlier checkpoint"
+        )
     digest = hashlib.sha256(payload).hexdigest()
     if digest != header.sha256:
-        raise CheckpointError(f"{path}: field sha256 does not match the payload ({digest[:12]} != "
-                              f"{header.sha256[:12]}): the file is corrupted; resume from an earlier checkpoint")
+        raise CheckpointError(
+            f"{path}: field sha256 does not match the payload ({digest[:12]} != "
+            f"{header.sha256[:12]}): the file is corrupted; resume from an earlier checkpoint"
+        )
     return header, payload
 
 
@@ -145,8 +171,9 @@ def peek_header(path: str, limit: int = 1 << 20) -> StateHeader | None:
     return header if complete else None
 
 
-def check_compatible(path: str, header: StateHeader, *, config: AutoLoCoConfig, world_size: int,
-                     ranks_per_worker: int, rank: int) -> None:
+def check_compatible(
+    path: str, header: StateHeader, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
+) -> None:
     """Refuse a state written by another launch layout, rank or algorithm configuration."""
     if (header.world_size, header.ranks_per_worker) != (world_size, ranks_per_worker):
         raise CheckpointError(
@@ -157,8 +184,10 @@ def check_compatible(path: str, header: StateHeader, *, config: AutoLoCoConfig, 
             "with from_pretrained and train without resume_from_checkpoint)"
         )
     if header.rank != rank:
-        raise CheckpointError(f"{path}: field rank={header.rank} but it was loaded by rank {rank}: the state files "
-                              "of this checkpoint were renamed or copied over each other")
+        raise CheckpointError(
+            f"{path}: field rank={header.rank} but it was loaded by rank {rank}: the state files "
+            "of this checkpoint were renamed or copied over each other"
+        )
     current = _config_json(config)
     for name, saved in sorted(header.config.items()):
         if name in RESUMABLE_CONFIG_FIELDS or name not in current:
@@ -172,13 +201,13 @@ def check_compatible(path: str, header: StateHeader, *, config: AutoLoCoConfig, 
             )
 
 
-def read_state(path: str, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int,
-               rank: int) -> tuple[StateHeader, dict[str, Any]]:
+def read_state(
+    path: str, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
+) -> tuple[StateHeader, dict[str, Any]]:
     """Read, verify and unpickle a state file written by :func:`write_state` for this run and rank."""
     with open(path, "rb") as f:
         data = f.read()
     header, payload = read_header(path, data)
-    check_compatible(path, header, config=config, world_size=world_size, ranks_per_worker=ranks_per_worker,
-                     rank=rank)
+    check_compatible(path, header, config=config, world_size=world_size, ranks_per_worker=ranks_per_worker, rank=rank)
     state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
     return header, state

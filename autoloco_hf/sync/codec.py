@@ -1,17 +1,17 @@
-"""Pseudo-gradient wire codecs: FP32, BF16 and INT8 blockwise (spec 7, paper Appendix G.1).
+"""Pseudo-gradient wire codecs: FP32, BF16 and INT8 blockwise (docs/algorithm.md §7, paper Appendix G.1).
 
 The outer synchronization ships pseudo-gradients (``theta_t - theta_t^i``) between
 workers. This module owns everything about how such a flat FP32 buffer looks on the
 wire and the reference arithmetic of the owner-reduce aggregation, so that the
-single-process simulation (spec 8.4) and the torch.distributed path produce
+single-process simulation (docs/algorithm.md §8.4) and the torch.distributed path produce
 bit-identical results by calling the same functions.
 
-INT8 format (spec 7). Each tensor is split into contiguous blocks of up to
+INT8 format (docs/algorithm.md §7). Each tensor is split into contiguous blocks of up to
 ``block_size`` (default 4,096) elements; a block carries one FP32 scale
 ``max|x| / 127`` and int8 codes ``q = clip(round_half_to_even(x / scale), -127, 127)``;
 decoding is ``q * scale`` in FP32. Scale edge cases:
 
-* all-zero block: scale 1 (spec 7), so its codes are 0 and it decodes to exact zeros;
+* all-zero block: scale 1 (docs/algorithm.md §7), so its codes are 0 and it decodes to exact zeros;
 * scale is clamped to ``[SCALE_MIN, SCALE_MAX]``:
   ``SCALE_MIN`` is the smallest *normal* FP32 (2**-126). A subnormal scale would be
   flushed to 0 by flush-to-zero/denormals-are-zero arithmetic (common on GPUs) and
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Optional
 
 import torch
 
@@ -87,7 +86,7 @@ def _chunk_rows(block_size: int) -> int:
 
 
 def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int) -> None:
-    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales`` (spec 7).
+    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales`` (docs/algorithm.md §7).
 
     Works in cache-sized groups of blocks through one small scratch buffer: the
     fresh full-size FP32 temporaries of a naive version cost more (first-touch page
@@ -96,7 +95,7 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
     """
     row = 0
     step = _chunk_rows(block_size)
-    scratch: Optional[torch.Tensor] = None
+    scratch: torch.Tensor | None = None
     for xv, vv in zip(_blocked(x, block_size), _blocked(values, block_size)):
         for lo in range(0, xv.shape[0], step):
             xb, vb = xv[lo : lo + step], vv[lo : lo + step]
@@ -122,7 +121,7 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
 
 
 def _decode_into(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int) -> None:
-    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out`` (spec 7), a cache-sized group at a time."""
+    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out`` (docs/algorithm.md §7), a cache-sized group at a time."""
     row = 0
     step = _chunk_rows(block_size)
     for vv, ov in zip(_blocked(values, block_size), _blocked(out, block_size)):
@@ -147,7 +146,7 @@ def balanced_parts(numel: int, num_parts: int) -> list[tuple[int, int]]:
 
 
 class WireCodec:
-    """Encodes a flat FP32 buffer made of several tensor segments for one wire dtype (spec 7).
+    """Encodes a flat FP32 buffer made of several tensor segments for one wire dtype (docs/algorithm.md §7).
 
     The flat buffer is the concatenation of the model's tensors (``segment_sizes``
     in order). Slices of it are encoded independently; for ``int8`` the blocks are
@@ -177,7 +176,7 @@ class WireCodec:
         self.numel = self._offsets[-1]
 
     def partition(self, num_parts: int) -> list[tuple[int, int]]:
-        """Contiguous ``[start, end)`` owner parts (spec 7 aggregation); sizes differ by at most 1.
+        """Contiguous ``[start, end)`` owner parts (docs/algorithm.md §7 aggregation); sizes differ by at most 1.
 
         The first ``numel % num_parts`` parts get one extra element; parts may be
         empty when ``num_parts > numel``.
@@ -203,7 +202,7 @@ class WireCodec:
         return sum(num_int8_blocks(n, self.block_size) for _, n in self.pieces(start, numel))
 
     def wire_bytes(self, start: int, numel: int) -> int:
-        """Exact bytes of :meth:`encode`'s output for the slice (spec 8.1 accounting)."""
+        """Exact bytes of :meth:`encode`'s output for the slice (docs/algorithm.md §8.1 accounting)."""
         self._check_slice(start, numel)
         if self.wire_dtype == WireDtype.FP32:
             return 4 * numel
@@ -223,9 +222,7 @@ class WireCodec:
             torch.empty(self.num_blocks(start, numel), dtype=torch.float32, device=device),
         ]
 
-    def encode(
-        self, flat_part: torch.Tensor, start: int, out: Optional[list[torch.Tensor]] = None
-    ) -> list[torch.Tensor]:
+    def encode(self, flat_part: torch.Tensor, start: int, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Wire tensors for the slice ``[start, start + numel)`` of the flat buffer.
 
         ``out`` (shaped like :meth:`empty_wire`) receives them instead of fresh
@@ -257,9 +254,7 @@ class WireCodec:
             row += nb
         return out
 
-    def decode(
-        self, wire: list[torch.Tensor], start: int, numel: int, out: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
+    def decode(self, wire: list[torch.Tensor], start: int, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """FP32 slice from its wire tensors, written into ``out`` when given.
 
         Without ``out``, ``fp32`` returns ``wire[0]`` itself (no copy).
@@ -283,9 +278,7 @@ class WireCodec:
 
     def _check_wire(self, wire: Sequence[torch.Tensor], start: int, numel: int) -> None:
         expected = self.empty_wire(start, numel, "meta")
-        if len(wire) != len(expected) or any(
-            w.dtype != e.dtype or w.shape != e.shape for w, e in zip(wire, expected)
-        ):
+        if len(wire) != len(expected) or any(w.dtype != e.dtype or w.shape != e.shape for w, e in zip(wire, expected)):
             raise ValueError(
                 f"wire tensors {[(w.dtype, tuple(w.shape)) for w in wire]} do not match "
                 f"{[(e.dtype, tuple(e.shape)) for e in expected]} for slice ({start}, {numel})"
@@ -301,7 +294,7 @@ class WireCodec:
 
 
 def mean_in_worker_order(decoded_contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """FP32 mean with the one fixed op order both aggregation paths use (spec 7, 8.4).
+    """FP32 mean with the one fixed op order both aggregation paths use (docs/algorithm.md §7, 8.4).
 
     ``total = c0.clone(); total += c1; ...; total /= N``: FP32 addition is not
     associative, so fixing the order is what makes the simulated and the
@@ -322,13 +315,13 @@ def owner_reduce_part(
     """Owner's step for its part: mean of the decoded contributions (worker order 0..N-1), encoded once.
 
     The returned wire tensors are what the owner sends to every worker, itself
-    included (spec 7: all workers receive the identical decoded mean).
+    included (docs/algorithm.md §7: all workers receive the identical decoded mean).
     """
     return codec.encode(mean_in_worker_order(decoded_contributions), start)
 
 
 def owner_reduce_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Paper aggregation (Appendix G.1, spec 7) simulated in one process.
+    """Paper aggregation (Appendix G.1, docs/algorithm.md §7) simulated in one process.
 
     The flat buffer is split into N owner parts (``codec.partition(N)``); for each
     part every worker's contribution is encoded and decoded (the owner's own too),
@@ -362,7 +355,7 @@ def roundtrip_as_sent(codec: WireCodec, flat: torch.Tensor, num_parts: int) -> t
 
 
 class ErrorFeedback:
-    """Optional error feedback for the lossy wire (spec 7 extension; off by default).
+    """Optional error feedback for the lossy wire (docs/algorithm.md §7 extension; off by default).
 
     One instance per worker keeps the FP32 residual of what its encoding dropped
     and adds it to the next contribution::
@@ -373,7 +366,7 @@ class ErrorFeedback:
         # contribute `compensated` to the aggregation
 
     Memory cost: one FP32 copy of the model per worker (4 bytes per parameter),
-    allocated on construction; it belongs in checkpoints (spec 8.2) via
+    allocated on construction; it belongs in checkpoints (docs/algorithm.md §8.2) via
     :meth:`state_dict`.
     """
 

@@ -1,4 +1,4 @@
-"""Communicators: one collective per synchronization, real or simulated (spec 2, 7, 8.4).
+"""Communicators: one collective per synchronization, real or simulated (docs/algorithm.md §2, 7, 8.4).
 
 Both implementations average the workers' flat FP32 pseudo-gradients and sum
 a small float64 vector of per-worker scalars (squared norms, token counts,
@@ -25,9 +25,10 @@ import datetime
 import re
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -75,7 +76,7 @@ class PeerLostError(RuntimeError):
         super().__init__(message)
         self.silent_ranks = list(silent_ranks)
 
-    def at(self, where: str, advice: str = "") -> "PeerLostError":
+    def at(self, where: str, advice: str = "") -> PeerLostError:
         """The same error, prefixed with where the run was (step, interval) and followed by what to do."""
         return PeerLostError(f"{where}: {self}" + (f"; {advice}" if advice else ""), self.silent_ranks)
 
@@ -102,11 +103,11 @@ class PendingAverage:
     """
 
     def __init__(self, finish: Callable[[], AverageResult]) -> None:
-        self._finish: Optional[Callable[[], AverageResult]] = finish
-        self._result: Optional[AverageResult] = None
+        self._finish: Callable[[], AverageResult] | None = finish
+        self._result: AverageResult | None = None
 
     @classmethod
-    def completed(cls, result: AverageResult) -> "PendingAverage":
+    def completed(cls, result: AverageResult) -> PendingAverage:
         pending = cls(lambda: result)
         pending.wait()
         return pending
@@ -124,7 +125,7 @@ def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     An all-reduce picks its own addition order (gloo's differs from the simulation's
     for N >= 3), so the scalar sums would differ in the last bit of the squared norms
     and loss sums; gathering the N tiny vectors and adding them in worker order keeps
-    the simulation and N processes bit-identical (spec 8.4).
+    the simulation and N processes bit-identical (docs/algorithm.md §8.4).
     """
     total = values[0].to(torch.float64, copy=True)
     for v in values[1:]:
@@ -142,9 +143,9 @@ class Communicator(ABC):
         self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
-        self._codec: Optional[WireCodec] = None
+        self._codec: WireCodec | None = None
 
-    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: str | None = None) -> WireCodec:
         """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once per layout and wire)."""
         wire = wire_dtype or self.wire_dtype
         if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes) or self._codec.wire_dtype != wire:
@@ -156,7 +157,7 @@ class Communicator(ABC):
         flats: Sequence[torch.Tensor],
         scalars: Sequence[torch.Tensor],
         segment_sizes: Sequence[int],
-        wire_dtype: Optional[str] = None,
+        wire_dtype: str | None = None,
     ) -> PendingAverage:
         """Start :meth:`average` without waiting for it; the inputs may be reused once this returns.
 
@@ -172,8 +173,8 @@ class Communicator(ABC):
         flats: Sequence[torch.Tensor],
         scalars: Sequence[torch.Tensor],
         segment_sizes: Sequence[int],
-        wire_dtype: Optional[str] = None,
-        check: Optional[ScalarCheck] = None,
+        wire_dtype: str | None = None,
+        check: ScalarCheck | None = None,
     ) -> AverageResult:
         """Mean of all workers' ``flats`` and sum of their ``scalars`` (one entry per local worker).
 
@@ -193,6 +194,7 @@ class Communicator(ABC):
     # A worker whose ranks each own a shard of the flat model (HierarchicalCommunicator)
     # overrides these; for a worker that syncs the whole model they are identities.
     shards_per_worker: int = 1
+
     def shard_range(self, numel: int) -> tuple[int, int]:
         """``[start, end)`` of the flat model whose outer state and sync this rank owns."""
         return 0, numel
@@ -207,7 +209,7 @@ class Communicator(ABC):
 
 
 class SimulatedCommunicator(Communicator):
-    """``N`` workers inside one process (the paper's simulation, spec 8.4)."""
+    """``N`` workers inside one process (the paper's simulation, docs/algorithm.md §8.4)."""
 
     def __init__(self, num_workers: int, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -240,8 +242,8 @@ class ProcessGroupCommunicator(Communicator):
 
     Args:
         group: the process group across workers (default: the world). With
-            worker groups (spec 8.3) it holds the ranks of equal local rank.
-        wire_dtype: ``fp32``, ``bf16`` or ``int8`` (spec 7).
+            worker groups (docs/algorithm.md §8.3) it holds the ranks of equal local rank.
+        wire_dtype: ``fp32``, ``bf16`` or ``int8`` (docs/algorithm.md §7).
         timeout_s: bound on every collective (``AutoLoCoConfig.sync_timeout_s``).
             Without ``group``, a new group over the world is created with this
             timeout (collective: every rank must build its communicator), so
@@ -251,7 +253,7 @@ class ProcessGroupCommunicator(Communicator):
             A collective that fails or times out raises :class:`PeerLostError`.
     """
 
-    def __init__(self, group=None, timeout_s: Optional[float] = None, **kwargs) -> None:
+    def __init__(self, group=None, timeout_s: float | None = None, **kwargs) -> None:
         import torch.distributed as dist
 
         super().__init__(**kwargs)
@@ -268,8 +270,8 @@ class ProcessGroupCommunicator(Communicator):
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
-        self._buffer: Optional[torch.Tensor] = None  # reused by the FP32 all-reduce
-        self._owner: Optional[_OwnerReduceBuffers] = None  # reused by the BF16 / INT8 owner-reduce
+        self._buffer: torch.Tensor | None = None  # reused by the FP32 all-reduce
+        self._owner: _OwnerReduceBuffers | None = None  # reused by the BF16 / INT8 owner-reduce
 
     def worker_labels(self) -> list[str]:
         return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
@@ -290,7 +292,9 @@ class ProcessGroupCommunicator(Communicator):
             if any(word in detail.lower() for word in ("closed", "reset")):
                 what = "closed its connection (its process ended)"
             else:
-                what = "did not answer" + (f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else "")
+                what = "did not answer" + (
+                    f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
+                )
             raise PeerLostError(
                 f"{operation} on rank {self.global_rank(self.rank)}: {who} {what} ({detail})", others
             ) from err
@@ -304,7 +308,9 @@ class ProcessGroupCommunicator(Communicator):
         sums = torch.zeros(0, dtype=torch.float64)
         rows = torch.zeros(0, 0, dtype=torch.float64)
         codec = self.codec(segment_sizes, wire)
-        if scalars:  # one tiny float64 all-gather, summed in worker order like the simulation (spec 2, 8.4)
+        if (
+            scalars
+        ):  # one tiny float64 all-gather, summed in worker order like the simulation (docs/algorithm.md §2, 8.4)
             local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
             gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
             with self._guarded("the synchronization's control messages"):
@@ -350,7 +356,9 @@ class ProcessGroupCommunicator(Communicator):
 
         self._exchange(bufs.by_part_flat, bufs.by_worker_flat, bufs.part_splits, bufs.worker_splits, traffic)
 
-        tick = _now(flat)  # decode + mean in worker order 0..N-1, as mean_in_worker_order does (spec 7, 8.4)
+        tick = _now(
+            flat
+        )  # decode + mean in worker order 0..N-1, as mean_in_worker_order does (docs/algorithm.md §7, 8.4)
         total = codec.decode(bufs.by_worker[0], my_start, my_numel, out=bufs.total)
         for wire in bufs.by_worker[1:]:
             total += codec.decode(wire, my_start, my_numel, out=bufs.scratch)
@@ -372,7 +380,7 @@ class ProcessGroupCommunicator(Communicator):
         traffic.decode_seconds += _now(flat) - tick
         return bufs.mean
 
-    def _owner_buffers(self, codec: WireCodec, device: torch.device) -> "_OwnerReduceBuffers":
+    def _owner_buffers(self, codec: WireCodec, device: torch.device) -> _OwnerReduceBuffers:
         """Persistent wire buffers of the owner-reduce (fresh ones per sync cost more than the codec on CPU)."""
         key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, self.num_workers, device)
         if self._owner is None or self._owner.key != key:
@@ -463,8 +471,10 @@ class _OwnerReduceBuffers:
         ]
         self.by_worker_flat = [torch.empty(n * w.numel(), dtype=w.dtype, device=device) for w in my_wire]
         self.by_part = [
-            list(ws) for ws in zip(*(torch.split(buf, [w[k].numel() for w in part_wires])
-                                   for k, buf in enumerate(self.by_part_flat)))
+            list(ws)
+            for ws in zip(
+                *(torch.split(buf, [w[k].numel() for w in part_wires]) for k, buf in enumerate(self.by_part_flat))
+            )
         ]
         self.by_worker = [
             list(ws) for ws in zip(*(torch.split(buf, [w.numel()] * n) for buf, w in zip(self.by_worker_flat, my_wire)))
@@ -477,7 +487,7 @@ class _OwnerReduceBuffers:
 
 
 class HierarchicalCommunicator(Communicator):
-    """A worker of ``R`` ranks syncing shard by shard (spec 8.3): each byte crosses the slow link once.
+    """A worker of ``R`` ranks syncing shard by shard (docs/algorithm.md §8.3): each byte crosses the slow link once.
 
     Rank ``r`` of a worker owns shard ``r`` of the flat model (``R`` contiguous,
     balanced parts). At a sync it averages only that shard with rank ``r`` of every
@@ -519,11 +529,11 @@ class HierarchicalCommunicator(Communicator):
         self.num_workers = outer.num_workers
         self.local_workers = 1
         self.bucket_elements = outer.bucket_elements
-        self._gather: Optional[torch.Tensor] = None  # persistent all-gather buffers (padded shards)
-        self._send: Optional[torch.Tensor] = None
-        self._full: Optional[torch.Tensor] = None
+        self._gather: torch.Tensor | None = None  # persistent all-gather buffers (padded shards)
+        self._send: torch.Tensor | None = None
+        self._full: torch.Tensor | None = None
 
-    def codec(self, segment_sizes: Sequence[int], wire_dtype: Optional[str] = None) -> WireCodec:
+    def codec(self, segment_sizes: Sequence[int], wire_dtype: str | None = None) -> WireCodec:
         return self.outer.codec(segment_sizes, wire_dtype)
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:

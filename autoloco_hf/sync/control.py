@@ -1,9 +1,9 @@
-"""The control message: the few scalars every worker sends next to its pseudo-gradient (spec 2, 5.3).
+"""The control message: the few scalars every worker sends next to its pseudo-gradient (docs/algorithm.md §2, 5.3).
 
 At every boundary each worker contributes one :class:`ControlMessage`, packed
 into a flat float64 tensor; the communicator returns the element-wise sums
 (added in worker order, so the simulation and ``N`` processes agree bit for
-bit, spec 8.4) and every worker's row. :class:`ControlRound` reads both back.
+bit, docs/algorithm.md §8.4) and every worker's row. :class:`ControlRound` reads both back.
 
 Each field is declared either :func:`summed` (a statistic added over workers:
 squared norms, tokens, losses) or :func:`agreed` (a value every worker must
@@ -36,8 +36,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -57,7 +58,7 @@ def agreed(default: float = 0.0) -> Any:
 
 
 class WorkerDisagreement(RuntimeError):
-    """Workers executed different intervals: their controllers diverged (spec 5.3, last paragraph)."""
+    """Workers executed different intervals: their controllers diverged (docs/algorithm.md §5.3, last paragraph)."""
 
 
 # Settings a worker may choose for itself without changing what the workers compute together
@@ -84,7 +85,7 @@ class ControlMessage:
     interval_index: float = agreed()  # intervals closed before this one
     start_step: float = agreed()  # first step of the interval just executed
     h_step: float = agreed()  # its executed length: the horizon decided at the previous boundary
-    h_tok: float = agreed()  # its token-equivalent horizon (spec 3)
+    h_tok: float = agreed()  # its token-equivalent horizon (docs/algorithm.md §3)
     config_fingerprint: float = agreed()  # config_fingerprint() of the worker's AutoLoCoConfig
 
     WIDTH: ClassVar[int]  # number of packed float64 values, set below
@@ -94,7 +95,7 @@ class ControlMessage:
         return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.float64)
 
     @classmethod
-    def unpack(cls, packed: torch.Tensor) -> "ControlMessage":
+    def unpack(cls, packed: torch.Tensor) -> ControlMessage:
         """Inverse of :meth:`pack` (also reads a row or the sums of several packed messages)."""
         values = packed.reshape(-1).tolist()
         if len(values) != cls.WIDTH:
@@ -121,7 +122,7 @@ class ControlRound:
     workers: tuple[ControlMessage, ...]
 
     @classmethod
-    def from_rows(cls, sums: torch.Tensor, rows: torch.Tensor) -> "ControlRound":
+    def from_rows(cls, sums: torch.Tensor, rows: torch.Tensor) -> ControlRound:
         """Build from the communicator's float64 sums and ``(num_workers, WIDTH)`` rows."""
         workers = tuple(ControlMessage.unpack(row) for row in rows)
         if not workers:
@@ -134,7 +135,7 @@ class ControlRound:
         values = [getattr(w, name) for w in self.workers]
         return min(values), max(values)
 
-    def check_agreement(self, labels: Optional[Sequence[str]] = None) -> None:
+    def check_agreement(self, labels: Sequence[str] | None = None) -> None:
         """Raise :class:`WorkerDisagreement` naming every agreed field that differs, with each worker's value.
 
         ``labels`` name the workers in the message (default ``worker 0``, ``worker 1``, ...).

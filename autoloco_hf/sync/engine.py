@@ -5,7 +5,7 @@ one model with :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator`
 ``torchrun`` / ``accelerate launch``, or ``N`` replicas with
 :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator`. The caller runs the inner
 steps and calls :meth:`IntervalEngine.after_optimizer_step` once per true
-optimizer step; at a boundary the engine (spec 2-5) runs three stages, each
+optimizer step; at a boundary the engine (docs/algorithm.md §2) runs three stages, each
 returning a small frozen result, and then builds the interval's record once:
 
 1. aggregate (:class:`Aggregate`): each worker's pseudo-gradient
@@ -48,8 +48,9 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -72,12 +73,12 @@ logger = logging.getLogger("autoloco_hf")
 
 
 class TooManyInvalidIntervals(RuntimeError):
-    """``config.max_consecutive_invalid`` intervals in a row had a non-finite loss or pseudo-gradient (spec 5.2)."""
+    """``config.max_consecutive_invalid`` intervals in a row had a non-finite loss or pseudo-gradient (docs/algorithm.md §5.2)."""
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """What the one collective of a boundary produced, and whether the outer step may use it (spec 2, 5.2)."""
+    """What the one collective of a boundary produced, and whether the outer step may use it (docs/algorithm.md §2, 5.2)."""
 
     mean: torch.Tensor  # mean pseudo-gradient (FP32, identical on all workers)
     control: ControlRound
@@ -90,7 +91,7 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class OuterStep:
-    """The outer correction used and whether ``theta`` moved (spec 4)."""
+    """The outer correction used and whether ``theta`` moved (docs/algorithm.md §4)."""
 
     correction: OuterCorrection
     applied: bool
@@ -98,10 +99,10 @@ class OuterStep:
 
 @dataclass(frozen=True)
 class PolicyAdvance:
-    """The policy's decision on the closed interval and the interval that follows it (spec 5, 6)."""
+    """The policy's decision on the closed interval and the interval that follows it (docs/algorithm.md §5, 6)."""
 
-    decision: Optional[ControllerDecision]
-    next_interval: Optional[NextInterval]
+    decision: ControllerDecision | None
+    next_interval: NextInterval | None
     interval_seconds: float  # wall time of the closed interval, sync and decision included
     controller_seconds: float
 
@@ -125,7 +126,7 @@ class IntervalEngine:
         on_record: called with every :class:`IntervalRecord` (e.g. for logging).
     """
 
-    def __new__(cls, config: AutoLoCoConfig, *args: Any, **kwargs: Any) -> "IntervalEngine":
+    def __new__(cls, config: AutoLoCoConfig, *args: Any, **kwargs: Any) -> IntervalEngine:
         """``config.overlap`` other than ``none`` builds the overlapped engine (docs/algorithm.md §11)."""
         if cls is IntervalEngine and config.overlap != Overlap.NONE:
             from autoloco_hf.sync.overlap import OverlappedEngine
@@ -140,10 +141,10 @@ class IntervalEngine:
         schedule: LRSchedule,
         communicator: Communicator,
         total_steps: int,
-        warmup_steps: Optional[int] = None,
+        warmup_steps: int | None = None,
         optimizers: Sequence[torch.optim.Optimizer] = (),
-        records_path: Optional[str] = None,
-        on_record: Optional[Callable[[IntervalRecord], None]] = None,
+        records_path: str | None = None,
+        on_record: Callable[[IntervalRecord], None] | None = None,
     ) -> None:
         if len(models) != communicator.local_workers:
             raise ValueError(
@@ -170,17 +171,19 @@ class IntervalEngine:
         self.on_record = on_record
         self.totals = RunTotals()
         self.records: list[IntervalRecord] = []
-        self._writer: Optional[JsonlWriter] = JsonlWriter(records_path) if records_path else None
+        self._writer: JsonlWriter | None = JsonlWriter(records_path) if records_path else None
         numel = sum(self.segment_sizes)
         self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
         self._fingerprint = config_fingerprint(config)
 
         self._broadcast_initial_parameters()
         # the range of the flat model whose outer state and sync this process owns (all of it unless
-        # the worker's ranks each own a shard: HierarchicalCommunicator, spec 8.3)
+        # the worker's ranks each own a shard: HierarchicalCommunicator, docs/algorithm.md §8.3)
         self.shard = communicator.shard_range(numel)
         start, end = self.shard
-        self.shard_segment_sizes = [n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)]
+        self.shard_segment_sizes = [
+            n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)
+        ]
         self.outer = OuterOptimizer(
             self.worker_params[0],
             lr=config.outer_lr,
@@ -188,8 +191,10 @@ class IntervalEngine:
             device="cpu" if config.outer_on_cpu else None,
             shard=None if self.shard == (0, numel) else self.shard,
         )
-        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
-        # optional residual carried to the next interval, one FP32 model copy per local worker (spec 7 extension)
+        self.policy = (
+            make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
+        )
+        # optional residual carried to the next interval, one FP32 model copy per local worker (docs/algorithm.md §7 extension)
         self.error_feedback = (
             [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
         )
@@ -208,13 +213,13 @@ class IntervalEngine:
         return self.policy is None
 
     @property
-    def current_interval(self) -> Optional[NextInterval]:
+    def current_interval(self) -> NextInterval | None:
         """The interval being executed (``None`` for DDP or after the budget)."""
         return self._interval
 
     def after_optimizer_step(
-        self, tokens: Sequence[int], losses: Sequence[float], lr: Optional[float] = None
-    ) -> Optional[IntervalRecord]:
+        self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
+    ) -> IntervalRecord | None:
         """Account one true optimizer step of every local worker; synchronize at a boundary.
 
         Args:
@@ -253,7 +258,7 @@ class IntervalEngine:
                 p.grad.copy_(chunk.view_as(p))
         self.account_gradient_sync(result.traffic, time.perf_counter() - start)
 
-    def account_gradient_sync(self, traffic: Optional[Traffic] = None, seconds: float = 0.0) -> None:
+    def account_gradient_sync(self, traffic: Traffic | None = None, seconds: float = 0.0) -> None:
         """Count one per-step FP32 gradient all-reduce of the DDP baseline, ours or torch DDP's (ring bytes)."""
         self.totals.syncs += 1
         self.totals.payload_tensors += 1
@@ -265,7 +270,7 @@ class IntervalEngine:
 
     # ------------------------------------------------------------- internals
     def _broadcast_initial_parameters(self) -> None:
-        """All workers start from worker 0's parameters (spec 2: one theta_0)."""
+        """All workers start from worker 0's parameters (docs/algorithm.md §2: one theta_0)."""
         flat = flatten_fp32(self.worker_params[0])
         self.comm.broadcast_(flat)
         with torch.no_grad():
@@ -275,9 +280,7 @@ class IntervalEngine:
 
     def _start_interval(self) -> None:
         self._reset_interval_counters()
-        self._interval = (
-            self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
-        )
+        self._interval = self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
 
     def _reset_interval_counters(self) -> None:
         workers = self.comm.local_workers
@@ -305,14 +308,14 @@ class IntervalEngine:
         return record
 
     def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
-        """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (spec 2)."""
+        """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (docs/algorithm.md §2)."""
         deltas, messages = self._contributions(interval)
         # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
         result = self.comm.average(deltas, messages, self.shard_segment_sizes, check=self._check_agreement)
         return self._read_aggregate(result, lr_mass)
 
     def _contributions(
-        self, interval: NextInterval, starts: Optional[Sequence[torch.Tensor]] = None
+        self, interval: NextInterval, starts: Sequence[torch.Tensor] | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each local worker's pseudo-gradient (from ``theta_t``, or from its own start point ``starts[i]``) and packed control message."""
         deltas, messages = [], []
@@ -325,21 +328,25 @@ class IntervalEngine:
             finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
                 delta.zero_()
-            elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (spec 2)
+            elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite).pack())
         return deltas, messages
 
     def _read_aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
-        """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (spec 2, 5.2)."""
+        """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (docs/algorithm.md §2, 5.2)."""
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
         control.check_agreement(self.comm.worker_labels())  # the overlapped path's check; blocking checked it already
         # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
         # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
-        mean_part = [float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
-                     float(not bool(torch.isfinite(result.mean).all()))]
-        summed = self.comm.sum_over_shards(torch.cat([control.totals.pack(), torch.tensor(mean_part, dtype=torch.float64)]))
+        mean_part = [
+            float(torch.linalg.vector_norm(result.mean, dtype=torch.float64)) ** 2,
+            float(not bool(torch.isfinite(result.mean).all())),
+        ]
+        summed = self.comm.sum_over_shards(
+            torch.cat([control.totals.pack(), torch.tensor(mean_part, dtype=torch.float64)])
+        )
         agreed = {name: getattr(control.totals, name) for name in ControlMessage.agreed_fields()}
         totals = dataclasses.replace(ControlMessage.unpack(summed[:-2]), **agreed)
         control = dataclasses.replace(control, totals=totals)
@@ -385,8 +392,10 @@ class IntervalEngine:
                 break
             streak += 1
         good_step = self.records[-streak].start_step  # theta is still the one synchronized there
-        where = (f"interval {len(self.records) - 1} (steps {interval.start_step + 1}-{self.step}): non-finite loss "
-                 f"or pseudo-gradient on {', '.join(culprits)}")
+        where = (
+            f"interval {len(self.records) - 1} (steps {interval.start_step + 1}-{self.step}): non-finite loss "
+            f"or pseudo-gradient on {', '.join(culprits)}"
+        )
         limit = self.config.max_consecutive_invalid
         if streak >= limit:
             raise TooManyInvalidIntervals(
@@ -395,11 +404,17 @@ class IntervalEngine:
                 f"{good_step}: lower the learning rate or check the data of steps {good_step + 1}-{self.step}, then "
                 "resume from the last checkpoint (docs/reliability.md)"
             )
-        logger.warning("AutoLoCo: %s; outer step skipped, every worker restarts from the parameters synchronized at "
-                       "step %d (%d of max_consecutive_invalid=%d in a row)", where, good_step, streak, limit)
+        logger.warning(
+            "AutoLoCo: %s; outer step skipped, every worker restarts from the parameters synchronized at "
+            "step %d (%d of max_consecutive_invalid=%d in a row)",
+            where,
+            good_step,
+            streak,
+            limit,
+        )
 
     def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
-        """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (spec 4, 5.2)."""
+        """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (docs/algorithm.md §4, 5.2)."""
         outer = self._apply_outer(interval, aggregate)
         theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
         for params in self.worker_params:
@@ -414,13 +429,13 @@ class IntervalEngine:
                 self.outer.step(aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
             else:
                 self.outer.average_step(aggregate.mean)
-        else:  # spec 5.2 "invalid": theta_t and the momentum stay as they were
+        else:  # docs/algorithm.md §5.2 "invalid": theta_t and the momentum stay as they were
             self.totals.skipped_outer_steps += 1
             self._sanitize_optimizers()
         return OuterStep(correction, aggregate.valid)
 
     def _advance_policy(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> PolicyAdvance:
-        """Tell the policy what the interval did and start the next one (spec 3, 5)."""
+        """Tell the policy what the interval did and start the next one (docs/algorithm.md §3, 5)."""
         assert self.policy is not None
         started = time.perf_counter()
         decision = self.policy.complete(self._outcome(interval, lr_mass, aggregate))
@@ -448,7 +463,7 @@ class IntervalEngine:
         return compensated
 
     def _check_lr_mass(self, interval: NextInterval, measured: float) -> None:
-        """Spec 2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
+        """docs/algorithm.md §2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
         if not self._lr_mass_warned and not math.isclose(measured, interval.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
             self._lr_mass_warned = True
             warnings.warn(
@@ -456,6 +471,7 @@ class IntervalEngine:
                 f"the schedule preview gave {interval.lr_mass:.6g}; the outer correction and candidate selection rely "
                 "on the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
                 RuntimeWarning,
+                stacklevel=2,
             )
 
     def _correction(self, interval: NextInterval) -> OuterCorrection:
@@ -535,7 +551,9 @@ class IntervalEngine:
             decode_seconds=traffic.decode_seconds,
         )
 
-    def _account(self, record: IntervalRecord, traffic: Traffic, sync_seconds: float, controller_seconds: float) -> None:
+    def _account(
+        self, record: IntervalRecord, traffic: Traffic, sync_seconds: float, controller_seconds: float
+    ) -> None:
         totals = self.totals
         totals.tokens += record.tokens
         totals.syncs += 1
@@ -559,7 +577,7 @@ class IntervalEngine:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Outer parameters, momentum, policy (controller, token mapper, rejected bound) and accounting (spec 8.2).
+        """Outer parameters, momentum, policy (controller, token mapper, rejected bound) and accounting (docs/algorithm.md §8.2).
 
         The workers' own parameters and inner optimizer states belong to the
         caller's checkpoint (the Trainer saves them).

@@ -1,4 +1,4 @@
-"""A plain PyTorch training loop for the workers of one process (spec 8.4).
+"""A plain PyTorch training loop for the workers of one process (docs/algorithm.md §8.4).
 
 :class:`LocalWorkers` owns the process's worker replicas, each with its own
 inner optimizer and LR scheduler, and the :class:`IntervalEngine` that
@@ -26,16 +26,17 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.sync.engine import IntervalEngine
-from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.sync.communicators import Communicator
+from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.records import IntervalRecord
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -75,10 +76,10 @@ class LocalWorkers:
         total_steps: int,
         scheduler_factory: Callable[[torch.optim.Optimizer], Any] = constant_schedule,
         loss_fn: LossFn = causal_lm_loss,
-        max_grad_norm: Optional[float] = None,
-        warmup_steps: Optional[int] = None,
-        records_path: Optional[str] = None,
-        on_record: Optional[Callable[[IntervalRecord], None]] = None,
+        max_grad_norm: float | None = None,
+        warmup_steps: int | None = None,
+        records_path: str | None = None,
+        on_record: Callable[[IntervalRecord], None] | None = None,
     ) -> None:
         self.config = config
         self.models = [copy.deepcopy(model) for _ in range(communicator.local_workers)]
@@ -103,7 +104,7 @@ class LocalWorkers:
     def step(self) -> int:
         return self.engine.step
 
-    def train_step(self, batches: Sequence[Any]) -> Optional[IntervalRecord]:
+    def train_step(self, batches: Sequence[Any]) -> IntervalRecord | None:
         """One optimizer step of every local worker on its batch; returns a record at a sync."""
         if len(batches) != len(self.models):
             raise ValueError(f"got {len(batches)} batches for {len(self.models)} local workers")
@@ -116,7 +117,7 @@ class LocalWorkers:
             count = count_non_padding_tokens(batch)
             if count is None:
                 raise ValueError(
-                    "cannot count the batch's tokens (spec 3): give it an attention_mask, input_ids or inputs_embeds"
+                    "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
                 )
             tokens.append(int(count))
         if self.engine.averages_gradients:

@@ -1,11 +1,11 @@
-"""FP32 outer parameters and the Nesterov outer step (spec 4).
+"""FP32 outer parameters and the Nesterov outer step (docs/algorithm.md §4).
 
 The synchronized parameters ``theta_t`` live in one flat FP32 buffer (optionally
 in host memory), whatever the dtype of the worker model. The outer step is
 ``torch.optim.SGD(nesterov=True)`` on that buffer with ``lr`` and ``momentum``
 set on its param group for each step, which makes it bit-exact with DiLoCo's
-reference implementation (spec 4, last paragraphs). QSR and Linear Interval
-average models directly (spec 6).
+reference implementation (docs/algorithm.md §4, last paragraphs). QSR and Linear Interval
+average models directly (docs/algorithm.md §6).
 
 Example::
 
@@ -21,13 +21,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 
 def flatten_fp32(
-    params: Sequence[torch.Tensor], device: Optional[torch.device] = None, shard: Optional[tuple[int, int]] = None
+    params: Sequence[torch.Tensor], device: torch.device | None = None, shard: tuple[int, int] | None = None
 ) -> torch.Tensor:
     """One flat FP32 copy of ``params`` (on ``device``, default the params' device).
 
@@ -57,7 +58,7 @@ class OuterOptimizer:
         lr, momentum: initial outer learning rate and momentum (overridden per step).
         device: where the FP32 outer state lives (``"cpu"`` to offload).
         shard: ``(start, end)`` of the flat model this rank owns (worker groups
-            with the hierarchical sync, spec 8.3): the outer parameters,
+            with the hierarchical sync, docs/algorithm.md §8.3): the outer parameters,
             momentum and pseudo-gradients cover only that range.
     """
 
@@ -66,8 +67,8 @@ class OuterOptimizer:
         params: Sequence[torch.Tensor],
         lr: float = 0.7,
         momentum: float = 0.9,
-        device: Optional[torch.device | str] = None,
-        shard: Optional[tuple[int, int]] = None,
+        device: torch.device | str | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else params[0].device
         self.numels = [p.numel() for p in params]
@@ -80,19 +81,19 @@ class OuterOptimizer:
         return self.params.numel()
 
     @property
-    def momentum_buffer(self) -> Optional[torch.Tensor]:
+    def momentum_buffer(self) -> torch.Tensor | None:
         return self.optimizer.state.get(self.params, {}).get("momentum_buffer")
 
     @torch.no_grad()
     def pseudo_gradient(self, local_params: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (spec 2)."""
+        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2)."""
         return self.params.detach() - flatten_fp32(local_params, self.device, self.shard)
 
     @torch.no_grad()
     def step(
-        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: Optional[float] = None
+        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None
     ) -> None:
-        """Nesterov outer step on the averaged pseudo-gradient (spec 4).
+        """Nesterov outer step on the averaged pseudo-gradient (docs/algorithm.md §4).
 
         ``grad_divisor`` (``rho_t + eps``) applies pseudo-gradient normalization.
         The momentum buffer is not rescaled when ``momentum`` changes.
@@ -108,7 +109,7 @@ class OuterOptimizer:
 
     @torch.no_grad()
     def lookahead(
-        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: Optional[float] = None
+        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None
     ) -> torch.Tensor:
         """What :meth:`step` would make of ``theta`` on this pseudo-gradient, with ``theta`` and the momentum untouched.
 
@@ -128,7 +129,7 @@ class OuterOptimizer:
         self.params.sub_(mean_pseudo_grad.to(self.device, torch.float32))
 
     @torch.no_grad()
-    def write_back(self, params: Sequence[torch.Tensor], full: Optional[torch.Tensor] = None) -> None:
+    def write_back(self, params: Sequence[torch.Tensor], full: torch.Tensor | None = None) -> None:
         """Copy ``theta_{t+1}`` into a worker model (cast to its dtype and device).
 
         A sharded optimizer needs ``full``, the flat model gathered from all shards.

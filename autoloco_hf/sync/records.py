@@ -1,4 +1,4 @@
-"""Per-interval records and run totals (spec 8.1).
+"""Per-interval records and run totals (docs/algorithm.md §8.1).
 
 Every number the controller saw and every decision it took is written, one
 JSON object per interval, so a run can be debugged and compared afterwards
@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
-
+from typing import Any
 
 # What AutoLoCoCallback leaves in a Trainer's output_dir besides the interval records, for `autoloco report`.
 TRAINER_SUMMARY_FILENAME = "autoloco_summary.json"
@@ -43,10 +42,10 @@ class IntervalRecord:
     assessment: str
     decision: str
     phase: str
-    next_h_tok: Optional[int]
-    next_h_step: Optional[int]
-    z_drift: Optional[float]
-    z_coherence: Optional[float]
+    next_h_tok: int | None
+    next_h_step: int | None
+    z_drift: float | None
+    z_coherence: float | None
     seconds: float  # wall time of the interval, sync included
     sync_seconds: float
     controller_seconds: float
@@ -62,7 +61,7 @@ class IntervalRecord:
 
 @dataclass
 class RunTotals:
-    """Accumulated accounting of a run (spec 8.1)."""
+    """Accumulated accounting of a run (docs/algorithm.md §8.1)."""
 
     steps: int = 0
     tokens: int = 0

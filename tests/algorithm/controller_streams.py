@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from autoloco_hf.algorithm.controller import Decision
 from autoloco_hf.algorithm.policies import IntervalOutcome, make_policy
@@ -198,7 +198,7 @@ class Scenario:
     stream: Stream
     kind: Kind
     from_fraction: float = 0.0  # count intervals above critical only from this fraction of the run on
-    h_min: Optional[int] = None  # NaN scenarios lower h_min so that reductions show (70 -> 80 fits gamma_inc)
+    h_min: int | None = None  # NaN scenarios lower h_min so that reductions show (70 -> 80 fits gamma_inc)
 
     def run(self, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:
         if self.h_min is not None:

@@ -14,8 +14,16 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
-CHECKS = ["environment", "codec_bit_identity", "codec_throughput", "simulated_workers", "trainer_callback",
-          "sft_recipe", "outer_state", "fsdp2_workers"]
+CHECKS = [
+    "environment",
+    "codec_bit_identity",
+    "codec_throughput",
+    "simulated_workers",
+    "trainer_callback",
+    "sft_recipe",
+    "outer_state",
+    "fsdp2_workers",
+]
 
 
 def load_script():
@@ -29,9 +37,20 @@ def load_script():
 def test_cpu_dry_run(tmp_path):
     """Every step runs on CPU (the CI guard against rot); only CUDA-only parts are skipped, with a reason."""
     out = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, SCRIPT, "--cpu-dry-run", "--out", str(out)], check=False, env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--cpu-dry-run", "--out", str(out)],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}

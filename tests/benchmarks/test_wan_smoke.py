@@ -54,8 +54,9 @@ def test_time_to_target_uses_the_running_mean() -> None:
 @pytest.mark.skipif(_netns_unavailable() is not None, reason=str(_netns_unavailable()))
 def test_smoke_run_on_two_namespaces(tmp_path) -> None:
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(WAN), "--smoke", "--json", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(WAN), "--smoke", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (row,) = json.loads(out.read_text())
     assert row["row"] == "diloco" and row["steps"] == 4 and row["syncs"] == 2

@@ -61,7 +61,9 @@ def test_demo_baselines_and_same_data(tmp_path):
     assert main(["demo", "--steps", "20", "--workers", "2", "--methods", "ddp,qsr,linear", "--out", str(out)]) == 0
     ddp = json.loads((out / "ddp" / "summary.json").read_text())
     assert ddp["totals"]["syncs"] == 20  # one gradient all-reduce per step
-    firsts = {m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"] for m in ("ddp", "qsr", "linear")}
+    firsts = {
+        m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"] for m in ("ddp", "qsr", "linear")
+    }
     assert len(set(firsts.values())) == 1  # same initialization and the same first batches
 
 

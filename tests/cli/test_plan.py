@@ -1,4 +1,4 @@
-"""``preview_run`` and the ``autoloco plan`` command (spec 5.4, 6)."""
+"""``preview_run`` and the ``autoloco plan`` command (docs/algorithm.md §5.4, 6)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import statistics
 import pytest
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.cli import main
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
+from autoloco_hf.cli import main
 from autoloco_hf.sync.accounting import payload_bytes
 
 C4_TRAJECTORY = "500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1"
 SFT_TRAJECTORY = "100x6, 110x5, 120x5, 130x5, 140x5, 150x22, 90x1"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cli(argv: tuple) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -46,7 +46,7 @@ def test_run_length() -> None:
 
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 def test_c4_trajectory(make) -> None:
-    """Spec 5.4: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
+    """docs/algorithm.md §5.4: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
     p = preview_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
     assert run_length(p.intervals) == C4_TRAJECTORY
     assert p.syncs == 73 and p.steps == 50_000
@@ -55,7 +55,7 @@ def test_c4_trajectory(make) -> None:
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 @pytest.mark.parametrize("warmup", [0, 10, 65, 100, 195])
 def test_sft_gives_49_syncs(make, warmup: int) -> None:
-    """Spec 5.4: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
+    """docs/algorithm.md §5.4: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
     p = preview_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
     assert p.syncs == 49 and p.steps == 6490
 
@@ -64,7 +64,7 @@ def test_diloco_ddp_plans() -> None:
     sched = warmup_cosine(3e-4, 1000, 50_000)
     assert preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
     sft = preview_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
-    assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (spec 5.4)
+    assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (docs/algorithm.md §5.4)
     ddp = preview_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
     assert ddp.syncs == 300 and ddp.steps == 300
 
@@ -94,7 +94,13 @@ def test_cli_json(capsys) -> None:
     assert data["syncs"] == 73 == len(data["intervals"])
     assert data["diloco_syncs"] == 100
     assert data["sync_reduction"] == pytest.approx(0.27)
-    assert (data["h_base"], data["q_h"], data["h_max"], data["steps"], data["warmup_steps"]) == (500, 50, 750, 50_000, 1000)
+    assert (data["h_base"], data["q_h"], data["h_max"], data["steps"], data["warmup_steps"]) == (
+        500,
+        50,
+        750,
+        50_000,
+        1000,
+    )
 
 
 def test_cli_sft(capsys) -> None:
@@ -107,14 +113,14 @@ def test_cli_sft(capsys) -> None:
 
 
 def test_cli_qsr(capsys) -> None:
-    """Spec 6: QSR on the C4 schedule: 41 intervals, median 603."""
+    """docs/algorithm.md §6: QSR on the C4 schedule: 41 intervals, median 603."""
     data = cli_json(capsys, "--recipe", "c4", "--method", "qsr")
     assert data["syncs"] == 41 and sum(data["intervals"]) == 50_000
     assert statistics.median(data["intervals"]) == 603
 
 
 def test_cli_linear(capsys) -> None:
-    """Spec 6: Linear Interval: 10, ..., 990 and the 500-step remainder."""
+    """docs/algorithm.md §6: Linear Interval: 10, ..., 990 and the 500-step remainder."""
     data = cli_json(capsys, "--recipe", "c4", "--method", "linear")
     assert data["syncs"] == 100
     assert data["intervals"] == [10 * k for k in range(1, 100)] + [500]
@@ -130,14 +136,20 @@ def test_cli_diloco(capsys) -> None:
     [
         (["--steps", "20000"], lambda d: d["steps"] == 20_000 and sum(d["intervals"]) == 20_000),
         (["--warmup", "3000"], lambda d: d["intervals"][:9] == [500] * 9 and d["warmup_steps"] == 3000),
-        (["--h-base", "200"], lambda d: (d["h_base"], d["q_h"], d["h_max"]) == (200, 20, 300) and d["intervals"][0] == 200),
+        (
+            ["--h-base", "200"],
+            lambda d: (d["h_base"], d["q_h"], d["h_max"]) == (200, 20, 300) and d["intervals"][0] == 200,
+        ),
         (["--q-h", "25"], lambda d: d["q_h"] == 25 and d["intervals"][7] == 575),
         (["--h-max", "600"], lambda d: d["h_max"] == 600 and max(d["intervals"]) == 600),
         (["--h-max", "1000"], lambda d: max(d["intervals"]) > 750),
         (["--method", "diloco"], lambda d: d["syncs"] == 100),
         (
             ["--h-base", "250", "--q-h", "50", "--h-max", "500", "--steps", "10000", "--warmup", "100"],
-            lambda d: (d["q_h"], d["h_max"], d["warmup_steps"]) == (50, 500, 100) and d["run_length"] == "250x36, 300x3, 100x1",
+            lambda d: (
+                (d["q_h"], d["h_max"], d["warmup_steps"]) == (50, 500, 100)
+                and d["run_length"] == "250x36, 300x3, 100x1"
+            ),
         ),
     ],
 )

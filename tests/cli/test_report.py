@@ -8,7 +8,6 @@ import math
 import pytest
 
 from autoloco_hf.cli import main
-from autoloco_hf.sync.records import RunTotals
 from autoloco_hf.cli.report import (
     PLOTS,
     RunWriter,
@@ -19,6 +18,7 @@ from autoloco_hf.cli.report import (
     reach,
     table1,
 )
+from autoloco_hf.sync.records import RunTotals
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:
@@ -61,7 +61,20 @@ def test_tables_and_report(tmp_path, capsys):
     assert hit is not None and 40 <= hit["step"] <= 60 and hit["payload_bytes"] <= 3 * 2**20
 
     out = tmp_path / "cmp"
-    assert main(["report", str(tmp_path / "a" / "diloco"), str(tmp_path / "a" / "autoloco"), "--out", str(out), "--thresholds", "4,3.5"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                str(tmp_path / "a" / "diloco"),
+                str(tmp_path / "a" / "autoloco"),
+                "--out",
+                str(out),
+                "--thresholds",
+                "4,3.5",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "loss <= 3.5" in printed and "Table 1" in printed
     report = (out / "report.md").read_text()

@@ -45,7 +45,10 @@ def build_tokenizer(replies: list[str] = (), chat: bool = True) -> PreTrainedTok
     tok.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
     tok.train_from_iterator(
-        corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=600, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
     )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|pad|>"
@@ -110,7 +113,12 @@ def tiny_llama() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
     )
     return LlamaForCausalLM(config).eval(), tokenizer

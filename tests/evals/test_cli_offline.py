@@ -6,12 +6,11 @@ import time
 
 import nltk
 import pytest
+from evals_scripted import tiny_llama
 
 from autoloco_evals.cli import add_arguments, run
 from autoloco_evals.report import markdown_table
 from autoloco_evals.runner import FIXTURES_DIR
-
-from evals_scripted import tiny_llama
 
 
 def parse(*argv):

@@ -9,13 +9,12 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from evals_scripted import fixture_rows, tiny_llama
 
 from autoloco_evals.cli import add_arguments, run
 from autoloco_evals.data_files import FileFormat, file_format, read_rows
 from autoloco_evals.lm_eval_tasks import local_task_configs
 from autoloco_evals.runner import FIXTURES_DIR
-
-from evals_scripted import fixture_rows, tiny_llama
 
 
 def write_parquet(rows: list[dict], path) -> None:
@@ -29,7 +28,10 @@ def c4_shard(tmp_path):
     path = tmp_path / "c4-validation.00000-of-00008.json.gz"
     with gzip.open(path, "wt", encoding="utf-8") as f:
         for row in fixture_rows("c4.jsonl"):
-            f.write(json.dumps({"text": row["text"], "timestamp": "2019-04-25T12:57:54Z", "url": "https://example.org"}) + "\n")
+            f.write(
+                json.dumps({"text": row["text"], "timestamp": "2019-04-25T12:57:54Z", "url": "https://example.org"})
+                + "\n"
+            )
     return path
 
 
@@ -58,10 +60,24 @@ def test_eval_nll_reads_a_gzipped_c4_shard_and_parquet_chats(tmp_path, c4_shard,
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     scores = {}
-    for name, paths in (("jsonl", [FIXTURES_DIR / "c4.jsonl", FIXTURES_DIR / "chat.jsonl"]),
-                        ("hub", [c4_shard, tmp_path / "test_sft.parquet"])):
-        argv = [tmp_path / "model", "--tasks", "nll", "--offline", "--c4-path", paths[0], "--chat-path", paths[1],
-                "--out", tmp_path / "out", "--run-name", name]
+    for name, paths in (
+        ("jsonl", [FIXTURES_DIR / "c4.jsonl", FIXTURES_DIR / "chat.jsonl"]),
+        ("hub", [c4_shard, tmp_path / "test_sft.parquet"]),
+    ):
+        argv = [
+            tmp_path / "model",
+            "--tasks",
+            "nll",
+            "--offline",
+            "--c4-path",
+            paths[0],
+            "--chat-path",
+            paths[1],
+            "--out",
+            tmp_path / "out",
+            "--run-name",
+            name,
+        ]
         assert run(parser.parse_args([str(a) for a in argv])) == 0
         scores[name] = json.loads((tmp_path / "out" / f"{name}.json").read_text())["scores"]
     assert scores["hub"] == scores["jsonl"]
@@ -82,7 +98,9 @@ def test_lm_eval_tasks_on_hub_parquet_layouts(tmp_path):
     assert len(loaded["test"]) == len(fixture_rows("mmlu_pro/test.jsonl"))
 
     bbh = tmp_path / "bbh"
-    write_parquet(fixture_rows("bbh/boolean_expressions.jsonl"), bbh / "boolean_expressions" / "test-00000-of-00001.parquet")
+    write_parquet(
+        fixture_rows("bbh/boolean_expressions.jsonl"), bbh / "boolean_expressions" / "test-00000-of-00001.parquet"
+    )
     shutil.copy(FIXTURES_DIR / "bbh" / "word_sorting.jsonl", bbh / "word_sorting.jsonl")
     configs = local_task_configs("bbh", bbh)
     assert configs["local_bbh_boolean_expressions"]["dataset_path"] == "parquet"

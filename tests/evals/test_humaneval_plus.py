@@ -1,11 +1,10 @@
 """HumanEval+: scripted generations through our codegen loop and evalplus's real tests."""
 
 import pytest
+from evals_scripted import fixture_rows, scripted_model
 
 from autoloco_evals.humaneval_plus import evaluate_humaneval_plus
 from autoloco_evals.runner import FIXTURES_DIR
-
-from evals_scripted import fixture_rows, scripted_model
 
 # Replies written as a base model continues the prompt (bodies only).
 WRONG_BODIES = {

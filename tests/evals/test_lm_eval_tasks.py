@@ -6,19 +6,21 @@ IFBench's checkers) is the real one.
 """
 
 import pytest
+from evals_scripted import fixture_rows, scripted_model
 
 from autoloco_evals.lm_eval_tasks import run_lm_eval
 from autoloco_evals.offline import ensure_punkt_tab, set_offline
 from autoloco_evals.runner import FIXTURES_DIR
-
-from evals_scripted import fixture_rows, scripted_model
 
 LETTERS = "ABCDEFGHIJ"
 
 # key (the prompt) -> (reply that follows every instruction, reply that breaks one)
 IFEVAL = {
     1001: ("the ocean is vast and deep, and it covers most of our planet.", "The Ocean Is Vast And Deep."),
-    1002: ("Red leaves drift down\nquiet wind across the field\nautumn says goodbye", "Red leaves, drifting down, slowly"),
+    1002: (
+        "Red leaves drift down\nquiet wind across the field\nautumn says goodbye",
+        "Red leaves, drifting down, slowly",
+    ),
     1003: ("* apple\n* mango\n* kiwi", "* apple\n* mango"),
     1004: (
         "Cats are small and curious. They love to nap. Is there anything else I can help with?",

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from evals_scripted import build_tokenizer, fixture_rows, tiny_llama
 
 from autoloco_evals.nll import evaluate_nll
 from autoloco_evals.runner import FIXTURES_DIR
-
-from evals_scripted import build_tokenizer, fixture_rows, tiny_llama
 
 
 @pytest.fixture(scope="module", name="tiny_llama")
@@ -52,8 +51,12 @@ def test_nll_matches_hand_computation(tiny_llama):
 def test_nll_limits_examples(tiny_llama):
     model, tokenizer = tiny_llama
     got = evaluate_nll(
-        model, tokenizer, c4_path=FIXTURES_DIR / "c4.jsonl", chat_path=FIXTURES_DIR / "chat.jsonl",
-        num_documents=1, num_conversations=1,
+        model,
+        tokenizer,
+        c4_path=FIXTURES_DIR / "c4.jsonl",
+        chat_path=FIXTURES_DIR / "chat.jsonl",
+        num_documents=1,
+        num_conversations=1,
     )
     first_doc = tokenizer(fixture_rows("c4.jsonl")[0]["text"])["input_ids"]
     assert got["nll_c4_tokens"] == len(first_doc) - 1

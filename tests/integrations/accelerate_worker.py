@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer_worker import COLLECTIVES, PHASE, PaddedTokens, fingerprint, tiny_llama  # installs the counter
-
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
+from trainer_worker import COLLECTIVES, PHASE, PaddedTokens, fingerprint, tiny_llama  # installs the counter
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig  # noqa: E402
@@ -28,9 +27,16 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
     fingerprints, synced = [], []
     start = len(COLLECTIVES)
     PHASE["train"] = True
-    with AutoLoCoAccelerate(accelerator, model, optimizer, scheduler, AutoLoCoConfig(method="diloco", h_base=3),
-                            total_steps=steps, output_dir=os.path.join(out, mode),
-                            auto_step=(mode == "auto")) as autoloco:
+    with AutoLoCoAccelerate(
+        accelerator,
+        model,
+        optimizer,
+        scheduler,
+        AutoLoCoConfig(method="diloco", h_base=3),
+        total_steps=steps,
+        output_dir=os.path.join(out, mode),
+        auto_step=(mode == "auto"),
+    ) as autoloco:
         for batch in loader:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
@@ -47,11 +53,16 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
                 PHASE["step"] = len(fingerprints)
         engine = autoloco.engine
     PHASE["train"] = False
-    return {"fingerprints": fingerprints, "synced": synced, "collectives": COLLECTIVES[start:],
-            "records": [r.__dict__.copy() for r in engine.records], "totals": engine.totals.as_dict(),
-            "hook": vars(autoloco.runtime.gradient_traffic) | {"group": None},
-            "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
-            "params": [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]}
+    return {
+        "fingerprints": fingerprints,
+        "synced": synced,
+        "collectives": COLLECTIVES[start:],
+        "records": [r.__dict__.copy() for r in engine.records],
+        "totals": engine.totals.as_dict(),
+        "hook": vars(autoloco.runtime.gradient_traffic) | {"group": None},
+        "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
+        "params": [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()],
+    }
 
 
 def main(spec_path: str) -> None:

@@ -73,11 +73,13 @@ class SyncSnapshots(TrainerCallback):
             return
         self._syncs = engine.totals.syncs
         momentum = engine.outer.momentum_buffer
-        self.snapshots.append({
-            "step": state.global_step,
-            "params": [p.detach().clone() for p in model.parameters()],
-            "momentum": None if momentum is None else momentum.detach().clone(),
-        })
+        self.snapshots.append(
+            {
+                "step": state.global_step,
+                "params": [p.detach().clone() for p in model.parameters()],
+                "momentum": None if momentum is None else momentum.detach().clone(),
+            }
+        )
 
 
 def fault_callbacks(spec: dict, rank: int, autoloco) -> tuple[list, list]:

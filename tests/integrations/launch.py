@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -22,10 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(max_restarts: Optional[int] = None, **extra: str) -> dict[str, str]:
+def worker_env(max_restarts: int | None = None, **extra: str) -> dict[str, str]:
     """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning", **extra}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "warning",
+        **extra,
+    }
     env.pop("WORLD_SIZE", None)
     if max_restarts:
         # A restarted worker that reaches init_process_group before its peer can read the previous attempt's gloo
@@ -45,9 +51,17 @@ def write_spec(spec: dict) -> Path:
     return spec_path
 
 
-def torchrun_command(script: str, spec_path: Path, nproc: int, master_addr: str, master_port: int,
-                     nnodes: int = 1, node_rank: int = 0, max_restarts: Optional[int] = None,
-                     local_addr: Optional[str] = None) -> list[str]:
+def torchrun_command(
+    script: str,
+    spec_path: Path,
+    nproc: int,
+    master_addr: str,
+    master_port: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    max_restarts: int | None = None,
+    local_addr: str | None = None,
+) -> list[str]:
     """``python -m torch.distributed.run ...`` for one node; with ``max_restarts``, an elastic (c10d) rendezvous.
 
     ``local_addr``: this node's address, which the elastic rendezvous hands to the
@@ -58,10 +72,21 @@ def torchrun_command(script: str, spec_path: Path, nproc: int, master_addr: str,
     if max_restarts is None:
         cmd += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
     else:  # restarts need every agent to re-rendezvous, which the static rendezvous cannot do
-        cmd += ["--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-id", "autoloco-test",
-                "--rdzv-endpoint", f"{master_addr}:{master_port}", "--monitor-interval", "0.2",
-                # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
-                "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}"]
+        cmd += [
+            "--max-restarts",
+            str(max_restarts),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "autoloco-test",
+            "--rdzv-endpoint",
+            f"{master_addr}:{master_port}",
+            "--monitor-interval",
+            "0.2",
+            # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
+            "--rdzv-conf",
+            f"is_host={str(node_rank == 0).lower()}",
+        ]
         if local_addr is not None:
             cmd += ["--local-addr", local_addr]
     return cmd + [str(HERE / script), str(spec_path)]
@@ -75,8 +100,9 @@ def load_results(out: Path, ranks: int) -> list[dict]:
     return results
 
 
-def _run_local(script: str, spec: dict, nproc: int, timeout: float,
-               max_restarts: Optional[int] = None) -> subprocess.CompletedProcess:
+def _run_local(
+    script: str, spec: dict, nproc: int, timeout: float, max_restarts: int | None = None
+) -> subprocess.CompletedProcess:
     cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts)
     return subprocess.run(cmd, env=worker_env(max_restarts), capture_output=True, text=True, timeout=timeout)
 
@@ -88,7 +114,9 @@ def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_re
     """
     proc = _run_local(script, spec, nproc, timeout, max_restarts or None)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return load_results(Path(spec["output_dir"]), nproc)
 
 

@@ -66,15 +66,33 @@ class TwoNodes:
             _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
             _ip("-n", ns, "link", "set", dev, "up")
 
-    def launch(self, script: str, spec_path: Path, logs: Path, max_restarts: int | None = None) -> list[subprocess.Popen]:
+    def launch(
+        self, script: str, spec_path: Path, logs: Path, max_restarts: int | None = None
+    ) -> list[subprocess.Popen]:
         """One torchrun agent per namespace (one worker each); stdout+stderr to ``logs/node{k}.log``."""
         for node in range(2):
-            cmd = torchrun_command(script, spec_path, 1, self.addr[0], MASTER_PORT, nnodes=2, node_rank=node,
-                                   max_restarts=max_restarts, local_addr=self.addr[node])
+            cmd = torchrun_command(
+                script,
+                spec_path,
+                1,
+                self.addr[0],
+                MASTER_PORT,
+                nnodes=2,
+                node_rank=node,
+                max_restarts=max_restarts,
+                local_addr=self.addr[node],
+            )
             env = worker_env(max_restarts, GLOO_SOCKET_IFNAME=self.dev[node])
             log = open(logs / f"node{node}.log", "w")
-            self.procs.append(subprocess.Popen(["ip", "netns", "exec", self.ns[node], *cmd], env=env,
-                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", self.ns[node], *cmd],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             log.close()
         return self.procs
 

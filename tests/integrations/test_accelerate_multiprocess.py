@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from launch import torchrun
 
 pytestmark = pytest.mark.slow

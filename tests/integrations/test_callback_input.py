@@ -13,7 +13,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.config import ConfigError
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
-from autoloco_hf.integrations.trainer import AutoLoCoConfigurationError
 
 STEPS = 8
 
@@ -29,14 +28,32 @@ class Tokens(torch.utils.data.Dataset):
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=48,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def training_args(tmp_path, **overrides) -> TrainingArguments:
-    values = {"output_dir": str(tmp_path), "per_device_train_batch_size": 2, "max_steps": STEPS, "learning_rate": 1e-2,
-              "warmup_steps": 1, "logging_steps": 4, "save_strategy": "no", "report_to": [], "use_cpu": True,
-              "disable_tqdm": True}
+    values = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 2,
+        "max_steps": STEPS,
+        "learning_rate": 1e-2,
+        "warmup_steps": 1,
+        "logging_steps": 4,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+    }
     return TrainingArguments(**{**values, **overrides})
 
 
@@ -73,11 +90,23 @@ def test_load_best_model_at_end_exports_a_synchronized_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=4))
-    best = {"load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps", "save_steps": 2,
-            "eval_steps": 2, "metric_for_best_model": "eval_loss", "greater_is_better": True}
+    best = {
+        "load_best_model_at_end": True,
+        "eval_strategy": "steps",
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "eval_steps": 2,
+        "metric_for_best_model": "eval_loss",
+        "greater_is_better": True,
+    }
     # "best" = the highest loss: an early, mid-interval checkpoint (step 2), where the replica differs from theta_t
-    trainer = Trainer(model=tiny_llama(), args=training_args(tmp_path, **best), train_dataset=Tokens(),
-                      eval_dataset=Tokens(), callbacks=[callback])
+    trainer = Trainer(
+        model=tiny_llama(),
+        args=training_args(tmp_path, **best),
+        train_dataset=Tokens(),
+        eval_dataset=Tokens(),
+        callbacks=[callback],
+    )
     saved = {}
 
     class RecordTheta(TrainerCallback):
@@ -91,8 +120,10 @@ def test_load_best_model_at_end_exports_a_synchronized_checkpoint(tmp_path):
     weights = load_file(f"{trainer.state.best_model_checkpoint}/model.safetensors")
     final = dict(trainer.model.named_parameters())
     assert all(torch.equal(final[name], weights[name]) for name in weights if name in final)
-    assert all(torch.equal(a, b.cpu()) for a, b in zip([final[n] for n, _ in trainer.model.named_parameters()],
-                                                         saved[best_step]))
+    assert all(
+        torch.equal(a, b.cpu())
+        for a, b in zip([final[n] for n, _ in trainer.model.named_parameters()], saved[best_step])
+    )
 
 
 class Tracker(TrainerCallback):
@@ -117,8 +148,9 @@ def test_console_follows_logging_steps_and_trackers_get_every_sync(tmp_path, cap
     """H = 1: a sync every step. The console prints the Trainer's 2 logs (with a one-field summary), not 8 sync dicts."""
     tracker = Tracker()
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=1))
-    trainer = Trainer(model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(),
-                      callbacks=[tracker, callback])
+    trainer = Trainer(
+        model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(), callbacks=[tracker, callback]
+    )
     trainer.train()
     printed = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [p for p in printed if any(k.startswith("autoloco/") for k in p)] == []
@@ -136,10 +168,15 @@ def test_console_follows_logging_steps_and_trackers_get_every_sync(tmp_path, cap
 
 def test_early_stop_warns_that_the_model_is_not_synchronized(tmp_path, caplog):
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=4))
-    trainer = Trainer(model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(),
-                      callbacks=[callback, StopAt(6)])
+    trainer = Trainer(
+        model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(), callbacks=[callback, StopAt(6)]
+    )
     with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
         trainer.train()
     warnings = [r.getMessage() for r in caplog.records if "stopped at step" in r.getMessage()]
-    assert warnings == [("AutoLoCo: training stopped at step 6 of 8 planned; the model holds this rank's local "
-                         "weights 2 steps after the last synchronization (step 4), not a synchronized model")]
+    assert warnings == [
+        (
+            "AutoLoCo: training stopped at step 6 of 8 planned; the model holds this rank's local "
+            "weights 2 steps after the last synchronization (step 4), not a synchronized model"
+        )
+    ]

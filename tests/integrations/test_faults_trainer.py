@@ -15,8 +15,13 @@ def test_nan_on_rank1_skips_the_outer_step_and_training_goes_on(tmp_path):
     """A NaN written into rank 1's weights at step 6: the step-8 boundary keeps theta and the outer momentum of
     step 4 bit for bit on both ranks, the controller takes its invalid path, the event names rank 1, the next
     intervals are valid and the run finishes."""
-    spec = {"output_dir": str(tmp_path), "steps": 16, "batch": 2, "faults": {"nan": {"step": 6, "rank": 1}},
-            "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6}}
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 16,
+        "batch": 2,
+        "faults": {"nan": {"step": 6, "rank": 1}},
+        "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6},
+    }
     results = torchrun("trainer_worker.py", spec, nproc=2)
     records = results[0]["records"]
     assert records[0]["start_step"] == 0 and records[1]["start_step"] == 4 and records[1]["h_step"] == 4
@@ -41,15 +46,24 @@ def test_rank1_with_another_horizon_is_stopped_at_the_first_boundary(tmp_path):
 
     (No checkpoint in this run: a Trainer save at step 4 would hold rank 1 in the Trainer's own barrier while
     rank 0 waits at its boundary; then rank 0 stops after sync_timeout_s with PeerLostError instead.)"""
-    spec = {"output_dir": str(tmp_path), "steps": 12, "batch": 2, "faults": {},
-            "autoloco": {"method": "diloco", "h_base": 4, "sync_timeout_s": 60},
-            "autoloco_rank": {"1": {"h_base": 6}}}
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 12,
+        "batch": 2,
+        "faults": {},
+        "autoloco": {"method": "diloco", "h_base": 4, "sync_timeout_s": 60},
+        "autoloco_rank": {"1": {"h_base": 6}},
+    }
     output = torchrun_failing("trainer_worker.py", spec, nproc=2)
     lines = [line for line in output.splitlines() if "WorkerDisagreement:" in line]
     assert len(lines) == 2, output[-4000:]  # every rank stops, with the same message
     for line in lines:
-        for expected in ("step: rank 0=4, rank 1=6", "h_step: rank 0=4, rank 1=6", "h_tok: rank 0=4, rank 1=6",
-                         "config_fingerprint: rank 0="):
+        for expected in (
+            "step: rank 0=4, rank 1=6",
+            "h_step: rank 0=4, rank 1=6",
+            "h_tok: rank 0=4, rank 1=6",
+            "config_fingerprint: rank 0=",
+        ):
             assert expected in line, line
         assert "interval_index" not in line and "start_step" not in line, "fields that agree are not listed"
     records = tmp_path / "autoloco_intervals.jsonl"

@@ -42,8 +42,14 @@ def nodes():
 
 
 def base_spec(out: Path, **faults) -> dict:
-    return {"output_dir": str(out), "steps": 12, "batch": 2, "save_steps": 4, "faults": faults,
-            "autoloco": {"method": "diloco", "h_base": 4, "sync_timeout_s": T}}
+    return {
+        "output_dir": str(out),
+        "steps": 12,
+        "batch": 2,
+        "save_steps": 4,
+        "faults": faults,
+        "autoloco": {"method": "diloco", "h_base": 4, "sync_timeout_s": T},
+    }
 
 
 def wait_for(condition, what: str, procs=()) -> None:
@@ -141,8 +147,10 @@ def outcomes(tmp_path_factory) -> dict:
     if reason:
         pytest.skip(reason)
     with ThreadPoolExecutor(len(SCENARIOS)) as pool:
-        futures = {s.__name__: pool.submit(_run_scenario, s, k + 1, tmp_path_factory.mktemp(s.__name__))
-                   for k, s in enumerate(SCENARIOS)}
+        futures = {
+            s.__name__: pool.submit(_run_scenario, s, k + 1, tmp_path_factory.mktemp(s.__name__))
+            for k, s in enumerate(SCENARIOS)
+        }
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -169,8 +177,11 @@ def test_link_down_during_a_collective(outcomes):
 
 def test_node1_worker_killed(outcomes):
     """A killed peer closes its connections: node 0 fails at the next sync, well within the bound."""
-    outcome(outcomes, "node1_worker_killed", what="rank 1 closed its connection (its process ended) (Connection "
-                                                  "closed by peer [10.231.0.")
+    outcome(
+        outcomes,
+        "node1_worker_killed",
+        what="rank 1 closed its connection (its process ended) (Connection closed by peer [10.231.0.",
+    )
 
 
 def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
@@ -192,8 +203,11 @@ def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
     restarted = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(2)]
 
     ref_dir = tmp_path / "reference"
-    reference = torchrun("trainer_worker.py", {**base_spec(ref_dir), "faults": None,
-                                                "resume_from": str(ref_dir / "checkpoint-4")}, nproc=2)
+    reference = torchrun(
+        "trainer_worker.py",
+        {**base_spec(ref_dir), "faults": None, "resume_from": str(ref_dir / "checkpoint-4")},
+        nproc=2,
+    )
     for a, b in zip(restarted, reference):
         assert a["global_step"] == b["global_step"] == 12
         assert a["totals"]["syncs"] == b["totals"]["syncs"] == 3

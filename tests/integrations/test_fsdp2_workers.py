@@ -1,4 +1,4 @@
-"""FSDP2 workers (spec 8.3): 2 workers x ``fully_shard`` over 2 gloo ranks == 2 single-rank workers on the same data.
+"""FSDP2 workers (docs/algorithm.md §8.3): 2 workers x ``fully_shard`` over 2 gloo ranks == 2 single-rank workers on the same data.
 
 Rank ``r`` of worker ``g`` trains on half of the batch the single-rank worker ``g`` sees (FSDP averages
 the two halves' gradients inside the worker), syncs only its shard with rank ``r`` of the other worker,
@@ -48,12 +48,19 @@ def _accelerate_wrapper(model, optimizer, scheduler, rank: int, world_size: int)
 
     from autoloco_hf.integrations.accelerate import AutoLoCoAccelerate
 
-    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT="1")  # group exists
+    os.environ.update(
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",
+    )  # group exists
     accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == world_size
-    return AutoLoCoAccelerate(accelerator, model, optimizer, scheduler, config(), total_steps=STEPS,
-                              warmup_steps=WARMUP, auto_step=False)
+    return AutoLoCoAccelerate(
+        accelerator, model, optimizer, scheduler, config(), total_steps=STEPS, warmup_steps=WARMUP, auto_step=False
+    )
 
 
 def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | None, accelerate: bool = False):
@@ -72,10 +79,16 @@ def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | 
     fully_shard(model, mesh=mesh)
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, WARMUP)(optimizer)
-    wrapper = _accelerate_wrapper(model, optimizer, scheduler, dist.get_rank(), dist.get_world_size()) if accelerate \
-        else None
-    runtime = wrapper.runtime if wrapper else WorkerRuntime(
-        config(), model, model, optimizer, SchedulerPreview(scheduler, STEPS), STEPS, WARMUP, topology=topo)
+    wrapper = (
+        _accelerate_wrapper(model, optimizer, scheduler, dist.get_rank(), dist.get_world_size()) if accelerate else None
+    )
+    runtime = (
+        wrapper.runtime
+        if wrapper
+        else WorkerRuntime(
+            config(), model, model, optimizer, SchedulerPreview(scheduler, STEPS), STEPS, WARMUP, topology=topo
+        )
+    )
     if resume_dir is not None:
         runtime.load(resume_dir)
         for _ in range(start):
@@ -113,11 +126,22 @@ def _refusals(world_size: int) -> list[str]:
 
     topo = build_topology(R)
     messages = []
-    for mesh in (init_device_mesh("cpu", (world_size,)), init_device_mesh("cpu", (WORKERS, R), mesh_dim_names=("replicate", "shard"))):
+    for mesh in (
+        init_device_mesh("cpu", (world_size,)),
+        init_device_mesh("cpu", (WORKERS, R), mesh_dim_names=("replicate", "shard")),
+    ):
         model = fully_shard(make_model(seed=0), mesh=mesh)
         try:
-            WorkerRuntime(config(), model, model, adamw(model.parameters()), FunctionSchedule(lambda s: 1e-2, STEPS),
-                          STEPS, WARMUP, topology=topo)
+            WorkerRuntime(
+                config(),
+                model,
+                model,
+                adamw(model.parameters()),
+                FunctionSchedule(lambda s: 1e-2, STEPS),
+                STEPS,
+                WARMUP,
+                topology=topo,
+            )
         except ValueError as err:
             messages.append(str(err))
     return messages
@@ -151,20 +175,28 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
     results = run_gloo(_fsdp_worker, R * WORKERS, str(tmp_path))
 
     reference = LocalWorkers(
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8), make_model(seed=0),
-        SimulatedCommunicator(WORKERS), adamw, scheduler_factory=cosine(STEPS, WARMUP),
-        total_steps=STEPS, warmup_steps=WARMUP,
+        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8),
+        make_model(seed=0),
+        SimulatedCommunicator(WORKERS),
+        adamw,
+        scheduler_factory=cosine(STEPS, WARMUP),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
     )
     for step in range(STEPS):
         reference.train_step([worker_batch(w, step) for w in range(WORKERS)])
     expected = [r.__dict__ for r in reference.engine.records]
     numel = sum(p.numel() for p in reference.models[0].parameters())
 
-    worst = {key: max(abs(m[key] - e[key]) / abs(e[key]) for res in results for m, e in zip(res["records"], expected))
-             for key in ("drift_energy", "coherence")}
-    print(f"FSDP2 vs single-rank: {len(expected)} intervals {[r['h_step'] for r in expected]}, max relative "
-          f"difference D_t {worst['drift_energy']:.1e}, C_t {worst['coherence']:.1e}; wire bytes per rank "
-          f"{results[0]['records'][0]['wire_bytes']} vs {expected[0]['wire_bytes']} unsharded")
+    worst = {
+        key: max(abs(m[key] - e[key]) / abs(e[key]) for res in results for m, e in zip(res["records"], expected))
+        for key in ("drift_energy", "coherence")
+    }
+    print(
+        f"FSDP2 vs single-rank: {len(expected)} intervals {[r['h_step'] for r in expected]}, max relative "
+        f"difference D_t {worst['drift_energy']:.1e}, C_t {worst['coherence']:.1e}; wire bytes per rank "
+        f"{results[0]['records'][0]['wire_bytes']} vs {expected[0]['wire_bytes']} unsharded"
+    )
     assert len(expected) >= 4
     assert len({r["h_step"] for r in expected}) > 1, "the run should adapt its horizon"
     for rank, result in enumerate(results):
@@ -180,8 +212,10 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
         worker = rank // R
         for p, q in zip(result["full"], reference.models[worker].parameters()):
             torch.testing.assert_close(p, q.detach(), rtol=RTOL, atol=ATOL)
-        print(f"rank {rank}: parameters max abs difference "
-              f"{max(float((p - q.detach()).abs().max()) for p, q in zip(result['full'], reference.models[worker].parameters())):.1e}")
+        print(
+            f"rank {rank}: parameters max abs difference "
+            f"{max(float((p - q.detach()).abs().max()) for p, q in zip(result['full'], reference.models[worker].parameters())):.1e}"
+        )
         # resume from the mid-interval checkpoint reproduces the uninterrupted run exactly
         assert result["saved_mid_interval"]
         assert all(torch.equal(p, q) for p, q in zip(result["resumed_full"], result["full"]))

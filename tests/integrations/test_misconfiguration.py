@@ -15,17 +15,20 @@ def test_world_size_env_but_single_process_accelerator(monkeypatch):
         check_launch(1, "NO")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(distributed_type="DEEPSPEED"), "DeepSpeed"),
-    (dict(deepspeed=True), "DeepSpeed"),
-    (dict(distributed_type="FSDP"), "FSDP version 1"),
-    (dict(fsdp=True), "FSDP version 1"),
-    (dict(distributed_type="FSDP", fsdp_version=1), "fsdp_version': 2"),
-    (dict(deepspeed=True), "FSDP2 inside each worker"),
-    (dict(distributed_type="XLA"), "XLA"),
-    (dict(n_gpu=2), "DataParallel"),
-    (dict(ranks_per_worker=3), "ranks_per_worker=3"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(distributed_type="DEEPSPEED"), "DeepSpeed"),
+        (dict(deepspeed=True), "DeepSpeed"),
+        (dict(distributed_type="FSDP"), "FSDP version 1"),
+        (dict(fsdp=True), "FSDP version 1"),
+        (dict(distributed_type="FSDP", fsdp_version=1), "fsdp_version': 2"),
+        (dict(deepspeed=True), "FSDP2 inside each worker"),
+        (dict(distributed_type="XLA"), "XLA"),
+        (dict(n_gpu=2), "DataParallel"),
+        (dict(ranks_per_worker=3), "ranks_per_worker=3"),
+    ],
+)
 def test_unsupported_setups_name_what_is_supported(monkeypatch, kwargs, match):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(AutoLoCoConfigurationError, match=match) as info:
@@ -51,8 +54,16 @@ def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
 
     from autoloco_hf import AutoLoCoCallback
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2)
     monkeypatch.setenv("WORLD_SIZE", "2")
     data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}] * 4
@@ -68,17 +79,33 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
     from autoloco_hf import AutoLoCoCallback
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     try:
         import tensorboard  # noqa: F401
 
         report_to = ["tensorboard"]
     except ImportError:
         report_to = []
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=report_to, max_steps=6, bf16=True,
-                             per_device_train_batch_size=2, gradient_accumulation_steps=2, save_strategy="no",
-                             disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to=report_to,
+        max_steps=6,
+        bf16=True,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     data = [{"input_ids": torch.arange(8) + i, "labels": torch.arange(8) + i} for i in range(24)]
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=3))
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])

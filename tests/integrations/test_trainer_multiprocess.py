@@ -7,14 +7,19 @@ import os
 
 import pytest
 import torch
-
 from launch import torchrun
 
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-TIMING_FIELDS = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds",
-                 "decode_seconds"}
+TIMING_FIELDS = {
+    "seconds",
+    "sync_seconds",
+    "controller_seconds",
+    "encode_seconds",
+    "collective_seconds",
+    "decode_seconds",
+}
 
 
 def sync_steps(result) -> list[int]:
@@ -33,8 +38,13 @@ def deterministic_records(records) -> list[dict]:
 @pytest.fixture(scope="module")
 def diloco(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
-    spec = {"output_dir": str(out), "steps": STEPS, "record_batches": True, "max_grad_norm": 0.0,
-            "autoloco": {"method": "diloco", "h_base": 4}}
+    spec = {
+        "output_dir": str(out),
+        "steps": STEPS,
+        "record_batches": True,
+        "max_grad_norm": 0.0,
+        "autoloco": {"method": "diloco", "h_base": 4},
+    }
     return torchrun("trainer_worker.py", spec, nproc=2)
 
 
@@ -46,12 +56,22 @@ def autoloco(tmp_path_factory):
     checkpoint at step 10); torchrun restarts both workers, and the script's
     ``trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))`` resumes from checkpoint-10.
     """
-    base = {"steps": 24, "accum": 2, "batch": 2, "save_steps": 10, "logging_steps": 5,
-            "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6}}
+    base = {
+        "steps": 24,
+        "accum": 2,
+        "batch": 2,
+        "save_steps": 10,
+        "logging_steps": 5,
+        "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6},
+    }
     full_dir, split_dir = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("split")
     full = torchrun("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
-    resumed = torchrun("trainer_worker.py", {**base, "output_dir": str(split_dir), "resume_last": True,
-                                             "kill": {"rank": 1, "step": 12}}, nproc=2, max_restarts=1)
+    resumed = torchrun(
+        "trainer_worker.py",
+        {**base, "output_dir": str(split_dir), "resume_last": True, "kill": {"rank": 1, "step": 12}},
+        nproc=2,
+        max_restarts=1,
+    )
     return {"full": full, "resumed": resumed, "full_dir": full_dir, "split_dir": split_dir}
 
 
@@ -97,8 +117,8 @@ def test_diloco_zero_per_step_gradient_traffic(diloco):
 
 def test_trainer_path_equals_simulated_engine(diloco):
     """Same batches, seeds, optimizer and schedule: LocalWorkers + SimulatedCommunicator(2) gives the same bits."""
-    from transformers import get_cosine_schedule_with_warmup
     from trainer_worker import tiny_llama
+    from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.sync.communicators import SimulatedCommunicator
@@ -158,9 +178,18 @@ def test_autoloco_logs_and_jsonl(autoloco):
     assert {5, 10, 15, 20} <= losses, "the Trainer's own logging survives a sync at a logging step"
     logged = [h for h in full[0]["log_history"] if "autoloco/H_step" in h]
     assert len(logged) == full[0]["totals"]["syncs"]
-    for key in ("autoloco/H_tok", "autoloco/rho", "autoloco/mu_t", "autoloco/eta_t", "autoloco/D_t",
-                "autoloco/C_t", "autoloco/assessment", "autoloco/syncs", "autoloco/payload_bytes",
-                "autoloco/wire_bytes"):
+    for key in (
+        "autoloco/H_tok",
+        "autoloco/rho",
+        "autoloco/mu_t",
+        "autoloco/eta_t",
+        "autoloco/D_t",
+        "autoloco/C_t",
+        "autoloco/assessment",
+        "autoloco/syncs",
+        "autoloco/payload_bytes",
+        "autoloco/wire_bytes",
+    ):
         assert key in logged[-1]
     assert logged[-1]["autoloco/syncs"] == full[0]["totals"]["syncs"]
     with open(os.path.join(autoloco["full_dir"], "autoloco_intervals.jsonl")) as f:
@@ -230,8 +259,12 @@ def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
 def test_worker_groups_four_processes(tmp_path):
     """4 ranks = 2 workers of 2 ranks: inner DDP keeps a worker's ranks identical, workers differ between syncs,
     each rank syncs half of the model."""
-    spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
-            "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2}}
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 8,
+        "batch": 2,
+        "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2},
+    }
     results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
     fp = [r["fingerprints"] for r in results]
     synced = results[0]["synced"]
@@ -269,9 +302,13 @@ def test_ddp_method_keeps_normal_ddp(tmp_path):
 
 
 def test_int8_wire_through_the_trainer(tmp_path):
-    """AutoLoCo with the INT8 codec (spec 7): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
-    spec = {"output_dir": str(tmp_path), "steps": 8, "batch": 2,
-            "autoloco": {"method": "autoloco", "h_base": 4, "wire_dtype": "int8"}}
+    """AutoLoCo with the INT8 codec (docs/algorithm.md §7): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 8,
+        "batch": 2,
+        "autoloco": {"method": "autoloco", "h_base": 4, "wire_dtype": "int8"},
+    }
     r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
     assert sync_steps(r0) == [4, 8] and r0["fingerprints"][-1] == r1["fingerprints"][-1]
     for r in (r0, r1):

@@ -21,16 +21,28 @@ def tiny_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, pad_token_id=0))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            pad_token_id=0,
+        )
+    )
 
 
 def item(i: int, padding: bool = False) -> dict:
     """``SEQ`` real tokens, or (``padding``) ``SEQ`` padding positions with every label ignored."""
     ids = (torch.arange(SEQ) + i) % 30 + 2
     if padding:
-        return {"input_ids": torch.zeros(SEQ, dtype=torch.long), "attention_mask": torch.zeros(SEQ, dtype=torch.long),
-                "labels": torch.full((SEQ,), -100)}
+        return {
+            "input_ids": torch.zeros(SEQ, dtype=torch.long),
+            "attention_mask": torch.zeros(SEQ, dtype=torch.long),
+            "labels": torch.full((SEQ,), -100),
+        }
     return {"input_ids": ids, "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": ids.clone()}
 
 
@@ -40,12 +52,25 @@ def make_trainer(output_dir, data, config: dict, eval_dataset=None, **kwargs):
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 
     torch.set_num_threads(1)
-    defaults = {"output_dir": str(output_dir), "use_cpu": True, "report_to": [], "save_strategy": "no",
-                "disable_tqdm": True, "per_device_train_batch_size": 2, "logging_steps": 1000, "learning_rate": 3e-3,
-                "seed": 42}
+    defaults = {
+        "output_dir": str(output_dir),
+        "use_cpu": True,
+        "report_to": [],
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "per_device_train_batch_size": 2,
+        "logging_steps": 1000,
+        "learning_rate": 3e-3,
+        "seed": 42,
+    }
     callback = AutoLoCoCallback(AutoLoCoConfig(**config))
-    trainer = Trainer(model=tiny_model(), args=TrainingArguments(**{**defaults, **kwargs}), train_dataset=data,
-                      eval_dataset=eval_dataset, callbacks=[callback])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=TrainingArguments(**{**defaults, **kwargs}),
+        train_dataset=data,
+        eval_dataset=eval_dataset,
+        callbacks=[callback],
+    )
     return trainer, callback
 
 
@@ -60,8 +85,9 @@ def theta_and_replica(checkpoint: str, config: dict, params):
     from autoloco_hf.integrations.runtime import state_path
     from autoloco_hf.sync.checkpoint import read_state
 
-    _, state = read_state(state_path(checkpoint, 0), config=AutoLoCoConfig(**config), world_size=1,
-                          ranks_per_worker=1, rank=0)
+    _, state = read_state(
+        state_path(checkpoint, 0), config=AutoLoCoConfig(**config), world_size=1, ranks_per_worker=1, rank=0
+    )
     flat = state["engine"]["outer"]["params"]
     theta = [c.view_as(p) for c, p in zip(torch.split(flat, [p.numel() for p in params]), params)]
     return theta, state["params"]
@@ -89,13 +115,15 @@ def test_trainer_internals_still_hold(saved_run):
     trainer = saved_run["trainer"]
     assert saved_run["bound"] is trainer, (
         "AutoLoCoCallback no longer finds its Trainer during Trainer.__init__ (on_init_end): transformers changed "
-        "how it fires on_init_end; update _trainer_being_built in autoloco_hf/integrations/trainer.py")
+        "how it fires on_init_end; update _trainer_being_built in autoloco_hf/integrations/trainer.py"
+    )
     for step in (2, 4, 6):
         trainer.state.global_step = step
         folder = checkpoint_dir(trainer.args, trainer.state)
         found = sorted(p.name for p in (saved_run["out"] / f"checkpoint-{step}").iterdir())
         assert folder == str(saved_run["out"] / f"checkpoint-{step}") and "trainer_state.json" in found, (
-            f"the Trainer no longer writes checkpoints to {folder} ({found}): update checkpoint_dir")
+            f"the Trainer no longer writes checkpoints to {folder} ({found}): update checkpoint_dir"
+        )
         assert "autoloco" in found and "model.safetensors" in found
 
 
@@ -111,7 +139,7 @@ def test_checkpoint_model_file_is_the_synchronized_model(saved_run):
         checkpoint = str(saved_run["out"] / f"checkpoint-{step}")
         weights = load_file(f"{checkpoint}/model.safetensors")
         theta, replica = theta_and_replica(checkpoint, CONFIG, params)
-        for name, t, r in zip(names, theta, replica):
+        for name, t in zip(names, theta):
             assert torch.equal(weights[name], t), f"checkpoint-{step}/{name} is not theta_t"
         assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "mid-interval the replica differs"
         if step == 2:  # before the first sync theta_t is theta_0
@@ -151,8 +179,7 @@ def test_resume_refuses_a_state_from_another_checkpoint(saved_run, tmp_path):
     """AutoLoCo state of another run at the same step: its theta_t differs from the weights the Trainer loaded."""
     out = tmp_path / "mixed"
     shutil.copytree(saved_run["out"], out, ignore=shutil.ignore_patterns("checkpoint-6", "nosave"))
-    other, _ = make_trainer(tmp_path / "other", DATA, CONFIG, max_steps=6, save_strategy="steps", save_steps=4,
-                            seed=7)
+    other, _ = make_trainer(tmp_path / "other", DATA, CONFIG, max_steps=6, save_strategy="steps", save_steps=4, seed=7)
     other.train()
     shutil.rmtree(out / "checkpoint-4" / "autoloco")
     shutil.copytree(tmp_path / "other" / "checkpoint-4" / "autoloco", out / "checkpoint-4" / "autoloco")
@@ -185,8 +212,9 @@ def test_callback_added_after_construction_needs_attach(tmp_path):
 def test_all_padding_batches_carry_no_loss(tmp_path):
     """Every other step is all padding (transformers' loss is 0/0 = NaN there, gradient zero): intervals stay valid."""
     data = [item(i, padding=(i // 2) % 2 == 1) for i in range(16)]
-    trainer, callback = make_trainer(tmp_path, data, {"method": "autoloco", "h_base": 2}, max_steps=8,
-                                     train_sampling_strategy="sequential")
+    trainer, callback = make_trainer(
+        tmp_path, data, {"method": "autoloco", "h_base": 2}, max_steps=8, train_sampling_strategy="sequential"
+    )
     trainer.train()
     records = callback.engine.records
     assert [r.tokens for r in records] == [2 * SEQ] * 4, "one real step of 2 x 8 tokens per interval"
@@ -197,16 +225,18 @@ def test_all_padding_batches_carry_no_loss(tmp_path):
 
 def test_dataset_shorter_than_one_interval(tmp_path):
     """2 optimizer steps with h_base=5: one interval, cut to the budget, synchronized at the last step."""
-    trainer, callback = make_trainer(tmp_path, [item(i) for i in range(4)], {"method": "autoloco", "h_base": 5},
-                                     num_train_epochs=1)
+    trainer, callback = make_trainer(
+        tmp_path, [item(i) for i in range(4)], {"method": "autoloco", "h_base": 5}, num_train_epochs=1
+    )
     trainer.train()
     assert trainer.state.global_step == callback.engine.step == 2
     assert [(r.start_step, r.h_step, r.tokens) for r in callback.engine.records] == [(0, 2, 4 * SEQ)]
 
 
 def test_run_shorter_than_warmup(tmp_path):
-    trainer, callback = make_trainer(tmp_path, [item(i) for i in range(8)], {"method": "autoloco", "h_base": 2},
-                                     max_steps=4, warmup_steps=10)
+    trainer, callback = make_trainer(
+        tmp_path, [item(i) for i in range(8)], {"method": "autoloco", "h_base": 2}, max_steps=4, warmup_steps=10
+    )
     trainer.train()
     records = callback.engine.records
     assert sum(r.h_step for r in records) == 4 and all(r.outer_step_applied for r in records)
@@ -215,8 +245,13 @@ def test_run_shorter_than_warmup(tmp_path):
 
 def test_gradient_accumulation_that_does_not_divide_the_dataset(tmp_path):
     """5 micro-batches per epoch, accumulation 2: steps of 2, 2 and 1 micro-batches; every token counted once."""
-    trainer, callback = make_trainer(tmp_path, [item(i) for i in range(10)], {"method": "diloco", "h_base": 2},
-                                     num_train_epochs=2, gradient_accumulation_steps=2)
+    trainer, callback = make_trainer(
+        tmp_path,
+        [item(i) for i in range(10)],
+        {"method": "diloco", "h_base": 2},
+        num_train_epochs=2,
+        gradient_accumulation_steps=2,
+    )
     trainer.train()
     engine = callback.engine
     assert trainer.state.global_step == trainer.state.max_steps == engine.step == 6
@@ -232,7 +267,9 @@ def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
     from autoloco_hf.sync.checkpoint import write_state
 
     config = AutoLoCoConfig(**CONFIG)
-    assert last_complete_checkpoint(str(tmp_path / "missing")) is None and last_complete_checkpoint(str(tmp_path)) is None
+    assert (
+        last_complete_checkpoint(str(tmp_path / "missing")) is None and last_complete_checkpoint(str(tmp_path)) is None
+    )
 
     def checkpoint(step: int, ranks=(0, 1), trainer_state: bool = True):
         folder = tmp_path / f"checkpoint-{step}"
@@ -240,8 +277,15 @@ def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
         if trainer_state:
             (folder / "trainer_state.json").write_text("{}")
         for rank in ranks:
-            write_state(state_path(str(folder), rank), {"x": torch.zeros(64)}, config=config, world_size=2,
-                        ranks_per_worker=1, rank=rank, step=step)
+            write_state(
+                state_path(str(folder), rank),
+                {"x": torch.zeros(64)},
+                config=config,
+                world_size=2,
+                ranks_per_worker=1,
+                rank=rank,
+                step=step,
+            )
         return str(folder)
 
     good = checkpoint(10)
@@ -260,9 +304,18 @@ def test_save_strategy_best_saves_theta_and_training_goes_on_from_the_replica(tm
     """save_strategy="best" decides after evaluating: theta_t is shown from on_evaluate, the replica restored after."""
     from safetensors.torch import load_file
 
-    trainer, _ = make_trainer(tmp_path, DATA, CONFIG, max_steps=6, eval_strategy="steps", eval_steps=2,
-                                     save_strategy="best", metric_for_best_model="loss", greater_is_better=False,
-                                     eval_dataset=DATA[:2])
+    trainer, _ = make_trainer(
+        tmp_path,
+        DATA,
+        CONFIG,
+        max_steps=6,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="best",
+        metric_for_best_model="loss",
+        greater_is_better=False,
+        eval_dataset=DATA[:2],
+    )
     trainer.train()
     saved = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
     assert saved, "at least the first evaluation is a new best"
@@ -280,8 +333,9 @@ def test_save_strategy_epoch_saves_theta(tmp_path):
     """An epoch of 3 steps with h_base=4: the checkpoint at the end of epoch 1 is mid-interval and holds theta_t."""
     from safetensors.torch import load_file
 
-    trainer, _ = make_trainer(tmp_path, [item(i) for i in range(6)], CONFIG | {"h_base": 4}, num_train_epochs=2,
-                              save_strategy="epoch")
+    trainer, _ = make_trainer(
+        tmp_path, [item(i) for i in range(6)], CONFIG | {"h_base": 4}, num_train_epochs=2, save_strategy="epoch"
+    )
     trainer.train()
     params = [p for p in trainer.model.parameters() if p.requires_grad]
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]

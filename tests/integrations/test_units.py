@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autoloco_hf.integrations.accelerate import schedule_preview
-from autoloco_hf.integrations.groups import WorkerTopology, build_topology, check_worker_layout
 from autoloco_hf.integrations.ddp_hooks import BatchMeter
+from autoloco_hf.integrations.groups import WorkerTopology, build_topology, check_worker_layout
 from autoloco_hf.integrations.runtime import TrainableParameters
 
 
@@ -171,8 +171,9 @@ def test_accelerate_synchronized_parameters_for_saving(tmp_path):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
     ids = torch.tensor([[1, 2, 3, 4]])
-    with AutoLoCoAccelerate(accelerator, model, optimizer, None, AutoLoCoConfig(method="diloco", h_base=3),
-                            total_steps=6) as autoloco:
+    with AutoLoCoAccelerate(
+        accelerator, model, optimizer, None, AutoLoCoConfig(method="diloco", h_base=3), total_steps=6
+    ) as autoloco:
         for _ in range(4):
             accelerator.backward(model(input_ids=ids)["loss"])
             optimizer.step()

@@ -28,9 +28,24 @@ import torch.distributed as dist
 # ---------------------------------------------------------------- collective counter (before anything imports dist)
 COLLECTIVES: list[tuple[str, int, int, str]] = []
 PHASE = {"train": False, "step": 0}
-_NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
-          "all_to_all_single", "all_to_all", "reduce", "gather", "scatter", "reduce_scatter",
-          "all_gather_object", "broadcast_object_list", "gather_object", "barrier")
+_NAMES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_to_all",
+    "reduce",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "barrier",
+)
 
 
 def _nbytes(obj) -> int:
@@ -61,20 +76,29 @@ for _name in _NAMES:
 
 torch.set_num_threads(1)
 
+from fault_injection import fault_callbacks  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.integrations.trainer import last_complete_checkpoint  # noqa: E402
-from fault_injection import fault_callbacks  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
 
 def tiny_llama(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                      pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -111,8 +135,9 @@ def fingerprint(model: torch.nn.Module) -> float:
 class Probe(TrainerCallback):
     """Test-only: fingerprints after every step (after AutoLoCo), phase flags, optional interruption."""
 
-    def __init__(self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False,
-                 kill_at: int | None = None) -> None:
+    def __init__(
+        self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False, kill_at: int | None = None
+    ) -> None:
         self.autoloco = autoloco
         self.record_batches = record_batches
         self.stop_at = stop_at
@@ -198,8 +223,9 @@ def main(spec_path: str) -> None:
         "synced": probe.synced,
         "showing": probe.showing,
         "collectives": COLLECTIVES,
-        "hook": None if hook is None else {"buckets": hook.buckets, "local_bytes": hook.local_bytes,
-                                           "group_bytes": hook.group_bytes},
+        "hook": None
+        if hook is None
+        else {"buckets": hook.buckets, "local_bytes": hook.local_bytes, "group_bytes": hook.group_bytes},
         "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
         "params": [p.detach().clone() for p in trainer.model.parameters()],
         "totals": runtime.engine.totals.as_dict(),

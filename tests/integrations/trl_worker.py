@@ -6,11 +6,10 @@ import json
 import os
 import sys
 
-from trainer_worker import COLLECTIVES, Probe, fingerprint  # installs the collective counter
-
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from trainer_worker import COLLECTIVES, Probe, fingerprint  # installs the collective counter
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -29,11 +28,19 @@ def chats(n: int, seed: int) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
+
         def sentence(lo, hi):
             k = int(torch.randint(lo, hi, (1,), generator=g))
             return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (k,), generator=g))
-        out.append({"messages": [{"role": "user", "content": sentence(2, 10)},
-                                 {"role": "assistant", "content": sentence(2, 14)}]})
+
+        out.append(
+            {
+                "messages": [
+                    {"role": "user", "content": sentence(2, 10)},
+                    {"role": "assistant", "content": sentence(2, 14)},
+                ]
+            }
+        )
     return out
 
 
@@ -41,8 +48,14 @@ def chat_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -55,20 +68,48 @@ def main(spec_path: str) -> None:
     data = chats(96, seed=5)
     tokenizer = chat_tokenizer([m["content"] for c in data for m in c["messages"]] + ["user: assistant:"])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=128,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
     callback = AutoLoCoCallback(AutoLoCoConfig(**spec["autoloco"]))
     probe = Probe(callback, None, record_batches=True)
     args = SFTConfig(
-        output_dir=spec["output_dir"], max_steps=spec["steps"], per_device_train_batch_size=4,
-        learning_rate=3e-3, warmup_steps=1, assistant_only_loss=True, bf16=False, gradient_checkpointing=False,
-        use_cpu=True, report_to=[], logging_steps=2, max_length=64, packing=False, save_strategy="no",
-        disable_tqdm=True, seed=7, dataloader_num_workers=0,
+        output_dir=spec["output_dir"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        assistant_only_loss=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=2,
+        max_length=64,
+        packing=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=7,
+        dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=tokenizer,
-                         callbacks=[callback, probe])
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(data),
+        processing_class=tokenizer,
+        callbacks=[callback, probe],
+    )
     trainer.train()
     engine = callback.engine
     result = {

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> str:
     from autoloco_hf.cli.demo_data import corpus_text, train_tokenizer
@@ -19,8 +20,19 @@ def tokenizer_dir(tmp_path_factory) -> str:
 def tiny_llama_config(tmp_path_factory) -> str:
     """A LlamaConfig JSON for a model of a few ten thousand parameters (vocab set by the recipe)."""
     path = tmp_path_factory.mktemp("model") / "tiny_llama.json"
-    path.write_text(json.dumps(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)))
+    path.write_text(
+        json.dumps(
+            dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                tie_word_embeddings=True,
+            )
+        )
+    )
     return str(path)
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from recipe_helpers import RECIPES, load_recipe
 
 pytestmark = pytest.mark.slow
@@ -18,11 +17,40 @@ pytestmark = pytest.mark.slow
 def tiny_args(out, tokenizer_dir, tiny_llama_config, text_files, config="c4_autoloco.yaml", workers=2) -> list[str]:
     train, val = text_files
     return [
-        "--config", os.path.join(RECIPES, "configs", config),
-        "--output-dir", str(out), "--workers", str(workers), "--steps", "8", "--warmup-steps", "1",
-        "--batch-size", "2", "--seq-len", "48", "--val-docs", "8", "--eval-batch-size", "4",
-        "--train-files", train, "--val-files", val, "--tokenizer", tokenizer_dir, "--model-config", tiny_llama_config,
-        "--lr", "3e-3", "--autoloco", "h_base=2", "--autoloco", "q_h=1", "--autoloco", "h_max=3",
+        "--config",
+        os.path.join(RECIPES, "configs", config),
+        "--output-dir",
+        str(out),
+        "--workers",
+        str(workers),
+        "--steps",
+        "8",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "48",
+        "--val-docs",
+        "8",
+        "--eval-batch-size",
+        "4",
+        "--train-files",
+        train,
+        "--val-files",
+        val,
+        "--tokenizer",
+        tokenizer_dir,
+        "--model-config",
+        tiny_llama_config,
+        "--lr",
+        "3e-3",
+        "--autoloco",
+        "h_base=2",
+        "--autoloco",
+        "q_h=1",
+        "--autoloco",
+        "h_max=3",
     ]
 
 
@@ -30,8 +58,25 @@ def eval_quick_nll(model_dir, out) -> dict:
     """`autoloco eval --suite quick --fixtures --offline --tasks nll` on what a recipe wrote (the documented next step)."""
     from autoloco_hf.cli import main
 
-    assert main(["eval", str(model_dir), "--suite", "quick", "--fixtures", "--offline", "--tasks", "nll",
-                 "--out", str(out), "--run-name", "recipe"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(model_dir),
+                "--suite",
+                "quick",
+                "--fixtures",
+                "--offline",
+                "--tasks",
+                "nll",
+                "--out",
+                str(out),
+                "--run-name",
+                "recipe",
+            ]
+        )
+        == 0
+    )
     return json.loads((out / "recipe.json").read_text())
 
 
@@ -46,7 +91,9 @@ def test_every_config_parses():
         assert (config.h_base, config.q_h, config.h_max) == (500, 50, 750), path
     mu07 = c4.parse_args(["--config", os.path.join(RECIPES, "configs", "c4_diloco_mu07.yaml")])
     assert c4.autoloco_config(*mu07).outer_momentum == 0.7
-    momentum = c4.autoloco_config(*c4.parse_args(["--config", os.path.join(RECIPES, "configs", "c4_ablation_momentum.yaml")]))
+    momentum = c4.autoloco_config(
+        *c4.parse_args(["--config", os.path.join(RECIPES, "configs", "c4_ablation_momentum.yaml")])
+    )
     assert (momentum.adjust_momentum, momentum.scale_outer_lr) == (True, False)
     # the recipe's ablation choices are exactly AutoLoCoConfig.ablation's variants
     from typing import get_args, get_type_hints
@@ -59,9 +106,12 @@ def test_flags_yaml_and_autoloco_fields(tmp_path):
     """Flags beat YAML; `autoloco:` keys, `autoloco_*` flags and `--autoloco k=v` reach the engine; YAML 7e-1 is a number."""
     c4 = load_recipe("pretrain_c4")
     path = tmp_path / "run.yaml"
-    path.write_text(f"base: {os.path.join(RECIPES, 'configs', 'c4_diloco.yaml')}\nlr: 1e-3\nautoloco:\n  outer_lr: 7e-1\n")
-    settings, autoloco = c4.parse_args(["--config", str(path), "--batch_size", "4", "--autoloco_h_base", "100",
-                                        "--autoloco", "h_max=200"])
+    path.write_text(
+        f"base: {os.path.join(RECIPES, 'configs', 'c4_diloco.yaml')}\nlr: 1e-3\nautoloco:\n  outer_lr: 7e-1\n"
+    )
+    settings, autoloco = c4.parse_args(
+        ["--config", str(path), "--batch_size", "4", "--autoloco_h_base", "100", "--autoloco", "h_max=200"]
+    )
     config = c4.autoloco_config(settings, autoloco)
     assert (settings.lr, settings.batch_size, settings.run_name) == (1e-3, 4, "c4_diloco")
     assert (config.method, config.outer_lr, config.h_base, config.h_max) == ("diloco", 0.7, 100, 200)
@@ -75,7 +125,10 @@ def test_reads_gzipped_json_lines_and_parquet_by_content(tmp_path):
     import pyarrow.parquet as pq
 
     c4 = load_recipe("pretrain_c4")
-    rows = [{"text": f"document {i}", "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.org/{i}"} for i in range(4)]
+    rows = [
+        {"text": f"document {i}", "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.org/{i}"}
+        for i in range(4)
+    ]
     shard = tmp_path / "c4-train.00000-of-01024.json.gz"
     with gzip.open(shard, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -122,8 +175,19 @@ def test_multiprocess_mode_matches_simulated(tmp_path, tokenizer_dir, tiny_llama
     assert c4.main(args + ["--mode", "simulated"]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     mp_args = tiny_args(tmp_path / "mp", tokenizer_dir, tiny_llama_config, text_files, "c4_diloco.yaml")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           os.path.join(RECIPES, "pretrain_c4.py"), *mp_args, "--mode", "multiprocess"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        os.path.join(RECIPES, "pretrain_c4.py"),
+        *mp_args,
+        "--mode",
+        "multiprocess",
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     sim = json.loads((tmp_path / "sim" / "c4_diloco" / "summary.json").read_text())
@@ -170,7 +234,9 @@ def test_resume_continues_the_same_trajectory(tmp_path, tokenizer_dir, tiny_llam
         return [json.loads(line) for line in (root / "c4_autoloco" / name).read_text().splitlines()]
 
     keys = ("start_step", "h_step", "mean_loss", "drift_energy", "coherence", "tokens")
-    assert [[r[k] for k in keys] for r in read(resumed, "intervals.jsonl")] == [[r[k] for k in keys] for r in read(full, "intervals.jsonl")]
+    assert [[r[k] for k in keys] for r in read(resumed, "intervals.jsonl")] == [
+        [r[k] for k in keys] for r in read(full, "intervals.jsonl")
+    ]
     assert [r["loss"] for r in read(resumed, "steps.jsonl")] == [r["loss"] for r in read(full, "steps.jsonl")]
     a, b = (json.loads((root / "c4_autoloco" / "summary.json").read_text()) for root in (full, resumed))
     assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)

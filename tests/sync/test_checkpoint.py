@@ -79,7 +79,7 @@ def test_not_a_state_file_or_other_version_refused(tmp_path):
     write(path)
     data = path.read_bytes()
     end = data.index(b"\n", len(checkpoint.MAGIC))
-    header = json.loads(data[len(checkpoint.MAGIC):end])
+    header = json.loads(data[len(checkpoint.MAGIC) : end])
     header["format_version"] = 99
     path.write_bytes(checkpoint.MAGIC + json.dumps(header).encode() + data[end:])
     with pytest.raises(CheckpointError, match="field format_version=99"):

@@ -63,8 +63,20 @@ def _edge_case_input(numel: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-30, 30, (numel,), generator=gen).float()
     specials = torch.tensor(
-        [0.0, -0.0, float("nan"), float("inf"), -float("inf"), torch.finfo(torch.float32).max,
-         -torch.finfo(torch.float32).max, 1e-40, -1e-45, 2.5, -0.5, 127.5]
+        [
+            0.0,
+            -0.0,
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            torch.finfo(torch.float32).max,
+            -torch.finfo(torch.float32).max,
+            1e-40,
+            -1e-45,
+            2.5,
+            -0.5,
+            127.5,
+        ]
     )
     # specials in the first third only: later groups of blocks take the encoder's all-finite fast path
     idx = torch.randint(0, max(1, numel // 3), (max(1, numel // 150),), generator=gen)
@@ -117,8 +129,10 @@ def test_cast_wires_with_out_buffers_equal_plain_casts(wire_dtype: str) -> None:
     wire = codec.empty_wire(5, codec.numel - 5)
     codec.encode(x[5:], 5, out=wire)
     dtype = torch.float32 if wire_dtype == "fp32" else torch.bfloat16
-    assert torch.equal(wire[0].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
-                       x[5:].to(dtype).view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert torch.equal(
+        wire[0].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+        x[5:].to(dtype).view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+    )
     out = torch.empty(codec.numel - 5)
     codec.decode(wire, 5, codec.numel - 5, out=out)
     assert torch.equal(out.view(torch.int32), x[5:].to(dtype).float().view(torch.int32))

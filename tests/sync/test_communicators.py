@@ -1,4 +1,4 @@
-"""Real gloo process groups against the one-process simulation (spec 2, 7, 8.1, 8.4).
+"""Real gloo process groups against the one-process simulation (docs/algorithm.md §2, 7, 8.1, 8.4).
 
 Two and three ``torch.distributed`` gloo processes run
 :class:`ProcessGroupCommunicator`; the same contributions go through
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _dist import run_gloo
-from autoloco_hf.sync.codec import WireCodec, num_int8_blocks
+
 from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync.codec import WireCodec, num_int8_blocks
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator, make_communicator
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,9 @@ def _scalars(n: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        frac = torch.rand(4, dtype=torch.float64, generator=g) * torch.tensor([1e3, 1e-3, 7.0, 1e9], dtype=torch.float64)
+        frac = torch.rand(4, dtype=torch.float64, generator=g) * torch.tensor(
+            [1e3, 1e-3, 7.0, 1e9], dtype=torch.float64
+        )
         ints = torch.randint(0, 10**6, (5,), generator=g).to(torch.float64)
         out.append(torch.cat([frac, ints]))
     return out
@@ -91,7 +93,9 @@ class _CountingDist:
     def __getattr__(self, name):
         return getattr(self._dist, name)
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+    def all_to_all_single(
+        self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+    ):
         me = self._dist.get_rank(group)
         self.sent_bytes += (sum(input_split_sizes) - input_split_sizes[me]) * input.element_size()
         return self._dist.all_to_all_single(
@@ -124,7 +128,8 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
                 "input_unchanged": torch.equal(flat, contributions[rank]),
                 "timings_non_negative": min(
                     res.traffic.encode_seconds, res.traffic.collective_seconds, res.traffic.decode_seconds
-                ) >= 0,
+                )
+                >= 0,
             }
     # a per-call wire override must use the codec of the requested wire, not the communicator's
     segments, contributions, scalars = cases["hand"]
@@ -136,7 +141,11 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
         comm = ProcessGroupCommunicator(wire_dtype=wire)
         first = comm.average([contributions[rank] * -3.0], [scalars[rank].clone()], segments).mean.clone()
         second = comm.average([contributions[rank].clone()], [scalars[rank].clone()], segments).mean
-        out["hand", wire + " reused"] = {"first": first, "mean": second.clone(), "same_buffer": second is comm._owner.mean}
+        out["hand", wire + " reused"] = {
+            "first": first,
+            "mean": second.clone(),
+            "same_buffer": second is comm._owner.mean,
+        }
     made = make_communicator(AutoLoCoConfig(method="diloco", wire_dtype="int8", int8_block_size=64), distributed=True)
     out["made"] = (type(made).__name__, made.num_workers, made.rank, made.wire_dtype, made.block_size)
     return out

@@ -1,4 +1,4 @@
-"""ControlMessage packing and the per-worker agreement check (spec 2, 5.3)."""
+"""ControlMessage packing and the per-worker agreement check (docs/algorithm.md §2, 5.3)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,19 @@ FINGERPRINT = config_fingerprint(AutoLoCoConfig(method="diloco", h_base=4))
 
 
 def message(**kw) -> ControlMessage:
-    values = dict(sq_norm=2.5, tokens=96.0, loss_sum=3.25, loss_count=4.0, nonfinite=0.0, step=12.0,
-                  interval_index=2.0, start_step=8.0, h_step=4.0, h_tok=4.0, config_fingerprint=FINGERPRINT)
+    values = dict(
+        sq_norm=2.5,
+        tokens=96.0,
+        loss_sum=3.25,
+        loss_count=4.0,
+        nonfinite=0.0,
+        step=12.0,
+        interval_index=2.0,
+        start_step=8.0,
+        h_step=4.0,
+        h_tok=4.0,
+        config_fingerprint=FINGERPRINT,
+    )
     return ControlMessage(**{**values, **kw})
 
 
@@ -32,9 +43,7 @@ def test_pack_unpack_roundtrip_in_field_order() -> None:
 
 def test_round_sums_summed_fields_and_keeps_agreed_ones() -> None:
     messages = [message(tokens=10.0), message(tokens=20.0), message(tokens=30.0)]
-    result = SimulatedCommunicator(3).average(
-        [torch.zeros(2)] * 3, [m.pack() for m in messages], [2]
-    )
+    result = SimulatedCommunicator(3).average([torch.zeros(2)] * 3, [m.pack() for m in messages], [2])
     control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
     control.check_agreement()
     assert control.workers == tuple(messages)
@@ -65,6 +74,9 @@ def test_config_fingerprint_tells_configs_apart_and_shows_in_hex() -> None:
     assert same == FINGERPRINT != other, "local settings are not part of the fingerprint; outer_lr is"
     assert other == int(other) < 2**52, "exact in a float64"
     rows = torch.stack([message().pack(), message(config_fingerprint=other).pack()])
-    with pytest.raises(WorkerDisagreement, match=rf"config_fingerprint: worker 0={int(FINGERPRINT):013x}, "
-                                                 rf"worker 1={int(other):013x}\)"):
+    with pytest.raises(
+        WorkerDisagreement,
+        match=rf"config_fingerprint: worker 0={int(FINGERPRINT):013x}, "
+        rf"worker 1={int(other):013x}\)",
+    ):
         ControlRound.from_rows(rows.sum(0), rows).check_agreement()

@@ -23,8 +23,15 @@ def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: i
     models = [torch.nn.Linear(4, 1) for _ in range(workers)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
     schedule = warmup_cosine(0.05, warmup, total)
-    engine = IntervalEngine(config, models, schedule, SimulatedCommunicator(workers), total_steps=total,
-                            warmup_steps=warmup, optimizers=optimizers)
+    engine = IntervalEngine(
+        config,
+        models,
+        schedule,
+        SimulatedCommunicator(workers),
+        total_steps=total,
+        warmup_steps=warmup,
+        optimizers=optimizers,
+    )
     for step in range(total):
         for worker, (m, o) in enumerate(zip(models, optimizers)):
             g = torch.Generator().manual_seed(100 * step + worker)

@@ -1,4 +1,4 @@
-"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume (spec 4, 5.2, 8.2)."""
+"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume (docs/algorithm.md §4, 5.2, 8.2)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,20 @@ import math
 
 import pytest
 import torch
+from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
-from toy import adamw, batch_for, cosine, make_model
-
-TIMING_FIELDS = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds", "decode_seconds"}
+TIMING_FIELDS = {
+    "seconds",
+    "sync_seconds",
+    "controller_seconds",
+    "encode_seconds",
+    "collective_seconds",
+    "decode_seconds",
+}
 
 
 def train(config: AutoLoCoConfig, steps: int, workers: int = 2, padded: bool = False, warmup: int = 0, **kwargs):
@@ -67,17 +73,22 @@ def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, worke
     "config",
     [
         AutoLoCoConfig(method="diloco", h_base=5, outer_momentum=0.7),
-        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches neutral (spec 4)
+        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches neutral (docs/algorithm.md §4)
         AutoLoCoConfig(method="autoloco", h_base=5, adaptive_horizon=False, map_tokens=False),
         AutoLoCoConfig(
-            method="autoloco", h_base=5, adaptive_horizon=False, map_tokens=False,
-            adjust_momentum=False, scale_outer_lr=False, normalize_pseudo_grad=False,
+            method="autoloco",
+            h_base=5,
+            adaptive_horizon=False,
+            map_tokens=False,
+            adjust_momentum=False,
+            scale_outer_lr=False,
+            normalize_pseudo_grad=False,
         ),
     ],
     ids=["diloco-mu0.7", "autoloco-base-switches-on", "autoloco-base-switches-off"],
 )
 def test_autoloco_at_base_settings_is_bit_exact_diloco(config):
-    """Spec 4 'DiLoCo as a special case': identical parameters after 4 outer steps."""
+    """docs/algorithm.md §4 'DiLoCo as a special case': identical parameters after 4 outer steps."""
     runner = train(config, steps=20)
     assert runner.engine.totals.syncs == 4
     reference = reference_diloco(steps=20, h=5, outer_lr=0.7, momentum=0.7)
@@ -104,12 +115,16 @@ def test_replicas_identical_after_sync_and_differ_between():
 
 
 def test_nan_in_one_worker_skips_outer_step_and_training_goes_on():
-    """Spec 5.2 invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
+    """docs/algorithm.md §5.2 invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
     config = AutoLoCoConfig(method="autoloco", h_base=10, q_h=2, h_min=6)
     steps = 80
     runner = LocalWorkers(
-        config, make_model(), SimulatedCommunicator(2), adamw,
-        scheduler_factory=cosine(steps, 0), total_steps=steps,
+        config,
+        make_model(),
+        SimulatedCommunicator(2),
+        adamw,
+        scheduler_factory=cosine(steps, 0),
+        total_steps=steps,
     )
     poisoned_at = 24  # inside the third interval
     for step in range(steps):
@@ -142,14 +157,21 @@ def comparable(records):
 
 @pytest.mark.parametrize("method", ["autoloco", "diloco", "qsr"])
 def test_resume_mid_interval_continues_the_same_trajectory(method):
-    """Spec 8.2: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
+    """docs/algorithm.md §8.2: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
     steps, interrupt = 90, 45
     config = AutoLoCoConfig(method=method, h_base=4, q_h=2, h_max=8)
     kwargs = dict(padded=True, warmup=8)
     uninterrupted = train(config, steps, **kwargs)
 
-    first = LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw,
-                         scheduler_factory=cosine(steps, 8), total_steps=steps, warmup_steps=8)
+    first = LocalWorkers(
+        config,
+        make_model(),
+        SimulatedCommunicator(2),
+        adamw,
+        scheduler_factory=cosine(steps, 8),
+        total_steps=steps,
+        warmup_steps=8,
+    )
     for step in range(interrupt):
         first.train_step([batch_for(w, step, padded=True) for w in range(2)])
     assert first.engine.current_interval.start_step < interrupt  # really inside an interval
@@ -157,8 +179,15 @@ def test_resume_mid_interval_continues_the_same_trajectory(method):
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
 
-    resumed = LocalWorkers(config, make_model(seed=123), SimulatedCommunicator(2), adamw,
-                           scheduler_factory=cosine(steps, 8), total_steps=steps, warmup_steps=8)
+    resumed = LocalWorkers(
+        config,
+        make_model(seed=123),
+        SimulatedCommunicator(2),
+        adamw,
+        scheduler_factory=cosine(steps, 8),
+        total_steps=steps,
+        warmup_steps=8,
+    )
     resumed.load_state_dict(torch.load(buffer, weights_only=False))
     for step in range(interrupt, steps):
         resumed.train_step([batch_for(w, step, padded=True) for w in range(2)])
@@ -173,20 +202,36 @@ def test_resume_mid_interval_continues_the_same_trajectory(method):
 
 def test_autoloco_adapts_and_records_every_field(tmp_path):
     path = tmp_path / "intervals.jsonl"
-    runner = train(AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8), steps=120, padded=True, records_path=str(path))
+    runner = train(
+        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8), steps=120, padded=True, records_path=str(path)
+    )
     from autoloco_hf.sync.records import read_jsonl
 
     rows = read_jsonl(str(path))
     assert len(rows) == runner.engine.totals.syncs == len(runner.engine.records)
     assert sum(r["h_step"] for r in rows) == 120
-    expected = {"start_step", "h_tok", "h_step", "h_ref", "lr_mass", "rho", "mu", "eta", "drift_energy",
-                "coherence", "assessment", "decision", "tokens", "seconds"}
+    expected = {
+        "start_step",
+        "h_tok",
+        "h_step",
+        "h_ref",
+        "lr_mass",
+        "rho",
+        "mu",
+        "eta",
+        "drift_energy",
+        "coherence",
+        "assessment",
+        "decision",
+        "tokens",
+        "seconds",
+    }
     assert expected <= set(rows[0])
     # global non-padding tokens of an interval = sum over workers and steps of the attention masks
     first = rows[0]
     tokens = sum(int(batch_for(w, s, True)["attention_mask"].sum()) for w in range(2) for s in range(first["h_step"]))
     assert first["tokens"] == tokens
-    # measured LR mass equals the preview for full intervals (spec 2)
+    # measured LR mass equals the preview for full intervals (docs/algorithm.md §2)
     for row in rows:
         assert row["lr_mass"] == pytest.approx(row["lr_mass_preview"], rel=1e-9, abs=1e-12)
     assert 0 <= min(r["coherence"] for r in rows) and max(r["coherence"] for r in rows) <= 2 + 1e-6
@@ -201,10 +246,12 @@ def test_ddp_averages_gradients_every_step():
 
 def test_engine_rejects_mismatched_worker_count():
     with pytest.raises(ValueError, match="SimulatedCommunicator"):
-        from autoloco_hf.sync.engine import IntervalEngine
         from autoloco_hf.algorithm.schedule import FunctionSchedule
+        from autoloco_hf.sync.engine import IntervalEngine
 
-        IntervalEngine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
+        IntervalEngine(
+            AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10
+        )
 
 
 def test_int8_error_feedback_carries_the_residual_and_resumes():
@@ -218,8 +265,11 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
     state = runner.engine.state_dict()
     assert torch.equal(state["error_feedback"][1]["residual"], residuals[1])
     plain = LocalWorkers(
-        AutoLoCoConfig(method="diloco", h_base=5, wire_dtype="int8"), make_model(),
-        SimulatedCommunicator(2, wire_dtype="int8"), adamw, total_steps=10,
+        AutoLoCoConfig(method="diloco", h_base=5, wire_dtype="int8"),
+        make_model(),
+        SimulatedCommunicator(2, wire_dtype="int8"),
+        adamw,
+        total_steps=10,
     )
     for step in range(10):
         plain.train_step([batch_for(w, step) for w in range(2)])
@@ -229,11 +279,16 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
 
 
 def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used():
-    from autoloco_hf.sync.engine import IntervalEngine
     from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.sync.engine import IntervalEngine
 
-    engine = IntervalEngine(AutoLoCoConfig(method="diloco", h_base=2), [make_model()],
-                            FunctionSchedule(lambda s: 1e-3, 4), SimulatedCommunicator(1), total_steps=4)
+    engine = IntervalEngine(
+        AutoLoCoConfig(method="diloco", h_base=2),
+        [make_model()],
+        FunctionSchedule(lambda s: 1e-3, 4),
+        SimulatedCommunicator(1),
+        total_steps=4,
+    )
     engine.after_optimizer_step([1], [1.0], lr=1e-3)
     with pytest.warns(RuntimeWarning, match="schedule preview"):
         engine.after_optimizer_step([1], [1.0], lr=5e-3)
@@ -269,9 +324,14 @@ def test_gradient_clipping_and_last_losses():
 
 
 def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
-    from autoloco_hf.sync.engine import IntervalEngine
     from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.sync.engine import IntervalEngine
 
     with pytest.raises(ValueError, match="wire_dtype='int8'"):
-        IntervalEngine(AutoLoCoConfig(method="diloco", wire_dtype="int8"), [make_model()],
-                       FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(1), 10)
+        IntervalEngine(
+            AutoLoCoConfig(method="diloco", wire_dtype="int8"),
+            [make_model()],
+            FunctionSchedule(lambda s: 1.0, 10),
+            SimulatedCommunicator(1),
+            10,
+        )

@@ -18,8 +18,14 @@ STEPS = 24
 
 
 def runner(**config) -> LocalWorkers:
-    return LocalWorkers(AutoLoCoConfig(method="diloco", h_base=4, **config), make_model(), SimulatedCommunicator(2),
-                        adamw, scheduler_factory=cosine(STEPS, 0), total_steps=STEPS)
+    return LocalWorkers(
+        AutoLoCoConfig(method="diloco", h_base=4, **config),
+        make_model(),
+        SimulatedCommunicator(2),
+        adamw,
+        scheduler_factory=cosine(STEPS, 0),
+        total_steps=STEPS,
+    )
 
 
 def poison(model: torch.nn.Module) -> None:
@@ -43,8 +49,10 @@ def test_consecutive_invalid_intervals_stop_the_run_with_the_outer_state_intact(
                 momentum_4 = run.engine.outer.momentum_buffer.clone()
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("AutoLoCo stopped at step 16: interval 3 (steps 13-16): non-finite loss or "
-                              "pseudo-gradient on worker 1, 3 such intervals in a row (max_consecutive_invalid=3)")
+    assert message.startswith(
+        "AutoLoCo stopped at step 16: interval 3 (steps 13-16): non-finite loss or "
+        "pseudo-gradient on worker 1, 3 such intervals in a row (max_consecutive_invalid=3)"
+    )
     assert "synchronized at step 4" in message
     assert [r.outer_step_applied for r in run.engine.records] == [True, False, False, False]
     assert torch.equal(run.engine.outer.params, theta_4)
@@ -114,6 +122,8 @@ def test_a_silent_peer_is_named_after_sync_timeout_s():
     result = run_gloo(_silent_peer, 2)[0]
     seconds, rest = result.split(" ", 1)
     assert 1.5 <= float(seconds) < 3.5, result
-    assert rest.startswith("[1] the synchronization's control messages on rank 0: rank 1 did not answer within "
-                           "sync_timeout_s=2 (Timed out waiting 2000ms"), rest
+    assert rest.startswith(
+        "[1] the synchronization's control messages on rank 0: rank 1 did not answer within "
+        "sync_timeout_s=2 (Timed out waiting 2000ms"
+    ), rest
     assert "\n" not in rest

@@ -1,4 +1,4 @@
-"""Hierarchical sync of worker groups (spec 8.3): 2 workers x 2 ranks, each rank syncing its 1/2 shard.
+"""Hierarchical sync of worker groups (docs/algorithm.md §8.3): 2 workers x 2 ranks, each rank syncing its 1/2 shard.
 
 Real gloo processes, the same 4 ranks run today's layout (every outer group syncs
 the whole model) and the hierarchical one on the same data: the controller
@@ -30,16 +30,25 @@ WIRES = ("fp32", "int8")
 
 def _run(topo, wire: str, hierarchical: bool) -> dict:
     # map_tokens=False: today's layout counts only its outer group's tokens, the hierarchical sync every rank's
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, wire_dtype=wire, ranks_per_worker=R,
-                            hierarchical_sync=hierarchical, map_tokens=False)
+    config = AutoLoCoConfig(
+        method="autoloco",
+        h_base=4,
+        q_h=2,
+        h_max=8,
+        wire_dtype=wire,
+        ranks_per_worker=R,
+        hierarchical_sync=hierarchical,
+        map_tokens=False,
+    )
     model = make_model(seed=0)  # a worker's ranks start equal (DDP's broadcast at wrap time does this for users)
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, WARMUP)(optimizer)
     comm = ProcessGroupCommunicator(group=topo.outer_group, wire_dtype=wire)
     if hierarchical:
         comm = HierarchicalCommunicator(comm, topo.inner_group, R, topo.rank_in_worker)
-    engine = IntervalEngine(config, [model], SchedulerPreview(scheduler, STEPS), comm, STEPS,
-                            warmup_steps=WARMUP, optimizers=[optimizer])
+    engine = IntervalEngine(
+        config, [model], SchedulerPreview(scheduler, STEPS), comm, STEPS, warmup_steps=WARMUP, optimizers=[optimizer]
+    )
     params = list(model.parameters())
     for step in range(STEPS):
         batch = batch_for(topo.rank, step, padded=True)  # every rank of a worker sees its own data
@@ -57,7 +66,9 @@ def _run(topo, wire: str, hierarchical: bool) -> dict:
         engine.after_optimizer_step([count_non_padding_tokens(batch)], [float(loss.detach())], lr=lr)
     momentum = engine.outer.momentum_buffer
     return {
-        "records": [(r.start_step, r.h_step, r.drift_energy, r.coherence, r.outer_step_applied) for r in engine.records],
+        "records": [
+            (r.start_step, r.h_step, r.drift_energy, r.coherence, r.outer_step_applied) for r in engine.records
+        ],
         "params": [p.detach().clone() for p in params],
         "wire_bytes": engine.totals.wire_bytes,
         "outer_numel": engine.outer.numel,

@@ -1,19 +1,25 @@
-"""N simulated workers == N real gloo processes (spec 8.4): same parameters, same interval records."""
+"""N simulated workers == N real gloo processes (docs/algorithm.md §8.4): same parameters, same interval records."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _dist import run_gloo
+from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
-from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
-
 STEPS, WARMUP = 70, 6
-TIMING_FIELDS = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds", "decode_seconds"}
+TIMING_FIELDS = {
+    "seconds",
+    "sync_seconds",
+    "controller_seconds",
+    "encode_seconds",
+    "collective_seconds",
+    "decode_seconds",
+}
 
 
 def config(wire_dtype: str) -> AutoLoCoConfig:
@@ -26,9 +32,13 @@ def records_of(runner: LocalWorkers) -> list[dict]:
 
 def _process_worker(rank: int, world_size: int, wire_dtype: str) -> dict:
     runner = LocalWorkers(
-        config(wire_dtype), make_model(seed=rank),  # different inits: the engine broadcasts rank 0's
-        ProcessGroupCommunicator(wire_dtype=wire_dtype), adamw,
-        scheduler_factory=cosine(STEPS, WARMUP), total_steps=STEPS, warmup_steps=WARMUP,
+        config(wire_dtype),
+        make_model(seed=rank),  # different inits: the engine broadcasts rank 0's
+        ProcessGroupCommunicator(wire_dtype=wire_dtype),
+        adamw,
+        scheduler_factory=cosine(STEPS, WARMUP),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
     )
     for step in range(STEPS):
         runner.train_step([batch_for(rank, step, padded=True)])
@@ -38,8 +48,13 @@ def _process_worker(rank: int, world_size: int, wire_dtype: str) -> dict:
 @pytest.mark.parametrize("wire_dtype", ["fp32", "int8"])
 def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype):
     simulated = LocalWorkers(
-        config(wire_dtype), make_model(seed=0), SimulatedCommunicator(2, wire_dtype=wire_dtype), adamw,
-        scheduler_factory=cosine(STEPS, WARMUP), total_steps=STEPS, warmup_steps=WARMUP,
+        config(wire_dtype),
+        make_model(seed=0),
+        SimulatedCommunicator(2, wire_dtype=wire_dtype),
+        adamw,
+        scheduler_factory=cosine(STEPS, WARMUP),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
     )
     for step in range(STEPS):
         simulated.train_step([batch_for(w, step, padded=True) for w in range(2)])
@@ -53,5 +68,8 @@ def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype):
     sim_records = records_of(simulated)
     # wire bytes are per worker: rank 0's count is what the simulation reports
     assert results[0]["records"] == sim_records
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "wire_bytes"} for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "wire_bytes"} for r in rows]
+
     assert strip(results[1]["records"]) == strip(sim_records)
