@@ -8,6 +8,15 @@ from __future__ import annotations
 import torch
 
 VOCAB, SEQ, BATCH = 32, 12, 4
+# IntervalRecord fields that measure wall time: never equal between two runs
+TIMING_FIELDS = {
+    "seconds",
+    "sync_seconds",
+    "controller_seconds",
+    "encode_seconds",
+    "collective_seconds",
+    "decode_seconds",
+}
 
 
 class ToyLM(torch.nn.Module):

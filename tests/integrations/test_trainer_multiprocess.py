@@ -8,18 +8,11 @@ import os
 import pytest
 import torch
 from launch import torchrun
+from toy import TIMING_FIELDS
 
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-TIMING_FIELDS = {
-    "seconds",
-    "sync_seconds",
-    "controller_seconds",
-    "encode_seconds",
-    "collective_seconds",
-    "decode_seconds",
-}
 
 
 def sync_steps(result) -> list[int]:

@@ -8,20 +8,11 @@ import math
 
 import pytest
 import torch
-from toy import adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-
-TIMING_FIELDS = {
-    "seconds",
-    "sync_seconds",
-    "controller_seconds",
-    "encode_seconds",
-    "collective_seconds",
-    "decode_seconds",
-}
 
 
 def train(config: AutoLoCoConfig, steps: int, workers: int = 2, padded: bool = False, warmup: int = 0, **kwargs):

@@ -5,21 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
 STEPS, WARMUP = 70, 6
-TIMING_FIELDS = {
-    "seconds",
-    "sync_seconds",
-    "controller_seconds",
-    "encode_seconds",
-    "collective_seconds",
-    "decode_seconds",
-}
 
 
 def config(wire_dtype: str) -> AutoLoCoConfig:

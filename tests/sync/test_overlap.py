@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.controller import Assessment
@@ -20,14 +20,6 @@ from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.overlap import OverlappedEngine
 
 STEPS, WARMUP = 40, 4
-TIMING_FIELDS = {
-    "seconds",
-    "sync_seconds",
-    "controller_seconds",
-    "encode_seconds",
-    "collective_seconds",
-    "decode_seconds",
-}
 
 
 def config(**overrides) -> AutoLoCoConfig:
