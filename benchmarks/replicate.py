@@ -47,10 +47,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -70,6 +71,7 @@ BATCH_SIZE = 4  # windows per worker per step (the demo uses 8; halved for the C
 HIDDEN, LAYERS, HEADS = 64, 2, 4
 VOCAB_SIZE = 1024
 VAL_FRACTION = 0.02  # of the documents
+CORPUS_FORMAT = 2  # bump when the split or the encoding changes: it keys the cache
 CORPUS_MARGIN = 4  # the corpus must hold this many times the largest run's tokens
 KIB = 1024
 
@@ -97,7 +99,7 @@ class Variant:
     description: str
     workers_factor: float = 1.0  # x --workers
     overrides: dict[str, Any] = field(default_factory=dict)
-    h_max_factor: Optional[float] = None  # H_max = factor x H_base (rounded down to q_H)
+    h_max_factor: float | None = None  # H_max = factor x H_base (rounded down to q_H)
 
     def workers(self, base: int) -> int:
         return max(1, int(self.workers_factor * base))
@@ -133,7 +135,7 @@ def variants(beyond_configs: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[
 
 
 # ------------------------------------------------------------------ corpus
-def stdlib_documents(max_docs: Optional[int] = None) -> list[tuple[str, str]]:
+def stdlib_documents(max_docs: int | None = None) -> list[tuple[str, str]]:
     """``(name, text)`` of every UTF-8 ``.py`` file of the standard library, then the pydoc topics, in a fixed order."""
     from pydoc_data.topics import topics
 
@@ -166,14 +168,14 @@ class Corpus:
     info: dict[str, Any]
 
 
-def load_corpus(cache_dir: str, vocab_size: int, max_docs: Optional[int]) -> Corpus:
+def load_corpus(cache_dir: str, vocab_size: int, max_docs: int | None) -> Corpus:
     """The tokenizer and token splits, built once and cached under ``cache_dir`` (keyed by the corpus and settings)."""
     from transformers import PreTrainedTokenizerFast
 
     from autoloco_hf.cli.demo_data import train_tokenizer
 
     docs = stdlib_documents(max_docs)
-    key_text = json.dumps([sys.version, vocab_size, VAL_FRACTION, [(name, len(text)) for name, text in docs]])
+    key_text = json.dumps([CORPUS_FORMAT, sys.version, vocab_size, VAL_FRACTION, [(name, len(text)) for name, text in docs]])
     folder = Path(cache_dir) / f"stdlib-v{vocab_size}-{hashlib.sha256(key_text.encode()).hexdigest()[:12]}"
     tokens_path = folder / "tokens.pt"
     if tokens_path.exists():
@@ -400,7 +402,7 @@ def quality_table(cells: dict[str, Cell]) -> str:
     return markdown_table(headers, rows)
 
 
-def diff_line(label: str, a: Optional[Cell], b: Optional[Cell]) -> str:
+def diff_line(label: str, a: Cell | None, b: Cell | None) -> str:
     """``label``: paired differences of train and val loss (mean ± std) and the syncs / payload ratios."""
     if a is None or b is None:
         return f"- {label}: not run"
@@ -446,7 +448,7 @@ def modeled_seconds(run: Run, step: int, compute: float, bandwidth: float, laten
     return step * compute + comm
 
 
-def first_reach(run: Run, threshold: float) -> Optional[int]:
+def first_reach(run: Run, threshold: float) -> int | None:
     window = max(1, math.ceil(0.02 * len(run.steps)))
     for row, loss in zip(run.steps, moving_average([s["loss"] for s in run.steps], window)):
         if loss <= threshold:
@@ -559,7 +561,7 @@ def targets(tables: dict[Table, dict[str, Cell]]) -> list[str]:
     t1, t14 = tables.get(Table.TABLE1, {}), tables.get(Table.TABLE14, {})
     lines = []
 
-    def verdict(label: str, a: Optional[Cell], b: Optional[Cell], max_ratio: float, key: str) -> str:
+    def verdict(label: str, a: Cell | None, b: Cell | None, max_ratio: float, key: str) -> str:
         if a is None or b is None or not paired(a, b, "val"):
             return f"- {label}: NOT RUN"
         ratio = statistics.fmean(a.values(key).values()) / statistics.fmean(b.values(key).values())
@@ -595,7 +597,7 @@ def parse_beyond(specs: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
     return parsed
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/replicate", help="folder of the run folders (default runs/replicate)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
@@ -631,7 +633,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.report_only:
         torch.set_num_threads(1)
