@@ -604,6 +604,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=500, help="optimizer steps T per run (default 500: H_base 5)")
     parser.add_argument("--workers", type=int, default=8, help="workers of Tables 1, 8, 14 (Table 7 uses half, the scaling run twice)")
     parser.add_argument("--only", help=f"comma-separated tables to run, from {', '.join(t.value for t in Table)} (default all)")
+    parser.add_argument("--variants", help="comma-separated variant names to run within the selected tables (default all)")
     parser.add_argument("--bandwidths", default="100M,1G,10G", help="Table 2 link rates in bits/s (default 100M,1G,10G)")
     parser.add_argument("--latency-ms", type=float, default=5.0, help="Table 2 latency per collective in ms (default 5)")
     parser.add_argument("--thresholds", help="Table 2 training-loss thresholds (default: final losses of DiLoCo 0.9, 0.7, AutoLoCo)")
@@ -637,7 +638,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.report_only:
         torch.set_num_threads(1)
-        selected = [v for v in variants(args.beyond) if v.table in args.tables]
+        wanted = {n.strip() for n in args.variants.split(",")} if args.variants else None
+        selected = [v for v in variants(args.beyond) if v.table in args.tables and (wanted is None or v.name in wanted)]
+        if not selected:
+            raise SystemExit(f"replicate: --variants {args.variants!r} names no variant of {', '.join(map(str, args.tables))}")
         corpus = load_corpus(args.cache_dir, args.vocab, args.max_docs)
         largest = max(v.workers(args.workers) for v in selected) * args.batch_size * demo.SEQ_LEN * args.steps
         if corpus.splits.train.numel() < CORPUS_MARGIN * largest:
