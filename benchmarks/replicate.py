@@ -67,7 +67,7 @@ from autoloco_hf.cli.report import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-BATCH_SIZE = 4  # windows per worker per step (the demo uses 8; halved for the CPU budget)
+BATCH_SIZE = 2  # windows per worker per step (the demo uses 8; quartered for the CPU budget)
 HIDDEN, LAYERS, HEADS = 64, 2, 4
 VOCAB_SIZE = 1024
 VAL_FRACTION = 0.02  # of the documents
@@ -601,7 +601,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/replicate", help="folder of the run folders (default runs/replicate)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--steps", type=int, default=500, help="optimizer steps T per run (default 500: H_base 5)")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps T per run (default 1000: H_base 10, q_H 1, H_max 15)")
     parser.add_argument("--workers", type=int, default=8, help="workers of Tables 1, 8, 14 (Table 7 uses half, the scaling run twice)")
     parser.add_argument("--only", help=f"comma-separated tables to run, from {', '.join(t.value for t in Table)} (default all)")
     parser.add_argument("--variants", help="comma-separated variant names to run within the selected tables (default all)")
