@@ -13,7 +13,10 @@ less than 4x what the largest selected run consumes.
 
 The schedule is the paper's with the same ratios: ``T`` steps, ``H_base =
 T/100``, warm-up 2% then cosine, ``q_H = H_base/10`` (at least 1), ``H_max =
-1.5 H_base``. Every method of a seed starts from the same initialization and
+1.5 H_base``. Keep ``T`` a multiple of 1000: at ``T = 500`` (``H_base`` 5,
+``q_H`` 1) the smallest increase adds 20% of learning-rate mass, more than
+the controller's ``gamma_inc`` budget of 15%, and AutoLoCo never leaves
+``H_base`` (measured; ``docs/results.md``). Every method of a seed starts from the same initialization and
 reads the same batches, so the differences across seeds are paired.
 
 Each finished run is one folder ``OUT/<table>/seed<k>/<variant>/`` with
@@ -642,6 +645,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         selected = [v for v in variants(args.beyond) if v.table in args.tables and (wanted is None or v.name in wanted)]
         if not selected:
             raise SystemExit(f"replicate: --variants {args.variants!r} names no variant of {', '.join(map(str, args.tables))}")
+        h_base, q_h = schedule(args.steps)
+        if 10 * q_h != h_base:  # measured at T=500: +1 step = +20% LR mass > gamma_inc, AutoLoCo never grew
+            print(
+                f"warning: --steps {args.steps} gives H_base {h_base}, q_H {q_h}: not the paper's q_H = H_base/10 "
+                "(use a multiple of 1000 steps); one increment may exceed the controller's gamma_inc budget",
+                flush=True,
+            )
         corpus = load_corpus(args.cache_dir, args.vocab, args.max_docs)
         largest = max(v.workers(args.workers) for v in selected) * args.batch_size * demo.SEQ_LEN * args.steps
         if corpus.splits.train.numel() < CORPUS_MARGIN * largest:
