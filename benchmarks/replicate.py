@@ -542,6 +542,8 @@ def diffs(table: Table, cells: dict[str, Cell], tables: dict[Table, dict[str, Ce
         out.append(diff_line("autoloco - diloco_mu07", get("autoloco"), get("diloco_mu07")))
         out.append(diff_line("autoloco - diloco (mu 0.9)", get("autoloco"), get("diloco")))
         out.append(diff_line("diloco_mu07 - diloco (mu 0.9)", get("diloco_mu07"), get("diloco")))
+        for name in ("qsr", "linear", "ddp"):
+            out.append(diff_line(f"{name} - diloco_mu07", get(name), get("diloco_mu07")))
     elif table is Table.TABLE14:
         for name in (n for n in cells if n != "diloco_bf16"):
             out.append(diff_line(f"{name} - diloco_bf16", get(name), get("diloco_bf16")))
