@@ -79,11 +79,15 @@ def build_setup(seed: int) -> DemoSetup:
     return DemoSetup(tokenizer, splits, model)
 
 
-def scaled_config(method: str, steps: int, h_base: int) -> AutoLoCoConfig:
-    """The method's config at the demo scale (``q_H`` and ``H_max`` follow ``H_base`` by default)."""
+def scaled_config(method: str, steps: int, h_base: int, **overrides: Any) -> AutoLoCoConfig:
+    """The method's config at the demo scale (``q_H`` and ``H_max`` follow ``H_base`` by default).
+
+    ``overrides`` are further ``AutoLoCoConfig`` fields (ablation switches, wire dtype, ``h_max``).
+    """
     fields = dict(METHODS[method][1])
     # The paper's Linear Interval runs 100 intervals in 50k steps (a = 10): keep the ratio.
     fields["linear_increment"] = max(1, round(10 * steps / 50_000))
+    fields.update(overrides)
     return AutoLoCoConfig(h_base=h_base, warmup_steps=warmup_steps(steps), **fields)
 
 
@@ -92,9 +96,20 @@ def warmup_steps(steps: int) -> int:
 
 
 def train_method(
-    name: str, config: AutoLoCoConfig, setup: DemoSetup, args: argparse.Namespace, bar: Any
+    name: str,
+    config: AutoLoCoConfig,
+    setup: DemoSetup,
+    args: argparse.Namespace,
+    bar: Any,
+    sampler: Any = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """Train one method from the shared initialization; write its run folder; return its summary."""
+    """Train one method from the shared initialization; write its run folder; return its summary.
+
+    ``sampler`` (anything with ``next_batches()``) replaces the demo's random
+    windows; ``extra`` goes into ``summary.json`` (the replication benchmark
+    passes its own sampler, description and provenance).
+    """
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss
@@ -105,13 +120,13 @@ def train_method(
     workers = LocalWorkers(
         config,
         setup.model,
-        SimulatedCommunicator(args.workers),
+        SimulatedCommunicator(args.workers, wire_dtype=str(config.wire_dtype), block_size=config.int8_block_size),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
         total_steps=args.steps,
         records_path=writer.intervals_path,
     )
-    sampler = WindowSampler(setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed)
+    sampler = sampler or WindowSampler(setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed)
     bar.set_description(name)
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
@@ -132,9 +147,9 @@ def train_method(
         wall,
         val_loss=val_loss,
         cpu_seconds=cpu,
-        description=METHODS[name][0],
         workers=args.workers,
         params=setup.num_params,
+        **{"description": METHODS[name][0] if name in METHODS else name, **extra},
     )
 
 

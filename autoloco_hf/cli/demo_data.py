@@ -152,6 +152,43 @@ class WindowSampler:
         return batches
 
 
+class DisjointWindowSampler:
+    """Non-overlapping windows of a token stream, each used at most once: no token is ever repeated.
+
+    The stream is cut into ``seq_len`` windows, shuffled once by ``seed``;
+    worker ``w`` at step ``s`` takes the ``batch_size`` windows at position
+    ``(s * num_workers + w) * batch_size``. Batches depend only on
+    ``(seed, num_workers, worker, step)``, so methods compared at one worker
+    count see the same data in the same order, as in pretraining on a corpus
+    larger than the budget.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0) -> None:
+        self.windows = tokens[: (tokens.numel() // seq_len) * seq_len].view(-1, seq_len)
+        self.order = torch.randperm(self.windows.shape[0], generator=torch.Generator().manual_seed(seed))
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.position = 0
+
+    def capacity_steps(self) -> int:
+        """Steps this stream can feed before a window would repeat."""
+        return self.windows.shape[0] // (self.batch_size * self.num_workers)
+
+    def next_batches(self) -> list[dict[str, torch.Tensor]]:
+        """One batch per worker (``input_ids`` and ``labels``); raises once the stream is used up."""
+        need = self.batch_size * self.num_workers
+        if self.position + need > self.order.numel():
+            raise RuntimeError(
+                f"corpus exhausted after {self.position // need} steps ({self.windows.shape[0]} windows): "
+                "use fewer --steps/--workers or a larger corpus"
+            )
+        picked = self.windows[self.order[self.position : self.position + need]]
+        self.position += need
+        return [
+            {"input_ids": ids, "labels": ids} for ids in picked.view(self.num_workers, self.batch_size, -1).unbind(0)
+        ]
+
+
 def eval_windows(tokens: torch.Tensor, seq_len: int, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
     """Consecutive non-overlapping windows covering ``tokens`` (deterministic validation batches)."""
     n = (tokens.numel() // seq_len) * seq_len
