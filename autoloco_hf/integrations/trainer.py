@@ -175,9 +175,7 @@ def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worke
 def _as_config(config: Any) -> AutoLoCoConfig:
     """A config, a dict of its fields or parsed :class:`AutoLoCoArguments`; anything else fails now, in one line."""
     if config is None:
-        # Trainer(callbacks=[AutoLoCoCallback]) instantiates the class with no arguments, in CallbackHandler.add_callback
-        caller = sys._getframe(2)
-        if caller.f_code.co_name == "add_callback" and isinstance(caller.f_locals.get("callback"), type):
+        if _built_from_the_class_by_the_trainer():
             raise TypeError(
                 "callbacks=[AutoLoCoCallback] passes the class, which would silently run the defaults: "
                 "pass an instance, callbacks=[AutoLoCoCallback(AutoLoCoConfig(...))]"
@@ -219,8 +217,19 @@ def _quiet_console(printer_on_log: Any) -> Any:
 
 # ---------------------------------------------------------------- Trainer internals we rely on
 # Everything here reads Trainer behaviour that is not part of the callback contract. It is kept to these
-# two functions, and tests/integrations/test_trainer_single_process.py::test_trainer_internals_still_hold fails
-# loudly when a transformers upgrade changes either of them.
+# three functions; tests/integrations/test_trainer_single_process.py::test_trainer_internals_still_hold and
+# tests/integrations/test_callback_input.py::test_the_class_instead_of_an_instance_is_refused fail loudly when a
+# transformers upgrade changes any of them.
+
+
+def _built_from_the_class_by_the_trainer() -> bool:
+    """Whether ``Trainer(callbacks=[AutoLoCoCallback])`` is instantiating the class itself (no config given).
+
+    ``CallbackHandler.add_callback`` calls ``callback()`` on a class; its frame is two levels above
+    :func:`_as_config`'s caller (``AutoLoCoCallback.__init__``).
+    """
+    caller = sys._getframe(3)
+    return caller.f_code.co_name == "add_callback" and isinstance(caller.f_locals.get("callback"), type)
 
 
 def _trainer_being_built(callback: AutoLoCoCallback, max_depth: int = 8) -> Trainer | None:
