@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -16,3 +17,29 @@ def load_recipe(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def eval_quick_nll(model_dir, out) -> dict:
+    """`autoloco eval --suite quick --fixtures --offline --tasks nll` on what a recipe wrote (the documented next step)."""
+    from autoloco_hf.cli import main
+
+    assert (
+        main(
+            [
+                "eval",
+                str(model_dir),
+                "--suite",
+                "quick",
+                "--fixtures",
+                "--offline",
+                "--tasks",
+                "nll",
+                "--out",
+                str(out),
+                "--run-name",
+                "recipe",
+            ]
+        )
+        == 0
+    )
+    return json.loads((out / "recipe.json").read_text())

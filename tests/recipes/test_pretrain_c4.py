@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from recipe_helpers import RECIPES, load_recipe
+from recipe_helpers import RECIPES, eval_quick_nll, load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -52,32 +52,6 @@ def tiny_args(out, tokenizer_dir, tiny_llama_config, text_files, config="c4_auto
         "--autoloco",
         "h_max=3",
     ]
-
-
-def eval_quick_nll(model_dir, out) -> dict:
-    """`autoloco eval --suite quick --fixtures --offline --tasks nll` on what a recipe wrote (the documented next step)."""
-    from autoloco_hf.cli import main
-
-    assert (
-        main(
-            [
-                "eval",
-                str(model_dir),
-                "--suite",
-                "quick",
-                "--fixtures",
-                "--offline",
-                "--tasks",
-                "nll",
-                "--out",
-                str(out),
-                "--run-name",
-                "recipe",
-            ]
-        )
-        == 0
-    )
-    return json.loads((out / "recipe.json").read_text())
 
 
 def test_every_config_parses():

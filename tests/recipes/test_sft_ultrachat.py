@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from recipe_helpers import RECIPES, load_recipe
+from recipe_helpers import RECIPES, eval_quick_nll, load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -172,28 +172,7 @@ def test_sft_smoke(tmp_path, sft_files, monkeypatch):
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
     assert 0 < summary["test_nll"] < 10
     # the run folder holds the final model and tokenizer: `autoloco eval` it as the docs say
-    from autoloco_hf.cli import main
-
-    assert (
-        main(
-            [
-                "eval",
-                str(run),
-                "--suite",
-                "quick",
-                "--fixtures",
-                "--offline",
-                "--tasks",
-                "nll",
-                "--out",
-                str(tmp_path / "eval"),
-                "--run-name",
-                "recipe",
-            ]
-        )
-        == 0
-    )
-    record = json.loads((tmp_path / "eval" / "recipe.json").read_text())
+    record = eval_quick_nll(run, tmp_path / "eval")
     assert 0 < record["scores"]["nll_chat"] < 10 and 0 < record["scores"]["nll_c4"] < 10
 
 
