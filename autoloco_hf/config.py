@@ -447,12 +447,6 @@ class AutoLoCoConfig:
             )
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
-        if self.ranks_per_worker > 1 and self.hierarchical_sync:
-            _fail(
-                "overlap",
-                self.overlap,
-                "it does not combine with sharded hierarchical_sync yet: set hierarchical_sync=False",
-            )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
                 "overlap_steps",

@@ -26,7 +26,8 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,13 @@ from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_ord
 
 
 def _now(tensor: torch.Tensor) -> float:
-    """Wall clock after the tensor's device has finished its queued work (CUDA kernels run asynchronously)."""
+    """Wall clock after the current stream has finished its queued work (CUDA kernels run asynchronously).
+
+    Only the current stream: an overlapped sync runs on a side stream of its own and
+    must not wait for the training kernels queued meanwhile.
+    """
     if tensor.is_cuda:
-        torch.cuda.synchronize(tensor.device)
+        torch.cuda.current_stream(tensor.device).synchronize()
     return time.perf_counter()
 
 
@@ -272,6 +277,7 @@ class ProcessGroupCommunicator(Communicator):
         self.local_workers = 1
         self._buffer: torch.Tensor | None = None  # reused by the FP32 all-reduce
         self._owner: _OwnerReduceBuffers | None = None  # reused by the BF16 / INT8 owner-reduce
+        self._background: ThreadPoolExecutor | None = None  # runs an overlapped BF16 / INT8 owner-reduce
 
     def worker_labels(self) -> list[str]:
         return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
@@ -408,17 +414,21 @@ class ProcessGroupCommunicator(Communicator):
             self.dist.broadcast(tensor, src=self.global_rank(0), group=self.group)
 
     def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
-        """FP32: the control all-gather and the bucketed all-reduce run as ``async_op=True`` work handles.
+        """Start the average; the caller trains on until :meth:`PendingAverage.wait` (docs/algorithm.md §11).
 
-        The flat buffer is copied into a buffer of its own, so the caller may go
-        on training while the collective runs. BF16/INT8 owner-reduce needs its
-        two exchanges with a decode in between: it completes here (not overlapped).
+        FP32: the control all-gather and the bucketed all-reduce run as
+        ``async_op=True`` work handles. BF16 / INT8: the owner-reduce needs its two
+        exchanges with a decode in between, so the whole blocking :meth:`average`
+        runs on one background thread (the collectives and codec kernels release the
+        GIL; on CUDA on a side stream of its own). Either way the inputs are copied
+        first, so they may be reused once this returns, and every collective stays
+        bounded by the group's ``sync_timeout_s``.
         """
         wire = WireDtype(wire_dtype or self.wire_dtype)
-        if wire != WireDtype.FP32:
-            return super().start_average(flats, scalars, segment_sizes, wire)
         if len(flats) != 1:
             raise ValueError("a process-group worker contributes exactly one buffer")
+        if wire != WireDtype.FP32:
+            return self._start_in_background(flats[0], scalars, segment_sizes, wire)
         flat = flats[0]
         traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
         start = time.perf_counter()
@@ -443,6 +453,38 @@ class ProcessGroupCommunicator(Communicator):
             if not gathered:
                 return AverageResult(total, torch.zeros(0, dtype=torch.float64), traffic)
             return AverageResult(total, sum_in_worker_order(gathered).cpu(), traffic, torch.stack(gathered).cpu())
+
+        return PendingAverage(finish)
+
+    def _start_in_background(
+        self, flat: torch.Tensor, scalars: Sequence[torch.Tensor], segment_sizes: Sequence[int], wire: WireDtype
+    ) -> PendingAverage:
+        """Run the blocking owner-reduce of copies of the inputs on this communicator's sync thread.
+
+        One thread, so overlapped averages run one at a time, in order, and the
+        persistent owner-reduce buffers are never shared; nothing else uses this
+        communicator's group meanwhile (the engine waits for an average before it
+        starts the next one).
+        """
+        flat = flat.detach().clone()
+        scalars = [s.detach().clone() for s in scalars]
+        side = torch.cuda.Stream(flat.device) if flat.is_cuda else None
+        if side is not None:  # the copies above are queued on the caller's stream
+            side.wait_stream(torch.cuda.current_stream(flat.device))
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoloco-sync")
+
+        def run() -> AverageResult:
+            with torch.cuda.stream(side) if side is not None else nullcontext():
+                return self.average([flat], scalars, segment_sizes, wire)
+
+        future = self._background.submit(run)
+
+        def finish() -> AverageResult:
+            result = future.result()  # re-raises the thread's PeerLostError / WorkerDisagreement here
+            if side is not None:
+                torch.cuda.current_stream(flat.device).wait_stream(side)
+            return result
 
         return PendingAverage(finish)
 
@@ -539,6 +581,10 @@ class HierarchicalCommunicator(Communicator):
     def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         """The outer collective on this rank's shard (``flats`` and ``segment_sizes`` describe the shard)."""
         return self.outer.average(flats, scalars, segment_sizes, wire_dtype, check=check)
+
+    def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
+        """The overlapped outer collective on this rank's shard; the worker's gather waits for it to land."""
+        return self.outer.start_average(flats, scalars, segment_sizes, wire_dtype)
 
     def worker_labels(self) -> list[str]:
         return self.outer.worker_labels()

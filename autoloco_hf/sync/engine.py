@@ -323,7 +323,7 @@ class IntervalEngine:
             if starts is None:
                 delta = self.outer.pseudo_gradient(params)
             else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.3)
-                delta = starts[i] - flatten_fp32(params, self.outer.device)
+                delta = starts[i] - flatten_fp32(params, self.outer.device, self.outer.shard)
             sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
             finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step

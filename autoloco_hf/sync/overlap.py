@@ -83,7 +83,8 @@ class OverlappedEngine(IntervalEngine):
         self._eager = self.config.overlap == Overlap.EAGER
         device = self.outer.device
         # eager: y_t^i, where worker i started the running interval (its pseudo-gradient is measured from there)
-        self._starts = [flatten_fp32(p, device) for p in self.worker_params] if self._eager else []
+        # (this rank's shard of it with a sharded outer state, docs/algorithm.md §8.3)
+        self._starts = [flatten_fp32(p, device, self.outer.shard) for p in self.worker_params] if self._eager else []
 
     @property
     def in_flight(self) -> InFlight | None:
@@ -134,11 +135,12 @@ class OverlappedEngine(IntervalEngine):
         boundary = flight.interval.start_step + flight.interval.h_step
         final = boundary >= self.total_steps  # the run ends on theta for everybody
         alpha = self.config.overlap_mix
+        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))  # sharded: the worker's
         for params in self.worker_params:
             if final or alpha == 0.0 or not aggregate.valid:  # an invalid interval restarts from theta as in §5.2
-                self.outer.write_back(params)
+                self.outer.write_back(params, theta)
             else:
-                for p, chunk in zip(params, torch.split(self.outer.params.detach(), self.outer.numels)):
+                for p, chunk in zip(params, torch.split(theta, self.outer.numels)):
                     p.lerp_(chunk.view_as(p).to(device=p.device, dtype=p.dtype), 1.0 - alpha)
         sync_seconds = time.perf_counter() - started
         advance = self._advance(flight, aggregate, next_start=None, plan_at=boundary)
@@ -204,8 +206,7 @@ class OverlappedEngine(IntervalEngine):
                 )
             else:
                 start = self.outer.params.detach() - estimate
-            for p, chunk in zip(params, torch.split(start, self.outer.numels)):
-                p.copy_(chunk.view_as(p))
+            self.outer.write_back(params, self.comm.gather_shards(start, sum(self.segment_sizes)))
             self._starts[i] = start
         if not all(finite):  # a worker that produced NaN restarts from a finite point with a finite optimizer
             self._sanitize_optimizers()

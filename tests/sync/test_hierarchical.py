@@ -26,9 +26,10 @@ from autoloco_hf.sync.engine import IntervalEngine
 
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")
+OVERLAPS = ("delayed", "eager")  # FP32 wire
 
 
-def _run(topo, wire: str, hierarchical: bool) -> dict:
+def _run(topo, wire: str, hierarchical: bool, overlap: str = "none") -> dict:
     # map_tokens=False: today's layout counts only its outer group's tokens, the hierarchical sync every rank's
     config = AutoLoCoConfig(
         method="autoloco",
@@ -39,6 +40,7 @@ def _run(topo, wire: str, hierarchical: bool) -> dict:
         ranks_per_worker=R,
         hierarchical_sync=hierarchical,
         map_tokens=False,
+        overlap=overlap,
     )
     model = make_model(seed=0)  # a worker's ranks start equal (DDP's broadcast at wrap time does this for users)
     optimizer = adamw(model.parameters())
@@ -79,7 +81,9 @@ def _run(topo, wire: str, hierarchical: bool) -> dict:
 
 def _worker(rank: int, world_size: int) -> dict:
     topo = build_topology(R)
-    return {(wire, hier): _run(topo, wire, hier) for wire in WIRES for hier in (False, True)}
+    runs = {(wire, hier): _run(topo, wire, hier) for wire in WIRES for hier in (False, True)}
+    runs.update({(overlap, hier): _run(topo, "fp32", hier, overlap) for overlap in OVERLAPS for hier in (False, True)})
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +127,18 @@ def test_each_rank_holds_and_sends_half(runs, wire: str) -> None:
         ratio = hier["wire_bytes"] / flat["wire_bytes"]
         # FP32: exactly half; INT8: half the codes, plus a block scale where a shard cuts a tensor
         assert ratio == 0.5 if wire == "fp32" else 0.5 <= ratio < 0.52, ratio
+
+
+@pytest.mark.parametrize("overlap", OVERLAPS)
+def test_overlapped_sync_of_shards_equals_the_unsharded_overlapped_run(runs, overlap: str) -> None:
+    """The shard's in-flight average, merge (delayed) and eager start point, gathered in the worker (§11.4)."""
+    for rank, result in enumerate(runs):
+        flat, hier = result[overlap, False], result[overlap, True]
+        assert len(hier["records"]) >= 8 and hier["records"] != result["fp32", True]["records"], "overlap should act"
+        assert [r[:2] for r in hier["records"]] == [r[:2] for r in flat["records"]], rank
+        for (_, _, d_flat, c_flat, _), (_, _, d_hier, c_hier, _) in zip(flat["records"], hier["records"]):
+            assert math.isclose(d_hier, d_flat, rel_tol=1e-12) and math.isclose(c_hier, c_flat, abs_tol=1e-9)
+        assert all(torch.equal(a, b) for a, b in zip(hier["params"], flat["params"])), rank
+        assert hier["outer_numel"] == flat["outer_numel"] // R
+        partner = runs[rank ^ 1][overlap, True]["params"]
+        assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -71,8 +73,7 @@ def test_config_defaults_to_blocking_and_validates_overlap():
         AutoLoCoConfig(method="ddp", overlap="eager")
     with pytest.raises(ConfigError, match="error_feedback"):
         config(overlap="eager", wire_dtype="int8", error_feedback=True)
-    with pytest.raises(ConfigError, match="hierarchical_sync"):
-        config(overlap="eager", ranks_per_worker=2)
+    assert config(overlap="eager", ranks_per_worker=2).hierarchical_sync  # sharded outer state overlaps too
     assert AutoLoCoConfig.from_dict(config(overlap="eager").to_dict()).overlap == "eager"
 
 
@@ -267,11 +268,11 @@ def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
 
 
 # ------------------------------------------------- simulation == gloo processes
-def _process_worker(rank: int, world_size: int, overlap: str) -> dict:
+def _process_worker(rank: int, world_size: int, overlap: str, wire: str) -> dict:
     outer_after_each_step = []
     runner = runner_for(
-        config(overlap=overlap),
-        ProcessGroupCommunicator(),
+        config(overlap=overlap, wire_dtype=wire),
+        ProcessGroupCommunicator(wire_dtype=wire),
         seed=rank,
         on_record=lambda r: outer_after_each_step.append(
             (runner.engine.outer.params.detach().clone(), runner.engine.outer.momentum_buffer.clone())
@@ -281,19 +282,20 @@ def _process_worker(rank: int, world_size: int, overlap: str) -> dict:
     return {"params": params_of(runner.models[0]), "records": records_of(runner), "outer": outer_after_each_step}
 
 
+@pytest.mark.parametrize("wire", ["fp32", "int8"])
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
-def test_two_gloo_processes_equal_two_simulated_workers(overlap):
+def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire):
     outer_sim = []
-    cfg = config(overlap=overlap)
+    cfg = config(overlap=overlap, wire_dtype=wire)
     sim = runner_for(
         cfg,
-        SimulatedCommunicator(2),
+        SimulatedCommunicator(2, wire_dtype=wire),
         on_record=lambda r: outer_sim.append(
             (sim.engine.outer.params.detach().clone(), sim.engine.outer.momentum_buffer.clone())
         ),
     )
     train(sim, 0, STEPS, (0, 1))
-    results = run_gloo(_process_worker, 2, overlap)
+    results = run_gloo(_process_worker, 2, overlap, wire)
     sim_records = records_of(sim)
 
     def strip(rows):
@@ -307,3 +309,26 @@ def test_two_gloo_processes_equal_two_simulated_workers(overlap):
         assert len(result["outer"]) == len(outer_sim) >= 6
         for (theta, momentum), (theta_sim, momentum_sim) in zip(result["outer"], outer_sim):
             assert torch.equal(theta, theta_sim) and torch.equal(momentum, momentum_sim)
+
+
+def _start_before_the_peer(rank: int, world_size: int, wire: str, started: str) -> float:
+    """Rank 1 joins the collective only after rank 0's ``start_average`` has returned (a blocking one never would)."""
+    comm = ProcessGroupCommunicator(timeout_s=20, wire_dtype=wire)
+    flat = torch.full((1000,), float(rank + 1))
+    if rank == 1:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    pending = comm.start_average([flat], [torch.tensor([float(rank)])], [1000])
+    flat.fill_(99.0)  # the caller reuses its buffer at once: the average must be of the values passed
+    if rank == 0:
+        open(started, "w").close()
+    result = pending.wait()
+    assert result.scalar_sums.tolist() == [1.0]
+    return float(result.mean.mean())
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16", "int8"])
+def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
+    means = run_gloo(_start_before_the_peer, 2, wire, str(tmp_path / "started"), timeout=120)
+    assert means == [1.5, 1.5]
