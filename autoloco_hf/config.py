@@ -426,6 +426,20 @@ class AutoLoCoConfig:
             _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")
         self._check_float("bucket_size_mb", 0.0, math.inf, low_open=True)
         self._check_int("ranks_per_worker", 1)
+        if (
+            self.ranks_per_worker > 1
+            and not self.hierarchical_sync
+            and self.map_tokens
+            and self.method == Method.AUTOLOCO
+        ):
+            # each outer group would count only its own ranks' tokens and could map them to another horizon
+            # than the worker's other groups, splitting the worker (docs/algorithm.md §8.3)
+            _fail(
+                "hierarchical_sync",
+                False,
+                "with ranks_per_worker > 1 only the hierarchical layout sums the token counts over the worker: "
+                "keep hierarchical_sync=True or set map_tokens=False",
+            )
         self._check_controller_robustness()
         # --- reliability (issue 10) ---
         self._check_float("sync_timeout_s", 0.0, math.inf, low_open=True)

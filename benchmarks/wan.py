@@ -21,6 +21,10 @@ Rows (``--rows``):
   wall time per step (same per-rank batch, same steps);
 * ``ddp``: gradient all-reduce every step (torch DDP), one rank per node;
 * ``diloco``, ``autoloco``, ``autoloco-int8``: one rank per node, FP32 / FP32 / INT8 wire;
+* ``diloco-delayed``, ``autoloco-delayed``, ``autoloco-eager``, ``autoloco-int8-delayed``,
+  ``autoloco-int8-eager``: the same with the outer collective overlapped with the
+  following inner steps (docs/algorithm.md §11; ``delayed`` merges
+  ``--overlap-steps`` steps after the boundary, ``eager`` at the next boundary);
 * ``diloco-2x2-flat``: 2 ranks per node, ``ranks_per_worker=2``, each outer group
   ``{r, r+2}`` syncing the whole model (every node sends 2 copies);
 * ``diloco-2x2-hier``: the same with the hierarchical sync (reduce-scatter in the
@@ -73,6 +77,7 @@ class Row:
     wire_dtype: str = "fp32"
     ranks_per_worker: int = 1
     hierarchical: bool = False
+    overlap: str = "none"
 
     @property
     def single(self) -> bool:
@@ -87,6 +92,11 @@ ROWS = {
         Row("diloco", "diloco"),
         Row("autoloco", "autoloco"),
         Row("autoloco-int8", "autoloco", wire_dtype="int8"),
+        Row("diloco-delayed", "diloco", overlap="delayed"),
+        Row("autoloco-delayed", "autoloco", overlap="delayed"),
+        Row("autoloco-eager", "autoloco", overlap="eager"),
+        Row("autoloco-int8-delayed", "autoloco", wire_dtype="int8", overlap="delayed"),
+        Row("autoloco-int8-eager", "autoloco", wire_dtype="int8", overlap="eager"),
         Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
         Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
     )
@@ -276,6 +286,7 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
         layers=args.layers,
         vocab=args.vocab,
         threads=args.threads,
+        overlap_steps=args.overlap_steps,
     )
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
@@ -423,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--overlap-steps",
+        type=int,
+        default=3,
+        help="delayed rows: inner steps between a boundary and the merge of its average (below AutoLoCo's h_min)",
+    )
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--target-loss", type=float, default=None)
@@ -559,6 +576,10 @@ def worker(spec_path: str) -> int:
             config.update(h_min=max(1, spec["h_base"] // 2), q_h=max(1, spec["h_base"] // 5))
         if spec["ranks_per_worker"] > 1:
             config["hierarchical_sync"] = spec["hierarchical"]
+        if spec["overlap"] != "none":
+            config.update(overlap=spec["overlap"], overlap_steps=spec["overlap_steps"])
+            if spec["method"] == "autoloco":  # every step has the same tokens here; without the token mapper
+                config["map_tokens"] = False  # intervals are >= h_min, so the merge may land up to h_min - 1 steps late
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
         callbacks.append(autoloco)
     callbacks.append(Meter())

@@ -166,6 +166,8 @@ def test_invalid_field_is_named(field: str, value: object) -> None:
         (dict(outer_momentum=0.3), "outer_momentum"),
         (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
         (dict(error_feedback=True), "error_feedback"),  # needs a lossy wire
+        # the flat worker-group layout counts tokens per outer group: groups could map them to different horizons
+        (dict(ranks_per_worker=2, hierarchical_sync=False), "hierarchical_sync"),
     ],
 )
 def test_inconsistent_fields_are_named(kwargs: dict, named: str) -> None:
@@ -191,6 +193,11 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
     """A switch given as a number or a string (``"false"`` is truthy) fails instead of silently turning on."""
     with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
         AutoLoCoConfig(**{field: value})
+
+
+def test_the_flat_worker_group_layout_needs_no_token_mapping() -> None:
+    assert not AutoLoCoConfig(ranks_per_worker=2, hierarchical_sync=False, map_tokens=False).map_tokens
+    assert AutoLoCoConfig(method="diloco", ranks_per_worker=2, hierarchical_sync=False).ranks_per_worker == 2
 
 
 def test_config_error_is_value_error() -> None:
