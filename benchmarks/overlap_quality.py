@@ -42,6 +42,19 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(method="autoloco", overlap="eager"),
     ),
     "diloco_eager": ("DiLoCo (momentum 0.9) + eager update", dict(method="diloco", overlap="eager")),
+    # a merge later than q_H - 1 steps needs intervals of at least h_min steps: without the token mapper
+    "autoloco_fixed_tokens": (
+        "AutoLoCo without the token mapper, blocking (the reference of the tau 3 rows)",
+        dict(method="autoloco", map_tokens=False),
+    ),
+    "autoloco_delayed_tau3": (
+        "AutoLoCo without the token mapper + delayed merge (tau 3, alpha 0.5)",
+        dict(method="autoloco", map_tokens=False, overlap="delayed", overlap_steps=3, overlap_mix=0.5),
+    ),
+    "autoloco_int8_delayed_tau3": (
+        "as autoloco_delayed_tau3, INT8 wire",
+        dict(method="autoloco", map_tokens=False, overlap="delayed", overlap_steps=3, wire_dtype="int8"),
+    ),
 }
 SEQ_LEN, BATCH, PEAK_LR, WEIGHT_DECAY = 64, 4, 2e-3, 0.01
 VOCAB, HIDDEN, LAYERS, HEADS = 1024, 64, 2, 4

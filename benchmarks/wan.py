@@ -19,6 +19,10 @@ Rows (``--rows``):
 
 * ``single``: one process in one namespace, no communication: the lower bound of
   wall time per step (same per-rank batch, same steps);
+* ``local``: every node trains alone at the same time (one independent launcher
+  per namespace, no communication): the lower bound under the same CPU load as
+  the multi-node rows, which on a machine with fewer cores than ranks is the fair
+  one. ``x bound`` is the step time over this row's when it ran, else ``single``'s;
 * ``ddp``: gradient all-reduce every step (torch DDP), one rank per node;
 * ``diloco``, ``autoloco``, ``autoloco-int8``: one rank per node, FP32 / FP32 / INT8 wire;
 * ``diloco-delayed``, ``autoloco-delayed``, ``autoloco-eager``, ``autoloco-int8-delayed``,
@@ -72,22 +76,24 @@ class Row:
     """One benchmark row: launch layout and AutoLoCo settings."""
 
     name: str
-    method: str  # "none" for the single-node lower bound
+    method: str  # "none": no AutoLoCo, no communication (the lower bounds)
     ranks_per_node: int = 1
     wire_dtype: str = "fp32"
     ranks_per_worker: int = 1
     hierarchical: bool = False
     overlap: str = "none"
+    every_node: bool = False  # method "none": every node trains alone at once (independent launchers)
 
     @property
     def single(self) -> bool:
-        return self.method == "none"
+        return self.method == "none" and not self.every_node
 
 
 ROWS = {
     r.name: r
     for r in (
         Row("single", "none"),
+        Row("local", "none", every_node=True),
         Row("ddp", "ddp"),
         Row("diloco", "diloco"),
         Row("autoloco", "autoloco"),
@@ -310,6 +316,7 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
                 node_ns(k),
                 "env",
                 f"GLOO_SOCKET_IFNAME={node_dev(k)}",
+                f"ALH_WAN_NODE={k}",
                 "nice",
                 "-n",
                 str(args.nice),
@@ -317,13 +324,13 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
                 "-m",
                 "torch.distributed.run",
                 "--nnodes",
-                str(nodes),
+                str(1 if row.every_node else nodes),
                 "--node_rank",
-                str(k),
+                str(0 if row.every_node else k),
                 "--nproc_per_node",
                 str(row.ranks_per_node),
                 "--master_addr",
-                node_addr(0),
+                node_addr(k if row.every_node else 0),  # every_node: k independent single-node jobs
                 "--master_port",
                 str(port),
                 os.path.abspath(__file__),
@@ -348,7 +355,7 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
             log.close()
     results = []
     for name in sorted(os.listdir(out)):
-        if name.startswith("result_rank"):
+        if name.startswith("result_"):
             with open(os.path.join(out, name)) as f:
                 results.append(json.load(f))
     return summarize(row, rate, results)
@@ -356,7 +363,7 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
 
 def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """One table row from the per-rank results (kernel bytes per node, engine bytes per node, times)."""
-    rank0 = next(r for r in results if r["rank"] == 0)
+    rank0 = next(r for r in results if r["rank"] == 0 and r["node"] == 0)
     nodes = sorted({r["node"] for r in results})
     tx = [sum(r["tx_bytes"] for r in results if r["node"] == n and r["local_rank"] == 0) for n in nodes]
     engine = [sum(r["wire_bytes"] for r in results if r["node"] == n) for n in nodes]
@@ -392,7 +399,7 @@ def final_loss(losses: list[float]) -> float:
 
 def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     header = (
-        f"{'rate':>9} {'row':<16} {'steps/s':>7} {'x single':>8} {'sync %':>7} {'syncs':>5} "
+        f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'syncs':>5} "
         f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
         f"{'outer MB/rank':>13}"
     )
@@ -400,7 +407,8 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     for rate in dict.fromkeys(r["rate"] for r in rows):
         mine = [r for r in rows if r["rate"] == rate]
         target = target_loss if target_loss is not None else max(final_loss(r["losses"]) for r in mine)
-        single = next((r for r in mine if r["method"] == "none"), None)
+        local = next((r for r in mine if r["row"] == "local"), None)  # the lower bound under the same load
+        single = local or next((r for r in mine if r["method"] == "none"), None)
         for r in mine:
             share = f"{100 * r['sync_share']:>7.1f}"
             if r["method"] == "ddp" and single is not None:
@@ -413,7 +421,7 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
             reach = time_to_target(r["losses"], r["loss_times"], target)
             vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
             print(
-                f"{rate:>9} {r['row']:<16} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
+                f"{rate:>9} {r['row']:<21} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
                 f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
                 f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
                 f"{r['outer_state_bytes'] / 1e6:>13.2f}"
@@ -511,7 +519,7 @@ def worker(spec_path: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    node = rank // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    node = int(os.environ.get("ALH_WAN_NODE", rank // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dev = os.environ.get("GLOO_SOCKET_IFNAME")
     torch.manual_seed(0)
     vocab, seq = spec["vocab"], spec["seq"]
@@ -573,7 +581,8 @@ def worker(spec_path: str) -> int:
             ranks_per_worker=spec["ranks_per_worker"],
         )
         if spec["method"] == "autoloco":
-            config.update(h_min=max(1, spec["h_base"] // 2), q_h=max(1, spec["h_base"] // 5))
+            q_h = max(1, spec["h_base"] // 5)
+            config.update(h_min=max(q_h, spec["h_base"] // 2 // q_h * q_h), q_h=q_h)  # h_min a multiple of q_H
         if spec["ranks_per_worker"] > 1:
             config["hierarchical_sync"] = spec["hierarchical"]
         if spec["overlap"] != "none":
@@ -617,7 +626,7 @@ def worker(spec_path: str) -> int:
         loss_times=loss_times,
         outer_state_bytes=_outer_state_bytes(outer) if outer is not None else 0,
     )
-    with open(os.path.join(spec["output_dir"], f"result_rank{rank}.json"), "w") as f:
+    with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
         json.dump(result, f)
     return 0
 
