@@ -164,13 +164,16 @@ def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worke
     """
     from torch.distributed.fsdp import FSDPModule
 
-    example = f"fully_shard(layer, mesh=worker_mesh({ranks_per_worker}, device_type)) for each block, then fully_shard(model, mesh=...)"
+    example = (
+        f"autoloco_hf.integrations.groups.shard_worker(model, {ranks_per_worker}, device_type) (fully_shard of "
+        "every block, then of the root, over worker_mesh(R, device_type))"
+    )
     if fsdp2_mesh(model) is None:
         if ranks_per_worker != world_size:
             raise AutoLoCoConfigurationError(
                 f"FSDP2 with ranks_per_worker={ranks_per_worker} and {world_size} processes: accelerate's FSDP "
                 "plugin would shard the model over all ranks (one worker). Shard each worker over its own ranks "
-                f"before building the Trainer: {example} (autoloco_hf.integrations.groups.worker_mesh), or set "
+                f"before building the Trainer: {example}, or set "
                 f"ranks_per_worker={world_size} for a single sharded worker"
             )
     elif not isinstance(model, FSDPModule):
