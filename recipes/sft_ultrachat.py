@@ -213,12 +213,6 @@ def fsdp2_requested(args: Any) -> bool:
 def check_fsdp2_workers_setup(s: SFTSettings, config: AutoLoCoConfig, cuda: bool) -> None:
     """Usage errors, before anything is loaded, for a run whose workers the recipe shards with FSDP2."""
     r = config.ranks_per_worker
-    if not cuda:
-        usage_error(
-            f"--autoloco ranks_per_worker={r} with FSDP2 needs GPUs: accelerate enables FSDP on GPU devices only "
-            "(on CPU the Trainer would wrap the sharded model in DDP); drop FSDP (--fsdp / the accelerate config) "
-            "to train every CPU process as its own worker"
-        )
     if s.model_dtype != "float32":
         usage_error(
             f"--model-dtype {s.model_dtype}: FSDP2 workers keep FP32 master weights (bf16 is the compute dtype "
@@ -230,16 +224,24 @@ def check_fsdp2_workers_setup(s: SFTSettings, config: AutoLoCoConfig, cuda: bool
             "only, but the recipe shards each worker itself from every rank's copy: set it to false "
             "(recipes/accelerate/*_fsdp2.yaml)"
         )
+    if not cuda:
+        usage_error(
+            f"--autoloco ranks_per_worker={r} with FSDP2 needs GPUs: accelerate enables FSDP on GPU devices only "
+            "(on CPU the Trainer would wrap the sharded model in DDP); drop FSDP (--fsdp / the accelerate config) "
+            f"to train each worker of {r} CPU processes with DDP inside it"
+        )
 
 
-def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool) -> Any:
+def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: str = "cuda") -> Any:
     """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root; docs/algorithm.md §8.3).
 
-    Accelerate's FSDP2 plugin would shard over all ranks, one worker; it keeps a model sharded already.
+    Accelerate's FSDP2 plugin would shard over all ranks, one worker; it keeps a model sharded already. The
+    master weights, gradients and AdamW states stay FP32; with ``bf16`` the layers are gathered in bf16.
     """
     from autoloco_hf.integrations.groups import shard_worker
 
-    return shard_worker(model, config.ranks_per_worker, "cuda", compute_dtype=torch.bfloat16 if bf16 else None)
+    dtype = torch.bfloat16 if bf16 else None
+    return shard_worker(model, config.ranks_per_worker, device_type, compute_dtype=dtype)
 
 
 def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
