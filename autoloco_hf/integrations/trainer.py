@@ -85,9 +85,10 @@ SUPPORTED = (
     "GPU (NCCL), launched by torchrun or `accelerate launch --multi_gpu`"
 )
 SHARDED_ALTERNATIVE = (
-    "to shard a large model use FSDP2 inside each worker: TrainingArguments(fsdp='full_shard', "
+    "to shard a large model use FSDP2 inside each worker: TrainingArguments(fsdp=True, "
     "fsdp_config={'fsdp_version': 2}) or accelerate's FSDP plugin with fsdp_version=2, and "
-    "AutoLoCoConfig(ranks_per_worker=<ranks per worker>)"
+    "AutoLoCoConfig(ranks_per_worker=<ranks per worker>); with several workers, shard each over its own ranks "
+    "first (autoloco_hf.integrations.groups.shard_worker, docs/hf.md)"
 )
 
 
@@ -197,7 +198,7 @@ def check_presharded_without_fsdp(model: torch.nn.Module, world_size: int, distr
         raise AutoLoCoConfigurationError(
             f"the model is sharded with fully_shard but accelerate did not enable FSDP (distributed type {dtype}): "
             "it would wrap the sharded model in DDP, which fails. Enable accelerate's FSDP2 plugin: "
-            "TrainingArguments(fsdp='full_shard', fsdp_config={'fsdp_version': 2}) or an accelerate config with "
+            "TrainingArguments(fsdp=True, fsdp_config={'fsdp_version': 2}) or an accelerate config with "
             "distributed_type: FSDP and fsdp_version: 2. Accelerate has FSDP on GPUs only; on CPU use a plain "
             "loop with AutoLoCoAccelerate and keep the sharded model out of accelerator.prepare"
         )
