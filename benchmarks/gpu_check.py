@@ -21,15 +21,25 @@ Checks, in order (each one passes, fails or is skipped with a reason):
 * ``outer_state``: the engine over a one-rank process group (NCCL on CUDA,
   gloo on CPU, as the recipes launch it), FP32 and INT8 wires, outer state on
   the device vs ``outer_on_cpu``: peak device memory and sync time of each;
-* ``fsdp2_workers``: 2 workers x FSDP2 (``fully_shard``) over 2 GPUs each, NCCL,
-  against 2 single-GPU workers on the same data: same horizons, ``D_t`` / ``C_t``
-  within ``FSDP_RTOL``, bytes and outer state per rank 1/2 (needs 4 GPUs; skipped
-  with the reason otherwise, and in the dry run, where its gloo twin is a test).
+* ``fsdp2_workers``: workers sharded by FSDP2 (``fully_shard``) over their own
+  GPUs, NCCL, against single-GPU workers on the same data: same horizons,
+  ``D_t`` / ``C_t`` within ``FSDP_RTOL``, bytes and outer state per rank 1/R.
+  Layouts by GPU count (one rank per GPU): 4+ GPUs 2 workers x 2; 2-3 GPUs
+  1 worker x 2 and 2 workers x 1; 1 GPU skipped with the reason. The dry run
+  runs 1 worker x 2 over gloo;
+* ``trainer_fsdp2``: ``Trainer`` + ``AutoLoCoCallback`` with accelerate's FSDP2
+  plugin (``TrainingArguments(fsdp=True, fsdp_config={"version": 2})``; several
+  workers are sharded per worker by ``shard_worker`` first) against the same
+  launch under DDP: same horizons, ``D_t`` / ``C_t`` and parameters within
+  tolerance. One GPU: 1 worker x 1 (the plugin's own sharding); 2-3 GPUs: 1 x 2
+  and 2 x 1; 4+: 2 x 2. Accelerate has no FSDP on CPU, so the dry run checks
+  that the callback refuses the sharded model and the DDP reference trains, and
+  reports a skip.
 
 ``--cpu-dry-run`` runs the same code with the CPU as "the device" (every
 comparison then compares CPU with CPU) and skips only what needs CUDA (peak
-device memory), so CI keeps the script from rotting. The exit status is 1 if
-any check failed, 2 on a usage error, else 0. The JSON report holds every
+device memory, accelerate's FSDP), so CI keeps the script from rotting. The
+exit status is 1 if any check failed, 2 on a usage error, else 0. The JSON report holds every
 number; the table is its summary.
 """
 
@@ -89,6 +99,7 @@ class Sizes:
     trainer_steps: int
     sft_steps: int
     memory_params: int  # parameters of the model whose outer state is measured
+    trainer_fsdp_steps: int
 
 
 GPU_SIZES = Sizes(
@@ -101,6 +112,7 @@ GPU_SIZES = Sizes(
     trainer_steps=40,
     sft_steps=8,
     memory_params=64 << 20,
+    trainer_fsdp_steps=16,
 )
 DRY_RUN_SIZES = Sizes(
     codec_numel=1 << 16,
@@ -112,6 +124,7 @@ DRY_RUN_SIZES = Sizes(
     trainer_steps=8,
     sft_steps=4,
     memory_params=1 << 14,
+    trainer_fsdp_steps=6,
 )
 
 
@@ -653,8 +666,65 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
     return result
 
 
-FSDP_R, FSDP_WORKERS, FSDP_STEPS, FSDP_WARMUP = 2, 2, 24, 3  # as tests/integrations/test_fsdp2_workers.py
+FSDP_STEPS, FSDP_WARMUP = 24, 3  # as tests/integrations/test_fsdp2_workers.py
 FSDP_RTOL = 1e-3  # TF32-free FP32 on CUDA; reduction orders differ between FSDP's reduce-scatter and one batch
+TRAINER_FSDP_PARAM_ATOL = 2e-3  # FSDP2 vs DDP under the Trainer: same math, other reduction orders, 16 AdamW steps
+Layout = tuple[int, int]  # (workers, ranks per worker)
+
+
+def fsdp_layouts(devices: int) -> list[Layout]:
+    """The worker layouts ``devices`` GPUs run with one rank each (NCCL refuses two ranks on one GPU).
+
+    4 or more: 2 workers x 2 ranks (sharded workers synced shard by shard); 2 or 3: 1 worker x 2 ranks
+    (the sharding, its partial sums inside the worker) and 2 workers x 1 rank (the outer collective over
+    local shards); 1: none.
+    """
+    if devices >= 4:
+        return [(2, 2)]
+    if devices >= 2:
+        return [(1, 2), (2, 1)]
+    return []
+
+
+def _layout_name(layout: Layout) -> str:
+    return f"{layout[0]}x{layout[1]}"
+
+
+def _join_ranks(fn: Callable[..., None], world: int, args: tuple) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes and wait (a rank's exception fails the check)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(fn, args=args, nprocs=world, start_method="spawn")
+
+
+def _free_port() -> int:
+    """A TCP port that was free a moment ago, for a launch's rendezvous (torchrun's MASTER_PORT)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_device(rank: int, device_type: str) -> Any:
+    """This rank's device: its own GPU (NCCL), or the CPU with one thread per process (gloo)."""
+    import torch
+
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    torch.set_num_threads(1)
+    return torch.device("cpu")
+
+
+def _leave(rank_file: str, result: dict[str, Any]) -> None:
+    """Write a rank's result and exit without interpreter finalization (a joinable C++ thread can abort it)."""
+    import torch
+
+    torch.save(result, rank_file)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _ToyLM:
@@ -689,8 +759,8 @@ def _fsdp_batch(shard: int, step: int, device: Any) -> dict[str, Any]:
     return {"input_ids": ids.to(device), "labels": ids.to(device)}
 
 
-def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
-    """One NCCL rank of 2 workers x FSDP2 over 2 GPUs: trains, syncs its shard, writes its records and full model."""
+def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type: str) -> None:
+    """One rank of ``workers`` x FSDP2 over ``R`` devices: trains, syncs its shard, writes its records and full model."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -700,17 +770,20 @@ def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
     from autoloco_hf.integrations.groups import build_topology, worker_mesh
     from autoloco_hf.integrations.runtime import WorkerRuntime
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=store, rank=rank, world_size=world)
+    workers, r = layout
+    device = _rank_device(rank, device_type)
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo", init_method=store, rank=rank, world_size=workers * r
+    )
     try:
-        topo = build_topology(FSDP_R)
-        model = _ToyLM.build(torch.device("cuda", rank))
-        mesh = worker_mesh(FSDP_R, "cuda")
+        topo = build_topology(r)
+        model = _ToyLM.build(device)
+        mesh = worker_mesh(r, device_type)
         for module in (model.embed, model.mlp, model.head):
             fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-        config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=FSDP_R)
+        config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=r)
         runtime = WorkerRuntime(
             config,
             model,
@@ -722,102 +795,284 @@ def _fsdp2_rank(rank: int, world: int, store: str, out_dir: str) -> None:
             topology=topo,
         )
         for step in range(FSDP_STEPS):
-            loss = model(**_fsdp_batch(rank, step, torch.device("cuda", rank)))
+            loss = model(**_fsdp_batch(rank, step, device))
             loss.backward()
             runtime.meter.add_external(loss=float(loss.detach()))  # the forward hooks count the input_ids
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             runtime.after_optimizer_step(3e-2)
-        full = [p.full_tensor().detach().cpu() for p in model.parameters()]
-        torch.save(
-            {
-                "records": [r.__dict__.copy() for r in runtime.engine.records],
-                "full": full,
-                "outer_numel": runtime.engine.outer.numel,
-            },
-            os.path.join(out_dir, f"fsdp_rank{rank}.pt"),
-        )
+        result = {
+            "records": [rec.__dict__.copy() for rec in runtime.engine.records],
+            "full": [p.full_tensor().detach().cpu() for p in model.parameters()],
+            "outer_numel": runtime.engine.outer.numel,
+        }
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    _leave(os.path.join(out_dir, f"fsdp_{_layout_name(layout)}_rank{rank}.pt"), result)
 
 
-def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
-    """2 workers x FSDP2 over 2 GPUs (NCCL) == 2 single-GPU workers on the same data: the GPU twin of the CPU test."""
+def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[str, Any]]:
+    """Run ``layout`` as FSDP2 workers and compare every rank with single-device workers on the same data."""
     import torch
-    import torch.multiprocessing as mp
 
-    world = FSDP_R * FSDP_WORKERS
-    if not ctx.cuda:
-        raise Skip(
-            "FSDP2 workers over NCCL need CUDA; on CPU the same equality runs over gloo in "
-            "tests/integrations/test_fsdp2_workers.py"
-        )
-    if torch.cuda.device_count() < world:
-        raise Skip(
-            f"FSDP2 workers over NCCL need {world} GPUs (2 workers x 2 ranks, one rank per GPU: NCCL refuses "
-            f"two ranks on one GPU); this machine has {torch.cuda.device_count()}"
-        )
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import FunctionSchedule
     from autoloco_hf.sync.communicators import SimulatedCommunicator
     from autoloco_hf.sync.engine import IntervalEngine
 
-    store = f"file://{os.path.join(ctx.workdir, 'fsdp_store')}"
-    mp.start_processes(_fsdp2_rank, args=(world, store, ctx.workdir), nprocs=world, start_method="spawn")
-    ranks = [torch.load(os.path.join(ctx.workdir, f"fsdp_rank{r}.pt"), weights_only=False) for r in range(world)]
+    workers, r = layout
+    world, name = workers * r, _layout_name(layout)
+    store = f"file://{os.path.join(ctx.workdir, f'fsdp_store_{name}')}"
+    _join_ranks(_fsdp2_rank, world, (layout, store, ctx.workdir, ctx.device.type))
+    ranks = [torch.load(os.path.join(ctx.workdir, f"fsdp_{name}_rank{k}.pt"), weights_only=False) for k in range(world)]
 
-    # reference: 2 single-GPU workers, each on its FSDP counterpart's two half batches concatenated
-    models = [_ToyLM.build(ctx.device) for _ in range(FSDP_WORKERS)]
+    # reference: single-device workers, each on its FSDP counterpart's R batches concatenated
+    models = [_ToyLM.build(ctx.device) for _ in range(workers)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.0) for m in models]
     config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
     engine = IntervalEngine(
         config,
         models,
         FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),
-        SimulatedCommunicator(FSDP_WORKERS),
+        SimulatedCommunicator(workers),
         FSDP_STEPS,
         warmup_steps=FSDP_WARMUP,
     )
     for step in range(FSDP_STEPS):
         losses = []
         for w, (model, optimizer) in enumerate(zip(models, optimizers)):
-            halves = [_fsdp_batch(FSDP_R * w + r, step, ctx.device) for r in range(FSDP_R)]
-            loss = model(**{k: torch.cat([h[k] for h in halves]) for k in halves[0]})
+            parts = [_fsdp_batch(r * w + k, step, ctx.device) for k in range(r)]
+            loss = model(**{key: torch.cat([p[key] for p in parts]) for key in parts[0]})
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
-        engine.after_optimizer_step(tokens=[FSDP_R * 4 * 12] * FSDP_WORKERS, losses=losses, lr=3e-2)
-    expected = [r.__dict__ for r in engine.records]
+        engine.after_optimizer_step(tokens=[r * 4 * 12] * workers, losses=losses, lr=3e-2)
+    expected = [rec.__dict__ for rec in engine.records]
     numel = sum(p.numel() for p in models[0].parameters())
     problems, worst = [], {"drift_energy": 0.0, "coherence": 0.0, "params": 0.0}
     for rank, result in enumerate(ranks):
         got = result["records"]
-        if [(r["start_step"], r["h_step"]) for r in got] != [(r["start_step"], r["h_step"]) for r in expected]:
-            problems.append(f"rank {rank}: horizon trajectory differs")
+        if [(g["start_step"], g["h_step"]) for g in got] != [(e["start_step"], e["h_step"]) for e in expected]:
+            problems.append(f"{name} rank {rank}: horizon trajectory differs")
             continue
         for mine, ref in zip(got, expected):
             for key in ("drift_energy", "coherence"):
                 worst[key] = max(worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12))
-            if mine["wire_bytes"] * FSDP_R != ref["wire_bytes"]:
-                problems.append(f"rank {rank}: {mine['wire_bytes']} wire bytes, expected {ref['wire_bytes']}/{FSDP_R}")
-        if result["outer_numel"] != numel // FSDP_R:
-            problems.append(f"rank {rank}: outer state of {result['outer_numel']} elements, expected {numel // FSDP_R}")
-        for p, q in zip(result["full"], models[rank // FSDP_R].parameters()):
+            if mine["wire_bytes"] * r != ref["wire_bytes"]:
+                problems.append(
+                    f"{name} rank {rank}: {mine['wire_bytes']} wire bytes, expected {ref['wire_bytes']}/{r}"
+                )
+        if result["outer_numel"] != numel // r:
+            problems.append(
+                f"{name} rank {rank}: outer state of {result['outer_numel']} elements, expected {numel // r}"
+            )
+        for p, q in zip(result["full"], models[rank // r].parameters()):
             worst["params"] = max(worst["params"], float((p - q.detach().cpu()).abs().max()))
     if max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL:
-        problems.append(f"D_t/C_t differ by up to {max(worst['drift_energy'], worst['coherence']):.2e} (relative)")
-    details = {"intervals": len(expected), "worst": worst, "numel": numel, "world": world}
+        problems.append(f"{name}: D_t/C_t differ by up to {max(worst['drift_energy'], worst['coherence']):.2e}")
+    return problems, {"intervals": len(expected), "h_step": [e["h_step"] for e in expected], "worst": worst}
+
+
+def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
+    """FSDP2 workers (NCCL) == single-device workers on the same data, in every layout the GPUs allow.
+
+    The dry run runs 1 worker x 2 ranks over gloo on CPU; tests/integrations/test_fsdp2_workers.py runs 2 x 2.
+    """
+    import torch
+
+    devices = torch.cuda.device_count() if ctx.cuda else 2
+    layouts = fsdp_layouts(devices) if ctx.cuda else [(1, 2)]  # the dry run: the sharding, over gloo
+    if not layouts:
+        raise Skip(
+            f"FSDP2 workers over NCCL need at least 2 GPUs (one rank per GPU: NCCL refuses two ranks on one GPU); "
+            f"this machine has {devices}. trainer_fsdp2 runs FSDP2 on one GPU; on CPU the 2 workers x 2 ranks "
+            "equality runs over gloo in tests/integrations/test_fsdp2_workers.py"
+        )
+    problems, details, parts = [], {"devices": devices}, []
+    for layout in layouts:
+        found, info = compare_fsdp_layout(ctx, layout)
+        problems += found
+        details[_layout_name(layout)] = info
+        worst = info["worst"]
+        parts.append(
+            f"{layout[0]} worker(s) x {layout[1]}: {info['intervals']} intervals, D_t/C_t rel diff <= "
+            f"{max(worst['drift_energy'], worst['coherence']):.1e}, params <= {worst['params']:.1e}"
+        )
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
-    return (
-        Status.PASS,
-        f"{len(expected)} intervals, same horizons; D_t/C_t rel diff <= "
-        f"{max(worst['drift_energy'], worst['coherence']):.1e}; params max abs diff {worst['params']:.1e}; "
-        f"bytes and outer state per rank 1/{FSDP_R}",
-        details,
+    return Status.PASS, "same horizons, bytes and outer state per rank 1/R; " + "; ".join(parts), details
+
+
+class FsdpMode(str, Enum):
+    FSDP2 = "fsdp2"  # accelerate's FSDP2 plugin (the model sharded per worker first when there are several)
+    DDP = "ddp"  # the reference: the same workers as DDP groups, same data order
+
+
+def trainer_layouts(devices: int) -> list[Layout]:
+    """Layouts for the Trainer's FSDP2 run: those of :func:`fsdp_layouts`, or one worker of one GPU."""
+    return fsdp_layouts(devices) or [(1, 1)]
+
+
+def trainer_fsdp2_data(steps: int, world: int) -> list[dict[str, Any]]:
+    """Unpadded rows (every rank's loss averages the same number of tokens, as FSDP's and DDP's means assume)."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for _ in range(steps * world * 4):
+        ids = torch.randint(3, 128, (32,), generator=g)
+        ids[1::2] = (ids[0::2] + 1) % 125 + 3
+        rows.append({"input_ids": ids, "labels": ids.clone()})
+    return rows
+
+
+def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_type: str) -> dict[str, Any]:
+    """One Trainer + AutoLoCoCallback run of this rank; ``{"refused": message}`` when the callback refuses it."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
+    from autoloco_hf.integrations.groups import shard_worker
+    from autoloco_hf.integrations.trainer import AutoLoCoConfigurationError
+
+    workers, r = layout
+    fsdp = dict(fsdp=True, fsdp_config={"version": 2}) if mode is FsdpMode.FSDP2 else {}
+    args = TrainingArguments(
+        output_dir=os.path.join(out, mode.value),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        use_cpu=device_type == "cpu",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **fsdp,
     )
+    _ = args.device  # the process group and this rank's device, before the worker mesh is built
+    model = tiny_llama(128, seed=0)
+    if mode is FsdpMode.FSDP2 and workers > 1:  # several workers: each sharded over its own ranks first
+        model = shard_worker(model, r, device_type)
+    callback = AutoLoCoCallback(AutoLoCoConfig(method="autoloco", h_base=2, q_h=1, h_max=4, ranks_per_worker=r))
+    try:
+        trainer = Trainer(
+            model=model, args=args, train_dataset=trainer_fsdp2_data(steps, workers * r), callbacks=[callback]
+        )
+    except AutoLoCoConfigurationError as err:
+        return {"refused": str(err)}
+    for noisy in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(noisy)
+    trainer.train()
+    params = list(trainer.model.parameters())
+    return {
+        "fsdp_enabled": bool(trainer.is_fsdp_enabled),
+        "sharded": all(isinstance(p, DTensor) for p in params),
+        "records": [rec.__dict__.copy() for rec in callback.engine.records],
+        "full": [(p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu() for p in params],
+        "outer_numel": callback.engine.outer.numel,
+        "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "device": str(params[0].device),
+        "dtype": str(params[0].dtype),
+        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device_type == "cuda" else None,
+    }
+
+
+def _trainer_fsdp2_rank(rank: int, layout: Layout, port: int, steps: int, out_dir: str, device_type: str) -> None:
+    """One rank of a Trainer launch (torchrun's environment): the FSDP2 run, then the DDP reference."""
+    workers, r = layout
+    world = workers * r
+    _rank_device(rank, device_type)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    result = {mode.value: _trainer_run(mode, layout, steps, out_dir, device_type) for mode in FsdpMode}
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    _leave(os.path.join(out_dir, f"trainer_{_layout_name(layout)}_rank{rank}.pt"), result)
+
+
+def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
+    """``Trainer`` + ``AutoLoCoCallback`` + accelerate's FSDP2 plugin == the same workers as DDP under the Trainer.
+
+    On GPUs: every layout the devices allow (one GPU: one worker of one rank, sharded by the plugin itself;
+    several workers: sharded per worker by ``shard_worker`` first). Same horizons, ``D_t`` / ``C_t`` within
+    ``FSDP_RTOL``, parameters within ``TRAINER_FSDP_PARAM_ATOL``. On CPU accelerate has no FSDP: the dry run
+    checks that the callback refuses the sharded model in one line and that the DDP reference trains.
+    """
+    import torch
+
+    devices = torch.cuda.device_count() if ctx.cuda else 2
+    layouts = trainer_layouts(devices) if ctx.cuda else [(2, 1)]
+    steps = ctx.sizes.trainer_fsdp_steps
+    problems, details, parts = [], {"devices": devices, "steps": steps}, []
+    for layout in layouts:
+        workers, r = layout
+        name = _layout_name(layout)
+        _join_ranks(_trainer_fsdp2_rank, workers * r, (layout, _free_port(), steps, ctx.workdir, ctx.device.type))
+        ranks = [
+            torch.load(os.path.join(ctx.workdir, f"trainer_{name}_rank{k}.pt"), weights_only=False)
+            for k in range(workers * r)
+        ]
+        if not ctx.cuda:
+            refusals = [res["fsdp2"].get("refused", "") for res in ranks]
+            ddp_syncs = [len(res["ddp"]["records"]) for res in ranks]
+            if not all("accelerate did not enable FSDP" in m for m in refusals) or min(ddp_syncs) < 2:
+                return Status.FAIL, f"CPU: refusals {refusals!r}, DDP reference syncs {ddp_syncs}", details
+            raise Skip(
+                "accelerate has no FSDP on CPU (AcceleratorState sets the FSDP type for GPU-like devices only): the "
+                f"callback refused the sharded model in one line and the DDP reference trained ({ddp_syncs[0]} syncs)"
+            )
+        worst = {"drift_energy": 0.0, "coherence": 0.0, "params": 0.0}
+        for rank, res in enumerate(ranks):
+            fsdp, ddp = res["fsdp2"], res["ddp"]
+            if "refused" in fsdp or "refused" in ddp:
+                problems.append(f"{name} rank {rank}: refused: {fsdp.get('refused') or ddp.get('refused')}")
+                continue
+            if not (fsdp["fsdp_enabled"] and fsdp["sharded"]) or fsdp["dtype"] != "torch.float32":
+                problems.append(f"{name} rank {rank}: FSDP2 {fsdp['fsdp_enabled']}, DTensors {fsdp['sharded']}")
+            a, b = fsdp["records"], ddp["records"]
+            if [(x["start_step"], x["h_step"]) for x in a] != [(x["start_step"], x["h_step"]) for x in b] or not a:
+                problems.append(
+                    f"{name} rank {rank}: horizons {[x['h_step'] for x in a]} vs DDP {[x['h_step'] for x in b]}"
+                )
+                continue
+            for mine, ref in zip(a, b):
+                for key in ("drift_energy", "coherence"):
+                    worst[key] = max(worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12))
+            for p, q in zip(fsdp["full"], ddp["full"]):
+                worst["params"] = max(worst["params"], float((p - q).abs().max()))
+        if max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL or worst["params"] > TRAINER_FSDP_PARAM_ATOL:
+            problems.append(f"{name}: worst differences {worst}")
+        good = [res["fsdp2"] for res in ranks if "records" in res["fsdp2"]]
+        details[name] = {
+            "worst": worst,
+            "h_step": [x["h_step"] for x in good[0]["records"]] if good else [],
+            "outer_numel": [res["outer_numel"] for res in good],
+            "peak_mib": [res["peak_mib"] for res in good],
+            "losses": good[0]["losses"] if good else [],
+        }
+        parts.append(
+            f"{workers} worker(s) x {r}: {len(details[name]['h_step'])} syncs, D_t/C_t rel diff <= "
+            f"{max(worst['drift_energy'], worst['coherence']):.1e}, params <= {worst['params']:.1e}"
+        )
+    if problems:
+        return Status.FAIL, "; ".join(problems[:4]), details
+    return Status.PASS, "Trainer FSDP2 == DDP: " + "; ".join(parts), details
 
 
 CHECKS: list[tuple[str, Callable[[Context], tuple[Status, str, dict[str, Any]]]]] = [
@@ -829,6 +1084,7 @@ CHECKS: list[tuple[str, Callable[[Context], tuple[Status, str, dict[str, Any]]]]
     ("sft_recipe", check_sft_recipe),
     ("outer_state", check_outer_state),
     ("fsdp2_workers", check_fsdp2_workers),
+    ("trainer_fsdp2", check_trainer_fsdp2),
 ]
 
 

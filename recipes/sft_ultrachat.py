@@ -14,6 +14,13 @@ One process per worker (the callback's multi-process mode):
     accelerate launch --config_file recipes/accelerate/1node_8gpu.yaml \\
         recipes/sft_ultrachat.py --config recipes/configs/sft_autoloco.yaml
 
+Workers of ``R`` GPUs each, FP32 master weights sharded by FSDP2 over each
+worker's GPUs (``ranks_per_worker = R`` and an FSDP2 accelerate config: the
+recipe shards every worker over its own ranks before building the trainer):
+
+    accelerate launch --config_file recipes/accelerate/1node_8gpu_fsdp2.yaml \\
+        recipes/sft_ultrachat.py --config recipes/configs/sft_autoloco_fsdp2.yaml --autoloco ranks_per_worker=4
+
 Every ``SFTConfig`` / ``TrainingArguments`` field is a flag and a YAML key
 (``--report_to wandb``, ``--optim adamw_torch_fused``, ``--save_total_limit 3``),
 as is every ``AutoLoCoConfig`` field with an ``autoloco_`` prefix. Every
@@ -196,6 +203,47 @@ def load_tokenizer(s: SFTSettings) -> Any:
     return tokenizer
 
 
+def fsdp2_requested(args: Any) -> bool:
+    """FSDP2 asked for by ``--fsdp`` (``fsdp_config`` version 2, transformers' default) or an accelerate FSDP config."""
+    if args.fsdp:
+        return int((getattr(args, "fsdp_plugin_args", None) or {}).get("fsdp_version", 1)) == 2
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
+
+
+def check_fsdp2_workers_setup(s: SFTSettings, config: AutoLoCoConfig, cuda: bool) -> None:
+    """Usage errors, before anything is loaded, for a run whose workers the recipe shards with FSDP2."""
+    r = config.ranks_per_worker
+    if s.model_dtype != "float32":
+        usage_error(
+            f"--model-dtype {s.model_dtype}: FSDP2 workers keep FP32 master weights (bf16 is the compute dtype "
+            "when --bf16 is on); pass --model-dtype float32 (recipes/configs/sft_autoloco_fsdp2.yaml sets it)"
+        )
+    if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true":
+        usage_error(
+            "fsdp_cpu_ram_efficient_loading: true in the accelerate config loads the weights on local rank 0 "
+            "only, but the recipe shards each worker itself from every rank's copy: set it to false "
+            "(recipes/accelerate/*_fsdp2.yaml)"
+        )
+    if not cuda:
+        usage_error(
+            f"--autoloco ranks_per_worker={r} with FSDP2 needs GPUs: accelerate enables FSDP on GPU devices only "
+            "(on CPU the Trainer would wrap the sharded model in DDP); drop FSDP (--fsdp / the accelerate config) "
+            f"to train each worker of {r} CPU processes with DDP inside it"
+        )
+
+
+def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: str = "cuda") -> Any:
+    """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root; docs/algorithm.md §8.3).
+
+    Accelerate's FSDP2 plugin would shard over all ranks, one worker; it keeps a model sharded already. The
+    master weights, gradients and AdamW states stay FP32; with ``bf16`` the layers are gathered in bf16.
+    """
+    from autoloco_hf.integrations.groups import shard_worker
+
+    dtype = torch.bfloat16 if bf16 else None
+    return shard_worker(model, config.ranks_per_worker, device_type, compute_dtype=dtype)
+
+
 def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary on the main process, else an empty dict."""
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -218,10 +266,16 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     run_dir = args.output_dir = os.path.join(args.output_dir, run_name)  # one folder per run, as in the C4 recipe
     cuda = torch.cuda.is_available()
     config = autoloco_config(s, a)
+    sharded = fsdp2_requested(args) and config.ranks_per_worker > 1
+    if sharded:
+        check_fsdp2_workers_setup(s, config, cuda)
     tokenizer = load_tokenizer(s)
     train_set = conversations(s, args, "train", tokenizer)
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
+    if sharded:
+        _ = args.device  # initializes the process group and this rank's GPU before the worker mesh is built
+        model = shard_workers(model, config, args.bf16)
     callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
     main_process = int(os.environ.get("RANK", "0")) == 0
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
@@ -249,8 +303,9 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     wall = time.perf_counter() - started
     # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
     trainer.save_model(run_dir)
-    if writer is None:
+    if writer is None and not sharded:
         return {}
+    # a sharded model runs its forward on all of its worker's ranks together: every rank computes the test NLL
     test_set = conversations(s, args, "test", tokenizer, limit=s.test_conversations)
     trainer.model.eval()
     nll = masked_nll(
@@ -259,6 +314,8 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         s.eval_batch_size,
         "test nll",
     )
+    if writer is None:
+        return {}
     return writer.finish(
         callback.engine.totals,
         config.to_dict(),
@@ -268,7 +325,7 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         test_tokens=nll.tokens,
         test_conversations=nll.examples,
         train_conversations=len(train_set),
-        workers=world,
+        workers=world // config.ranks_per_worker,
         resumed_from_step=resume_step,
         settings={**dataclasses.asdict(s), **a.overrides(), "trainer": args.to_dict()},
     )

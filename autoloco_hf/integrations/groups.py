@@ -108,3 +108,41 @@ def worker_mesh(ranks_per_worker: int, device_type: str = "cpu") -> Any:
         device_type, (world // ranks_per_worker, ranks_per_worker), mesh_dim_names=("worker", "shard")
     )
     return mesh["shard"]
+
+
+def shard_worker(
+    model: Any,
+    ranks_per_worker: int,
+    device_type: str = "cuda",
+    *,
+    block_classes: list[str] | None = None,
+    compute_dtype: Any = None,
+) -> Any:
+    """Shard ``model`` with FSDP2 over this rank's worker: each block, then the root (collective: call on every rank).
+
+    The parameters keep their dtype (load FP32 for FP32 master weights): ``compute_dtype`` (e.g. bf16) is
+    what FSDP gathers them in for the forward and backward, with gradients reduced in FP32. Blocks are the
+    modules whose class is named in ``block_classes`` (default: a transformers model's ``_no_split_modules``,
+    its decoder layers); the root module keeps what is left (embeddings, final norm, LM head, tied or not).
+    A model sharded this way is one Accelerate's FSDP2 plugin keeps as it is (docs/algorithm.md §8.3).
+    """
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    names = set(block_classes or getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if not blocks:
+        raise ValueError(
+            f"shard_worker: no module of {type(model).__name__} is a block (classes {sorted(names) or 'none'}): "
+            "pass block_classes=[<the decoder layer class name>]"
+        )
+    policy = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if compute_dtype is not None
+        else MixedPrecisionPolicy()
+    )
+    mesh = worker_mesh(ranks_per_worker, device_type)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

@@ -73,7 +73,7 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.groups import check_worker_layout
-from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, state_path
+from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, fsdp2_mesh, state_path
 from autoloco_hf.sync.checkpoint import peek_header
 from autoloco_hf.sync.records import TRAINER_STEPS_FILENAME, TRAINER_SUMMARY_FILENAME
 
@@ -85,9 +85,10 @@ SUPPORTED = (
     "GPU (NCCL), launched by torchrun or `accelerate launch --multi_gpu`"
 )
 SHARDED_ALTERNATIVE = (
-    "to shard a large model use FSDP2 inside each worker: TrainingArguments(fsdp='full_shard', "
+    "to shard a large model use FSDP2 inside each worker: TrainingArguments(fsdp=True, "
     "fsdp_config={'fsdp_version': 2}) or accelerate's FSDP plugin with fsdp_version=2, and "
-    "AutoLoCoConfig(ranks_per_worker=<ranks per worker>)"
+    "AutoLoCoConfig(ranks_per_worker=<ranks per worker>); with several workers, shard each over its own ranks "
+    "first (autoloco_hf.integrations.groups.shard_worker, docs/hf.md)"
 )
 
 
@@ -155,20 +156,51 @@ def check_launch(
 
 
 def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worker: int) -> None:
-    """Accelerate's FSDP2 plugin shards an unsharded model over the whole world: one worker of every rank.
+    """Whether accelerate's FSDP2 plugin leaves every worker sharded over its own ranks (docs/algorithm.md §8.3).
 
-    Several workers need each worker sharded over its own ranks before the Trainer is built
-    (accelerate keeps a model that is already ``fully_shard``-ed).
+    The plugin shards an unsharded model over the whole world (one worker of every rank) and keeps a model
+    whose root module is already ``fully_shard``-ed (``accelerate.utils.fsdp_utils.fsdp2_prepare_model``).
+    Several workers therefore need the model sharded over each worker's mesh before the Trainer is built; a
+    model sharded only in parts would get its remaining modules sharded over the world, on a second mesh.
     """
-    from autoloco_hf.integrations.runtime import fsdp2_mesh
+    from torch.distributed.fsdp import FSDPModule
 
-    if ranks_per_worker != world_size and fsdp2_mesh(model) is None:
+    example = (
+        f"autoloco_hf.integrations.groups.shard_worker(model, {ranks_per_worker}, device_type) (fully_shard of "
+        "every block, then of the root, over worker_mesh(R, device_type))"
+    )
+    if fsdp2_mesh(model) is None:
+        if ranks_per_worker != world_size:
+            raise AutoLoCoConfigurationError(
+                f"FSDP2 with ranks_per_worker={ranks_per_worker} and {world_size} processes: accelerate's FSDP "
+                "plugin would shard the model over all ranks (one worker). Shard each worker over its own ranks "
+                f"before building the Trainer: {example}, or set "
+                f"ranks_per_worker={world_size} for a single sharded worker"
+            )
+    elif not isinstance(model, FSDPModule):
         raise AutoLoCoConfigurationError(
-            f"FSDP2 with ranks_per_worker={ranks_per_worker} and {world_size} processes: accelerate's FSDP plugin "
-            "would shard the model over all ranks (one worker). Shard each worker over its own ranks before "
-            "building the Trainer: `fully_shard(layer, mesh=worker_mesh(R, device_type))` for each block, then "
-            "`fully_shard(model, mesh=...)` (autoloco_hf.integrations.groups.worker_mesh), or set "
-            f"ranks_per_worker={world_size} for a single sharded worker"
+            f"the model's root module ({type(model).__name__}) is not sharded with fully_shard while some of its "
+            "modules are: accelerate's FSDP2 plugin would shard the rest over all ranks, on a second mesh. "
+            f"Finish the sharding before building the Trainer: {example}"
+        )
+
+
+def check_presharded_without_fsdp(model: torch.nn.Module, world_size: int, distributed_type: Any) -> None:
+    """Refuse a ``fully_shard``-ed model in a Trainer whose accelerator did not enable FSDP.
+
+    Accelerate then wraps the model in DDP (``Accelerator.prepare_model``), which cannot hold DTensor parameters
+    (on CPU it fails in DDP's start-up broadcast with "c10d.broadcast_.default does not have a sharding
+    strategy registered"). Accelerate enables FSDP for GPU-like devices only (``AcceleratorState``: the FSDP
+    distributed type is set for the ``MULTI_GPU``-like types, never ``MULTI_CPU``).
+    """
+    if world_size > 1 and fsdp2_mesh(model) is not None:
+        dtype = getattr(distributed_type, "value", distributed_type)
+        raise AutoLoCoConfigurationError(
+            f"the model is sharded with fully_shard but accelerate did not enable FSDP (distributed type {dtype}): "
+            "it would wrap the sharded model in DDP, which fails. Enable accelerate's FSDP2 plugin: "
+            "TrainingArguments(fsdp=True, fsdp_config={'fsdp_version': 2}) or an accelerate config with "
+            "distributed_type: FSDP and fsdp_version: 2. Accelerate has FSDP on GPUs only; on CPU use a plain "
+            "loop with AutoLoCoAccelerate and keep the sharded model out of accelerator.prepare"
         )
 
 
@@ -352,25 +384,28 @@ class AutoLoCoCallback(TrainerCallback):
 
     def _check_and_prepare(self, trainer: Trainer) -> None:
         args, accelerator = trainer.args, trainer.accelerator
+        fsdp_enabled = bool(getattr(trainer, "is_fsdp_enabled", False))
         check_launch(
             accelerator.num_processes,
             accelerator.distributed_type,
             args.n_gpu,
-            fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)),
+            fsdp=fsdp_enabled,
             deepspeed=bool(getattr(trainer, "is_deepspeed_enabled", False)),
             ranks_per_worker=self.config.ranks_per_worker,
             fsdp_version=fsdp_version(accelerator),
         )
-        if getattr(trainer, "is_fsdp_enabled", False):
+        if fsdp_enabled:
             check_fsdp2_workers(trainer.model, accelerator.num_processes, self.config.ranks_per_worker)
-        elif getattr(args, "fsdp", None) and accelerator.num_processes > 1:
-            # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
-            logger.warning(
-                "AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
-                "device (%s): every rank holds the whole model and trains as DDP",
-                args.fsdp,
-                accelerator.distributed_type,
-            )
+        else:
+            check_presharded_without_fsdp(trainer.model, accelerator.num_processes, accelerator.distributed_type)
+            if getattr(args, "fsdp", None) and accelerator.num_processes > 1:
+                # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
+                logger.warning(
+                    "AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "
+                    "device (%s): every rank holds the whole model and trains as DDP",
+                    args.fsdp,
+                    accelerator.distributed_type,
+                )
         if getattr(args, "parallelism_config", None) is not None:
             raise AutoLoCoConfigurationError(
                 f"AutoLoCo does not support ParallelismConfig (TP/CP/SP) yet; {SUPPORTED}."

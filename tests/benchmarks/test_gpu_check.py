@@ -23,6 +23,7 @@ CHECKS = [
     "sft_recipe",
     "outer_state",
     "fsdp2_workers",
+    "trainer_fsdp2",
 ]
 
 
@@ -49,14 +50,17 @@ def test_cpu_dry_run(tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}
     assert list(checks) == CHECKS and report["mode"] == "cpu-dry-run" and report["passed"] and report["failed"] == []
-    assert {n for n, c in checks.items() if c["status"] == "skip"} == {"fsdp2_workers"}
-    assert "FSDP2" in checks["fsdp2_workers"]["summary"]
+    assert {n for n, c in checks.items() if c["status"] == "skip"} == {"trainer_fsdp2"}
+    assert "callback refused the sharded model" in checks["trainer_fsdp2"]["summary"]
+    assert "DDP reference trained" in checks["trainer_fsdp2"]["summary"]
+    fsdp = checks["fsdp2_workers"]["details"]["1x2"]  # the sharding over gloo: 1 worker x 2 ranks
+    assert fsdp["intervals"] >= 4 and max(fsdp["worst"].values()) < 1e-4
     assert "peak memory: CUDA only" in checks["outer_state"]["summary"]
     identity = checks["codec_bit_identity"]["details"]
     assert set(identity["int8"]) == {"wire0", "wire1", "decoded", "owner_mean_n3", "owner_mean_n4"}
@@ -105,3 +109,12 @@ def test_bit_mismatches_sees_one_ulp():
     assert gpu_check.bit_mismatches(a, b) == 1
     assert gpu_check.bit_mismatches(a, torch.tensor([1.0, math.nan, 0.0, 3.0])) == 1  # -0.0 vs 0.0
     assert gpu_check.bit_mismatches(a.bfloat16(), a) == -1
+
+
+def test_fsdp_layouts_follow_the_gpus():
+    """One rank per GPU: 4+ GPUs shard 2 workers x 2; 2-3 run each half of that; one GPU runs the Trainer's plugin alone."""
+    gpu_check = load_script()
+    assert gpu_check.fsdp_layouts(8) == gpu_check.fsdp_layouts(4) == [(2, 2)]
+    assert gpu_check.fsdp_layouts(3) == gpu_check.fsdp_layouts(2) == [(1, 2), (2, 1)]
+    assert gpu_check.fsdp_layouts(1) == gpu_check.fsdp_layouts(0) == []
+    assert gpu_check.trainer_layouts(1) == [(1, 1)] and gpu_check.trainer_layouts(2) == [(1, 2), (2, 1)]

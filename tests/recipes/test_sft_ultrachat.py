@@ -222,3 +222,97 @@ def test_sft_resume(tmp_path, sft_files):
     assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(a["test_nll"], rel=1e-5)
     steps = [json.loads(line)["step"] for line in (crashed / "steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_fsdp2_workers_are_requested_and_checked(monkeypatch, capsys):
+    """``--fsdp`` (version 2 by default) or an accelerate FSDP2 config with ranks_per_worker > 1: the recipe shards.
+
+    The settings it cannot run with stop before anything is loaded, one line each (exit 2); on CPU the last
+    one is always the device (accelerate enables FSDP on GPUs only).
+    """
+    sft = load_recipe("sft_ultrachat")
+    config = os.path.join(RECIPES, "configs", "sft_autoloco_fsdp2.yaml")
+    for var in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        monkeypatch.delenv(var, raising=False)
+    s, args, a = sft.parse_args(["--config", config])
+    assert (s.model_dtype, sft.autoloco_config(s, a).ranks_per_worker, sft.autoloco_config(s, a).outer_on_cpu) == (
+        "float32",
+        8,
+        False,
+    )
+    assert not sft.fsdp2_requested(args)
+    assert sft.fsdp2_requested(sft.parse_args(["--config", config, "--fsdp"])[1])
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets from an FSDP config
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    assert not sft.fsdp2_requested(args)
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert sft.fsdp2_requested(args)
+
+    def refusal(*extra: str) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            sft.main(["--config", config, "--output-dir", "unused", *extra])
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    assert "--model-dtype bfloat16: FSDP2 workers keep FP32 master weights" in refusal("--model-dtype", "bfloat16")
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+    assert "fsdp_cpu_ram_efficient_loading: true" in refusal()
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    assert "ranks_per_worker=8 with FSDP2 needs GPUs" in refusal()
+
+
+def _shard_worker_rank(rank: int, world_size: int) -> dict:
+    """The recipe's sharding of a tiny Llama over 2 workers x 2 ranks, bf16 compute, then one AdamW step."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.trainer import check_fsdp2_workers
+
+    def llama() -> LlamaForCausalLM:
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+        return LlamaForCausalLM(config)
+
+    sft = load_recipe("sft_ultrachat")
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(rank))
+    expected = float(llama()(input_ids=ids, labels=ids).loss)
+    model = sft.shard_workers(llama(), AutoLoCoConfig(ranks_per_worker=2), bf16=True, device_type="cpu")
+    check_fsdp2_workers(model, world_size, 2)  # the layout the callback accepts under accelerate's FSDP2 plugin
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.step()
+    params = list(model.parameters())
+    return {
+        "layers_sharded": all(isinstance(layer, FSDPModule) for layer in model.model.layers),
+        "root_sharded": isinstance(model, FSDPModule),
+        "fp32_master": all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params),
+        "fp32_grads": all(p.grad.dtype == torch.float32 for p in params),
+        "fp32_adamw": all(s["exp_avg"].dtype == torch.float32 for s in optimizer.state.values()),
+        "loss_dtype": str(loss.dtype),
+        "loss": float(loss),
+        "expected": expected,
+    }
+
+
+def test_sft_fsdp2_workers_shard_each_worker():
+    """4 gloo processes, ranks_per_worker=2: FP32 master weights, gradients and AdamW; bf16 compute (the recipe's path)."""
+    from _dist import run_gloo
+
+    for result in run_gloo(_shard_worker_rank, 4):
+        assert result["layers_sharded"] and result["root_sharded"]
+        assert result["fp32_master"] and result["fp32_grads"] and result["fp32_adamw"]
+        assert result["loss_dtype"] == "torch.float32"  # the logits are upcast for the loss
+        assert result["loss"] == pytest.approx(result["expected"], rel=2e-2)  # bf16 compute
+        assert result["loss"] != result["expected"]  # and it did compute in bf16
