@@ -35,7 +35,8 @@ Rows (``--rows``):
   node, outer collective on the 1/2 shard, all-gather in the node).
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
-training wall time the engine spent blocked in synchronization; for ``ddp``,
+training wall time the engine spent blocked in synchronization; ``steady %`` the
+same without the run's last sync, which blocks with or without overlap; for ``ddp``,
 whose all-reduce overlaps the backward pass, ``1 - single step time / ddp step
 time`` marked ``~``), the bytes each node's interface sent during training
 (kernel ``tx_bytes``, read inside the namespace after a barrier at train begin and
@@ -375,6 +376,8 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
         steps_per_s=rank0["steps"] / wall,
         step_seconds=statistics.median(rank0["step_seconds"]) if rank0["step_seconds"] else wall,
         sync_share=rank0["sync_seconds"] / wall,
+        # without the run's last sync, which blocks with or without overlap (the run ends on one model)
+        steady_share=(rank0["sync_seconds"] - rank0["last_sync_seconds"]) / wall,
         syncs=rank0["syncs"],
         tx_bytes_per_node=max(tx),
         engine_bytes_per_node=max(engine),
@@ -399,7 +402,7 @@ def final_loss(losses: list[float]) -> float:
 
 def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     header = (
-        f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'syncs':>5} "
+        f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'steady %':>8} {'syncs':>5} "
         f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
         f"{'outer MB/rank':>13}"
     )
@@ -421,7 +424,8 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
             reach = time_to_target(r["losses"], r["loss_times"], target)
             vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
             print(
-                f"{rate:>9} {r['row']:<21} {r['steps_per_s']:>7.2f} {vs_single} {share} {r['syncs']:>5} "
+                f"{rate:>9} {r['row']:<21} {r['steps_per_s']:>7.2f} {vs_single} {share} "
+                f"{100 * r['steady_share']:>8.1f} {r['syncs']:>5} "
                 f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
                 f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
                 f"{r['outer_state_bytes'] / 1e6:>13.2f}"
@@ -619,6 +623,7 @@ def worker(spec_path: str) -> int:
         train_seconds=marks["t1"] - marks["t0"],
         step_seconds=steps_between,
         sync_seconds=totals.sync_seconds if totals else 0.0,
+        last_sync_seconds=autoloco.engine.records[-1].sync_seconds if autoloco and autoloco.engine.records else 0.0,
         syncs=totals.syncs if totals else 0,
         wire_bytes=totals.wire_bytes if totals else 0,
         tx_bytes=marks["tx1"] - marks["tx0"],
