@@ -103,6 +103,7 @@ class Variant:
     workers_factor: float = 1.0  # x --workers
     overrides: dict[str, Any] = field(default_factory=dict)
     h_max_factor: float | None = None  # H_max = factor x H_base (rounded down to q_H)
+    h_base_factor: int = 1  # DiLoCo at a multiple of the paper's H_base (the trivial way to fewer syncs)
 
     def workers(self, base: int) -> int:
         return max(1, int(self.workers_factor * base))
@@ -183,6 +184,15 @@ def variants(beyond_configs: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[
         Variant(Table.BEYOND, f"{name}_x2workers", name, f"{demo.METHODS[name][0]}; 2 x workers", 2.0)
         for name in ("diloco_mu07", "autoloco")
     ]
+    beyond.append(
+        Variant(
+            Table.BEYOND,
+            "diloco_mu07_h2x",
+            "diloco_mu07",
+            "DiLoCo at outer momentum 0.7, H = 2 x H_base (0.5x syncs by construction)",
+            h_base_factor=2,
+        )
+    )
     return t1 + t14 + t7 + t8 + beyond
 
 
@@ -321,7 +331,7 @@ def variant_config(variant: Variant, steps: int) -> Any:
     overrides = dict(variant.overrides)
     if variant.h_max_factor:
         overrides["h_max"] = int(variant.h_max_factor * h_base) // q_h * q_h
-    return demo.scaled_config(variant.method, steps, h_base, q_h=q_h, **overrides)
+    return demo.scaled_config(variant.method, steps, variant.h_base_factor * h_base, q_h=q_h, **overrides)
 
 
 def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corpus) -> None:
