@@ -63,7 +63,7 @@ EVAL_BATCH = 32
 
 def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> dict[str, Any]:
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss, tiny_llama
-    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.communicators import make_communicator
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     warmup = max(1, round(0.02 * args.steps))
@@ -73,7 +73,7 @@ def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> di
     workers = LocalWorkers(
         config,
         model,
-        SimulatedCommunicator(args.workers),
+        make_communicator(config, distributed=False, simulated_workers=args.workers),
         optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule.lr_at),
         total_steps=args.steps,
