@@ -110,7 +110,7 @@ def report(results: list[dict[str, Any]], variants: list[str], command: str, arg
         "initialization and batches for every variant). Paired difference = variant minus blocking AutoLoCo of the "
         "same seed; 'paired std' is the standard deviation of those differences over seeds. The simulation "
         "applies every average at the step it is due, so these losses are those of a real overlapped run; "
-        "wall time on a bandwidth-limited link is not measured here.",
+        "wall time on a bandwidth-limited link is measured by benchmarks/wan.py (docs/benchmarks.md).",
         "",
         "| variant | val loss (mean ± std) | paired diff vs AutoLoCo (mean ± std) | syncs | mean H_step | stale intervals |",
         "| --- | --- | --- | --- | --- | --- |",
