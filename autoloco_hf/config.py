@@ -278,8 +278,11 @@ class AutoLoCoConfig:
             Not in the paper.
         overlap_steps (`int`, defaults to 1):
             `delayed`: inner steps between a boundary and the merge of its outer
-            result (`tau`); must be shorter than the shortest interval. `0` with
-            `overlap_mix=0` is the blocking algorithm.
+            result (`tau`); must be shorter than the shortest interval (`q_h`
+            with the token mapper, `h_min` with `map_tokens=False`). Set it to
+            at least one sync's duration in inner steps to hide the sync (see
+            docs/results_overlap.md). `0` with `overlap_mix=0` is the blocking
+            algorithm.
         overlap_mix (`float`, defaults to 0.5):
             `delayed`: weight `alpha` of the local replica in the merge
             `x <- alpha x + (1 - alpha) theta` (Streaming DiLoCo's mixing factor;
