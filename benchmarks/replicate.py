@@ -184,15 +184,22 @@ def variants(beyond_configs: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[
         Variant(Table.BEYOND, f"{name}_x2workers", name, f"{demo.METHODS[name][0]}; 2 x workers", 2.0)
         for name in ("diloco_mu07", "autoloco")
     ]
-    beyond.append(
+    beyond += [
         Variant(
             Table.BEYOND,
             "diloco_mu07_h2x",
             "diloco_mu07",
             "DiLoCo at outer momentum 0.7, H = 2 x H_base (0.5x syncs by construction)",
             h_base_factor=2,
-        )
-    )
+        ),
+        Variant(
+            Table.BEYOND,
+            "autoloco_h2x",
+            "autoloco",
+            "AutoLoCo from H_base = 2 x the paper's (q_H, H_max scaled alike)",
+            h_base_factor=2,
+        ),
+    ]
     return t1 + t14 + t7 + t8 + beyond
 
 
@@ -331,7 +338,8 @@ def variant_config(variant: Variant, steps: int) -> Any:
     overrides = dict(variant.overrides)
     if variant.h_max_factor:
         overrides["h_max"] = int(variant.h_max_factor * h_base) // q_h * q_h
-    return demo.scaled_config(variant.method, steps, variant.h_base_factor * h_base, q_h=q_h, **overrides)
+    factor = variant.h_base_factor
+    return demo.scaled_config(variant.method, steps, factor * h_base, q_h=factor * q_h, **overrides)
 
 
 def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corpus) -> None:
