@@ -95,36 +95,51 @@ def test_disagreement_is_raised_before_the_payload_is_exchanged():
     assert not payload_sent and torch.equal(run.engine.outer.params, theta_0) and not run.engine.records
 
 
-def _silent_peer(rank: int, world_size: int) -> str:
-    """Rank 1 builds its communicator (a collective) and then never joins the synchronization."""
+def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str:
+    """Rank 1 builds its communicator (a collective) and then never joins the synchronization.
+
+    ``overlapped_wire``: rank 0 starts an overlapped average on that wire and waits for it later (the
+    FP32 async work handles, or the BF16/INT8 background thread); ``None``: the blocking average.
+    """
     import time
 
     from autoloco_hf.sync.communicators import PeerLostError, ProcessGroupCommunicator
 
-    comm = ProcessGroupCommunicator(timeout_s=3.0)
+    comm = ProcessGroupCommunicator(timeout_s=3.0, wire_dtype=overlapped_wire or "fp32")
     if rank == 1:
         time.sleep(12.0)  # far longer than the timeout: rank 0 must give up on its own, not see rank 1 exit
         return ""
+    args = ([torch.zeros(8)], [torch.zeros(3, dtype=torch.float64)], [8])
     started = time.monotonic()
     try:
-        comm.average([torch.zeros(8)], [torch.zeros(3, dtype=torch.float64)], [8])
+        if overlapped_wire is None:
+            comm.average(*args)
+        else:
+            comm.start_average(*args).wait()
     except PeerLostError as err:
         return f"{time.monotonic() - started:.1f} {err.silent_ranks} {err}"
     return "no error"
 
 
 @pytest.mark.slow
-def test_a_silent_peer_is_named_after_sync_timeout_s():
+@pytest.mark.parametrize(
+    "overlapped_wire, operation",
+    [
+        (None, "the synchronization's control messages"),
+        ("fp32", "the overlapped synchronization"),
+        ("int8", "the synchronization's control messages"),  # the blocking owner-reduce, on the sync thread
+    ],
+)
+def test_a_silent_peer_is_named_after_sync_timeout_s(overlapped_wire, operation):
     """Real gloo processes: the collective gives up after sync_timeout_s (its own group's timeout, not the 120 s
-    of the default group) with one line naming the rank that did not answer."""
+    of the default group) with one line naming the rank that did not answer; an overlapped one when it is waited for."""
     from _dist import run_gloo
 
-    result = run_gloo(_silent_peer, 2)[0]
+    result = run_gloo(_silent_peer, 2, overlapped_wire)[0]
     seconds, rest = result.split(" ", 1)
     # bounded by sync_timeout_s (3 s), not the default group's 120 s; the upper bound leaves room for a loaded machine
     assert 2.5 <= float(seconds) < 10.0, result
     assert rest.startswith(
-        "[1] the synchronization's control messages on rank 0: rank 1 did not answer within "
-        "sync_timeout_s=3 (Timed out waiting 3000ms"
+        f"[1] {operation} on rank 0: rank 1 did not answer within sync_timeout_s=3 (Timed out waiting 3000ms"
     ), rest
     assert "\n" not in rest
