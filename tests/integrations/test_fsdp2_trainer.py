@@ -26,20 +26,9 @@ VOCAB = 64
 
 
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from autoloco_hf.cli.demo_data import tiny_llama as build
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config)
+    return build(VOCAB, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_position_embeddings=32)
 
 
 def _worker(rank: int, world_size: int, out_dir: str) -> dict:

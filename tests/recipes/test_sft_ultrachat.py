@@ -266,23 +266,15 @@ def _shard_worker_rank(rank: int, world_size: int) -> dict:
     import torch
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.cli.demo_data import tiny_llama
     from autoloco_hf.integrations.trainer import check_fsdp2_workers
 
-    def llama() -> LlamaForCausalLM:
-        torch.manual_seed(0)
-        config = LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
+    def llama() -> torch.nn.Module:
+        return tiny_llama(
+            64, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_position_embeddings=32
         )
-        return LlamaForCausalLM(config)
 
     sft = load_recipe("sft_ultrachat")
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(rank))
