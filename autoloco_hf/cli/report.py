@@ -259,6 +259,15 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
+    from cycler import cycler
+
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    # past the palette's 10 colors, lines change style rather than repeat a color
+    with matplotlib.rc_context({"axes.prop_cycle": cycler(linestyle=["-", "--", ":"]) * cycler(color=colors)}):
+        return _write_plots(runs, out_dir)
+
+
+def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
