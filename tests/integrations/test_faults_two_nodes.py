@@ -176,12 +176,14 @@ def test_link_down_during_a_collective(outcomes):
 
 
 def test_node1_worker_killed(outcomes):
-    """A killed peer closes its connections: node 0 fails at the next sync, well within the bound."""
-    outcome(
-        outcomes,
-        "node1_worker_killed",
-        what="rank 1 closed its connection (its process ended) (Connection closed by peer [10.231.0.",
-    )
+    """A killed peer closes its connections: node 0 fails at the next sync, well within the bound.
+
+    gloo words it "Connection closed by peer [addr]:port" or, when the kernel resets the socket first,
+    "Read error [addr]:port: Connection reset by peer" (seen 1 in 4 runs): both name the peer's address.
+    """
+    result = outcome(outcomes, "node1_worker_killed", what="rank 1 closed its connection (its process ended) (")
+    line = error_line(result["out"] / "node0.log")
+    assert "[10.231.0." in line and ("Connection closed by peer" in line or "Connection reset by peer" in line), line
 
 
 def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
