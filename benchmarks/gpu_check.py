@@ -672,6 +672,14 @@ TRAINER_FSDP_PARAM_ATOL = 2e-3  # FSDP2 vs DDP under the Trainer: same math, oth
 Layout = tuple[int, int]  # (workers, ranks per worker)
 
 
+def worst_line(layout: str, worst: dict[str, float]) -> str:
+    """One layout's largest D_t/C_t and parameter differences, for a step's one-line result."""
+    return (
+        f"{layout}, D_t/C_t rel diff <= {max(worst['drift_energy'], worst['coherence']):.1e}, "
+        f"params <= {worst['params']:.1e}"
+    )
+
+
 def fsdp_layouts(devices: int) -> list[Layout]:
     """The worker layouts ``devices`` GPUs run with one rank each (NCCL refuses two ranks on one GPU).
 
@@ -896,10 +904,7 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         problems += found
         details[_layout_name(layout)] = info
         worst = info["worst"]
-        parts.append(
-            f"{layout[0]} worker(s) x {layout[1]}: {info['intervals']} intervals, D_t/C_t rel diff <= "
-            f"{max(worst['drift_energy'], worst['coherence']):.1e}, params <= {worst['params']:.1e}"
-        )
+        parts.append(worst_line(f"{layout[0]} worker(s) x {layout[1]}: {info['intervals']} intervals", worst))
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
     return Status.PASS, "same horizons, bytes and outer state per rank 1/R; " + "; ".join(parts), details
@@ -1066,10 +1071,7 @@ def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             "peak_mib": [res["peak_mib"] for res in good],
             "losses": good[0]["losses"] if good else [],
         }
-        parts.append(
-            f"{workers} worker(s) x {r}: {len(details[name]['h_step'])} syncs, D_t/C_t rel diff <= "
-            f"{max(worst['drift_energy'], worst['coherence']):.1e}, params <= {worst['params']:.1e}"
-        )
+        parts.append(worst_line(f"{workers} worker(s) x {r}: {len(details[name]['h_step'])} syncs", worst))
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
     return Status.PASS, "Trainer FSDP2 == DDP: " + "; ".join(parts), details
