@@ -1,0 +1,467 @@
+"""The fixed-horizon frontier: DiLoCo over a grid of (outer momentum, H), with AutoLoCo's variants placed on it.
+
+Not a test. Same model, corpus, schedule and seeds as ``benchmarks/replicate.py``
+(tiny Llama, Python standard library text, T steps, warm-up 2% then cosine),
+in two data regimes:
+
+- ``iid``: every worker reads disjoint random windows of the whole training
+  stream (replicate.py's Table 1 setting);
+- ``noniid``: every worker reads only its own disjoint set of whole documents,
+  grouped by standard-library package and balanced by tokens (the
+  cross-datacenter case: the workers' data differ).
+
+Each finished run is one folder ``OUT/<regime>/seed<k>/<variant>/`` with
+``summary.json`` and gzipped interval and step logs; a rerun skips finished
+runs and several copies of the command share the work through lock files::
+
+    nohup nice -n 10 python benchmarks/frontier.py --out docs/results/frontier &
+    python benchmarks/frontier.py --out docs/results/frontier --report-only
+
+The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, the
+fixed-H curve at each momentum (mean ± standard error over paired seeds),
+each AutoLoCo variant's excess over the curve at its own sync count, and
+over the best fixed setting of any momentum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import replicate  # noqa: E402  (the corpus, the model and the run machinery are replicate.py's)
+
+from autoloco_hf.cli import demo  # noqa: E402
+from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_llama  # noqa: E402
+
+SUMMARY, STEPS_GZ, INTERVALS_GZ = "summary.json", "steps.jsonl.gz", "intervals.jsonl.gz"
+
+
+class Regime(str, Enum):
+    IID = "iid"
+    NONIID = "noniid"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run setting: a demo method at a horizon with ``AutoLoCoConfig`` overrides."""
+
+    name: str
+    method: str
+    h_base: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.method == "diloco"
+
+
+def fixed_name(mu: float, h: int) -> str:
+    return f"diloco_mu{mu:g}_h{h}"
+
+
+def grid(h_list: Sequence[int], base_mu: float, mu_list: Sequence[float], mu_h_list: Sequence[int]) -> list[Point]:
+    """DiLoCo at ``base_mu`` over ``h_list``, then every ``mu_list`` momentum at each ``mu_h_list`` horizon."""
+    pairs = [(base_mu, h) for h in h_list] + [(mu, h) for h in mu_h_list for mu in mu_list]
+    seen: dict[str, Point] = {}
+    for mu, h in pairs:
+        seen.setdefault(fixed_name(mu, h), Point(fixed_name(mu, h), "diloco", h, dict(outer_momentum=mu)))
+    return list(seen.values())
+
+
+def parse_adaptive(specs: Sequence[str], h_base: int) -> list[Point]:
+    """``NAME[:field=value,...]`` -> an AutoLoCo point from the paper's H_base (values parsed as JSON when they can be)."""
+    points = []
+    for spec in specs:
+        name, _, body = spec.partition(":")
+        fields = dict(replicate.parse_beyond([spec])[0][1]) if body else {}
+        points.append(Point(name, "autoloco", h_base, fields))
+    return points
+
+
+# ------------------------------------------------------------------ non-IID data
+def package_of(doc_name: str) -> str:
+    """``email/mime/text.py`` -> ``email``; ``json.py`` -> ``json``; ``pydoc:topic`` -> ``pydoc``."""
+    if doc_name.startswith("pydoc:"):
+        return "pydoc"
+    return Path(doc_name).parts[0].removesuffix(".py")
+
+
+def train_documents(max_docs: int | None) -> list[str]:
+    """Names of the training documents, in the order replicate.py encoded them."""
+    docs = replicate.stdlib_documents(max_docs)
+    every = max(2, round(1 / replicate.VAL_FRACTION))
+    return [name for i, (name, _) in enumerate(docs) if i % every != every // 2]
+
+
+def document_tokens(train: torch.Tensor, eos_id: int, count: int) -> list[torch.Tensor]:
+    """The training stream cut back into its documents (each was encoded followed by one EOS)."""
+    ends = (train == eos_id).nonzero().flatten().tolist()
+    if len(ends) != count:
+        raise SystemExit(
+            f"frontier: the token cache holds {len(ends)} documents, the corpus {count}: rebuild the cache"
+        )
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return [train[s : e + 1] for s, e in zip(starts, ends)]
+
+
+def shard_by_package(names: Sequence[str], docs: Sequence[torch.Tensor], workers: int) -> list[torch.Tensor]:
+    """Whole packages to workers, largest first to the worker with the fewest tokens so far (balanced, disjoint)."""
+    packages: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        packages.setdefault(package_of(name), []).append(i)
+    sizes = {p: sum(docs[i].numel() for i in idx) for p, idx in packages.items()}
+    shards: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for package in sorted(packages, key=lambda p: (-sizes[p], p)):
+        w = loads.index(min(loads))
+        shards[w] += packages[package]
+        loads[w] += sizes[package]
+    return [torch.cat([docs[i] for i in sorted(shard)]) for shard in shards]
+
+
+class ShardedWindowSampler:
+    """Worker ``w`` reads only windows of its own shard, shuffled once by ``seed``; no window is read twice."""
+
+    def __init__(self, shards: Sequence[torch.Tensor], seq_len: int, batch_size: int, seed: int) -> None:
+        self.samplers = [DisjointWindowSampler(s, seq_len, batch_size, 1, seed=seed + w) for w, s in enumerate(shards)]
+
+    def capacity_steps(self) -> int:
+        return min(s.capacity_steps() for s in self.samplers)
+
+    def next_batches(self) -> list[dict[str, torch.Tensor]]:
+        return [s.next_batches()[0] for s in self.samplers]
+
+
+# ------------------------------------------------------------------ running
+def run_dir(out: str, regime: Regime, seed: int, point: Point) -> Path:
+    return Path(out) / regime.value / f"seed{seed}" / point.name
+
+
+def compress_logs(folder: Path) -> None:
+    """Gzip the step log (step and loss only) and the interval records: the raw data stay committed at ~1/10 the size."""
+    steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    with gzip.open(folder / STEPS_GZ, "wt") as f:
+        f.writelines(json.dumps(dict(step=r["step"], loss=round(r["loss"], 6))) + "\n" for r in steps)
+    with open(folder / "intervals.jsonl", "rb") as src, gzip.open(folder / INTERVALS_GZ, "wb") as dst:
+        dst.write(src.read())
+    (folder / "steps.jsonl").unlink()
+    (folder / "intervals.jsonl").unlink()
+
+
+def make_sampler(regime: Regime, corpus: replicate.Corpus, args: argparse.Namespace, seed: int) -> Any:
+    if regime is Regime.IID:
+        return DisjointWindowSampler(corpus.splits.train, demo.SEQ_LEN, args.batch_size, args.workers, seed=seed)
+    names = train_documents(args.max_docs)
+    docs = document_tokens(corpus.splits.train, corpus.tokenizer.eos_token_id, len(names))
+    return ShardedWindowSampler(shard_by_package(names, docs, args.workers), demo.SEQ_LEN, args.batch_size, seed)
+
+
+def point_config(point: Point, steps: int) -> Any:
+    q_h = max(1, point.h_base // 10) if point.method == "autoloco" else 1
+    return demo.scaled_config(point.method, steps, point.h_base, q_h=q_h, **point.overrides)
+
+
+def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate.Corpus) -> None:
+    from tqdm.auto import tqdm
+
+    commit = replicate.git_commit()
+    val = replicate.eval_subset(corpus.splits.val, demo.SEQ_LEN, args.val_windows)
+    configs = {p.name: point_config(p, args.steps) for p in points}  # fail on a bad setting before training
+    for seed in args.seeds:
+        for regime in args.regimes:
+            for point in points:
+                folder = run_dir(args.out, regime, seed, point)
+                if (folder / SUMMARY).exists() or not replicate.take_lock(folder):
+                    continue
+                try:
+                    sampler = make_sampler(regime, corpus, args, seed)
+                    if sampler.capacity_steps() < args.steps:
+                        raise SystemExit(
+                            f"frontier: {regime} feeds {sampler.capacity_steps()} steps < --steps {args.steps}"
+                        )
+                    model = tiny_llama(
+                        len(corpus.tokenizer), args.hidden, args.layers, replicate.HEADS,
+                        max_position_embeddings=demo.SEQ_LEN, seed=seed,
+                    )  # fmt: skip
+                    setup = demo.DemoSetup(corpus.tokenizer, TokenSplits(corpus.splits.train, val), model)
+                    run_args = argparse.Namespace(
+                        out=str(folder.parent), steps=args.steps, workers=args.workers, seed=seed
+                    )
+                    started = time.perf_counter()
+                    with tqdm(total=args.steps, unit="step", mininterval=60, disable=args.quiet) as bar:
+                        summary = demo.train_method(
+                            point.name, configs[point.name], setup, run_args, bar, sampler=sampler,
+                            description=f"{point.method} H_base {point.h_base} {point.overrides}", regime=regime.value,
+                            variant=point.name, seed=seed, batch_size=args.batch_size, seq_len=demo.SEQ_LEN,
+                            corpus=corpus.info, git_commit=commit, command=args.command,
+                        )  # fmt: skip
+                    compress_logs(folder)
+                    print(
+                        f"done {folder}: syncs {summary['totals']['syncs']}, val {summary['val_loss']:.4f}, "
+                        f"{time.perf_counter() - started:.0f} s",
+                        flush=True,
+                    )
+                finally:
+                    (folder / "run.lock").unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ report
+@dataclass
+class Result:
+    syncs: float
+    val: float
+    train_mean: float  # mean training loss over the whole run (the paper's measure)
+    train_last10: float
+    horizons: list[int]
+
+
+def load_result(folder: Path) -> Result:
+    summary = json.loads((folder / SUMMARY).read_text())
+    with gzip.open(folder / STEPS_GZ, "rt") as f:
+        losses = [json.loads(line)["loss"] for line in f]
+    with gzip.open(folder / INTERVALS_GZ, "rt") as f:
+        horizons = [json.loads(line)["h_step"] for line in f]
+    tail = losses[-max(1, len(losses) // 10) :]
+    return Result(
+        summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail), horizons
+    )
+
+
+def collect(out: str) -> dict[Regime, dict[str, dict[int, Result]]]:
+    """regime -> variant -> seed -> result, for every finished run under ``out``."""
+    found: dict[Regime, dict[str, dict[int, Result]]] = {}
+    for summary in sorted(Path(out).glob(f"*/seed*/*/{SUMMARY}")):
+        folder = summary.parent
+        regime, seed = Regime(folder.parent.parent.name), int(folder.parent.name.removeprefix("seed"))
+        found.setdefault(regime, {}).setdefault(folder.name, {})[seed] = load_result(folder)
+    return found
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan)
+
+
+def fmt(values: Sequence[float], digits: int = 4) -> str:
+    mean, se = mean_se(values)
+    return "-" if math.isnan(mean) else f"{mean:+.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+def parse_fixed(name: str) -> tuple[float, int] | None:
+    if not name.startswith("diloco_mu"):
+        return None
+    mu, _, h = name.removeprefix("diloco_mu").partition("_h")
+    return float(mu), int(h)
+
+
+def curve_at(curve: dict[int, float], syncs: float, sync_counts: dict[int, float]) -> float:
+    """The fixed-H curve (val loss against syncs) linearly interpolated at ``syncs``; NaN outside its range."""
+    points = sorted((sync_counts[h], curve[h]) for h in curve)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= syncs <= x1:
+            return y0 + (y1 - y0) * (syncs - x0) / (x1 - x0) if x1 > x0 else y0
+    return math.nan
+
+
+def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
+    """The tables and the plot of one regime."""
+    fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
+    adaptive = [name for name in cells if name not in fixed]
+    seeds = sorted(set.intersection(*(set(c) for c in cells.values()))) if cells else []
+    lines = [f"## Regime {regime.value}", "", f"Paired seeds (finished for every setting): {seeds or 'none'}.", ""]
+    rows = []
+    for name, runs in sorted(cells.items(), key=lambda kv: (kv[0] not in fixed, fixed.get(kv[0]) or (0, 0), kv[0])):
+        r = list(runs.values())
+        rows.append([
+            name, str(len(runs)), f"{statistics.fmean(x.syncs for x in r):.1f}",
+            fmt([x.val for x in r]).lstrip("+"), fmt([x.train_mean for x in r]).lstrip("+"),
+            fmt([x.train_last10 for x in r]).lstrip("+"),
+        ])  # fmt: skip
+    headers = ["setting", "seeds", "syncs", "val loss (± s.e.)", "mean train loss", "train loss, last 10%"]
+    lines += [replicate.markdown_table(headers, rows), ""]
+    if not seeds:
+        return lines
+    # Paired curves: for each momentum, the per-seed val loss at each H; AutoLoCo compared per seed at its own syncs.
+    by_mu: dict[float, dict[int, str]] = {}
+    for name, (mu, h) in fixed.items():
+        if set(seeds) <= set(cells[name]):
+            by_mu.setdefault(mu, {})[h] = name
+    syncs_of = {name: statistics.fmean(cells[name][s].syncs for s in seeds) for name in fixed}
+    diff_rows = []
+    for name in adaptive:
+        r = cells[name]
+        excess_base, excess_best = [], []
+        for s in seeds:
+            own = r[s]
+            base = by_mu.get(base_mu, {})
+            curve = {h: cells[n][s].val for h, n in base.items()}
+            at = curve_at(curve, own.syncs, {h: syncs_of[n] for h, n in base.items()})
+            excess_base.append(own.val - at)
+            best = min(cells[n][s].val for n in fixed if s in cells[n] and syncs_of[n] <= own.syncs * 1.0001)
+            excess_best.append(own.val - best)
+        diff_rows.append([
+            name, f"{statistics.fmean(r[s].syncs for s in seeds):.1f}", fmt(excess_base), fmt(excess_best),
+            fmt([r[s].train_mean - curve_at({h: cells[n][s].train_mean for h, n in by_mu.get(base_mu, {}).items()},
+                                            r[s].syncs, {h: syncs_of[n] for h, n in by_mu.get(base_mu, {}).items()})
+                 for s in seeds]),
+        ])  # fmt: skip
+    lines += [
+        f"Excess of each adaptive variant (paired over seeds {seeds}, mean ± s.e.): over the fixed-H DiLoCo curve at "
+        f"mu {base_mu:g} interpolated at the variant's own sync count; over the best fixed setting of any momentum "
+        "with no more syncs than the variant (per seed); and the mean-training-loss excess over the same curve.",
+        "",
+        replicate.markdown_table(
+            ["variant", "syncs", "val excess over mu-curve", "val excess over best fixed", "mean-train excess"],
+            diff_rows,
+        ),
+        "",
+    ]
+    plot_path = plot_dir / f"frontier_{regime.value}.png"
+    plot(regime, cells, by_mu, adaptive, seeds, plot_path)
+    lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]
+    return lines
+
+
+def plot(
+    regime: Regime,
+    cells: dict[str, dict[int, Result]],
+    by_mu: dict[float, dict[int, str]],
+    adaptive: Sequence[str],
+    seeds: Sequence[int],
+    path: Path,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for mu, names in sorted(by_mu.items()):
+        hs = sorted(names)
+        xs = [statistics.fmean(cells[names[h]][s].syncs for s in seeds) for h in hs]
+        stats = [mean_se([cells[names[h]][s].val for s in seeds]) for h in hs]
+        ax.errorbar(
+            xs, [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", capsize=3, label=f"DiLoCo mu {mu:g}"
+        )
+        if len(hs) > 3:
+            for x, (m, _), h in zip(xs, stats, hs):
+                ax.annotate(f"H{h}", (x, m), textcoords="offset points", xytext=(3, 4), fontsize=7)
+    for name in adaptive:
+        xs = [cells[name][s].syncs for s in seeds]
+        m, e = mean_se([cells[name][s].val for s in seeds])
+        ax.errorbar(
+            [statistics.fmean(xs)], [m], yerr=[e], marker="*", markersize=12, linestyle="none", capsize=3, label=name
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("synchronizations (log)")
+    ax.set_ylabel(f"validation loss (mean ± s.e., {len(seeds)} paired seeds)")
+    ax.set_title(f"Fixed-horizon frontier, regime {regime.value}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(args: argparse.Namespace) -> Path:
+    found = collect(args.out)
+    lines = [
+        "# Fixed-horizon frontier (generated by benchmarks/frontier.py)",
+        "",
+        f"Runs under `{args.out}`; regenerate with `python benchmarks/frontier.py --out {args.out} --report-only`.",
+        "",
+    ]
+    for regime in Regime:
+        if regime in found:
+            lines += regime_report(regime, found[regime], args.base_mu, Path(args.out) / "frontier")
+    path = Path(args.out) / "frontier.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------ main
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="docs/results/frontier", help="folder of the run folders")
+    p.add_argument("--regimes", default="iid,noniid", help="comma-separated, from iid, noniid (default both)")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps T (default 1000: H_base 10)")
+    p.add_argument("--workers", type=int, default=8, help="workers (default 8)")
+    p.add_argument("--h-list", default="10,20,5,15,30,13,40,7", help="DiLoCo horizons at --base-mu")
+    p.add_argument("--base-mu", type=float, default=0.7, help="AutoLoCo's base outer momentum (default 0.7)")
+    p.add_argument("--mu-list", default="0.9,0.01,0.3,0.5", help="other momenta, each at every --mu-h-list horizon")
+    p.add_argument("--mu-h-list", default="10,20", help="horizons of the momentum axis (default 10,20)")
+    p.add_argument(
+        "--adaptive",
+        action="append",
+        default=[],
+        metavar="NAME[:FIELD=VALUE,...]",
+        help="AutoLoCo variant from the paper's H_base (repeatable; default: autoloco)",
+    )
+    p.add_argument("--batch-size", type=int, default=replicate.BATCH_SIZE)
+    p.add_argument("--hidden", type=int, default=replicate.HIDDEN)
+    p.add_argument("--layers", type=int, default=replicate.LAYERS)
+    p.add_argument("--vocab", type=int, default=replicate.VOCAB_SIZE)
+    p.add_argument("--val-windows", type=int, default=1024)
+    p.add_argument("--max-docs", type=int, help="use only the first N documents (smoke runs)")
+    p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "autoloco"))
+    p.add_argument("--report-only", action="store_true", help="do not train; only write the report")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    args.command = shlex.join(["python", "benchmarks/frontier.py", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        args.regimes = [Regime(r.strip()) for r in args.regimes.split(",") if r.strip()]
+        args.seeds, h_list, mu_h = int_list(args.seeds), int_list(args.h_list), int_list(args.mu_h_list)
+        mu_list = float_list(args.mu_list)
+    except ValueError as err:
+        p.exit(
+            2,
+            f"frontier: bad --regimes/--seeds/--h-list/--mu-list/--mu-h-list value ({err}); e.g. --regimes iid --seeds 0,1\n",
+        )
+    h_base, _ = replicate.schedule(args.steps)
+    # adaptive variants first: a campaign cut short still has them next to the most important horizons
+    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(h_list, args.base_mu, mu_list, mu_h)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.report_only:
+        torch.set_num_threads(1)
+        corpus = replicate.load_corpus(args.cache_dir, args.vocab, args.max_docs)
+        run_all(args, args.points, corpus)
+    print(f"report: {write_report(args)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
