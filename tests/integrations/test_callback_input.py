@@ -68,7 +68,7 @@ def one_thread():
 def test_config_as_a_dict_or_parsed_arguments():
     assert AutoLoCoCallback({"method": "diloco", "h_base": 4}).config.h_base == 4
     assert AutoLoCoCallback(AutoLoCoArguments(autoloco_method="diloco", autoloco_h_base=4)).config.method == "diloco"
-    with pytest.raises(ConfigError, match=r"unknown AutoLoCoConfig field\(s\) \['h_bse'\]"):
+    with pytest.raises(ConfigError, match=r"AutoLoCoConfig has no field 'h_bse' \(given 4\): did you mean h_base\?"):
         AutoLoCoCallback({"h_bse": 4})
 
 
