@@ -45,8 +45,8 @@ import torch
 
 from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.integrations.launch_checks import check_launch, fsdp_version
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
-from autoloco_hf.integrations.trainer import check_launch, fsdp_version
 
 logger = logging.getLogger("autoloco_hf")
 

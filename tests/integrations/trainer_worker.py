@@ -80,7 +80,7 @@ from fault_injection import fault_callbacks  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
-from autoloco_hf.integrations.trainer import last_complete_checkpoint  # noqa: E402
+from autoloco_hf.integrations.resume import last_complete_checkpoint  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
