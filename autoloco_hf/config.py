@@ -424,7 +424,8 @@ class AutoLoCoConfig:
 
     def _check_horizon_domain(self) -> None:
         if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
-            _fail("q_h", self.q_h, f"h_base={self.h_base} must be a multiple of it")
+            divisor = next(q for q in range(min(self.q_h, self.h_base), 0, -1) if self.h_base % q == 0)
+            _fail("q_h", self.q_h, f"it must divide h_base={self.h_base} (e.g. q_h={divisor})")
         if self.h_min % self.q_h:  # else a reduction or fallback executes a horizon off the grid
             nearest = max(self.h_min // self.q_h, 1) * self.q_h
             _fail("h_min", self.h_min, f"it must be a multiple of q_h={self.q_h} (e.g. h_min={nearest})")
