@@ -8,17 +8,17 @@ are asked for, and the silent "every rank trains alone" launch.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.groups import check_worker_layout
 from autoloco_hf.integrations.runtime import fsdp2_mesh
 
-logger = logging.getLogger("autoloco_hf")
+logger = hf_logging.get_logger(__name__)
 
 SUPPORTED = (
     "supported: a single process, or one process per worker (or per rank of a worker group) with "
@@ -162,7 +162,7 @@ def check_trainer_launch(trainer: Any, config: AutoLoCoConfig) -> None:
         check_fsdp2_workers(trainer.model, accelerator.num_processes, config.ranks_per_worker)
     else:
         check_presharded_without_fsdp(trainer.model, accelerator.num_processes, accelerator.distributed_type)
-        if getattr(args, "fsdp", None) and accelerator.num_processes > 1:
+        if getattr(args, "fsdp", None) and accelerator.num_processes > 1 and args.should_log:
             # accelerate enables FSDP for GPU-like devices only; on CPU the model is wrapped in DDP instead
             logger.warning(
                 "AutoLoCo: TrainingArguments(fsdp=%r) is set but accelerate did not enable FSDP on this "

@@ -56,20 +56,21 @@ callback does:
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import SaveStrategy
+from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_trainer_launch
+from autoloco_hf.integrations.log_levels import apply_trainer_log_levels
 from autoloco_hf.integrations.resume import restore, resumed_checkpoint
 from autoloco_hf.integrations.run_log import TrainerRunLog
-from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
+from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, record_metrics
 from autoloco_hf.integrations.trainer_internals import (
     built_from_the_class_by_the_trainer,
     checkpoint_dir,
@@ -77,7 +78,7 @@ from autoloco_hf.integrations.trainer_internals import (
     trainer_being_built,
 )
 
-logger = logging.getLogger("autoloco_hf")
+logger = hf_logging.get_logger(__name__)
 
 
 def _as_config(config: Any) -> AutoLoCoConfig:
@@ -108,6 +109,15 @@ def _sync_summary(metrics: dict[str, float]) -> str:
         f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | "
         f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB"
     )
+
+
+def _progress(engine: Any) -> str:
+    """``5 syncs done, H 10 (steps 51-60)``: where a resumed run stands."""
+    syncs = f"{engine.totals.syncs} sync{'' if engine.totals.syncs == 1 else 's'} done"
+    interval = engine.current_interval
+    if interval is None:
+        return syncs
+    return f"{syncs}, H {interval.h_step} (steps {interval.start_step + 1}-{interval.start_step + interval.h_step})"
 
 
 class AutoLoCoCallback(TrainerCallback):
@@ -156,6 +166,7 @@ class AutoLoCoCallback(TrainerCallback):
     def attach(self, trainer: Trainer) -> AutoLoCoCallback:
         """Bind to ``trainer`` explicitly (automatic when the Trainer calls the callback), and check it."""
         self.trainer = trainer
+        apply_trainer_log_levels(trainer.args)
         if not self._checked:
             self._check_and_prepare(trainer)
         return self
@@ -176,6 +187,7 @@ class AutoLoCoCallback(TrainerCallback):
             self._no_ddp_extras(trainer.args, trainer.accelerator)
         self._checked = True
 
+    # The notices below are the same on every rank: printed where the Trainer logs (args.should_log).
     @staticmethod
     def _no_token_gather(args: Any) -> None:
         """No per-step gather of token counts (``average_tokens_across_devices``).
@@ -184,12 +196,13 @@ class AutoLoCoCallback(TrainerCallback):
         AutoLoCo's local gradients would not.
         """
         if args.average_tokens_across_devices:
-            logger.warning(
-                "AutoLoCo: setting average_tokens_across_devices=False (no per-step gather; "
-                "each worker's loss is normalized by its own tokens)"
-            )
+            if args.should_log:
+                logger.info(
+                    "AutoLoCo: setting average_tokens_across_devices=False (no per-step gather; "
+                    "each worker's loss is normalized by its own tokens)"
+                )
             args.average_tokens_across_devices = False
-        if args.include_num_input_tokens_seen not in ("no", False, None):
+        if args.include_num_input_tokens_seen not in ("no", False, None) and args.should_log:
             logger.warning("AutoLoCo: include_num_input_tokens_seen gathers token counts every step")
 
     def _no_ddp_extras(self, args: Any, accelerator: Any) -> None:
@@ -201,7 +214,7 @@ class AutoLoCoCallback(TrainerCallback):
                 accelerator.ddp_handler = DistributedDataParallelKwargs()
             if args.ddp_find_unused_parameters is None:
                 accelerator.ddp_handler.find_unused_parameters = False
-        if args.ddp_find_unused_parameters:
+        if args.ddp_find_unused_parameters and args.should_log:
             logger.warning(
                 "AutoLoCo: ddp_find_unused_parameters=True adds one small all-reduce of the "
                 "used-parameter map per backward (no gradient traffic)"
@@ -242,7 +255,11 @@ class AutoLoCoCallback(TrainerCallback):
     def _resume(self, args, state) -> None:
         checkpoint = resumed_checkpoint(args, state, self.resume_from_checkpoint)
         restore(self.runtime, checkpoint, state.global_step)
-        logger.info("AutoLoCo: resumed step %d from %s", state.global_step, checkpoint)
+        engine = self.engine
+        if engine.records:  # the console's sync summary from the first log on, as in the uninterrupted run
+            self._last_sync = record_metrics(engine.records[-1], engine)
+        if state.is_world_process_zero:
+            logger.info("AutoLoCo: resumed step %d from %s: %s", state.global_step, checkpoint, _progress(engine))
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # after optimizer.step(), before lr_scheduler.step(): the learning rate this step used
@@ -311,7 +328,7 @@ class AutoLoCoCallback(TrainerCallback):
     def _finish_run(self, args: Any, state: Any) -> None:
         """Warn when the run stops before its planned last step; write the run summary for ``autoloco report``."""
         runtime = self.runtime
-        if runtime.step < runtime.total_steps and self.config.is_interval_method:
+        if runtime.step < runtime.total_steps and self.config.is_interval_method and args.should_log:
             records = runtime.engine.records
             last = records[-1].start_step + records[-1].h_step if records else 0
             logger.warning(

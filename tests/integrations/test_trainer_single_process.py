@@ -7,6 +7,8 @@ covered by test_misconfiguration.py::test_single_process_trainer_runs_one_worker
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 
 import pytest
@@ -141,6 +143,32 @@ def test_resume_from_checkpoint_true_continues_the_same_trajectory(saved_run, tm
     for a, b in zip(saved_run["trainer"].model.parameters(), trainer.model.parameters()):
         assert torch.equal(a, b)
     assert stable(callback.engine.records) == stable(saved_run["callback"].engine.records)
+
+
+@pytest.mark.parametrize("log_level, printed", [("passive", True), ("info", True), ("warning", False)])
+def test_a_resume_prints_one_line_and_the_first_log_shows_the_syncs(saved_run, tmp_path, caplog, log_level, printed):
+    """One "AutoLoCo: resumed" line at the Trainer's log_level; the first log after it carries the sync summary."""
+    from transformers import TrainerCallback
+
+    out = tmp_path / "resumed"
+    shutil.copytree(saved_run["out"], out, ignore=shutil.ignore_patterns("checkpoint-6", "nosave"))
+    state_file = out / "checkpoint-4" / "trainer_state.json"  # a resumed Trainer takes logging_steps from here
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "logging_steps": 1}))
+    trainer, _ = make_trainer(out, DATA, CONFIG, max_steps=6, logging_steps=1, log_level=log_level)
+    seen: list[dict] = []
+
+    class Console(TrainerCallback):  # after AutoLoCoCallback, as the Trainer's printer is
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append(dict(logs or {}))
+
+    trainer.add_callback(Console())
+    with caplog.at_level(logging.DEBUG):  # the root's level; autoloco_hf's is the callback's to set
+        trainer.train(resume_from_checkpoint=True)
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AutoLoCo: resumed")]
+    expected = f"AutoLoCo: resumed step 4 from {out}/checkpoint-4: 1 sync done, H 3 (steps 4-6)"
+    assert resumed == ([expected] if printed else [])
+    first = next(log for log in seen if "loss" in log)
+    assert first["autoloco"].startswith("syncs 1 | H 3 | mu 0.90 | eta 0.70 | "), first
 
 
 def test_resume_refuses_a_truncated_state(saved_run, tmp_path):
