@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
+    "AutoLoCoArguments": "autoloco_hf.integrations.arguments",
     "IntervalEngine": "autoloco_hf.sync.engine",
     "LocalWorkers": "autoloco_hf.sync.local_workers",
     "SimulatedCommunicator": "autoloco_hf.sync.communicators",

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
-from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES
+from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, Method, Overlap, ReferenceClip, WireDtype, field_types
 
 
 def test_spec_defaults() -> None:
@@ -146,6 +146,14 @@ def test_outer_momentum_default_depends_on_method(method: str, momentum: float) 
         ("sync_timeout_s", "60"),
         ("max_consecutive_invalid", 0),
         ("max_consecutive_invalid", 2.0),
+        ("k_severe", "5"),
+        ("eps", 2.0),
+        ("reference_clip", "middle"),
+        ("rejected_bound_min_age", -1),
+        ("candidate_max_quanta", -1),
+        ("overlap", "sometimes"),
+        ("overlap_steps", -1),
+        ("overlap_mix", 1.0),
     ],
 )
 def test_invalid_field_is_named(field: str, value: object) -> None:
@@ -186,6 +194,8 @@ def test_inconsistent_fields_are_named(kwargs: dict, named: str) -> None:
         "increase_requires_support",
         "error_feedback",
         "outer_on_cpu",
+        "cumulative_check",
+        "hierarchical_sync",
     ],
 )
 @pytest.mark.parametrize("value", [1, 0, "false", None])
@@ -193,6 +203,46 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
     """A switch given as a number or a string (``"false"`` is truthy) fails instead of silently turning on."""
     with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
         AutoLoCoConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(h_base=0), "AutoLoCoConfig.h_base=0 is invalid: it must be >= 1"),
+        (dict(outer_lr=0.0), "AutoLoCoConfig.outer_lr=0.0 is invalid: it must be > 0.0"),
+        (dict(token_ema_beta=1.0), "AutoLoCoConfig.token_ema_beta=1.0 is invalid: it must be in [0.0, 1.0)"),
+        (dict(eps=2.0), "AutoLoCoConfig.eps=2.0 is invalid: it must be in (0.0, 1.0]"),
+        (dict(q_h=2.5), "AutoLoCoConfig.q_h=2.5 is invalid: pass an integer"),
+        (dict(outer_lr=math.nan), "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
+        (dict(cumulative_check="yes"), "AutoLoCoConfig.cumulative_check='yes' is invalid: pass True or False"),
+        (dict(wire_dtype="fp16"), "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8"),
+        (dict(overlap="x"), "AutoLoCoConfig.overlap='x' is invalid: use one of none, delayed, eager"),
+    ],
+)
+def test_a_field_error_names_field_value_and_fix(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        AutoLoCoConfig(**kwargs)
+    assert str(err.value) == message
+
+
+def test_every_field_has_help_and_every_number_a_range() -> None:
+    """The metadata that one loop checks and AutoLoCoArguments shows: a field added without it fails here."""
+    kinds = field_types(AutoLoCoConfig)
+    for f in dataclasses.fields(AutoLoCoConfig):
+        assert len(f.metadata["help"]) > 20, f.name
+        numeric = kinds[f.name][0] in (int, float)
+        assert (f.metadata["range"] is not None) == numeric, f.name
+        assert f"        {f.name}:" in AutoLoCoConfig.__doc__  # help(AutoLoCoConfig) lists it
+
+
+def test_enum_fields_become_enums() -> None:
+    c = AutoLoCoConfig(method="diloco", wire_dtype="int8", reference_clip="zero", overlap="eager")
+    assert (type(c.method), type(c.wire_dtype), type(c.reference_clip), type(c.overlap)) == (
+        Method,
+        WireDtype,
+        ReferenceClip,
+        Overlap,
+    )
 
 
 def test_the_flat_worker_group_layout_needs_no_token_mapping() -> None:
@@ -239,8 +289,13 @@ def test_to_dict_from_dict_round_trip() -> None:
 
 
 def test_from_dict_rejects_unknown_fields() -> None:
-    with pytest.raises(ConfigError, match="h_bse"):
-        AutoLoCoConfig.from_dict({"h_bse": 500})
+    with pytest.raises(ConfigError) as err:
+        AutoLoCoConfig.from_dict({"h_bse": 500, "q_hh": 5})
+    assert (
+        str(err.value) == "AutoLoCoConfig has no field 'h_bse' (given 500): did you mean h_base? (also unknown: q_hh)"
+    )
+    with pytest.raises(ConfigError, match=r"no field 'zzz' \(given 1\): help\(AutoLoCoConfig\) lists the fields$"):
+        AutoLoCoConfig.from_dict({"zzz": 1})
 
 
 def test_from_dict_validates() -> None:

@@ -36,19 +36,19 @@ accumulation actually steps, and not for steps a gradient scaler skipped).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.integrations.launch_checks import check_launch, fsdp_version
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
-from autoloco_hf.integrations.trainer import check_launch, fsdp_version
 
-logger = logging.getLogger("autoloco_hf")
+logger = hf_logging.get_logger(__name__)
 
 
 class _StridedSchedule(LRMassMixin):
@@ -201,7 +201,7 @@ class AutoLoCoAccelerate:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.runtime.step < self.runtime.total_steps:
+        if exc_type is None and self.runtime.step < self.runtime.total_steps and self.accelerator.is_main_process:
             logger.warning(
                 "AutoLoCo: the loop ended at step %d before total_steps=%d: workers hold different parameters "
                 "(the last interval never synchronized)",

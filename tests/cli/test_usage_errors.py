@@ -63,7 +63,7 @@ CASES = {
     "c4 --ablation fulll": ("pretrain_c4", ["--ablation", "fulll"], ["--ablation", "'fulll'", "'full'"]),
     "c4 --bf16 ture": ("pretrain_c4", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),  # was: False
     "c4 unknown flag": ("pretrain_c4", ["--batch-siz", "3"], ["--batch-siz", "did you mean batch_size"]),
-    "c4 bad engine field": ("pretrain_c4", ["--autoloco", "q_h=3"], ["q_h=3", "h_base=500 must be a multiple"]),
+    "c4 bad engine field": ("pretrain_c4", ["--autoloco", "q_h=3"], ["q_h=3", "it must divide h_base=500"]),
     "c4 unknown YAML key": (
         "pretrain_c4",
         ["--config", "{yaml}"],

@@ -8,19 +8,64 @@ import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method, WireDtype
-from autoloco_hf.integrations.arguments import PREFIX, AutoLoCoArguments
+from autoloco_hf.integrations.arguments import PREFIX, SHORT_FORM, AutoLoCoArguments
 
 
 def test_every_config_field_has_a_prefixed_argument_with_help():
     config_fields = [f.name for f in dataclasses.fields(AutoLoCoConfig)]
     arguments = {f.name: f for f in dataclasses.fields(AutoLoCoArguments)}
-    assert list(arguments) == [PREFIX + name for name in config_fields]
-    for name, field in arguments.items():
-        assert len(field.metadata["help"]) > len(
-            f" (AutoLoCoConfig.{name}; not given: the recipe's value, else None)"
-        ), name
+    assert list(arguments) == [PREFIX + name for name in config_fields] + [SHORT_FORM]
+    for name in config_fields:
+        assert (
+            arguments[PREFIX + name]
+            .metadata["help"]
+            .startswith(AutoLoCoConfig.__dataclass_fields__[name].metadata["help"])
+        )
     assert "Nesterov momentum" in arguments["autoloco_outer_momentum"].metadata["help"]
-    assert "Clip range" in arguments["autoloco_mu_max"].metadata["help"]  # a shared docstring entry
+    assert (
+        "(AutoLoCoConfig.h_base, >= 1; not given: the recipe's value, else 500)"
+        in arguments["autoloco_h_base"].metadata["help"]
+    )
+
+
+def test_the_short_form_works_in_a_users_own_parser(tmp_path):
+    """`--autoloco FIELD=VALUE` (repeatable) beside TrainingArguments, with no "ambiguous option" error."""
+    parser = HfArgumentParser((TrainingArguments, AutoLoCoArguments))
+    _, autoloco = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--autoloco", "h_base=10", "--autoloco", "method=diloco", "outer_lr=7e-1"]
+    )
+    assert autoloco.overrides() == {"method": "diloco", "h_base": 10, "outer_lr": 0.7}
+    assert autoloco.to_config().method == Method.DILOCO and autoloco.autoloco is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--autoloco", "hbase=10"], "--autoloco hbase=10: AutoLoCoConfig has no field 'hbase'; did you mean h_base?"),
+        (["--autoloco", "h_base"], "--autoloco 'h_base': write FIELD=VALUE, e.g. --autoloco h_base=250"),
+        (["--autoloco", "h_base=ten"], "--autoloco_h_base='ten' is not a valid int: write e.g. --autoloco_h_base 500"),
+        (
+            ["--autoloco", "map_tokens=maybe"],
+            "--autoloco_map_tokens='maybe' is not a valid bool: write e.g. --autoloco_map_tokens true",
+        ),
+        (
+            ["--autoloco_h_base", "5", "--autoloco", "h_base=10"],
+            "--autoloco h_base=10 repeats --autoloco_h_base: give the field once",
+        ),
+    ],
+)
+def test_a_bad_short_form_item_is_one_line(tmp_path, argv, message):
+    parser = HfArgumentParser((TrainingArguments, AutoLoCoArguments))
+    with pytest.raises(ConfigError) as err:
+        parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), *argv])
+    assert str(err.value) == message
+
+
+def test_a_yaml_autoloco_mapping_is_the_short_form(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("output_dir: out\nautoloco:\n  h_base: 100\n  outer_lr: 7e-1\n")
+    _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(str(path))
+    assert autoloco.overrides() == {"h_base": 100, "outer_lr": 0.7}
 
 
 def test_composes_with_training_arguments(tmp_path, capsys):
@@ -67,7 +112,7 @@ def test_composes_with_training_arguments(tmp_path, capsys):
 def test_yaml_numbers_that_arrive_as_strings_are_converted(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
-        "output_dir: out\nautoloco_outer_lr: 7e-1\nautoloco_h_base: 1e2\nautoloco_adjust_momentum: 'false'\n"
+        "output_dir: out\nautoloco_outer_lr: 7e-1\nautoloco_h_base: '100'\nautoloco_adjust_momentum: 'false'\n"
     )
     _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(str(path))
     config = autoloco.to_config()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.integrations.trainer import AutoLoCoConfigurationError, check_launch
+from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_launch
 
 
 def test_world_size_env_but_single_process_accelerator(monkeypatch):
@@ -124,7 +124,7 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
 
 def test_fsdp2_plugin_with_several_workers_needs_a_presharded_model():
     """Accelerate's FSDP2 plugin shards over the whole world (one worker); several workers must shard themselves."""
-    from autoloco_hf.integrations.trainer import check_fsdp2_workers
+    from autoloco_hf.integrations.launch_checks import check_fsdp2_workers
 
     model = torch.nn.Linear(4, 4)
     with pytest.raises(AutoLoCoConfigurationError, match=r"worker_mesh\(R"):

@@ -221,6 +221,15 @@ def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
             assert torch.equal(p_full, p_resumed)
         assert deterministic_records(b["records"]) == deterministic_records(a["records"])
         assert b["fingerprints"] == a["fingerprints"][10:], "every step after the resume matches"
+    # one resume line, on the main process; start-up notices once, not per rank (log_level / log_level_replica)
+    main, replica = resumed[0]["log_lines"], resumed[1]["log_lines"]
+    current = next(r for r in records if r["start_step"] < 10 < r["start_step"] + r["h_step"])
+    done = sum(r["start_step"] + r["h_step"] <= 10 for r in records)
+    assert [line for line in main if line.startswith("AutoLoCo: resumed")] == [
+        f"AutoLoCo: resumed step 10 from {autoloco['split_dir']}/checkpoint-10: {done} syncs done, "
+        f"H {current['h_step']} (steps {current['start_step'] + 1}-{current['start_step'] + current['h_step']})"
+    ]
+    assert any("average_tokens_across_devices=False" in line for line in main) and replica == []
     with open(os.path.join(autoloco["split_dir"], "autoloco_intervals.jsonl")) as f:
         lines = [json.loads(line) for line in f if line.strip()]
     assert deterministic_records(lines) == deterministic_records(records)

@@ -7,6 +7,8 @@ covered by test_misconfiguration.py::test_single_process_trainer_runs_one_worker
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 
 import pytest
@@ -103,28 +105,8 @@ def saved_run(tmp_path_factory):
     """6 steps, syncs at 3 and 6, checkpoints at 2, 4 (mid-interval) and 6."""
     out = tmp_path_factory.mktemp("saved")
     trainer, callback = make_trainer(out, DATA, CONFIG, max_steps=6, save_strategy="steps", save_steps=2)
-    bound = callback.trainer
     trainer.train()
-    return {"out": out, "trainer": trainer, "callback": callback, "bound": bound}
-
-
-def test_trainer_internals_still_hold(saved_run):
-    """Fails loudly when a transformers upgrade changes what trainer.py's "Trainer internals" section relies on."""
-    from autoloco_hf.integrations.trainer import checkpoint_dir
-
-    trainer = saved_run["trainer"]
-    assert saved_run["bound"] is trainer, (
-        "AutoLoCoCallback no longer finds its Trainer during Trainer.__init__ (on_init_end): transformers changed "
-        "how it fires on_init_end; update _trainer_being_built in autoloco_hf/integrations/trainer.py"
-    )
-    for step in (2, 4, 6):
-        trainer.state.global_step = step
-        folder = checkpoint_dir(trainer.args, trainer.state)
-        found = sorted(p.name for p in (saved_run["out"] / f"checkpoint-{step}").iterdir())
-        assert folder == str(saved_run["out"] / f"checkpoint-{step}") and "trainer_state.json" in found, (
-            f"the Trainer no longer writes checkpoints to {folder} ({found}): update checkpoint_dir"
-        )
-        assert "autoloco" in found and "model.safetensors" in found
+    return {"out": out, "trainer": trainer, "callback": callback}
 
 
 def test_checkpoint_model_file_is_the_synchronized_model(saved_run):
@@ -163,6 +145,32 @@ def test_resume_from_checkpoint_true_continues_the_same_trajectory(saved_run, tm
     assert stable(callback.engine.records) == stable(saved_run["callback"].engine.records)
 
 
+@pytest.mark.parametrize("log_level, printed", [("passive", True), ("info", True), ("warning", False)])
+def test_a_resume_prints_one_line_and_the_first_log_shows_the_syncs(saved_run, tmp_path, caplog, log_level, printed):
+    """One "AutoLoCo: resumed" line at the Trainer's log_level; the first log after it carries the sync summary."""
+    from transformers import TrainerCallback
+
+    out = tmp_path / "resumed"
+    shutil.copytree(saved_run["out"], out, ignore=shutil.ignore_patterns("checkpoint-6", "nosave"))
+    state_file = out / "checkpoint-4" / "trainer_state.json"  # a resumed Trainer takes logging_steps from here
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "logging_steps": 1}))
+    trainer, _ = make_trainer(out, DATA, CONFIG, max_steps=6, logging_steps=1, log_level=log_level)
+    seen: list[dict] = []
+
+    class Console(TrainerCallback):  # after AutoLoCoCallback, as the Trainer's printer is
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append(dict(logs or {}))
+
+    trainer.add_callback(Console())
+    with caplog.at_level(logging.DEBUG):  # the root's level; autoloco_hf's is the callback's to set
+        trainer.train(resume_from_checkpoint=True)
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AutoLoCo: resumed")]
+    expected = f"AutoLoCo: resumed step 4 from {out}/checkpoint-4: 1 sync done, H 3 (steps 4-6)"
+    assert resumed == ([expected] if printed else [])
+    first = next(log for log in seen if "loss" in log)
+    assert first["autoloco"].startswith("syncs 1 | H 3 | mu 0.90 | eta 0.70 | "), first
+
+
 def test_resume_refuses_a_truncated_state(saved_run, tmp_path):
     from autoloco_hf.sync.checkpoint import CheckpointError
 
@@ -192,7 +200,7 @@ def test_callback_added_after_construction_needs_attach(tmp_path):
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.trainer import AutoLoCoConfigurationError
+    from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2, disable_tqdm=True)
     trainer = Trainer(model=tiny_model(), args=args, train_dataset=DATA)
@@ -262,8 +270,8 @@ def test_gradient_accumulation_that_does_not_divide_the_dataset(tmp_path):
 def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
     """What a restarted script resumes from: the newest folder with trainer_state.json and every rank's state."""
     from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.resume import last_complete_checkpoint
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.integrations.trainer import last_complete_checkpoint
     from autoloco_hf.sync.checkpoint import write_state
 
     config = AutoLoCoConfig(**CONFIG)

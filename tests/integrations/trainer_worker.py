@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 import traceback
@@ -80,7 +81,7 @@ from fault_injection import fault_callbacks  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
-from autoloco_hf.integrations.trainer import last_complete_checkpoint  # noqa: E402
+from autoloco_hf.integrations.resume import last_complete_checkpoint  # noqa: E402
 
 VOCAB, SEQ, PAD = 96, 16, 0
 
@@ -175,9 +176,22 @@ class Probe(TrainerCallback):
         PHASE["train"] = False
 
 
+class Lines(logging.Handler):
+    """Test-only: the autoloco_hf log lines this rank lets through (its level is the callback's to set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
+    lines = Lines()
+    logging.getLogger("autoloco_hf").addHandler(lines)
     rank = int(os.environ.get("RANK", "0"))
     steps, accum, batch = spec["steps"], spec.get("accum", 1), spec.get("batch", 4)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -239,6 +253,7 @@ def main(spec_path: str) -> None:
         # the hooks DDP's reducer calls instead of its built-in gradient all-reduce
         "ddp_comm_hooks": [hook.__name__ for hook, _ in getattr(runtime.ddp, "_comm_hooks", [])],
         "snapshots": after[0].snapshots if after else None,
+        "log_lines": lines.lines,
     }
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{rank}.pt"))
 

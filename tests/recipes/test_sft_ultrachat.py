@@ -269,7 +269,7 @@ def _shard_worker_rank(rank: int, world_size: int) -> dict:
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.cli.demo_data import tiny_llama
-    from autoloco_hf.integrations.trainer import check_fsdp2_workers
+    from autoloco_hf.integrations.launch_checks import check_fsdp2_workers
 
     def llama() -> torch.nn.Module:
         return tiny_llama(
