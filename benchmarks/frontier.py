@@ -137,6 +137,19 @@ def shard_by_package(names: Sequence[str], docs: Sequence[torch.Tensor], workers
     return [torch.cat([docs[i] for i in sorted(shard)]) for shard in shards]
 
 
+class OnDevice:
+    """Hands another sampler's batches over on ``device``."""
+
+    def __init__(self, sampler: Any, device: torch.device) -> None:
+        self.sampler, self.device = sampler, device
+
+    def capacity_steps(self) -> int:
+        return self.sampler.capacity_steps()
+
+    def next_batches(self) -> list[dict[str, torch.Tensor]]:
+        return [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in self.sampler.next_batches()]
+
+
 class ShardedWindowSampler:
     """Worker ``w`` reads only windows of its own shard, shuffled once by ``seed``; no window is read twice."""
 
@@ -168,10 +181,13 @@ def compress_logs(folder: Path) -> None:
 
 def make_sampler(regime: Regime, corpus: replicate.Corpus, args: argparse.Namespace, seed: int) -> Any:
     if regime is Regime.IID:
-        return DisjointWindowSampler(corpus.splits.train, demo.SEQ_LEN, args.batch_size, args.workers, seed=seed)
-    names = train_documents(args.max_docs)
-    docs = document_tokens(corpus.splits.train, corpus.tokenizer.eos_token_id, len(names))
-    return ShardedWindowSampler(shard_by_package(names, docs, args.workers), demo.SEQ_LEN, args.batch_size, seed)
+        sampler = DisjointWindowSampler(corpus.splits.train, demo.SEQ_LEN, args.batch_size, args.workers, seed=seed)
+    else:
+        names = train_documents(args.max_docs)
+        docs = document_tokens(corpus.splits.train, corpus.tokenizer.eos_token_id, len(names))
+        sampler = ShardedWindowSampler(shard_by_package(names, docs, args.workers), demo.SEQ_LEN, args.batch_size, seed)
+    device = torch.device(getattr(args, "device", "cpu"))
+    return sampler if device.type == "cpu" else OnDevice(sampler, device)
 
 
 def point_config(point: Point, steps: int) -> Any:
@@ -198,9 +214,9 @@ def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate
                             f"frontier: {regime} feeds {sampler.capacity_steps()} steps < --steps {args.steps}"
                         )
                     model = tiny_llama(
-                        len(corpus.tokenizer), args.hidden, args.layers, replicate.HEADS,
+                        len(corpus.tokenizer), args.hidden, args.layers, args.heads,
                         max_position_embeddings=demo.SEQ_LEN, seed=seed,
-                    )  # fmt: skip
+                    ).to(getattr(args, "device", "cpu"))  # fmt: skip
                     setup = demo.DemoSetup(corpus.tokenizer, TokenSplits(corpus.splits.train, val), model)
                     run_args = argparse.Namespace(
                         out=str(folder.parent), steps=args.steps, workers=args.workers, seed=seed
@@ -392,10 +408,12 @@ def write_report(args: argparse.Namespace) -> Path:
         f"Runs under `{args.out}`; regenerate with `python benchmarks/frontier.py --out {args.out} --report-only`.",
         "",
     ]
+    report_dir = Path(args.report_dir or args.out)
     for regime in Regime:
         if regime in found:
-            lines += regime_report(regime, found[regime], args.base_mu, Path(args.out) / "frontier")
-    path = Path(args.out) / "frontier.md"
+            lines += regime_report(regime, found[regime], args.base_mu, report_dir / "frontier")
+    path = report_dir / "frontier.md"
+    report_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -430,11 +448,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=replicate.BATCH_SIZE)
     p.add_argument("--hidden", type=int, default=replicate.HIDDEN)
     p.add_argument("--layers", type=int, default=replicate.LAYERS)
+    p.add_argument("--heads", type=int, default=replicate.HEADS)
     p.add_argument("--vocab", type=int, default=replicate.VOCAB_SIZE)
     p.add_argument("--val-windows", type=int, default=1024)
     p.add_argument("--max-docs", type=int, help="use only the first N documents (smoke runs)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "autoloco"))
     p.add_argument("--report-only", action="store_true", help="do not train; only write the report")
+    p.add_argument("--report-dir", help="where frontier.md and the plots go (default --out)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "benchmarks/frontier.py", *(argv if argv is not None else sys.argv[1:])])

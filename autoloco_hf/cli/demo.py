@@ -140,7 +140,9 @@ def train_method(
             bar.set_postfix(loss=f"{loss:.3f}", syncs=totals.syncs)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     # The budget ends on a sync, so every replica now holds the synchronized model.
-    val_loss = mean_loss(workers.models[0], eval_windows(setup.splits.val, SEQ_LEN, EVAL_BATCH))
+    device = next(workers.models[0].parameters()).device  # validation runs where the model is (a GPU campaign)
+    batches = ({k: v.to(device) for k, v in b.items()} for b in eval_windows(setup.splits.val, SEQ_LEN, EVAL_BATCH))
+    val_loss = mean_loss(workers.models[0], batches)
     return writer.finish(
         workers.engine.totals,
         config.to_dict(),

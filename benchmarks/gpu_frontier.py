@@ -1,0 +1,199 @@
+"""The frontier of regime A (IID) on a model ~74x larger, sized to fit 8 minutes of one GPU from measured FLOPs.
+
+Not a test. The CPU campaign (``benchmarks/frontier.py``) uses a 197k-parameter
+tiny Llama; this one trains a 14.5M-parameter Llama (hidden 384, 6 layers)
+with 8 simulated workers on one GPU, on the same standard-library corpus and
+schedule (T steps, warm-up 2% then cosine, H_base = T/100). Before training it
+
+1. counts the FLOPs of one worker step (``torch.utils.flop_counter``),
+2. times a short probe of real training steps on the device, so the achieved
+   FLOP/s and the seconds per run are measured, not assumed,
+3. keeps, in priority order, as many (setting, seed) runs as fit in
+   ``--budget-s`` (default 420 s) and in what is left of the 8 minutes after
+   the corpus build and the probe.
+
+It writes ``OUT/plan.json`` (FLOPs, measured rate, estimated and actual
+seconds, chosen runs), the run folders in frontier.py's layout and
+``OUT/frontier.md`` with the plot. ``--cpu-dry-run`` runs every stage at tiny
+sizes on the CPU (CI runs it)::
+
+    python benchmarks/gpu_frontier.py --out gpu_frontier
+    python benchmarks/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import frontier  # noqa: E402
+import replicate  # noqa: E402
+
+from autoloco_hf.cli import demo  # noqa: E402
+from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Sizes:
+    hidden: int
+    layers: int
+    heads: int
+    batch_size: int  # windows of demo.SEQ_LEN tokens per worker per step
+    workers: int
+    steps: int
+    probe_steps: int
+    val_windows: int
+    max_docs: int | None
+
+
+FULL = Sizes(
+    hidden=384, layers=6, heads=6, batch_size=8, workers=8, steps=1000, probe_steps=20, val_windows=1024, max_docs=None
+)
+DRY = Sizes(
+    hidden=32, layers=1, heads=2, batch_size=2, workers=2, steps=30, probe_steps=3, val_windows=16, max_docs=300
+)
+
+TOTAL_LIMIT_S = 480  # one GPU call of 8 minutes, everything included
+
+# Most informative first: the two ends of the fixed-H curve, AutoLoCo, then more horizons, momenta and seeds.
+PRIORITY = [
+    ("diloco_mu0.7_h10", 0), ("autoloco", 0), ("diloco_mu0.7_h20", 0), ("diloco_mu0.7_h40", 0),
+    ("diloco_mu0.7_h10", 1), ("autoloco", 1), ("diloco_mu0.7_h20", 1), ("diloco_mu0.7_h40", 1),
+    ("diloco_mu0.01_h10", 0), ("diloco_mu0.01_h20", 0), ("diloco_mu0.9_h10", 0), ("diloco_mu0.7_h5", 0),
+    ("diloco_mu0.7_h13", 0), ("diloco_mu0.7_h13", 1), ("diloco_mu0.01_h10", 1), ("diloco_mu0.01_h20", 1),
+]  # fmt: skip
+
+
+def points(steps: int) -> dict[str, frontier.Point]:
+    h_base, _ = replicate.schedule(steps)
+    fixed = frontier.grid([5, 10, 13, 20, 40], 0.7, [0.01, 0.9], [10, 20])
+    return {p.name: p for p in fixed + frontier.parse_adaptive(["autoloco"], h_base)}
+
+
+def flops_per_worker_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def probe_seconds_per_step(sizes: Sizes, corpus: replicate.Corpus, device: torch.device) -> float:
+    """Seconds of one optimizer step of all workers (DiLoCo H_base), timed on the device after a warm-up."""
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.local_workers import LocalWorkers
+
+    model = tiny_llama(
+        len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
+    )
+    config = demo.scaled_config("diloco", sizes.steps, max(2, sizes.steps // 100), q_h=1)
+    workers = LocalWorkers(
+        config,
+        model.to(device),
+        SimulatedCommunicator(sizes.workers),
+        optimizer_factory=lambda p: torch.optim.AdamW(p, lr=demo.PEAK_LR, weight_decay=demo.WEIGHT_DECAY),
+        total_steps=sizes.steps,
+    )
+    sampler = frontier.make_sampler(frontier.Regime.IID, corpus, argparse.Namespace(**asdict(sizes), device=device), 0)
+    warmup = max(2, sizes.probe_steps // 4)
+    for step in range(warmup + sizes.probe_steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+        workers.train_step(sampler.next_batches())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / sizes.probe_steps
+
+
+def plan(budget_s: float, run_s: float, names: dict[str, frontier.Point]) -> list[tuple[str, int]]:
+    """The longest prefix of ``PRIORITY`` whose estimated time fits ``budget_s`` (at least the first run)."""
+    keep = max(1, min(len(PRIORITY), int(budget_s // run_s)))
+    return [(name, seed) for name, seed in PRIORITY[:keep] if name in names]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="gpu_frontier", help="folder for plan.json, the run folders and frontier.md")
+    p.add_argument("--budget-s", type=float, default=420.0, help="seconds of training to plan for (default 420)")
+    p.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "autoloco"))
+    args = p.parse_args(argv)
+    if args.budget_s <= 0:
+        p.exit(
+            2, f"gpu_frontier: --budget-s {args.budget_s:g}: pass a positive number of seconds, e.g. --budget-s 420\n"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    if args.cpu_dry_run:
+        sizes, device = DRY, torch.device("cpu")
+        torch.set_num_threads(1)
+    else:
+        if not torch.cuda.is_available():
+            print(
+                "gpu_frontier: no CUDA device is visible; run with --cpu-dry-run to check the script on a CPU",
+                file=sys.stderr,
+            )
+            return 2
+        sizes, device = FULL, torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = True
+    corpus = replicate.load_corpus(args.cache_dir, replicate.VOCAB_SIZE, sizes.max_docs)
+    model = tiny_llama(
+        len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
+    )
+    window = corpus.splits.train[: sizes.batch_size * demo.SEQ_LEN].view(sizes.batch_size, demo.SEQ_LEN)
+    worker_flops = flops_per_worker_step(model, {"input_ids": window, "labels": window})
+    step_s = probe_seconds_per_step(sizes, corpus, device)
+    run_s = 1.05 * sizes.steps * step_s  # +5%: the syncs and the validation pass
+    names = points(sizes.steps)
+    # the 8 minutes include the corpus build and the probe: plan only what is left of them (30 s kept for the report)
+    budget = min(args.budget_s, TOTAL_LIMIT_S - 30 - (time.perf_counter() - started))
+    chosen = plan(budget, run_s, names)
+    report = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+        sizes=asdict(sizes),
+        params=sum(p.numel() for p in model.parameters()),
+        flops_per_worker_step=worker_flops,
+        seconds_per_step=step_s,
+        achieved_tflops=sizes.workers * worker_flops / step_s / 1e12,
+        estimated_seconds_per_run=run_s,
+        budget_s=round(budget, 1),
+        runs=[f"{n} seed {s}" for n, s in chosen],
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(json.dumps(report, indent=1), flush=True)
+    run_args = frontier.parse_args(["--out", str(out), "--regimes", "iid", "--steps", str(sizes.steps), "--quiet"])
+    for key in ("workers", "batch_size", "hidden", "layers", "heads", "val_windows", "max_docs"):
+        setattr(run_args, key, getattr(sizes, key))
+    run_args.device = device
+    actual = {}
+    for name, seed in chosen:
+        run_args.seeds = [seed]
+        began = time.perf_counter()
+        frontier.run_all(run_args, [names[name]], corpus)
+        actual[f"{name} seed {seed}"] = round(time.perf_counter() - began, 1)
+    report.update(actual_seconds=actual, total_seconds=round(time.perf_counter() - started, 1))
+    report["within_8_minutes"] = report["total_seconds"] <= TOTAL_LIMIT_S
+    (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"report: {frontier.write_report(run_args)}; total {report['total_seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""benchmarks/frontier.py: the non-IID shards, the report regenerated from the committed runs, and the GPU campaign's dry run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "docs" / "results" / "frontier"
+
+
+def load(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_packages_go_whole_to_one_worker_each_and_the_shards_are_balanced():
+    frontier = load("frontier")
+    names = ["email/a.py", "email/mime/b.py", "json/c.py", "os.py", "pydoc:x", "pydoc:y", "test/t1.py", "test/t2.py"]
+    docs = [torch.full((n,), i) for i, n in enumerate([30, 30, 40, 10, 5, 5, 100, 20])]
+    shards = frontier.shard_by_package(names, docs, 3)
+    owner = {}
+    for w, shard in enumerate(shards):
+        for doc in shard.unique().tolist():
+            owner[frontier.package_of(names[doc])] = owner.get(frontier.package_of(names[doc]), set()) | {w}
+    assert all(len(ws) == 1 for ws in owner.values()), owner  # no package is split between workers
+    assert sorted(s.numel() for s in shards) == [60, 60, 120]  # largest first to the lightest worker
+    assert sum(s.numel() for s in shards) == sum(d.numel() for d in docs)
+
+
+def test_each_worker_reads_only_its_own_shard_and_never_a_window_twice():
+    frontier = load("frontier")
+    shards = [torch.arange(0, 64), torch.arange(1000, 1128)]
+    sampler = frontier.ShardedWindowSampler(shards, seq_len=8, batch_size=2, seed=3)
+    assert sampler.capacity_steps() == 4
+    seen: list[set[int]] = [set(), set()]
+    for _ in range(4):
+        for w, batch in enumerate(sampler.next_batches()):
+            ids = batch["input_ids"]
+            assert bool(((ids >= shards[w].min()) & (ids <= shards[w].max())).all())
+            starts = {int(x) for x in ids[:, 0]}
+            assert not starts & seen[w]
+            seen[w] |= starts
+
+
+def test_the_document_stream_splits_back_into_its_documents():
+    frontier = load("frontier")
+    eos = 9
+    stream = torch.tensor([1, 2, eos, 3, eos, 4, 5, 6, eos])
+    assert [d.tolist() for d in frontier.document_tokens(stream, eos, 3)] == [[1, 2, eos], [3, eos], [4, 5, 6, eos]]
+    with pytest.raises(SystemExit, match="rebuild the cache"):
+        frontier.document_tokens(stream, eos, 4)
+
+
+def test_curve_interpolation_is_linear_in_syncs_and_undefined_outside():
+    frontier = load("frontier")
+    curve, syncs = {10: 4.0, 20: 3.8}, {10: 100.0, 20: 50.0}
+    assert frontier.curve_at(curve, 75.0, syncs) == pytest.approx(3.9)
+    assert frontier.curve_at(curve, 100.0, syncs) == pytest.approx(4.0)
+    assert frontier.curve_at(curve, 120.0, syncs) != frontier.curve_at(curve, 120.0, syncs)  # NaN
+
+
+@pytest.mark.skipif(not (COMMITTED / "frontier.md").exists(), reason="no committed frontier runs")
+def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path):
+    """Every number in docs/results/frontier/frontier.md comes from the run folders next to it."""
+    frontier = load("frontier")
+    args = frontier.parse_args(["--out", str(COMMITTED), "--report-only", "--report-dir", str(tmp_path)])
+    regenerated = frontier.write_report(args).read_text()
+    assert regenerated == (COMMITTED / "frontier.md").read_text()
+
+
+def test_gpu_campaign_dry_run_measures_plans_and_reports(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--cpu-dry-run", "--budget-s", "60",
+         "--out", str(out), "--cache-dir", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["flops_per_worker_step"] > 0 and plan["seconds_per_step"] > 0
+    assert plan["runs"] and set(plan["actual_seconds"]) == set(plan["runs"])
+    assert plan["within_8_minutes"] is True
+    for run in plan["runs"]:
+        name, _, seed = run.partition(" seed ")
+        assert (out / "iid" / f"seed{seed}" / name / "summary.json").exists()
+    assert "## Regime iid" in (out / "frontier.md").read_text()
+
+
+def test_gpu_campaign_without_a_gpu_says_how_to_dry_run(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert result.returncode == 2 and "--cpu-dry-run" in result.stderr
