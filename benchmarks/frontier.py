@@ -48,7 +48,7 @@ import replicate  # noqa: E402  (the corpus, the model and the run machinery are
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_llama  # noqa: E402
 
-SUMMARY, STEPS_GZ, INTERVALS_GZ = "summary.json", "steps.jsonl.gz", "intervals.jsonl.gz"
+SUMMARY, STEPS_GZ, INTERVALS_GZ = replicate.SUMMARY, replicate.STEPS_GZ, replicate.INTERVALS_GZ
 
 
 class Regime(str, Enum):
@@ -168,17 +168,6 @@ def run_dir(out: str, regime: Regime, seed: int, point: Point) -> Path:
     return Path(out) / regime.value / f"seed{seed}" / point.name
 
 
-def compress_logs(folder: Path) -> None:
-    """Gzip the step log (step and loss only) and the interval records: the raw data stay committed at ~1/10 the size."""
-    steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
-    with gzip.open(folder / STEPS_GZ, "wt") as f:
-        f.writelines(json.dumps(dict(step=r["step"], loss=round(r["loss"], 6))) + "\n" for r in steps)
-    with open(folder / "intervals.jsonl", "rb") as src, gzip.open(folder / INTERVALS_GZ, "wb") as dst:
-        dst.write(src.read())
-    (folder / "steps.jsonl").unlink()
-    (folder / "intervals.jsonl").unlink()
-
-
 def make_sampler(regime: Regime, corpus: replicate.Corpus, args: argparse.Namespace, seed: int) -> Any:
     if regime is Regime.IID:
         sampler = DisjointWindowSampler(corpus.splits.train, demo.SEQ_LEN, args.batch_size, args.workers, seed=seed)
@@ -229,7 +218,7 @@ def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate
                             variant=point.name, seed=seed, batch_size=args.batch_size, seq_len=demo.SEQ_LEN,
                             corpus=corpus.info, git_commit=commit, command=args.command,
                         )  # fmt: skip
-                    compress_logs(folder)
+                    replicate.compress_logs(folder)
                     print(
                         f"done {folder}: syncs {summary['totals']['syncs']}, val {summary['val_loss']:.4f}, "
                         f"{time.perf_counter() - started:.0f} s",

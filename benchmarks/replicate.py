@@ -40,6 +40,7 @@ collective) to reach training-loss thresholds.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import math
@@ -77,6 +78,7 @@ VAL_FRACTION = 0.02  # of the documents
 CORPUS_FORMAT = 2  # bump when the split or the encoding changes: it keys the cache
 CORPUS_MARGIN = 4  # the corpus must hold this many times the largest run's tokens
 KIB = 1024
+STEPS_GZ, INTERVALS_GZ = "steps.jsonl.gz", "intervals.jsonl.gz"  # committed runs keep their logs compressed
 
 
 class Table(str, Enum):
@@ -303,6 +305,17 @@ def git_commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def compress_logs(folder: Path) -> None:
+    """Gzip the step log (step and loss only) and the interval records: the raw data stay committed at ~1/10 the size."""
+    steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    with gzip.open(folder / STEPS_GZ, "wt") as f:
+        f.writelines(json.dumps(dict(step=r["step"], loss=round(r["loss"], 6))) + "\n" for r in steps)
+    with open(folder / "intervals.jsonl", "rb") as src, gzip.open(folder / INTERVALS_GZ, "wb") as dst:
+        dst.write(src.read())
+    (folder / "steps.jsonl").unlink()
+    (folder / "intervals.jsonl").unlink()
+
+
 def run_dir(out: str, variant: Variant, seed: int) -> Path:
     return Path(out) / variant.table.value / f"seed{seed}" / variant.name
 
@@ -394,6 +407,7 @@ def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corp
                             git_commit=commit,
                             command=args.command,
                         )
+                    compress_logs(folder)
                     print(
                         f"done {folder}: syncs {summary['totals']['syncs']}, train {summary['train_loss_last']:.4f}, "
                         f"val {summary['val_loss']:.4f}, {time.perf_counter() - started:.0f} s",

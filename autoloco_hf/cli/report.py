@@ -25,6 +25,7 @@ terminal and to ``report.md``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -137,15 +138,23 @@ def _summary_file(path: str) -> str | None:
     return None
 
 
+def _log_rows(path: str) -> list[dict[str, Any]]:
+    """A JSONL log, or its gzipped copy (committed benchmark runs keep their logs compressed); [] if neither exists."""
+    if os.path.exists(path):
+        return read_jsonl(path)
+    if os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return []
+
+
 def load_run(path: str) -> Run:
     summary_path = _summary_file(path)
     with open(summary_path) as f:
         summary = json.load(f)
     # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
-    intervals_path = os.path.join(path, summary.get("intervals_file", INTERVALS))
-    steps_path = os.path.join(path, summary.get("steps_file", STEPS))
-    intervals = read_jsonl(intervals_path) if os.path.exists(intervals_path) else []
-    steps = read_jsonl(steps_path) if os.path.exists(steps_path) else []
+    intervals = _log_rows(os.path.join(path, summary.get("intervals_file", INTERVALS)))
+    steps = _log_rows(os.path.join(path, summary.get("steps_file", STEPS)))
     summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
 
