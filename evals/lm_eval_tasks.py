@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from .data_files import files_format, find_split, read_rows
+from .data_files import DataFileError, builder, find_split, load_rows
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 
@@ -44,12 +44,11 @@ def _builtin_dir() -> Path:
 
 
 def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> dict:
-    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by content)."""
-    builder = files_format([f for files in data_files.values() for f in files]).value
+    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by name as ``datasets`` does)."""
     return {
         "include": str(include),
         "task": task,
-        "dataset_path": builder,
+        "dataset_path": builder([f for files in data_files.values() for f in files], "local data"),
         "dataset_name": None,
         "dataset_kwargs": {"data_files": data_files},
     }
@@ -58,8 +57,39 @@ def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> di
 def _split_files(path: Path, split: str, option: str) -> list[str]:
     files = find_split(path, split)
     if not files:
-        raise FileNotFoundError(f"{option}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in {path}")
+        raise DataFileError(f"{option} {path}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in it")
     return [str(f) for f in files]
+
+
+def mmlu_pro_files(path: Path) -> dict[str, list[str]]:
+    """The test and validation files of a local MMLU-Pro folder."""
+    return {split: _split_files(path, split, "--mmlu-pro-path") for split in ("test", "validation")}
+
+
+def bbh_files(path: Path) -> dict[str, list[str]]:
+    """Subtask -> files of a local BBH folder: ``<subtask>.jsonl`` / ``.parquet``, or the hub's ``<subtask>/test-*.parquet``."""
+    if not path.is_dir():
+        raise DataFileError(f"--bbh-path {path}: not a folder; pass a folder of <subtask>.jsonl files")
+    subtasks = {f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))}
+    subtasks.update(
+        {
+            d.name: [str(f) for f in find_split(d, "test")]
+            for d in sorted(path.iterdir())
+            if d.is_dir() and find_split(d, "test")
+        }
+    )
+    if not subtasks:
+        raise DataFileError(f"--bbh-path {path}: no <subtask>.jsonl / <subtask>.parquet files in it")
+    return subtasks
+
+
+def local_files(name: str, path: Path) -> list[str]:
+    """Every file task ``name`` reads from its local ``path`` (for the checks before the model loads)."""
+    if name == "mmlu_pro":
+        return [f for files in mmlu_pro_files(path).values() for f in files]
+    if name == "bbh":
+        return [f for files in bbh_files(path).values() for f in files]
+    return [str(path)]
 
 
 def _group(builtin_group_yaml: Path, group: str, tasks: list[str]) -> dict:
@@ -79,8 +109,8 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     builtin = _builtin_dir()
     group = f"local_{name}"
     if name == "mmlu_pro":
-        files = {split: _split_files(path, split, "--mmlu-pro-path") for split in ("test", "validation")}
-        subjects = sorted({row["category"].replace(" ", "_") for f in files["test"] for row in read_rows(f)})
+        files = mmlu_pro_files(path)
+        subjects = sorted({c.replace(" ", "_") for c in load_rows(files["test"], "--mmlu-pro-path")["category"]})
         configs = {
             f"{group}_{s}": _json_task(builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files)
             for s in subjects
@@ -89,22 +119,10 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
         return configs
     if name == "bbh":
         cot = builtin / "bbh" / "cot_fewshot"
-        subtasks = {
-            f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))
-        }
-        subtasks.update(
-            {
-                d.name: [str(f) for f in find_split(d, "test")]
-                for d in sorted(path.iterdir())
-                if d.is_dir() and find_split(d, "test")
-            }
-        )
         configs = {
             f"{group}_{name}": _json_task(cot / f"{name}.yaml", f"{group}_{name}", {"test": files})
-            for name, files in subtasks.items()
+            for name, files in bbh_files(path).items()
         }
-        if not configs:
-            raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl / <subtask>.parquet files in {path}")
         configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
         return configs
     include = (

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recipe_config import load_yaml, parse_settings, setting, usage_error  # noqa: E402
 
-from autoloco_evals.data_files import files_format  # noqa: E402
+from autoloco_evals.data_files import load_rows  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import RECIPES, ConfigError, Method  # noqa: E402
 from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
@@ -86,7 +86,7 @@ class C4Settings:
     dataset: str = setting("allenai/c4", "hub dataset, streamed")
     dataset_config: str = setting("en", "hub dataset configuration")
     train_files: list[str] | None = setting(
-        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content"
+        None, "local files instead of the hub stream: .jsonl / .json (gzipped or not), .parquet or .txt"
     )
     val_files: list[str] | None = setting(None, "local validation files (same formats)")
     text_field: str = setting("text", "the column holding the document text")
@@ -140,8 +140,8 @@ def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> 
     from datasets.distributed import split_dataset_by_node
 
     files = s.train_files if split == "train" else s.val_files
-    if files:  # by content: the real C4 shards are gzipped JSON Lines
-        stream = load_dataset(files_format(files).value, data_files=list(files), split="train", streaming=True)
+    if files:  # the real C4 shards are gzipped JSON Lines (.json.gz)
+        stream = load_rows(files, "--train-files" if split == "train" else "--val-files", streaming=True)
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
     return split_dataset_by_node(stream, rank=worker, world_size=num_workers)

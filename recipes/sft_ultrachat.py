@@ -48,7 +48,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recipe_config import parse_settings, setting, usage_error  # noqa: E402
 
-from autoloco_evals.data_files import files_format  # noqa: E402
+from autoloco_evals.data_files import load_rows  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import ConfigError, Method, WireDtype  # noqa: E402
 from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
@@ -173,8 +173,8 @@ def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: 
     from datasets import load_dataset
 
     files = s.train_files if split == "train" else s.test_files
-    if files:  # by content: UltraChat's hub files are Parquet
-        ds = load_dataset(files_format(files).value, data_files=list(files), split="train")
+    if files:
+        ds = load_rows(files, "--train-files" if split == "train" else "--test-files")
     else:
         ds = load_dataset(s.dataset, split=s.train_split if split == "train" else s.test_split)
     ds = ds.select_columns(["messages"])

@@ -178,8 +178,9 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
+    """A GitHub Markdown table; ``align`` holds each column's separator (``---``, ``---:``), default ``---``."""
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align or ["---"] * len(headers)) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
