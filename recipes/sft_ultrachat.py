@@ -41,14 +41,21 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import parse_settings, setting, usage_error  # noqa: E402
+from recipe_config import (  # noqa: E402
+    check_at_least,
+    check_data_files,
+    check_local_path,
+    load_data_files,
+    parse_settings,
+    setting,
+    usage_error,
+)
 
-from autoloco_evals.data_files import load_rows  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import ConfigError, Method, WireDtype  # noqa: E402
 from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
@@ -67,7 +74,7 @@ class SFTSettings:
     chat_template: str | None = setting(
         None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template"
     )
-    model_dtype: str = setting(
+    model_dtype: Literal["bfloat16", "float16", "float32"] = setting(
         "bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)"
     )
     dataset: str = setting("HuggingFaceH4/ultrachat_200k", "hub dataset")
@@ -136,7 +143,26 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, Aut
         autoloco_config(settings, autoloco)
     except ConfigError as err:
         usage_error(str(err))
+    check_inputs(settings)
     return settings, args, autoloco
+
+
+def check_inputs(s: SFTSettings) -> None:
+    """Every path and count, before anything loads: a bad one is one line and exit code 2, not a traceback after training."""
+    check_local_path(s.model_name_or_path, "--model-name-or-path", "config.json")
+    check_local_path(s.tokenizer, "--tokenizer")
+    if s.chat_template and not os.path.isfile(s.chat_template):
+        usage_error(f"--chat-template {s.chat_template}: no such file; pass a .jinja chat template")
+    check_at_least(s, 1, "global_batch_size", "test_conversations", "eval_batch_size")
+    if s.train_files and not s.test_files:
+        usage_error(
+            f"--train-files {' '.join(s.train_files)} is local but --test-files is not given: the test NLL after "
+            f"training would download {s.dataset} ({s.test_split}); pass --test-files FILE (JSON Lines or Parquet "
+            "with 'messages')"
+        )
+    for option, files in (("--train-files", s.train_files), ("--test-files", s.test_files)):
+        if files:
+            check_data_files(files, option, "messages", " (a list of {'role', 'content'} turns)")
 
 
 def valid_conversation(messages: Any) -> bool:
@@ -174,7 +200,7 @@ def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: 
 
     files = s.train_files if split == "train" else s.test_files
     if files:
-        ds = load_rows(files, "--train-files" if split == "train" else "--test-files")
+        ds = load_data_files(files, "--train-files" if split == "train" else "--test-files")
     else:
         ds = load_dataset(s.dataset, split=s.train_split if split == "train" else s.test_split)
     ds = ds.select_columns(["messages"])
@@ -271,13 +297,17 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         check_fsdp2_workers_setup(s, config, cuda)
     tokenizer = load_tokenizer(s)
     train_set = conversations(s, args, "train", tokenizer)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    # before training: a test set that cannot load must not cost a training run
+    test_set = (
+        conversations(s, args, "test", tokenizer, limit=s.test_conversations) if main_process or sharded else None
+    )
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
     if sharded:
         _ = args.device  # initializes the process group and this rank's GPU before the worker mesh is built
         model = shard_workers(model, config, args.bf16)
     callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
-    main_process = int(os.environ.get("RANK", "0")) == 0
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
     writer = RunWriter(run_dir, run_name, resume_step=resume_step) if main_process else None
@@ -306,7 +336,6 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     if writer is None and not sharded:
         return {}
     # a sharded model runs its forward on all of its worker's ranks together: every rank computes the test NLL
-    test_set = conversations(s, args, "test", tokenizer, limit=s.test_conversations)
     trainer.model.eval()
     nll = masked_nll(
         trainer.model,

@@ -76,6 +76,105 @@ CASES = {
     ),
     "sft --method foo": ("sft_ultrachat", ["--method", "foo"], ["--method", "'foo'", "'autoloco'"]),
     "sft --bf16 ture": ("sft_ultrachat", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),
+    # the recipes' data files and paths: refused before a model, a dataset or a training step
+    "c4 --train-files MISSING": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/missing.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "missing.jsonl", "no such file"],
+    ),
+    "c4 empty train file": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/empty.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "empty.jsonl", "empty"],
+    ),
+    "c4 plain-text train file": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/plain.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "plain.jsonl", "line 1", "one JSON object"],
+    ),
+    "c4 rows without text": (
+        "pretrain_c4",
+        ["--train-files", "{chats}", "--val-files", "{docs}"],
+        ["--train-files", "chats.jsonl", "'text'", "--text-field"],
+    ),
+    "c4 malformed val line": (
+        "pretrain_c4",
+        ["--train-files", "{docs}", "--val-files", "{tmp}/malformed.jsonl"],
+        ["--val-files", "malformed.jsonl", "line 2", "one JSON object"],
+    ),
+    "c4 local train, hub validation": (
+        "pretrain_c4",
+        ["--train-files", "{docs}"],
+        ["--train-files", "docs.jsonl", "--val-files", "allenai/c4"],
+    ),
+    "c4 --steps 0": ("pretrain_c4", ["--steps", "0"], ["--steps 0", ">= 1"]),
+    "c4 --warmup-steps past the budget": (
+        "pretrain_c4",
+        ["--steps", "100", "--warmup-steps", "100"],
+        ["--warmup-steps 100", "--steps (100)"],
+    ),
+    "c4 --model-config MISSING": (
+        "pretrain_c4",
+        ["--model-config", "{tmp}/missing.json"],
+        ["--model-config", "missing.json", "no such file"],
+    ),
+    "c4 --tokenizer MISSING": (
+        "pretrain_c4",
+        ["--tokenizer", "{tmp}/no-tokenizer"],
+        ["--tokenizer", "no-tokenizer", "hub id"],
+    ),
+    "c4 --mode bogus": ("pretrain_c4", ["--mode", "bogus"], ["--mode", "'bogus'", "'simulated'"]),
+    "sft --model-dtype float17": (
+        "sft_ultrachat",
+        ["--model-dtype", "float17"],
+        ["--model-dtype", "'float17'", "'bfloat16'"],
+    ),  # was: accepted
+    "sft --train-files MISSING": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/missing.jsonl", "--test-files", "{chats}"],
+        ["--train-files", "missing.jsonl", "no such file"],
+    ),  # was: FileNotFoundError traceback
+    "sft empty train file": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/empty.jsonl", "--test-files", "{chats}"],
+        ["--train-files", "empty.jsonl", "empty"],
+    ),
+    "sft plain-text train file": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/plain.txt", "--test-files", "{chats}"],
+        ["--train-files", "plain.txt", "'messages'"],
+    ),
+    "sft rows without messages": (
+        "sft_ultrachat",
+        ["--train-files", "{docs}", "--test-files", "{chats}"],
+        ["--train-files", "docs.jsonl", "'messages'", "'text'"],
+    ),
+    "sft malformed test line": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}", "--test-files", "{tmp}/malformed.jsonl"],
+        ["--test-files", "malformed.jsonl", "line 2"],
+    ),
+    "sft local train, hub test": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}"],
+        ["--train-files", "chats.jsonl", "--test-files", "HuggingFaceH4/ultrachat_200k"],
+    ),  # was: found after the whole epoch
+    "sft --model-name-or-path MISSING": (
+        "sft_ultrachat",
+        ["--model-name-or-path", "{tmp}/no-model"],
+        ["--model-name-or-path", "no-model", "no such file or folder"],
+    ),
+    "sft --chat-template MISSING": (
+        "sft_ultrachat",
+        ["--chat-template", "{tmp}/missing.jinja"],
+        ["--chat-template", "missing.jinja", "no such file"],
+    ),
+    "sft --global-batch-size 0": ("sft_ultrachat", ["--global-batch-size", "0"], ["--global-batch-size 0", ">= 1"]),
+    "sft --test-files FOLDER": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}", "--test-files", "{tmp}"],
+        ["--test-files", "not a file"],
+    ),
 }
 
 
@@ -86,9 +185,16 @@ def test_one_line_exit_2(case, tmp_path, capsys):
     existing.write_text("not a folder")
     bad_yaml = tmp_path / "typo.yaml"
     bad_yaml.write_text("batch_siz: 3\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "plain.jsonl").write_text("a plain text document\n")
+    (tmp_path / "plain.txt").write_text("a plain text document\n")
+    (tmp_path / "malformed.jsonl").write_text('{"text": "fine", "messages": []}\n{"text": "cut\n')
+    docs, chats = tmp_path / "docs.jsonl", tmp_path / "chats.jsonl"
+    docs.write_text('{"text": "a document"}\n')
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
 
     def fill(text: str) -> str:
-        return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml)
+        return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml, docs=docs, chats=chats)
 
     with pytest.raises(SystemExit) as exc:
         if entry == "autoloco":
