@@ -27,9 +27,10 @@ as is every ``AutoLoCoConfig`` field with an ``autoloco_`` prefix. Every
 download can be replaced by a local path: ``--model-name-or-path``,
 ``--tokenizer``, ``--train-files`` / ``--test-files`` (JSON Lines, JSON or
 Parquet with a ``messages`` list). The run folder (``output_dir/run_name``) is
-readable by ``autoloco report`` (the test NLL appears as its validation loss)
-and ends with the final synchronized model and tokenizer, ready for
-``autoloco eval``.
+the callback's (``autoloco_summary.json``, extended with the test NLL, which
+``autoloco report`` shows as its validation loss; ``autoloco_steps.jsonl``;
+``autoloco_intervals.jsonl``) and ends with the final synchronized model and
+tokenizer, ready for ``autoloco eval``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -272,13 +272,13 @@ def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: s
 
 def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary on the main process, else an empty dict."""
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     from autoloco_evals.nll import chat_example, masked_nll
     from autoloco_hf import AutoLoCoCallback
-    from autoloco_hf.cli.report import RunWriter
+    from autoloco_hf.cli.report import extend_trainer_summary
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.per_device_train_batch_size * world
@@ -307,33 +307,16 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     if sharded:
         _ = args.device  # initializes the process group and this rank's GPU before the worker mesh is built
         model = shard_workers(model, config, args.bf16)
-    callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
+    callback = AutoLoCoCallback(config)  # its run files (autoloco_*) are the run's: the summary below extends them
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
-    writer = RunWriter(run_dir, run_name, resume_step=resume_step) if main_process else None
-    started = time.perf_counter()
-
-    class StepLog(TrainerCallback):
-        """Per-step loss with the run's cumulative syncs and bytes, for `autoloco report`."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if writer is not None and logs and "loss" in logs and callback.engine is not None:
-                writer.log_step(
-                    state.global_step,
-                    float(logs["loss"]),
-                    float(logs.get("learning_rate", 0.0)),
-                    callback.engine.totals,
-                    time.perf_counter() - started,
-                )
-
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback, StepLog()]
+        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback]
     )
     trainer.train(resume_from_checkpoint=last)
-    wall = time.perf_counter() - started
     # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
     trainer.save_model(run_dir)
-    if writer is None and not sharded:
+    if not main_process and not sharded:
         return {}
     # a sharded model runs its forward on all of its worker's ranks together: every rank computes the test NLL
     trainer.model.eval()
@@ -343,12 +326,10 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         s.eval_batch_size,
         "test nll",
     )
-    if writer is None:
+    if not main_process:
         return {}
-    return writer.finish(
-        callback.engine.totals,
-        config.to_dict(),
-        wall,
+    return extend_trainer_summary(
+        run_dir,
         val_loss=nll.nll,
         test_nll=nll.nll,
         test_tokens=nll.tokens,

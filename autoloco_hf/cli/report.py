@@ -91,6 +91,20 @@ class RunWriter:
         return summary
 
 
+def extend_trainer_summary(output_dir: str, **extra: Any) -> dict[str, Any]:
+    """Add ``extra`` (a recipe's test loss, its settings) to the summary AutoLoCoCallback wrote; return the whole summary.
+
+    One set of run files per run: a Trainer recipe extends the callback's rather than writing its own beside them.
+    """
+    path = os.path.join(output_dir, TRAINER_SUMMARY_FILENAME)
+    with open(path) as f:
+        summary = json.load(f)
+    summary.update(extra)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2, default=str, allow_nan=True)
+    return summary
+
+
 def last_fraction_mean(losses: Sequence[float], fraction: float = LAST_FRACTION) -> float:
     """Mean of the last ``fraction`` of ``losses`` (at least one value)."""
     if not losses:
