@@ -200,7 +200,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align:
 
 
 def table1(runs: Sequence[Run]) -> str:
-    """The paper's Table 1: syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
+    """The paper's Table 1 (one row per run, with its method): syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
     baseline = next((r for r in runs if r.summary.get("method") == Method.DILOCO), None)
     rows = []
     for run in runs:
@@ -212,6 +212,7 @@ def table1(runs: Sequence[Run]) -> str:
         rows.append(
             [
                 run.name,
+                str(run.summary.get("method") or "-"),
                 f"{syncs:,}",
                 _mib(payload),
                 vs,
@@ -224,6 +225,7 @@ def table1(runs: Sequence[Run]) -> str:
     vs_name = f"payload vs {baseline.name}" if baseline else "payload vs diloco"
     # CPU time next to wall time: on a shared machine only the CPU time compares methods fairly
     headers = [
+        "run",
         "method",
         "syncs",
         "payload (MiB/worker)",
@@ -265,7 +267,7 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
                 else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB"
             )
         rows.append(row)
-    return markdown_table(["method"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
+    return markdown_table(["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
 
 
 # ------------------------------------------------------------------- plots
@@ -319,10 +321,16 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     save(fig, "loss_vs_bytes.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    cut_any = False
     for run in interval_runs:
-        starts = [r["start_step"] for r in run.intervals]
-        ax.step(starts, [r["h_step"] for r in run.intervals], where="post", label=f"{run.name} ({len(starts)} syncs)")
-    ax.set(xlabel="interval start step", ylabel="H_step (local steps per interval)")
+        xs, ys, cut = horizon_series(run.intervals)
+        (line,) = ax.step(xs, ys, where="post", label=f"{run.name} ({len(run.intervals)} syncs)")
+        for start, h in cut:  # drawn apart, not as a drop of H: the budget cut it, not the controller
+            ax.plot([start, start + h], [h, h], ls=":", marker="x", color=line.get_color())
+        cut_any = cut_any or bool(cut)
+    if cut_any:
+        ax.plot([], [], ls=":", marker="x", color="gray", label="cut short by the step budget (no decision)")
+    ax.set(xlabel="step", ylabel="H_step (local steps per interval)")
     ax.legend()
     save(fig, "horizon.png")
 
@@ -344,12 +352,53 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     return list(PLOTS)
 
 
-def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> None:
-    """Clip the y axis above the early-training spike so the differences at the end stay visible."""
+def truncated(intervals: Sequence[dict[str, Any]], index: int) -> bool:
+    """Whether interval ``index`` was cut short by the step budget rather than chosen.
+
+    The controller records it (assessment ``truncated``); a fixed-horizon
+    policy does not, so its last interval counts when shorter than the one before.
+    """
+    record = intervals[index]
+    if record.get("assessment") == "truncated":
+        return True
+    last = index == len(intervals) - 1
+    return (
+        last and index > 0 and record.get("assessment") == "fixed" and record["h_step"] < intervals[index - 1]["h_step"]
+    )
+
+
+def horizon_series(intervals: Sequence[dict[str, Any]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The chosen horizons as a step curve (x, y, closed at the end of the last chosen interval) and the cut ones ((start, h))."""
+    chosen = [r for i, r in enumerate(intervals) if not truncated(intervals, i)]
+    cut = [(r["start_step"], r["h_step"]) for i, r in enumerate(intervals) if truncated(intervals, i)]
+    xs = [r["start_step"] for r in chosen]
+    ys = [r["h_step"] for r in chosen]
+    if chosen:
+        xs.append(chosen[-1]["start_step"] + chosen[-1]["h_step"])
+        ys.append(chosen[-1]["h_step"])
+    return xs, ys, cut
+
+
+def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> str | None:
+    """Clip the y axis above the early-training spike so the differences at the end stay visible, and say so on the plot.
+
+    Returns the note drawn (None when nothing is clipped).
+    """
     tails = [loss for r in runs for loss in r.smoothed_loss[len(r.smoothed_loss) // 10 :]]
-    if tails:
-        low, high = min(tails), max(tails)
-        ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+    if not tails:
+        return None
+    low, high = min(tails), max(tails)
+    pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)  # a flat tail still gets a visible band
+    top = high + pad
+    ax.set_ylim(low - pad, top)
+    everything = [loss for r in runs for loss in r.smoothed_loss]
+    above = [r for r in runs if any(loss > top for loss in r.smoothed_loss)]
+    if not above:
+        return None
+    last_clipped = max(s["step"] for r in above for s, loss in zip(r.steps, r.smoothed_loss) if loss > top)
+    note = f"y axis clipped at {top:.3g}: steps <= {last_clipped:,} reach up to {max(everything):.3g} (off the top)"
+    ax.text(0.98, 0.98, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgray")
+    return note
 
 
 # ------------------------------------------------------------------ report
