@@ -151,15 +151,38 @@ def _summary_file(path: str) -> str | None:
     return None
 
 
+class RunFolderError(ValueError):
+    """A run folder that cannot be read: the message is one line naming the folder or file and the fix."""
+
+
+def _read_json(path: str, lines: bool) -> Any:
+    try:
+        if lines:
+            return read_jsonl(path)
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else err.reason
+        kind = "JSON Lines (one JSON object a line)" if lines else "JSON"
+        raise RunFolderError(
+            f"{path}: not valid {kind} ({reason}); was the run interrupted while writing it?"
+        ) from None
+
+
 def load_run(path: str) -> Run:
     summary_path = _summary_file(path)
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = _read_json(summary_path, lines=False)
+    totals = summary.get("totals") if isinstance(summary, dict) else None
+    if not isinstance(totals, dict) or not {"syncs", "payload_bytes"} <= set(totals):
+        raise RunFolderError(
+            f"{summary_path}: no 'totals' with 'syncs' and 'payload_bytes'; pass a folder written by the demo, "
+            "a recipe or AutoLoCoCallback"
+        )
     # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
     intervals_path = os.path.join(path, summary.get("intervals_file", INTERVALS))
     steps_path = os.path.join(path, summary.get("steps_file", STEPS))
-    intervals = read_jsonl(intervals_path) if os.path.exists(intervals_path) else []
-    steps = read_jsonl(steps_path) if os.path.exists(steps_path) else []
+    intervals = _read_json(intervals_path, lines=True) if os.path.exists(intervals_path) else []
+    steps = _read_json(steps_path, lines=True) if os.path.exists(steps_path) else []
     summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
 
@@ -168,15 +191,17 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
     runs = []
     for path in paths:
+        if not os.path.exists(path):
+            raise RunFolderError(f"RUN_DIR {path} does not exist: pass a run folder or a folder of run folders")
+        if not os.path.isdir(path):
+            raise RunFolderError(f"RUN_DIR {path} is a file: pass the run folder that holds it")
         if _summary_file(path):
             runs.append(load_run(path))
             continue
-        inside = (
-            sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
-        )
+        inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d)))
         if not inside:
-            raise FileNotFoundError(
-                f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
+            raise RunFolderError(
+                f"RUN_DIR {path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
                 "its sub-folders; is it a finished run?"
             )
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
@@ -474,7 +499,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         runs = find_runs(args.run_dirs)
-    except FileNotFoundError as err:
+    except RunFolderError as err:
         usage_error(str(err), "autoloco report")
     thresholds = args.thresholds or default_thresholds(runs)
     out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
