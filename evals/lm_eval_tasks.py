@@ -8,7 +8,11 @@ and metrics stay lm-eval's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +135,47 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     return {group: _json_task(include, group, {"train": [str(path)]})}
 
 
+class _DropMessage(logging.Filter):
+    """Drops log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _quiet_git_hash() -> str | None:
+    """lm-eval's git hash of the working directory, without git's "fatal: not a git repository" on the console."""
+    done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)  # noqa: S607
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """lm-eval without its console noise for our use: a model passed as an object is on purpose, no git repo is fine.
+
+    HFLM warns "`pretrained` model kwarg is not of type `str`" for every
+    in-memory model, and ``simple_evaluate`` runs ``git describe`` with git's
+    stderr on the console; both come once per task.
+    """
+    import lm_eval.evaluator
+
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    dropped = _DropMessage("`pretrained` model kwarg is not of type `str`")
+    hf_logger.addFilter(dropped)
+    git_hash = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = git_hash
+        hf_logger.removeFilter(dropped)
+
+
 def run_lm_eval(
     model,
     tokenizer,
@@ -159,18 +204,19 @@ def run_lm_eval(
             (include_dir / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         run_names[name] = f"local_{name}"
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    output = simple_evaluate(
-        model=lm,
-        tasks=list(run_names.values()),
-        limit=limit,
-        apply_chat_template=chat,
-        fewshot_as_multiturn=chat,
-        gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
-        task_manager=TaskManager(include_path=[str(TASKS_DIR), str(include_dir)]),
-        bootstrap_iters=0,
-        log_samples=True,
-    )
+    with quiet_lm_eval():
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+        output = simple_evaluate(
+            model=lm,
+            tasks=list(run_names.values()),
+            limit=limit,
+            apply_chat_template=chat,
+            fewshot_as_multiturn=chat,
+            gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
+            task_manager=TaskManager(include_path=[str(TASKS_DIR), str(include_dir)]),
+            bootstrap_iters=0,
+            log_samples=True,
+        )
     scores = {}
     for name, run_name in run_names.items():
         metric = LM_EVAL_TASKS[name].metric

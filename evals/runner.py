@@ -150,8 +150,13 @@ def evaluate(
         ensure_punkt_tab(work_dir / "nltk_data", settings.offline)
     chat = tokenizer.chat_template is not None if settings.chat_template is None else settings.chat_template
 
+    from tqdm.auto import tqdm
+
     scores, details, timings = {}, {}, {}
-    for task in settings.tasks:
+    # the overall progress, "task 3/6" with the time left; each task draws its own bar below it
+    tasks = tqdm(settings.tasks, desc="autoloco eval: task", unit="task", position=0, dynamic_ncols=True)
+    for task in tasks:
+        tasks.set_postfix_str(task)
         start = time.perf_counter()
         if task in LM_EVAL_TASKS:
             result = run_lm_eval(
@@ -192,6 +197,7 @@ def evaluate(
             scores.update({key: result.pop(key) for key in ("nll_c4", "nll_chat") if key in result})
         details[task] = result
         timings[task] = round(time.perf_counter() - start, 1)
+    tasks.close()
 
     record = {
         "run": run_name,

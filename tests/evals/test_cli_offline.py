@@ -59,6 +59,7 @@ def test_eval_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
 
     assert run(parse(model_dir, "--tasks", "nll", "--fixtures", "--offline", "--out", out, "--run-name", "a")) == 0
+    assert "autoloco eval: task: 100%" in capsys.readouterr().err  # the overall bar over tasks: "1/1 [time<left]"
     record = json.loads((out / "a.json").read_text())
     assert record["model"] == str(model_dir) and record["chat_template"] is True
     assert record["data"]["c4"].endswith("fixtures/c4.jsonl")
