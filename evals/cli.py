@@ -53,7 +53,8 @@ def model_folder(path: Path) -> Path:
     with neither is a usage error.
     """
     if not path.is_dir():
-        usage_error(f"MODEL_DIR {path} does not exist: pass a folder written by save_pretrained", PROG)
+        what = "is a file" if path.exists() else "does not exist"
+        usage_error(f"MODEL_DIR {path} {what}: pass a folder written by save_pretrained", PROG)
     steps = {
         int(m.group(1)): d for d in path.iterdir() if (m := _CHECKPOINT.match(d.name)) and (d / "config.json").is_file()
     }

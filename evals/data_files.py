@@ -2,7 +2,7 @@
 
 The builder comes from the file name, as ``datasets`` itself picks it
 (``.jsonl`` / ``.json`` -> json, ``.parquet`` -> parquet, ``.txt`` -> text;
-a ``.gz`` / ``.zst`` / ... suffix is looked through). :func:`check_files`
+a ``.gz`` / ``.zst`` / ... suffix is looked through, by fsspec). :func:`check_files`
 reads the rows a run will use, so an empty file, a malformed line (named by
 file and line) or a missing field costs one line and exit code 2, not a
 traceback after a minute of model loading or a whole training epoch.
@@ -21,7 +21,9 @@ from typing import Any
 
 from .errors import EvalInputError
 
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
+# the ``datasets`` builder of each file ending we take, as ``load_dataset(data_files=...)`` would pick it
+BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")  # looked through by fsspec, by name
 FORMATS = ".jsonl, .json, .parquet or .txt (optionally compressed, e.g. .jsonl.gz)"
 
 
@@ -31,17 +33,15 @@ class DataFileError(EvalInputError):
 
 def builder(paths: Sequence[str | os.PathLike], option: str) -> str:
     """The ``datasets`` builder of ``paths`` (one per split; mixing is refused, naming the files)."""
-    from datasets.packaged_modules import _EXTENSION_TO_MODULE
-
     found = {}
     for path in paths:
         name = Path(path).name
         for suffix in COMPRESSIONS:
             name = name.removesuffix(suffix)
-        module = _EXTENSION_TO_MODULE.get(Path(name).suffix)
-        if module is None or module[0] not in ("json", "parquet", "text"):
+        kind = BUILDERS.get(Path(name).suffix.lower())
+        if kind is None:
             raise DataFileError(f"{option} {path}: unknown file type; pass {FORMATS}")
-        found[str(path)] = module[0]
+        found[str(path)] = kind
     if len(set(found.values())) > 1:
         raise DataFileError(
             f"{option}: files of one split must share a format, got {', '.join(f'{p} ({k})' for p, k in found.items())}"

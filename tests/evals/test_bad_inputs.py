@@ -98,6 +98,7 @@ CASES = {
 MODEL_CASES = {  # a bad MODEL_DIR itself
     "missing MODEL_DIR": ("{tmp}/nope", ["MODEL_DIR", "nope", "does not exist", "save_pretrained"]),
     "MODEL_DIR without a model": ("{tmp}/no_model", ["MODEL_DIR", "no_model", "checkpoint-N", "save_pretrained"]),
+    "MODEL_DIR a file": ("{tmp}/ifeval.jsonl", ["MODEL_DIR", "ifeval.jsonl", "is a file", "save_pretrained"]),
 }
 if not torch.cuda.is_available():
     CASES["--device cuda on a CPU build"] = (
