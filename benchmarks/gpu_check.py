@@ -551,7 +551,7 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     status = recipe.main(argv)
     run_dir = os.path.join(root, "runs", config.removesuffix(".yaml"))
-    with open(os.path.join(run_dir, "summary.json")) as f:
+    with open(os.path.join(run_dir, "autoloco_summary.json")) as f:  # the callback's, extended by the recipe
         summary = json.load(f)
     details = {
         "exit_status": status,

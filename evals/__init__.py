@@ -5,7 +5,7 @@ Python API: `evaluate(model, tokenizer, settings, out_dir)` or
 """
 
 from .offline import MissingLocalDataError
-from .report import markdown_table
+from .report import scores_table
 from .runner import TASKS, EvalSettings, evaluate, evaluate_model_dir, suite_settings
 
 __all__ = [
@@ -14,6 +14,6 @@ __all__ = [
     "MissingLocalDataError",
     "evaluate",
     "evaluate_model_dir",
-    "markdown_table",
+    "scores_table",
     "suite_settings",
 ]

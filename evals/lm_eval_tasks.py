@@ -8,13 +8,17 @@ and metrics stay lm-eval's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from .data_files import files_format, find_split, read_rows
+from .data_files import DataFileError, builder, find_split, load_rows
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 
@@ -44,12 +48,11 @@ def _builtin_dir() -> Path:
 
 
 def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> dict:
-    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by content)."""
-    builder = files_format([f for files in data_files.values() for f in files]).value
+    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by name as ``datasets`` does)."""
     return {
         "include": str(include),
         "task": task,
-        "dataset_path": builder,
+        "dataset_path": builder([f for files in data_files.values() for f in files], "local data"),
         "dataset_name": None,
         "dataset_kwargs": {"data_files": data_files},
     }
@@ -58,8 +61,39 @@ def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> di
 def _split_files(path: Path, split: str, option: str) -> list[str]:
     files = find_split(path, split)
     if not files:
-        raise FileNotFoundError(f"{option}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in {path}")
+        raise DataFileError(f"{option} {path}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in it")
     return [str(f) for f in files]
+
+
+def mmlu_pro_files(path: Path) -> dict[str, list[str]]:
+    """The test and validation files of a local MMLU-Pro folder."""
+    return {split: _split_files(path, split, "--mmlu-pro-path") for split in ("test", "validation")}
+
+
+def bbh_files(path: Path) -> dict[str, list[str]]:
+    """Subtask -> files of a local BBH folder: ``<subtask>.jsonl`` / ``.parquet``, or the hub's ``<subtask>/test-*.parquet``."""
+    if not path.is_dir():
+        raise DataFileError(f"--bbh-path {path}: not a folder; pass a folder of <subtask>.jsonl files")
+    subtasks = {f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))}
+    subtasks.update(
+        {
+            d.name: [str(f) for f in find_split(d, "test")]
+            for d in sorted(path.iterdir())
+            if d.is_dir() and find_split(d, "test")
+        }
+    )
+    if not subtasks:
+        raise DataFileError(f"--bbh-path {path}: no <subtask>.jsonl / <subtask>.parquet files in it")
+    return subtasks
+
+
+def local_files(name: str, path: Path) -> list[str]:
+    """Every file task ``name`` reads from its local ``path`` (for the checks before the model loads)."""
+    if name == "mmlu_pro":
+        return [f for files in mmlu_pro_files(path).values() for f in files]
+    if name == "bbh":
+        return [f for files in bbh_files(path).values() for f in files]
+    return [str(path)]
 
 
 def _group(builtin_group_yaml: Path, group: str, tasks: list[str]) -> dict:
@@ -79,8 +113,8 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     builtin = _builtin_dir()
     group = f"local_{name}"
     if name == "mmlu_pro":
-        files = {split: _split_files(path, split, "--mmlu-pro-path") for split in ("test", "validation")}
-        subjects = sorted({row["category"].replace(" ", "_") for f in files["test"] for row in read_rows(f)})
+        files = mmlu_pro_files(path)
+        subjects = sorted({c.replace(" ", "_") for c in load_rows(files["test"], "--mmlu-pro-path")["category"]})
         configs = {
             f"{group}_{s}": _json_task(builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files)
             for s in subjects
@@ -89,28 +123,57 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
         return configs
     if name == "bbh":
         cot = builtin / "bbh" / "cot_fewshot"
-        subtasks = {
-            f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))
-        }
-        subtasks.update(
-            {
-                d.name: [str(f) for f in find_split(d, "test")]
-                for d in sorted(path.iterdir())
-                if d.is_dir() and find_split(d, "test")
-            }
-        )
         configs = {
             f"{group}_{name}": _json_task(cot / f"{name}.yaml", f"{group}_{name}", {"test": files})
-            for name, files in subtasks.items()
+            for name, files in bbh_files(path).items()
         }
-        if not configs:
-            raise FileNotFoundError(f"--bbh-path: no <subtask>.jsonl / <subtask>.parquet files in {path}")
         configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
         return configs
     include = (
         builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
     )
     return {group: _json_task(include, group, {"train": [str(path)]})}
+
+
+class _DropMessage(logging.Filter):
+    """Drops log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _quiet_git_hash() -> str | None:
+    """lm-eval's git hash of the working directory, without git's "fatal: not a git repository" on the console."""
+    done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)  # noqa: S607
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """lm-eval without its console noise for our use: a model passed as an object is on purpose, no git repo is fine.
+
+    HFLM warns "`pretrained` model kwarg is not of type `str`" for every
+    in-memory model, and ``simple_evaluate`` runs ``git describe`` with git's
+    stderr on the console; both come once per task.
+    """
+    import lm_eval.evaluator
+
+    hf_logger = logging.getLogger("lm_eval.models.huggingface")
+    dropped = _DropMessage("`pretrained` model kwarg is not of type `str`")
+    hf_logger.addFilter(dropped)
+    git_hash = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = git_hash
+        hf_logger.removeFilter(dropped)
 
 
 def run_lm_eval(
@@ -141,18 +204,19 @@ def run_lm_eval(
             (include_dir / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         run_names[name] = f"local_{name}"
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    output = simple_evaluate(
-        model=lm,
-        tasks=list(run_names.values()),
-        limit=limit,
-        apply_chat_template=chat,
-        fewshot_as_multiturn=chat,
-        gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
-        task_manager=TaskManager(include_path=[str(TASKS_DIR), str(include_dir)]),
-        bootstrap_iters=0,
-        log_samples=True,
-    )
+    with quiet_lm_eval():
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+        output = simple_evaluate(
+            model=lm,
+            tasks=list(run_names.values()),
+            limit=limit,
+            apply_chat_template=chat,
+            fewshot_as_multiturn=chat,
+            gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
+            task_manager=TaskManager(include_path=[str(TASKS_DIR), str(include_dir)]),
+            bootstrap_iters=0,
+            log_samples=True,
+        )
     scores = {}
     for name, run_name in run_names.items():
         metric = LM_EVAL_TASKS[name].metric

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .data_files import read_rows
+from .data_files import check_files
 
 C4_DEFAULT = ("allenai/c4", "en", "validation")
 CHAT_DEFAULT = ("HuggingFaceH4/ultrachat_200k", None, "test_sft")
@@ -37,10 +37,12 @@ class NLLResult:
         return self.nll_sum / self.tokens
 
 
-def read_records(local: Path | None, hub: tuple[str, str | None, str], limit: int) -> list[dict]:
-    """First ``limit`` records of a local JSON Lines / JSON (gzipped or not) or Parquet file, else of the hub dataset (streamed)."""
+def read_records(
+    local: Path | None, hub: tuple[str, str | None, str], limit: int, option: str, column: str
+) -> list[dict]:
+    """First ``limit`` records of a local file (checked: see :func:`~autoloco_evals.data_files.check_files`), else of the hub dataset (streamed)."""
     if local is not None:
-        return read_rows(local, limit)
+        return check_files([local], option, [column], "", limit)
     import datasets
 
     name, config, split = hub
@@ -128,7 +130,7 @@ def evaluate_nll(
     A tokenizer without a chat template (a pretrained base model) gets the
     document NLL only, with a warning.
     """
-    docs = read_records(c4_path, C4_DEFAULT, num_documents)
+    docs = read_records(c4_path, C4_DEFAULT, num_documents, "--c4-path", "text")
     doc_result = masked_nll(
         model, (document_example(tokenizer, d["text"], max_length) for d in docs), batch_size, "nll c4"
     )
@@ -136,7 +138,7 @@ def evaluate_nll(
     if tokenizer.chat_template is None:
         warnings.warn("tokenizer has no chat template: chat NLL not computed", stacklevel=2)
         return result
-    chats = read_records(chat_path, CHAT_DEFAULT, num_conversations)
+    chats = read_records(chat_path, CHAT_DEFAULT, num_conversations, "--chat-path", "messages")
     chat_result = masked_nll(
         model, (chat_example(tokenizer, c["messages"], max_length) for c in chats), batch_size, "nll chat"
     )

@@ -11,13 +11,15 @@ import os
 import warnings
 from pathlib import Path
 
+from .errors import EvalInputError
+
 # Unreachable on purpose: nltk.download() fetches its index on every call, even
 # for installed data (IFBench's checkers call it per response).
 _NO_NLTK_INDEX = "file:///nonexistent/autoloco-evals-offline/index.xml"
 _PUNKT_TAB_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
 
 
-class MissingLocalDataError(FileNotFoundError):
+class MissingLocalDataError(EvalInputError, FileNotFoundError):
     """A task has no local data where offline mode (or the user) requires it."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autoloco_hf.cli.report import markdown_table
+
 # (score key, header, is a percentage); NLL stays in nats per token.
 COLUMNS = (
     ("nll_chat", "Test NLL (chat)", False),
@@ -21,17 +23,15 @@ def load_records(paths: list[str | Path]) -> list[dict]:
     return [json.loads(Path(p).read_text()) for p in paths]
 
 
-def markdown_table(records: list[dict]) -> str:
+def scores_table(records: list[dict]) -> str:
     """One row per run; only the columns some run has; '-' where a run lacks one."""
     columns = [c for c in COLUMNS if any(c[0] in r["scores"] for r in records)]
-    lines = [
-        "| Run | " + " | ".join(header for _, header, _ in columns) + " |",
-        "| --- | " + " | ".join("---:" for _ in columns) + " |",
-    ]
+    rows = []
     for record in records:
-        cells = []
+        cells = [record["run"]]
         for key, _, percent in columns:
             value = record["scores"].get(key)
             cells.append("-" if value is None else f"{100 * value:.2f}" if percent else f"{value:.4f}")
-        lines.append(f"| {record['run']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    headers = ["Run"] + [header for _, header, _ in columns]
+    return markdown_table(headers, rows, align=["---"] + ["---:"] * len(columns)) + "\n"

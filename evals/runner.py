@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .humaneval_plus import evaluate_humaneval_plus
-from .lm_eval_tasks import LM_EVAL_TASKS, run_lm_eval
-from .nll import evaluate_nll
+from .data_files import check_files
+from .errors import EvalInputError
+from .lm_eval_tasks import LM_EVAL_TASKS, local_files, run_lm_eval
 from .offline import MissingLocalDataError, ensure_punkt_tab, resolve_local, set_offline
 
 TASKS = ("mmlu_pro", "bbh", "ifeval", "ifbench", "humaneval_plus", "nll")
@@ -23,26 +23,50 @@ FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 @dataclass(frozen=True)
 class DataSource:
-    """A dataset a task reads: its CLI option, its name under --data-dir, what it holds."""
+    """A dataset a task reads: its CLI option, its name under --data-dir, what it holds, the fields its rows need."""
 
     option: str
     filename: str
     what: str
+    columns: tuple[str, ...]
 
 
 DATA = {
     "mmlu_pro": DataSource(
-        "--mmlu-pro-path", "mmlu_pro", "MMLU-Pro (TIGER-Lab/MMLU-Pro): a folder with test.jsonl and validation.jsonl"
+        "--mmlu-pro-path",
+        "mmlu_pro",
+        "MMLU-Pro (TIGER-Lab/MMLU-Pro): a folder with test.jsonl and validation.jsonl",
+        ("question", "options", "answer", "category"),
     ),
-    "bbh": DataSource("--bbh-path", "bbh", "BBH (SaylorTwift/bbh): a folder of <subtask>.jsonl files"),
-    "ifeval": DataSource("--ifeval-path", "ifeval.jsonl", "IFEval (google/IFEval) rows as JSONL"),
-    "ifbench": DataSource("--ifbench-path", "ifbench.jsonl", "IFBench (allenai/IFBench_test) rows as JSONL"),
+    "bbh": DataSource(
+        "--bbh-path", "bbh", "BBH (SaylorTwift/bbh): a folder of <subtask>.jsonl files", ("input", "target")
+    ),
+    "ifeval": DataSource(
+        "--ifeval-path",
+        "ifeval.jsonl",
+        "IFEval (google/IFEval) rows as JSONL",
+        ("key", "prompt", "instruction_id_list"),
+    ),
+    "ifbench": DataSource(
+        "--ifbench-path",
+        "ifbench.jsonl",
+        "IFBench (allenai/IFBench_test) rows as JSONL",
+        ("key", "prompt", "instruction_id_list"),
+    ),
     "humaneval_plus": DataSource(
-        "--humaneval-plus-path", "humaneval_plus.jsonl", "HumanEval+ (evalplus HumanEvalPlus) JSONL"
+        "--humaneval-plus-path",
+        "humaneval_plus.jsonl",
+        "HumanEval+ (evalplus HumanEvalPlus) JSONL",
+        ("task_id", "prompt", "entry_point"),
     ),
-    "c4": DataSource("--c4-path", "c4.jsonl", "C4-style documents (allenai/c4 en validation) as JSONL with 'text'"),
+    "c4": DataSource(
+        "--c4-path", "c4.jsonl", "C4-style documents (allenai/c4 en validation) as JSONL with 'text'", ("text",)
+    ),
     "chat": DataSource(
-        "--chat-path", "chat.jsonl", "conversations (HuggingFaceH4/ultrachat_200k test_sft) as JSONL with 'messages'"
+        "--chat-path",
+        "chat.jsonl",
+        "conversations (HuggingFaceH4/ultrachat_200k test_sft) as JSONL with 'messages'",
+        ("messages",),
     ),
 }
 TASK_DATA = {"nll": ("c4", "chat")}  # every other task reads the dataset of its own name
@@ -92,6 +116,18 @@ def resolve_data(settings: EvalSettings) -> dict[str, Path | None]:
     return resolved
 
 
+def check_data(settings: EvalSettings, local: dict[str, Path | None]) -> None:
+    """Read the local rows every selected task will use (each file parses, has rows and the fields): before the model loads.
+
+    Raises :class:`~autoloco_evals.data_files.DataFileError` naming the option, the file (and line).
+    """
+    limits = {"c4": settings.num_documents, "chat": settings.num_conversations}
+    for key, path in local.items():
+        if path is not None:
+            source = DATA[key]
+            check_files(local_files(key, path), source.option, source.columns, "", limits.get(key, settings.limit))
+
+
 def evaluate(
     model, tokenizer, settings: EvalSettings, out_dir: Path, run_name: str = "run", meta: dict | None = None
 ) -> dict:
@@ -104,6 +140,9 @@ def evaluate(
         raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {TASKS}")
     if settings.offline:
         set_offline()
+    from .humaneval_plus import evaluate_humaneval_plus  # torch: imported only once a model is there
+    from .nll import evaluate_nll
+
     local = resolve_data(settings)
     work_dir = Path(out_dir) / run_name
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -111,8 +150,13 @@ def evaluate(
         ensure_punkt_tab(work_dir / "nltk_data", settings.offline)
     chat = tokenizer.chat_template is not None if settings.chat_template is None else settings.chat_template
 
+    from tqdm.auto import tqdm
+
     scores, details, timings = {}, {}, {}
-    for task in settings.tasks:
+    # the overall progress, "task 3/6" with the time left; each task draws its own bar below it
+    tasks = tqdm(settings.tasks, desc="autoloco eval: task", unit="task", position=0, dynamic_ncols=True)
+    for task in tasks:
+        tasks.set_postfix_str(task)
         start = time.perf_counter()
         if task in LM_EVAL_TASKS:
             result = run_lm_eval(
@@ -153,6 +197,7 @@ def evaluate(
             scores.update({key: result.pop(key) for key in ("nll_c4", "nll_chat") if key in result})
         details[task] = result
         timings[task] = round(time.perf_counter() - start, 1)
+    tasks.close()
 
     record = {
         "run": run_name,
@@ -168,6 +213,28 @@ def evaluate(
     return record
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": the checkpoint's own
+
+
+def check_device(device: str | None) -> str:
+    """``device``, or cuda when available else cpu; a device this PyTorch build lacks is an EvalInputError."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise EvalInputError(f"--device {device}: not a device name; pass cpu, cuda, cuda:1 or mps") from None
+    backend = getattr(torch, kind, None)
+    if kind != "cpu" and not (backend is not None and backend.is_available()):
+        raise EvalInputError(
+            f"--device {device}: this PyTorch build has no {kind} device ({torch.__version__}); "
+            "pass --device cpu, or leave --device out to use cuda when there is one"
+        )
+    return device
+
+
 def evaluate_model_dir(
     model_dir: str | Path,
     settings: EvalSettings,
@@ -176,14 +243,15 @@ def evaluate_model_dir(
     device: str | None = None,
     dtype: str = "auto",
 ) -> dict:
-    """Load a checkpoint (model and tokenizer from one folder) and evaluate it."""
+    """Load a checkpoint (model and tokenizer from one folder) and evaluate it; every input is checked before the load."""
+    if dtype not in DTYPES:
+        raise EvalInputError(f"--dtype {dtype}: not a dtype; pass one of {', '.join(DTYPES)}")
     if settings.offline:  # before the hub clients are imported: they read their offline switches at import
         set_offline()
-    import torch
+    check_data(settings, resolve_data(settings))  # missing or bad data first: before the slow imports and load
+    device = check_device(device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    resolve_data(settings)  # fail on missing data before the slow model load
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

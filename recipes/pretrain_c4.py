@@ -40,9 +40,17 @@ from typing import Any, Literal
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import load_yaml, parse_settings, setting, usage_error  # noqa: E402
+from recipe_config import (  # noqa: E402
+    check_at_least,
+    check_data_files,
+    check_local_path,
+    load_data_files,
+    load_yaml,
+    parse_settings,
+    setting,
+    usage_error,
+)
 
-from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import RECIPES, ConfigError, Method  # noqa: E402
 from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
@@ -86,7 +94,7 @@ class C4Settings:
     dataset: str = setting("allenai/c4", "hub dataset, streamed")
     dataset_config: str = setting("en", "hub dataset configuration")
     train_files: list[str] | None = setting(
-        None, "local files instead of the hub stream: JSON Lines / JSON (gzipped or not), Parquet or text, by content"
+        None, "local files instead of the hub stream: .jsonl / .json (gzipped or not), .parquet or .txt"
     )
     val_files: list[str] | None = setting(None, "local validation files (same formats)")
     text_field: str = setting("text", "the column holding the document text")
@@ -117,7 +125,37 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[C4Settings, AutoLoCoA
         autoloco_config(settings, autoloco)
     except ConfigError as err:
         usage_error(str(err))
+    check_inputs(settings)
     return settings, autoloco
+
+
+def launch_mode(s: C4Settings) -> str:
+    """simulated or multiprocess (``auto``: multiprocess when ``WORLD_SIZE > 1``); one process per worker in the latter."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    mode = s.mode if s.mode != "auto" else ("multiprocess" if world > 1 else "simulated")
+    if mode == "multiprocess" and world != s.workers:
+        usage_error(f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode")
+    return mode
+
+
+def check_inputs(s: C4Settings) -> None:
+    """Every path and count, before anything loads: a bad one is one line and exit code 2, not a traceback mid-run."""
+    check_at_least(s, 1, "workers", "steps", "batch_size", "micro_batch_size", "seq_len", "val_docs", "eval_batch_size")
+    check_at_least(s, 0, "save_every")
+    if not 0 <= s.warmup_steps < s.steps:
+        usage_error(f"--warmup-steps {s.warmup_steps}: pass 0 <= warm-up < --steps ({s.steps})")
+    launch_mode(s)
+    check_local_path(s.tokenizer, "--tokenizer")
+    if s.model_config:
+        load_yaml(s.model_config, "--model-config")
+    if s.train_files and not s.val_files:
+        usage_error(
+            f"--train-files {' '.join(s.train_files)} is local but --val-files is not given: validation after "
+            f"training would stream {s.dataset} ({s.dataset_config}, validation); pass --val-files FILE"
+        )
+    for option, files in (("--train-files", s.train_files), ("--val-files", s.val_files)):
+        if files:
+            check_data_files(files, option, s.text_field, ", or set --text-field")
 
 
 def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
@@ -125,7 +163,7 @@ def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
 
     fields = dict(MODEL_215M)
     if s.model_config:
-        fields = load_yaml(s.model_config)  # JSON is YAML
+        fields = load_yaml(s.model_config, "--model-config")  # JSON is YAML
     fields.setdefault("vocab_size", vocab_size)
     torch.manual_seed(s.seed)
     model = LlamaForCausalLM(LlamaConfig(**fields))
@@ -140,8 +178,8 @@ def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> 
     from datasets.distributed import split_dataset_by_node
 
     files = s.train_files if split == "train" else s.val_files
-    if files:  # by content: the real C4 shards are gzipped JSON Lines
-        stream = load_dataset(files_format(files).value, data_files=list(files), split="train", streaming=True)
+    if files:  # the real C4 shards are gzipped JSON Lines (.json.gz)
+        stream = load_data_files(files, "--train-files" if split == "train" else "--val-files", streaming=True)
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
     return split_dataset_by_node(stream, rank=worker, world_size=num_workers)
@@ -176,19 +214,11 @@ class Launch:
     """Where this process stands: simulated (all workers here) or one worker of a process group."""
 
     def __init__(self, s: C4Settings) -> None:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        mode = s.mode if s.mode != "auto" else ("multiprocess" if world > 1 else "simulated")
-        if mode not in ("simulated", "multiprocess"):
-            raise SystemExit(f"--mode {s.mode!r}: use simulated, multiprocess or auto")
-        self.mode = mode
-        self.distributed = mode == "multiprocess"
+        self.mode = launch_mode(s)
+        self.distributed = self.mode == "multiprocess"
         if self.distributed:
             import torch.distributed as dist
 
-            if world != s.workers:
-                raise SystemExit(
-                    f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode"
-                )
             cuda = torch.cuda.is_available()
             if cuda:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -12,6 +12,11 @@ differs from the shared recipe; a nested ``autoloco:`` mapping holds
 
 Usage errors (an unknown key or flag, a missing file, a bad value) print one
 line naming the flag or key, the value and the fix, and exit with code 2.
+Every input is checked in ``parse_args``, before a model or a dataset loads:
+:func:`check_data_files` reads the first rows of each local data file
+(exists, not empty, parses, has the field), :func:`check_local_path` refuses a
+local-looking model or tokenizer path that is not there, and
+:func:`check_at_least` the counts.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from typing import Any
 
 import yaml
 
+from autoloco_evals.data_files import DataFileError, check_files, load_rows
 from autoloco_hf.cli import usage_error
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import PREFIX
 
 AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
+ROWS_CHECKED = 1_000  # per data file before training: enough to catch a wrong or malformed file, cheap on a C4 shard
 
 
 def setting(default: Any, help: str) -> Any:
@@ -43,23 +50,24 @@ def _suggest(name: str, known: Sequence[str]) -> str:
     return f"did you mean {close[0]}?" if close else "see --help for the known names"
 
 
-def load_yaml(path: str) -> dict[str, Any]:
+def load_yaml(path: str, option: str = "--config") -> dict[str, Any]:
     """``path``'s mapping merged over its ``base:`` chain, with ``autoloco:`` sub-mappings flattened to ``autoloco_*`` keys."""
     if not os.path.isfile(path):
-        usage_error(f"--config {path}: no such file; pass a YAML file such as recipes/configs/c4_autoloco.yaml")
+        example = "recipes/configs/c4_autoloco.yaml" if option == "--config" else "a JSON or YAML file"
+        usage_error(f"{option} {path}: no such file; pass {example}")
     try:
         with open(path) as f:
             values = yaml.safe_load(f) or {}
     except yaml.YAMLError as err:
-        usage_error(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})")
+        usage_error(f"{option} {path}: not valid YAML ({str(err).splitlines()[0]})")
     if not isinstance(values, dict):
-        usage_error(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+        usage_error(f"{option} {path}: expected a mapping of settings, got {type(values).__name__}")
     for key, value in (values.pop("autoloco", None) or {}).items():
         values[PREFIX + key] = value
     base = values.pop("base", None)
     if base is None:
         return values
-    return {**load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base)), **values}
+    return {**load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base), option), **values}
 
 
 def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
@@ -114,3 +122,38 @@ def parse_settings(
     except (ValueError, TypeError) as err:  # a dataclass's __post_init__ refused a combination of values
         usage_error(str(err).splitlines()[0])
     return tuple(p for p in parsed if not isinstance(p, argparse.Namespace))
+
+
+def check_data_files(files: Sequence[str], option: str, column: str, fix: str = "") -> None:
+    """The first rows of each local data file parse and hold ``column`` (see ``autoloco_evals.data_files.check_files``)."""
+    try:
+        check_files(files, option, [column], fix, limit=ROWS_CHECKED)
+    except DataFileError as err:
+        usage_error(str(err))
+
+
+def load_data_files(files: Sequence[str], option: str, *, streaming: bool = False) -> Any:
+    """``datasets.load_dataset`` of local files (builder by name); a file it cannot read is a usage error."""
+    try:
+        return load_rows(files, option, streaming=streaming)
+    except DataFileError as err:
+        usage_error(str(err))
+
+
+def check_local_path(value: str | None, option: str, needs: str | None = None) -> None:
+    """A value that reads as a local path (``/``, ``.``, ``~``) must exist (and hold ``needs``); others are hub ids."""
+    if value is None or not value.startswith(("/", ".", "~")):
+        return
+    path = os.path.expanduser(value)
+    if not os.path.exists(path):
+        usage_error(f"{option} {value}: no such file or folder; pass a local path that exists, or a hub id")
+    if needs and not os.path.exists(os.path.join(path, needs)):
+        usage_error(f"{option} {value}: no {needs} in it; pass a folder written by save_pretrained, or a hub id")
+
+
+def check_at_least(settings: Any, minimum: int, *names: str) -> None:
+    """Each named setting (when set) is a whole number >= ``minimum``."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and value < minimum:
+            usage_error(f"--{name.replace('_', '-')} {value}: pass a whole number >= {minimum}")

@@ -27,9 +27,10 @@ as is every ``AutoLoCoConfig`` field with an ``autoloco_`` prefix. Every
 download can be replaced by a local path: ``--model-name-or-path``,
 ``--tokenizer``, ``--train-files`` / ``--test-files`` (JSON Lines, JSON or
 Parquet with a ``messages`` list). The run folder (``output_dir/run_name``) is
-readable by ``autoloco report`` (the test NLL appears as its validation loss)
-and ends with the final synchronized model and tokenizer, ready for
-``autoloco eval``.
+the callback's (``autoloco_summary.json``, extended with the test NLL, which
+``autoloco report`` shows as its validation loss; ``autoloco_steps.jsonl``;
+``autoloco_intervals.jsonl``) and ends with the final synchronized model and
+tokenizer, ready for ``autoloco eval``.
 """
 
 from __future__ import annotations
@@ -38,17 +39,23 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe_config import parse_settings, setting, usage_error  # noqa: E402
+from recipe_config import (  # noqa: E402
+    check_at_least,
+    check_data_files,
+    check_local_path,
+    load_data_files,
+    parse_settings,
+    setting,
+    usage_error,
+)
 
-from autoloco_evals.data_files import files_format  # noqa: E402
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import ConfigError, Method, WireDtype  # noqa: E402
 from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
@@ -67,7 +74,7 @@ class SFTSettings:
     chat_template: str | None = setting(
         None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template"
     )
-    model_dtype: str = setting(
+    model_dtype: Literal["bfloat16", "float16", "float32"] = setting(
         "bfloat16", "weights in memory on GPU (an 8B model in FP32 with AdamW does not fit one GPU)"
     )
     dataset: str = setting("HuggingFaceH4/ultrachat_200k", "hub dataset")
@@ -136,7 +143,26 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, Aut
         autoloco_config(settings, autoloco)
     except ConfigError as err:
         usage_error(str(err))
+    check_inputs(settings)
     return settings, args, autoloco
+
+
+def check_inputs(s: SFTSettings) -> None:
+    """Every path and count, before anything loads: a bad one is one line and exit code 2, not a traceback after training."""
+    check_local_path(s.model_name_or_path, "--model-name-or-path", "config.json")
+    check_local_path(s.tokenizer, "--tokenizer")
+    if s.chat_template and not os.path.isfile(s.chat_template):
+        usage_error(f"--chat-template {s.chat_template}: no such file; pass a .jinja chat template")
+    check_at_least(s, 1, "global_batch_size", "test_conversations", "eval_batch_size")
+    if s.train_files and not s.test_files:
+        usage_error(
+            f"--train-files {' '.join(s.train_files)} is local but --test-files is not given: the test NLL after "
+            f"training would download {s.dataset} ({s.test_split}); pass --test-files FILE (JSON Lines or Parquet "
+            "with 'messages')"
+        )
+    for option, files in (("--train-files", s.train_files), ("--test-files", s.test_files)):
+        if files:
+            check_data_files(files, option, "messages", " (a list of {'role', 'content'} turns)")
 
 
 def valid_conversation(messages: Any) -> bool:
@@ -173,8 +199,8 @@ def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: 
     from datasets import load_dataset
 
     files = s.train_files if split == "train" else s.test_files
-    if files:  # by content: UltraChat's hub files are Parquet
-        ds = load_dataset(files_format(files).value, data_files=list(files), split="train")
+    if files:
+        ds = load_data_files(files, "--train-files" if split == "train" else "--test-files")
     else:
         ds = load_dataset(s.dataset, split=s.train_split if split == "train" else s.test_split)
     ds = ds.select_columns(["messages"])
@@ -246,13 +272,13 @@ def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: s
 
 def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary on the main process, else an empty dict."""
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     from autoloco_evals.nll import chat_example, masked_nll
     from autoloco_hf import AutoLoCoCallback
-    from autoloco_hf.cli.report import RunWriter
+    from autoloco_hf.cli.report import extend_trainer_summary
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.per_device_train_batch_size * world
@@ -271,42 +297,28 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         check_fsdp2_workers_setup(s, config, cuda)
     tokenizer = load_tokenizer(s)
     train_set = conversations(s, args, "train", tokenizer)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    # before training: a test set that cannot load must not cost a training run
+    test_set = (
+        conversations(s, args, "test", tokenizer, limit=s.test_conversations) if main_process or sharded else None
+    )
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
     if sharded:
         _ = args.device  # initializes the process group and this rank's GPU before the worker mesh is built
         model = shard_workers(model, config, args.bf16)
-    callback = AutoLoCoCallback(config, records_filename="intervals.jsonl")
-    main_process = int(os.environ.get("RANK", "0")) == 0
+    callback = AutoLoCoCallback(config)  # its run files (autoloco_*) are the run's: the summary below extends them
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
-    writer = RunWriter(run_dir, run_name, resume_step=resume_step) if main_process else None
-    started = time.perf_counter()
-
-    class StepLog(TrainerCallback):
-        """Per-step loss with the run's cumulative syncs and bytes, for `autoloco report`."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if writer is not None and logs and "loss" in logs and callback.engine is not None:
-                writer.log_step(
-                    state.global_step,
-                    float(logs["loss"]),
-                    float(logs.get("learning_rate", 0.0)),
-                    callback.engine.totals,
-                    time.perf_counter() - started,
-                )
-
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback, StepLog()]
+        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback]
     )
     trainer.train(resume_from_checkpoint=last)
-    wall = time.perf_counter() - started
     # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
     trainer.save_model(run_dir)
-    if writer is None and not sharded:
+    if not main_process and not sharded:
         return {}
     # a sharded model runs its forward on all of its worker's ranks together: every rank computes the test NLL
-    test_set = conversations(s, args, "test", tokenizer, limit=s.test_conversations)
     trainer.model.eval()
     nll = masked_nll(
         trainer.model,
@@ -314,12 +326,10 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
         s.eval_batch_size,
         "test nll",
     )
-    if writer is None:
+    if not main_process:
         return {}
-    return writer.finish(
-        callback.engine.totals,
-        config.to_dict(),
-        wall,
+    return extend_trainer_summary(
+        run_dir,
         val_loss=nll.nll,
         test_nll=nll.nll,
         test_tokens=nll.tokens,

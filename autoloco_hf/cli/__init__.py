@@ -36,21 +36,35 @@ def usage_error(message: str, prog: str | None = None) -> NoReturn:
     raise SystemExit(USAGE_ERROR)
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3`` would otherwise mean "default" or "drop the last 3")."""
+def _at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= 1")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}")
     return value
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3`` would otherwise mean "default" or "drop the last 3")."""
+    return _at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 0 (a warm-up of 0 steps is none)."""
+    return _at_least(text, 0)
+
+
 def new_file_path(text: str) -> str:
-    """An ``argparse`` type for an output folder: anything but an existing file."""
+    """An ``argparse`` type for an output folder: anything but an existing file, or a path inside one."""
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is an existing file: pass a folder (new or existing)")
+    parent = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text} is inside {parent}, an existing file: pass a folder elsewhere")
     return text
 
 
@@ -68,19 +82,24 @@ class OneLineParser(argparse.ArgumentParser):
         usage_error(f"{message} (see {self.prog} --help)", self.prog)
 
 
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``autoloco`` parser and its sub-command parsers (by name)."""
     parser = OneLineParser(prog="autoloco", description="AutoLoCo low-communication training tools")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    commands = {}
     for name, (module, help_text) in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
+        commands[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name in argv:  # import only the module of the command being run
-            importlib.import_module(module).add_arguments(command)
-    return parser
+            importlib.import_module(module).add_arguments(commands[name])
+    return parser, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    parser, commands = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the sub-command's own error: "autoloco plan: ... (see autoloco plan --help)"
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.run(args) or 0)
 

@@ -13,7 +13,7 @@ import math
 
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
-from autoloco_hf.cli import usage_error
+from autoloco_hf.cli import non_negative_int, positive_int, usage_error
 from autoloco_hf.config import (
     METHODS,
     RECIPE_SCHEDULES,
@@ -34,12 +34,12 @@ RECIPE_PARAMS = {"c4": 214_983_680, "sft": 8_030_261_248}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="c4", help="the paper recipe to start from")
     parser.add_argument("--method", default=Method.AUTOLOCO, help=", ".join(METHODS))
-    parser.add_argument("--steps", type=int, help="training budget in optimizer steps")
-    parser.add_argument("--warmup", type=int, help="inner-LR warm-up steps")
+    parser.add_argument("--steps", type=positive_int, help="training budget in optimizer steps")
+    parser.add_argument("--warmup", type=non_negative_int, help="inner-LR warm-up steps")
     parser.add_argument("--schedule", choices=["cosine", "linear"], help="decay after warm-up")
-    parser.add_argument("--h-base", type=int, help="recipe horizon H_base (steps)")
-    parser.add_argument("--q-h", type=int, help="horizon granularity q_H (default H_base/10)")
-    parser.add_argument("--h-max", type=int, help="largest horizon (default 1.5 H_base)")
+    parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (steps)")
+    parser.add_argument("--q-h", type=positive_int, help="horizon granularity q_H (default H_base/10)")
+    parser.add_argument("--h-max", type=positive_int, help="largest horizon (default 1.5 H_base)")
     parser.add_argument(
         "--params",
         type=float,
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wire-dtype", default=WireDtype.BF16, choices=WIRE_DTYPES, help="wire format of the payload")
     parser.add_argument(
         "--ranks-per-worker",
-        type=int,
+        type=positive_int,
         default=1,
         help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it",
     )
@@ -84,14 +84,19 @@ def run(args: argparse.Namespace) -> int:
             "autoloco plan",
         )
     total, warmup = schedule_cfg["total_steps"], schedule_cfg["warmup_steps"]
-    if total <= 0 or not 0 <= warmup < total:
-        usage_error(f"need 0 <= --warmup ({warmup}) < --steps ({total})", "autoloco plan")
+    if warmup >= total:  # name only the flags given: the other value is the recipe's
+        if args.warmup is None:
+            usage_error(
+                f"--steps {total}: the {args.recipe} recipe warms up for {warmup} steps; "
+                f"pass --steps above {warmup}, or a shorter --warmup",
+                "autoloco plan",
+            )
+        given = f"--steps {total}" if args.steps is not None else f"the {args.recipe} recipe's {total} steps"
+        usage_error(f"--warmup {warmup}: pass a warm-up below {given}", "autoloco plan")
     if args.params is None:
         args.params = RECIPE_PARAMS[args.recipe]
     if not args.params > 0:
         usage_error(f"--params {args.params:g}: pass a positive parameter count, e.g. 8.03e9", "autoloco plan")
-    if args.ranks_per_worker < 1:
-        usage_error(f"--ranks-per-worker {args.ranks_per_worker}: pass the ranks per worker, >= 1", "autoloco plan")
     make = warmup_cosine if schedule_cfg["schedule"] == "cosine" else warmup_linear
     schedule = make(1.0, warmup, total)
     result = preview_run(config, schedule, warmup)

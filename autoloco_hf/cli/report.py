@@ -92,6 +92,20 @@ class RunWriter:
         return summary
 
 
+def extend_trainer_summary(output_dir: str, **extra: Any) -> dict[str, Any]:
+    """Add ``extra`` (a recipe's test loss, its settings) to the summary AutoLoCoCallback wrote; return the whole summary.
+
+    One set of run files per run: a Trainer recipe extends the callback's rather than writing its own beside them.
+    """
+    path = os.path.join(output_dir, TRAINER_SUMMARY_FILENAME)
+    with open(path) as f:
+        summary = json.load(f)
+    summary.update(extra)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2, default=str, allow_nan=True)
+    return summary
+
+
 def last_fraction_mean(losses: Sequence[float], fraction: float = LAST_FRACTION) -> float:
     """Mean of the last ``fraction`` of ``losses`` (at least one value)."""
     if not losses:
@@ -138,23 +152,41 @@ def _summary_file(path: str) -> str | None:
     return None
 
 
-def _log_rows(path: str) -> list[dict[str, Any]]:
-    """A JSONL log, or its gzipped copy (committed benchmark runs keep their logs compressed); [] if neither exists."""
-    if os.path.exists(path):
-        return read_jsonl(path)
-    if os.path.exists(path + ".gz"):
-        with gzip.open(path + ".gz", "rt") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    return []
+class RunFolderError(ValueError):
+    """A run folder that cannot be read: the message is one line naming the folder or file and the fix."""
+
+
+def _existing_log(path: str) -> str | None:
+    """A JSONL log, or its gzipped copy (committed benchmark runs keep their logs compressed)."""
+    return next((p for p in (path, path + ".gz") if os.path.exists(p)), None)
+
+
+def _read_json(path: str, lines: bool) -> Any:
+    try:
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+            return [json.loads(line) for line in f if line.strip()] if lines else json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else err.reason
+        kind = "JSON Lines (one JSON object a line)" if lines else "JSON"
+        raise RunFolderError(
+            f"{path}: not valid {kind} ({reason}); was the run interrupted while writing it?"
+        ) from None
 
 
 def load_run(path: str) -> Run:
     summary_path = _summary_file(path)
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = _read_json(summary_path, lines=False)
+    totals = summary.get("totals") if isinstance(summary, dict) else None
+    if not isinstance(totals, dict) or not {"syncs", "payload_bytes"} <= set(totals):
+        raise RunFolderError(
+            f"{summary_path}: no 'totals' with 'syncs' and 'payload_bytes'; pass a folder written by the demo, "
+            "a recipe or AutoLoCoCallback"
+        )
     # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
-    intervals = _log_rows(os.path.join(path, summary.get("intervals_file", INTERVALS)))
-    steps = _log_rows(os.path.join(path, summary.get("steps_file", STEPS)))
+    intervals_path = _existing_log(os.path.join(path, summary.get("intervals_file", INTERVALS)))
+    steps_path = _existing_log(os.path.join(path, summary.get("steps_file", STEPS)))
+    intervals = _read_json(intervals_path, lines=True) if intervals_path else []
+    steps = _read_json(steps_path, lines=True) if steps_path else []
     summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
 
@@ -163,15 +195,17 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
     runs = []
     for path in paths:
+        if not os.path.exists(path):
+            raise RunFolderError(f"RUN_DIR {path} does not exist: pass a run folder or a folder of run folders")
+        if not os.path.isdir(path):
+            raise RunFolderError(f"RUN_DIR {path} is a file: pass the run folder that holds it")
         if _summary_file(path):
             runs.append(load_run(path))
             continue
-        inside = (
-            sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d))) if os.path.isdir(path) else []
-        )
+        inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d)))
         if not inside:
-            raise FileNotFoundError(
-                f"{path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
+            raise RunFolderError(
+                f"RUN_DIR {path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
                 "its sub-folders; is it a finished run?"
             )
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
@@ -187,14 +221,15 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
+    """A GitHub Markdown table; ``align`` holds each column's separator (``---``, ``---:``), default ``---``."""
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align or ["---"] * len(headers)) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def table1(runs: Sequence[Run]) -> str:
-    """The paper's Table 1: syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
+    """The paper's Table 1 (one row per run, with its method): syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
     baseline = next((r for r in runs if r.summary.get("method") == Method.DILOCO), None)
     rows = []
     for run in runs:
@@ -206,6 +241,7 @@ def table1(runs: Sequence[Run]) -> str:
         rows.append(
             [
                 run.name,
+                str(run.summary.get("method") or "-"),
                 f"{syncs:,}",
                 _mib(payload),
                 vs,
@@ -218,6 +254,7 @@ def table1(runs: Sequence[Run]) -> str:
     vs_name = f"payload vs {baseline.name}" if baseline else "payload vs diloco"
     # CPU time next to wall time: on a shared machine only the CPU time compares methods fairly
     headers = [
+        "run",
         "method",
         "syncs",
         "payload (MiB/worker)",
@@ -259,7 +296,7 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
                 else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB"
             )
         rows.append(row)
-    return markdown_table(["method"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
+    return markdown_table(["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
 
 
 # ------------------------------------------------------------------- plots
@@ -313,10 +350,16 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     save(fig, "loss_vs_bytes.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    cut_any = False
     for run in interval_runs:
-        starts = [r["start_step"] for r in run.intervals]
-        ax.step(starts, [r["h_step"] for r in run.intervals], where="post", label=f"{run.name} ({len(starts)} syncs)")
-    ax.set(xlabel="interval start step", ylabel="H_step (local steps per interval)")
+        xs, ys, cut = horizon_series(run.intervals)
+        (line,) = ax.step(xs, ys, where="post", label=f"{run.name} ({len(run.intervals)} syncs)")
+        for start, h in cut:  # drawn apart, not as a drop of H: the budget cut it, not the controller
+            ax.plot([start, start + h], [h, h], ls=":", marker="x", color=line.get_color())
+        cut_any = cut_any or bool(cut)
+    if cut_any:
+        ax.plot([], [], ls=":", marker="x", color="gray", label="cut short by the step budget (no decision)")
+    ax.set(xlabel="step", ylabel="H_step (local steps per interval)")
     ax.legend()
     save(fig, "horizon.png")
 
@@ -338,12 +381,53 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     return list(PLOTS)
 
 
-def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> None:
-    """Clip the y axis above the early-training spike so the differences at the end stay visible."""
+def truncated(intervals: Sequence[dict[str, Any]], index: int) -> bool:
+    """Whether interval ``index`` was cut short by the step budget rather than chosen.
+
+    The controller records it (assessment ``truncated``); a fixed-horizon
+    policy does not, so its last interval counts when shorter than the one before.
+    """
+    record = intervals[index]
+    if record.get("assessment") == "truncated":
+        return True
+    last = index == len(intervals) - 1
+    return (
+        last and index > 0 and record.get("assessment") == "fixed" and record["h_step"] < intervals[index - 1]["h_step"]
+    )
+
+
+def horizon_series(intervals: Sequence[dict[str, Any]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The chosen horizons as a step curve (x, y, closed at the end of the last chosen interval) and the cut ones ((start, h))."""
+    chosen = [r for i, r in enumerate(intervals) if not truncated(intervals, i)]
+    cut = [(r["start_step"], r["h_step"]) for i, r in enumerate(intervals) if truncated(intervals, i)]
+    xs = [r["start_step"] for r in chosen]
+    ys = [r["h_step"] for r in chosen]
+    if chosen:
+        xs.append(chosen[-1]["start_step"] + chosen[-1]["h_step"])
+        ys.append(chosen[-1]["h_step"])
+    return xs, ys, cut
+
+
+def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> str | None:
+    """Clip the y axis above the early-training spike so the differences at the end stay visible, and say so on the plot.
+
+    Returns the note drawn (None when nothing is clipped).
+    """
     tails = [loss for r in runs for loss in r.smoothed_loss[len(r.smoothed_loss) // 10 :]]
-    if tails:
-        low, high = min(tails), max(tails)
-        ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+    if not tails:
+        return None
+    low, high = min(tails), max(tails)
+    pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)  # a flat tail still gets a visible band
+    top = high + pad
+    ax.set_ylim(low - pad, top)
+    everything = [loss for r in runs for loss in r.smoothed_loss]
+    above = [r for r in runs if any(loss > top for loss in r.smoothed_loss)]
+    if not above:
+        return None
+    last_clipped = max(s["step"] for r in above for s, loss in zip(r.steps, r.smoothed_loss) if loss > top)
+    note = f"y axis clipped at {top:.3g}: steps <= {last_clipped:,} reach up to {max(everything):.3g} (off the top)"
+    ax.text(0.98, 0.98, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgray")
+    return note
 
 
 # ------------------------------------------------------------------ report
@@ -419,7 +503,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         runs = find_runs(args.run_dirs)
-    except FileNotFoundError as err:
+    except RunFolderError as err:
         usage_error(str(err), "autoloco report")
     thresholds = args.thresholds or default_thresholds(runs)
     out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")

@@ -14,13 +14,13 @@ pytestmark = pytest.mark.slow
 
 
 def table_rows(markdown: str) -> dict[str, list[str]]:
-    """Rows of the first Markdown table (Table 1), keyed by method."""
+    """Rows of the first Markdown table (Table 1), keyed by run."""
     lines = [line for line in markdown.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) != len(header) or cells[0] == "method":
+        if len(cells) != len(header) or cells[0] == "run":
             break
         rows[cells[0]] = cells
     return rows
@@ -46,9 +46,9 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
         steps = (out / method / "steps.jsonl").read_text().splitlines()
         summary = json.loads((out / method / "summary.json").read_text())
         assert len(steps) == 40 and sum(r["h_step"] for r in intervals) == 40
-        assert int(rows[method][1].replace(",", "")) == len(intervals) == summary["totals"]["syncs"]
+        assert int(rows[method][2].replace(",", "")) == len(intervals) == summary["totals"]["syncs"]
         assert summary["val_loss"] > 0 and summary["train_loss_last"] > 0
-        assert re.search(rf"\| {method} \| {len(intervals)} \|", printed)
+        assert re.search(rf"\| {method} \| {summary['method']} \| {len(intervals)} \|", printed)
     diloco = json.loads((out / "diloco" / "summary.json").read_text())
     assert diloco["config"]["outer_momentum"] == 0.9 and diloco["config"]["h_base"] == 4
     mu07 = json.loads((out / "diloco_mu07" / "summary.json").read_text())

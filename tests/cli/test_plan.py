@@ -170,8 +170,8 @@ def test_cli_h_base_override_matches_preview_run(capsys) -> None:
     "argv, message",
     [
         (["--method", "sgd"], "method"),
-        (["--h-base", "0"], "h_base"),
-        (["--q-h", "0"], "q_h"),
+        (["--h-base", "0"], "--h-base"),
+        (["--q-h", "0"], "--q-h"),
         (["--q-h", "30"], "q_h"),  # H_base = 500 is not a multiple of 30
         (["--h-max", "400"], "h_max"),
         (["--steps", "0"], "--steps"),

@@ -11,12 +11,15 @@ from autoloco_hf.cli import main
 from autoloco_hf.cli.report import (
     PLOTS,
     RunWriter,
+    _zoom_on_tail,
     default_thresholds,
     find_runs,
+    horizon_series,
     last_fraction_mean,
     moving_average,
     reach,
     table1,
+    table2,
 )
 from autoloco_hf.sync.records import RunTotals
 
@@ -54,7 +57,8 @@ def test_tables_and_report(tmp_path, capsys):
     runs = find_runs([str(tmp_path / "a")])
     assert [r.name for r in runs] == ["autoloco", "diloco"]
     text = table1(runs)
-    assert "| autoloco | 5 | 5.0 | -50.0% |" in text and "| diloco | 10 | 10.0 | +0.0% |" in text
+    assert "| autoloco | autoloco | 5 | 5.0 | -50.0% |" in text and "| diloco | diloco | 10 | 10.0 | +0.0% |" in text
+    assert text.splitlines()[0].startswith("| run | method | syncs |")  # was: run names under "method"
     assert text.splitlines()[0].endswith("| wall (s) | CPU (s) |")
     assert default_thresholds(runs) == [3.01, 2.92]  # each run's final smoothed loss
     hit = reach(runs[0], 4.0)
@@ -84,6 +88,46 @@ def test_tables_and_report(tmp_path, capsys):
     assert main(["report", str(tmp_path / "a")]) == 0  # a folder of runs; the report goes inside it
     assert (tmp_path / "a" / "report" / "report.md").exists()
     assert [r.name for r in find_runs([str(tmp_path / "a")])] == ["autoloco", "diloco"]
+
+
+def test_budget_truncated_intervals_are_not_a_drop_of_h():
+    """DiLoCo's last interval (2 of 10 steps) and AutoLoCo's `truncated` one are drawn apart, not as H falling to 2."""
+    diloco = [dict(interval(s, 10), assessment="fixed") for s in range(0, 100, 10)] + [
+        dict(interval(100, 2), assessment="fixed")
+    ]
+    xs, ys, cut = horizon_series(diloco)
+    assert (xs[-1], ys[-1], min(ys), cut) == (100, 10, 10, [(100, 2)])
+    autoloco = [dict(interval(0, 5), assessment="grow"), dict(interval(5, 3), assessment="truncated")]
+    assert horizon_series(autoloco) == ([0, 5], [5, 5], [(5, 3)])
+    shrunk = [dict(interval(0, 8), assessment="shrink"), dict(interval(8, 4), assessment="accept")]
+    assert horizon_series(shrunk)[2] == []  # a controller's shorter last interval is its decision: drawn as one
+
+
+def test_loss_plot_says_when_it_clips_the_first_points(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fake_run(tmp_path, "spiky", "diloco", 10, 3.0)
+    (run,) = find_runs([str(tmp_path / "spiky")])
+    run.steps[0]["loss"] = 40.0  # an early spike far above the tail
+    _, ax = plt.subplots()
+    note = _zoom_on_tail(ax, [run])
+    assert note is not None and "clipped" in note and [t.get_text() for t in ax.texts] == [note]
+    assert ax.get_ylim()[1] < 40.0
+    plt.close("all")
+    fake_run(tmp_path, "flat", "diloco", 10, 4.99)
+    (flat,) = find_runs([str(tmp_path / "flat")])
+    flat.steps[:] = [dict(s, loss=5.0) for s in flat.steps]
+    _, ax = plt.subplots()
+    assert _zoom_on_tail(ax, [flat]) is None and not ax.texts
+    plt.close("all")
+
+
+def test_table2_rows_are_runs(tmp_path):
+    fake_run(tmp_path, "a", "diloco", 10, 3.0)
+    assert table2(find_runs([str(tmp_path / "a")]), [4.0]).splitlines()[0].startswith("| run | loss <= 4")
 
 
 def test_report_rejects_a_folder_without_runs(tmp_path, capsys):

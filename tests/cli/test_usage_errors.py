@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from autoloco_hf.cli import main
+from autoloco_hf.cli.report import RunWriter
+from autoloco_hf.sync.records import RunTotals
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 
@@ -33,6 +35,70 @@ CASES = {
         ["--thresholds", "'abc'", "3.5,3.2"],
     ),
     "report --out FILE": ("autoloco", ["report", "{tmp}", "--out", "{file}"], ["--out", "{file}", "existing file"]),
+    "report --out inside a FILE": (
+        "autoloco",
+        ["report", "{run}", "--out", "{file}/report"],
+        ["--out", "{file}/report", "existing file"],
+    ),  # was: NotADirectoryError traceback
+    "report MISSING": ("autoloco", ["report", "{tmp}/missing"], ["RUN_DIR", "missing", "does not exist"]),
+    "report a file": ("autoloco", ["report", "{file}"], ["RUN_DIR", "existing.txt", "is a file"]),
+    "report a folder without runs": ("autoloco", ["report", "{tmp}/a_folder"], ["RUN_DIR", "a_folder", "finished run"]),
+    "report broken summary": (
+        "autoloco",
+        ["report", "{tmp}/broken_summary"],
+        ["broken_summary/summary.json", "not valid JSON", "interrupted"],
+    ),  # was: JSONDecodeError traceback
+    "report broken steps": (
+        "autoloco",
+        ["report", "{tmp}/broken_steps"],
+        ["broken_steps/steps.jsonl", "not valid JSON Lines"],
+    ),
+    "report summary without totals": (
+        "autoloco",
+        ["report", "{tmp}/no_totals"],
+        ["no_totals/summary.json", "'totals'", "AutoLoCoCallback"],
+    ),  # was: KeyError traceback
+    "report --thresholds nan": (
+        "autoloco",
+        ["report", "{run}", "--thresholds", "nan"],
+        ["--thresholds", "'nan'", "3.5,3.2"],
+    ),
+    "report --thresholds empty": (
+        "autoloco",
+        ["report", "{run}", "--thresholds", ","],
+        ["--thresholds", "','", "3.5,3.2"],
+    ),
+    "report --bogus": (
+        "autoloco",
+        ["report", "{run}", "--bogus"],
+        ["autoloco report", "--bogus", "autoloco report --help"],
+    ),
+    "report no RUN_DIR": ("autoloco", ["report"], ["autoloco report", "RUN_DIR"]),
+    # autoloco plan
+    "plan --bogus": ("autoloco", ["plan", "--bogus"], ["autoloco plan: error", "--bogus", "see autoloco plan --help"]),
+    "plan --steps 0": ("autoloco", ["plan", "--steps", "0"], ["--steps", "'0'", ">= 1"]),  # was: blamed --warmup (1000)
+    "plan --steps below the warm-up": (
+        "autoloco",
+        ["plan", "--steps", "500"],
+        ["--steps 500", "warms up for 1000 steps", "--steps above 1000"],
+    ),
+    "plan --warmup past the budget": (
+        "autoloco",
+        ["plan", "--warmup", "60000"],
+        ["--warmup 60000", "below the c4 recipe's 50000 steps"],
+    ),
+    "plan --warmup -1": ("autoloco", ["plan", "--warmup", "-1"], ["--warmup", "'-1'", ">= 0"]),
+    "plan --method sgd": ("autoloco", ["plan", "--method", "sgd"], ["sgd", "diloco"]),
+    "plan --h-base 0": ("autoloco", ["plan", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),
+    "plan --h-max off the grid": ("autoloco", ["plan", "--h-max", "740"], ["--h-max 740", "use 700 or 750"]),
+    "plan --params 0": ("autoloco", ["plan", "--params", "0"], ["--params 0", "positive parameter count"]),
+    "plan --ranks-per-worker 0": (
+        "autoloco",
+        ["plan", "--ranks-per-worker", "0"],
+        ["--ranks-per-worker", "'0'", ">= 1"],
+    ),
+    "plan --recipe wiki": ("autoloco", ["plan", "--recipe", "wiki"], ["--recipe", "'wiki'", "'c4'"]),
+    "plan --wire-dtype fp8": ("autoloco", ["plan", "--wire-dtype", "fp8"], ["--wire-dtype", "'fp8'", "'int8'"]),
     "eval --out FILE": ("autoloco", ["eval", "{tmp}", "--out", "{file}"], ["--out", "{file}", "existing file"]),
     "eval --compare MISSING": (
         "autoloco",
@@ -76,6 +142,105 @@ CASES = {
     ),
     "sft --method foo": ("sft_ultrachat", ["--method", "foo"], ["--method", "'foo'", "'autoloco'"]),
     "sft --bf16 ture": ("sft_ultrachat", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),
+    # the recipes' data files and paths: refused before a model, a dataset or a training step
+    "c4 --train-files MISSING": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/missing.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "missing.jsonl", "no such file"],
+    ),
+    "c4 empty train file": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/empty.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "empty.jsonl", "empty"],
+    ),
+    "c4 plain-text train file": (
+        "pretrain_c4",
+        ["--train-files", "{tmp}/plain.jsonl", "--val-files", "{docs}"],
+        ["--train-files", "plain.jsonl", "line 1", "one JSON object"],
+    ),
+    "c4 rows without text": (
+        "pretrain_c4",
+        ["--train-files", "{chats}", "--val-files", "{docs}"],
+        ["--train-files", "chats.jsonl", "'text'", "--text-field"],
+    ),
+    "c4 malformed val line": (
+        "pretrain_c4",
+        ["--train-files", "{docs}", "--val-files", "{tmp}/malformed.jsonl"],
+        ["--val-files", "malformed.jsonl", "line 2", "one JSON object"],
+    ),
+    "c4 local train, hub validation": (
+        "pretrain_c4",
+        ["--train-files", "{docs}"],
+        ["--train-files", "docs.jsonl", "--val-files", "allenai/c4"],
+    ),
+    "c4 --steps 0": ("pretrain_c4", ["--steps", "0"], ["--steps 0", ">= 1"]),
+    "c4 --warmup-steps past the budget": (
+        "pretrain_c4",
+        ["--steps", "100", "--warmup-steps", "100"],
+        ["--warmup-steps 100", "--steps (100)"],
+    ),
+    "c4 --model-config MISSING": (
+        "pretrain_c4",
+        ["--model-config", "{tmp}/missing.json"],
+        ["--model-config", "missing.json", "no such file"],
+    ),
+    "c4 --tokenizer MISSING": (
+        "pretrain_c4",
+        ["--tokenizer", "{tmp}/no-tokenizer"],
+        ["--tokenizer", "no-tokenizer", "hub id"],
+    ),
+    "c4 --mode bogus": ("pretrain_c4", ["--mode", "bogus"], ["--mode", "'bogus'", "'simulated'"]),
+    "sft --model-dtype float17": (
+        "sft_ultrachat",
+        ["--model-dtype", "float17"],
+        ["--model-dtype", "'float17'", "'bfloat16'"],
+    ),  # was: accepted
+    "sft --train-files MISSING": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/missing.jsonl", "--test-files", "{chats}"],
+        ["--train-files", "missing.jsonl", "no such file"],
+    ),  # was: FileNotFoundError traceback
+    "sft empty train file": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/empty.jsonl", "--test-files", "{chats}"],
+        ["--train-files", "empty.jsonl", "empty"],
+    ),
+    "sft plain-text train file": (
+        "sft_ultrachat",
+        ["--train-files", "{tmp}/plain.txt", "--test-files", "{chats}"],
+        ["--train-files", "plain.txt", "'messages'"],
+    ),
+    "sft rows without messages": (
+        "sft_ultrachat",
+        ["--train-files", "{docs}", "--test-files", "{chats}"],
+        ["--train-files", "docs.jsonl", "'messages'", "'text'"],
+    ),
+    "sft malformed test line": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}", "--test-files", "{tmp}/malformed.jsonl"],
+        ["--test-files", "malformed.jsonl", "line 2"],
+    ),
+    "sft local train, hub test": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}"],
+        ["--train-files", "chats.jsonl", "--test-files", "HuggingFaceH4/ultrachat_200k"],
+    ),  # was: found after the whole epoch
+    "sft --model-name-or-path MISSING": (
+        "sft_ultrachat",
+        ["--model-name-or-path", "{tmp}/no-model"],
+        ["--model-name-or-path", "no-model", "no such file or folder"],
+    ),
+    "sft --chat-template MISSING": (
+        "sft_ultrachat",
+        ["--chat-template", "{tmp}/missing.jinja"],
+        ["--chat-template", "missing.jinja", "no such file"],
+    ),
+    "sft --global-batch-size 0": ("sft_ultrachat", ["--global-batch-size", "0"], ["--global-batch-size 0", ">= 1"]),
+    "sft --test-files FOLDER": (
+        "sft_ultrachat",
+        ["--train-files", "{chats}", "--test-files", "{tmp}"],
+        ["--test-files", "not a file"],
+    ),
 }
 
 
@@ -86,9 +251,29 @@ def test_one_line_exit_2(case, tmp_path, capsys):
     existing.write_text("not a folder")
     bad_yaml = tmp_path / "typo.yaml"
     bad_yaml.write_text("batch_siz: 3\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "plain.jsonl").write_text("a plain text document\n")
+    (tmp_path / "plain.txt").write_text("a plain text document\n")
+    (tmp_path / "malformed.jsonl").write_text('{"text": "fine", "messages": []}\n{"text": "cut\n')
+    docs, chats = tmp_path / "docs.jsonl", tmp_path / "chats.jsonl"
+    docs.write_text('{"text": "a document"}\n')
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+
+    run = tmp_path / "run"
+    RunWriter(str(run), "run").finish(RunTotals(), {"method": "diloco"}, 1.0)
+    (tmp_path / "a_folder").mkdir()
+    for name, summary, steps in (
+        ("broken_summary", '{"totals": ', None),
+        ("broken_steps", '{"totals": {"syncs": 1, "payload_bytes": 2}}', '{"step": 1, "loss": \n'),
+        ("no_totals", '{"name": "x"}', None),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(summary)
+        if steps:
+            (tmp_path / name / "steps.jsonl").write_text(steps)
 
     def fill(text: str) -> str:
-        return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml)
+        return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml, docs=docs, chats=chats, run=run)
 
     with pytest.raises(SystemExit) as exc:
         if entry == "autoloco":

@@ -9,7 +9,7 @@ import pytest
 from evals_scripted import tiny_llama
 
 from autoloco_evals.cli import add_arguments, run
-from autoloco_evals.report import markdown_table
+from autoloco_evals.report import scores_table
 from autoloco_evals.runner import FIXTURES_DIR
 
 
@@ -40,9 +40,11 @@ def test_offline_missing_data_fails_fast_naming_the_option(argv, option, monkeyp
     monkeypatch.setenv("HTTPS_PROXY", "http://10.255.255.1:9")
     monkeypatch.setenv("HTTP_PROXY", "http://10.255.255.1:9")
     argv = [a.format(fixtures=FIXTURES_DIR) for a in argv]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # the data check comes before the model load
     start = time.perf_counter()
     with pytest.raises(SystemExit) as exc:
-        run(parse(tmp_path / "no-such-model", "--offline", "--out", tmp_path / "out", *argv))
+        run(parse(tmp_path / "model", "--offline", "--out", tmp_path / "out", *argv))
     assert time.perf_counter() - start < 5
     assert exc.value.code == 2
     assert option in capsys.readouterr().err
@@ -57,6 +59,7 @@ def test_eval_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
 
     assert run(parse(model_dir, "--tasks", "nll", "--fixtures", "--offline", "--out", out, "--run-name", "a")) == 0
+    assert "autoloco eval: task: 100%" in capsys.readouterr().err  # the overall bar over tasks: "1/1 [time<left]"
     record = json.loads((out / "a.json").read_text())
     assert record["model"] == str(model_dir) and record["chat_template"] is True
     assert record["data"]["c4"].endswith("fixtures/c4.jsonl")
@@ -71,12 +74,12 @@ def test_eval_command_end_to_end(tmp_path, capsys):
     assert (tmp_path / "table" / "table.md").read_text().splitlines() == table[:4]
 
 
-def test_markdown_table_layout():
+def test_scores_table_layout():
     runs = [
         {"run": "DDP", "scores": {"nll_chat": 0.8745, "ifeval": 0.5, "humaneval_plus": 0.25}},
         {"run": "AutoLoCo", "scores": {"ifeval": 0.4813}},
     ]
-    assert markdown_table(runs) == (
+    assert scores_table(runs) == (
         "| Run | Test NLL (chat) | IFEval | HumanEval+ |\n"
         "| --- | ---: | ---: | ---: |\n"
         "| DDP | 0.8745 | 50.00 | 25.00 |\n"

@@ -12,7 +12,7 @@ import pytest
 from evals_scripted import fixture_rows, tiny_llama
 
 from autoloco_evals.cli import add_arguments, run
-from autoloco_evals.data_files import FileFormat, file_format, read_rows
+from autoloco_evals.data_files import builder, check_files
 from autoloco_evals.lm_eval_tasks import local_task_configs
 from autoloco_evals.runner import FIXTURES_DIR
 
@@ -35,16 +35,16 @@ def c4_shard(tmp_path):
     return path
 
 
-def test_formats_are_told_by_content(tmp_path, c4_shard):
+def test_formats_are_read_by_datasets(tmp_path, c4_shard):
+    """A gzipped C4 shard, a JSON array and Parquet chats read as their hub rows, by file name as `datasets` does."""
     write_parquet(fixture_rows("chat.jsonl"), tmp_path / "test_sft.parquet")
     (tmp_path / "array.json").write_text(json.dumps(fixture_rows("c4.jsonl")))
-    (tmp_path / "plain.txt").write_text("just some text\n")
-    assert file_format(c4_shard) is FileFormat.JSON and file_format(tmp_path / "test_sft.parquet") is FileFormat.PARQUET
-    assert file_format(tmp_path / "plain.txt") is FileFormat.TEXT
+    assert (builder([c4_shard], "-"), builder([tmp_path / "test_sft.parquet"], "-")) == ("json", "parquet")
     texts = [r["text"] for r in fixture_rows("c4.jsonl")]
-    assert [r["text"] for r in read_rows(c4_shard)] == texts
-    assert [r["text"] for r in read_rows(tmp_path / "array.json", limit=2)] == texts[:2]
-    assert read_rows(tmp_path / "test_sft.parquet", limit=3) == fixture_rows("chat.jsonl")[:3]
+    assert [r["text"] for r in check_files([c4_shard], "--c4-path", ["text"])] == texts
+    assert [r["text"] for r in check_files([tmp_path / "array.json"], "--c4-path", ["text"], limit=2)] == texts[:2]
+    rows = check_files([tmp_path / "test_sft.parquet"], "--chat-path", ["messages"], limit=3)
+    assert rows == fixture_rows("chat.jsonl")[:3]
 
 
 def test_eval_nll_reads_a_gzipped_c4_shard_and_parquet_chats(tmp_path, c4_shard, monkeypatch):

@@ -93,3 +93,19 @@ def test_lm_eval_tasks_score_generations(right, offline, tmp_path):
     assert {name: got[name]["score"] for name in names} == {name: expected for name in names}
     assert {name: got[name]["n"] for name in names} == {"mmlu_pro": 4, "bbh": 9, "ifeval": 4, "ifbench": 4}
     assert (tmp_path / "samples_bbh.jsonl").read_text().count("So the answer is") == 9
+
+
+@pytest.mark.slow
+def test_lm_eval_console_is_quiet(offline, tmp_path, monkeypatch, capfd, caplog):
+    """Was, once per task: "`pretrained` model kwarg is not of type `str`" and git's "fatal: not a git repository"."""
+    monkeypatch.chdir(tmp_path)  # not a git repository
+    model, tokenizer = scripted_model(scripts(True))
+    local = {"ifeval": FIXTURES_DIR / "ifeval.jsonl"}
+    with caplog.at_level("WARNING"):
+        got = run_lm_eval(
+            model, tokenizer, ["ifeval"], local, tmp_path, limit=2, batch_size=4, max_gen_toks=32, chat=True
+        )
+    assert got["ifeval"]["n"] == 2
+    console = capfd.readouterr().err + "".join(r.getMessage() for r in caplog.records)
+    assert "not a git repository" not in console
+    assert "not of type `str`" not in console

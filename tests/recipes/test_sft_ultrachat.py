@@ -163,14 +163,27 @@ def test_sft_smoke(tmp_path, sft_files, monkeypatch):
     sft = load_recipe("sft_ultrachat")
     assert sft.main(tiny_args(tmp_path, sft_files, "sft_autoloco_int8.yaml")) == 0
     run = tmp_path / "sft_autoloco_int8"
-    summary = json.loads((run / "summary.json").read_text())
+    # one set of run files: the callback's, its summary extended by the recipe (was: steps.jsonl and summary.json too)
+    assert sorted(p.name for p in run.iterdir() if p.suffix in (".json", ".jsonl") and "autoloco" in p.name) == [
+        "autoloco_intervals.jsonl",
+        "autoloco_steps.jsonl",
+        "autoloco_summary.json",
+    ]
+    assert not (run / "summary.json").exists() and not (run / "steps.jsonl").exists()
+    summary = json.loads((run / "autoloco_summary.json").read_text())
     assert summary["train_conversations"] == 24 and summary["test_conversations"] == 6  # invalid ones filtered out
     assert summary["totals"]["syncs"] >= 2 and summary["config"]["wire_dtype"] == "int8"
-    assert len((run / "intervals.jsonl").read_text().splitlines()) == summary["totals"]["syncs"]
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    assert len((run / "autoloco_intervals.jsonl").read_text().splitlines()) == summary["totals"]["syncs"]
+    steps = [json.loads(line) for line in (run / "autoloco_steps.jsonl").read_text().splitlines()]
     assert [row["step"] for row in steps] == [1, 2, 3, 4, 5, 6]
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
     assert 0 < summary["test_nll"] < 10
+    # `autoloco report` reads the run: its test NLL as the validation loss, the steps and intervals
+    from autoloco_hf.cli.report import find_runs
+
+    (read,) = find_runs([str(run)])
+    assert (read.name, read.summary["val_loss"], len(read.steps)) == ("sft_autoloco_int8", summary["test_nll"], 6)
+    assert len(read.intervals) == summary["totals"]["syncs"]
     # the run folder holds the final model and tokenizer: `autoloco eval` it as the docs say
     record = eval_quick_nll(run, tmp_path / "eval")
     assert 0 < record["scores"]["nll_chat"] < 10 and 0 < record["scores"]["nll_c4"] < 10
@@ -191,10 +204,10 @@ def test_sft_two_processes(tmp_path, sft_files):
     ]
     done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "sft_diloco" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "sft_diloco" / "autoloco_summary.json").read_text())
     assert summary["workers"] == 2 and summary["totals"]["syncs"] == 3 and summary["totals"]["wire_bytes"] > 0
     assert summary["config"]["method"] == "diloco" and summary["config"]["outer_momentum"] == 0.9
-    assert len((tmp_path / "sft_diloco" / "intervals.jsonl").read_text().splitlines()) == 3
+    assert len((tmp_path / "sft_diloco" / "autoloco_intervals.jsonl").read_text().splitlines()) == 3
 
 
 def test_sft_resume(tmp_path, sft_files):
@@ -217,10 +230,10 @@ def test_sft_resume(tmp_path, sft_files):
         )
         == 0
     )
-    a, b = (json.loads((root / "summary.json").read_text()) for root in (full / "sft_autoloco", crashed))
+    a, b = (json.loads((root / "autoloco_summary.json").read_text()) for root in (full / "sft_autoloco", crashed))
     assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)
     assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(a["test_nll"], rel=1e-5)
-    steps = [json.loads(line)["step"] for line in (crashed / "steps.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (crashed / "autoloco_steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
