@@ -43,6 +43,7 @@ _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
     "IntervalEngine": "autoloco_hf.sync.engine",
+    "make_engine": "autoloco_hf.sync.factory",
     "LocalWorkers": "autoloco_hf.sync.local_workers",
     "SimulatedCommunicator": "autoloco_hf.sync.communicators",
     "ProcessGroupCommunicator": "autoloco_hf.sync.communicators",

@@ -7,7 +7,7 @@ wrapped (DDP) and the optimizer and scheduler exist:
 2. replaces DDP's per-step gradient all-reduce by the AutoLoCo comm hook
    (nothing, or an average inside the worker group);
 3. hooks the model's forward to count non-padding tokens and read the loss;
-4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
+4. creates the engine (:func:`~autoloco_hf.sync.factory.make_engine`) over a
    :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
    (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
    worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
@@ -38,7 +38,7 @@ from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology
 from autoloco_hf.sync.checkpoint import read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.records import IntervalRecord
 
 logger = logging.getLogger("autoloco_hf")
@@ -66,7 +66,7 @@ def state_path(checkpoint_dir: str, rank: int) -> str:
     return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.pt")
 
 
-def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str = "autoloco/") -> dict[str, float]:
+def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autoloco/") -> dict[str, float]:
     """The ``autoloco/*`` scalars logged at a synchronization."""
     totals = engine.totals
     values = {
@@ -210,7 +210,7 @@ class WorkerRuntime:
         self.trainable = TrainableParameters(model)
         self._local_replica: list[torch.Tensor] | None = None  # set while the model shows theta_t
         try:
-            self.engine = IntervalEngine(
+            self.engine = make_engine(
                 config,
                 [self.trainable],
                 schedule,
@@ -297,6 +297,8 @@ class WorkerRuntime:
 
     def global_parameters(self) -> list[torch.Tensor]:
         """theta_t, the last synchronized parameters, shaped and typed like the model's trainable parameters."""
+        if self.engine.outer is None:  # DDP: every rank holds the averaged model at every step
+            return [p.detach() for p in self.trainable.params]
         flat = self.engine.outer.params.detach()
         chunks = torch.split(flat, [p.numel() for p in self.trainable.params])
         return [c.view_as(p).to(p.dtype) for c, p in zip(chunks, self.trainable.params)]
@@ -316,13 +318,7 @@ class WorkerRuntime:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        topo = self.topology
-        if state["world_size"] != topo.world_size or state["ranks_per_worker"] != topo.ranks_per_worker:
-            raise ValueError(
-                f"the AutoLoCo checkpoint was written by {state['world_size']} processes with "
-                f"ranks_per_worker={state['ranks_per_worker']}; this run has {topo.world_size} processes with "
-                f"ranks_per_worker={topo.ranks_per_worker}: resume with the same launch layout"
-            )
+        """Restore a state that :func:`~autoloco_hf.sync.checkpoint.read_state` accepted for this layout and config."""
         self.engine.load_state_dict(state["engine"])
         self.meter.load_state_dict(state["meter"])
         params = self.trainable.params

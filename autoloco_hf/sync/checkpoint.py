@@ -64,9 +64,13 @@ def _json_default(value: Any) -> Any:
     return getattr(value, "value", str(value))  # enums as their values
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` as it reads back from JSON (enums as values, tuples as lists)."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
 def _config_json(config: AutoLoCoConfig) -> dict[str, Any]:
-    """The config as it reads back from the header (enums as values, tuples as lists)."""
-    return json.loads(json.dumps(config.to_dict(), default=_json_default))
+    return _jsonable(config.to_dict())
 
 
 def write_state(
@@ -188,15 +192,19 @@ def check_compatible(
             f"{path}: field rank={header.rank} but it was loaded by rank {rank}: the state files "
             "of this checkpoint were renamed or copied over each other"
         )
-    current = _config_json(config)
-    for name, saved in sorted(header.config.items()):
+    check_config(path, header.config, config)
+
+
+def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> None:
+    """Refuse a state whose algorithm settings differ from this run's (the one rule for every resume path)."""
+    saved, current = _jsonable(saved), _config_json(config)
+    for name, value in sorted(saved.items()):
         if name in RESUMABLE_CONFIG_FIELDS or name not in current:
             continue  # a field this version no longer has cannot change what it computes
-        value = current[name]
-        if saved != value:
+        if value != current[name]:
             raise CheckpointError(
-                f"{path}: field config.{name}={saved!r} when the checkpoint was written, this run has "
-                f"{name}={value!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
+                f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
+                f"{name}={current[name]!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
                 f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
             )
 

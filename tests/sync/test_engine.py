@@ -238,11 +238,9 @@ def test_ddp_averages_gradients_every_step():
 def test_engine_rejects_mismatched_worker_count():
     with pytest.raises(ValueError, match="SimulatedCommunicator"):
         from autoloco_hf.algorithm.schedule import FunctionSchedule
-        from autoloco_hf.sync.engine import IntervalEngine
+        from autoloco_hf.sync.factory import make_engine
 
-        IntervalEngine(
-            AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10
-        )
+        make_engine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
 
 
 def test_int8_error_feedback_carries_the_residual_and_resumes():
@@ -271,9 +269,9 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
 
 def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
 
-    engine = IntervalEngine(
+    engine = make_engine(
         AutoLoCoConfig(method="diloco", h_base=2),
         [make_model()],
         FunctionSchedule(lambda s: 1e-3, 4),
@@ -316,10 +314,10 @@ def test_gradient_clipping_and_last_losses():
 
 def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
 
     with pytest.raises(ValueError, match="wire_dtype='int8'"):
-        IntervalEngine(
+        make_engine(
             AutoLoCoConfig(method="diloco", wire_dtype="int8"),
             [make_model()],
             FunctionSchedule(lambda s: 1.0, 10),
