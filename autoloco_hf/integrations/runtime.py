@@ -36,7 +36,7 @@ from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology
-from autoloco_hf.sync.checkpoint import read_state, write_state
+from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
 from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.records import IntervalRecord
@@ -63,7 +63,7 @@ ASSESSMENT_CODES = {
 
 
 def state_path(checkpoint_dir: str, rank: int) -> str:
-    return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.pt")
+    return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.safetensors")
 
 
 def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autoloco/") -> dict[str, float]:
@@ -318,7 +318,10 @@ class WorkerRuntime:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state that :func:`~autoloco_hf.sync.checkpoint.read_state` accepted for this layout and config."""
+        topo = self.topology
+        check_layout(
+            "the AutoLoCo state", state["world_size"], state["ranks_per_worker"], topo.world_size, topo.ranks_per_worker
+        )
         self.engine.load_state_dict(state["engine"])
         self.meter.load_state_dict(state["meter"])
         params = self.trainable.params
@@ -332,7 +335,7 @@ class WorkerRuntime:
         self.pending = []
 
     def save(self, checkpoint_dir: str) -> str:
-        """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.pt`` (atomically, with its envelope)."""
+        """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.safetensors`` (atomically, with its header)."""
         topo = self.topology
         path = state_path(checkpoint_dir, topo.rank)
         write_state(

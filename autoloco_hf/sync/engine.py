@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import torch
 
 from autoloco_hf.algorithm.controller import ControllerDecision
-from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
+from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
@@ -323,11 +323,22 @@ class IntervalEngine:
         numel = sum(self.segment_sizes)
         self.payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
         self._fingerprint = config_fingerprint(config)
-
         broadcast_initial_parameters(communicator, self.worker_params)
-        # the range of the flat model whose outer state and sync this process owns (all of it unless
-        # the worker's ranks each own a shard: HierarchicalCommunicator, docs/algorithm.md §8.3)
-        self.shard = communicator.shard_range(numel)
+        self._build_outer_state(numel)
+        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps)
+        self.step = 0
+        self._lr_mass_warned = False
+        self.start_interval()
+        sync.attach(self)
+
+    def _build_outer_state(self, numel: int) -> None:
+        """``theta_0``, the momentum and the error-feedback residuals of the range this rank owns.
+
+        All of the flat model, unless the worker's ranks each own a shard
+        (``HierarchicalCommunicator``, docs/algorithm.md §8.3).
+        """
+        config = self.config
+        self.shard = self.comm.shard_range(numel)
         start, end = self.shard
         self.shard_segment_sizes = [
             n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)
@@ -339,15 +350,12 @@ class IntervalEngine:
             device="cpu" if config.outer_on_cpu else None,
             shard=None if self.shard == (0, numel) else self.shard,
         )
-        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps)
-        # residual carried to the next interval, one FP32 model copy per local worker (docs/algorithm.md §7 extension)
+        # one FP32 residual per local worker, carried to the next interval (docs/algorithm.md §7 extension)
         self.error_feedback = (
-            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
+            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in self.worker_params]
+            if config.error_feedback
+            else []
         )
-        self.step = 0
-        self._lr_mass_warned = False
-        self.start_interval()
-        sync.attach(self)
 
     @property
     def num_workers(self) -> int:
@@ -522,25 +530,8 @@ class IntervalEngine:
 
     # ------------------------------------------------------------- helpers
     def correction(self, interval: NextInterval) -> OuterCorrection:
-        cfg = self.config
-        if cfg.outer_correction_enabled:
-            return outer_correction(
-                interval.lr_mass,
-                interval.lr_mass_base,
-                cfg.outer_momentum,
-                cfg.outer_lr,
-                mu_min=cfg.mu_min,
-                mu_max=cfg.mu_max,
-                kappa_max=cfg.kappa_max,
-                eps=cfg.eps,
-                adjust_momentum=cfg.adjust_momentum,
-                scale_outer_lr=cfg.scale_outer_lr,
-                normalize_pseudo_grad=cfg.normalize_pseudo_grad,
-            )
-        rho = interval_ratio(interval.lr_mass, interval.lr_mass_base, cfg.eps)
-        if cfg.uses_nesterov_outer:  # DiLoCo: fixed outer settings
-            return OuterCorrection(rho, cfg.outer_momentum, cfg.outer_lr, 1.0, None)
-        return OuterCorrection(rho, 0.0, 1.0, 1.0, None)  # direct model averaging
+        """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md §4)."""
+        return correction_for(self.config, interval.lr_mass, interval.lr_mass_base)
 
     def sanitize_optimizers(self) -> None:
         """Zero non-finite inner-optimizer state so a worker that produced NaN can go on."""

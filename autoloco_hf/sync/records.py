@@ -81,7 +81,7 @@ class IntervalRecord:
         sync_seconds: float,
         controller_seconds: float,
         payload_bytes: int,
-        traffic: Traffic,
+        traffic: CollectiveCost,
     ) -> IntervalRecord:
         """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
         return cls(
@@ -124,7 +124,7 @@ class IntervalRecord:
         return json.dumps(asdict(self), allow_nan=True)
 
 
-class Traffic(Protocol):
+class CollectiveCost(Protocol):
     """What one collective cost (``communicators.Traffic``; an :class:`IntervalRecord` has the same fields)."""
 
     wire_bytes: int
@@ -157,7 +157,7 @@ class RunTotals:
         self.skipped_outer_steps += not record.outer_step_applied
         self.add_sync(record.payload_bytes, record, record.sync_seconds)
 
-    def add_sync(self, payload_bytes: int, traffic: Traffic, seconds: float) -> None:
+    def add_sync(self, payload_bytes: int, traffic: CollectiveCost, seconds: float) -> None:
         """Account one full-model collective (an interval's, or a DDP step's gradient all-reduce)."""
         self.syncs += 1
         self.payload_tensors += 1

@@ -324,3 +324,28 @@ def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
             SimulatedCommunicator(1),
             10,
         )
+
+
+def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
+    from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.sync.engine import BlockingSchedule, IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
+
+    schedule = FunctionSchedule(lambda s: 1e-2, 4)
+    engine = make_engine(AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4)
+    assert isinstance(engine, GradientAveragingEngine) and engine.averages_gradients and engine.outer is None
+    assert engine.after_optimizer_step([1], [1.0]) is None and engine.current_interval is None
+    with pytest.raises(ValueError, match="method='ddp' has no intervals"):
+        IntervalEngine(
+            AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4, sync=BlockingSchedule()
+        )
+    with pytest.raises(ValueError, match="config.overlap='eager' but the schedule is 'none'"):
+        IntervalEngine(
+            AutoLoCoConfig(method="diloco", h_base=2, overlap="eager"),
+            [make_model()],
+            schedule,
+            SimulatedCommunicator(1),
+            4,
+            sync=BlockingSchedule(),
+        )

@@ -337,3 +337,17 @@ def _start_before_the_peer(rank: int, world_size: int, wire: str, started: str) 
 def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
     means = run_gloo(_start_before_the_peer, 2, wire, str(tmp_path / "started"), timeout=120)
     assert means == [1.5, 1.5]
+
+
+@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
+    """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (§5.2)."""
+    from autoloco_hf.sync.engine import TooManyInvalidIntervals
+
+    cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap=overlap, max_consecutive_invalid=2)
+    models = [torch.nn.Linear(3, 1) for _ in range(2)]
+    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
+    with pytest.raises(TooManyInvalidIntervals, match="2 such intervals in a row"):
+        for _ in range(20):
+            engine.after_optimizer_step([1, 1], [math.nan, 0.0])
+    assert [r.outer_step_applied for r in engine.records] == [False, False]
