@@ -1,26 +1,14 @@
 """What the Trainer callback and the Accelerate wrapper share: one worker's engine, hooks and state.
 
-:class:`WorkerRuntime` is built once per process, after the model has been
-wrapped (DDP) and the optimizer and scheduler exist:
-
-1. builds the worker topology (inner/outer process groups, docs/algorithm.md §8.3);
-2. replaces DDP's per-step gradient all-reduce by the AutoLoCo comm hook
-   (nothing, or an average inside the worker group);
-3. hooks the model's forward to count non-padding tokens and read the loss;
-4. creates the engine (:func:`~autoloco_hf.sync.factory.make_engine`) over a
-   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
-   (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
-   worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
-   one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
-   is a single process);
-5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
-   boundary the engine synchronizes and writes ``theta_{t+1}`` into the model;
-6. saves and loads everything a mid-interval resume needs, per rank, in the
-   versioned, checksummed file of :mod:`autoloco_hf.sync.checkpoint`; while a
-   checkpoint is written the model holds the last synchronized parameters
-   (:meth:`WorkerRuntime.show_global_parameters`), so the framework's own model
-   file is the model every worker agreed on, and this rank's local replica goes
-   into its AutoLoCo state.
+:class:`WorkerRuntime` is built once per process, after the model is wrapped
+(DDP or FSDP2) and the optimizer exists. It takes over DDP's per-step gradient
+all-reduce (nothing, or an average inside the worker group, docs/algorithm.md
+§8.3), counts tokens and losses from the model's forward, and feeds the engine
+of :func:`~autoloco_hf.sync.factory.make_engine` once per true optimizer step.
+While a checkpoint is written the model holds ``theta_t``
+(:meth:`WorkerRuntime.show_global_parameters`), so the framework's model file is
+the model every worker agreed on; this rank's own replica goes into its state
+file (:mod:`autoloco_hf.sync.checkpoint`).
 """
 
 from __future__ import annotations
