@@ -319,8 +319,36 @@ class WorkerRuntime:
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved.to(p.device, p.dtype))
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._optimizer_state_like_params(state["optimizer"]))
         self.pending = []
+
+    def _optimizer_state_like_params(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """The state file holds an FSDP2 parameter's optimizer state as its local shard: wrap it like the parameter."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        by_id = dict(zip((i for group in saved["param_groups"] for i in group["params"]), params))
+        for pid, entry in saved["state"].items():
+            param = by_id.get(pid)
+            if not isinstance(param, DTensor):
+                continue
+            local = param.to_local()
+            for key, value in entry.items():
+                if (
+                    torch.is_tensor(value)
+                    and not isinstance(value, DTensor)
+                    and value.dim()
+                    and value.shape == local.shape
+                ):
+                    entry[key] = DTensor.from_local(
+                        value.to(local.device),
+                        param.device_mesh,
+                        param.placements,
+                        run_check=False,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )
+        return saved
 
     def save(self, checkpoint_dir: str) -> str:
         """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.safetensors`` (atomically, with its header)."""

@@ -78,6 +78,8 @@ def _config_json(config: AutoLoCoConfig) -> dict[str, Any]:
 def _split(value: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
     """``value`` as JSON-able data, its tensors moved into ``tensors`` (int keys and tuples kept, e.g. optimizer state)."""
     if torch.is_tensor(value):
+        if hasattr(value, "to_local"):  # a DTensor (FSDP2 optimizer state): this rank's shard, re-wrapped on load
+            value = value.to_local()
         tensor = value.detach().cpu().contiguous()
         storage = tensor.untyped_storage().data_ptr()
         if storage and storage in storages:  # safetensors refuses tensors sharing memory (tied weights)
