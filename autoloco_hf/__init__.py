@@ -44,6 +44,7 @@ _LAZY = {
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
     "AutoLoCoArguments": "autoloco_hf.integrations.arguments",
     "IntervalEngine": "autoloco_hf.sync.engine",
+    "make_engine": "autoloco_hf.sync.factory",
     "LocalWorkers": "autoloco_hf.sync.local_workers",
     "SimulatedCommunicator": "autoloco_hf.sync.communicators",
     "ProcessGroupCommunicator": "autoloco_hf.sync.communicators",

@@ -625,7 +625,7 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
     """Peak device memory the engine adds to a model, and its sync time, for one outer-state placement."""
     import torch
 
-    from autoloco_hf import AutoLoCoConfig, IntervalEngine, ProcessGroupCommunicator
+    from autoloco_hf import AutoLoCoConfig, ProcessGroupCommunicator, make_engine
     from autoloco_hf.algorithm.schedule import FunctionSchedule
 
     torch.manual_seed(0)
@@ -638,7 +638,7 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
     before = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else 0
     comm = ProcessGroupCommunicator(wire_dtype=config.wire_dtype, block_size=config.int8_block_size)
     steps = 3
-    engine = IntervalEngine(config, [model], FunctionSchedule(lambda s: 1e-3, steps), comm, total_steps=steps)
+    engine = make_engine(config, [model], FunctionSchedule(lambda s: 1e-3, steps), comm, total_steps=steps)
     wall = []
     for _ in range(steps):  # one sync per step (h_base = 1); the first one warms the kernels and buffers up
         with torch.no_grad():
@@ -827,7 +827,7 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import FunctionSchedule
     from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
 
     workers, r = layout
     world, name = workers * r, _layout_name(layout)
@@ -839,7 +839,7 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     models = [_ToyLM.build(ctx.device) for _ in range(workers)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.0) for m in models]
     config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
-    engine = IntervalEngine(
+    engine = make_engine(
         config,
         models,
         FunctionSchedule(lambda s: 3e-2, FSDP_STEPS),

@@ -90,6 +90,13 @@ class IntervalObservation:
     pseudo_grad_finite: bool = True
     truncated: bool = False
 
+    @property
+    def finite(self) -> bool:
+        """Whether the interval can be assessed at all; else it is ``invalid`` (docs/algorithm.md §5.2)."""
+        return self.pseudo_grad_finite and all(
+            math.isfinite(v) for v in (self.drift_energy, self.coherence, self.lr_mass, self.mean_loss)
+        )
+
 
 @dataclass
 class ControllerDecision:
@@ -190,9 +197,7 @@ class HorizonController:
         if st.rejected is not None:
             st.rejected.age += 1
         log_drift, log_coherence = self._logs(obs)
-        finite = obs.pseudo_grad_finite and all(
-            math.isfinite(v) for v in (obs.drift_energy, obs.coherence, obs.lr_mass, obs.mean_loss)
-        )
+        finite = obs.finite
 
         # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md §5.3.1)
         in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps

@@ -15,6 +15,10 @@ Example (docs/algorithm.md §4: ``H = 1.5 H_base`` near peak LR)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoloco_hf.config import AutoLoCoConfig
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,25 @@ def outer_correction(
         kappa=kappa,
         grad_divisor=rho + eps if normalize_pseudo_grad else None,
     )
+
+
+def correction_for(config: AutoLoCoConfig, lr_mass: float, lr_mass_base: float) -> OuterCorrection:
+    """The outer step's settings of ``config.method`` for an interval of previewed LR masses ``lr_mass`` / ``lr_mass_base``."""
+    if config.outer_correction_enabled:
+        return outer_correction(
+            lr_mass,
+            lr_mass_base,
+            config.outer_momentum,
+            config.outer_lr,
+            mu_min=config.mu_min,
+            mu_max=config.mu_max,
+            kappa_max=config.kappa_max,
+            eps=config.eps,
+            adjust_momentum=config.adjust_momentum,
+            scale_outer_lr=config.scale_outer_lr,
+            normalize_pseudo_grad=config.normalize_pseudo_grad,
+        )
+    rho = interval_ratio(lr_mass, lr_mass_base, config.eps)
+    if config.uses_nesterov_outer:  # DiLoCo: fixed outer settings
+        return OuterCorrection(rho, config.outer_momentum, config.outer_lr, 1.0, None)
+    return OuterCorrection(rho, 0.0, 1.0, 1.0, None)  # direct model averaging

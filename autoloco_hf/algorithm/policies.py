@@ -55,6 +55,21 @@ class IntervalOutcome:
     mean_loss: float
     pseudo_grad_finite: bool
 
+    def observation(self, end_step: int) -> IntervalObservation:
+        """What the controller sees of it; ``end_step``: where the interval its decision sets starts."""
+        interval = self.interval
+        return IntervalObservation(
+            h_tok=interval.h_tok,
+            start_step=interval.start_step,
+            end_step=end_step,
+            drift_energy=self.drift_energy,
+            coherence=self.coherence,
+            lr_mass=self.lr_mass,
+            mean_loss=self.mean_loss,
+            pseudo_grad_finite=self.pseudo_grad_finite,
+            truncated=interval.truncated,
+        )
+
 
 class IntervalPolicy(ABC):
     """Chooses interval lengths. Subclasses implement :meth:`_length`."""
@@ -197,22 +212,9 @@ class AutoLoCoPolicy(IntervalPolicy):
         lagged = next_start is not None
         if next_start is None:
             next_start = interval.start_step + interval.h_step
-        finite = outcome.pseudo_grad_finite and all(
-            math.isfinite(v) for v in (outcome.drift_energy, outcome.coherence, outcome.lr_mass, outcome.mean_loss)
-        )
-        if lagged and finite and interval.h_tok != self.controller.h_tok:
+        observation = outcome.observation(next_start)
+        if lagged and observation.finite and interval.h_tok != self.controller.h_tok:
             return ControllerDecision(self.controller.phase, Assessment.STALE, Decision.KEEP, self.controller.h_tok)
-        observation = IntervalObservation(
-            h_tok=interval.h_tok,
-            start_step=interval.start_step,
-            end_step=next_start,
-            drift_energy=outcome.drift_energy,
-            coherence=outcome.coherence,
-            lr_mass=outcome.lr_mass,
-            mean_loss=outcome.mean_loss,
-            pseudo_grad_finite=outcome.pseudo_grad_finite,
-            truncated=interval.truncated,
-        )
         # candidate previews use the mapper updated with this interval (docs/algorithm.md §3, last bullets)
         return self.controller.observe(
             observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))

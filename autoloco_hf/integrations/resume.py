@@ -20,7 +20,7 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     For scripts restarted by ``torchrun --max-restarts`` (or an equivalent launcher):
     ``trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))`` starts fresh on the first
     attempt and resumes after a restart. Unlike ``get_last_checkpoint`` it skips a folder a killed worker left
-    half-written (no ``trainer_state.json``, a missing or short ``autoloco/rank{r}.pt``); checksums are verified
+    half-written (no ``trainer_state.json``, a missing or short ``autoloco/rank{r}.safetensors``); checksums are verified
     when the state is loaded.
     """
     if not os.path.isdir(output_dir):

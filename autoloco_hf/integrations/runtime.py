@@ -1,26 +1,14 @@
 """What the Trainer callback and the Accelerate wrapper share: one worker's engine, hooks and state.
 
-:class:`WorkerRuntime` is built once per process, after the model has been
-wrapped (DDP) and the optimizer and scheduler exist:
-
-1. builds the worker topology (inner/outer process groups, docs/algorithm.md §8.3);
-2. replaces DDP's per-step gradient all-reduce by the AutoLoCo comm hook
-   (nothing, or an average inside the worker group);
-3. hooks the model's forward to count non-padding tokens and read the loss;
-4. creates the :class:`~autoloco_hf.sync.engine.IntervalEngine` over a
-   :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` of the outer group
-   (wrapped in a :class:`~autoloco_hf.sync.communicators.HierarchicalCommunicator` for
-   worker groups with ``hierarchical_sync``: each rank syncs its 1/R shard) (or a
-   one-worker :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator` when the run
-   is a single process);
-5. per true optimizer step, :meth:`after_optimizer_step` feeds the engine; at a
-   boundary the engine synchronizes and writes ``theta_{t+1}`` into the model;
-6. saves and loads everything a mid-interval resume needs, per rank, in the
-   versioned, checksummed file of :mod:`autoloco_hf.sync.checkpoint`; while a
-   checkpoint is written the model holds the last synchronized parameters
-   (:meth:`WorkerRuntime.show_global_parameters`), so the framework's own model
-   file is the model every worker agreed on, and this rank's local replica goes
-   into its AutoLoCo state.
+:class:`WorkerRuntime` is built once per process, after the model is wrapped
+(DDP or FSDP2) and the optimizer exists. It takes over DDP's per-step gradient
+all-reduce (nothing, or an average inside the worker group, docs/algorithm.md
+§8.3), counts tokens and losses from the model's forward, and feeds the engine
+of :func:`~autoloco_hf.sync.factory.make_engine` once per true optimizer step.
+While a checkpoint is written the model holds ``theta_t``
+(:meth:`WorkerRuntime.show_global_parameters`), so the framework's model file is
+the model every worker agreed on; this rank's own replica goes into its state
+file (:mod:`autoloco_hf.sync.checkpoint`).
 """
 
 from __future__ import annotations
@@ -36,9 +24,9 @@ from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology
-from autoloco_hf.sync.checkpoint import read_state, write_state
+from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.records import IntervalRecord
 
 logger = logging.getLogger("autoloco_hf")
@@ -63,10 +51,10 @@ ASSESSMENT_CODES = {
 
 
 def state_path(checkpoint_dir: str, rank: int) -> str:
-    return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.pt")
+    return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.safetensors")
 
 
-def record_metrics(record: IntervalRecord, engine: IntervalEngine, prefix: str = "autoloco/") -> dict[str, float]:
+def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autoloco/") -> dict[str, float]:
     """The ``autoloco/*`` scalars logged at a synchronization."""
     totals = engine.totals
     values = {
@@ -210,7 +198,7 @@ class WorkerRuntime:
         self.trainable = TrainableParameters(model)
         self._local_replica: list[torch.Tensor] | None = None  # set while the model shows theta_t
         try:
-            self.engine = IntervalEngine(
+            self.engine = make_engine(
                 config,
                 [self.trainable],
                 schedule,
@@ -297,6 +285,8 @@ class WorkerRuntime:
 
     def global_parameters(self) -> list[torch.Tensor]:
         """theta_t, the last synchronized parameters, shaped and typed like the model's trainable parameters."""
+        if self.engine.outer is None:  # DDP: every rank holds the averaged model at every step
+            return [p.detach() for p in self.trainable.params]
         flat = self.engine.outer.params.detach()
         chunks = torch.split(flat, [p.numel() for p in self.trainable.params])
         return [c.view_as(p).to(p.dtype) for c, p in zip(chunks, self.trainable.params)]
@@ -317,12 +307,9 @@ class WorkerRuntime:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         topo = self.topology
-        if state["world_size"] != topo.world_size or state["ranks_per_worker"] != topo.ranks_per_worker:
-            raise ValueError(
-                f"the AutoLoCo checkpoint was written by {state['world_size']} processes with "
-                f"ranks_per_worker={state['ranks_per_worker']}; this run has {topo.world_size} processes with "
-                f"ranks_per_worker={topo.ranks_per_worker}: resume with the same launch layout"
-            )
+        check_layout(
+            "the AutoLoCo state", state["world_size"], state["ranks_per_worker"], topo.world_size, topo.ranks_per_worker
+        )
         self.engine.load_state_dict(state["engine"])
         self.meter.load_state_dict(state["meter"])
         params = self.trainable.params
@@ -332,11 +319,39 @@ class WorkerRuntime:
         with torch.no_grad():
             for p, saved in zip(params, state["params"]):
                 p.copy_(saved.to(p.device, p.dtype))
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._optimizer_state_like_params(state["optimizer"]))
         self.pending = []
 
+    def _optimizer_state_like_params(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """The state file holds an FSDP2 parameter's optimizer state as its local shard: wrap it like the parameter."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        by_id = dict(zip((i for group in saved["param_groups"] for i in group["params"]), params))
+        for pid, entry in saved["state"].items():
+            param = by_id.get(pid)
+            if not isinstance(param, DTensor):
+                continue
+            local = param.to_local()
+            for key, value in entry.items():
+                if (
+                    torch.is_tensor(value)
+                    and not isinstance(value, DTensor)
+                    and value.dim()
+                    and value.shape == local.shape
+                ):
+                    entry[key] = DTensor.from_local(
+                        value.to(local.device),
+                        param.device_mesh,
+                        param.placements,
+                        run_check=False,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )
+        return saved
+
     def save(self, checkpoint_dir: str) -> str:
-        """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.pt`` (atomically, with its envelope)."""
+        """Write this rank's state to ``<checkpoint_dir>/autoloco/rank{r}.safetensors`` (atomically, with its header)."""
         topo = self.topology
         path = state_path(checkpoint_dir, topo.rank)
         write_state(

@@ -40,7 +40,7 @@ callback does:
 * when the Trainer saves: the model holds the last synchronized parameters
   ``theta_t`` while the Trainer writes the checkpoint (so evaluating, pushing or
   serving any checkpoint gives the model the workers agreed on), and
-  ``on_save`` writes ``<checkpoint>/autoloco/rank{r}.pt`` on every rank: the
+  ``on_save`` writes ``<checkpoint>/autoloco/rank{r}.safetensors`` on every rank: the
   engine (outer parameters, momentum, controller, token mapper, interval in
   flight, accounting) plus this rank's local replica and inner optimizer
   state, which differ between ranks mid-interval while the Trainer saves only

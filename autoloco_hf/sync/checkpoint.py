@@ -1,45 +1,46 @@
-"""The AutoLoCo state file: atomic, versioned, self-describing, checksummed.
+"""The AutoLoCo state file: safetensors, a JSON header, atomic, versioned, checksummed; no pickle to load.
 
-One file per rank (``<checkpoint>/autoloco/rank{r}.pt``). Layout::
+One file per rank (``<checkpoint>/autoloco/rank{r}.safetensors``). Tensors are
+stored as safetensors; the safetensors metadata holds two JSON strings:
 
-    AUTOLOCO-STATE\\n                      magic line
-    {"format_version": 2, ...}\\n          one JSON header line (see :class:`StateHeader`)
-    <payload_bytes bytes>                 ``torch.save`` of the state (engine, meter, local replica, inner optimizer)
+* ``autoloco``: the :class:`StateHeader` (format version, the
+  :class:`AutoLoCoConfig`, launch layout, rank, step, tensor bytes, SHA-256);
+* ``state``: the rest of the state (numbers, strings, lists, dicts), each tensor
+  replaced by ``{"__tensor__": name}``.
 
-The header carries the format version, the :class:`AutoLoCoConfig` the state
-was made with, the launch layout (world size, ranks per worker, rank), the
-payload length and its SHA-256. :func:`read_state` refuses, with the file and
-the field named, a file that is truncated or corrupted, that another format
-version wrote, that belongs to another rank or launch layout, or whose
-algorithm settings differ from this run's. :func:`write_state` writes a
-temporary file in the same folder, fsyncs it, renames it over the target and
-fsyncs the folder, so a crash leaves the previous file or the new one, never
-half of one.
-
-The payload is a pickle (``torch.load(weights_only=False)``): load AutoLoCo
-state only from checkpoints you wrote yourself, like any PyTorch checkpoint.
+The SHA-256 covers the ``state`` JSON and every tensor's name, dtype, shape and
+bytes. :func:`read_state` refuses, with the file and the field named, a file
+that is truncated or corrupted, that another format version wrote, that belongs
+to another rank or launch layout, or whose algorithm settings differ from this
+run's. :func:`write_state` writes a temporary file in the same folder, fsyncs
+it, renames it over the target and fsyncs the folder, so a crash leaves the
+previous file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from autoloco_hf.config import AutoLoCoConfig
 
-FORMAT_VERSION = 2
-MAGIC = b"AUTOLOCO-STATE\n"
+FORMAT_VERSION = 3
+FORMAT = "autoloco-state"
+_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 # Config fields that may change between the run that wrote a state and the run that resumes it: they
 # change how the same algorithm runs (memory placement, bucketing, waiting), not what it computes.
 RESUMABLE_CONFIG_FIELDS = frozenset({"outer_on_cpu", "bucket_size_mb", "sync_timeout_s"})
+
+_TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 
 
 class CheckpointError(ValueError):
@@ -48,7 +49,7 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class StateHeader:
-    """What a state file says about itself (the JSON header line)."""
+    """What a state file says about itself (the ``autoloco`` metadata entry)."""
 
     format_version: int
     config: dict[str, Any]
@@ -56,7 +57,7 @@ class StateHeader:
     ranks_per_worker: int
     rank: int
     step: int
-    payload_bytes: int
+    payload_bytes: int  # tensor bytes after the safetensors header
     sha256: str
 
 
@@ -64,11 +65,69 @@ def _json_default(value: Any) -> Any:
     return getattr(value, "value", str(value))  # enums as their values
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` as it reads back from JSON (enums as values, tuples as lists)."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
 def _config_json(config: AutoLoCoConfig) -> dict[str, Any]:
-    """The config as it reads back from the header (enums as values, tuples as lists)."""
-    return json.loads(json.dumps(config.to_dict(), default=_json_default))
+    return _jsonable(config.to_dict())
 
 
+# ------------------------------------------------------------------ the state tree
+def _split(value: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
+    """``value`` as JSON-able data, its tensors moved into ``tensors`` (int keys and tuples kept, e.g. optimizer state)."""
+    if torch.is_tensor(value):
+        if hasattr(value, "to_local"):  # a DTensor (FSDP2 optimizer state): this rank's shard, re-wrapped on load
+            value = value.to_local()
+        tensor = value.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage and storage in storages:  # safetensors refuses tensors sharing memory (tied weights)
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        name = str(len(tensors))
+        tensors[name] = tensor
+        return {_TENSOR: name}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: _split(v, tensors, storages) for k, v in value.items()}
+        return {_ITEMS: [[k, _split(v, tensors, storages)] for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {_TUPLE: [_split(v, tensors, storages) for v in value]}
+    if isinstance(value, list):
+        return [_split(v, tensors, storages) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot store a {type(value).__name__} in an AutoLoCo state file (tensors and JSON data only)")
+
+
+def _join(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if _TENSOR in value:
+            return tensors[value[_TENSOR]]
+        if _TUPLE in value:
+            return tuple(_join(v, tensors) for v in value[_TUPLE])
+        if _ITEMS in value:
+            return {k: _join(v, tensors) for k, v in value[_ITEMS]}
+        return {k: _join(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, tensors) for v in value]
+    return value
+
+
+def _digest(header: StateHeader, tree_json: str, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the header (but its own checksum), the state tree and every tensor."""
+    unsigned = dataclasses.replace(header, sha256="")
+    sha = hashlib.sha256(json.dumps(dataclasses.asdict(unsigned), default=_json_default).encode())
+    sha.update(tree_json.encode())
+    for name in sorted(tensors, key=int):
+        tensor = tensors[name]
+        sha.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return sha.hexdigest()
+
+
+# ------------------------------------------------------------------ writing
 def write_state(
     path: str,
     state: dict[str, Any],
@@ -80,9 +139,8 @@ def write_state(
     step: int,
 ) -> None:
     """Write ``state`` to ``path`` atomically (temporary file, fsync, rename, fsync of the folder)."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
+    tensors: dict[str, torch.Tensor] = {}
+    tree_json = json.dumps(_split(state, tensors, set()), default=_json_default)
     header = StateHeader(
         FORMAT_VERSION,
         _config_json(config),
@@ -90,124 +148,165 @@ def write_state(
         ranks_per_worker,
         rank,
         step,
-        len(payload),
-        hashlib.sha256(payload).hexdigest(),
+        sum(t.numel() * t.element_size() for t in tensors.values()),
+        "",
     )
+    header = dataclasses.replace(header, sha256=_digest(header, tree_json, tensors))
+    metadata = {
+        "format": FORMAT,
+        "autoloco": json.dumps(dataclasses.asdict(header), default=_json_default),
+        "state": tree_json,
+    }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC)
-            f.write(json.dumps(dataclasses.asdict(header), default=_json_default).encode() + b"\n")
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
+        save_file(tensors, tmp, metadata=metadata)
+        _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    dir_fd = os.open(folder, os.O_RDONLY)
+    _fsync(folder, os.O_RDONLY)  # the rename itself survives a power loss
+
+
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a power loss
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
-def _parse_header(path: str, data: bytes) -> tuple[StateHeader, int]:
-    """The header at the start of ``data`` and the offset of the payload."""
-    if not data.startswith(MAGIC):
-        raise CheckpointError(
-            f"{path}: not an AutoLoCo state file (field magic: expected {MAGIC!r} at the start); "
-            "the file is corrupted or was written by autoloco-hf < 0.2: start a new run or "
-            "resume from another checkpoint"
-        )
-    end = data.find(b"\n", len(MAGIC))
+# ------------------------------------------------------------------ reading
+def _read_metadata(path: str) -> tuple[dict[str, str], int]:
+    """The safetensors metadata of ``path`` and the offset where the tensor bytes start (reads the header only)."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+        if not 0 < length <= _MAX_HEADER_BYTES:
+            raise CheckpointError(
+                f"{path}: not an AutoLoCo state file (field format: no safetensors header); the file is "
+                "corrupted or was written by an autoloco-hf that stored a pickle: resume with that version or start a new run"
+            )
+        raw = f.read(length)
     try:
-        if end < 0:
-            raise ValueError("no end of header line")
-        header = StateHeader(**json.loads(data[len(MAGIC) : end]))
-    except (ValueError, TypeError) as err:
+        if len(raw) != length:
+            raise ValueError(f"the header is cut after {len(raw)} of {length} bytes")
+        metadata = json.loads(raw).get("__metadata__") or {}
+    except (ValueError, AttributeError) as err:
         raise CheckpointError(
-            f"{path}: unreadable header (field header: {err}); the file is truncated or "
-            "corrupted: resume from an earlier checkpoint"
+            f"{path}: unreadable header (field header: {err}); the file is truncated or corrupted: "
+            "resume from an earlier checkpoint"
+        ) from err
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path}: not an AutoLoCo state file (field format={metadata.get('format')!r}, expected {FORMAT!r}): "
+            "pass the autoloco/rank{r}.safetensors of a checkpoint written with AutoLoCo"
+        )
+    return metadata, 8 + length
+
+
+def _parse_header(path: str, metadata: dict[str, str]) -> StateHeader:
+    try:
+        header = StateHeader(**json.loads(metadata["autoloco"]))
+        json.loads(metadata["state"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(
+            f"{path}: unreadable header (field autoloco: {err!r}); the file is corrupted: resume from an "
+            "earlier checkpoint"
         ) from err
     if header.format_version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: field format_version={header.format_version}, this autoloco-hf reads "
             f"{FORMAT_VERSION}: resume with the autoloco-hf version that wrote it"
         )
-    return header, end + 1
+    return header
 
 
-def read_header(path: str, data: bytes) -> tuple[StateHeader, bytes]:
-    """Parse and verify the envelope of a state file's bytes; returns the header and the payload."""
-    header, start = _parse_header(path, data)
-    payload = data[start:]
-    if len(payload) != header.payload_bytes:
+def read_header(path: str) -> StateHeader:
+    """The verified header of a complete state file (its size matches; the checksum is left to :func:`read_state`)."""
+    return _open(path)[1]
+
+
+def _open(path: str) -> tuple[dict[str, str], StateHeader]:
+    metadata, start = _read_metadata(path)
+    header = _parse_header(path, metadata)
+    held = os.path.getsize(path) - start
+    if held != header.payload_bytes:
         raise CheckpointError(
-            f"{path}: field payload_bytes={header.payload_bytes} but the file holds "
-            f"{len(payload)} payload bytes (truncated write or disk full): resume from an "
-            "earlier checkpoint"
+            f"{path}: field payload_bytes={header.payload_bytes} but the file holds {held} payload bytes "
+            "(truncated write or disk full): resume from an earlier checkpoint"
         )
-    digest = hashlib.sha256(payload).hexdigest()
-    if digest != header.sha256:
-        raise CheckpointError(
-            f"{path}: field sha256 does not match the payload ({digest[:12]} != "
-            f"{header.sha256[:12]}): the file is corrupted; resume from an earlier checkpoint"
-        )
-    return header, payload
+    return metadata, header
 
 
-def peek_header(path: str, limit: int = 1 << 20) -> StateHeader | None:
-    """The header of a state file whose size matches it, else ``None`` (cheap: the checksum is left to loading)."""
+def peek_header(path: str) -> StateHeader | None:
+    """The header of a complete state file, else ``None`` (cheap: reads the header only)."""
     try:
-        with open(path, "rb") as f:
-            header, start = _parse_header(path, f.read(limit))
-        complete = os.path.getsize(path) == start + header.payload_bytes
+        return read_header(path)
     except (OSError, CheckpointError):
         return None
-    return header if complete else None
+
+
+def check_layout(
+    source: str, saved_world_size: int, saved_ranks_per_worker: int, world_size: int, ranks_per_worker: int
+) -> None:
+    """Refuse a state written by another launch layout."""
+    if (saved_world_size, saved_ranks_per_worker) != (world_size, ranks_per_worker):
+        raise CheckpointError(
+            f"{source}: field world_size={saved_world_size} (ranks_per_worker={saved_ranks_per_worker}) but this "
+            f"run has world_size={world_size} (ranks_per_worker={ranks_per_worker}). Resume with the same "
+            f"launch layout (e.g. torchrun --nproc_per_node {saved_world_size} across all nodes), or start a "
+            "new run from the checkpoint's model weights, which are the last synchronized parameters (load them "
+            "with from_pretrained and train without resume_from_checkpoint)"
+        )
+
+
+def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> None:
+    """Refuse a state whose algorithm settings differ from this run's (the one rule for every resume path)."""
+    saved, current = _jsonable(saved), _config_json(config)
+    for name, value in sorted(saved.items()):
+        if name in RESUMABLE_CONFIG_FIELDS or name not in current:
+            continue  # a field this version no longer has cannot change what it computes
+        if value != current[name]:
+            raise CheckpointError(
+                f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
+                f"{name}={current[name]!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
+                f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
+            )
 
 
 def check_compatible(
     path: str, header: StateHeader, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
 ) -> None:
     """Refuse a state written by another launch layout, rank or algorithm configuration."""
-    if (header.world_size, header.ranks_per_worker) != (world_size, ranks_per_worker):
-        raise CheckpointError(
-            f"{path}: field world_size={header.world_size} (ranks_per_worker={header.ranks_per_worker}) but this "
-            f"run has world_size={world_size} (ranks_per_worker={ranks_per_worker}). Resume with the same "
-            f"launch layout (e.g. torchrun --nproc_per_node {header.world_size} across all nodes), or start a "
-            "new run from the checkpoint's model weights, which are the last synchronized parameters (load them "
-            "with from_pretrained and train without resume_from_checkpoint)"
-        )
+    check_layout(path, header.world_size, header.ranks_per_worker, world_size, ranks_per_worker)
     if header.rank != rank:
         raise CheckpointError(
             f"{path}: field rank={header.rank} but it was loaded by rank {rank}: the state files "
             "of this checkpoint were renamed or copied over each other"
         )
-    current = _config_json(config)
-    for name, saved in sorted(header.config.items()):
-        if name in RESUMABLE_CONFIG_FIELDS or name not in current:
-            continue  # a field this version no longer has cannot change what it computes
-        value = current[name]
-        if saved != value:
-            raise CheckpointError(
-                f"{path}: field config.{name}={saved!r} when the checkpoint was written, this run has "
-                f"{name}={value!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
-                f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
-            )
+    check_config(path, header.config, config)
 
 
 def read_state(
     path: str, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
 ) -> tuple[StateHeader, dict[str, Any]]:
-    """Read, verify and unpickle a state file written by :func:`write_state` for this run and rank."""
-    with open(path, "rb") as f:
-        data = f.read()
-    header, payload = read_header(path, data)
+    """Read and verify a state file written by :func:`write_state` for this run and rank (no pickle is loaded)."""
+    metadata, header = _open(path)
     check_compatible(path, header, config=config, world_size=world_size, ranks_per_worker=ranks_per_worker, rank=rank)
-    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    return header, state
+    try:
+        tensors = load_file(path)
+    except Exception as err:  # safetensors' own checks of offsets and sizes
+        raise CheckpointError(
+            f"{path}: unreadable tensors (field tensors: {err}); the file is corrupted: resume from an earlier checkpoint"
+        ) from err
+    digest = _digest(header, metadata["state"], tensors)
+    if digest != header.sha256:
+        raise CheckpointError(
+            f"{path}: field sha256 does not match the contents ({digest[:12]} != {header.sha256[:12]}): "
+            "the file is corrupted; resume from an earlier checkpoint"
+        )
+    return header, _join(json.loads(metadata["state"]), tensors)

@@ -311,20 +311,12 @@ class ProcessGroupCommunicator(Communicator):
         flat = flats[0]
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
-        sums = torch.zeros(0, dtype=torch.float64)
-        rows = torch.zeros(0, 0, dtype=torch.float64)
         codec = self.codec(segment_sizes, wire)
-        if (
-            scalars
-        ):  # one tiny float64 all-gather, summed in worker order like the simulation (docs/algorithm.md §2, 8.4)
-            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).contiguous()
-            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
-            with self._guarded("the synchronization's control messages"):
-                self.dist.all_gather(gathered, local, group=self.group)
-            sums = sum_in_worker_order(gathered).cpu()
-            rows = torch.stack(gathered).cpu()
-            if check is not None:  # every worker holds the same rows: all raise alike, before the payload
-                check(sums, rows)
+        with self._guarded("the synchronization's control messages"):
+            gathered, _ = self._gather_scalars(scalars, flat.device, async_op=False)
+        sums, rows = _control_sums(gathered)
+        if gathered and check is not None:  # every worker holds the same rows: all raise alike, before the payload
+            check(sums, rows)
         with self._guarded("the synchronization's pseudo-gradient exchange"):
             if wire == WireDtype.FP32:
                 mean = self._all_reduce_mean(flat, traffic)
@@ -339,11 +331,7 @@ class ProcessGroupCommunicator(Communicator):
         if self._buffer is None or self._buffer.shape != flat.shape or self._buffer.device != flat.device:
             self._buffer = torch.empty_like(flat)
         total = self._buffer.copy_(flat)
-        works = [
-            self.dist.all_reduce(bucket, group=self.group, async_op=True)
-            for bucket in torch.split(total, self.bucket_elements)
-        ]
-        for work in works:
+        for work in self._start_all_reduce(total):
             work.wait()
         total /= self.num_workers
         traffic.collective_seconds = _now(flat) - start
@@ -432,17 +420,9 @@ class ProcessGroupCommunicator(Communicator):
         flat = flats[0]
         traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
         start = time.perf_counter()
-        gathered: list[torch.Tensor] = []
-        works = []
-        if scalars:
-            local = scalars[0].to(device=flat.device, dtype=torch.float64).reshape(-1).clone()
-            gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
-            works.append(self.dist.all_gather(gathered, local, group=self.group, async_op=True))
+        gathered, gather_work = self._gather_scalars(scalars, flat.device, async_op=True)
         total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
-        works += [
-            self.dist.all_reduce(bucket, group=self.group, async_op=True)
-            for bucket in torch.split(total, self.bucket_elements)
-        ]
+        works = [w for w in (gather_work,) if w is not None] + self._start_all_reduce(total)
 
         def finish() -> AverageResult:
             with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s
@@ -450,11 +430,27 @@ class ProcessGroupCommunicator(Communicator):
                     work.wait()
             total.div_(self.num_workers)
             traffic.collective_seconds = _now(total) - start  # issue to completion, compute overlapped included
-            if not gathered:
-                return AverageResult(total, torch.zeros(0, dtype=torch.float64), traffic)
-            return AverageResult(total, sum_in_worker_order(gathered).cpu(), traffic, torch.stack(gathered).cpu())
+            sums, rows = _control_sums(gathered)
+            return AverageResult(total, sums, traffic, rows)
 
         return PendingAverage(finish)
+
+    def _gather_scalars(
+        self, scalars: Sequence[torch.Tensor], device: torch.device, async_op: bool
+    ) -> tuple[list[torch.Tensor], Any]:
+        """One tiny float64 all-gather of the control messages (summed in worker order like the simulation, §8.4)."""
+        if not scalars:
+            return [], None
+        local = scalars[0].to(device=device, dtype=torch.float64).reshape(-1).clone()
+        gathered = [torch.empty_like(local) for _ in range(self.num_workers)]
+        return gathered, self.dist.all_gather(gathered, local, group=self.group, async_op=async_op)
+
+    def _start_all_reduce(self, total: torch.Tensor) -> list[Any]:
+        """The FP32 sum into ``total`` in place, one all-reduce per bucket, all in flight at once."""
+        return [
+            self.dist.all_reduce(bucket, group=self.group, async_op=True)
+            for bucket in torch.split(total, self.bucket_elements)
+        ]
 
     def _start_in_background(
         self, flat: torch.Tensor, scalars: Sequence[torch.Tensor], segment_sizes: Sequence[int], wire: WireDtype
@@ -487,6 +483,13 @@ class ProcessGroupCommunicator(Communicator):
             return result
 
         return PendingAverage(finish)
+
+
+def _control_sums(gathered: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sums in worker order and every worker's row; empty without control messages."""
+    if not gathered:
+        return torch.zeros(0, dtype=torch.float64), torch.zeros(0, 0, dtype=torch.float64)
+    return sum_in_worker_order(gathered).cpu(), torch.stack(gathered).cpu()
 
 
 class _OwnerReduceBuffers:

@@ -1,37 +1,35 @@
-"""The interval engine: local steps, one collective, the outer step, the next horizon.
+"""The interval engine: the stages of one synchronization, and the blocking schedule that runs them in a row.
 
-One :class:`IntervalEngine` per process drives the process's local workers:
-one model with :class:`~autoloco_hf.sync.communicators.ProcessGroupCommunicator` under
-``torchrun`` / ``accelerate launch``, or ``N`` replicas with
-:class:`~autoloco_hf.sync.communicators.SimulatedCommunicator`. The caller runs the inner
-steps and calls :meth:`IntervalEngine.after_optimizer_step` once per true
-optimizer step; at a boundary the engine (docs/algorithm.md §2) runs three stages, each
-returning a small frozen result, and then builds the interval's record once:
+:class:`IntervalEngine` holds what every schedule shares (the local workers, ``theta_t``
+and momentum, the policy, the interval being run, records and totals) and offers the
+stages of a boundary (docs/algorithm.md §2) as public methods:
 
-1. aggregate (:class:`Aggregate`): each worker's pseudo-gradient
-   ``theta_t - theta_t^i`` is averaged and its
-   :class:`~autoloco_hf.sync.control.ControlMessage` (squared norm, tokens,
-   losses, the interval it executed) summed in one synchronization; every
-   worker must have executed the same interval; ``D_t`` and ``C_t`` follow;
-2. outer step (:class:`OuterStep`): the outer correction ``rho_t, mu_t, eta_t``
-   and the Nesterov step (skipped on a non-finite interval), ``theta_{t+1}``
-   written back into every local worker;
-3. advance the policy (:class:`PolicyAdvance`): the policy learns from the
-   interval and chooses the next one.
+1. :meth:`~IntervalEngine.close_interval` and :meth:`~IntervalEngine.contributions`:
+   each worker's pseudo-gradient and :class:`~autoloco_hf.sync.control.ControlMessage`;
+   the communicator runs the control round (agreement) and the average;
+2. :meth:`~IntervalEngine.aggregate`: ``D_t``, ``C_t`` and validity of the average;
+3. :meth:`~IntervalEngine.outer_step` (and :meth:`~IntervalEngine.write_back`);
+4. :meth:`~IntervalEngine.decide`: the policy learns from the interval;
+5. :meth:`~IntervalEngine.record`: the record, the totals, the boundary listeners.
+
+*When* these run is a :class:`SyncSchedule` strategy: :class:`BlockingSchedule` here,
+the delayed and eager ones in :mod:`autoloco_hf.sync.overlap`. Build an engine with
+:func:`autoloco_hf.sync.factory.make_engine`, which also picks the DDP baseline.
 
 Example (two simulated workers on a toy regression)::
 
     >>> import torch
     >>> from autoloco_hf import AutoLoCoConfig
     >>> from autoloco_hf.sync.communicators import SimulatedCommunicator
+    >>> from autoloco_hf.sync.factory import make_engine
     >>> from autoloco_hf.algorithm.schedule import FunctionSchedule
     >>> torch.manual_seed(0) and None
     >>> models = [torch.nn.Linear(4, 1) for _ in range(2)]
     >>> models[1].load_state_dict(models[0].state_dict())
     <All keys matched successfully>
     >>> opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
-    >>> engine = IntervalEngine(AutoLoCoConfig(method="diloco", h_base=5), models,
-    ...                         FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
+    >>> engine = make_engine(AutoLoCoConfig(method="diloco", h_base=5), models,
+    ...                      FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
     >>> for step in range(20):
     ...     for i, (m, o) in enumerate(zip(models, opts)):
     ...         x = torch.randn(8, 4); loss = (m(x) - x.sum(1, keepdim=True)).pow(2).mean()
@@ -49,27 +47,39 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import torch
 
-from autoloco_hf.algorithm.controller import Assessment, ControllerDecision, Decision, Phase
-from autoloco_hf.algorithm.correction import OuterCorrection, interval_ratio, outer_correction
+from autoloco_hf.algorithm.controller import ControllerDecision
+from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
-from autoloco_hf.sync.accounting import payload_bytes, wire_bytes_sent
+from autoloco_hf.sync.accounting import payload_bytes
+from autoloco_hf.sync.checkpoint import check_config
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
-from autoloco_hf.sync.communicators import AverageResult, Communicator, Traffic
+from autoloco_hf.sync.communicators import AverageResult, Communicator, PendingAverage, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
-from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
+from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
-__all__ = ["IntervalEngine", "TooManyInvalidIntervals", "WorkerDisagreement"]
+__all__ = [
+    "BlockingSchedule",
+    "BoundaryListener",
+    "InFlight",
+    "IntervalEngine",
+    "SyncSchedule",
+    "TooManyInvalidIntervals",
+    "WorkerDisagreement",
+]
 
 logger = logging.getLogger("autoloco_hf")
+
+BoundaryListener = Callable[[IntervalRecord], None]
+"""Called with every interval's record once the boundary is complete (JSONL writer, loggers, state persistence)."""
 
 
 class TooManyInvalidIntervals(RuntimeError):
@@ -77,10 +87,52 @@ class TooManyInvalidIntervals(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ClosedInterval:
+    """An interval whose last step has run; its counters are read, its average may still be pending."""
+
+    interval: NextInterval
+    lr_mass: float  # measured
+    seconds: float  # wall time of its steps
+
+
+@dataclass
+class InFlight:
+    """A closed interval whose average was started and has not been applied yet."""
+
+    closed: ClosedInterval
+    due_step: int  # delayed: the step its result is merged; eager: its boundary (applied at the next one)
+    pending: PendingAverage
+
+    def state_dict(self) -> dict[str, Any]:
+        """The collective is waited for and stored as its result (docs/algorithm.md §11.3)."""
+        result = self.pending.wait()
+        return {
+            "interval": asdict(self.closed.interval),
+            "lr_mass": self.closed.lr_mass,
+            "due_step": self.due_step,
+            "interval_seconds": self.closed.seconds,
+            "mean": result.mean.detach().clone(),
+            "scalar_sums": result.scalar_sums.clone(),
+            "scalar_rows": result.scalar_rows.clone(),
+            "traffic": asdict(result.traffic),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> InFlight:
+        result = AverageResult(
+            state["mean"].to(device), state["scalar_sums"], Traffic(**state["traffic"]), state["scalar_rows"]
+        )
+        closed = ClosedInterval(
+            NextInterval(**state["interval"]), float(state["lr_mass"]), float(state["interval_seconds"])
+        )
+        return cls(closed, int(state["due_step"]), PendingAverage.completed(result))
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """What the one collective of a boundary produced, and whether the outer step may use it (docs/algorithm.md §2, 5.2)."""
 
-    mean: torch.Tensor  # mean pseudo-gradient (FP32, identical on all workers)
+    mean: torch.Tensor  # FP32, identical on all workers
     control: ControlRound
     stats: IntervalStatistics
     mean_loss: float
@@ -88,51 +140,149 @@ class Aggregate:
     valid: bool  # all finite, and so are the statistics and the mean: the outer step runs
     traffic: Traffic
 
+    def outcome(self, closed: ClosedInterval) -> IntervalOutcome:
+        """What the policy learns; a non-finite worker hides the statistics, whatever the sums say."""
+        finite = self.all_finite
+        return IntervalOutcome(
+            interval=closed.interval,
+            global_tokens=int(round(self.control.totals.tokens)),
+            drift_energy=self.stats.drift_energy if finite else math.nan,
+            coherence=self.stats.coherence if finite else math.nan,
+            lr_mass=closed.lr_mass,
+            mean_loss=self.mean_loss if finite else math.nan,
+            pseudo_grad_finite=self.valid,
+        )
+
 
 @dataclass(frozen=True)
 class OuterStep:
-    """The outer correction used and whether ``theta`` moved (docs/algorithm.md §4)."""
-
     correction: OuterCorrection
     applied: bool
 
 
-@dataclass(frozen=True)
-class PolicyAdvance:
-    """The policy's decision on the closed interval and the interval that follows it (docs/algorithm.md §5, 6)."""
+@dataclass
+class IntervalCounters:
+    """What the local workers did since the interval started (summed into their control messages)."""
 
-    decision: ControllerDecision | None
-    next_interval: NextInterval | None
-    interval_seconds: float  # wall time of the closed interval, sync and decision included
-    controller_seconds: float
+    tokens: list[int]
+    loss_sum: list[float]
+    loss_count: int = 0
+    lr_mass: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def zero(cls, workers: int) -> IntervalCounters:
+        return cls([0] * workers, [0.0] * workers)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": list(self.tokens),
+            "loss_sum": list(self.loss_sum),
+            "loss_count": self.loss_count,
+            "lr_mass": self.lr_mass,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> IntervalCounters:
+        return cls(list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]))
+
+
+class SyncSchedule(Protocol):
+    """When the stages of a boundary run, and what the workers train from until the average is applied.
+
+    A schedule calls the engine's public stages only, and keeps its own state
+    (what is in flight, per-worker start points) in :meth:`state_dict`. A new
+    schedule (e.g. fragments synchronized at offsets inside the interval) is one
+    more class with these members and one more branch in ``make_engine``.
+    """
+
+    mode: Overlap
+
+    @property
+    def in_flight(self) -> InFlight | None: ...
+
+    def attach(self, engine: IntervalEngine) -> None:
+        """Prepare per-worker buffers; called once, after ``theta_0`` is in every worker."""
+
+    def after_step(self, engine: IntervalEngine) -> IntervalRecord | None:
+        """Called after every counted step; returns the record of an interval applied at this step."""
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any] | None, engine: IntervalEngine) -> None: ...
+
+
+class BlockingSchedule:
+    """Every stage at the boundary, in a row: the workers wait for ``theta_{t+1}`` (docs/algorithm.md §2)."""
+
+    mode = Overlap.NONE
+    in_flight = None
+
+    def attach(self, engine: IntervalEngine) -> None:
+        pass
+
+    @torch.no_grad()
+    def after_step(self, engine: IntervalEngine) -> IntervalRecord | None:
+        if not engine.interval_ended():
+            return None
+        closed = engine.close_interval()
+        started = time.perf_counter()
+        deltas, messages = engine.contributions(closed.interval)
+        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
+        result = engine.comm.average(deltas, messages, engine.shard_segment_sizes, check=engine.check_agreement)
+        aggregate = engine.aggregate(result, closed.lr_mass)
+        outer = engine.outer_step(closed.interval, aggregate)
+        engine.write_back()
+        sync_seconds = time.perf_counter() - started
+        decision, controller_seconds = engine.decide(closed, aggregate)
+        engine.start_interval()
+        seconds = closed.seconds + time.perf_counter() - started
+        return engine.record(closed, aggregate, outer, decision, seconds, sync_seconds, controller_seconds)
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None, engine: IntervalEngine) -> None:
+        pass
+
+
+def check_workers(
+    config: AutoLoCoConfig, models: Sequence[torch.nn.Module], communicator: Communicator, total_steps: int
+) -> None:
+    """Refuse a communicator that does not match the models or the config, and an empty budget."""
+    if len(models) != communicator.local_workers:
+        raise ValueError(
+            f"{len(models)} local models but the communicator expects {communicator.local_workers}: "
+            "pass one model per process, or N replicas to SimulatedCommunicator(N)"
+        )
+    if (communicator.wire_dtype, communicator.block_size) != (config.wire_dtype, config.int8_block_size):
+        raise ValueError(
+            f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}) but "
+            f"config.wire_dtype={config.wire_dtype!r} (int8_block_size={config.int8_block_size}): build it with "
+            "wire_dtype=config.wire_dtype, block_size=config.int8_block_size"
+        )
+    if total_steps <= 0:
+        raise ValueError(f"total_steps={total_steps}: the training budget must be positive")
 
 
 class IntervalEngine:
-    """Runs AutoLoCo / DiLoCo / QSR / Linear intervals (and DDP gradient averaging) for local workers.
+    """Runs AutoLoCo / DiLoCo / QSR / Linear intervals for the local workers of this process.
 
     Args:
-        config: the run's :class:`AutoLoCoConfig`.
+        config: the run's :class:`AutoLoCoConfig` (an interval method).
         models: the local workers' models (1 per process, or ``N`` simulated
-            replicas). Their parameters at construction become ``theta_0``
-            (worker 0's, broadcast to the others).
-        schedule: the inner LR schedule (``SchedulerPreview`` of the live
-            scheduler, or a ``FunctionSchedule``) for LR-mass previews.
+            replicas); worker 0's parameters become every worker's ``theta_0``.
+        schedule: the inner LR schedule, for LR-mass previews.
         communicator: averages across all workers.
         total_steps: the training budget in optimizer steps.
+        sync: the :class:`SyncSchedule` matching ``config.overlap``.
         warmup_steps: inner-LR warm-up; defaults to ``config.warmup_steps`` or 0.
-        optimizers: the inner optimizers; non-finite state entries are reset
-            after an invalid interval so that training can go on.
+        optimizers: the inner optimizers; non-finite state is reset after an invalid interval.
         records_path: JSONL file for per-interval records (write it on one rank).
-        on_record: called with every :class:`IntervalRecord` (e.g. for logging).
+        on_record: called with every :class:`IntervalRecord`.
     """
 
-    def __new__(cls, config: AutoLoCoConfig, *args: Any, **kwargs: Any) -> IntervalEngine:
-        """``config.overlap`` other than ``none`` builds the overlapped engine (docs/algorithm.md §11)."""
-        if cls is IntervalEngine and config.overlap != Overlap.NONE:
-            from autoloco_hf.sync.overlap import OverlappedEngine
-
-            cls = OverlappedEngine
-        return super().__new__(cls)
+    averages_gradients = False
 
     def __init__(
         self,
@@ -141,45 +291,54 @@ class IntervalEngine:
         schedule: LRSchedule,
         communicator: Communicator,
         total_steps: int,
+        *,
+        sync: SyncSchedule,
         warmup_steps: int | None = None,
         optimizers: Sequence[torch.optim.Optimizer] = (),
         records_path: str | None = None,
-        on_record: Callable[[IntervalRecord], None] | None = None,
+        on_record: BoundaryListener | None = None,
     ) -> None:
-        if len(models) != communicator.local_workers:
+        check_workers(config, models, communicator, total_steps)
+        if not config.is_interval_method:
             raise ValueError(
-                f"{len(models)} local models but the communicator expects {communicator.local_workers}: "
-                "pass one model per process, or N replicas to SimulatedCommunicator(N)"
+                f"method={config.method!r} has no intervals: build its engine with make_engine(config, ...)"
             )
-        if (communicator.wire_dtype, communicator.block_size) != (config.wire_dtype, config.int8_block_size):
+        if sync.mode != config.overlap:
             raise ValueError(
-                f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}) but "
-                f"config.wire_dtype={config.wire_dtype!r} (int8_block_size={config.int8_block_size}): build it with "
-                "wire_dtype=config.wire_dtype, block_size=config.int8_block_size"
+                f"config.overlap={str(config.overlap)!r} but the schedule is {str(sync.mode)!r}: use make_engine"
             )
-        if total_steps <= 0:
-            raise ValueError(f"total_steps={total_steps}: the training budget must be positive")
         self.config = config
-        self.worker_params = [[p for p in m.parameters()] for m in models]
+        self.sync = sync
+        self.worker_params = [list(m.parameters()) for m in models]
         self.segment_sizes = [p.numel() for p in self.worker_params[0]]
         self.schedule = schedule
         self.comm = communicator
         self.total_steps = total_steps
         self.warmup_steps = warmup_steps if warmup_steps is not None else (config.warmup_steps or 0)
         self.optimizers = list(optimizers)
-        self.records_path = records_path
-        self.on_record = on_record
         self.totals = RunTotals()
         self.records: list[IntervalRecord] = []
-        self._writer: JsonlWriter | None = JsonlWriter(records_path) if records_path else None
+        self.writer = JsonlWriter(records_path) if records_path else None
+        self.listeners: list[BoundaryListener] = [f for f in (self.writer and self.writer.write, on_record) if f]
         numel = sum(self.segment_sizes)
-        self._payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
+        self.payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
         self._fingerprint = config_fingerprint(config)
+        broadcast_initial_parameters(communicator, self.worker_params)
+        self._build_outer_state(numel)
+        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps)
+        self.step = 0
+        self._lr_mass_warned = False
+        self.start_interval()
+        sync.attach(self)
 
-        self._broadcast_initial_parameters()
-        # the range of the flat model whose outer state and sync this process owns (all of it unless
-        # the worker's ranks each own a shard: HierarchicalCommunicator, docs/algorithm.md §8.3)
-        self.shard = communicator.shard_range(numel)
+    def _build_outer_state(self, numel: int) -> None:
+        """``theta_0``, the momentum and the error-feedback residuals of the range this rank owns.
+
+        All of the flat model, unless the worker's ranks each own a shard
+        (``HierarchicalCommunicator``, docs/algorithm.md §8.3).
+        """
+        config = self.config
+        self.shard = self.comm.shard_range(numel)
         start, end = self.shard
         self.shard_segment_sizes = [
             n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)
@@ -191,130 +350,72 @@ class IntervalEngine:
             device="cpu" if config.outer_on_cpu else None,
             shard=None if self.shard == (0, numel) else self.shard,
         )
-        self.policy = (
-            make_policy(config, schedule, total_steps, self.warmup_steps) if config.is_interval_method else None
-        )
-        # optional residual carried to the next interval, one FP32 model copy per local worker (docs/algorithm.md §7 extension)
+        # one FP32 residual per local worker, carried to the next interval (docs/algorithm.md §7 extension)
         self.error_feedback = (
-            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in models] if config.error_feedback else []
+            [ErrorFeedback(self.outer.numel, self.outer.device) for _ in self.worker_params]
+            if config.error_feedback
+            else []
         )
-        self.step = 0
-        self._lr_mass_warned = False
-        self._start_interval()
 
-    # ---------------------------------------------------------------- public
     @property
     def num_workers(self) -> int:
         return self.comm.num_workers
 
     @property
-    def averages_gradients(self) -> bool:
-        """DDP baseline (``config.is_interval_method`` is False): no intervals; gradients are averaged every step."""
-        return self.policy is None
+    def current_interval(self) -> NextInterval | None:
+        """The interval being executed (``None`` after the budget, or while a delayed merge decides it)."""
+        return self._interval
 
     @property
-    def current_interval(self) -> NextInterval | None:
-        """The interval being executed (``None`` for DDP or after the budget)."""
-        return self._interval
+    def in_flight(self) -> InFlight | None:
+        return self.sync.in_flight
 
     def after_optimizer_step(
         self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
     ) -> IntervalRecord | None:
-        """Account one true optimizer step of every local worker; synchronize at a boundary.
+        """Account one true optimizer step of every local worker (its tokens, loss and inner LR).
 
-        Args:
-            tokens: non-padding input tokens each local worker consumed in this step.
-            losses: each local worker's training loss of this step.
-            lr: the inner learning rate actually used (default: the schedule's value).
-
-        Returns the interval's record when this step closed an interval.
+        Returns the record of an interval whose average was applied at this step.
         """
         if self.step >= self.total_steps:
             raise RuntimeError(f"step {self.step} is past the training budget of {self.total_steps} steps")
-        self._lr_mass += lr if lr is not None else self.schedule.lr_at(self.step)
+        counters = self.counters
+        counters.lr_mass += lr if lr is not None else self.schedule.lr_at(self.step)
         for i, (t, loss) in enumerate(zip(tokens, losses)):
-            self._tokens[i] += int(t)
-            self._loss_sum[i] += float(loss)
-        self._loss_count += 1
+            counters.tokens[i] += int(t)
+            counters.loss_sum[i] += float(loss)
+        counters.loss_count += 1
         self.step += 1
         self.totals.steps = self.step
-        if self._interval is None or self.step < self._interval.start_step + self._interval.h_step:
-            return None
-        return self._synchronize()
+        return self.sync.after_step(self)
 
-    @torch.no_grad()
-    def average_gradients(self) -> None:
-        """DDP baseline: replace every local worker's gradients by the all-worker mean (once per step)."""
-        grads = [
-            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
-            for params in self.worker_params
-        ]
-        start = time.perf_counter()
-        result = self.comm.average(grads, [], self.segment_sizes, wire_dtype=WireDtype.FP32)
-        for params in self.worker_params:
-            for p, chunk in zip(params, torch.split(result.mean, self.segment_sizes)):
-                if p.grad is None:
-                    p.grad = torch.empty_like(p)
-                p.grad.copy_(chunk.view_as(p))
-        self.account_gradient_sync(result.traffic, time.perf_counter() - start)
+    # ------------------------------------------------------ the interval in flight
+    def interval_ended(self) -> bool:
+        interval = self._interval
+        return interval is not None and self.step >= interval.start_step + interval.h_step
 
-    def account_gradient_sync(self, traffic: Traffic | None = None, seconds: float = 0.0) -> None:
-        """Count one per-step FP32 gradient all-reduce of the DDP baseline, ours or torch DDP's (ring bytes)."""
-        self.totals.syncs += 1
-        self.totals.payload_tensors += 1
-        self.totals.payload_bytes += payload_bytes(1, sum(self.segment_sizes), WireDtype.FP32)
-        if traffic is None:
-            codec = self.comm.codec(self.segment_sizes, WireDtype.FP32)
-            traffic = Traffic(wire_bytes=wire_bytes_sent(codec, self.num_workers))
-        self._add_traffic(traffic, seconds)
+    def start_interval(self) -> None:
+        """Fresh counters, and the policy's next interval from this step."""
+        self.counters = IntervalCounters.zero(self.comm.local_workers)
+        self.plan_interval(self.step)
 
-    # ------------------------------------------------------------- internals
-    def _broadcast_initial_parameters(self) -> None:
-        """All workers start from worker 0's parameters (docs/algorithm.md §2: one theta_0)."""
-        flat = flatten_fp32(self.worker_params[0])
-        self.comm.broadcast_(flat)
-        with torch.no_grad():
-            for params in self.worker_params:
-                for p, chunk in zip(params, torch.split(flat, self.segment_sizes)):
-                    p.copy_(chunk.view_as(p))
+    def plan_interval(self, start_step: int) -> None:
+        """Set the running interval's length now (a delayed merge decides it after the interval started)."""
+        self._interval = self.policy.next_interval(start_step) if start_step < self.total_steps else None
 
-    def _start_interval(self) -> None:
-        self._reset_interval_counters()
-        self._interval = self.policy.next_interval(self.step) if self.policy and self.step < self.total_steps else None
+    def pause_interval(self) -> None:
+        """Fresh counters for an interval whose length is not decided yet."""
+        self.counters = IntervalCounters.zero(self.comm.local_workers)
+        self._interval = None
 
-    def _reset_interval_counters(self) -> None:
-        workers = self.comm.local_workers
-        self._tokens = [0] * workers
-        self._loss_sum = [0.0] * workers
-        self._loss_count = 0
-        self._lr_mass = 0.0
-        self._interval_started = time.perf_counter()
-
-    @torch.no_grad()
-    def _synchronize(self) -> IntervalRecord:
-        """Close the interval: aggregate, outer step, advance the policy, then record it once."""
-        interval, lr_mass = self._interval, self._lr_mass
+    def close_interval(self) -> ClosedInterval:
+        interval, counters = self._interval, self.counters
         assert interval is not None
-        started = time.perf_counter()
-        aggregate = self._aggregate(interval, lr_mass)
-        self._check_lr_mass(interval, lr_mass)
-        outer = self._outer_step(interval, aggregate)
-        sync_seconds = time.perf_counter() - started
-        advance = self._advance_policy(interval, lr_mass, aggregate)
-        record = self._record(interval, lr_mass, aggregate, outer, advance, sync_seconds)
-        self._account(record, aggregate.traffic, sync_seconds, advance.controller_seconds)
-        if not aggregate.valid:
-            self._report_invalid(interval, aggregate.control)
-        return record
+        self._check_lr_mass(interval, counters.lr_mass)
+        return ClosedInterval(interval, counters.lr_mass, time.perf_counter() - counters.started)
 
-    def _aggregate(self, interval: NextInterval, lr_mass: float) -> Aggregate:
-        """Each worker's pseudo-gradient and control message in one collective; ``D_t``, ``C_t`` from it (docs/algorithm.md §2)."""
-        deltas, messages = self._contributions(interval)
-        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md §5.3)
-        result = self.comm.average(deltas, messages, self.shard_segment_sizes, check=self._check_agreement)
-        return self._read_aggregate(result, lr_mass)
-
-    def _contributions(
+    # -------------------------------------------------------------- the stages
+    def contributions(
         self, interval: NextInterval, starts: Sequence[torch.Tensor] | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each local worker's pseudo-gradient (from ``theta_t``, or from its own start point ``starts[i]``) and packed control message."""
@@ -322,22 +423,26 @@ class IntervalEngine:
         for i, params in enumerate(self.worker_params):
             if starts is None:
                 delta = self.outer.pseudo_gradient(params)
-            else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.3)
+            else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.2)
                 delta = starts[i] - flatten_fp32(params, self.outer.device, self.outer.shard)
             sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
-            finite = math.isfinite(sq_norm) and math.isfinite(self._loss_sum[i])
+            finite = math.isfinite(sq_norm) and math.isfinite(self.counters.loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
                 delta.zero_()
-            elif self.error_feedback:  # D_t above uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
+            elif self.error_feedback:  # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite).pack())
         return deltas, messages
 
-    def _read_aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
+    def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
+        """Every worker closed the same interval at the same step with the same config, else stop here."""
+        ControlRound.from_rows(sums, rows).check_agreement(self.comm.worker_labels())
+
+    def aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
         """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (docs/algorithm.md §2, 5.2)."""
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
-        control.check_agreement(self.comm.worker_labels())  # the overlapped path's check; blocking checked it already
+        control.check_agreement(self.comm.worker_labels())
         # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
         # see the whole model's D_t, C_t and the same tokens and losses (identity when unsharded)
         mean_part = [
@@ -351,24 +456,98 @@ class IntervalEngine:
         totals = dataclasses.replace(ControlMessage.unpack(summed[:-2]), **agreed)
         control = dataclasses.replace(control, totals=totals)
         mean_sq_norm, mean_nonfinite = summed[-2:].tolist()
-        stats = interval_statistics(
-            totals.sq_norm,
-            mean_sq_norm,
-            self.num_workers,
-            lr_mass,
-            self.config.eps,
-        )
+        stats = interval_statistics(totals.sq_norm, mean_sq_norm, self.num_workers, lr_mass, self.config.eps)
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
         valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
         return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
 
+    def outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
+        """``theta_{t+1}`` and the momentum from the mean pseudo-gradient; no move on an invalid interval (§5.2)."""
+        correction = self.correction(interval)
+        if aggregate.valid:
+            if self.config.uses_nesterov_outer:
+                self.outer.step(aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
+            else:
+                self.outer.average_step(aggregate.mean)
+        else:
+            self.sanitize_optimizers()
+        return OuterStep(correction, aggregate.valid)
+
+    def theta(self) -> torch.Tensor:
+        """The whole worker's ``theta_t`` (this rank's shards gathered when the outer state is sharded)."""
+        return self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
+
+    def write_back(self, theta: torch.Tensor | None = None) -> None:
+        """Every local worker restarts from ``theta`` (default ``theta_t``)."""
+        theta = self.theta() if theta is None else theta
+        for params in self.worker_params:
+            self.outer.write_back(params, theta)
+
+    def decide(
+        self, closed: ClosedInterval, aggregate: Aggregate, next_start: int | None = None
+    ) -> tuple[ControllerDecision | None, float]:
+        """The policy's decision on the closed interval (``next_start``: the interval it sets, when lagged) and its time."""
+        started = time.perf_counter()
+        decision = self.policy.complete(aggregate.outcome(closed), next_start)
+        return decision, time.perf_counter() - started
+
+    def record(
+        self,
+        closed: ClosedInterval,
+        aggregate: Aggregate,
+        outer: OuterStep,
+        decision: ControllerDecision | None,
+        seconds: float,
+        sync_seconds: float,
+        controller_seconds: float,
+    ) -> IntervalRecord:
+        """Build the interval's record, add it to the totals, tell the listeners; stop on too many invalid ones."""
+        record = IntervalRecord.build(
+            index=len(self.records),
+            interval=closed.interval,
+            lr_mass=closed.lr_mass,
+            stats=aggregate.stats,
+            mean_loss=aggregate.mean_loss,
+            tokens=aggregate.control.totals.tokens,
+            correction=outer.correction,
+            applied=outer.applied,
+            decision=decision,
+            following=self._interval,
+            seconds=seconds,
+            sync_seconds=sync_seconds,
+            controller_seconds=controller_seconds,
+            payload_bytes=self.payload_bytes,
+            traffic=aggregate.traffic,
+        )
+        self.totals.add(record)
+        self.records.append(record)
+        for listener in self.listeners:
+            listener(record)
+        if not aggregate.valid:
+            self._report_invalid(closed.interval, aggregate.control)
+        return record
+
+    # ------------------------------------------------------------- helpers
+    def correction(self, interval: NextInterval) -> OuterCorrection:
+        """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md §4)."""
+        return correction_for(self.config, interval.lr_mass, interval.lr_mass_base)
+
+    def sanitize_optimizers(self) -> None:
+        """Zero non-finite inner-optimizer state so a worker that produced NaN can go on."""
+        for optimizer in self.optimizers:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                        torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
+
     def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
+        counters = self.counters
         return ControlMessage(
             sq_norm=sq_norm if finite else 0.0,
-            tokens=float(self._tokens[worker]),
-            loss_sum=self._loss_sum[worker] if finite else 0.0,
-            loss_count=float(self._loss_count),
+            tokens=float(counters.tokens[worker]),
+            loss_sum=counters.loss_sum[worker] if finite else 0.0,
+            loss_count=float(counters.loss_count),
             nonfinite=0.0 if finite else 1.0,
             step=float(self.step),
             interval_index=float(len(self.records)),
@@ -378,9 +557,24 @@ class IntervalEngine:
             config_fingerprint=self._fingerprint,
         )
 
-    def _check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
-        """Every worker closed the same interval at the same step with the same config, else stop here."""
-        ControlRound.from_rows(sums, rows).check_agreement(self.comm.worker_labels())
+    def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
+        feedback = self.error_feedback[worker]
+        compensated = feedback.compensate(delta)
+        codec = self.comm.codec(self.shard_segment_sizes)
+        feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
+        return compensated
+
+    def _check_lr_mass(self, interval: NextInterval, measured: float) -> None:
+        """Preview and measurement of an interval's LR mass must agree, else the previews are wrong (docs/algorithm.md §2)."""
+        if not self._lr_mass_warned and not math.isclose(measured, interval.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
+            self._lr_mass_warned = True
+            warnings.warn(
+                f"interval at step {interval.start_step}: the learning rates actually used sum to {measured:.6g} but "
+                f"the schedule preview gave {interval.lr_mass:.6g}; the outer correction and candidate selection rely "
+                "on the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _report_invalid(self, interval: NextInterval, control: ControlRound) -> None:
         """Log who produced the non-finite values; stop after ``max_consecutive_invalid`` such intervals in a row."""
@@ -393,8 +587,8 @@ class IntervalEngine:
             streak += 1
         good_step = self.records[-streak].start_step  # theta is still the one synchronized there
         where = (
-            f"interval {len(self.records) - 1} (steps {interval.start_step + 1}-{self.step}): non-finite loss "
-            f"or pseudo-gradient on {', '.join(culprits)}"
+            f"interval {len(self.records) - 1} (steps {interval.start_step + 1}-"
+            f"{interval.start_step + interval.h_step}): non-finite loss or pseudo-gradient on {', '.join(culprits)}"
         )
         limit = self.config.max_consecutive_invalid
         if streak >= limit:
@@ -413,220 +607,37 @@ class IntervalEngine:
             limit,
         )
 
-    def _outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
-        """``theta_{t+1}`` from the mean pseudo-gradient, written back into every local worker (docs/algorithm.md §4, 5.2)."""
-        outer = self._apply_outer(interval, aggregate)
-        theta = self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
-        for params in self.worker_params:
-            self.outer.write_back(params, theta)
-        return outer
-
-    def _apply_outer(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
-        """``theta_{t+1}`` and the momentum from the mean pseudo-gradient, or no move on an invalid interval."""
-        correction = self._correction(interval)
-        if aggregate.valid:
-            if self.config.uses_nesterov_outer:
-                self.outer.step(aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
-            else:
-                self.outer.average_step(aggregate.mean)
-        else:  # docs/algorithm.md §5.2 "invalid": theta_t and the momentum stay as they were
-            self.totals.skipped_outer_steps += 1
-            self._sanitize_optimizers()
-        return OuterStep(correction, aggregate.valid)
-
-    def _advance_policy(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> PolicyAdvance:
-        """Tell the policy what the interval did and start the next one (docs/algorithm.md §3, 5)."""
-        assert self.policy is not None
-        started = time.perf_counter()
-        decision = self.policy.complete(self._outcome(interval, lr_mass, aggregate))
-        interval_seconds = time.perf_counter() - self._interval_started
-        self._start_interval()
-        return PolicyAdvance(decision, self._interval, interval_seconds, time.perf_counter() - started)
-
-    def _outcome(self, interval: NextInterval, lr_mass: float, aggregate: Aggregate) -> IntervalOutcome:
-        finite = aggregate.all_finite
-        return IntervalOutcome(
-            interval=interval,
-            global_tokens=int(round(aggregate.control.totals.tokens)),
-            drift_energy=aggregate.stats.drift_energy if finite else math.nan,
-            coherence=aggregate.stats.coherence if finite else math.nan,
-            lr_mass=lr_mass,
-            mean_loss=aggregate.mean_loss if finite else math.nan,
-            pseudo_grad_finite=aggregate.valid,
-        )
-
-    def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
-        feedback = self.error_feedback[worker]
-        compensated = feedback.compensate(delta)
-        codec = self.comm.codec(self.shard_segment_sizes)
-        feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
-        return compensated
-
-    def _check_lr_mass(self, interval: NextInterval, measured: float) -> None:
-        """docs/algorithm.md §2: preview and measurement of an interval's LR mass must agree, else the previews are wrong."""
-        if not self._lr_mass_warned and not math.isclose(measured, interval.lr_mass, rel_tol=1e-6, abs_tol=1e-12):
-            self._lr_mass_warned = True
-            warnings.warn(
-                f"interval at step {interval.start_step}: the learning rates actually used sum to {measured:.6g} but "
-                f"the schedule preview gave {interval.lr_mass:.6g}; the outer correction and candidate selection rely "
-                "on the preview: pass the live scheduler (SchedulerPreview) that drives the inner optimizer",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-    def _correction(self, interval: NextInterval) -> OuterCorrection:
-        cfg = self.config
-        if cfg.outer_correction_enabled:
-            return outer_correction(
-                interval.lr_mass,
-                interval.lr_mass_base,
-                cfg.outer_momentum,
-                cfg.outer_lr,
-                mu_min=cfg.mu_min,
-                mu_max=cfg.mu_max,
-                kappa_max=cfg.kappa_max,
-                eps=cfg.eps,
-                adjust_momentum=cfg.adjust_momentum,
-                scale_outer_lr=cfg.scale_outer_lr,
-                normalize_pseudo_grad=cfg.normalize_pseudo_grad,
-            )
-        rho = interval_ratio(interval.lr_mass, interval.lr_mass_base, cfg.eps)
-        if cfg.uses_nesterov_outer:  # DiLoCo: fixed outer settings
-            return OuterCorrection(rho, cfg.outer_momentum, cfg.outer_lr, 1.0, None)
-        return OuterCorrection(rho, 0.0, 1.0, 1.0, None)  # direct model averaging
-
-    def _sanitize_optimizers(self) -> None:
-        """Zero non-finite inner-optimizer state so a worker that produced NaN can go on."""
-        for optimizer in self.optimizers:
-            for state in optimizer.state.values():
-                for value in state.values():
-                    if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
-                        torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
-
-    def _record(
-        self,
-        interval: NextInterval,
-        lr_mass: float,
-        aggregate: Aggregate,
-        outer: OuterStep,
-        advance: PolicyAdvance,
-        sync_seconds: float,
-    ) -> IntervalRecord:
-        stats, correction = aggregate.stats, outer.correction
-        decision, following = advance.decision, advance.next_interval
-        traffic = aggregate.traffic
-        return IntervalRecord(
-            index=len(self.records),
-            start_step=interval.start_step,
-            h_tok=interval.h_tok,
-            h_step=interval.h_step,
-            h_ref=interval.h_ref,
-            lr_mass=lr_mass,
-            lr_mass_preview=interval.lr_mass,
-            lr_mass_base=interval.lr_mass_base,
-            rho=correction.rho,
-            mu=correction.momentum,
-            eta=correction.outer_lr,
-            drift_energy=stats.drift_energy,
-            coherence=stats.coherence,
-            normalized_drift=stats.normalized_drift,
-            disagreement=stats.disagreement,
-            mean_loss=aggregate.mean_loss,
-            tokens=int(round(aggregate.control.totals.tokens)),
-            outer_step_applied=outer.applied,
-            assessment=decision.assessment if decision else Assessment.FIXED,
-            decision=decision.decision if decision else Decision.FIXED,
-            phase=decision.phase if decision else Phase.FIXED,
-            next_h_tok=following.h_tok if following else None,
-            next_h_step=following.h_step if following else None,
-            z_drift=decision.z_drift if decision else None,
-            z_coherence=decision.z_coherence if decision else None,
-            seconds=advance.interval_seconds,
-            sync_seconds=sync_seconds,
-            controller_seconds=advance.controller_seconds,
-            payload_bytes=self._payload_bytes,
-            wire_bytes=traffic.wire_bytes,
-            encode_seconds=traffic.encode_seconds,
-            collective_seconds=traffic.collective_seconds,
-            decode_seconds=traffic.decode_seconds,
-        )
-
-    def _account(
-        self, record: IntervalRecord, traffic: Traffic, sync_seconds: float, controller_seconds: float
-    ) -> None:
-        totals = self.totals
-        totals.tokens += record.tokens
-        totals.syncs += 1
-        totals.payload_tensors += 1
-        totals.payload_bytes += record.payload_bytes
-        totals.controller_seconds += controller_seconds
-        self._add_traffic(traffic, sync_seconds)
-        self.records.append(record)
-        if self._writer is not None:
-            self._writer.write(record)
-        if self.on_record is not None:
-            self.on_record(record)
-
-    def _add_traffic(self, traffic: Traffic, seconds: float) -> None:
-        totals = self.totals
-        totals.wire_bytes += traffic.wire_bytes
-        totals.sync_seconds += seconds
-        totals.encode_seconds += traffic.encode_seconds
-        totals.collective_seconds += traffic.collective_seconds
-        totals.decode_seconds += traffic.decode_seconds
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Outer parameters, momentum, policy (controller, token mapper, rejected bound) and accounting (docs/algorithm.md §8.2).
+        """Outer state, policy, the interval in flight and accounting (docs/algorithm.md §8.2).
 
-        The workers' own parameters and inner optimizer states belong to the
-        caller's checkpoint (the Trainer saves them).
+        The workers' own parameters and inner optimizer states belong to the caller's checkpoint.
         """
         return {
             "config": self.config.to_dict(),
             "step": self.step,
             "outer": self.outer.state_dict(),
-            "policy": self.policy.state_dict() if self.policy else None,
+            "policy": self.policy.state_dict(),
             "current_interval": asdict(self._interval) if self._interval else None,
-            "interval": {
-                "tokens": list(self._tokens),
-                "loss_sum": list(self._loss_sum),
-                "loss_count": self._loss_count,
-                "lr_mass": self._lr_mass,
-            },
+            "interval": self.counters.state_dict(),
             "error_feedback": [f.state_dict() for f in self.error_feedback],
             "totals": self.totals.as_dict(),
             "records": [r.__dict__.copy() for r in self.records],
+            "overlap": self.sync.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state["config"]
-        for key in ("method", "h_base", "q_h", "h_min", "h_max", "wire_dtype"):
-            if saved.get(key) != getattr(self.config, key):
-                raise ValueError(
-                    f"checkpoint was written with {key}={saved.get(key)!r} but this run has "
-                    f"{key}={getattr(self.config, key)!r}: resume with the same AutoLoCoConfig"
-                )
-        if state.get("overlap") is not None and self.config.overlap == Overlap.NONE:
-            raise ValueError(
-                f"checkpoint was written with overlap={state['overlap']['mode']!r} but this run has overlap='none': "
-                "resume with the same AutoLoCoConfig"
-            )
+        check_config("the engine state", state["config"], self.config)
         self.outer.load_state_dict(state["outer"])
-        if self.policy is not None:
-            self.policy.load_state_dict(state["policy"])
+        self.policy.load_state_dict(state["policy"])
         self.step = int(state["step"])
         for feedback, saved_feedback in zip(self.error_feedback, state["error_feedback"]):
             feedback.load_state_dict(saved_feedback)
         self.totals = RunTotals(**state["totals"])
         self.records = [IntervalRecord(**r) for r in state["records"]]
-        if self._writer is not None:
-            self._writer.restore(self.records)
-        self._start_interval()
+        if self.writer is not None:
+            self.writer.restore(self.records)
         saved_interval = state["current_interval"]
-        self._interval = NextInterval(**saved_interval) if saved_interval else None  # the interval in flight
-        interval = state["interval"]
-        self._tokens = list(interval["tokens"])
-        self._loss_sum = list(interval["loss_sum"])
-        self._loss_count = int(interval["loss_count"])
-        self._lr_mass = float(interval["lr_mass"])
+        self._interval = NextInterval(**saved_interval) if saved_interval else None
+        self.counters = IntervalCounters.from_state(state["interval"])
+        self.sync.load_state_dict(state["overlap"], self)

@@ -1,8 +1,8 @@
 """A plain PyTorch training loop for the workers of one process (docs/algorithm.md §8.4).
 
 :class:`LocalWorkers` owns the process's worker replicas, each with its own
-inner optimizer and LR scheduler, and the :class:`IntervalEngine` that
-synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
+inner optimizer and LR scheduler, and the engine (:func:`~autoloco_hf.sync.factory.make_engine`)
+that synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
 replicas (the paper's simulation on one device); with
 :class:`ProcessGroupCommunicator` it holds the one worker of this process.
 Both run the same code, so the two modes give the same parameters.
@@ -17,7 +17,7 @@ Example::
     ...     optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=1e-2), total_steps=8,
     ...     loss_fn=lambda model, batch: (model(batch["x"]) - batch["y"]).pow(2).mean())
     >>> for step in range(8):
-    ...     batch = {"x": torch.ones(2, 3), "y": torch.zeros(2, 1)}
+    ...     batch = {"x": torch.ones(2, 3), "y": torch.zeros(2, 1), "attention_mask": torch.ones(2, 3)}
     ...     _ = workers.train_step([batch, batch])
     >>> workers.engine.totals.syncs
     2
@@ -35,7 +35,7 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.records import IntervalRecord
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -62,7 +62,7 @@ class LocalWorkers:
         total_steps: training budget in optimizer steps.
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
         max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
-        warmup_steps, records_path, on_record: passed to :class:`IntervalEngine`.
+        warmup_steps, records_path, on_record: passed to :func:`~autoloco_hf.sync.factory.make_engine`.
 
     After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step.
     """
@@ -88,7 +88,7 @@ class LocalWorkers:
         self.loss_fn = loss_fn
         self.max_grad_norm = max_grad_norm
         self.last_losses: list[float] = []
-        self.engine = IntervalEngine(
+        self.engine = make_engine(
             config,
             self.models,
             SchedulerPreview(self.schedulers[0], total_steps),

@@ -50,6 +50,17 @@ def flatten_fp32(
     return torch.cat(pieces)
 
 
+def broadcast_initial_parameters(communicator: Any, worker_params: Sequence[Sequence[torch.Tensor]]) -> None:
+    """Every local worker starts from worker 0's parameters (docs/algorithm.md §2: one ``theta_0``)."""
+    flat = flatten_fp32(worker_params[0])
+    communicator.broadcast_(flat)
+    sizes = [p.numel() for p in worker_params[0]]
+    with torch.no_grad():
+        for params in worker_params:
+            for p, chunk in zip(params, torch.split(flat, sizes)):
+                p.copy_(chunk.view_as(p))
+
+
 class OuterOptimizer:
     """Holds ``theta_t`` and the outer momentum; computes pseudo-gradients and applies outer steps.
 

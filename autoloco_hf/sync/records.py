@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autoloco_hf.algorithm.controller import Assessment, Decision, Phase
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.controller import ControllerDecision
+    from autoloco_hf.algorithm.correction import OuterCorrection
+    from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.algorithm.stats import IntervalStatistics
 
 # What AutoLoCoCallback leaves in a Trainer's output_dir besides the interval records, for `autoloco report`.
 TRAINER_SUMMARY_FILENAME = "autoloco_summary.json"
@@ -55,8 +63,74 @@ class IntervalRecord:
     collective_seconds: float
     decode_seconds: float
 
+    @classmethod
+    def build(
+        cls,
+        *,
+        index: int,
+        interval: NextInterval,
+        lr_mass: float,
+        stats: IntervalStatistics,
+        mean_loss: float,
+        tokens: float,
+        correction: OuterCorrection,
+        applied: bool,
+        decision: ControllerDecision | None,
+        following: NextInterval | None,
+        seconds: float,
+        sync_seconds: float,
+        controller_seconds: float,
+        payload_bytes: int,
+        traffic: CollectiveCost,
+    ) -> IntervalRecord:
+        """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
+        return cls(
+            index=index,
+            start_step=interval.start_step,
+            h_tok=interval.h_tok,
+            h_step=interval.h_step,
+            h_ref=interval.h_ref,
+            lr_mass=lr_mass,
+            lr_mass_preview=interval.lr_mass,
+            lr_mass_base=interval.lr_mass_base,
+            rho=correction.rho,
+            mu=correction.momentum,
+            eta=correction.outer_lr,
+            drift_energy=stats.drift_energy,
+            coherence=stats.coherence,
+            normalized_drift=stats.normalized_drift,
+            disagreement=stats.disagreement,
+            mean_loss=mean_loss,
+            tokens=int(round(tokens)),
+            outer_step_applied=applied,
+            assessment=decision.assessment if decision else Assessment.FIXED,
+            decision=decision.decision if decision else Decision.FIXED,
+            phase=decision.phase if decision else Phase.FIXED,
+            next_h_tok=following.h_tok if following else None,
+            next_h_step=following.h_step if following else None,
+            z_drift=decision.z_drift if decision else None,
+            z_coherence=decision.z_coherence if decision else None,
+            seconds=seconds,
+            sync_seconds=sync_seconds,
+            controller_seconds=controller_seconds,
+            payload_bytes=payload_bytes,
+            wire_bytes=traffic.wire_bytes,
+            encode_seconds=traffic.encode_seconds,
+            collective_seconds=traffic.collective_seconds,
+            decode_seconds=traffic.decode_seconds,
+        )
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=True)
+
+
+class CollectiveCost(Protocol):
+    """What one collective cost (``communicators.Traffic``; an :class:`IntervalRecord` has the same fields)."""
+
+    wire_bytes: int
+    encode_seconds: float
+    collective_seconds: float
+    decode_seconds: float
 
 
 @dataclass
@@ -75,6 +149,24 @@ class RunTotals:
     collective_seconds: float = 0.0
     decode_seconds: float = 0.0
     skipped_outer_steps: int = 0
+
+    def add(self, record: IntervalRecord) -> None:
+        """Account one interval's synchronization."""
+        self.tokens += record.tokens
+        self.controller_seconds += record.controller_seconds
+        self.skipped_outer_steps += not record.outer_step_applied
+        self.add_sync(record.payload_bytes, record, record.sync_seconds)
+
+    def add_sync(self, payload_bytes: int, traffic: CollectiveCost, seconds: float) -> None:
+        """Account one full-model collective (an interval's, or a DDP step's gradient all-reduce)."""
+        self.syncs += 1
+        self.payload_tensors += 1
+        self.payload_bytes += payload_bytes
+        self.wire_bytes += traffic.wire_bytes
+        self.sync_seconds += seconds
+        self.encode_seconds += traffic.encode_seconds
+        self.collective_seconds += traffic.collective_seconds
+        self.decode_seconds += traffic.decode_seconds
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -214,7 +214,7 @@ def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
     assert any(r["start_step"] < 10 < r["start_step"] + r["h_step"] for r in records), "step 10 is mid-interval"
     assert full[0]["showing"][9] and full[1]["showing"][9], "the save at step 10 showed theta_t"
     checkpoint = autoloco["split_dir"] / "checkpoint-10" / "autoloco"
-    assert sorted(os.listdir(checkpoint)) == ["rank0.pt", "rank1.pt"]
+    assert sorted(os.listdir(checkpoint)) == ["rank0.safetensors", "rank1.safetensors"]
     for a, b in zip(full, resumed):
         assert b["global_step"] == 24
         for p_full, p_resumed in zip(a["params"], b["params"]):

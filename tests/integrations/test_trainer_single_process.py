@@ -176,10 +176,10 @@ def test_resume_refuses_a_truncated_state(saved_run, tmp_path):
 
     out = tmp_path / "truncated"
     shutil.copytree(saved_run["out"], out, ignore=shutil.ignore_patterns("checkpoint-6", "nosave"))
-    state = out / "checkpoint-4" / "autoloco" / "rank0.pt"
+    state = out / "checkpoint-4" / "autoloco" / "rank0.safetensors"
     state.write_bytes(state.read_bytes()[:-100])
     trainer, _ = make_trainer(out, DATA, CONFIG, max_steps=6)
-    with pytest.raises(CheckpointError, match=r"checkpoint-4/autoloco/rank0\.pt: field payload_bytes"):
+    with pytest.raises(CheckpointError, match=r"checkpoint-4/autoloco/rank0\.safetensors: field payload_bytes"):
         trainer.train(resume_from_checkpoint=True)
 
 

@@ -149,11 +149,11 @@ def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
     runtime, _, _ = _runtime(config)
     path = state_path(str(tmp_path), 0)
     write_state(path, runtime.state_dict(), config=config, world_size=2, ranks_per_worker=1, rank=0, step=0)
-    with pytest.raises(CheckpointError, match=r"autoloco/rank0\.pt: field world_size=2 .* world_size=1"):
+    with pytest.raises(CheckpointError, match=r"autoloco/rank0\.safetensors: field world_size=2 .* world_size=1"):
         runtime.load(str(tmp_path))
     runtime.save(str(tmp_path))
     other, _, _ = _runtime(AutoLoCoConfig(method="diloco", h_base=6))
-    with pytest.raises(CheckpointError, match=r"rank0\.pt: field config\.h_base=3"):
+    with pytest.raises(CheckpointError, match=r"rank0\.safetensors: field config\.h_base=3"):
         other.load(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no AutoLoCo state for rank 0"):
         other.load(str(tmp_path / "elsewhere"))

@@ -14,7 +14,7 @@ import torch
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.factory import make_engine
 
 
 def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: int = 0, workers: int = 2):
@@ -23,7 +23,7 @@ def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: i
     models = [torch.nn.Linear(4, 1) for _ in range(workers)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
     schedule = warmup_cosine(0.05, warmup, total)
-    engine = IntervalEngine(
+    engine = make_engine(
         config,
         models,
         schedule,

@@ -238,11 +238,9 @@ def test_ddp_averages_gradients_every_step():
 def test_engine_rejects_mismatched_worker_count():
     with pytest.raises(ValueError, match="SimulatedCommunicator"):
         from autoloco_hf.algorithm.schedule import FunctionSchedule
-        from autoloco_hf.sync.engine import IntervalEngine
+        from autoloco_hf.sync.factory import make_engine
 
-        IntervalEngine(
-            AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10
-        )
+        make_engine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
 
 
 def test_int8_error_feedback_carries_the_residual_and_resumes():
@@ -271,9 +269,9 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
 
 def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
 
-    engine = IntervalEngine(
+    engine = make_engine(
         AutoLoCoConfig(method="diloco", h_base=2),
         [make_model()],
         FunctionSchedule(lambda s: 1e-3, 4),
@@ -316,13 +314,38 @@ def test_gradient_clipping_and_last_losses():
 
 def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
 
     with pytest.raises(ValueError, match="wire_dtype='int8'"):
-        IntervalEngine(
+        make_engine(
             AutoLoCoConfig(method="diloco", wire_dtype="int8"),
             [make_model()],
             FunctionSchedule(lambda s: 1.0, 10),
             SimulatedCommunicator(1),
             10,
+        )
+
+
+def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
+    from autoloco_hf.algorithm.schedule import FunctionSchedule
+    from autoloco_hf.sync.engine import BlockingSchedule, IntervalEngine
+    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
+
+    schedule = FunctionSchedule(lambda s: 1e-2, 4)
+    engine = make_engine(AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4)
+    assert isinstance(engine, GradientAveragingEngine) and engine.averages_gradients and engine.outer is None
+    assert engine.after_optimizer_step([1], [1.0]) is None and engine.current_interval is None
+    with pytest.raises(ValueError, match="method='ddp' has no intervals"):
+        IntervalEngine(
+            AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4, sync=BlockingSchedule()
+        )
+    with pytest.raises(ValueError, match="config.overlap='eager' but the schedule is 'none'"):
+        IntervalEngine(
+            AutoLoCoConfig(method="diloco", h_base=2, overlap="eager"),
+            [make_model()],
+            schedule,
+            SimulatedCommunicator(1),
+            4,
+            sync=BlockingSchedule(),
         )

@@ -22,7 +22,7 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
 from autoloco_hf.sync.communicators import HierarchicalCommunicator, ProcessGroupCommunicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.factory import make_engine
 
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")
@@ -48,7 +48,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none") -> dict:
     comm = ProcessGroupCommunicator(group=topo.outer_group, wire_dtype=wire)
     if hierarchical:
         comm = HierarchicalCommunicator(comm, topo.inner_group, R, topo.rank_in_worker)
-    engine = IntervalEngine(
+    engine = make_engine(
         config, [model], SchedulerPreview(scheduler, STEPS), comm, STEPS, warmup_steps=WARMUP, optimizers=[optimizer]
     )
     params = list(model.parameters())

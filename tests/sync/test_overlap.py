@@ -17,9 +17,10 @@ from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, IntervalOutcome
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.engine import BlockingSchedule
+from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.overlap import OverlappedEngine
+from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
 
 STEPS, WARMUP = 40, 4
 
@@ -78,10 +79,12 @@ def test_config_defaults_to_blocking_and_validates_overlap():
 
 
 # ------------------------------------------------------------ equivalences
-def test_none_builds_the_blocking_engine():
-    runner = runner_for(config(), SimulatedCommunicator(2))
-    assert not isinstance(runner.engine, OverlappedEngine)
-    assert isinstance(runner_for(config(overlap="eager"), SimulatedCommunicator(2)).engine, OverlappedEngine)
+@pytest.mark.parametrize(
+    "overlap, schedule", [("none", BlockingSchedule), ("delayed", DelayedSchedule), ("eager", EagerSchedule)]
+)
+def test_make_engine_picks_the_schedule_of_the_overlap_mode(overlap, schedule):
+    engine = runner_for(config(overlap=overlap), SimulatedCommunicator(2)).engine
+    assert type(engine.sync) is schedule and not engine.averages_gradients
 
 
 def test_delayed_without_delay_or_mixing_is_the_blocking_run_bit_for_bit():
@@ -110,7 +113,7 @@ def test_eager_update_follows_the_documented_equations():
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap="eager")
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
-    engine = IntervalEngine(cfg, models, FunctionSchedule(lambda s: 1e-2, 8), SimulatedCommunicator(2), total_steps=8)
+    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 8), SimulatedCommunicator(2), total_steps=8)
 
     def flat(m):
         return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
@@ -164,7 +167,7 @@ def test_delayed_merge_mixes_the_running_replica_with_the_outer_result():
     cfg = AutoLoCoConfig(method="diloco", h_base=4, overlap="delayed", overlap_steps=2, overlap_mix=0.25)
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
-    engine = IntervalEngine(cfg, models, FunctionSchedule(lambda s: 1e-2, 12), SimulatedCommunicator(2), total_steps=12)
+    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 12), SimulatedCommunicator(2), total_steps=12)
 
     def flat(m):
         return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
@@ -239,7 +242,7 @@ def test_resume_in_the_middle_of_an_overlapped_collective(overlap):
             and flight is not None
             and full.step < (flight.due_step if overlap == "delayed" else STEPS)
         ):
-            if full.engine.step > flight.interval.start_step + flight.interval.h_step:
+            if full.engine.step > flight.closed.interval.start_step + flight.closed.interval.h_step:
                 cut = full.step
     assert cut is not None
 
@@ -261,9 +264,11 @@ def test_resume_in_the_middle_of_an_overlapped_collective(overlap):
 def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
     first = runner_for(config(overlap="eager"), SimulatedCommunicator(2))
     other = runner_for(config(overlap="delayed"), SimulatedCommunicator(2))
-    with pytest.raises(ValueError, match="overlap='eager' but this run has overlap='delayed'"):
+    with pytest.raises(
+        ValueError, match="config.overlap='eager' when the checkpoint was written, this run has overlap='delayed'"
+    ):
         other.load_state_dict(first.state_dict())
-    with pytest.raises(ValueError, match="overlap='eager' but this run has overlap='none'"):
+    with pytest.raises(ValueError, match="config.overlap='eager' when .* this run has overlap='none'"):
         runner_for(config(), SimulatedCommunicator(2)).load_state_dict(first.state_dict())
 
 
@@ -332,3 +337,17 @@ def _start_before_the_peer(rank: int, world_size: int, wire: str, started: str) 
 def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
     means = run_gloo(_start_before_the_peer, 2, wire, str(tmp_path / "started"), timeout=120)
     assert means == [1.5, 1.5]
+
+
+@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
+    """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (§5.2)."""
+    from autoloco_hf.sync.engine import TooManyInvalidIntervals
+
+    cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap=overlap, max_consecutive_invalid=2)
+    models = [torch.nn.Linear(3, 1) for _ in range(2)]
+    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
+    with pytest.raises(TooManyInvalidIntervals, match="2 such intervals in a row"):
+        for _ in range(20):
+            engine.after_optimizer_step([1, 1], [math.nan, 0.0])
+    assert [r.outer_step_applied for r in engine.records] == [False, False]

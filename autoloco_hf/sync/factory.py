@@ -1,0 +1,54 @@
+"""``make_engine``: the one place that maps a config to its engine and sync schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from autoloco_hf.algorithm.schedule import LRSchedule
+from autoloco_hf.config import AutoLoCoConfig, Overlap
+from autoloco_hf.sync.communicators import Communicator
+from autoloco_hf.sync.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
+from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
+from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
+
+__all__ = ["Engine", "make_engine", "make_sync_schedule"]
+
+Engine = IntervalEngine | GradientAveragingEngine
+
+
+def make_sync_schedule(overlap: Overlap) -> SyncSchedule:
+    schedules = {Overlap.NONE: BlockingSchedule, Overlap.DELAYED: DelayedSchedule, Overlap.EAGER: EagerSchedule}
+    return schedules[Overlap(overlap)]()
+
+
+def make_engine(
+    config: AutoLoCoConfig,
+    models: Sequence[torch.nn.Module],
+    schedule: LRSchedule,
+    communicator: Communicator,
+    total_steps: int,
+    warmup_steps: int | None = None,
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+    records_path: str | None = None,
+    on_record: BoundaryListener | None = None,
+) -> Engine:
+    """The engine of ``config.method``: gradient averaging for DDP, else intervals under ``config.overlap``'s schedule.
+
+    Arguments as :class:`~autoloco_hf.sync.engine.IntervalEngine` (the DDP engine ignores the interval ones).
+    """
+    if not config.is_interval_method:
+        return GradientAveragingEngine(config, models, communicator, total_steps)
+    return IntervalEngine(
+        config,
+        models,
+        schedule,
+        communicator,
+        total_steps,
+        sync=make_sync_schedule(config.overlap),
+        warmup_steps=warmup_steps,
+        optimizers=optimizers,
+        records_path=records_path,
+        on_record=on_record,
+    )
