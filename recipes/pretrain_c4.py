@@ -223,10 +223,10 @@ class Launch:
             if cuda:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if cuda else "gloo")
-            self.rank = dist.get_rank()
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             self.worker_ids = [self.rank]
         else:
-            self.rank = 0
+            self.rank, self.world_size = 0, 1
             self.worker_ids = list(range(s.workers))
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -297,6 +297,7 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.report import RunWriter
+    from autoloco_hf.sync.checkpoint import read_state, write_state
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     launch = Launch(s)
@@ -306,12 +307,9 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     model = build_model(s, len(tokenizer)).to(launch.device)
     run_dir = os.path.join(s.output_dir, s.run_name)
-    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{launch.rank}.pt")
-    state = (
-        torch.load(checkpoint, map_location=launch.device, weights_only=False)
-        if s.resume and os.path.exists(checkpoint)
-        else None
-    )
+    checkpoint = os.path.join(run_dir, "checkpoint", f"rank{launch.rank}.safetensors")
+    layout = dict(config=config, world_size=launch.world_size, ranks_per_worker=1, rank=launch.rank)
+    state = read_state(checkpoint, **layout)[1] if s.resume and os.path.exists(checkpoint) else None
     start = state["step"] if state else 0
     writer = RunWriter(run_dir, s.run_name, resume_step=start) if launch.rank == 0 else None
 
@@ -357,15 +355,13 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", syncs=workers.engine.totals.syncs, refresh=False)
         if s.save_every and step % s.save_every == 0 and step < s.steps:
-            save_checkpoint(
-                checkpoint,
-                dict(
-                    step=step,
-                    seconds=time.perf_counter() - started,
-                    workers=workers.state_dict(),
-                    data=[d.state_dict() for d in datasets],
-                ),
+            state = dict(
+                step=step,
+                seconds=time.perf_counter() - started,
+                workers=workers.state_dict(),
+                data=[d.state_dict() for d in datasets],
             )
+            write_state(checkpoint, state, **layout, step=step)  # atomic, checksummed, no pickle
     wall = time.perf_counter() - started
     bar.close()
     val_loss = validate(s, launch, workers.models[0], tokenizer)
@@ -386,13 +382,6 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
         resumed_from_step=start,
         settings={**dataclasses.asdict(s), **dataclasses.asdict(a)},
     )
-
-
-def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """This process's workers (replicas, AdamW, schedulers, engine) and data positions; atomic replace."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
 
 
 def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
