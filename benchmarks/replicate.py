@@ -306,14 +306,17 @@ def git_commit() -> str:
 
 
 def compress_logs(folder: Path) -> None:
-    """Gzip the step log (step and loss only) and the interval records: the raw data stay committed at ~1/10 the size."""
+    """Gzip the step log (without lr and timings) and the interval records: the raw data stay committed at ~1/10 the size."""
     steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
     with gzip.open(folder / STEPS_GZ, "wt") as f:
-        f.writelines(json.dumps(dict(step=r["step"], loss=round(r["loss"], 6))) + "\n" for r in steps)
-    with open(folder / "intervals.jsonl", "rb") as src, gzip.open(folder / INTERVALS_GZ, "wb") as dst:
-        dst.write(src.read())
+        kept = ("step", "loss", "syncs", "payload_bytes")  # what the report and Table 2 read; not lr or seconds
+        f.writelines(json.dumps({k: round(r[k], 6) if k == "loss" else r[k] for k in kept}) + "\n" for r in steps)
     (folder / "steps.jsonl").unlink()
-    (folder / "intervals.jsonl").unlink()
+    intervals = folder / "intervals.jsonl"
+    if intervals.exists():  # DDP has no intervals
+        with open(intervals, "rb") as src, gzip.open(folder / INTERVALS_GZ, "wb") as dst:
+            dst.write(src.read())
+        intervals.unlink()
 
 
 def run_dir(out: str, variant: Variant, seed: int) -> Path:
