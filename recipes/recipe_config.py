@@ -70,13 +70,31 @@ def load_yaml(path: str, option: str = "--config") -> dict[str, Any]:
     return {**load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base), option), **values}
 
 
+def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
+    """``--autoloco FIELD=VALUE`` -> ``--autoloco_FIELD VALUE`` (the short form the recipe docs use)."""
+    out: list[str] = []
+    items = iter(argv)
+    for arg in items:
+        if arg == "--autoloco" or arg.startswith("--autoloco="):
+            item = arg.partition("=")[2] if "=" in arg else next(items, "")
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in AUTOLOCO_FIELDS:
+                hint = _suggest(key, AUTOLOCO_FIELDS) if sep else "write FIELD=VALUE, e.g. --autoloco h_base=250"
+                usage_error(f"--autoloco {item}: {key!r} is not an AutoLoCoConfig field; {hint}")
+            out += [f"--{PREFIX}{key}", value]
+        else:
+            out.append(arg)
+    return out
+
+
 def parse_settings(
     types: Sequence[type], argv: Sequence[str] | None, description: str, defaults: dict[str, Any] | None = None
 ) -> tuple[Any, ...]:
     """One instance per dataclass in ``types``, from their defaults, ``defaults``, ``--config`` YAML and flags (later wins)."""
     from transformers import HfArgumentParser
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _expand_autoloco_flags(list(sys.argv[1:] if argv is None else argv))
     parser = HfArgumentParser(list(types), description=description, allow_abbrev=False)
     parser.error = usage_error  # one line, not argparse's full usage block (the recipes have ~200 flags)
     parser.add_argument("--config", help="YAML file of settings (see recipes/configs/); flags override it")
