@@ -11,7 +11,14 @@ import sys
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from trainer_worker import COLLECTIVES, PHASE, PaddedTokens, fingerprint, tiny_llama  # installs the counter
+from trainer_worker import (  # installs the counter
+    COLLECTIVES,
+    PHASE,
+    PaddedTokens,
+    exit_after_a_clean_run,
+    fingerprint,
+    tiny_llama,
+)
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig  # noqa: E402
@@ -80,3 +87,4 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_after_a_clean_run()

@@ -9,7 +9,7 @@ import sys
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from trainer_worker import COLLECTIVES, Probe, fingerprint  # installs the collective counter
+from trainer_worker import COLLECTIVES, Probe, exit_after_a_clean_run, fingerprint  # installs the collective counter
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -131,3 +131,4 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_after_a_clean_run()
