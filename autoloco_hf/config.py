@@ -386,7 +386,8 @@ class AutoLoCoConfig:
     overlap_steps: int = option(
         1,
         """`delayed`: inner steps between a boundary and the merge of its outer result (`tau`); must be shorter
-        than the shortest interval (`q_h` with the token mapper, `h_min` with `map_tokens=False`). At least
+        than `h_min` (AutoLoCo) or the fixed horizon; an interval the token mapper maps shorter than the merge
+        is stretched past it and recorded as `stretched`. At least
         one sync's duration in inner steps hides the sync (docs/results_overlap.md); 0 with `overlap_mix=0` is
         the blocking algorithm.""",
         NON_NEGATIVE,
@@ -499,9 +500,9 @@ class AutoLoCoConfig:
 
     @property
     def min_interval_steps(self) -> int:
-        """Shortest interval a policy can plan before truncation at the budget (multiples of q_h for AutoLoCo)."""
-        if self.method == Method.AUTOLOCO:
-            return min(self.q_h, self.h_min) if self.map_tokens else self.h_min
+        """Shortest interval a policy plans on its own (AutoLoCo's token mapper may map below h_min; a delayed merge then stretches it)."""
+        if self.method == Method.AUTOLOCO:  # shorter mapped intervals are stretched past a delayed merge
+            return self.h_min
         if self.method == Method.LINEAR:
             return self.linear_increment
         return self.h_base

@@ -41,6 +41,7 @@ class NextInterval:
     truncated: bool  # cut to the remaining budget: takes no decision
     lr_mass: float  # preview Lambda(s, h_step)
     lr_mass_base: float  # preview Lambda(s, h_ref)
+    stretched: bool = False  # lengthened so that a delayed merge lands inside it: takes no decision either
 
 
 @dataclass
@@ -67,7 +68,7 @@ class IntervalOutcome:
             lr_mass=self.lr_mass,
             mean_loss=self.mean_loss,
             pseudo_grad_finite=self.pseudo_grad_finite,
-            truncated=interval.truncated,
+            truncated=interval.truncated or interval.stretched,  # it did not run the length h_tok maps to
         )
 
 
@@ -79,8 +80,16 @@ class IntervalPolicy(ABC):
         self.total_steps = total_steps
         self.h_base = h_base
 
-    def next_interval(self, start_step: int) -> NextInterval:
+    def next_interval(self, start_step: int, min_steps: int = 1) -> NextInterval:
+        """The interval from ``start_step``; at least ``min_steps`` long (in whole quanta) unless the budget ends first.
+
+        ``min_steps`` > 1 comes from a delayed merge due ``min_steps - 1`` steps
+        into this interval (docs/algorithm.md §11.1).
+        """
         h_tok, wanted = self._length(start_step)
+        stretched = wanted < min_steps
+        if stretched:
+            wanted = -(-min_steps // self.quantum) * self.quantum
         h_ref = self._reference_steps()
         h_step = min(wanted, self.total_steps - start_step)
         return NextInterval(
@@ -91,7 +100,10 @@ class IntervalPolicy(ABC):
             truncated=h_step < wanted,
             lr_mass=lr_mass(self.schedule, start_step, h_step),
             lr_mass_base=lr_mass(self.schedule, start_step, h_ref),
+            stretched=stretched,
         )
+
+    quantum = 1  # executable lengths are multiples of this (AutoLoCo: q_h)
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
@@ -175,6 +187,7 @@ class AutoLoCoPolicy(IntervalPolicy):
     def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
         super().__init__(schedule, total_steps, config.h_base)
         self.config = config
+        self.quantum = config.q_h
         self.controller = HorizonController(config, warmup_steps=warmup_steps)
         self.mapper = TokenMapper(
             config.h_base,

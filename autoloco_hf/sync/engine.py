@@ -399,9 +399,9 @@ class IntervalEngine:
         self.counters = IntervalCounters.zero(self.comm.local_workers)
         self.plan_interval(self.step)
 
-    def plan_interval(self, start_step: int) -> None:
+    def plan_interval(self, start_step: int, min_steps: int = 1) -> None:
         """Set the running interval's length now (a delayed merge decides it after the interval started)."""
-        self._interval = self.policy.next_interval(start_step) if start_step < self.total_steps else None
+        self._interval = self.policy.next_interval(start_step, min_steps) if start_step < self.total_steps else None
 
     def pause_interval(self) -> None:
         """Fresh counters for an interval whose length is not decided yet."""

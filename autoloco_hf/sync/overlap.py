@@ -6,7 +6,8 @@ the average is applied when it is due:
 
 * :class:`DelayedSchedule` (Streaming DiLoCo): ``overlap_steps`` inner steps later,
   mixed into the running replica, ``x <- alpha x + (1 - alpha) theta_{t+1}``; the
-  running interval's length is decided at that moment.
+  running interval's length is decided at that moment, and an interval the policy
+  would end before that step is stretched past it (recorded as ``stretched``).
 * :class:`EagerSchedule` (eager updates): at the next boundary. Meanwhile each
   worker runs from an outer step that adds its own fresh pseudo-gradient (its
   share ``1/N``) to the outer state; the controller decides one interval late.
@@ -84,7 +85,7 @@ class DelayedSchedule:
                     p.lerp_(chunk.view_as(p).to(device=p.device, dtype=p.dtype), 1.0 - alpha)
         sync_seconds = time.perf_counter() - started
         decision, controller_seconds = engine.decide(closed, aggregate)
-        engine.plan_interval(boundary)
+        engine.plan_interval(boundary, min_steps=engine.step - boundary + 1)  # it must outlast the merge
         record = engine.record(closed, aggregate, outer, decision, closed.seconds, sync_seconds, controller_seconds)
         if engine.interval_ended():  # the budget's last interval ended before the merge
             return self._start(engine) or record

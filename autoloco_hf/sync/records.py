@@ -34,6 +34,7 @@ class IntervalRecord:
     h_tok: int
     h_step: int
     h_ref: int
+    stretched: bool  # lengthened so that a delayed merge landed inside it (no decision taken on it)
     lr_mass: float  # Lambda_t measured while the interval ran
     lr_mass_preview: float  # Lambda(s_t, H_step) previewed at its start
     lr_mass_base: float  # Lambda(s_t, H_ref)
@@ -90,6 +91,7 @@ class IntervalRecord:
             h_tok=interval.h_tok,
             h_step=interval.h_step,
             h_ref=interval.h_ref,
+            stretched=interval.stretched,
             lr_mass=lr_mass,
             lr_mass_preview=interval.lr_mass,
             lr_mass_base=interval.lr_mass_base,

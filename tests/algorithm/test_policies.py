@@ -279,3 +279,18 @@ def test_autoloco_recipe_horizon_survives_token_mapping(h_base: int) -> None:
     cfg = AutoLoCoConfig(h_base=h_base, adaptive_horizon=False)
     p = AutoLoCoPolicy(cfg, FunctionSchedule(lambda s: 1.0, 100 * h_base), 100 * h_base, warmup_steps=0)
     assert {x.h_step for x in execute(p, 10 * h_base)} == {h_base}
+
+
+def test_an_interval_shorter_than_min_steps_is_stretched_to_whole_quanta_and_takes_no_decision():
+    cfg = AutoLoCoConfig(method="autoloco", h_base=500, q_h=50)
+    policy = AutoLoCoPolicy(cfg, C4, 50_000, 1000)
+    plain = policy.next_interval(10_000)
+    assert not plain.stretched and policy.next_interval(10_000, min_steps=plain.h_step) == plain
+    stretched = policy.next_interval(10_000, min_steps=plain.h_step + 1)
+    assert stretched.stretched and stretched.h_step == plain.h_step + 50 and stretched.h_tok == plain.h_tok
+    assert stretched.lr_mass == pytest.approx(lr_mass(C4, 10_000, stretched.h_step))
+    assert outcome(stretched).observation(10_550).truncated  # ran another length than H_tok maps to
+    end = policy.next_interval(49_980, min_steps=plain.h_step + 1)  # the budget still ends the run
+    assert end.h_step == 20 and end.truncated
+    fixed = FixedPolicy(C4, 50_000, 10).next_interval(0, min_steps=13)
+    assert (fixed.h_step, fixed.stretched) == (13, True)  # DiLoCo executes any length: a quantum of 1

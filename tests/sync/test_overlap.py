@@ -66,8 +66,11 @@ def test_config_defaults_to_blocking_and_validates_overlap():
     assert config().overlap == "none"
     with pytest.raises(ConfigError, match="overlap='sometimes'"):
         config(overlap="sometimes")
-    with pytest.raises(ConfigError, match="overlap_steps=2 .*use overlap_steps < 2"):
-        config(overlap="delayed", overlap_steps=2)
+    with pytest.raises(ConfigError, match="overlap_steps=4 .*use overlap_steps < 4"):
+        config(overlap="delayed", overlap_steps=4)  # h_min = h_base = 4
+    assert config(overlap="delayed", overlap_steps=3).map_tokens  # up to h_min - 1 with the token mapper on
+    readme = AutoLoCoConfig(method="autoloco", h_base=10, overlap="delayed")  # the README's slow-link config
+    assert (readme.overlap_steps, readme.q_h, readme.map_tokens) == (1, 1, True)
     with pytest.raises(ConfigError, match="overlap_mix=1.0"):
         config(overlap="delayed", overlap_mix=1.0)
     with pytest.raises(ConfigError, match="DDP"):
@@ -351,3 +354,28 @@ def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
         for _ in range(20):
             engine.after_optimizer_step([1, 1], [math.nan, 0.0])
     assert [r.outer_step_applied for r in engine.records] == [False, False]
+
+
+def test_a_mapped_interval_shorter_than_the_merge_is_stretched_past_it_and_recorded():
+    """The token rate quadruples after calibration: the mapper maps below h_min, the delayed merge still lands inside."""
+
+    def batch(worker: int, step: int) -> dict:
+        b = batch_for(worker, step)
+        if step < 24:  # sparse first: M_base is calibrated on 4 tokens per row
+            b["attention_mask"][:, 4:] = 0
+            b["labels"] = b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
+        return b
+
+    cfg = config(overlap="delayed", overlap_steps=3)
+    runner = runner_for(cfg, SimulatedCommunicator(2), steps=60)
+    for step in range(60):
+        runner.train_step([batch(w, step) for w in range(2)])
+    records = runner.engine.records
+    stretched = [r for r in records if r.stretched]
+    assert stretched, [(r.start_step, r.h_step) for r in records]
+    for r in stretched:
+        assert r.h_step % cfg.q_h == 0 and r.h_step > cfg.overlap_steps
+        assert r.assessment == Assessment.TRUNCATED  # it ran another length than its H_tok: no decision
+    assert all(r.start_step + r.h_step == n.start_step for r, n in zip(records, records[1:]))
+    assert records[-1].start_step + records[-1].h_step == 60
+    assert all(torch.equal(p, q) for p, q in zip(runner.models[0].parameters(), runner.models[1].parameters()))
