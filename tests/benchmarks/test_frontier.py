@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "docs" / "results" / "frontier"
+SWITCH = ROOT / "docs" / "results" / "switch_cost"
 
 
 def load(name: str):
@@ -71,12 +73,26 @@ def test_curve_interpolation_is_linear_in_syncs_and_undefined_outside():
 
 
 @pytest.mark.skipif(not (COMMITTED / "frontier.md").exists(), reason="no committed frontier runs")
-def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path):
+def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
     """Every number in docs/results/frontier/frontier.md comes from the run folders next to it."""
     frontier = load("frontier")
-    args = frontier.parse_args(["--out", str(COMMITTED), "--report-only", "--report-dir", str(tmp_path)])
+    monkeypatch.chdir(ROOT)
+    args = frontier.parse_args(["--out", "docs/results/frontier", "--report-only", "--report-dir", str(tmp_path)])
     regenerated = frontier.write_report(args).read_text()
     assert regenerated == (COMMITTED / "frontier.md").read_text()
+
+
+@pytest.mark.skipif(not (SWITCH / "switch_cost.md").exists(), reason="no committed switch-cost runs")
+def test_the_committed_switch_cost_table_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
+    switch_cost = load("switch_cost")
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "switch_cost"
+    shutil.copytree(SWITCH, out)  # the report is written next to the runs
+    (out / "switch_cost.md").unlink()
+    args = ["--out", str(out), "--frontier", "docs/results/frontier", "--report-only"]
+    switch_cost.main(args)
+    expected = (SWITCH / "switch_cost.md").read_text().replace("docs/results/switch_cost", str(out))
+    assert (out / "switch_cost.md").read_text() == expected
 
 
 def test_gpu_campaign_dry_run_measures_plans_and_reports(tmp_path):
