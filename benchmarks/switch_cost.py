@@ -210,9 +210,9 @@ def report(args: argparse.Namespace) -> Path:
     names = [v.name for v in variants()]
     for v in variants():
         seeds = sorted(
-            int(p.parent.name.removeprefix("seed"))
+            int(p.parent.parent.name.removeprefix("seed"))
             for p in out.glob(f"seed*/{v.name}/{frontier.SUMMARY}")
-            if all((ref / p.parent.name / f"diloco_mu0.7_h{h}" / frontier.SUMMARY).exists() for h in (v.schedule.before, v.schedule.after))
+            if all((ref / p.parent.parent.name / f"diloco_mu0.7_h{h}" / frontier.SUMMARY).exists() for h in (v.schedule.before, v.schedule.after))
         )  # fmt: skip
         if not seeds:
             continue

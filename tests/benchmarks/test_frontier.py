@@ -93,6 +93,7 @@ def test_the_committed_switch_cost_table_regenerates_from_the_committed_runs(tmp
     switch_cost.main(args)
     expected = (SWITCH / "switch_cost.md").read_text().replace("docs/results/switch_cost", str(out))
     assert (out / "switch_cost.md").read_text() == expected
+    assert "| 10to15_at130 |" in expected  # the table has rows
 
 
 def test_gpu_campaign_dry_run_measures_plans_and_reports(tmp_path):
