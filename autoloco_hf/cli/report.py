@@ -187,8 +187,21 @@ def load_run(path: str) -> Run:
     steps_path = _existing_log(os.path.join(path, summary.get("steps_file", STEPS)))
     intervals = _read_json(intervals_path, lines=True) if intervals_path else []
     steps = _read_json(steps_path, lines=True) if steps_path else []
+    if steps and "payload_bytes" not in steps[0] and intervals:
+        _add_sync_totals(steps, intervals)
     summary.setdefault("train_loss_last", last_fraction_mean([s["loss"] for s in steps]))
     return Run(path, summary, intervals, steps)
+
+
+def _add_sync_totals(steps: list[dict[str, Any]], intervals: list[dict[str, Any]]) -> None:
+    """The running ``syncs`` / ``payload_bytes`` of a thinned step log, from the interval records (each sync lands at its boundary)."""
+    boundaries = sorted((r["start_step"] + r["h_step"], r["payload_bytes"]) for r in intervals)
+    syncs = payload = 0
+    for row in steps:
+        while syncs < len(boundaries) and boundaries[syncs][0] <= row["step"]:
+            payload += boundaries[syncs][1]
+            syncs += 1
+        row["syncs"], row["payload_bytes"] = syncs, payload
 
 
 def find_runs(paths: Sequence[str]) -> list[Run]:
@@ -279,7 +292,9 @@ def reach(run: Run, threshold: float) -> dict[str, float] | None:
     """Step, seconds and payload bytes at which the smoothed training loss first reaches ``threshold``."""
     for row, loss in zip(run.steps, run.smoothed_loss):
         if loss <= threshold:
-            return dict(step=row["step"], seconds=row["seconds"], payload_bytes=row["payload_bytes"])
+            return dict(
+                step=row["step"], seconds=row.get("seconds", math.nan), payload_bytes=row["payload_bytes"]
+            )  # thinned logs: no timings
     return None
 
 
@@ -293,7 +308,7 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
             row.append(
                 "not reached"
                 if hit is None
-                else f"{hit['step']:,} / {hit['seconds']:.0f} s / {_mib(hit['payload_bytes'])} MiB"
+                else f"{hit['step']:,} / {_fmt(hit['seconds'], 0)} s / {_mib(hit['payload_bytes'])} MiB"
             )
         rows.append(row)
     return markdown_table(["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)

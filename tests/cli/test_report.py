@@ -134,3 +134,24 @@ def test_report_rejects_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["report", str(tmp_path)])
     assert exc.value.code == 2 and "no summary.json" in capsys.readouterr().err
+
+
+def test_a_committed_benchmark_run_with_a_thinned_gzipped_step_log_reports(tmp_path):
+    """benchmarks/ commit runs with gzipped logs and steps of (step, loss) only: syncs and payload come from the intervals."""
+    import gzip
+    import json
+
+    from autoloco_hf.cli.report import load_run
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "summary.json").write_text(
+        json.dumps({"name": "r", "method": "diloco", "steps": 4, "totals": {"syncs": 2, "payload_bytes": 20}})
+    )
+    with gzip.open(folder / "steps.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in range(1, 5))
+    with gzip.open(folder / "intervals.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"start_step": a, "h_step": 2, "payload_bytes": 10}) + "\n" for a in (0, 2))
+    run = load_run(str(folder))
+    assert [(s["syncs"], s["payload_bytes"]) for s in run.steps] == [(0, 0), (1, 10), (1, 10), (2, 20)]
+    assert len(run.intervals) == 2 and run.summary["train_loss_last"] == 1.0
