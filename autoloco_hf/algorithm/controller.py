@@ -500,6 +500,21 @@ class HorizonController:
     def _decision(self, phase: Phase, assessment: Assessment, decision: Decision) -> ControllerDecision:
         return ControllerDecision(phase, assessment, decision, self.state.h_tok)
 
+    def recalibrate_for_new_workers(self) -> None:
+        """Another number of workers from here on: re-estimate the reference at the accepted horizon.
+
+        ``C_t`` lies in ``[0, N]`` and its level depends on ``N`` (and ``D_t`` on the
+        inner state, which restarts), so the reference and the residual history of
+        the old ``N`` say nothing about the new one. A candidate in progress is
+        abandoned; warm-up stays warm-up (docs/algorithm.md §8.5).
+        """
+        st = self.state
+        st.h_tok = st.h_accepted
+        st.moderate_streak = 0
+        st.ladder = []
+        if st.phase != Phase.WARMUP:
+            self._start_recalibration()
+
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         state = asdict(self.state)

@@ -113,6 +113,9 @@ class IntervalPolicy(ABC):
         """
         return None
 
+    def rescale_workers(self, old_workers: int, new_workers: int) -> None:  # noqa: B027 (N-independent policies)
+        """Another number of workers continues the run (elastic resume, docs/algorithm.md §8.5)."""
+
     @abstractmethod
     def _length(self, start_step: int) -> tuple[int, int]:
         """``(h_tok, wanted executable steps)`` of the interval starting at ``start_step``."""
@@ -232,6 +235,10 @@ class AutoLoCoPolicy(IntervalPolicy):
         return self.controller.observe(
             observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
         )
+
+    def rescale_workers(self, old_workers: int, new_workers: int) -> None:
+        self.mapper.rescale_workers(old_workers, new_workers)
+        self.controller.recalibrate_for_new_workers()
 
     def state_dict(self) -> dict[str, Any]:
         return {"controller": self.controller.state_dict(), "mapper": self.mapper.state_dict()}

@@ -121,6 +121,19 @@ class TokenMapper:
         assert self.base_tokens is not None and self.tokens_per_step is not None
         return round_to_multiple(h_tok * (self.base_tokens / self.h_base) / self.tokens_per_step, self.q_h)
 
+    def rescale_workers(self, old_workers: int, new_workers: int) -> None:
+        """Another number of workers from here on: the global token counts scale with it.
+
+        ``M_base`` and ``n_hat`` are global (all workers') token counts; both are
+        scaled by ``new / old``, so that the same per-worker token density maps a
+        horizon to the same steps, and the EMA then follows the new rate as
+        intervals are observed (docs/algorithm.md §8.5).
+        """
+        factor = new_workers / old_workers
+        self.base_counts = [int(round(c * factor)) for c in self.base_counts]
+        if self.tokens_per_step is not None:
+            self.tokens_per_step *= factor
+
     def state_dict(self) -> dict[str, Any]:
         return {"base_counts": list(self.base_counts), "tokens_per_step": self.tokens_per_step}
 

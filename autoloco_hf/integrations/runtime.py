@@ -28,6 +28,7 @@ from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
 from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot, check_snapshot_support
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -147,6 +148,8 @@ class WorkerRuntime:
         records_path: JSONL of per-interval records (written by the main process only).
         is_main_process: whether this process writes the JSONL.
         on_record: extra consumer of every record.
+        snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` of the shared outer state
+            there at every boundary, from the main process only (storage every node reads, docs/reliability.md).
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class WorkerRuntime:
         is_main_process: bool = True,
         on_record: Callable[[IntervalRecord], None] | None = None,
         topology: WorkerTopology | None = None,
+        snapshot_dir: str | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -213,6 +217,12 @@ class WorkerRuntime:
             raise err.at(
                 "AutoLoCo could not start", "check that every rank is up and reachable (docs/reliability.md)"
             ) from None
+        self.snapshot: BoundarySnapshot | None = None
+        if snapshot_dir is not None:
+            check_snapshot_support(self.engine)  # on every rank, so that all refuse alike
+            if is_main_process:
+                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine)
+                self.engine.listeners.append(self.snapshot)
 
     # ------------------------------------------------------------- steps
     def _on_record(self, record: IntervalRecord) -> None:
@@ -380,5 +390,19 @@ class WorkerRuntime:
         self.load_state_dict(state)
         return path
 
+    def resume_from_snapshot(self, snapshot: Snapshot) -> None:
+        """Go on from a boundary snapshot with this launch's number of workers (docs/algorithm.md §8.5).
+
+        The model gets ``theta_t``; the inner optimizer is the caller's, fresh
+        (zero moments), and so is setting its LR schedule to ``snapshot.step``
+        and the data position there.
+        """
+        self.engine.resume_at_boundary(snapshot.engine_state)
+        self._local_replica = None
+        self.pending = []
+
     def close(self) -> None:
+        """Remove the hooks; wait for the last boundary snapshot (raising its write error, if any)."""
         self.meter.remove()
+        if self.snapshot is not None:
+            self.snapshot.close()

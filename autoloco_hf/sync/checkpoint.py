@@ -47,6 +47,10 @@ class CheckpointError(ValueError):
     """An AutoLoCo state file cannot be used by this run; the message names the file and the field."""
 
 
+class ConfigMismatchError(CheckpointError):
+    """A sound state file written with other algorithm settings (an older file will not do either)."""
+
+
 @dataclass(frozen=True)
 class StateHeader:
     """What a state file says about itself (the ``autoloco`` metadata entry)."""
@@ -271,7 +275,7 @@ def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> 
         if name in RESUMABLE_CONFIG_FIELDS or name not in current:
             continue  # a field this version no longer has cannot change what it computes
         if value != current[name]:
-            raise CheckpointError(
+            raise ConfigMismatchError(
                 f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
                 f"{name}={current[name]!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
                 f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
@@ -297,6 +301,18 @@ def read_state(
     """Read and verify a state file written by :func:`write_state` for this run and rank (no pickle is loaded)."""
     metadata, header = _open(path)
     check_compatible(path, header, config=config, world_size=world_size, ranks_per_worker=ranks_per_worker, rank=rank)
+    return header, _verified_state(path, metadata, header)
+
+
+def read_shared_state(path: str, *, config: AutoLoCoConfig) -> tuple[StateHeader, dict[str, Any]]:
+    """Read and verify a state that any number of workers may resume (a boundary snapshot): the config is checked, the layout is not."""
+    metadata, header = _open(path)
+    state = _verified_state(path, metadata, header)  # first: a corrupted config is corruption, not a mismatch
+    check_config(path, header.config, config)
+    return header, state
+
+
+def _verified_state(path: str, metadata: dict[str, str], header: StateHeader) -> dict[str, Any]:
     try:
         tensors = load_file(path)
     except Exception as err:  # safetensors' own checks of offsets and sizes
@@ -309,4 +325,4 @@ def read_state(
             f"{path}: field sha256 does not match the contents ({digest[:12]} != {header.sha256[:12]}): "
             "the file is corrupted; resume from an earlier checkpoint"
         )
-    return header, _join(json.loads(metadata["state"]), tensors)
+    return _join(json.loads(metadata["state"]), tensors)

@@ -626,6 +626,49 @@ class IntervalEngine:
             "overlap": self.sync.state_dict(),
         }
 
+    def boundary_state(self) -> dict[str, Any]:
+        """What every worker holds alike right after a boundary: any number of workers can go on from it (docs/algorithm.md §8.5).
+
+        ``theta_t``, the outer momentum, the policy (controller, token mapper),
+        the planned next interval, totals and records; no per-worker state. The
+        tensors are the live ones: copy them before the next step.
+        """
+        return {
+            "step": self.step,
+            "workers": self.num_workers,
+            "outer": self.outer.state_dict(),
+            "policy": self.policy.state_dict(),
+            "current_interval": asdict(self._interval) if self._interval else None,
+            "totals": self.totals.as_dict(),
+            "records": [r.__dict__.copy() for r in self.records],
+        }
+
+    def resume_at_boundary(self, state: dict[str, Any]) -> None:
+        """Go on from a :meth:`boundary_state` with this engine's number of workers (docs/algorithm.md §8.5).
+
+        Every local worker restarts from ``theta_t``. With another number of
+        workers the policy rescales its token mapper and recalibrates its
+        controller, and the next interval is planned again.
+        """
+        if self.step or self.records:
+            raise RuntimeError(f"resume_at_boundary needs a new engine, this one is at step {self.step}")
+        self.outer.load_state_dict(state["outer"])
+        self.policy.load_state_dict(state["policy"])
+        self.step = int(state["step"])
+        self.totals = RunTotals(**state["totals"])
+        self.records = [IntervalRecord(**r) for r in state["records"]]
+        if self.writer is not None:
+            self.writer.restore(self.records)
+        saved_workers = int(state["workers"])
+        if saved_workers == self.num_workers and state["current_interval"] is not None:
+            self.counters = IntervalCounters.zero(self.comm.local_workers)
+            self._interval = NextInterval(**state["current_interval"])
+        else:
+            if saved_workers != self.num_workers:
+                self.policy.rescale_workers(saved_workers, self.num_workers)
+            self.start_interval()
+        self.write_back()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_config("the engine state", state["config"], self.config)
         self.outer.load_state_dict(state["outer"])

@@ -37,6 +37,7 @@ from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -63,6 +64,8 @@ class LocalWorkers:
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
         max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
         warmup_steps, records_path, on_record: passed to :func:`~autoloco_hf.sync.factory.make_engine`.
+        snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
+            boundary (pass it on one process only); :meth:`close` waits for the last one.
 
     After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step.
     """
@@ -80,6 +83,7 @@ class LocalWorkers:
         warmup_steps: int | None = None,
         records_path: str | None = None,
         on_record: Callable[[IntervalRecord], None] | None = None,
+        snapshot_dir: str | None = None,
     ) -> None:
         self.config = config
         self.models = [copy.deepcopy(model) for _ in range(communicator.local_workers)]
@@ -99,6 +103,14 @@ class LocalWorkers:
             records_path=records_path,
             on_record=on_record,
         )
+        self.snapshot: BoundarySnapshot | None = None
+        if snapshot_dir is not None:
+            self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)
+            self.engine.listeners.append(self.snapshot)
+
+    def _shared_schedule_state(self) -> dict[str, Any]:
+        """Every worker's LR scheduler is at the same step: one copy is shared state."""
+        return {"scheduler": self.schedulers[0].state_dict()}
 
     @property
     def step(self) -> int:
@@ -141,6 +153,38 @@ class LocalWorkers:
             "schedulers": [s.state_dict() for s in self.schedulers],
             "engine": self.engine.state_dict(),
         }
+
+    def resume_from_snapshot(
+        self, snapshot: Snapshot, optimizer_states: Sequence[dict[str, Any]] | None = None
+    ) -> None:
+        """Go on from a boundary snapshot, with this object's number of workers (docs/algorithm.md §8.5).
+
+        Every worker restarts from ``theta_t`` at the snapshot's step (its data
+        position) with its LR scheduler there. Its inner optimizer starts fresh
+        (zero AdamW moments) unless ``optimizer_states`` gives each worker's
+        state at that boundary (same number of workers), which makes the resume
+        bit-exact with the run that wrote the snapshot.
+        """
+        if optimizer_states is not None and len(optimizer_states) != len(self.optimizers):
+            raise ValueError(
+                f"{len(optimizer_states)} optimizer states for {len(self.optimizers)} local workers: carry "
+                "the inner state only when resuming with the same workers, else pass none (fresh moments)"
+            )
+        self.engine.resume_at_boundary(snapshot.engine_state)
+        for optimizer, scheduler, optimizer_state in zip(
+            self.optimizers, self.schedulers, optimizer_states or [None] * len(self.optimizers)
+        ):
+            scheduler.load_state_dict(snapshot.state["scheduler"])
+            if optimizer_state is not None:
+                optimizer.load_state_dict(optimizer_state)
+            else:  # the scheduler's state does not set the optimizer's learning rate
+                for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                    group["lr"] = lr
+
+    def close(self) -> None:
+        """Wait for the last boundary snapshot (raising its write error, if any)."""
+        if self.snapshot is not None:
+            self.snapshot.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for model, s in zip(self.models, state["models"]):

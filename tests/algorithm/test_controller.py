@@ -748,3 +748,22 @@ def test_calibration_and_variability_counts() -> None:
     out = d.feed_many(5)
     assert [x.phase for x in out] == [Phase.CALIBRATION] * 3 + [Phase.VARIABILITY, Phase.MONITORING]
     assert out[-1].decision == "propose"
+
+
+def test_another_number_of_workers_recalibrates_at_the_accepted_horizon() -> None:
+    """docs/algorithm.md §8.5: a candidate in progress is dropped; the reference is re-estimated, warm-up stays warm-up."""
+    d = Driver(preview=flat)
+    d.to_monitoring()
+    assert d.feed().decision == "propose" and d.ctl.h_tok > d.ctl.h_accepted
+    accepted = d.ctl.h_accepted
+    d.ctl.recalibrate_for_new_workers()
+    assert (d.ctl.phase, d.ctl.h_tok, d.ctl.h_accepted) == (Phase.CALIBRATION, accepted, accepted)
+    assert d.ctl.state.calibration_needed == d.cfg.recalibration_intervals
+    assert d.ctl.state.history_drift == [] and d.ctl.state.calibration_logs == []
+    new_level = [d.feed(log_d=1.0, log_c=-0.5) for _ in range(d.cfg.recalibration_intervals)]
+    assert all(x.assessment == Assessment.CONSISTENT for x in new_level)  # the new level is the reference
+    assert d.ctl.state.ref_log_drift == pytest.approx(1.0) and d.ctl.state.ref_log_coherence == pytest.approx(-0.5)
+
+    warm = Driver(warmup_steps=10_000)
+    warm.ctl.recalibrate_for_new_workers()
+    assert warm.ctl.phase == Phase.WARMUP

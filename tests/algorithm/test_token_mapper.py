@@ -184,3 +184,18 @@ def test_count_forward_call_stays_on_device_and_falls_back() -> None:
     four_d = torch.ones(2, 1, 3, 3)  # a 4-D attention mask is not a padding mask: count input_ids
     assert count_non_padding_tokens({"attention_mask": four_d, "input_ids": torch.zeros(2, 3)}) == 6
     assert count_non_padding_tokens({"labels": torch.zeros(2, 3)}) is None
+
+
+def test_another_number_of_workers_keeps_the_per_worker_mapping() -> None:
+    """docs/algorithm.md §8.5: global counts scale with N'/N; the same per-worker density maps to the same steps."""
+    m = calibrated(counts=(1000, 1000, 1000))  # 2 workers, 100 tokens per step at the recipe horizon
+    for _ in range(60):  # sparser batches: 60 tokens per step
+        m.observe(global_tokens=600, h_step=10, at_recipe_horizon=False)
+    before = m.map(10)
+    assert before == 17
+    m.rescale_workers(2, 3)
+    assert m.base_counts == [1500, 1500, 1500] and m.tokens_per_step == pytest.approx(90, rel=1e-2)
+    assert m.map(10) == before
+    for _ in range(30):  # 3 workers at the same per-worker density: the mapping stays
+        m.observe(global_tokens=900, h_step=10, at_recipe_horizon=False)
+        assert m.map(10) == before

@@ -1,0 +1,128 @@
+"""Elastic resume at the library level: 4 workers, a fault mid-interval, the run resumed from the last boundary snapshot.
+
+Not a test. ``LocalWorkers`` + ``SimulatedCommunicator`` on the toy language model
+of ``tests/toy.py`` (CPU, a minute). A 4-worker run is stopped inside an
+interval; the newest :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` is at
+the boundary before it, and 3, 4 or 5 workers go on from there with fresh inner
+state (AdamW moments zero, LR schedule at the boundary step, the boundary step
+as data position; docs/algorithm.md §8.5). Reported: the steps redone, and the
+held-out loss at the end against the uninterrupted 4-worker run (whose spread
+over model seeds is the yardstick) and against uninterrupted runs with the new
+number of workers from the start::
+
+    PYTHONPATH=. python benchmarks/elastic_resume.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from toy import adamw, batch_for, cosine, make_model  # noqa: E402
+
+from autoloco_hf import AutoLoCoConfig  # noqa: E402
+from autoloco_hf.sync.communicators import SimulatedCommunicator  # noqa: E402
+from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
+
+STEPS, WARMUP, WORKERS = 160, 10, 4
+CONFIGS = {
+    "diloco": AutoLoCoConfig(method="diloco", h_base=8),
+    "autoloco": AutoLoCoConfig(method="autoloco", h_base=8, q_h=2, h_max=32, calibration_intervals=2),
+}
+EVAL_BATCHES = [batch_for(10_000 + k, 0) for k in range(16)]  # workers no run trains on
+
+
+def runner(config: AutoLoCoConfig, workers: int, seed: int = 0, **kwargs) -> LocalWorkers:
+    return LocalWorkers(
+        config,
+        make_model(seed),
+        SimulatedCommunicator(workers),
+        optimizer_factory=adamw,
+        scheduler_factory=cosine(STEPS, WARMUP),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
+        **kwargs,
+    )
+
+
+def advance(workers: LocalWorkers, until: int) -> LocalWorkers:
+    while workers.step < until:
+        workers.train_step([batch_for(w, workers.step, padded=True) for w in range(len(workers.models))])
+    return workers
+
+
+@torch.no_grad()
+def held_out_loss(workers: LocalWorkers) -> float:
+    model = copy.deepcopy(workers.models[0])  # at the last boundary every replica holds theta_t
+    return statistics.fmean(float(model(**batch).loss) for batch in EVAL_BATCHES)
+
+
+def resumed_losses(config: AutoLoCoConfig, seed: int, fault_step: int) -> tuple[int, int, dict[int, float], int]:
+    """Stop a 4-worker run after ``fault_step``; go on from its newest snapshot with 3, 4 and 5 workers."""
+    with tempfile.TemporaryDirectory() as folder:
+        faulty = advance(runner(config, WORKERS, seed, snapshot_dir=folder), fault_step)
+        faulty.close()
+        snapshot = latest_snapshot(folder, config)
+        last = faulty.engine.records[-1]
+        assert snapshot is not None and snapshot.step == last.start_step + last.h_step  # the last boundary
+        redone = fault_step - snapshot.step
+        assert redone < faulty.engine.current_interval.h_step  # only the interval the fault cut is redone
+        losses = {}
+        for workers in (WORKERS - 1, WORKERS, WORKERS + 1):
+            resumed = runner(config, workers, seed)
+            resumed.resume_from_snapshot(snapshot)
+            losses[workers] = held_out_loss(advance(resumed, STEPS))
+        return snapshot.step, redone, losses, os.path.getsize(snapshot.path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fault-step", type=int, default=61, help="the 4-worker run stops after this step")
+    parser.add_argument("--seeds", type=int, default=3, help="model seeds 0..n-1")
+    args = parser.parse_args()
+    seeds = range(args.seeds)
+    print(
+        f"| method | run (fault after step {args.fault_step}) | resumed at step | steps redone | "
+        f"final held-out loss, mean over {args.seeds} seeds | vs uninterrupted {WORKERS}, per seed |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, config in CONFIGS.items():
+        scratch = {
+            n: [held_out_loss(advance(runner(config, n, seed), STEPS)) for seed in seeds]
+            for n in (WORKERS - 1, WORKERS, WORKERS + 1)
+        }
+        for n, losses in scratch.items():
+            print(
+                f"| {name} | uninterrupted, {n} workers | - | 0 | {statistics.fmean(losses):.4f} "
+                f"(seeds {min(losses):.4f}-{max(losses):.4f}) | "
+                + ("0 |" if n == WORKERS else f"{_diffs(losses, scratch[WORKERS])} |")
+            )
+        results = [resumed_losses(config, seed, args.fault_step) for seed in seeds]
+        step, redone, _, size = results[0]
+        for n in (WORKERS - 1, WORKERS, WORKERS + 1):
+            losses = [r[2][n] for r in results]
+            print(
+                f"| {name} | {WORKERS} -> {n} workers, fresh inner state | {step} | {redone} | "
+                f"{statistics.fmean(losses):.4f} | {_diffs(losses, scratch[WORKERS])} |"
+            )
+        model = make_model()
+        numel = sum(p.numel() for p in model.parameters())
+        print(f"\n{name}: {numel} parameters (FP32); the boundary snapshot file: {size} bytes\n")
+
+
+def _diffs(losses: list[float], reference: list[float]) -> str:
+    diffs = [a - b for a, b in zip(losses, reference)]
+    return f"{statistics.fmean(diffs):+.4f} ({', '.join(f'{d:+.4f}' for d in diffs)})"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Boundary snapshots and elastic resume with another number of workers (docs/algorithm.md §8.5)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+
+import pytest
+import torch
+from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync import checkpoint
+from autoloco_hf.sync.checkpoint import ConfigMismatchError
+from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.snapshot import SnapshotWriteError, latest_snapshot, snapshot_path
+
+DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
+AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2)
+
+
+def runner(config, workers: int, total: int, **kwargs) -> LocalWorkers:
+    return LocalWorkers(
+        config,
+        make_model(),
+        SimulatedCommunicator(workers),
+        optimizer_factory=adamw,
+        scheduler_factory=cosine(total, 2),
+        total_steps=total,
+        warmup_steps=2,
+        **kwargs,
+    )
+
+
+def advance(workers: LocalWorkers, until: int, padded: bool = True) -> LocalWorkers:
+    while workers.step < until:
+        workers.train_step([batch_for(w, workers.step, padded) for w in range(len(workers.models))])
+    return workers
+
+
+def written_steps(monkeypatch) -> list[int]:
+    steps: list[int] = []
+    real = checkpoint.write_state
+
+    def counting(path, state, **kwargs):
+        steps.append(kwargs["step"])
+        real(path, state, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_state", counting)
+    return steps
+
+
+def test_a_snapshot_at_every_boundary_the_last_two_kept(tmp_path, monkeypatch):
+    steps = written_steps(monkeypatch)
+    workers = advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 16)
+    workers.close()
+    assert steps == [4, 8, 12, 16]
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(snapshot_path(str(tmp_path), s)) for s in (12, 16)]
+    snapshot = latest_snapshot(str(tmp_path), DILOCO)
+    assert (snapshot.step, snapshot.workers) == (16, 2)
+    assert torch.equal(snapshot.engine_state["outer"]["params"], workers.engine.outer.params.detach())
+
+
+def test_the_write_runs_off_the_training_thread(tmp_path, monkeypatch):
+    started, release, threads = threading.Event(), threading.Event(), []
+    real = checkpoint.write_state
+
+    def slow(path, state, **kwargs):
+        threads.append(threading.current_thread())
+        started.set()
+        assert release.wait(60)
+        real(path, state, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_state", slow)
+    workers = advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 4)  # the first boundary
+    assert started.wait(60)
+    advance(workers, 7)  # training goes on while the write is blocked
+    assert os.listdir(tmp_path) == []
+    release.set()
+    workers.close()
+    assert threads and threads[0] is not threading.main_thread()
+    assert latest_snapshot(str(tmp_path), DILOCO).step == 4
+
+
+def test_a_failed_write_is_raised_at_the_next_boundary(tmp_path, monkeypatch):
+    def full(path, state, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_state", full)
+    workers = advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 7)
+    with pytest.raises(SnapshotWriteError, match=r"boundary snapshot of step 4 .*No space left on device"):
+        advance(workers, 8)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_newest_snapshot_is_refused_and_the_previous_one_used(tmp_path, caplog, damage):
+    workers = advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 8)
+    workers.close()
+    newest = snapshot_path(str(tmp_path), 8)
+    data = bytearray(open(newest, "rb").read())
+    if damage == "truncate":
+        data = data[: len(data) - 100]
+    else:
+        data[-5] ^= 0xFF
+    open(newest, "wb").write(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
+        snapshot = latest_snapshot(str(tmp_path), DILOCO)
+    assert snapshot.step == 4
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "boundary snapshot refused" in line and newest in line and "\n" not in line
+
+
+def test_a_changed_config_field_is_refused_naming_it(tmp_path):
+    advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 4).close()
+    with pytest.raises(ConfigMismatchError, match=r"field config\.h_base=4 .* h_base=8"):
+        latest_snapshot(str(tmp_path), AutoLoCoConfig(method="diloco", h_base=8))
+    with pytest.raises(ConfigMismatchError, match=r"field config\.method='diloco'"):
+        latest_snapshot(str(tmp_path), AutoLoCoConfig(method="qsr", h_base=4))
+
+
+def test_overlapped_schedules_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"overlap='none' \(got overlap='delayed'\)"):
+        runner(AutoLoCoConfig(method="diloco", h_base=4, overlap="delayed"), 2, 16, snapshot_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("new_workers", [1, 3])
+def test_another_number_of_workers_goes_on_from_exactly_the_shared_state(tmp_path, new_workers):
+    """N -> N-1 and N -> N+1: theta_t, momentum, policy and totals bit-equal right after the resume."""
+    old = advance(runner(AUTOLOCO, 2, 40, snapshot_dir=str(tmp_path)), 12)
+    old.close()
+    snapshot = latest_snapshot(str(tmp_path), AUTOLOCO)
+    assert snapshot.step == old.engine.records[-1].start_step + old.engine.records[-1].h_step
+    resumed = runner(AUTOLOCO, new_workers, 40)
+    resumed.resume_from_snapshot(snapshot)
+    engine, saved = resumed.engine, snapshot.engine_state
+    assert resumed.step == snapshot.step
+    assert torch.equal(engine.outer.params.detach(), saved["outer"]["params"])
+    assert torch.equal(engine.outer.momentum_buffer, saved["outer"]["optimizer"]["state"][0]["momentum_buffer"])
+    for model in resumed.models:  # every worker starts from theta_t
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), saved["outer"]["params"])
+    assert engine.totals.as_dict() == saved["totals"] and len(engine.records) == len(saved["records"])
+    # the learning rate at the boundary step, fresh moments
+    assert resumed.optimizers[0].param_groups[0]["lr"] == old.optimizers[0].param_groups[0]["lr"]
+    assert resumed.optimizers[0].state == {}
+    # token mapper: global token counts follow the new N; controller: recalibrates at the accepted horizon
+    mapper, before = engine.policy.mapper, snapshot.engine_state["policy"]["mapper"]
+    assert mapper.tokens_per_step == pytest.approx(before["tokens_per_step"] * new_workers / 2, rel=1e-12)
+    assert engine.policy.controller.phase == "calibration"
+    advance(resumed, 40)  # and it trains on
+    assert engine.records[-1].start_step + engine.records[-1].h_step == 40
+
+
+def test_same_workers_with_the_inner_state_carried_is_bit_exact(tmp_path):
+    uninterrupted = advance(runner(AUTOLOCO, 2, 40), 40)
+    first = advance(runner(AUTOLOCO, 2, 40, snapshot_dir=str(tmp_path)), 12)
+    first.close()
+    snapshot = latest_snapshot(str(tmp_path), AUTOLOCO)
+    assert snapshot.step == first.step  # 12 is a boundary of this run
+    inner = [copy.deepcopy(o.state_dict()) for o in first.optimizers]
+    resumed = runner(AUTOLOCO, 2, 40)
+    resumed.resume_from_snapshot(snapshot, optimizer_states=inner)
+    advance(resumed, 40)
+    for a, b in zip(uninterrupted.models, resumed.models):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa, pb)
+    strip = lambda r: {k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS}  # noqa: E731
+    assert [strip(r) for r in resumed.engine.records] == [strip(r) for r in uninterrupted.engine.records]
+
+
+def test_carried_inner_state_needs_the_same_workers(tmp_path):
+    first = advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 4)
+    first.close()
+    with pytest.raises(ValueError, match="2 optimizer states for 3 local workers"):
+        runner(DILOCO, 3, 16).resume_from_snapshot(
+            latest_snapshot(str(tmp_path), DILOCO), [o.state_dict() for o in first.optimizers]
+        )
