@@ -292,8 +292,17 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
     adaptive = [name for name in cells if name not in fixed]
-    seeds = sorted(set.intersection(*(set(c) for c in cells.values()))) if cells else []
-    lines = [f"## Regime {regime.value}", "", f"Paired seeds (finished for every setting): {seeds or 'none'}.", ""]
+    # pair over the seeds that the base-momentum curve and every adaptive variant finished; settings with fewer
+    # seeds (a momentum axis still running) are listed but take no part in the comparisons or the plot
+    core = [c for name, c in cells.items() if name not in fixed or fixed[name][0] == base_mu]
+    seeds = sorted(set.intersection(*(set(c) for c in core))) if core else []
+    lines = [
+        f"## Regime {regime.value}",
+        "",
+        f"Paired seeds (finished by the mu {base_mu:g} curve and every adaptive variant): {seeds or 'none'}; a "
+        "setting with fewer seeds is listed below but left out of the comparisons and the plot.",
+        "",
+    ]
     rows = []
     for name, runs in sorted(cells.items(), key=lambda kv: (kv[0] not in fixed, fixed.get(kv[0]) or (0, 0), kv[0])):
         r = list(runs.values())
@@ -311,7 +320,7 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
     for name, (mu, h) in fixed.items():
         if set(seeds) <= set(cells[name]):
             by_mu.setdefault(mu, {})[h] = name
-    syncs_of = {name: statistics.fmean(cells[name][s].syncs for s in seeds) for name in fixed}
+    syncs_of = {name: statistics.fmean(r.syncs for r in cells[name].values()) for name in fixed}  # fixed H: exact
     diff_rows = []
     base = by_mu.get(base_mu, {})
     base_syncs = {h: syncs_of[n] for h, n in base.items()}
