@@ -292,15 +292,15 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
     adaptive = [name for name in cells if name not in fixed]
-    # pair over the seeds that the base-momentum curve and every adaptive variant finished; settings with fewer
-    # seeds (a momentum axis still running) are listed but take no part in the comparisons or the plot
-    core = [c for name, c in cells.items() if name not in fixed or fixed[name][0] == base_mu]
+    # pair over the seeds every adaptive variant finished; a fixed setting without all of them (a momentum axis
+    # or a horizon still running) is listed but takes no part in the comparisons or the plot
+    core = [cells[name] for name in adaptive] or list(cells.values())
     seeds = sorted(set.intersection(*(set(c) for c in core))) if core else []
     lines = [
         f"## Regime {regime.value}",
         "",
-        f"Paired seeds (finished by the mu {base_mu:g} curve and every adaptive variant): {seeds or 'none'}; a "
-        "setting with fewer seeds is listed below but left out of the comparisons and the plot.",
+        f"Paired seeds (finished by every adaptive variant): {seeds or 'none'}; a fixed setting without all of "
+        "them is listed below but left out of the comparisons and the plot.",
         "",
     ]
     rows = []
