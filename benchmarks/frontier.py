@@ -261,6 +261,7 @@ def collect(out: str) -> dict[Regime, dict[str, dict[int, Result]]]:
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    values = [v for v in values if not math.isnan(v)]  # NaN: a variant outside the curve's range of syncs
     if not values:
         return math.nan, math.nan
     mean = statistics.fmean(values)
