@@ -36,7 +36,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +46,14 @@ import replicate  # noqa: E402  (the corpus, the model and the run machinery are
 
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_llama  # noqa: E402
+from autoloco_hf.config import ValueEnum  # noqa: E402
 
 SUMMARY, STEPS_GZ, INTERVALS_GZ = replicate.SUMMARY, replicate.STEPS_GZ, replicate.INTERVALS_GZ
 
 
-class Regime(str, Enum):
+class Regime(ValueEnum):
     IID = "iid"
     NONIID = "noniid"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -67,10 +64,6 @@ class Point:
     method: str
     h_base: int
     overrides: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def is_fixed(self) -> bool:
-        return self.method == "diloco"
 
 
 def fixed_name(mu: float, h: int) -> str:

@@ -30,7 +30,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,10 @@ from autoloco_hf.algorithm.policies import IntervalPolicy  # noqa: E402
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import eval_windows, mean_loss, tiny_llama  # noqa: E402
 from autoloco_hf.cli.report import RunWriter  # noqa: E402
+from autoloco_hf.config import ValueEnum  # noqa: E402
 
 
-class Treatment(str, Enum):
+class Treatment(ValueEnum):
     NONE = "none"
     MOMENTUM_RESET = "momentum_reset"
     MOMENTUM_RESCALE = "momentum_rescale"
