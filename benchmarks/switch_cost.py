@@ -90,8 +90,8 @@ class ScheduledPolicy(IntervalPolicy):
         h = self.plan.before if start_step < self.plan.switch_step else self.plan.after
         return h, h
 
-    def next_interval(self, start_step: int):
-        interval = super().next_interval(start_step)
+    def next_interval(self, start_step: int, min_steps: int = 1):
+        interval = super().next_interval(start_step, min_steps)
         if self.planned and interval.h_step != self.planned[-1][1] and not interval.truncated:
             for hook in self.on_switch:
                 hook()
@@ -200,6 +200,11 @@ def variants() -> list[Variant]:
         Variant(Schedule(10, 15, 400), Treatment.MOMENTUM_RESCALE),
         Variant(Schedule(10, 20, 130)),
         Variant(Schedule(10, 20, 130), Treatment.MOMENTUM_RESCALE),
+        Variant(Schedule(20, 10, 130)),
+        Variant(Schedule(40, 20, 130)),
+        Variant(Schedule(30, 15, 130)),
+        Variant(Schedule(15, 10, 400)),
+        Variant(Schedule(15, 10, 130), Treatment.MOMENTUM_RESET),
     ]
 
 
@@ -275,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     started = time.perf_counter()
                     summary = run_variant(v, seed, folder, corpus, args)
-                    frontier.compress_logs(folder)
+                    replicate.compress_logs(folder)
                     print(
                         f"done {folder}: val {summary['val_loss']:.4f}, {time.perf_counter() - started:.0f} s",
                         flush=True,
