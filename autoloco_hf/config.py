@@ -70,6 +70,13 @@ class ReferenceClip(ValueEnum):
     ZERO = "zero"  # clip r around 0 (the paper's literal rule): follows drift by <= alpha * k_moderate * sigma
 
 
+class Controller(ValueEnum):
+    """The horizon rule of ``method="autoloco"`` (docs/algorithm.md §5)."""
+
+    PAPER = "paper"  # the paper's state machine: probes longer horizons from h_base, reduces on deviations
+    DESCENT = "descent"  # starts at h_max and only shortens, following the coherence C_t (docs/algorithm.md §5.6)
+
+
 class Overlap(ValueEnum):
     """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md §11)."""
 
@@ -192,7 +199,10 @@ class AutoLoCoConfig:
         None, "Lower end of the token-equivalent horizon domain, a multiple of `q_h`; default `h_base`.", COUNT
     )
     h_max: int | None = option(
-        None, "Upper end of the domain; default `1.5 * h_base` rounded down to a multiple of `q_h`.", COUNT
+        None,
+        """Upper end of the domain; default `1.5 * h_base` (controller `paper`) or `4 * h_base` (controller
+        `descent`, where it is also the starting horizon), rounded down to a multiple of `q_h`.""",
+        COUNT,
     )
 
     # ------------------------------------------------------------ outer step (docs/algorithm.md §4)
@@ -218,6 +228,16 @@ class AutoLoCoConfig:
         True,
         """For `autoloco`, run the horizon controller; off keeps `h_base` (with the three outer-step switches
         off too this is DiLoCo, docs/algorithm.md §4).""",
+    )
+    controller: Controller = option(
+        Controller.PAPER,
+        """Horizon rule: `paper` (the paper's state machine, docs/algorithm.md §5.3) or `descent` (start at
+        `h_max`, shorten as the coherence falls, never lengthen; docs/algorithm.md §5.6).""",
+    )
+    descent_smoothing: float = option(
+        0.5,
+        "EMA factor of `log C_t` in the `descent` rule: 0 follows each interval (docs/algorithm.md §5.6).",
+        FRACTION,
     )
     warmup_steps: int | None = option(
         None,
@@ -419,7 +439,8 @@ class AutoLoCoConfig:
         if self.h_min is None:
             self.h_min = self.h_base
         if self.h_max is None:
-            self.h_max = max(self.h_base, (int(1.5 * self.h_base) // self.q_h) * self.q_h)
+            factor = 4 if self.controller == Controller.DESCENT else 1.5
+            self.h_max = max(self.h_base, (int(factor * self.h_base) // self.q_h) * self.q_h)
         if self.outer_momentum is None:
             self.outer_momentum = 0.9 if self.method == Method.DILOCO else 0.7
 

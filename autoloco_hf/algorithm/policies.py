@@ -25,9 +25,10 @@ from autoloco_hf.algorithm.controller import (
     HorizonController,
     IntervalObservation,
 )
+from autoloco_hf.algorithm.descent import DescentController
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
-from autoloco_hf.config import AutoLoCoConfig, Method
+from autoloco_hf.config import AutoLoCoConfig, Controller, Method
 
 
 @dataclass
@@ -191,7 +192,7 @@ class AutoLoCoPolicy(IntervalPolicy):
         super().__init__(schedule, total_steps, config.h_base)
         self.config = config
         self.quantum = config.q_h
-        self.controller = HorizonController(config, warmup_steps=warmup_steps)
+        self.controller = make_controller(config, warmup_steps)
         self.mapper = TokenMapper(
             config.h_base,
             config.q_h,
@@ -220,9 +221,9 @@ class AutoLoCoPolicy(IntervalPolicy):
         """
         interval = outcome.interval
         full = not interval.truncated
-        self.mapper.observe(
-            outcome.global_tokens, interval.h_step, at_recipe_horizon=full and interval.h_tok == self.h_base
-        )
+        # the descent rule starts at h_max: its first full intervals calibrate the base token count
+        calibrates = interval.h_tok == self.h_base or self.config.controller == Controller.DESCENT
+        self.mapper.observe(outcome.global_tokens, interval.h_step, calibrates=full and calibrates)
         if not self.config.adaptive_horizon:
             return None
         lagged = next_start is not None
@@ -246,6 +247,13 @@ class AutoLoCoPolicy(IntervalPolicy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.controller.load_state_dict(state["controller"])
         self.mapper.load_state_dict(state["mapper"])
+
+
+def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonController | DescentController:
+    """The horizon rule of ``config.controller`` (docs/algorithm.md §5)."""
+    if config.controller == Controller.DESCENT:
+        return DescentController(config, warmup_steps=warmup_steps)
+    return HorizonController(config, warmup_steps=warmup_steps)
 
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:

@@ -9,10 +9,10 @@ Example::
 
     >>> m = TokenMapper(h_base=10, q_h=2, beta=0.5)
     >>> for _ in range(3):
-    ...     m.observe(global_tokens=1000, h_step=10, at_recipe_horizon=True)
+    ...     m.observe(global_tokens=1000, h_step=10, calibrates=True)
     >>> m.map(10)                      # constant density: identity
     10
-    >>> m.observe(global_tokens=500, h_step=10, at_recipe_horizon=False)
+    >>> m.observe(global_tokens=500, h_step=10, calibrates=False)
     >>> m.map(10)                      # fewer tokens per step -> more steps
     14
 """
@@ -98,16 +98,18 @@ class TokenMapper:
     def ready(self) -> bool:
         return self.enabled and self.base_tokens is not None and bool(self.tokens_per_step)
 
-    def observe(self, global_tokens: int, h_step: int, at_recipe_horizon: bool) -> None:
+    def observe(self, global_tokens: int, h_step: int, calibrates: bool) -> None:
         """Record a completed interval: its exact global non-padding token count and length.
 
+        ``calibrates``: the interval may count toward ``M_base`` (the paper: a full interval at the recipe
+        horizon; the descent rule, which starts at ``h_max``: any full interval), scaled to ``h_base`` steps.
         An interval without a single token (all padding) says nothing about the token density: it is not
         recorded, so it can neither make ``M_base`` zero (every horizon would map to ``q_h``) nor pull ``n_hat``.
         """
         if h_step <= 0 or global_tokens <= 0:
             return
-        if at_recipe_horizon and len(self.base_counts) < self.calibration_intervals:
-            self.base_counts.append(int(global_tokens))
+        if calibrates and len(self.base_counts) < self.calibration_intervals:
+            self.base_counts.append(round(int(global_tokens) * self.h_base / h_step))  # exact at h_step == h_base
         density = global_tokens / h_step
         if self.tokens_per_step is None:
             self.tokens_per_step = density

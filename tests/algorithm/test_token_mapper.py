@@ -33,7 +33,7 @@ def test_round_to_multiple(value: float, multiple: int, expected: int) -> None:
 def calibrated(counts=(1000, 1000, 1000), h_base: int = 10, q_h: int = 1, beta: float = 0.9) -> TokenMapper:
     m = TokenMapper(h_base=h_base, q_h=q_h, beta=beta)
     for c in counts:
-        m.observe(global_tokens=c, h_step=h_base, at_recipe_horizon=True)
+        m.observe(global_tokens=c, h_step=h_base, calibrates=True)
     return m
 
 
@@ -42,7 +42,7 @@ def test_identity_before_calibration() -> None:
     m = TokenMapper(h_base=100, q_h=10)
     assert [m.map(h) for h in (100, 110, 150)] == [100, 110, 150]
     for tokens in (800, 500):  # the density halves, but only two calibration intervals so far
-        m.observe(global_tokens=tokens * 100, h_step=100, at_recipe_horizon=True)
+        m.observe(global_tokens=tokens * 100, h_step=100, calibrates=True)
         assert m.base_tokens is None
         assert [m.map(h) for h in (100, 110, 150)] == [100, 110, 150]
 
@@ -50,11 +50,11 @@ def test_identity_before_calibration() -> None:
 def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
     """docs/algorithm.md §3: M_base = median(M_1, M_2, M_3) of recipe-horizon intervals; later ones do not count."""
     m = TokenMapper(h_base=10, q_h=1)
-    m.observe(global_tokens=9999, h_step=12, at_recipe_horizon=False)  # not at the recipe horizon
+    m.observe(global_tokens=9999, h_step=12, calibrates=False)  # not at the recipe horizon
     for c in (3000, 1000, 1200):
-        m.observe(global_tokens=c, h_step=10, at_recipe_horizon=True)
+        m.observe(global_tokens=c, h_step=10, calibrates=True)
     assert m.base_tokens == 1200.0  # the median, not the mean (1733)
-    m.observe(global_tokens=50_000, h_step=10, at_recipe_horizon=True)
+    m.observe(global_tokens=50_000, h_step=10, calibrates=True)
     assert m.base_tokens == 1200.0
     assert m.base_counts == [3000, 1000, 1200]
 
@@ -62,11 +62,11 @@ def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
 def test_tokens_per_step_ema() -> None:
     """docs/algorithm.md §3: n_hat initialised from the first interval, then n <- 0.9 n + 0.1 M_t / H_t."""
     m = TokenMapper(h_base=10, q_h=1)
-    m.observe(global_tokens=1000, h_step=10, at_recipe_horizon=True)
+    m.observe(global_tokens=1000, h_step=10, calibrates=True)
     assert m.tokens_per_step == pytest.approx(100.0)
-    m.observe(global_tokens=3000, h_step=20, at_recipe_horizon=False)
+    m.observe(global_tokens=3000, h_step=20, calibrates=False)
     assert m.tokens_per_step == pytest.approx(0.9 * 100 + 0.1 * 150)
-    m.observe(global_tokens=500, h_step=10, at_recipe_horizon=True)
+    m.observe(global_tokens=500, h_step=10, calibrates=True)
     assert m.tokens_per_step == pytest.approx(0.9 * (0.9 * 100 + 0.1 * 150) + 0.1 * 50)
 
 
@@ -75,7 +75,7 @@ def test_mapping_formula() -> None:
     m = TokenMapper(h_base=100, q_h=10)
     counts = [51_200, 48_000, 50_000]
     for c in counts:
-        m.observe(global_tokens=c, h_step=100, at_recipe_horizon=True)
+        m.observe(global_tokens=c, h_step=100, calibrates=True)
     n_hat = 512.0
     for c in counts[1:]:
         n_hat = 0.9 * n_hat + 0.1 * c / 100
@@ -84,7 +84,7 @@ def test_mapping_formula() -> None:
         expected = max(10, 10 * round(h_tok * (m_base / 100) / n_hat / 10 + 1e-12))
         assert m.map(h_tok) == expected
     # far denser data: the token budget of H_tok = 10 fits in less than q_H steps
-    m.observe(global_tokens=10**9, h_step=100, at_recipe_horizon=False)
+    m.observe(global_tokens=10**9, h_step=100, calibrates=False)
     assert m.map(10) == 10
 
 
@@ -92,7 +92,7 @@ def test_mapping_formula() -> None:
 def test_identity_at_constant_density(h_tok: int) -> None:
     m = calibrated(counts=(4096 * 100,) * 3, h_base=100, q_h=10)
     for _ in range(20):
-        m.observe(global_tokens=4096 * 137, h_step=137, at_recipe_horizon=False)
+        m.observe(global_tokens=4096 * 137, h_step=137, calibrates=False)
     assert m.map(h_tok) == h_tok
 
 
@@ -102,7 +102,7 @@ def test_lower_density_means_more_steps() -> None:
     assert m.map(100) == 100
     previous = 100
     for _ in range(10):
-        m.observe(global_tokens=500 * 100, h_step=100, at_recipe_horizon=True)
+        m.observe(global_tokens=500 * 100, h_step=100, calibrates=True)
         h = m.map(100)
         assert h >= previous
         previous = h
@@ -111,20 +111,20 @@ def test_lower_density_means_more_steps() -> None:
     assert previous == round_to_multiple(100 * 1000 / n_hat, 10)
     # denser data -> fewer steps
     for _ in range(40):
-        m.observe(global_tokens=2000 * 100, h_step=100, at_recipe_horizon=True)
+        m.observe(global_tokens=2000 * 100, h_step=100, calibrates=True)
     assert m.map(100) < 100
 
 
 def test_disabled_mapper_is_identity() -> None:
     m = TokenMapper(h_base=100, q_h=10, enabled=False)
     for c in (1000, 1000, 1000, 10, 10):
-        m.observe(global_tokens=c, h_step=100, at_recipe_horizon=True)
+        m.observe(global_tokens=c, h_step=100, calibrates=True)
     assert m.map(130) == 130
 
 
 def test_state_dict_round_trip() -> None:
     m = calibrated(counts=(1000, 1100, 900))
-    m.observe(global_tokens=700, h_step=10, at_recipe_horizon=False)
+    m.observe(global_tokens=700, h_step=10, calibrates=False)
     other = TokenMapper(h_base=10, q_h=1)
     other.load_state_dict(m.state_dict())
     assert other.base_tokens == m.base_tokens and other.tokens_per_step == m.tokens_per_step
@@ -190,12 +190,12 @@ def test_another_number_of_workers_keeps_the_per_worker_mapping() -> None:
     """docs/algorithm.md §8.5: global counts scale with N'/N; the same per-worker density maps to the same steps."""
     m = calibrated(counts=(1000, 1000, 1000))  # 2 workers, 100 tokens per step at the recipe horizon
     for _ in range(60):  # sparser batches: 60 tokens per step
-        m.observe(global_tokens=600, h_step=10, at_recipe_horizon=False)
+        m.observe(global_tokens=600, h_step=10, calibrates=False)
     before = m.map(10)
     assert before == 17
     m.rescale_workers(2, 3)
     assert m.base_counts == [1500, 1500, 1500] and m.tokens_per_step == pytest.approx(90, rel=1e-2)
     assert m.map(10) == before
     for _ in range(30):  # 3 workers at the same per-worker density: the mapping stays
-        m.observe(global_tokens=900, h_step=10, at_recipe_horizon=False)
+        m.observe(global_tokens=900, h_step=10, calibrates=False)
         assert m.map(10) == before

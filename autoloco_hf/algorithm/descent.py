@@ -1,0 +1,147 @@
+"""The descent rule: start at the long end of the horizon domain, shorten as the workers' agreement fades (docs/algorithm.md §5.6).
+
+Measured on this repository's frontier (docs/controller.md, "Why the paper
+rule loses"): raising the horizon during a run costs validation loss that a
+fixed horizon does not pay, while lowering it does not cost, and a run that
+starts long and then shortens ends below the fixed-horizon curve. So this rule
+never raises the horizon. It starts at ``h_max`` and follows the coherence
+``C_t``: once calibrated on the first intervals after warm-up, the next
+horizon is
+
+    H_next = min( H_t, floor_q( h_max * exp(s_t - r) ) ),   clipped to [h_min, h_max]
+
+with ``s_t`` an exponential moving average of ``log C_t`` and ``r`` the mean
+``log C`` of the calibration intervals. Workers whose pseudo-gradients agree
+keep a long horizon; as they decorrelate (late training, heterogeneous data)
+the rule synchronizes more often.
+
+Example (coherence halves: the horizon halves, and never comes back up)::
+
+    >>> from autoloco_hf.config import AutoLoCoConfig, Controller
+    >>> cfg = AutoLoCoConfig(h_base=10, q_h=1, controller=Controller.DESCENT, descent_smoothing=0.0)
+    >>> ctl, step, trace = DescentController(cfg), 0, []
+    >>> for coherence in (2.0, 2.0, 2.0, 1.5, 1.0, 2.0):
+    ...     h = ctl.h_tok
+    ...     obs = IntervalObservation(h_tok=h, start_step=step, end_step=step + h,
+    ...                               drift_energy=1.0, coherence=coherence, lr_mass=1.0)
+    ...     step += h
+    ...     trace.append(h)
+    ...     _ = ctl.observe(obs, preview=lambda h_tok: float(h_tok))
+    >>> trace + [ctl.h_tok]
+    [40, 40, 40, 40, 30, 20, 20]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autoloco_hf.algorithm.controller import (
+    Assessment,
+    ControllerDecision,
+    Decision,
+    IntervalObservation,
+    Phase,
+)
+from autoloco_hf.config import AutoLoCoConfig
+
+
+@dataclass
+class _DescentState:
+    h_tok: int
+    phase: Phase = Phase.WARMUP
+    calibration_logs: list[float] = field(default_factory=list)  # log C_t of the calibration intervals
+    ref_log_coherence: float | None = None  # r, re-based so that the horizon in force is the target
+    smoothed_log_coherence: float | None = None  # s_t
+
+
+class DescentController:
+    """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md §5.6).
+
+    Same interface as :class:`~autoloco_hf.algorithm.controller.HorizonController`.
+    """
+
+    def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
+        self.cfg = config
+        self.warmup_steps = warmup_steps
+        self.state = _DescentState(h_tok=config.h_max)
+
+    @property
+    def h_tok(self) -> int:
+        return self.state.h_tok
+
+    @property
+    def h_accepted(self) -> int:
+        return self.state.h_tok
+
+    @property
+    def phase(self) -> Phase:
+        return self.state.phase
+
+    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
+        """Assess a completed interval and choose the next horizon (``preview`` is unused: the rule does not look ahead)."""
+        st, cfg = self.state, self.cfg
+        in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + cfg.calibration_delay_steps
+        if not obs.finite:
+            # a non-finite interval halves the horizon at once (the outer step was skipped, docs/algorithm.md §4)
+            shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
+            decision = Decision.FALLBACK if shorter < st.h_tok else Decision.KEEP
+            st.h_tok = shorter
+            return self._decision(Assessment.INVALID, decision)
+        if obs.truncated:
+            return self._decision(Assessment.TRUNCATED, Decision.NONE)
+        if obs.coherence <= 0:
+            return self._decision(Assessment.NO_DECISION, Decision.NONE)
+        if in_warmup:
+            return self._decision(Assessment.UNUSED, Decision.KEEP)
+        log_coherence = math.log(obs.coherence)
+        if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
+            return self._calibrate(log_coherence)
+        smoothing = cfg.descent_smoothing
+        st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
+        assert st.ref_log_coherence is not None
+        target = cfg.h_max * math.exp(st.smoothed_log_coherence - st.ref_log_coherence)
+        shorter = min(st.h_tok, max(cfg.h_min, _floor_to(target, cfg.q_h)))
+        if shorter < st.h_tok:
+            st.h_tok = shorter
+            return self._decision(Assessment.MODERATE, Decision.REDUCE, residual=log_coherence - st.ref_log_coherence)
+        return self._decision(Assessment.CONSISTENT, Decision.KEEP, residual=log_coherence - st.ref_log_coherence)
+
+    def _calibrate(self, log_coherence: float) -> ControllerDecision:
+        st = self.state
+        st.phase = Phase.CALIBRATION
+        st.calibration_logs.append(log_coherence)
+        if len(st.calibration_logs) >= self.cfg.calibration_intervals:
+            mean = math.fsum(st.calibration_logs) / len(st.calibration_logs)
+            # re-based so that the target equals the horizon in force (h_max at the start)
+            st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max)
+            st.smoothed_log_coherence = mean
+            st.calibration_logs = []
+            st.phase = Phase.MONITORING
+        return self._decision(Assessment.CONSISTENT, Decision.KEEP)
+
+    def _decision(
+        self, assessment: Assessment, decision: Decision, residual: float | None = None
+    ) -> ControllerDecision:
+        return ControllerDecision(self.state.phase, assessment, decision, self.state.h_tok, residual_coherence=residual)
+
+    def recalibrate_for_new_workers(self) -> None:
+        """``C_t``'s level depends on N: calibrate again at the horizon in force (docs/algorithm.md §8.5)."""
+        st = self.state
+        if st.phase != Phase.WARMUP:
+            st.phase = Phase.CALIBRATION
+            st.calibration_logs = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        values = dict(state)
+        values["phase"] = Phase(values["phase"])
+        self.state = _DescentState(**values)
+
+
+def _floor_to(value: float, multiple: int) -> int:
+    return multiple * math.floor(value / multiple)
