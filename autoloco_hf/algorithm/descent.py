@@ -103,7 +103,7 @@ class DescentController:
         st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
         assert st.ref_log_coherence is not None
         target = cfg.h_max * math.exp(st.smoothed_log_coherence - st.ref_log_coherence)
-        shorter = min(st.h_tok, max(cfg.h_min, _floor_to(target, cfg.q_h)))
+        shorter = max(cfg.h_min, _floor_to(target, cfg.q_h))
         if shorter < st.h_tok:
             st.h_tok = shorter
             return self._decision(Assessment.MODERATE, Decision.REDUCE, residual=log_coherence - st.ref_log_coherence)
@@ -144,4 +144,5 @@ class DescentController:
 
 
 def _floor_to(value: float, multiple: int) -> int:
-    return multiple * math.floor(value / multiple)
+    """Largest multiple of ``multiple`` not above ``value`` (a ratio that is exact on paper stays exact)."""
+    return multiple * math.floor(value / multiple + 1e-9)

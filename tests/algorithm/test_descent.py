@@ -1,0 +1,134 @@
+"""The descent rule (docs/algorithm.md §5.6): starts at h_max, follows the coherence down, never lengthens."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from autoloco_hf.algorithm.controller import Assessment, Decision, IntervalObservation, Phase
+from autoloco_hf.algorithm.descent import DescentController
+from autoloco_hf.algorithm.policies import AutoLoCoPolicy, make_controller
+from autoloco_hf.algorithm.schedule import FunctionSchedule
+from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
+from test_policies import outcome
+
+
+def descent_config(**kw) -> AutoLoCoConfig:
+    values = dict(h_base=10, q_h=1, controller=Controller.DESCENT, descent_smoothing=0.0)
+    values.update(kw)
+    return AutoLoCoConfig(**values)
+
+
+def feed(ctl: DescentController, coherences, step: int = 0, **kw) -> tuple[list[int], int]:
+    """Run ``ctl`` over a coherence stream; the horizons it executed and the next start."""
+    executed = []
+    for c in coherences:
+        h = ctl.h_tok
+        obs = IntervalObservation(
+            h_tok=h, start_step=step, end_step=step + h, drift_energy=1.0, coherence=c, lr_mass=1.0, **kw
+        )
+        ctl.observe(obs, preview=lambda h_tok: float(h_tok))
+        executed.append(h)
+        step += h
+    return executed, step
+
+
+def test_default_domain_of_the_descent_rule_is_four_times_h_base() -> None:
+    assert descent_config().h_max == 40
+    assert descent_config(h_base=500, q_h=50).h_max == 2000
+    assert AutoLoCoConfig(h_base=10, q_h=1).h_max == 15  # the paper rule keeps 1.5 h_base
+    assert AutoLoCoConfig(h_base=10, q_h=1, controller="descent").controller is Controller.DESCENT
+
+
+def test_an_unknown_controller_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="controller"):
+        AutoLoCoConfig(h_base=10, controller="greedy")
+
+
+def test_the_horizon_follows_the_coherence_ratio_to_the_calibration() -> None:
+    ctl = DescentController(descent_config())
+    executed, _ = feed(ctl, [3.0, 3.0, 3.0, 2.25, 1.5, 0.75])
+    # calibrated at log 3; then h_max * C / 3, floored to q_h
+    assert executed == [40, 40, 40, 40, 30, 20]
+    assert ctl.h_tok == 10  # 40 * 0.75 / 3 = 10 = h_min
+
+
+def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
+    rng = random.Random(0)
+    cfg = descent_config(descent_smoothing=0.5, h_min=5)
+    ctl = DescentController(cfg)
+    executed, _ = feed(ctl, [math.exp(rng.gauss(0.0, 0.7)) for _ in range(200)])
+    assert all(later <= earlier for earlier, later in zip(executed, executed[1:]))
+    assert all(cfg.h_min <= h <= cfg.h_max for h in executed)
+    assert executed[-1] < cfg.h_max  # the noise did take it down
+
+
+def test_smoothing_is_an_ema_of_log_coherence() -> None:
+    ctl = DescentController(descent_config(descent_smoothing=0.5))
+    feed(ctl, [4.0, 4.0, 1.0])
+    # s = 0.5 log 4 + 0.5 log 1 = log 2: target 40 * 2 / 4 = 20
+    assert ctl.h_tok == 20
+
+
+def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> None:
+    ctl = DescentController(descent_config(), warmup_steps=50)
+    executed, step = feed(ctl, [9.0])  # ends at 40 < 50: warm-up
+    assert ctl.phase == Phase.WARMUP and executed == [40]
+    obs = IntervalObservation(
+        h_tok=40, start_step=step, end_step=step + 5, drift_energy=1.0, coherence=0.1, lr_mass=1.0, truncated=True
+    )
+    decision = ctl.observe(obs, preview=float)
+    assert decision.assessment == Assessment.TRUNCATED and ctl.h_tok == 40
+
+
+def test_a_non_finite_interval_halves_the_horizon() -> None:
+    ctl = DescentController(descent_config())
+    feed(ctl, [2.0, 2.0])
+    obs = IntervalObservation(
+        h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
+    )
+    decision = ctl.observe(obs, preview=float)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.INVALID, Decision.FALLBACK, 20)
+    for _ in range(5):
+        ctl.observe(obs, preview=float)
+    assert ctl.h_tok == 10  # never below h_min
+
+
+def test_resume_equals_uninterrupted() -> None:
+    rng = random.Random(1)
+    stream = [math.exp(rng.gauss(0.0, 0.5)) for _ in range(30)]
+    whole = DescentController(descent_config(descent_smoothing=0.3))
+    full, _ = feed(whole, stream)
+    first = DescentController(descent_config(descent_smoothing=0.3))
+    head, step = feed(first, stream[:11])
+    resumed = DescentController(descent_config(descent_smoothing=0.3))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    tail, _ = feed(resumed, stream[11:], step=step)
+    assert head + tail == full
+    assert resumed.state == whole.state
+
+
+def test_new_workers_recalibrate_at_the_horizon_in_force() -> None:
+    ctl = DescentController(descent_config())
+    feed(ctl, [4.0, 4.0, 2.0])
+    assert ctl.h_tok == 20
+    ctl.recalibrate_for_new_workers()
+    assert ctl.phase == Phase.CALIBRATION
+    feed(ctl, [1.0, 1.0, 1.0, 0.5])  # a new level, half of it: 20 -> 10
+    assert ctl.h_tok == 10
+
+
+def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_max() -> None:
+    assert isinstance(make_controller(descent_config(), 0), DescentController)
+    sched = FunctionSchedule(lambda s: 1.0, 10_000)
+    policy = AutoLoCoPolicy(descent_config(token_calibration_intervals=2), sched, 10_000, warmup_steps=0)
+    first = policy.next_interval(0)
+    assert (first.h_tok, first.h_step) == (40, 40)
+    policy.complete(outcome(first, tokens_per_step=100))
+    policy.complete(outcome(policy.next_interval(40), tokens_per_step=100))
+    assert policy.mapper.base_counts == [1000, 1000]  # tokens of one h_base interval
+    policy.complete(outcome(policy.next_interval(80), tokens_per_step=50))  # half the density
+    assert policy.next_interval(120).h_step > 40  # the mapper stretches the same token budget
