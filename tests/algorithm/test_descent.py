@@ -7,13 +7,13 @@ import math
 import random
 
 import pytest
+from test_policies import outcome
 
 from autoloco_hf.algorithm.controller import Assessment, Decision, IntervalObservation, Phase
 from autoloco_hf.algorithm.descent import DescentController
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, make_controller
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
-from test_policies import outcome
 
 
 def descent_config(**kw) -> AutoLoCoConfig:
@@ -87,9 +87,7 @@ def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> No
 def test_a_non_finite_interval_halves_the_horizon() -> None:
     ctl = DescentController(descent_config())
     feed(ctl, [2.0, 2.0])
-    obs = IntervalObservation(
-        h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
-    )
+    obs = IntervalObservation(h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0)
     decision = ctl.observe(obs, preview=float)
     assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.INVALID, Decision.FALLBACK, 20)
     for _ in range(5):
