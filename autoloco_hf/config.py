@@ -88,6 +88,7 @@ class Overlap(ValueEnum):
 METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
 OVERLAPS = tuple(o.value for o in Overlap)
+CONTROLLERS = tuple(c.value for c in Controller)
 
 # Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4). Budgets are what the
 # `plan` command previews; training code reads the budget from the trainer.
@@ -539,7 +540,10 @@ class AutoLoCoConfig:
         """Config preset of the paper's `c4` or `sft` recipe, with overrides."""
         if recipe not in RECIPES:
             raise ConfigError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
-        return cls(**{**RECIPES[recipe], **overrides})
+        preset = dict(RECIPES[recipe])
+        if overrides.get("controller") == Controller.DESCENT and "h_max" not in overrides:
+            preset.pop("h_max")  # the paper's 1.5 h_base bound: the descent rule starts at its own default
+        return cls(**{**preset, **overrides})
 
     @classmethod
     def ablation(cls, variant: str, **overrides: Any) -> AutoLoCoConfig:

@@ -15,6 +15,7 @@ from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.cli import non_negative_int, positive_int, usage_error
 from autoloco_hf.config import (
+    CONTROLLERS,
     METHODS,
     RECIPE_SCHEDULES,
     RECIPES,
@@ -34,12 +35,15 @@ RECIPE_PARAMS = {"c4": 214_983_680, "sft": 8_030_261_248}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="c4", help="the paper recipe to start from")
     parser.add_argument("--method", default=Method.AUTOLOCO, help=", ".join(METHODS))
+    parser.add_argument(
+        "--controller", choices=CONTROLLERS, help="AutoLoCo's horizon rule (default paper; docs/algorithm.md §5)"
+    )
     parser.add_argument("--steps", type=positive_int, help="training budget in optimizer steps")
     parser.add_argument("--warmup", type=non_negative_int, help="inner-LR warm-up steps")
     parser.add_argument("--schedule", choices=["cosine", "linear"], help="decay after warm-up")
     parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (steps)")
     parser.add_argument("--q-h", type=positive_int, help="horizon granularity q_H (default H_base/10)")
-    parser.add_argument("--h-max", type=positive_int, help="largest horizon (default 1.5 H_base)")
+    parser.add_argument("--h-max", type=positive_int, help="largest horizon (default 1.5 H_base; descent: 4 H_base)")
     parser.add_argument(
         "--params",
         type=float,
@@ -64,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.schedule is not None:
         schedule_cfg["schedule"] = args.schedule
     overrides = {"method": args.method}
+    if args.controller is not None:
+        overrides["controller"] = args.controller
     if args.h_base is not None:  # q_h and h_max follow H_base unless given
         overrides.update(h_base=args.h_base, q_h=None, h_max=None)
     if args.q_h is not None:
