@@ -7,7 +7,10 @@ initialization and reads the same batches, so differences are paired. The
 simulation applies each average at the step it is due, so the loss numbers are
 the ones a real overlapped run gets; wall time on a link is not measured here.
 
-    python benchmarks/overlap_quality.py --seeds 0,1,2 --out runs/overlap --report docs/results_overlap.md
+    python benchmarks/overlap_quality.py --seeds 0,1,2 --out docs/results/overlap --report docs/results_overlap.md
+
+Each finished run is one JSON file in ``--out`` (committed under docs/results/overlap); a rerun reuses
+them, so the report regenerates without training.
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--q-h", type=int, default=2, help="2 so that the delayed merge (tau 1 < q_H) is admissible")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--out", default="runs/overlap")
+    parser.add_argument("--out", default="docs/results/overlap")
     parser.add_argument("--report", help="markdown file for the table (default: print only)")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -156,19 +159,20 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     torch.set_num_threads(1)
-    from autoloco_hf.cli.demo_data import corpus_documents, split_tokens, train_tokenizer
-
-    documents = corpus_documents()
-    data = split_tokens(train_tokenizer("\n\n".join(documents), VOCAB), documents)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results, data = [], None
     for seed in [int(s) for s in args.seeds.split(",")]:
         for v in variants:  # interleaved: the machine's speed drifts
             path = out / f"{v}_seed{seed}.json"
             if path.exists():
                 results.append(json.loads(path.read_text()))
                 continue
+            if data is None:  # built only when something is left to train: a report of finished runs needs none
+                from autoloco_hf.cli.demo_data import corpus_documents, split_tokens, train_tokenizer
+
+                documents = corpus_documents()
+                data = split_tokens(train_tokenizer("\n\n".join(documents), VOCAB), documents)
             result = run_variant(v, args, seed, data)
             path.write_text(json.dumps(result))
             results.append(result)
