@@ -220,16 +220,8 @@ class AutoLoCoConfig:
     eps: float = option(
         1e-8, "Epsilon of the ratios `C_t`, `d_t`, `rho_t` and of normalization.", Range(0.0, 1.0, low_open=True)
     )
-    adjust_momentum: bool | None = option(
-        None,
-        """Momentum retention; off gives `mu_t = mu_base`. Default on with controller `paper`, off with `descent`
-        (measured: docs/algorithm.md §5.6).""",
-    )
-    scale_outer_lr: bool | None = option(
-        None,
-        """Bounded outer-step scaling; off gives `eta_t = outer_lr`. Default on with controller `paper`, off with
-        `descent`.""",
-    )
+    adjust_momentum: bool = option(True, "Momentum retention; off gives `mu_t = mu_base`.")
+    scale_outer_lr: bool = option(True, "Bounded outer-step scaling; off gives `eta_t = outer_lr`.")
     normalize_pseudo_grad: bool = option(False, "Divide the mean pseudo-gradient by `rho_t`; on for SFT.")
 
     # ------------------------------------------------------------ horizon controller (docs/algorithm.md §5)
@@ -452,11 +444,6 @@ class AutoLoCoConfig:
             self.h_max = max(self.h_base, (int(factor * self.h_base) // self.q_h) * self.q_h)
         if self.outer_momentum is None:
             self.outer_momentum = 0.9 if self.method == Method.DILOCO else 0.7
-        paper = self.controller == Controller.PAPER  # the descent rule runs the plain outer step by default
-        if self.adjust_momentum is None:
-            self.adjust_momentum = paper
-        if self.scale_outer_lr is None:
-            self.scale_outer_lr = paper
 
     def _check_horizon_domain(self) -> None:
         if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
