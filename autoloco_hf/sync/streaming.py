@@ -154,10 +154,17 @@ class FragmentSchedule:
         return engine.current_interval, engine.counters.lr_mass
 
     def _merge(self, engine: IntervalEngine, fragment: Fragment, step: int, outer: OuterStep) -> None:
-        """The fragment's ``theta`` into every replica: copied (blocking, last interval, invalid, ``alpha = 0``) or mixed."""
+        """The fragment's ``theta`` into every replica: copied (blocking, last interval, ``alpha = 0``) or mixed.
+
+        After an invalid average every replica restarts from all of ``theta``: the
+        non-finite values have reached the other fragments through the inner steps.
+        """
         alpha = engine.config.overlap_mix
         theta = engine.theta()
-        if self.mode == Overlap.NONE or step >= engine.total_steps or alpha == 0.0 or not outer.applied:
+        if not outer.applied:
+            engine.write_back(theta)
+            return
+        if self.mode == Overlap.NONE or step >= engine.total_steps or alpha == 0.0:
             engine.write_back(theta, fragment)
             return
         start, end = fragment.span

@@ -280,3 +280,20 @@ def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire):
         assert len(result["outer"]) == len(outer_sim) >= 6
         for (theta, momentum), (theta_sim, momentum_sim) in zip(result["outer"], outer_sim):
             assert torch.equal(theta, theta_sim) and torch.equal(momentum, momentum_sim)
+
+
+def test_a_non_finite_fragment_skips_its_outer_step_and_the_interval_is_invalid():
+    cfg = config(method="diloco")
+    runner = runner_for(cfg, SimulatedCommunicator(2))
+    train(runner, 0, 6, (0, 1))  # interval [4, 8): fragment 0 synced at 6, fragment 1 at 8
+    theta = runner.engine.outer.params.detach().clone()
+    with torch.no_grad():
+        runner.models[1].head.bias.fill_(math.nan)  # fragment 1, worker 1
+    train(runner, 6, 8, (0, 1))
+    first, second = runner.engine.fragments
+    assert not runner.engine.records[1].outer_step_applied
+    assert torch.equal(runner.engine.outer.params.detach()[slice(*second.span)], theta[slice(*second.span)])
+    for model in runner.models:
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    train(runner, 8, STEPS, (0, 1))
+    assert all(r.outer_step_applied for r in runner.engine.records[2:])
