@@ -113,6 +113,7 @@ class FragmentSchedule:
         assert interval is not None
         if last:
             self.closed = engine.close_interval()
+        started = time.perf_counter()
         deltas, messages = engine.contributions(interval, fragment=fragment, counted=last)
         segments = engine.segment_sizes[fragment.first : fragment.last]
         if self.mode == Overlap.NONE:
@@ -121,7 +122,8 @@ class FragmentSchedule:
         else:
             pending = engine.comm.start_average(deltas, messages, segments)
             due = min(engine.step + self.delay, engine.total_steps)
-        self.in_flight = FragmentFlight(fragment.index, engine.step, due, pending)
+        self.in_flight = FragmentFlight(fragment.index, engine.step, due, pending, started)
+        self.sync_seconds += time.perf_counter() - started  # the training loop waits for this part too
         self.next_fragment = 0 if last else fragment.index + 1
         if last:  # the next interval's length is decided when this fragment lands
             engine.pause_interval()
