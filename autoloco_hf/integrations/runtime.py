@@ -278,7 +278,8 @@ class WorkerRuntime:
         interval = self.engine.current_interval
         if self._local_replica is not None or not self.config.is_interval_method:
             return
-        if interval is None or self.engine.step == interval.start_step:  # after the last sync, or right after one
+        # after the last sync, or right after a whole-model one (with fragments only the last one was just synced)
+        if interval is None or (self.engine.step == interval.start_step and self.config.fragments == 1):
             return
         params = self.trainable.params
         self._local_replica = [p.detach().to("cpu", copy=True) for p in params]
