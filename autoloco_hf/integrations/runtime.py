@@ -247,9 +247,10 @@ class WorkerRuntime:
             return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
         except PeerLostError as err:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
+            # a delayed merge (or a fragment's) may land while the next interval's length is still open
+            steps = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
             raise err.at(
-                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}, steps "
-                f"{interval.start_step + 1}-{interval.start_step + interval.h_step}) failed",
+                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps}) failed",
                 "nothing of this interval was applied or saved: restart from the last checkpoint (docs/reliability.md)",
             ) from None
 

@@ -297,3 +297,26 @@ def test_a_non_finite_fragment_skips_its_outer_step_and_the_interval_is_invalid(
         assert all(torch.isfinite(p).all() for p in model.parameters())
     train(runner, 8, STEPS, (0, 1))
     assert all(r.outer_step_applied for r in runner.engine.records[2:])
+
+
+def test_every_fragment_sync_checks_agreement_before_its_payload():
+    """Worker 1 claims another horizon: the first fragment's sync (step 2 of the first interval) stops the run."""
+    from autoloco_hf.sync.control import WorkerDisagreement
+
+    runner = runner_for(config(method="diloco"), SimulatedCommunicator(2))
+    payload_sent = []
+    average = SimulatedCommunicator.average
+
+    def tampered(self, flats, scalars, segment_sizes, wire_dtype=None, check=None):
+        scalars = [scalars[0], scalars[1].clone()]
+        scalars[1][-3] += 2.0  # worker 1's h_step
+        result = average(self, flats, scalars, segment_sizes, wire_dtype, check)
+        payload_sent.append(True)
+        return result
+
+    theta_0 = runner.engine.outer.params.detach().clone()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SimulatedCommunicator, "average", tampered)
+        with pytest.raises(WorkerDisagreement, match=r"\(h_step: worker 0=4, worker 1=6\)"):
+            train(runner, 0, 4, (0, 1))
+    assert runner.step == 2 and not payload_sent and torch.equal(runner.engine.outer.params, theta_0)
