@@ -500,7 +500,7 @@ class AutoLoCoConfig:
             )
 
     def _check_fragments(self) -> None:
-        """Fragments need intervals of one outer state per rank, and room for every fragment's sync (and merge)."""
+        """Fragments need intervals, one whole-model start point and residual, and room for every fragment's sync (and merge)."""
         if self.fragments == 1:
             return
         if not self.is_interval_method:
@@ -513,11 +513,6 @@ class AutoLoCoConfig:
             "error_feedback": (
                 self.error_feedback,
                 "its residual is one whole-model buffer: use fragments=1 or error_feedback=False",
-            ),
-            "ranks_per_worker": (
-                self.ranks_per_worker > 1,
-                "worker groups (hierarchical sync, FSDP2) shard the outer state across ranks, which fragments do not "
-                "support yet: use fragments=1",
             ),
         }
         for name, (refused, fix) in refusals.items():

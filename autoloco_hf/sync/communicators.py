@@ -320,6 +320,8 @@ class ProcessGroupCommunicator(Communicator):
         sums, rows = _control_sums(gathered)
         if gathered and check is not None:  # every worker holds the same rows: all raise alike, before the payload
             check(sums, rows)
+        if flat.numel() == 0:  # a streaming fragment outside this rank's shard (and its group's): no payload
+            return AverageResult(flat.detach().clone(), sums, traffic, rows)
         with self._guarded("the synchronization's pseudo-gradient exchange"):
             if wire == WireDtype.FP32:
                 mean = self._all_reduce_mean(flat, traffic)
@@ -426,7 +428,7 @@ class ProcessGroupCommunicator(Communicator):
         start = time.perf_counter()
         gathered, gather_work = self._gather_scalars(scalars, flat.device, async_op=True)
         total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
-        works = [w for w in (gather_work,) if w is not None] + self._start_all_reduce(total)
+        works = [w for w in (gather_work,) if w is not None] + (self._start_all_reduce(total) if total.numel() else [])
 
         def finish() -> AverageResult:
             with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s

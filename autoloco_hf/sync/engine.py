@@ -408,11 +408,20 @@ class IntervalEngine:
         ]
         # streaming fragments (docs/algorithm.md §12); one piece, the whole model, when fragments=1
         self.fragments = split_fragments(self.segment_sizes, config.fragments)
-        if config.fragments > 1 and self.shard != (0, numel):
+        if config.fragments > 1 and self.comm.shards_per_worker > 1 and self.shard == (0, numel):
             raise ValueError(
-                f"fragments={config.fragments} with a sharded outer state (this rank owns {self.shard} of {numel} "
-                "elements: FSDP2 or hierarchical worker groups) is not supported: use fragments=1"
+                f"fragments={config.fragments} with FSDP2 workers (each rank's model is its local shards) is not "
+                "supported: use fragments=1, or DDP worker groups (ranks_per_worker with hierarchical_sync)"
             )
+        # this rank's part of each fragment, in flat-model coordinates: all of it, or where it meets the
+        # rank's shard (possibly nothing: then only the control message travels, docs/algorithm.md §12.1)
+        self.fragment_pieces = [
+            (min(max(s, start), end), max(min(e, end), start)) for s, e in (f.span for f in self.fragments)
+        ]
+        self.fragment_segment_sizes = [
+            [n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(lo, hi - lo)]
+            for lo, hi in self.fragment_pieces
+        ]
         self.fragment_payload_bytes = [
             payload_bytes(1, f.numel, self.comm.wire_dtype, self.comm.block_size) for f in self.fragments
         ]
@@ -423,7 +432,7 @@ class IntervalEngine:
             momentum=config.outer_momentum,
             device="cpu" if config.outer_on_cpu else None,
             shard=None if self.shard == (0, numel) else self.shard,
-            spans=[f.span for f in self.fragments] if config.fragments > 1 else None,
+            spans=[(lo - start, hi - start) for lo, hi in self.fragment_pieces] if config.fragments > 1 else None,
         )
         # one FP32 residual per local worker, carried to the next interval (docs/algorithm.md §7 extension)
         self.error_feedback = (
@@ -505,7 +514,7 @@ class IntervalEngine:
         deltas, messages = [], []
         for i, params in enumerate(self.worker_params):
             if fragment is not None:
-                delta = self.outer.pseudo_gradient(params, fragment.span)
+                delta = self.outer.pseudo_gradient(params, self.fragment_pieces[fragment.index])
             elif starts is None:
                 delta = self.outer.pseudo_gradient(params)
             else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.2)

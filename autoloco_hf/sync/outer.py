@@ -71,8 +71,9 @@ class OuterOptimizer:
         shard: ``(start, end)`` of the flat model this rank owns (worker groups
             with the hierarchical sync, docs/algorithm.md §8.3): the outer parameters,
             momentum and pseudo-gradients cover only that range.
-        spans: the ``(start, end)`` ranges of the streaming fragments (docs/algorithm.md §12),
-            each stepped on its own with its own momentum; ``None``: one piece.
+        spans: the ``(start, end)`` ranges of the streaming fragments (docs/algorithm.md §12) in this
+            optimizer's buffer (the shard's, when sharded), each stepped on its own with its own momentum;
+            ``None``: one piece.
     """
 
     def __init__(
@@ -88,8 +89,6 @@ class OuterOptimizer:
         self.numels = [p.numel() for p in params]
         self.shard = shard
         self.params = flatten_fp32(params, self.device, shard).requires_grad_(True)
-        if spans is not None and shard is not None:
-            raise ValueError("a sharded OuterOptimizer has no fragments: pass shard= or spans=, not both")
         # one leaf view of theta per fragment, each in its own param group: SGD keeps one momentum per fragment
         self._pieces = (
             [self.params] if spans is None else [self.params.detach()[s:e].requires_grad_() for s, e in spans]
@@ -114,11 +113,15 @@ class OuterOptimizer:
     def pseudo_gradient(
         self, local_params: Sequence[torch.Tensor], span: tuple[int, int] | None = None
     ) -> torch.Tensor:
-        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2), or its ``span``."""
+        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2), or its ``span``.
+
+        ``span``: a range of the flat model (inside the shard, when sharded).
+        """
         if span is None:
             return self.params.detach() - flatten_fp32(local_params, self.device, self.shard)
         start, end = span
-        return self.params.detach()[start:end] - flatten_fp32(local_params, self.device, span)
+        offset = self.shard[0] if self.shard is not None else 0
+        return self.params.detach()[start - offset : end - offset] - flatten_fp32(local_params, self.device, span)
 
     @torch.no_grad()
     def step(

@@ -14,6 +14,8 @@ replicas at once (``overlap = "none"``) or merged ``overlap_steps`` steps later
 interval once the last fragment has landed, as with one piece. One fragment is in
 flight at a time: the config keeps every interval at least
 ``F (overlap_steps + 1)`` steps long, and shorter mapped ones are stretched.
+With worker groups (hierarchical sync) each rank syncs where the fragment meets
+its shard (``IntervalEngine.fragment_pieces``).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class FragmentSchedule:
             self.closed = engine.close_interval()
         started = time.perf_counter()
         deltas, messages = engine.contributions(interval, fragment=fragment, counted=last)
-        segments = engine.segment_sizes[fragment.first : fragment.last]
+        segments = engine.fragment_segment_sizes[fragment.index]
         if self.mode == Overlap.NONE:
             result = engine.comm.average(deltas, messages, segments, check=engine.check_agreement)
             pending, due = PendingAverage.completed(result), engine.step

@@ -89,7 +89,6 @@ def test_config_validates_fragments_in_one_line():
         (dict(fragments=5), "fragments=5 is invalid: .* use fragments <= 4 or longer intervals"),
         (dict(overlap="eager"), "overlap='eager' is invalid: with fragments=2, eager overlap does not combine"),
         (dict(wire_dtype="int8", error_feedback=True), "error_feedback=True is invalid: with fragments=2"),
-        (dict(ranks_per_worker=2), "ranks_per_worker=2 is invalid: with fragments=2, worker groups"),
         (dict(method="ddp"), "fragments=2 is invalid: DDP averages gradients every step"),
     ]
     for overrides, message in cases:
@@ -320,3 +319,42 @@ def test_every_fragment_sync_checks_agreement_before_its_payload():
         with pytest.raises(WorkerDisagreement, match=r"\(h_step: worker 0=4, worker 1=6\)"):
             train(runner, 0, 4, (0, 1))
     assert runner.step == 2 and not payload_sent and torch.equal(runner.engine.outer.params, theta_0)
+
+
+# ------------------------------------------------------------------ worker groups: each rank syncs its shard
+def _worker_groups(rank: int, world_size: int) -> dict:
+    from test_hierarchical import R, _run
+
+    from autoloco_hf.integrations.groups import build_topology
+
+    topo = build_topology(R)
+    # F = 4 on the toy model's 5 tensors: fragments (0, 512), (512, 768), (768, 784), (784, 1328); shard 0 is
+    # (0, 664): it meets fragments 0 and 1 only, shard 1 fragments 1 and 3 (fragment 2 and 0: control messages only)
+    settings = {"blocking": dict(fragments=4), "delayed": dict(fragments=2, overlap="delayed", overlap_steps=1)}
+    return {(name, hier): _run(topo, "fp32", hier, **kw) for name, kw in settings.items() for hier in (False, True)}
+
+
+def test_worker_groups_sync_their_shard_of_each_fragment_as_the_unsharded_run():
+    """2 workers x 2 ranks (hierarchical_sync): each rank syncs where each fragment meets its shard; FP32
+    parameters bit for bit those of the layout where every rank syncs the whole fragment, statistics to rounding."""
+    runs = run_gloo(_worker_groups, 4, timeout=300)
+    for rank, result in enumerate(runs):
+        for name in ("blocking", "delayed"):
+            flat, hier = result[name, False], result[name, True]
+            assert len(flat["records"]) >= 8 and [r[:2] for r in hier["records"]] == [r[:2] for r in flat["records"]]
+            assert [r[4] for r in hier["records"]] == [r[4] for r in flat["records"]]
+            for (_, _, d_flat, c_flat, _), (_, _, d_hier, c_hier, _) in zip(flat["records"], hier["records"]):
+                assert math.isclose(d_hier, d_flat, rel_tol=1e-12) and math.isclose(c_hier, c_flat, abs_tol=1e-9)
+            for p_flat, p_hier in zip(flat["params"], hier["params"]):
+                assert torch.equal(p_hier, p_flat), (rank, name)
+            assert hier["outer_numel"] == flat["model_numel"] // 2 and hier["wire_bytes"] * 2 == flat["wire_bytes"]
+            partner = runs[rank ^ 1][name, True]["params"]  # the other rank of the same worker
+            assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner))
+
+
+def test_fsdp2_workers_are_refused_in_one_line():
+    class FsdpLike(SimulatedCommunicator):  # ShardedWorkerCommunicator's layout: the local shards are the model
+        shards_per_worker = 2
+
+    with pytest.raises(ValueError, match="fragments=2 with FSDP2 workers .* is not supported: use fragments=1"):
+        runner_for(config(), FsdpLike(2))
