@@ -13,7 +13,8 @@ stages of a boundary (docs/algorithm.md §2) as public methods:
 5. :meth:`~IntervalEngine.record`: the record, the totals, the boundary listeners.
 
 *When* these run is a :class:`SyncSchedule` strategy: :class:`BlockingSchedule` here,
-the delayed and eager ones in :mod:`autoloco_hf.sync.overlap`. Build an engine with
+the delayed and eager ones in :mod:`autoloco_hf.sync.overlap`, streaming fragments
+in :mod:`autoloco_hf.sync.streaming`. Build an engine with
 :func:`autoloco_hf.sync.factory.make_engine`, which also picks the DDP baseline.
 
 Example (two simulated workers on a toy regression)::
@@ -256,8 +257,8 @@ class SyncSchedule(Protocol):
 
     A schedule calls the engine's public stages only, and keeps its own state
     (what is in flight, per-worker start points) in :meth:`state_dict`. A new
-    schedule (e.g. fragments synchronized at offsets inside the interval) is one
-    more class with these members and one more branch in ``make_engine``.
+    schedule is one more class with these members and one more branch in
+    ``make_engine``, as the streaming fragments' (:mod:`autoloco_hf.sync.streaming`).
     """
 
     mode: Overlap
