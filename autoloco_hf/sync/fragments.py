@@ -36,10 +36,10 @@ class Fragment:
 def split_fragments(sizes: Sequence[int], fragments: int) -> tuple[Fragment, ...]:
     """``fragments`` contiguous, non-empty pieces of the parameters of ``sizes`` elements, balanced by bytes.
 
-    Cut ``k`` lies at the parameter boundary nearest to ``k / F`` of the elements
-    (the lower one on a tie), after cut ``k - 1`` and leaving a parameter to each
-    later fragment. Every element costs the same on the wire (one flat FP32,
-    BF16 or INT8 buffer), so elements are bytes.
+    The largest fragment (the largest sync event) is as small as whole tensors
+    allow; among such layouts, cut ``k`` lies at the boundary nearest to ``k / F``
+    of the elements (the lower one on a tie). Every element costs the same on the
+    wire (one flat FP32, BF16 or INT8 buffer), so elements are bytes.
     """
     n = len(sizes)
     if fragments > n:
@@ -51,15 +51,44 @@ def split_fragments(sizes: Sequence[int], fragments: int) -> tuple[Fragment, ...
     for size in sizes:
         prefix.append(prefix[-1] + size)
     total = prefix[-1]
+    cap = _smallest_largest_fragment(prefix, fragments)
+    need = _fragments_needed(prefix, cap)
     cuts = [0]
     for k in range(1, fragments):
-        target = k * total / fragments
-        candidates = range(cuts[-1] + 1, n - (fragments - k) + 1)
+        target, left = k * total / fragments, fragments - k
+        candidates = [
+            j for j in range(cuts[-1] + 1, n - left + 1) if prefix[j] - prefix[cuts[-1]] <= cap and need[j] <= left
+        ]
         cuts.append(min(candidates, key=lambda j: (abs(prefix[j] - target), j)))
     cuts.append(n)
     return tuple(
         Fragment(f, first, last, (prefix[first], prefix[last])) for f, (first, last) in enumerate(zip(cuts, cuts[1:]))
     )
+
+
+def _fragments_needed(prefix: Sequence[int], cap: int) -> list[int]:
+    """``need[j]``: the fewest fragments of at most ``cap`` elements that hold tensors ``j..n-1`` (greedy is optimal)."""
+    n = len(prefix) - 1
+    need = [0] * (n + 1)
+    end = n
+    for j in range(n - 1, -1, -1):  # end: the furthest boundary one fragment from j reaches
+        while prefix[end] - prefix[j] > cap:
+            end -= 1
+        need[j] = 1 + need[end]
+    return need
+
+
+def _smallest_largest_fragment(prefix: Sequence[int], fragments: int) -> int:
+    """The smallest cap on a fragment's elements with which ``fragments`` fragments hold every tensor."""
+    low = max(b - a for a, b in zip(prefix, prefix[1:]))
+    high = prefix[-1]
+    while low < high:
+        mid = (low + high) // 2
+        if _fragments_needed(prefix, mid)[0] <= fragments:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def fragment_event_offset(fragment: int, fragments: int, h_step: int, last_round: bool) -> int:

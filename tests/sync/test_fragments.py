@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 
 import pytest
@@ -69,6 +70,20 @@ def test_fragments_are_contiguous_whole_tensors_balanced_by_bytes():
     assert [f.span for f in four] == [(0, 200), (200, 400), (400, 600), (600, 800)]
     assert [(f.first, f.last) for f in split_fragments([1000, 1, 1], 3)] == [(0, 1), (1, 2), (2, 3)]  # never empty
     assert split_fragments(sizes, 1)[0].span == (0, 1328)
+    # the largest fragment is as small as whole tensors allow (nearest-to-k/F cuts alone would give 544 here)
+    assert [f.span for f in split_fragments(sizes, 4)] == [(0, 512), (512, 784), (784, 1296), (1296, 1328)]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 9, (1,), generator=generator))
+        layout = torch.randint(1, 50, (n,), generator=generator).tolist()
+        count = int(torch.randint(1, n + 1, (1,), generator=generator))
+        split = split_fragments(layout, count)
+        assert [f.first for f in split] + [n] == [0] + [f.last for f in split] and all(f.numel > 0 for f in split)
+        smallest = min(
+            max(sum(layout[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+            for cuts in itertools.combinations(range(1, n), count - 1)
+        )
+        assert max(f.numel for f in split) == smallest, (layout, count)
     with pytest.raises(ValueError, match="fragments=6 but the model has 5 parameter tensors: use fragments <= 5"):
         split_fragments(sizes, 6)
 
@@ -328,8 +343,8 @@ def _worker_groups(rank: int, world_size: int) -> dict:
     from autoloco_hf.integrations.groups import build_topology
 
     topo = build_topology(R)
-    # F = 4 on the toy model's 5 tensors: fragments (0, 512), (512, 768), (768, 784), (784, 1328); shard 0 is
-    # (0, 664): it meets fragments 0 and 1 only, shard 1 fragments 1 and 3 (fragment 2 and 0: control messages only)
+    # F = 4 on the toy model's 5 tensors: fragments (0, 512), (512, 784), (784, 1296), (1296, 1328); shard 0 is
+    # (0, 664): it meets fragments 0 and 1 only, shard 1 fragments 1 to 3 (fragment 0: control messages only)
     settings = {"blocking": dict(fragments=4), "delayed": dict(fragments=2, overlap="delayed", overlap_steps=1)}
     return {(name, hier): _run(topo, "fp32", hier, **kw) for name, kw in settings.items() for hier in (False, True)}
 
