@@ -274,13 +274,16 @@ class WorkerRuntime:
 
         Mid-interval every rank's model is its own local replica; a checkpoint's model file must be the model
         the workers agreed on. The replica moves to host memory until :meth:`restore_local_parameters`.
-        Nothing to do at a boundary (the replica is theta_t) or for the DDP method (no outer state).
+        Nothing to do after the last sync or right after a blocking whole-model one (the replica is theta_t), or
+        for the DDP method (no outer state). A boundary whose average is still in flight (``delayed``, ``eager``)
+        or that synchronized one fragment only (docs/algorithm.md §12) leaves the replica elsewhere.
         """
-        interval = self.engine.current_interval
+        engine = self.engine
         if self._local_replica is not None or not self.config.is_interval_method:
             return
-        # after the last sync, or right after a whole-model one (with fragments only the last one was just synced)
-        if interval is None or (self.engine.step == interval.start_step and self.config.fragments == 1):
+        interval = engine.current_interval
+        just_synced = interval is not None and engine.step == interval.start_step and engine.in_flight is None
+        if engine.step >= engine.total_steps or (just_synced and self.config.fragments == 1):
             return
         params = self.trainable.params
         self._local_replica = [p.detach().to("cpu", copy=True) for p in params]

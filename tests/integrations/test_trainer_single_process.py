@@ -387,3 +387,22 @@ def test_streaming_fragments_checkpoint_at_a_boundary_holds_theta(tmp_path):
     for name, t in zip(names, theta):
         assert torch.equal(weights[name], t), f"checkpoint-4/{name} is not theta_t"
     assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "fragment 0 trained on since its sync at 2"
+
+
+@pytest.mark.parametrize("config", [{"overlap": "delayed", "overlap_steps": 1}, {"overlap": "eager"}])
+def test_a_checkpoint_at_a_boundary_with_the_average_in_flight_holds_theta(tmp_path, config):
+    """The boundary's average lands later (delayed merge, eager update): the model file is theta_t, not the replica."""
+    from safetensors.torch import load_file
+
+    config = {"method": "diloco", "h_base": 4, **config}
+    trainer, _ = make_trainer(tmp_path, DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    trainer.train()
+    model = trainer.model
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    checkpoint = str(tmp_path / "checkpoint-4")
+    weights = load_file(f"{checkpoint}/model.safetensors")
+    theta, replica = theta_and_replica(checkpoint, config, params)
+    for name, t in zip(names, theta):
+        assert torch.equal(weights[name], t), f"checkpoint-4/{name} is not theta_t"
+    assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "the replica trained on from its own point"
