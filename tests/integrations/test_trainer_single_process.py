@@ -395,14 +395,22 @@ def test_a_checkpoint_at_a_boundary_with_the_average_in_flight_holds_theta(tmp_p
     from safetensors.torch import load_file
 
     config = {"method": "diloco", "h_base": 4, **config}
-    trainer, _ = make_trainer(tmp_path, DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    trainer, first = make_trainer(tmp_path / "full", DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
     trainer.train()
     model = trainer.model
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
-    checkpoint = str(tmp_path / "checkpoint-4")
+    checkpoint = str(tmp_path / "full" / "checkpoint-4")
     weights = load_file(f"{checkpoint}/model.safetensors")
     theta, replica = theta_and_replica(checkpoint, config, params)
     for name, t in zip(names, theta):
         assert torch.equal(weights[name], t), f"checkpoint-4/{name} is not theta_t"
     assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "the replica trained on from its own point"
+    # and the Trainer resumes from it (its check: model file == theta_t in the AutoLoCo state), exactly
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full", out, ignore=shutil.ignore_patterns("checkpoint-8"))
+    resumed, callback = make_trainer(out, DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    for a, b in zip(model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert stable(callback.engine.records) == stable(first.engine.records)
