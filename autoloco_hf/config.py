@@ -420,6 +420,17 @@ class AutoLoCoConfig:
         FRACTION,
     )
 
+    fragments: int = option(
+        1,
+        """Streaming fragments `F`: the flat model is split into `F` contiguous pieces at parameter boundaries,
+        balanced by bytes; fragment `f` is synchronized at step `ceil((f + 1) H / F)` of each interval of `H`
+        steps (the last at the boundary), each with its own slice of the outer parameters and momentum, so a
+        sync event sends about `1/F` of the model and the link is busy all interval. The controller decides
+        `H` once per interval from the fragments' summed statistics. 1: the whole model at the boundary
+        (docs/algorithm.md §12).""",
+        COUNT,
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             kind, optional = field_types(type(self))[f.name]
@@ -432,6 +443,7 @@ class AutoLoCoConfig:
         self._check_controller()
         self._check_communication()
         self._check_overlap()
+        self._check_fragments()
 
     # -- defaults that depend on other fields, then the rules that relate fields ---------------------
     def _derive_defaults(self) -> None:
@@ -509,7 +521,42 @@ class AutoLoCoConfig:
                 f"is {self.min_interval_steps} steps: use overlap_steps < {self.min_interval_steps}",
             )
 
+    def _check_fragments(self) -> None:
+        """Fragments need intervals, one whole-model start point and residual, and room for every fragment's sync (and merge)."""
+        if self.fragments == 1:
+            return
+        if not self.is_interval_method:
+            _fail("fragments", self.fragments, "DDP averages gradients every step: use fragments=1")
+        refusals = {
+            "overlap": (
+                self.overlap == Overlap.EAGER,
+                "eager overlap does not combine with fragments > 1: use overlap='delayed'",
+            ),
+            "error_feedback": (
+                self.error_feedback,
+                "its residual is one whole-model buffer: use fragments=1 or error_feedback=False",
+            ),
+        }
+        for name, (refused, fix) in refusals.items():
+            if refused:
+                _fail(name, getattr(self, name), f"with fragments={self.fragments}, {fix}")
+        needed = self.fragments * (self.fragment_delay + 1)
+        if self.min_interval_steps < needed:
+            _fail(
+                "fragments",
+                self.fragments,
+                f"each of the {self.fragments} fragments needs {self.fragment_delay + 1} step(s) of the interval "
+                f"(its sync{' and its merge' if self.fragment_delay else ''}), so intervals must be at least "
+                f"{needed} steps but method={self.method} plans {self.min_interval_steps}: use fragments <= "
+                f"{max(self.min_interval_steps // (self.fragment_delay + 1), 1)} or longer intervals",
+            )
+
     # -- derived properties -------------------------------------------------
+    @property
+    def fragment_delay(self) -> int:
+        """Steps between a fragment's sync and the use of its result: ``overlap_steps`` when delayed, else 0."""
+        return self.overlap_steps if self.overlap == Overlap.DELAYED else 0
+
     @property
     def is_interval_method(self) -> bool:
         """Whether workers run local intervals (everything but DDP)."""

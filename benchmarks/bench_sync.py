@@ -10,7 +10,9 @@ layout (a few hundred tensors):
   including the float64 scalar vector the engine sends with it.
 
 Median of ``--repeats`` runs after one warm-up, rank 0's clock, a barrier before each
-run. Also printed: wire bytes one worker sends (ring ``2 (N-1)/N`` for the all-reduces,
+run; the methods take turns within each repeat (interleaved), and ``x bare`` is the
+median over repeats of each method's time over the bare all-reduce timed just before
+it (``max x``: the largest), so a load swing hits both sides of a ratio alike. Also printed: wire bytes one worker sends (ring ``2 (N-1)/N`` for the all-reduces,
 exact all_to_all splits for owner-reduce), the encode / collective / decode split that
 the communicator reports, and the codec's encode+decode throughput on the whole buffer
 into persistent wire buffers (``_median_seconds`` of ``bench_codec_throughput.py``).
@@ -25,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,17 +73,24 @@ def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list
     return out
 
 
-def _timed(fn, repeats: int) -> tuple[float, list]:
-    """Median seconds of ``fn()`` (with a barrier before each run) and every run's return value."""
-    dist.barrier()
-    fn()  # warm-up: allocator, gloo pairs, codec construction
-    times, results = [], []
-    for _ in range(repeats):
+def _timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, list[float]], dict]:
+    """Every ``fn``'s seconds per repeat, the methods taking turns within each repeat, and each one's results.
+
+    Interleaved so that a load swing on a shared machine hits the reference and
+    the codec paths alike: their per-repeat ratios compare like with like.
+    """
+    for fn in fns.values():  # warm-up: allocator, gloo pairs, codec construction
         dist.barrier()
-        t0 = time.perf_counter()
-        results.append(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), results
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, list] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            results[name].append(fn())
+            times[name].append(time.perf_counter() - t0)
+    return times, results
 
 
 def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, threads: int, queue) -> None:
@@ -105,25 +117,33 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
             buf.copy_(x)  # inside the timer, like average()'s own copy; ~1% of the all-reduce
             dist.all_reduce(buf)
 
-        t, _ = _timed(bare, repeats)
-        rows.append(dict(numel=numel, segments=len(segments), method="all_reduce fp32", seconds=t, wire_bytes=ring))
-        for wire in WIRES:
-            comm = ProcessGroupCommunicator(wire_dtype=wire)
-            t, results = _timed(lambda: comm.average([x], [scalars], segments), repeats)
-            split = {
-                k: statistics.median(getattr(r.traffic, k) for r in results)
-                for k in ("encode_seconds", "collective_seconds", "decode_seconds")
-            }
-            rows.append(
-                dict(
-                    numel=numel,
-                    segments=len(segments),
-                    method=f"average {wire}",
-                    seconds=t,
-                    wire_bytes=results[0].traffic.wire_bytes,
-                    **split,
-                )
+        comms = {wire: ProcessGroupCommunicator(wire_dtype=wire) for wire in WIRES}
+        fns: dict[str, Callable[[], Any]] = {"all_reduce fp32": bare}
+        for wire, comm in comms.items():
+            fns[f"average {wire}"] = lambda comm=comm: comm.average([x], [scalars], segments)
+        times, results = _timed_interleaved(fns, repeats)
+        reference = times["all_reduce fp32"]
+        for name, seconds in times.items():
+            row = dict(
+                numel=numel,
+                segments=len(segments),
+                method=name,
+                seconds=statistics.median(seconds),
+                times=seconds,
+                # per repeat, over the bare all-reduce timed right before it
+                x_bare=statistics.median(t / ref for t, ref in zip(seconds, reference)),
+                x_bare_max=max(t / ref for t, ref in zip(seconds, reference)),
+                wire_bytes=ring,
             )
+            if name != "all_reduce fp32":
+                row["wire_bytes"] = results[name][0].traffic.wire_bytes
+                row.update(
+                    {
+                        k: statistics.median(getattr(r.traffic, k) for r in results[name])
+                        for k in ("encode_seconds", "collective_seconds", "decode_seconds")
+                    }
+                )
+            rows.append(row)
         if rank == 0:
             for wire in ("bf16", "int8"):
                 codec = WireCodec(wire, segments)
@@ -154,13 +174,14 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--json", help="also write every row (each repeat's seconds included) to this file")
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
 
     print(
         f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "
-        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} after 1 warm-up"
+        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} interleaved after 1 warm-up"
     )
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -173,8 +194,8 @@ def main() -> None:
     rows = queue.get()
 
     print(
-        f"{'elements':>12} {'segs':>4} {'method':<16} {'seconds':>8} {'x bare':>7} {'wire MB/worker':>15} "
-        f"{'x fp32':>7} {'encode s':>9} {'collect. s':>10} {'decode s':>9}"
+        f"{'elements':>12} {'segs':>4} {'method':<16} {'seconds':>8} {'x bare':>7} {'max x':>6} "
+        f"{'wire MB/worker':>15} {'x fp32':>7} {'encode s':>9} {'collect. s':>10} {'decode s':>9}"
     )
     for numel in sizes:
         mine = [r for r in rows if r["numel"] == numel and "seconds" in r]
@@ -187,13 +208,16 @@ def main() -> None:
             )
             print(
                 f"{numel:>12,} {r['segments']:>4} {r['method']:<16} {r['seconds']:>8.3f} "
-                f"{r['seconds'] / bare['seconds']:>7.2f} {r['wire_bytes'] / 1e6:>15.2f} "
+                f"{r['x_bare']:>7.2f} {r['x_bare_max']:>6.2f} {r['wire_bytes'] / 1e6:>15.2f} "
                 f"{r['wire_bytes'] / bare['wire_bytes']:>7.4f} {split}"
             )
     print("codec encode+decode of the whole buffer into persistent buffers (rank 0), GB/s of FP32 input:")
     for r in rows:
         if "gbps" in r:
             print(f"{r['numel']:>12,} {r['segments']:>4} {r['method']:<16} {r['gbps']:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load_average": os.getloadavg(), "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

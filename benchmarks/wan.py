@@ -33,6 +33,9 @@ Rows (``--rows``):
   ``{r, r+2}`` syncing the whole model (every node sends 2 copies);
 * ``diloco-2x2-hier``: the same with the hierarchical sync (reduce-scatter in the
   node, outer collective on the 1/2 shard, all-gather in the node).
+* ``stream[-int8]-f{1,2,4}[-delayed]`` (``STREAM_ROWS``): AutoLoCo with ``fragments = F``
+  (docs/algorithm.md §12), ``h_min = h_base`` and the token mapper on; the delayed
+  ones merge ``min(--overlap-steps, h_base // F - 1)`` steps after each fragment's sync.
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
 training wall time the engine spent blocked in synchronization; ``steady %`` the
@@ -43,7 +46,11 @@ time`` marked ``~``), the bytes each node's interface sent during training
 end) next to the engine's own ``wire_bytes`` summed over the node's ranks, their
 ratio, and the seconds until rank 0's training loss (mean of the last 5 steps)
 first reaches the target (``--target-loss``; default: the largest final loss of
-the rows at that rate, so every row reaches it).
+the rows at that rate, so every row reaches it). Last columns: ``F`` (fragments),
+``peak Mbit/s`` (the largest mean send rate over 100 ms of either node's interface,
+from its kernel ``tx_bytes`` sampled every 10 ms by a thread during training) and
+``kB/event`` (the node's kernel bytes over its sync events, one per fragment per
+interval).
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ BRIDGE = "alhlbr0"
 SUBNET = "10.232.0"
 RATES = ("100mbit", "1gbit", "unlimited")
 LOSS_WINDOW = 5
+SAMPLE_PERIOD_S = 0.01  # kernel tx_bytes sampled this often during training
+PEAK_WINDOW_S = 0.1  # the peak link rate is the largest mean rate over spans this long
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ class Row:
     hierarchical: bool = False
     overlap: str = "none"
     every_node: bool = False  # method "none": every node trains alone at once (independent launchers)
+    fragments: int = 0  # streaming rows (docs/algorithm.md §12): F fragments, h_min = h_base; 0: not a streaming row
 
     @property
     def single(self) -> bool:
@@ -106,8 +116,16 @@ ROWS = {
         Row("autoloco-int8-eager", "autoloco", wire_dtype="int8", overlap="eager"),
         Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
         Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
+        *(
+            Row(f"stream{'-int8' if wire == 'int8' else ''}-f{f}{'-delayed' if overlap else ''}", "autoloco", **kw)
+            for wire in ("fp32", "int8")
+            for overlap in (False, True)
+            for f in (1, 2, 4)
+            for kw in [dict(wire_dtype=wire, overlap="delayed" if overlap else "none", fragments=f)]
+        ),
     )
 }
+STREAM_ROWS = [name for name, row in ROWS.items() if row.fragments]
 
 
 # ----------------------------------------------------------------------------- network namespaces
@@ -385,6 +403,16 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
         loss_times=rank0["loss_times"],
         outer_state_bytes=rank0["outer_state_bytes"],
         method=row.method,
+        # streaming rows (docs/algorithm.md §12): one sync event per fragment per interval
+        fragments=rank0.get("fragments", 0),
+        sync_events=rank0["syncs"] * max(rank0.get("fragments", 0), 1),
+        tx_bytes_per_event=max(tx) / max(rank0["syncs"] * max(rank0.get("fragments", 0), 1), 1),
+        largest_fragment_share=(
+            max(rank0["fragment_payload_bytes"]) / sum(rank0["fragment_payload_bytes"])
+            if rank0.get("fragment_payload_bytes")
+            else None
+        ),
+        peak_bits_per_s=max(r.get("peak_bits_per_s", 0.0) for r in results if r["local_rank"] == 0),
     )
 
 
@@ -404,7 +432,7 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     header = (
         f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'steady %':>8} {'syncs':>5} "
         f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
-        f"{'outer MB/rank':>13}"
+        f"{'outer MB/rank':>13} {'F':>2} {'peak Mbit/s':>11} {'kB/event':>9}"
     )
     print(header)
     for rate in dict.fromkeys(r["rate"] for r in rows):
@@ -428,7 +456,9 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
                 f"{100 * r['steady_share']:>8.1f} {r['syncs']:>5} "
                 f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
                 f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
-                f"{r['outer_state_bytes'] / 1e6:>13.2f}"
+                f"{r['outer_state_bytes'] / 1e6:>13.2f} {r.get('fragments') or '-':>2} "
+                f"{r.get('peak_bits_per_s', 0.0) / 1e6:>11.1f} "
+                f"{r['tx_bytes_per_event'] / 1e3 if r['syncs'] else 0.0:>9.1f}"
             )
 
 
@@ -546,6 +576,8 @@ def worker(spec_path: str) -> int:
         with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
             return int(f.read())
 
+    sampler = TxSampler(tx_bytes)
+
     losses: list[float] = []
     loss_times: list[float] = []
     step_ends: list[float] = []
@@ -563,6 +595,7 @@ def worker(spec_path: str) -> int:
             if dist.is_initialized():
                 dist.barrier()
             marks["tx0"], marks["t0"] = tx_bytes(), time.perf_counter()
+            sampler.start()
 
         def on_step_end(self, args, state, control, **kwargs):
             now = time.perf_counter()
@@ -571,6 +604,7 @@ def worker(spec_path: str) -> int:
 
         def on_train_end(self, args, state, control, **kwargs):
             marks["t1"] = time.perf_counter()
+            sampler.stop()
             if dist.is_initialized():
                 dist.barrier()
             marks["tx1"] = tx_bytes()
@@ -591,8 +625,15 @@ def worker(spec_path: str) -> int:
             config["hierarchical_sync"] = spec["hierarchical"]
         if spec["overlap"] != "none":
             config.update(overlap=spec["overlap"], overlap_steps=spec["overlap_steps"])
-            if spec["method"] == "autoloco":  # every step has the same tokens here; without the token mapper
-                config["map_tokens"] = False  # intervals are >= h_min, so the merge may land up to h_min - 1 steps late
+            if spec["method"] == "autoloco" and not spec["fragments"]:  # every step has the same tokens here;
+                config["map_tokens"] = (
+                    False  # without the mapper intervals are >= h_min: a merge may land h_min - 1 late
+                )
+        if spec["fragments"]:  # streaming rows: H never below h_base, every fragment's merge before the next sync
+            fragments = spec["fragments"]
+            config.update(fragments=fragments, h_min=spec["h_base"])
+            if spec["overlap"] != "none":
+                config["overlap_steps"] = min(spec["overlap_steps"], spec["h_base"] // fragments - 1)
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
         callbacks.append(autoloco)
     callbacks.append(Meter())
@@ -630,10 +671,57 @@ def worker(spec_path: str) -> int:
         losses=losses,
         loss_times=loss_times,
         outer_state_bytes=_outer_state_bytes(outer) if outer is not None else 0,
+        peak_bits_per_s=sampler.peak_rate(PEAK_WINDOW_S) * 8,
+        tx_samples=len(sampler.samples),
+        fragments=autoloco.engine.config.fragments if autoloco is not None else 0,
+        fragment_payload_bytes=list(getattr(autoloco.engine, "fragment_payload_bytes", [])) if autoloco else [],
     )
     with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
         json.dump(result, f)
     return 0
+
+
+class TxSampler:
+    """Reads the interface's kernel ``tx_bytes`` every ``period`` seconds on a thread, from train begin to end."""
+
+    def __init__(self, read: Any, period: float = SAMPLE_PERIOD_S) -> None:
+        import threading
+
+        self.read, self.period = read, period
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tx-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self.read()))
+            self._stop.wait(self.period)
+        self.samples.append((time.perf_counter(), self.read()))
+
+    def peak_rate(self, window: float) -> float:
+        """Largest bytes/s over any span of at least ``window`` seconds between two samples (0 without traffic)."""
+        return peak_rate(self.samples, window)
+
+
+def peak_rate(samples: list[tuple[float, int]], window: float) -> float:
+    """Largest ``(b_j - b_i) / (t_j - t_i)`` over sample pairs, ``j`` the first sample ``window`` after ``i``."""
+    best, j = 0.0, 0
+    for i, (t_i, b_i) in enumerate(samples):
+        j = max(j, i + 1)
+        while j < len(samples) and samples[j][0] - t_i < window:
+            j += 1
+        if j == len(samples):
+            break
+        t_j, b_j = samples[j]
+        best = max(best, (b_j - b_i) / (t_j - t_i))
+    return best
 
 
 def _outer_state_bytes(outer: Any) -> int:

@@ -247,9 +247,10 @@ class WorkerRuntime:
             return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
         except PeerLostError as err:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
+            # a delayed merge (or a fragment's) may land while the next interval's length is still open
+            steps = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
             raise err.at(
-                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}, steps "
-                f"{interval.start_step + 1}-{interval.start_step + interval.h_step}) failed",
+                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps}) failed",
                 "nothing of this interval was applied or saved: restart from the last checkpoint (docs/reliability.md)",
             ) from None
 
@@ -273,12 +274,16 @@ class WorkerRuntime:
 
         Mid-interval every rank's model is its own local replica; a checkpoint's model file must be the model
         the workers agreed on. The replica moves to host memory until :meth:`restore_local_parameters`.
-        Nothing to do at a boundary (the replica is theta_t) or for the DDP method (no outer state).
+        Nothing to do after the last sync or right after a blocking whole-model one (the replica is theta_t), or
+        for the DDP method (no outer state). A boundary whose average is still in flight (``delayed``, ``eager``)
+        or that synchronized one fragment only (docs/algorithm.md §12) leaves the replica elsewhere.
         """
-        interval = self.engine.current_interval
+        engine = self.engine
         if self._local_replica is not None or not self.config.is_interval_method:
             return
-        if interval is None or self.engine.step == interval.start_step:  # after the last sync, or right after one
+        interval = engine.current_interval
+        just_synced = interval is not None and engine.step == interval.start_step and engine.in_flight is None
+        if engine.step >= engine.total_steps or (just_synced and self.config.fragments == 1):
             return
         params = self.trainable.params
         self._local_replica = [p.detach().to("cpu", copy=True) for p in params]

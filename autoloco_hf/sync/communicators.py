@@ -148,14 +148,16 @@ class Communicator(ABC):
         self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
-        self._codec: WireCodec | None = None
+        # one per layout and wire: the whole model, or each streaming fragment in turn (docs/algorithm.md §12)
+        self._codecs: dict[tuple, WireCodec] = {}
 
     def codec(self, segment_sizes: Sequence[int], wire_dtype: str | None = None) -> WireCodec:
         """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once per layout and wire)."""
-        wire = wire_dtype or self.wire_dtype
-        if self._codec is None or self._codec.segment_sizes != tuple(segment_sizes) or self._codec.wire_dtype != wire:
-            self._codec = WireCodec(wire, segment_sizes, self.block_size)
-        return self._codec
+        wire = WireDtype(wire_dtype or self.wire_dtype)
+        key = (tuple(segment_sizes), wire)
+        if key not in self._codecs:
+            self._codecs[key] = WireCodec(wire, segment_sizes, self.block_size)
+        return self._codecs[key]
 
     def start_average(
         self,
@@ -275,8 +277,9 @@ class ProcessGroupCommunicator(Communicator):
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
-        self._buffer: torch.Tensor | None = None  # reused by the FP32 all-reduce
-        self._owner: _OwnerReduceBuffers | None = None  # reused by the BF16 / INT8 owner-reduce
+        # reused by the FP32 all-reduce and the BF16 / INT8 owner-reduce, one per layout (fragments: F of them)
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._owners: dict[tuple, _OwnerReduceBuffers] = {}
         self._background: ThreadPoolExecutor | None = None  # runs an overlapped BF16 / INT8 owner-reduce
 
     def worker_labels(self) -> list[str]:
@@ -317,6 +320,8 @@ class ProcessGroupCommunicator(Communicator):
         sums, rows = _control_sums(gathered)
         if gathered and check is not None:  # every worker holds the same rows: all raise alike, before the payload
             check(sums, rows)
+        if flat.numel() == 0:  # a streaming fragment outside this rank's shard (and its group's): no payload
+            return AverageResult(flat.detach().clone(), sums, traffic, rows)
         with self._guarded("the synchronization's pseudo-gradient exchange"):
             if wire == WireDtype.FP32:
                 mean = self._all_reduce_mean(flat, traffic)
@@ -328,9 +333,10 @@ class ProcessGroupCommunicator(Communicator):
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
         start = _now(flat)
         # one persistent buffer: a fresh allocation per sync costs as much as the all-reduce itself on CPU
-        if self._buffer is None or self._buffer.shape != flat.shape or self._buffer.device != flat.device:
-            self._buffer = torch.empty_like(flat)
-        total = self._buffer.copy_(flat)
+        key = (flat.shape, flat.device)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty_like(flat)
+        total = self._buffers[key].copy_(flat)
         for work in self._start_all_reduce(total):
             work.wait()
         total /= self.num_workers
@@ -377,9 +383,9 @@ class ProcessGroupCommunicator(Communicator):
     def _owner_buffers(self, codec: WireCodec, device: torch.device) -> _OwnerReduceBuffers:
         """Persistent wire buffers of the owner-reduce (fresh ones per sync cost more than the codec on CPU)."""
         key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, self.num_workers, device)
-        if self._owner is None or self._owner.key != key:
-            self._owner = _OwnerReduceBuffers(key, codec, self.num_workers, self.rank, device)
-        return self._owner
+        if key not in self._owners:
+            self._owners[key] = _OwnerReduceBuffers(key, codec, self.num_workers, self.rank, device)
+        return self._owners[key]
 
     def _exchange(
         self,
@@ -422,7 +428,7 @@ class ProcessGroupCommunicator(Communicator):
         start = time.perf_counter()
         gathered, gather_work = self._gather_scalars(scalars, flat.device, async_op=True)
         total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
-        works = [w for w in (gather_work,) if w is not None] + self._start_all_reduce(total)
+        works = [w for w in (gather_work,) if w is not None] + (self._start_all_reduce(total) if total.numel() else [])
 
         def finish() -> AverageResult:
             with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s

@@ -13,7 +13,8 @@ stages of a boundary (docs/algorithm.md §2) as public methods:
 5. :meth:`~IntervalEngine.record`: the record, the totals, the boundary listeners.
 
 *When* these run is a :class:`SyncSchedule` strategy: :class:`BlockingSchedule` here,
-the delayed and eager ones in :mod:`autoloco_hf.sync.overlap`. Build an engine with
+the delayed and eager ones in :mod:`autoloco_hf.sync.overlap`, streaming fragments
+in :mod:`autoloco_hf.sync.streaming`. Build an engine with
 :func:`autoloco_hf.sync.factory.make_engine`, which also picks the DDP baseline.
 
 Example (two simulated workers on a toy regression)::
@@ -63,6 +64,7 @@ from autoloco_hf.sync.checkpoint import check_config
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
 from autoloco_hf.sync.communicators import AverageResult, Communicator, PendingAverage, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
+from autoloco_hf.sync.fragments import Fragment, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
@@ -105,34 +107,97 @@ class InFlight:
 
     def state_dict(self) -> dict[str, Any]:
         """The collective is waited for and stored as its result (docs/algorithm.md §11.3)."""
-        result = self.pending.wait()
         return {
             "interval": asdict(self.closed.interval),
             "lr_mass": self.closed.lr_mass,
             "due_step": self.due_step,
             "interval_seconds": self.closed.seconds,
-            "mean": result.mean.detach().clone(),
-            "scalar_sums": result.scalar_sums.clone(),
-            "scalar_rows": result.scalar_rows.clone(),
-            "traffic": asdict(result.traffic),
+            **pending_state(self.pending),
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> InFlight:
-        result = AverageResult(
-            state["mean"].to(device), state["scalar_sums"], Traffic(**state["traffic"]), state["scalar_rows"]
-        )
         closed = ClosedInterval(
             NextInterval(**state["interval"]), float(state["lr_mass"]), float(state["interval_seconds"])
         )
-        return cls(closed, int(state["due_step"]), PendingAverage.completed(result))
+        return cls(closed, int(state["due_step"]), pending_from_state(state, device))
+
+
+def pending_state(pending: PendingAverage) -> dict[str, Any]:
+    """An average in flight, waited for and stored as its result (a checkpoint cannot hold a collective)."""
+    result = pending.wait()
+    return {
+        "mean": result.mean.detach().clone(),
+        "scalar_sums": result.scalar_sums.clone(),
+        "scalar_rows": result.scalar_rows.clone(),
+        "traffic": asdict(result.traffic),
+    }
+
+
+def pending_from_state(state: dict[str, Any], device: torch.device) -> PendingAverage:
+    result = AverageResult(
+        state["mean"].to(device), state["scalar_sums"], Traffic(**state["traffic"]), state["scalar_rows"]
+    )
+    return PendingAverage.completed(result)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One completed collective's control round and squared mean norm, over every rank of every worker.
+
+    The whole model's at a boundary, or one fragment's (docs/algorithm.md §12):
+    squared norms and counts add up over fragments.
+    """
+
+    control: ControlRound
+    mean_sq_norm: float
+    mean_nonfinite: bool
+    traffic: Traffic
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "totals": self.control.totals.pack(),
+            "rows": torch.stack([w.pack() for w in self.control.workers]),
+            "mean_sq_norm": self.mean_sq_norm,
+            "mean_nonfinite": self.mean_nonfinite,
+            "traffic": asdict(self.traffic),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Collected:
+        workers = tuple(ControlMessage.unpack(row) for row in state["rows"])
+        control = ControlRound(ControlMessage.unpack(state["totals"]), workers)
+        return cls(control, float(state["mean_sq_norm"]), bool(state["mean_nonfinite"]), Traffic(**state["traffic"]))
+
+
+def _summed(parts: Sequence[Collected]) -> Collected:
+    """The fragments' collected sums added in fragment order; the agreed fields of the last (it closed the interval)."""
+    if len(parts) == 1:
+        return parts[0]
+    last = parts[-1]
+    agreed = {name: getattr(last.control.totals, name) for name in ControlMessage.agreed_fields()}
+
+    def add(messages: Sequence[ControlMessage]) -> ControlMessage:
+        total = messages[0].pack()
+        for message in messages[1:]:
+            total = total + message.pack()
+        return dataclasses.replace(ControlMessage.unpack(total), **agreed)
+
+    workers = tuple(add(column) for column in zip(*(p.control.workers for p in parts)))
+    traffic = Traffic(**{k: sum(getattr(p.traffic, k) for p in parts) for k in asdict(last.traffic)})
+    return Collected(
+        ControlRound(add([p.control.totals for p in parts]), workers),
+        sum((p.mean_sq_norm for p in parts[1:]), parts[0].mean_sq_norm),
+        any(p.mean_nonfinite for p in parts),
+        traffic,
+    )
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """What the one collective of a boundary produced, and whether the outer step may use it (docs/algorithm.md §2, 5.2)."""
+    """What the collectives of a boundary produced, and whether the outer step may use it (docs/algorithm.md §2, 5.2)."""
 
-    mean: torch.Tensor  # FP32, identical on all workers
+    mean: torch.Tensor | None  # FP32, identical on all workers; None for an interval of fragments (applied one by one)
     control: ControlRound
     stats: IntervalStatistics
     mean_loss: float
@@ -192,8 +257,8 @@ class SyncSchedule(Protocol):
 
     A schedule calls the engine's public stages only, and keeps its own state
     (what is in flight, per-worker start points) in :meth:`state_dict`. A new
-    schedule (e.g. fragments synchronized at offsets inside the interval) is one
-    more class with these members and one more branch in ``make_engine``.
+    schedule is one more class with these members and one more branch in
+    ``make_engine``, as the streaming fragments' (:mod:`autoloco_hf.sync.streaming`).
     """
 
     mode: Overlap
@@ -321,7 +386,6 @@ class IntervalEngine:
         self.writer = JsonlWriter(records_path) if records_path else None
         self.listeners: list[BoundaryListener] = [f for f in (self.writer and self.writer.write, on_record) if f]
         numel = sum(self.segment_sizes)
-        self.payload_bytes = payload_bytes(1, numel, communicator.wire_dtype, communicator.block_size)
         self._fingerprint = config_fingerprint(config)
         broadcast_initial_parameters(communicator, self.worker_params)
         self._build_outer_state(numel)
@@ -343,12 +407,33 @@ class IntervalEngine:
         self.shard_segment_sizes = [
             n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)
         ]
+        # streaming fragments (docs/algorithm.md §12); one piece, the whole model, when fragments=1
+        self.fragments = split_fragments(self.segment_sizes, config.fragments)
+        if config.fragments > 1 and self.comm.shards_per_worker > 1 and self.shard == (0, numel):
+            raise ValueError(
+                f"fragments={config.fragments} with FSDP2 workers (each rank's model is its local shards) is not "
+                "supported: use fragments=1, or DDP worker groups (ranks_per_worker with hierarchical_sync)"
+            )
+        # this rank's part of each fragment, in flat-model coordinates: all of it, or where it meets the
+        # rank's shard (possibly nothing: then only the control message travels, docs/algorithm.md §12.1)
+        self.fragment_pieces = [
+            (min(max(s, start), end), max(min(e, end), start)) for s, e in (f.span for f in self.fragments)
+        ]
+        self.fragment_segment_sizes = [
+            [n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(lo, hi - lo)]
+            for lo, hi in self.fragment_pieces
+        ]
+        self.fragment_payload_bytes = [
+            payload_bytes(1, f.numel, self.comm.wire_dtype, self.comm.block_size) for f in self.fragments
+        ]
+        self.payload_bytes = sum(self.fragment_payload_bytes)  # of one interval, per worker
         self.outer = OuterOptimizer(
             self.worker_params[0],
             lr=config.outer_lr,
             momentum=config.outer_momentum,
             device="cpu" if config.outer_on_cpu else None,
             shard=None if self.shard == (0, numel) else self.shard,
+            spans=[(lo - start, hi - start) for lo, hi in self.fragment_pieces] if config.fragments > 1 else None,
         )
         # one FP32 residual per local worker, carried to the next interval (docs/algorithm.md §7 extension)
         self.error_feedback = (
@@ -394,10 +479,10 @@ class IntervalEngine:
         interval = self._interval
         return interval is not None and self.step >= interval.start_step + interval.h_step
 
-    def start_interval(self) -> None:
-        """Fresh counters, and the policy's next interval from this step."""
+    def start_interval(self, min_steps: int = 1) -> None:
+        """Fresh counters, and the policy's next interval from this step (at least ``min_steps`` long)."""
         self.counters = IntervalCounters.zero(self.comm.local_workers)
-        self.plan_interval(self.step)
+        self.plan_interval(self.step, min_steps)
 
     def plan_interval(self, start_step: int, min_steps: int = 1) -> None:
         """Set the running interval's length now (a delayed merge decides it after the interval started)."""
@@ -416,12 +501,22 @@ class IntervalEngine:
 
     # -------------------------------------------------------------- the stages
     def contributions(
-        self, interval: NextInterval, starts: Sequence[torch.Tensor] | None = None
+        self,
+        interval: NextInterval,
+        starts: Sequence[torch.Tensor] | None = None,
+        fragment: Fragment | None = None,
+        counted: bool = True,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each local worker's pseudo-gradient (from ``theta_t``, or from its own start point ``starts[i]``) and packed control message."""
+        """Each local worker's pseudo-gradient (from ``theta_t``, or from its own start point ``starts[i]``) and packed control message.
+
+        ``fragment``: that fragment's part only; ``counted=False``: its message
+        carries no tokens or losses (the interval's last fragment carries them, §12.2).
+        """
         deltas, messages = [], []
         for i, params in enumerate(self.worker_params):
-            if starts is None:
+            if fragment is not None:
+                delta = self.outer.pseudo_gradient(params, self.fragment_pieces[fragment.index])
+            elif starts is None:
                 delta = self.outer.pseudo_gradient(params)
             else:  # eager overlap: the local progress of the interval (docs/algorithm.md §11.2)
                 delta = starts[i] - flatten_fp32(params, self.outer.device, self.outer.shard)
@@ -432,15 +527,15 @@ class IntervalEngine:
             elif self.error_feedback:  # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
                 delta = self._compensate(i, delta)
             deltas.append(delta)
-            messages.append(self._control_message(interval, i, sq_norm, finite).pack())
+            messages.append(self._control_message(interval, i, sq_norm, finite, counted).pack())
         return deltas, messages
 
     def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
         """Every worker closed the same interval at the same step with the same config, else stop here."""
         ControlRound.from_rows(sums, rows).check_agreement(self.comm.worker_labels())
 
-    def aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
-        """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (docs/algorithm.md §2, 5.2)."""
+    def collect(self, result: AverageResult) -> Collected:
+        """The control round of one completed collective (agreement checked) and its ``||mean||^2``, over all ranks."""
         control = ControlRound.from_rows(result.scalar_sums, result.scalar_rows)
         control.check_agreement(self.comm.worker_labels())
         # this shard's sums (and its part of ||mean||^2) -> every rank's of every worker, so that all ranks
@@ -454,22 +549,38 @@ class IntervalEngine:
         )
         agreed = {name: getattr(control.totals, name) for name in ControlMessage.agreed_fields()}
         totals = dataclasses.replace(ControlMessage.unpack(summed[:-2]), **agreed)
-        control = dataclasses.replace(control, totals=totals)
         mean_sq_norm, mean_nonfinite = summed[-2:].tolist()
-        stats = interval_statistics(totals.sq_norm, mean_sq_norm, self.num_workers, lr_mass, self.config.eps)
+        return Collected(dataclasses.replace(control, totals=totals), mean_sq_norm, mean_nonfinite != 0, result.traffic)
+
+    def aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
+        """The control round (agreement checked), ``D_t``, ``C_t`` and validity of one completed collective (docs/algorithm.md §2, 5.2)."""
+        return self.combine([self.collect(result)], lr_mass, result.mean)
+
+    def combine(self, parts: Sequence[Collected], lr_mass: float, mean: torch.Tensor | None) -> Aggregate:
+        """``D_t``, ``C_t`` and validity from the collectives of one interval (one, or one per fragment, §12.2)."""
+        part = _summed(parts)
+        totals = part.control.totals
+        stats = interval_statistics(totals.sq_norm, part.mean_sq_norm, self.num_workers, lr_mass, self.config.eps)
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
-        valid = all_finite and stats.finite and math.isfinite(mean_loss) and mean_nonfinite == 0
-        return Aggregate(result.mean, control, stats, mean_loss, all_finite, valid, result.traffic)
+        valid = all_finite and stats.finite and math.isfinite(mean_loss) and not part.mean_nonfinite
+        return Aggregate(mean, part.control, stats, mean_loss, all_finite, valid, part.traffic)
 
-    def outer_step(self, interval: NextInterval, aggregate: Aggregate) -> OuterStep:
-        """``theta_{t+1}`` and the momentum from the mean pseudo-gradient; no move on an invalid interval (§5.2)."""
+    def outer_step(self, interval: NextInterval, aggregate: Aggregate, fragment: Fragment | None = None) -> OuterStep:
+        """``theta_{t+1}`` and the momentum (of ``fragment``) from the mean pseudo-gradient; no move when invalid (§5.2).
+
+        A fragment is stepped with its interval's correction (docs/algorithm.md §12.2).
+        """
         correction = self.correction(interval)
         if aggregate.valid:
+            assert aggregate.mean is not None
+            index = fragment.index if fragment is not None else 0
             if self.config.uses_nesterov_outer:
-                self.outer.step(aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor)
+                self.outer.step(
+                    aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor, index
+                )
             else:
-                self.outer.average_step(aggregate.mean)
+                self.outer.average_step(aggregate.mean, index)
         else:
             self.sanitize_optimizers()
         return OuterStep(correction, aggregate.valid)
@@ -478,11 +589,15 @@ class IntervalEngine:
         """The whole worker's ``theta_t`` (this rank's shards gathered when the outer state is sharded)."""
         return self.comm.gather_shards(self.outer.params.detach(), sum(self.segment_sizes))
 
-    def write_back(self, theta: torch.Tensor | None = None) -> None:
-        """Every local worker restarts from ``theta`` (default ``theta_t``)."""
+    def write_back(self, theta: torch.Tensor | None = None, fragment: Fragment | None = None) -> None:
+        """Every local worker restarts from ``theta`` (default ``theta_t``), or ``fragment``'s part of it."""
         theta = self.theta() if theta is None else theta
         for params in self.worker_params:
-            self.outer.write_back(params, theta)
+            if fragment is None:
+                self.outer.write_back(params, theta)
+            else:
+                start, end = fragment.span
+                self.outer.write_back(params[fragment.first : fragment.last], theta[start:end], fragment.first)
 
     def decide(
         self, closed: ClosedInterval, aggregate: Aggregate, next_start: int | None = None
@@ -501,8 +616,12 @@ class IntervalEngine:
         seconds: float,
         sync_seconds: float,
         controller_seconds: float,
+        applied: bool | None = None,
     ) -> IntervalRecord:
-        """Build the interval's record, add it to the totals, tell the listeners; stop on too many invalid ones."""
+        """Build the interval's record, add it to the totals, tell the listeners; stop on too many invalid ones.
+
+        ``applied``: whether every outer step of the interval ran (fragments: one per fragment), default ``outer``'s.
+        """
         record = IntervalRecord.build(
             index=len(self.records),
             interval=closed.interval,
@@ -511,7 +630,7 @@ class IntervalEngine:
             mean_loss=aggregate.mean_loss,
             tokens=aggregate.control.totals.tokens,
             correction=outer.correction,
-            applied=outer.applied,
+            applied=outer.applied if applied is None else applied,
             decision=decision,
             following=self._interval,
             seconds=seconds,
@@ -541,13 +660,15 @@ class IntervalEngine:
                     if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
                         torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
-    def _control_message(self, interval: NextInterval, worker: int, sq_norm: float, finite: bool) -> ControlMessage:
+    def _control_message(
+        self, interval: NextInterval, worker: int, sq_norm: float, finite: bool, counted: bool = True
+    ) -> ControlMessage:
         counters = self.counters
         return ControlMessage(
             sq_norm=sq_norm if finite else 0.0,
-            tokens=float(counters.tokens[worker]),
-            loss_sum=counters.loss_sum[worker] if finite else 0.0,
-            loss_count=float(counters.loss_count),
+            tokens=float(counters.tokens[worker]) if counted else 0.0,
+            loss_sum=counters.loss_sum[worker] if finite and counted else 0.0,
+            loss_count=float(counters.loss_count) if counted else 0.0,
             nonfinite=0.0 if finite else 1.0,
             step=float(self.step),
             interval_index=float(len(self.records)),

@@ -12,15 +12,19 @@ from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
 from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
 from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
+from autoloco_hf.sync.streaming import FragmentSchedule
 
 __all__ = ["Engine", "make_engine", "make_sync_schedule"]
 
 Engine = IntervalEngine | GradientAveragingEngine
 
 
-def make_sync_schedule(overlap: Overlap) -> SyncSchedule:
+def make_sync_schedule(config: AutoLoCoConfig) -> SyncSchedule:
+    """The schedule of ``config.overlap``; streaming fragments (``fragments > 1``) have their own (§12)."""
+    if config.fragments > 1:
+        return FragmentSchedule(config.overlap)
     schedules = {Overlap.NONE: BlockingSchedule, Overlap.DELAYED: DelayedSchedule, Overlap.EAGER: EagerSchedule}
-    return schedules[Overlap(overlap)]()
+    return schedules[Overlap(config.overlap)]()
 
 
 def make_engine(
@@ -46,7 +50,7 @@ def make_engine(
         schedule,
         communicator,
         total_steps,
-        sync=make_sync_schedule(config.overlap),
+        sync=make_sync_schedule(config),
         warmup_steps=warmup_steps,
         optimizers=optimizers,
         records_path=records_path,

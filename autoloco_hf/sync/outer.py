@@ -71,6 +71,9 @@ class OuterOptimizer:
         shard: ``(start, end)`` of the flat model this rank owns (worker groups
             with the hierarchical sync, docs/algorithm.md §8.3): the outer parameters,
             momentum and pseudo-gradients cover only that range.
+        spans: the ``(start, end)`` ranges of the streaming fragments (docs/algorithm.md §12) in this
+            optimizer's buffer (the shard's, when sharded), each stepped on its own with its own momentum;
+            ``None``: one piece.
     """
 
     def __init__(
@@ -80,12 +83,19 @@ class OuterOptimizer:
         momentum: float = 0.9,
         device: torch.device | str | None = None,
         shard: tuple[int, int] | None = None,
+        spans: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else params[0].device
         self.numels = [p.numel() for p in params]
         self.shard = shard
         self.params = flatten_fp32(params, self.device, shard).requires_grad_(True)
-        self.optimizer = torch.optim.SGD([self.params], lr=lr, momentum=momentum, nesterov=True)
+        # one leaf view of theta per fragment, each in its own param group: SGD keeps one momentum per fragment
+        self._pieces = (
+            [self.params] if spans is None else [self.params.detach()[s:e].requires_grad_() for s, e in spans]
+        )
+        self.optimizer = torch.optim.SGD(
+            [{"params": [p]} for p in self._pieces], lr=lr, momentum=momentum, nesterov=True
+        )
 
     @property
     def numel(self) -> int:
@@ -93,18 +103,36 @@ class OuterOptimizer:
 
     @property
     def momentum_buffer(self) -> torch.Tensor | None:
-        return self.optimizer.state.get(self.params, {}).get("momentum_buffer")
+        """The outer momentum (fragments: theirs in order, zeros for one not stepped yet; ``None`` before any step)."""
+        buffers = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self._pieces]
+        if len(buffers) == 1 or all(b is None for b in buffers):
+            return buffers[0]
+        return torch.cat([torch.zeros_like(p) if b is None else b for p, b in zip(self._pieces, buffers)])
 
     @torch.no_grad()
-    def pseudo_gradient(self, local_params: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2)."""
-        return self.params.detach() - flatten_fp32(local_params, self.device, self.shard)
+    def pseudo_gradient(
+        self, local_params: Sequence[torch.Tensor], span: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2), or its ``span``.
+
+        ``span``: a range of the flat model (inside the shard, when sharded).
+        """
+        if span is None:
+            return self.params.detach() - flatten_fp32(local_params, self.device, self.shard)
+        start, end = span
+        offset = self.shard[0] if self.shard is not None else 0
+        return self.params.detach()[start - offset : end - offset] - flatten_fp32(local_params, self.device, span)
 
     @torch.no_grad()
     def step(
-        self, mean_pseudo_grad: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None
+        self,
+        mean_pseudo_grad: torch.Tensor,
+        lr: float,
+        momentum: float,
+        grad_divisor: float | None = None,
+        fragment: int = 0,
     ) -> None:
-        """Nesterov outer step on the averaged pseudo-gradient (docs/algorithm.md §4).
+        """Nesterov outer step on the averaged pseudo-gradient (docs/algorithm.md §4) of the whole or of ``fragment``.
 
         ``grad_divisor`` (``rho_t + eps``) applies pseudo-gradient normalization.
         The momentum buffer is not rescaled when ``momentum`` changes.
@@ -112,11 +140,12 @@ class OuterOptimizer:
         grad = mean_pseudo_grad.to(self.device, torch.float32)
         if grad_divisor is not None:
             grad = grad / grad_divisor
-        group = self.optimizer.param_groups[0]
+        piece = self._pieces[fragment]
+        group = self.optimizer.param_groups[fragment]
         group["lr"], group["momentum"] = lr, momentum
-        self.params.grad = grad
-        self.optimizer.step()
-        self.params.grad = None
+        piece.grad = grad
+        self.optimizer.step()  # the other fragments have no gradient: SGD leaves them alone
+        piece.grad = None
 
     @torch.no_grad()
     def lookahead(
@@ -135,21 +164,22 @@ class OuterOptimizer:
         return shadow.params.detach()
 
     @torch.no_grad()
-    def average_step(self, mean_pseudo_grad: torch.Tensor) -> None:
-        """Direct model averaging (QSR, Linear Interval): ``theta <- theta - mean Delta``."""
-        self.params.sub_(mean_pseudo_grad.to(self.device, torch.float32))
+    def average_step(self, mean_pseudo_grad: torch.Tensor, fragment: int = 0) -> None:
+        """Direct model averaging (QSR, Linear Interval): ``theta <- theta - mean Delta`` (of ``fragment``)."""
+        self._pieces[fragment].sub_(mean_pseudo_grad.to(self.device, torch.float32))
 
     @torch.no_grad()
-    def write_back(self, params: Sequence[torch.Tensor], full: torch.Tensor | None = None) -> None:
+    def write_back(self, params: Sequence[torch.Tensor], full: torch.Tensor | None = None, first: int = 0) -> None:
         """Copy ``theta_{t+1}`` into a worker model (cast to its dtype and device).
 
         A sharded optimizer needs ``full``, the flat model gathered from all shards.
+        ``first``: ``params`` and ``full`` start at that parameter (a fragment's).
         """
         if full is None:
             if self.shard is not None:
                 raise ValueError("a sharded OuterOptimizer writes back the gathered model: pass full=")
             full = self.params.detach()
-        for p, chunk in zip(params, torch.split(full, self.numels)):
+        for p, chunk in zip(params, torch.split(full, self.numels[first : first + len(params)])):
             p.copy_(chunk.view_as(p))
 
     def state_dict(self) -> dict[str, Any]:
@@ -164,6 +194,7 @@ class OuterOptimizer:
         with torch.no_grad():
             self.params.copy_(state["params"])
         self.optimizer.load_state_dict(state["optimizer"])
-        buffer = self.momentum_buffer  # SGD.load_state_dict casts state to the param's device
-        if buffer is not None:
-            self.optimizer.state[self.params]["momentum_buffer"] = buffer.to(self.device, torch.float32)
+        for piece in self._pieces:  # SGD.load_state_dict casts state to the param's device
+            buffer = self.optimizer.state.get(piece, {}).get("momentum_buffer")
+            if buffer is not None:
+                self.optimizer.state[piece]["momentum_buffer"] = buffer.to(self.device, torch.float32)

@@ -51,6 +51,16 @@ def test_time_to_target_uses_the_running_mean() -> None:
     assert wan.time_to_target(losses, times, 0.5) is None
 
 
+def test_peak_rate_is_the_largest_mean_rate_over_a_window() -> None:
+    wan = _load_wan()
+    # one sample per time unit: idle, then 1 MB in 5 units, then idle
+    samples = [(float(i), 200_000 * min(max(i - 10, 0), 5)) for i in range(40)]
+    assert wan.peak_rate(samples, 10.0) == pytest.approx(1e5)  # the burst spread over the window
+    assert wan.peak_rate(samples, 5.0) == pytest.approx(2e5)  # the burst's own rate
+    assert wan.peak_rate([(0.0, 0), (0.05, 10)], 0.1) == 0.0  # no span as long as the window
+    assert "stream-int8-f4-delayed" in wan.STREAM_ROWS and wan.ROWS["stream-f2"].fragments == 2
+
+
 @pytest.mark.skipif(_netns_unavailable() is not None, reason=str(_netns_unavailable()))
 def test_smoke_run_on_two_namespaces(tmp_path) -> None:
     out = tmp_path / "rows.json"

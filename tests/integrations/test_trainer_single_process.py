@@ -351,3 +351,66 @@ def test_save_strategy_epoch_saves_theta(tmp_path):
     theta, replica = theta_and_replica(str(tmp_path / "checkpoint-3"), CONFIG | {"h_base": 4}, params)
     assert all(torch.equal(weights[n], t) for n, t in zip(names, theta))
     assert any(not torch.equal(t, r) for t, r in zip(theta, replica))
+
+
+def test_streaming_fragments_resume_in_the_middle_of_a_round(tmp_path):
+    """fragments=2 with a delayed merge through the Trainer: a checkpoint with a fragment in flight resumes exactly."""
+    config = {"method": "diloco", "h_base": 4, "fragments": 2, "overlap": "delayed", "overlap_steps": 1}
+    # interval [4, 8): fragment 0 synchronized at step 6, merged at 7; the checkpoint at 6 holds it in flight
+    full, full_callback = make_trainer(
+        tmp_path / "full", DATA, config, max_steps=12, save_strategy="steps", save_steps=6
+    )
+    full.train()
+    assert full_callback.engine.totals.syncs == 3
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full", out, ignore=shutil.ignore_patterns("checkpoint-12"))
+    resumed, callback = make_trainer(out, DATA, config, max_steps=12, save_strategy="steps", save_steps=6)
+    resumed.train(resume_from_checkpoint=True)
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert stable(callback.engine.records) == stable(full_callback.engine.records)
+
+
+def test_streaming_fragments_checkpoint_at_a_boundary_holds_theta(tmp_path):
+    """At a boundary only the last fragment was just synchronized: the model file is theta_t, not the replica."""
+    from safetensors.torch import load_file
+
+    config = {"method": "diloco", "h_base": 4, "fragments": 2}
+    trainer, _ = make_trainer(tmp_path, DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    trainer.train()
+    model = trainer.model
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    checkpoint = str(tmp_path / "checkpoint-4")
+    weights = load_file(f"{checkpoint}/model.safetensors")
+    theta, replica = theta_and_replica(checkpoint, config, params)
+    for name, t in zip(names, theta):
+        assert torch.equal(weights[name], t), f"checkpoint-4/{name} is not theta_t"
+    assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "fragment 0 trained on since its sync at 2"
+
+
+@pytest.mark.parametrize("config", [{"overlap": "delayed", "overlap_steps": 1}, {"overlap": "eager"}])
+def test_a_checkpoint_at_a_boundary_with_the_average_in_flight_holds_theta(tmp_path, config):
+    """The boundary's average lands later (delayed merge, eager update): the model file is theta_t, not the replica."""
+    from safetensors.torch import load_file
+
+    config = {"method": "diloco", "h_base": 4, **config}
+    trainer, first = make_trainer(tmp_path / "full", DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    trainer.train()
+    model = trainer.model
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    checkpoint = str(tmp_path / "full" / "checkpoint-4")
+    weights = load_file(f"{checkpoint}/model.safetensors")
+    theta, replica = theta_and_replica(checkpoint, config, params)
+    for name, t in zip(names, theta):
+        assert torch.equal(weights[name], t), f"checkpoint-4/{name} is not theta_t"
+    assert any(not torch.equal(t, r) for t, r in zip(theta, replica)), "the replica trained on from its own point"
+    # and the Trainer resumes from it (its check: model file == theta_t in the AutoLoCo state), exactly
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full", out, ignore=shutil.ignore_patterns("checkpoint-8"))
+    resumed, callback = make_trainer(out, DATA, config, max_steps=8, save_strategy="steps", save_steps=4)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    for a, b in zip(model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert stable(callback.engine.records) == stable(first.engine.records)

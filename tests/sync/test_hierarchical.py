@@ -29,7 +29,7 @@ WIRES = ("fp32", "int8")
 OVERLAPS = ("delayed", "eager")  # FP32 wire
 
 
-def _run(topo, wire: str, hierarchical: bool, overlap: str = "none") -> dict:
+def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", **overrides) -> dict:
     # map_tokens=False: today's layout counts only its outer group's tokens, the hierarchical sync every rank's
     config = AutoLoCoConfig(
         method="autoloco",
@@ -41,6 +41,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none") -> dict:
         hierarchical_sync=hierarchical,
         map_tokens=False,
         overlap=overlap,
+        **overrides,
     )
     model = make_model(seed=0)  # a worker's ranks start equal (DDP's broadcast at wrap time does this for users)
     optimizer = adamw(model.parameters())
