@@ -150,6 +150,7 @@ class WorkerRuntime:
         on_record: extra consumer of every record.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` of the shared outer state
             there at every boundary, from the main process only (storage every node reads, docs/reliability.md).
+        snapshot_state: more shared state for the snapshot, called at each boundary (the Trainer's).
     """
 
     def __init__(
@@ -166,6 +167,7 @@ class WorkerRuntime:
         on_record: Callable[[IntervalRecord], None] | None = None,
         topology: WorkerTopology | None = None,
         snapshot_dir: str | None = None,
+        snapshot_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -221,7 +223,7 @@ class WorkerRuntime:
         if snapshot_dir is not None:
             check_snapshot_support(self.engine)  # on every rank, so that all refuse alike
             if is_main_process:
-                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine)
+                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=snapshot_state)
                 self.engine.listeners.append(self.snapshot)
 
     # ------------------------------------------------------------- steps

@@ -36,7 +36,7 @@ from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError, re
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
 
-__all__ = ["BoundarySnapshot", "Snapshot", "SnapshotWriteError", "latest_snapshot", "snapshot_path"]
+__all__ = ["BoundarySnapshot", "Snapshot", "SnapshotWriteError", "latest_snapshot", "read_snapshot", "snapshot_path"]
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -169,20 +169,31 @@ class BoundarySnapshot:
             self._executor.shutdown(wait=True)
 
 
+def read_snapshot(path: str, config: AutoLoCoConfig) -> Snapshot:
+    """The boundary snapshot in ``path``, verified (checksum, format, every config field but the local ones)."""
+    header, state = read_shared_state(path, config=config)
+    return Snapshot(path, header.step, header.world_size, state)
+
+
 def latest_snapshot(directory: str, config: AutoLoCoConfig) -> Snapshot | None:
     """The newest boundary snapshot in ``directory`` that verifies, or ``None`` when there is none.
 
     A truncated or corrupted file is refused in one logged line and the one
-    before it is tried; a sound file written with other settings raises
-    :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
+    before it is tried; when every one is refused, :class:`CheckpointError`
+    (a run must not silently start afresh); a sound file written with other
+    settings raises :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
     """
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True):
+    paths = sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True)
+    for path in paths:
         try:
-            header, state = read_shared_state(path, config=config)
+            return read_snapshot(path, config)
         except ConfigMismatchError:
             raise
         except (OSError, CheckpointError) as err:
             logger.warning("AutoLoCo: boundary snapshot refused: %s; trying the one before", err)
-            continue
-        return Snapshot(path, header.step, header.world_size, state)
+    if paths:
+        raise CheckpointError(
+            f"{directory}: none of its {len(paths)} boundary snapshots verifies (see the warnings above): resume "
+            "from a Trainer checkpoint, or move the folder away to start afresh"
+        )
     return None

@@ -13,7 +13,7 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync import checkpoint
-from autoloco_hf.sync.checkpoint import ConfigMismatchError
+from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import SnapshotWriteError, latest_snapshot, snapshot_path
@@ -113,12 +113,23 @@ def test_a_damaged_newest_snapshot_is_refused_and_the_previous_one_used(tmp_path
     assert "boundary snapshot refused" in line and newest in line and "\n" not in line
 
 
+def test_every_snapshot_damaged_is_refused_not_a_fresh_start(tmp_path):
+    advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 8).close()
+    for step in (4, 8):
+        path = snapshot_path(str(tmp_path), step)
+        open(path, "wb").write(open(path, "rb").read()[:-100])
+    with pytest.raises(CheckpointError, match="none of its 2 boundary snapshots verifies"):
+        latest_snapshot(str(tmp_path), DILOCO)
+
+
 def test_a_changed_config_field_is_refused_naming_it(tmp_path):
     advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 4).close()
     with pytest.raises(ConfigMismatchError, match=r"field config\.h_base=4 .* h_base=8"):
         latest_snapshot(str(tmp_path), AutoLoCoConfig(method="diloco", h_base=8))
     with pytest.raises(ConfigMismatchError, match=r"field config\.method='diloco'"):
         latest_snapshot(str(tmp_path), AutoLoCoConfig(method="qsr", h_base=4))
+    moved = AutoLoCoConfig(method="diloco", h_base=4, snapshot_dir="/elsewhere", sync_timeout_s=30)
+    assert latest_snapshot(str(tmp_path), moved).step == 4  # where the folder is mounted may change
 
 
 def test_overlapped_schedules_are_refused(tmp_path):
