@@ -249,10 +249,15 @@ class WorkerRuntime:
             return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
         except PeerLostError as err:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
+            source = (
+                f"the boundary snapshot of step {interval.start_step} (any number of workers)"
+                if self.config.snapshot_dir is not None
+                else "the last checkpoint"
+            )
             raise err.at(
                 f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}, steps "
                 f"{interval.start_step + 1}-{interval.start_step + interval.h_step}) failed",
-                "nothing of this interval was applied or saved: restart from the last checkpoint (docs/reliability.md)",
+                f"nothing of this interval was applied or saved: restart from {source} (docs/reliability.md)",
             ) from None
 
     def pop_metrics(self) -> dict[str, float]:

@@ -121,6 +121,9 @@ class Probe(TrainerCallback):
             "optimizer_state": len(optimizer.state_dict()["state"]),
             "boundary_state": copy.deepcopy(engine.boundary_state()) if engine.outer is not None else None,
         }
+        with open(os.path.join(args.output_dir, "attempts.jsonl"), "a") as f:  # one line per rank and launch
+            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+            f.write(json.dumps({"rank": rank, "world": world, "step": state.global_step}) + "\n")
         if self.record_batches:
             model.register_forward_pre_hook(self._record, with_kwargs=True)
 
