@@ -64,15 +64,20 @@ def trainer_boundary_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def check_no_earlier_snapshots(config: AutoLoCoConfig) -> None:
-    """Refuse a fresh start over an earlier run's snapshots: a later restart would resume from them."""
+def check_no_newer_snapshots(config: AutoLoCoConfig, step: int) -> None:
+    """Refuse a start at ``step`` over snapshots past it (another run's, or a later point of this one).
+
+    A later restart would resume from them: a fresh start over an earlier run's folder, or a resume from an
+    older Trainer checkpoint than the last boundary (``resume_point()`` would have chosen the boundary).
+    """
     if config.snapshot_dir is None:
         return
     found = sorted(glob.glob(os.path.join(glob.escape(config.snapshot_dir), f"{PREFIX}*{SUFFIX}")))
-    if found:
+    newer = [p for p in found if int(os.path.basename(p)[len(PREFIX) : -len(SUFFIX)]) > step]
+    if newer:
         raise AutoLoCoConfigurationError(
-            f"AutoLoCoConfig.snapshot_dir={config.snapshot_dir!r} holds boundary snapshots of an earlier run "
-            f"(newest {os.path.basename(found[-1])}) but this run starts at step 0: resume it with "
+            f"AutoLoCoConfig.snapshot_dir={config.snapshot_dir!r} holds boundary snapshots past step {step}, where "
+            f"this run starts (newest {os.path.basename(newer[-1])}): resume with "
             "trainer.train(resume_from_checkpoint=callback.resume_point()), or give a new or empty folder"
         )
 

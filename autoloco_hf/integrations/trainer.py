@@ -68,7 +68,7 @@ from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.boundary_resume import (
     boundary_file,
-    check_no_earlier_snapshots,
+    check_no_newer_snapshots,
     resume_from_boundary,
     resume_point,
     trainer_boundary_state,
@@ -258,10 +258,9 @@ class AutoLoCoCallback(TrainerCallback):
             snapshot_dir=self.config.snapshot_dir,
             snapshot_state=lambda: trainer_boundary_state(trainer),
         )
+        check_no_newer_snapshots(self.config, state.global_step)
         if state.global_step > 0:
             self._resume(args, state)
-        else:
-            check_no_earlier_snapshots(self.config)
 
     def resume_point(self) -> str | None:
         """What to pass to ``trainer.train(resume_from_checkpoint=...)`` in a script that a launcher restarts.

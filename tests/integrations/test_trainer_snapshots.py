@@ -121,9 +121,18 @@ def test_damaged_snapshots_are_refused(tmp_path, caplog):
 
 
 def test_a_fresh_start_over_earlier_snapshots_is_refused(stopped, tmp_path):
-    with pytest.raises(AutoLoCoConfigurationError, match=r"snapshot_dir=.* holds boundary snapshots of an earlier run"):
+    with pytest.raises(AutoLoCoConfigurationError, match=r"snapshot_dir=.* holds boundary snapshots past step 0"):
         run(tmp_path, diloco(stopped / "snapshots"))
     assert not os.path.exists(tmp_path / "checkpoint-4")
+
+
+def test_a_resume_from_a_checkpoint_older_than_the_last_boundary_is_refused(tmp_path):
+    run(tmp_path, diloco(tmp_path / "snapshots"), stop_at=9, save_strategy="steps", save_steps=6)
+    with pytest.raises(
+        AutoLoCoConfigurationError, match=r"past step 6, where this run starts \(newest boundary-000000008"
+    ):
+        trainer, _ = make_trainer(tmp_path, DATA, diloco(tmp_path / "snapshots"), max_steps=STEPS)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
 
 
 def test_snapshots_of_a_ddp_run_are_refused_naming_the_method(tmp_path):
