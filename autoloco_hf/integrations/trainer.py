@@ -52,6 +52,12 @@ callback does:
   Resuming with another number of processes is refused (the local replicas
   and the data order belong to the launch layout): start a new run from the
   checkpoint's model weights instead.
+* elastic: with ``AutoLoCoConfig.snapshot_dir`` the main process writes a
+  boundary snapshot (shared outer state and the Trainer's) at every boundary,
+  and ``trainer.train(resume_from_checkpoint=callback.resume_point())`` resumes
+  the last boundary with any number of processes when it is newer than the
+  last Trainer checkpoint or the layout changed
+  (:mod:`autoloco_hf.integrations.boundary_resume`, docs/hf.md).
 """
 
 from __future__ import annotations
