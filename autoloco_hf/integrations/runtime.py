@@ -178,6 +178,11 @@ class WorkerRuntime:
         self.gradient_traffic: GradientTraffic | None = None
         self.ddp = find_ddp(wrapped_model)
         self.fsdp_mesh = fsdp2_mesh(model)  # FSDP2 averages gradients inside the worker by itself
+        if snapshot_dir is not None and self.fsdp_mesh is not None:
+            raise ValueError(
+                "boundary snapshots need the whole model on each rank, but it is sharded with FSDP2 fully_shard "
+                "(each rank's outer state is its shard): unset snapshot_dir and resume from Trainer checkpoints"
+            )
         if self.fsdp_mesh is not None and topo.world_size > 1:
             check_fsdp2_worker(self.fsdp_mesh, topo)
         elif topo.world_size > 1 and config.is_interval_method:
