@@ -125,10 +125,10 @@ def worker(spec_path: str) -> int:
             event("step", step=state.global_step, start=start, h=h)
 
     hold = spec.get("hold_write_at")
-    if hold is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if hold is not None and rank == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         real_write = checkpoint.write_state
 
-        def held_write(path, state, **kwargs):  # the main process's snapshot writer thread
+        def held_write(path, state, **kwargs):  # the main process's snapshot writer thread (not the copy's)
             if os.path.basename(path).startswith("boundary-") and kwargs["step"] >= hold:
                 (out / "writing").write_text(json.dumps({"pid": os.getpid(), "step": kwargs["step"]}))
                 time.sleep(WRITE_HOLD_S)

@@ -40,7 +40,7 @@ from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 from autoloco_hf.integrations.resume import last_complete_checkpoint
 from autoloco_hf.integrations.runtime import STATE_DIRNAME, TrainableParameters, WorkerRuntime, state_path
 from autoloco_hf.sync.checkpoint import CheckpointError, peek_header
-from autoloco_hf.sync.snapshot import PREFIX, SUFFIX, Snapshot, latest_snapshot, read_snapshot
+from autoloco_hf.sync.snapshot import Snapshot, latest_snapshot, read_snapshot, snapshot_paths, step_of
 
 TRAINER_KEY = "trainer"
 BOUNDARY_FILE = "boundary.safetensors"
@@ -72,12 +72,11 @@ def check_no_newer_snapshots(config: AutoLoCoConfig, step: int) -> None:
     """
     if config.snapshot_dir is None:
         return
-    found = sorted(glob.glob(os.path.join(glob.escape(config.snapshot_dir), f"{PREFIX}*{SUFFIX}")))
-    newer = [p for p in found if int(os.path.basename(p)[len(PREFIX) : -len(SUFFIX)]) > step]
+    newer = [p for p in snapshot_paths(config.snapshot_dir) if step_of(p) > step]
     if newer:
         raise AutoLoCoConfigurationError(
             f"AutoLoCoConfig.snapshot_dir={config.snapshot_dir!r} holds boundary snapshots past step {step}, where "
-            f"this run starts (newest {os.path.basename(newer[-1])}): resume with "
+            f"this run starts (newest {os.path.basename(newer[0])}): resume with "
             "trainer.train(resume_from_checkpoint=callback.resume_point()), or give a new or empty folder"
         )
 

@@ -149,7 +149,8 @@ class WorkerRuntime:
         is_main_process: whether this process writes the JSONL.
         on_record: extra consumer of every record.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` of the shared outer state
-            there at every boundary, from the main process only (storage every node reads, docs/reliability.md).
+            there at every boundary, from the main process, and a second copy from the last rank (storage
+            every node reads, docs/reliability.md).
         snapshot_state: more shared state for the snapshot, called at each boundary (the Trainer's).
     """
 
@@ -227,8 +228,12 @@ class WorkerRuntime:
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
             check_snapshot_support(self.engine)  # on every rank, so that all refuse alike
-            if is_main_process:
-                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=snapshot_state)
+            # the main process writes, and the last rank a second copy (another node when a node is a worker):
+            # a node lost during the write leaves the other copy of that boundary
+            last = topo.world_size > 1 and topo.rank == topo.world_size - 1
+            if is_main_process or last:
+                copy = 0 if is_main_process else 1
+                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=snapshot_state, copy=copy)
                 self.engine.listeners.append(self.snapshot)
 
     # ------------------------------------------------------------- steps

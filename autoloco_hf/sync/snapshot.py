@@ -36,7 +36,16 @@ from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError, re
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
 
-__all__ = ["BoundarySnapshot", "Snapshot", "SnapshotWriteError", "latest_snapshot", "read_snapshot", "snapshot_path"]
+__all__ = [
+    "BoundarySnapshot",
+    "Snapshot",
+    "SnapshotWriteError",
+    "latest_snapshot",
+    "read_snapshot",
+    "snapshot_path",
+    "snapshot_paths",
+    "step_of",
+]
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -62,8 +71,18 @@ class Snapshot:
         return self.state["engine"]
 
 
-def snapshot_path(directory: str, step: int) -> str:
-    return os.path.join(directory, f"{PREFIX}{step:09d}{SUFFIX}")
+def snapshot_path(directory: str, step: int, copy: int = 0) -> str:
+    """``boundary-<step>.safetensors``; a second writer's ``boundary-<step>.copy<k>.safetensors`` (read after it)."""
+    return os.path.join(directory, f"{PREFIX}{step:09d}{f'.copy{copy}' if copy else ''}{SUFFIX}")
+
+
+def snapshot_paths(directory: str) -> list[str]:
+    """Every snapshot file in ``directory``, newest step first (at a step, the first writer's copy first)."""
+    return sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True)
+
+
+def step_of(path: str) -> int:
+    return int(os.path.basename(path)[len(PREFIX) : len(PREFIX) + 9])
 
 
 def _host_copy(value: Any) -> Any:
@@ -106,6 +125,8 @@ class BoundarySnapshot:
         extra_state: more shared state to store (e.g. the LR scheduler's), called at the boundary.
         keep: how many of the newest snapshots stay on disk (at least 2: the previous one
             is the fallback when the newest turns out corrupted).
+        copy: 0 for the first writer; another process on another node writing the same state as copy 1
+            keeps the boundary when the first writer dies during its write.
     """
 
     def __init__(
@@ -114,6 +135,7 @@ class BoundarySnapshot:
         engine: IntervalEngine,
         extra_state: Callable[[], dict[str, Any]] | None = None,
         keep: int = 2,
+        copy: int = 0,
     ) -> None:
         check_snapshot_support(engine)
         if keep < 2:
@@ -122,6 +144,7 @@ class BoundarySnapshot:
         self.engine = engine
         self.extra_state = extra_state
         self.keep = keep
+        self.copy = copy
         self.written: list[str] = []  # completed writes, oldest first
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoloco-snapshot")
         self._pending: tuple[int, Future] | None = None
@@ -137,7 +160,7 @@ class BoundarySnapshot:
         self._pending = (engine.step, self._executor.submit(self._write, state, engine.step, engine.num_workers))
 
     def _write(self, state: dict[str, Any], step: int, workers: int) -> None:
-        path = snapshot_path(self.directory, step)
+        path = snapshot_path(self.directory, step, self.copy)
         checkpoint.write_state(
             path, state, config=self.engine.config, world_size=workers, ranks_per_worker=1, rank=0, step=step
         )
@@ -183,7 +206,7 @@ def latest_snapshot(directory: str, config: AutoLoCoConfig) -> Snapshot | None:
     (a run must not silently start afresh); a sound file written with other
     settings raises :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
     """
-    paths = sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True)
+    paths = snapshot_paths(directory)
     for path in paths:
         try:
             return read_snapshot(path, config)

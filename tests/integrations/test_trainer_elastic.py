@@ -10,6 +10,7 @@ own scheduler and ``skip_first_batches``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from transformers import get_cosine_schedule_with_warmup
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_path
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +78,7 @@ def kill_and_resume(out: Path, before: int, after: int) -> tuple[object, list[di
     torchrun_failing("trainer_worker.py", spec(out, kill={"rank": before - 1, "step": KILL}), nproc=before)
     snapshot = latest_snapshot(str(out / "snapshots"), AutoLoCoConfig(**AUTOLOCO))
     assert snapshot.workers == before and 0 < snapshot.step <= KILL
+    assert os.path.isfile(snapshot_path(str(out / "snapshots"), snapshot.step, copy=1))  # the last rank's copy
     return snapshot, torchrun("trainer_worker.py", spec(out, resume_point=True, record_batches=True), nproc=after)
 
 

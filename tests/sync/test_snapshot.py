@@ -16,7 +16,7 @@ from autoloco_hf.sync import checkpoint
 from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import SnapshotWriteError, latest_snapshot, snapshot_path
+from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
 AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2)
@@ -111,6 +111,25 @@ def test_a_damaged_newest_snapshot_is_refused_and_the_previous_one_used(tmp_path
     assert snapshot.step == 4
     [line] = [r.getMessage() for r in caplog.records]
     assert "boundary snapshot refused" in line and newest in line and "\n" not in line
+
+
+def test_a_second_copy_keeps_a_boundary_whose_first_copy_was_lost(tmp_path):
+    workers = runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path))
+    second = BoundarySnapshot(str(tmp_path), workers.engine, copy=1)
+    workers.engine.listeners.append(second)
+    advance(workers, 8)
+    workers.close()
+    second.close()
+    assert sorted(os.listdir(tmp_path)) == [
+        "boundary-000000004.copy1.safetensors",
+        "boundary-000000004.safetensors",
+        "boundary-000000008.copy1.safetensors",
+        "boundary-000000008.safetensors",
+    ]
+    assert latest_snapshot(str(tmp_path), DILOCO).path == snapshot_path(str(tmp_path), 8)
+    os.remove(snapshot_path(str(tmp_path), 8))  # its writer died before the rename
+    snapshot = latest_snapshot(str(tmp_path), DILOCO)
+    assert snapshot.step == 8 and snapshot.path == snapshot_path(str(tmp_path), 8, copy=1)
 
 
 def test_every_snapshot_damaged_is_refused_not_a_fresh_start(tmp_path):
