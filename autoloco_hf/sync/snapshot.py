@@ -3,7 +3,8 @@
 Right after a boundary every worker holds the same ``theta_t``, outer momentum,
 controller and token-mapper state and totals, so any number of workers can go
 on from them. :class:`BoundarySnapshot` is a boundary listener that writes that
-state once (attach it on one process only) as an AutoLoCo state file
+state once per writer (attach it on one process, or on two with ``copy=0`` and
+``copy=1``: a node lost during one write leaves the other) as an AutoLoCo state file
 (:mod:`autoloco_hf.sync.checkpoint`: safetensors, SHA-256, temporary file, fsync,
 rename): ``<directory>/boundary-<step>.safetensors``, the last ``keep`` of them.
 
