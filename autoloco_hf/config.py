@@ -386,6 +386,13 @@ class AutoLoCoConfig:
         above the slowest worker's lag at a boundary.""",
         POSITIVE,
     )
+    snapshot_dir: str | None = option(
+        None,
+        """Folder, on storage every node reads, where the main process writes the shared outer state at every
+        synchronization boundary (off the training thread; the last two kept). A restarted run, with the same or
+        another number of workers, goes on from the last boundary (`resume_point(trainer)`, docs/reliability.md);
+        interval methods with `overlap = none` only. Not set: no snapshots.""",
+    )
     max_consecutive_invalid: int = option(
         3,
         """Consecutive intervals with a non-finite loss or pseudo-gradient on any worker after which the run

@@ -8,15 +8,18 @@ state (AdamW moments zero, LR schedule at the boundary step, the boundary step
 as data position; docs/algorithm.md §8.5). Reported: the steps redone, and the
 held-out loss at the end against the uninterrupted 4-worker run (whose spread
 over model seeds is the yardstick) and against uninterrupted runs with the new
-number of workers from the start::
+number of workers from the start. Writes the raw losses as JSON (``--out``) and
+prints the table of docs/reliability.md from it::
 
-    PYTHONPATH=. python benchmarks/elastic_resume.py
+    PYTHONPATH=. python benchmarks/elastic_resume.py                 # runs, writes docs/results/elastic/elastic_resume.json
+    PYTHONPATH=. python benchmarks/elastic_resume.py --report-only   # the table from the committed JSON
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import sys
@@ -84,39 +87,72 @@ def resumed_losses(config: AutoLoCoConfig, seed: int, fault_step: int) -> tuple[
         return snapshot.step, redone, losses, os.path.getsize(snapshot.path)
 
 
+def measure(fault_step: int, seeds: range) -> dict:
+    """Every run's held-out loss: uninterrupted with 3, 4, 5 workers, and 4 -> 3, 4, 5 from the last boundary."""
+    runs = {}
+    for name, config in CONFIGS.items():
+        scratch = {
+            str(n): [held_out_loss(advance(runner(config, n, seed), STEPS)) for seed in seeds]
+            for n in (WORKERS - 1, WORKERS, WORKERS + 1)
+        }
+        results = [resumed_losses(config, seed, fault_step) for seed in seeds]
+        step, redone, _, size = results[0]
+        runs[name] = {
+            "uninterrupted": scratch,
+            "resumed": {str(n): [r[2][n] for r in results] for n in (WORKERS - 1, WORKERS, WORKERS + 1)},
+            "resumed_at": step,
+            "steps_redone": redone,
+            "snapshot_bytes": size,
+        }
+    parameters = sum(p.numel() for p in make_model().parameters())
+    return {"fault_step": fault_step, "seeds": list(seeds), "workers": WORKERS, "parameters": parameters, "runs": runs}
+
+
+def table(result: dict) -> str:
+    """The markdown table of docs/reliability.md ("Elastic resume") from :func:`measure`'s result."""
+    lines = [
+        "| method | run | resumed at | steps redone | held-out loss, mean over seeds | "
+        f"vs uninterrupted {WORKERS} workers: mean (per seed) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, run in result["runs"].items():
+        scratch, reference = run["uninterrupted"], run["uninterrupted"][str(WORKERS)]
+        means = " / ".join(f"{statistics.fmean(scratch[n]):.4f}" for n in sorted(scratch, key=int))
+        diffs = " / ".join(
+            "0" if n == str(WORKERS) else f"{statistics.fmean(scratch[n]) - statistics.fmean(reference):+.3f}"
+            for n in sorted(scratch, key=int)
+        )
+        spread = f"seed range of {WORKERS} workers: {min(reference):.4f}-{max(reference):.4f}"
+        workers = " / ".join(sorted(scratch, key=int))
+        lines.append(f"| {name} | uninterrupted, {workers} workers | - | 0 | {means} | {diffs} ({spread}) |")
+        for n in sorted(run["resumed"], key=int):
+            losses = run["resumed"][n]
+            lines.append(
+                f"| {name} | {WORKERS} -> {n} workers | {run['resumed_at']} | {run['steps_redone']} | "
+                f"{statistics.fmean(losses):.4f} | {_diffs(losses, reference)} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fault-step", type=int, default=61, help="the 4-worker run stops after this step")
     parser.add_argument("--seeds", type=int, default=3, help="model seeds 0..n-1")
+    parser.add_argument("--out", default="docs/results/elastic/elastic_resume.json", help="raw results (JSON)")
+    parser.add_argument("--report-only", action="store_true", help="print the table of --out, run nothing")
     args = parser.parse_args()
-    seeds = range(args.seeds)
-    print(
-        f"| method | run (fault after step {args.fault_step}) | resumed at step | steps redone | "
-        f"final held-out loss, mean over {args.seeds} seeds | vs uninterrupted {WORKERS}, per seed |"
-    )
-    print("|---|---|---|---|---|---|")
-    for name, config in CONFIGS.items():
-        scratch = {
-            n: [held_out_loss(advance(runner(config, n, seed), STEPS)) for seed in seeds]
-            for n in (WORKERS - 1, WORKERS, WORKERS + 1)
-        }
-        for n, losses in scratch.items():
-            print(
-                f"| {name} | uninterrupted, {n} workers | - | 0 | {statistics.fmean(losses):.4f} "
-                f"(seeds {min(losses):.4f}-{max(losses):.4f}) | "
-                + ("0 |" if n == WORKERS else f"{_diffs(losses, scratch[WORKERS])} |")
-            )
-        results = [resumed_losses(config, seed, args.fault_step) for seed in seeds]
-        step, redone, _, size = results[0]
-        for n in (WORKERS - 1, WORKERS, WORKERS + 1):
-            losses = [r[2][n] for r in results]
-            print(
-                f"| {name} | {WORKERS} -> {n} workers, fresh inner state | {step} | {redone} | "
-                f"{statistics.fmean(losses):.4f} | {_diffs(losses, scratch[WORKERS])} |"
-            )
-        model = make_model()
-        numel = sum(p.numel() for p in model.parameters())
-        print(f"\n{name}: {numel} parameters (FP32); the boundary snapshot file: {size} bytes\n")
+    if not args.report_only:
+        result = measure(args.fault_step, range(args.seeds))
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    with open(args.out) as f:
+        result = json.load(f)
+    print(table(result))
+    for name, run in result["runs"].items():
+        print(
+            f"\n{name}: {result['parameters']} parameters (FP32); the boundary snapshot file: {run['snapshot_bytes']} bytes"
+        )
 
 
 def _diffs(losses: list[float], reference: list[float]) -> str:

@@ -71,10 +71,6 @@ from dataclasses import dataclass
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREFIX = "alh-lp-"
-BRIDGE_NS = PREFIX + "br"
-BRIDGE = "alhlbr0"
-SUBNET = "10.232.0"
 RATES = ("100mbit", "1gbit", "unlimited")
 LOSS_WINDOW = 5
 SAMPLE_PERIOD_S = 0.01  # kernel tx_bytes sampled this often during training
@@ -134,26 +130,44 @@ def _ip(*args: str, ns: str | None = None) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def node_ns(k: int) -> str:
-    return f"{PREFIX}{k}"
+@dataclass(frozen=True)
+class Names:
+    """The namespace, interface and address names of one testbed (each benchmark its own, so two can run at once)."""
+
+    prefix: str  # namespaces <prefix><k>, the bridge's <prefix>br
+    dev: str  # node k's interface <dev><k>, its bridge end <dev>p<k>, the bridge <dev>br0
+    subnet: str  # node k's address <subnet>.<k+1>/24
+
+    def ns(self, k: int) -> str:
+        return f"{self.prefix}{k}"
+
+    def node_dev(self, k: int) -> str:
+        return f"{self.dev}{k}"
+
+    def addr(self, k: int) -> str:
+        return f"{self.subnet}.{k + 1}"
+
+    @property
+    def bridge_ns(self) -> str:
+        return self.prefix + "br"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.dev}br0"
 
 
-def node_dev(k: int) -> str:
-    return f"alhl{k}"
-
-
-def node_addr(k: int) -> str:
-    return f"{SUBNET}.{k + 1}"
+WAN = Names("alh-lp-", "alhl", "10.232.0")
 
 
 class Network:
     """The namespaces, links and qdiscs of one benchmark; a context manager that always removes them."""
 
-    def __init__(self, nodes: int, mtu: int) -> None:
+    def __init__(self, nodes: int, mtu: int, names: Names = WAN) -> None:
         if nodes < 2:
             raise ValueError(f"--nodes={nodes}: a link needs at least 2 nodes")
         self.nodes = nodes
         self.mtu = mtu
+        self.names = names
         self.namespaces: list[str] = []
 
     def __enter__(self) -> Network:
@@ -173,59 +187,60 @@ class Network:
         _ip("ip", "link", "set", "lo", "up", ns=name)
 
     def _build(self) -> None:
-        stale = [n for n in _list_namespaces() if n.startswith(PREFIX)]
+        names = self.names
+        stale = [n for n in _list_namespaces() if n.startswith(names.prefix)]
         if stale:
             raise RuntimeError(
                 f"namespaces {stale} exist already (an earlier run?): remove them with `ip netns del NAME` and rerun"
             )
         for k in range(self.nodes):
-            self._add_ns(node_ns(k))
+            self._add_ns(names.ns(k))
         if self.nodes == 2:  # one veth pair, one end in each node
             _ip(
                 "ip",
                 "link",
                 "add",
-                node_dev(0),
+                names.node_dev(0),
                 "netns",
-                node_ns(0),
+                names.ns(0),
                 "type",
                 "veth",
                 "peer",
                 "name",
-                node_dev(1),
+                names.node_dev(1),
                 "netns",
-                node_ns(1),
+                names.ns(1),
             )
         else:  # a bridge in its own namespace, one veth pair per node
-            self._add_ns(BRIDGE_NS)
-            _ip("ip", "link", "add", BRIDGE, "type", "bridge", ns=BRIDGE_NS)
-            _ip("ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up", ns=BRIDGE_NS)
+            self._add_ns(names.bridge_ns)
+            _ip("ip", "link", "add", names.bridge, "type", "bridge", ns=names.bridge_ns)
+            _ip("ip", "link", "set", names.bridge, "mtu", str(self.mtu), "up", ns=names.bridge_ns)
             for k in range(self.nodes):
-                peer = f"alhlp{k}"
+                peer = f"{names.dev}p{k}"
                 _ip(
                     "ip",
                     "link",
                     "add",
-                    node_dev(k),
+                    names.node_dev(k),
                     "netns",
-                    node_ns(k),
+                    names.ns(k),
                     "type",
                     "veth",
                     "peer",
                     "name",
                     peer,
                     "netns",
-                    BRIDGE_NS,
+                    names.bridge_ns,
                 )
-                _ip("ip", "link", "set", peer, "mtu", str(self.mtu), "master", BRIDGE, "up", ns=BRIDGE_NS)
+                _ip("ip", "link", "set", peer, "mtu", str(self.mtu), "master", names.bridge, "up", ns=names.bridge_ns)
         for k in range(self.nodes):
-            _ip("ip", "addr", "add", f"{node_addr(k)}/24", "dev", node_dev(k), ns=node_ns(k))
-            _ip("ip", "link", "set", node_dev(k), "mtu", str(self.mtu), "up", ns=node_ns(k))
+            _ip("ip", "addr", "add", f"{names.addr(k)}/24", "dev", names.node_dev(k), ns=names.ns(k))
+            _ip("ip", "link", "set", names.node_dev(k), "mtu", str(self.mtu), "up", ns=names.ns(k))
 
     def set_rate(self, rate: str) -> None:
         """``tbf`` egress limit on every node's interface (``unlimited``: no qdisc)."""
         for k in range(self.nodes):
-            ns, dev = node_ns(k), node_dev(k)
+            ns, dev = self.names.ns(k), self.names.node_dev(k)
             subprocess.run(
                 ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
                 stdout=subprocess.DEVNULL,
@@ -332,9 +347,9 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
                 "ip",
                 "netns",
                 "exec",
-                node_ns(k),
+                net.names.ns(k),
                 "env",
-                f"GLOO_SOCKET_IFNAME={node_dev(k)}",
+                f"GLOO_SOCKET_IFNAME={net.names.node_dev(k)}",
                 f"ALH_WAN_NODE={k}",
                 "nice",
                 "-n",
@@ -349,7 +364,7 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
                 "--nproc_per_node",
                 str(row.ranks_per_node),
                 "--master_addr",
-                node_addr(k if row.every_node else 0),  # every_node: k independent single-node jobs
+                net.names.addr(k if row.every_node else 0),  # every_node: k independent single-node jobs
                 "--master_port",
                 str(port),
                 os.path.abspath(__file__),
@@ -538,6 +553,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- the user-style training script
+def markov_sequences(vocab: int, n_seq: int, seq: int, draw_seed: int | None = None):
+    """Sequences of a fixed random Markov chain with 4 successors per token: learnable, loss falls from ln(vocab)
+    to ~ln(4). ``draw_seed``: other sequences of the same chain (a held-out set)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    successors = torch.randint(0, vocab, (vocab, 4), generator=g)
+    if draw_seed is not None:
+        g = torch.Generator().manual_seed(draw_seed)
+    ids = torch.empty(n_seq, seq, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, vocab, (n_seq,), generator=g)
+    for t in range(1, seq):
+        ids[:, t] = successors[ids[:, t - 1], torch.randint(0, 4, (n_seq,), generator=g)]
+    return ids
+
+
 def worker(spec_path: str) -> int:
     """One rank: a tiny GPT-2 trained by ``Trainer`` (+ ``AutoLoCoCallback`` unless the row is ``single``)."""
     with open(spec_path) as f:
@@ -560,15 +591,7 @@ def worker(spec_path: str) -> int:
     model = GPT2LMHeadModel(
         GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"], n_layer=spec["layers"], n_head=4)
     )
-    # a fixed random Markov chain with 4 successors per token: learnable, loss falls from ln(vocab) to ~ln(4)
-    g = torch.Generator().manual_seed(1)
-    successors = torch.randint(0, vocab, (vocab, 4), generator=g)
-    n_seq = spec["steps"] * spec["batch"] * world
-    ids = torch.empty(n_seq, seq, dtype=torch.long)
-    ids[:, 0] = torch.randint(0, vocab, (n_seq,), generator=g)
-    for t in range(1, seq):
-        ids[:, t] = successors[ids[:, t - 1], torch.randint(0, 4, (n_seq,), generator=g)]
-    data = [{"input_ids": x, "labels": x} for x in ids]
+    data = [{"input_ids": x, "labels": x} for x in markov_sequences(vocab, spec["steps"] * spec["batch"] * world, seq)]
 
     def tx_bytes() -> int:
         if dev is None or local_rank != 0:

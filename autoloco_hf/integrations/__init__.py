@@ -2,7 +2,8 @@
 
 See docs/hf.md. Modules: ``trainer`` (the TrainerCallback), ``trainer_internals``
 (the Trainer behaviour it relies on beyond the callback contract), ``resume``
-(which checkpoint, and whether its AutoLoCo state matches), ``run_log`` (the run
+(which checkpoint, and whether its AutoLoCo state matches), ``boundary_resume``
+(a restart from the last boundary snapshot, any number of workers), ``run_log`` (the run
 files ``autoloco report`` reads), ``launch_checks`` (supported launches, for the
 callback and ``AutoLoCoAccelerate``), ``accelerate`` (plain Accelerate loops),
 ``arguments`` (``AutoLoCoArguments`` for ``HfArgumentParser``), ``runtime`` (one

@@ -149,7 +149,9 @@ class WorkerRuntime:
         is_main_process: whether this process writes the JSONL.
         on_record: extra consumer of every record.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` of the shared outer state
-            there at every boundary, from the main process only (storage every node reads, docs/reliability.md).
+            there at every boundary, from the main process, and a second copy from the last rank (storage
+            every node reads, docs/reliability.md).
+        snapshot_state: more shared state for the snapshot, called at each boundary (the Trainer's).
     """
 
     def __init__(
@@ -166,6 +168,7 @@ class WorkerRuntime:
         on_record: Callable[[IntervalRecord], None] | None = None,
         topology: WorkerTopology | None = None,
         snapshot_dir: str | None = None,
+        snapshot_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -176,6 +179,11 @@ class WorkerRuntime:
         self.gradient_traffic: GradientTraffic | None = None
         self.ddp = find_ddp(wrapped_model)
         self.fsdp_mesh = fsdp2_mesh(model)  # FSDP2 averages gradients inside the worker by itself
+        if snapshot_dir is not None and self.fsdp_mesh is not None:
+            raise ValueError(
+                "boundary snapshots need the whole model on each rank, but it is sharded with FSDP2 fully_shard "
+                "(each rank's outer state is its shard): unset snapshot_dir and resume from Trainer checkpoints"
+            )
         if self.fsdp_mesh is not None and topo.world_size > 1:
             check_fsdp2_worker(self.fsdp_mesh, topo)
         elif topo.world_size > 1 and config.is_interval_method:
@@ -220,8 +228,12 @@ class WorkerRuntime:
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
             check_snapshot_support(self.engine)  # on every rank, so that all refuse alike
-            if is_main_process:
-                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine)
+            # the main process writes, and the last rank a second copy (another node when a node is a worker):
+            # a node lost during the write leaves the other copy of that boundary
+            last = topo.world_size > 1 and topo.rank == topo.world_size - 1
+            if is_main_process or last:
+                copy = 0 if is_main_process else 1
+                self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=snapshot_state, copy=copy)
                 self.engine.listeners.append(self.snapshot)
 
     # ------------------------------------------------------------- steps
@@ -249,9 +261,15 @@ class WorkerRuntime:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
             # a delayed merge (or a fragment's) may land while the next interval's length is still open
             steps = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
+            if self.config.snapshot_dir is None:
+                source = "the last checkpoint"
+            elif interval is not None:
+                source = f"the boundary snapshot of step {interval.start_step} (any number of workers)"
+            else:
+                source = "the last boundary snapshot (any number of workers)"
             raise err.at(
                 f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps}) failed",
-                "nothing of this interval was applied or saved: restart from the last checkpoint (docs/reliability.md)",
+                f"nothing of this interval was applied or saved: restart from {source} (docs/reliability.md)",
             ) from None
 
     def pop_metrics(self) -> dict[str, float]:

@@ -52,6 +52,12 @@ callback does:
   Resuming with another number of processes is refused (the local replicas
   and the data order belong to the launch layout): start a new run from the
   checkpoint's model weights instead.
+* elastic: with ``AutoLoCoConfig.snapshot_dir`` the main process writes a
+  boundary snapshot (shared outer state and the Trainer's) at every boundary,
+  and ``trainer.train(resume_from_checkpoint=callback.resume_point())`` resumes
+  the last boundary with any number of processes when it is newer than the
+  last Trainer checkpoint or the layout changed
+  (:mod:`autoloco_hf.integrations.boundary_resume`, docs/hf.md).
 """
 
 from __future__ import annotations
@@ -66,6 +72,13 @@ from transformers.utils import logging as hf_logging
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
+from autoloco_hf.integrations.boundary_resume import (
+    boundary_file,
+    check_no_newer_snapshots,
+    resume_from_boundary,
+    resume_point,
+    trainer_boundary_state,
+)
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_trainer_launch
 from autoloco_hf.integrations.log_levels import apply_trainer_log_levels
 from autoloco_hf.integrations.resume import restore, resumed_checkpoint
@@ -248,18 +261,38 @@ class AutoLoCoCallback(TrainerCallback):
             warmup,
             records_path=os.path.join(args.output_dir, self.records_filename),
             is_main_process=state.is_world_process_zero,
+            snapshot_dir=self.config.snapshot_dir,
+            snapshot_state=lambda: trainer_boundary_state(trainer),
         )
+        check_no_newer_snapshots(self.config, state.global_step)
         if state.global_step > 0:
             self._resume(args, state)
 
+    def resume_point(self) -> str | None:
+        """What to pass to ``trainer.train(resume_from_checkpoint=...)`` in a script that a launcher restarts.
+
+        ``None`` on the first attempt; after a restart, the last complete Trainer checkpoint, or, with
+        ``snapshot_dir`` set, the last boundary when it is newer or the launch layout changed
+        (:mod:`autoloco_hf.integrations.boundary_resume`): any number of workers goes on from there.
+        """
+        self.resume_from_checkpoint = resume_point(self._trainer(), self.config) or self.resume_from_checkpoint
+        return self.resume_from_checkpoint
+
     def _resume(self, args, state) -> None:
         checkpoint = resumed_checkpoint(args, state, self.resume_from_checkpoint)
-        restore(self.runtime, checkpoint, state.global_step)
+        if os.path.isfile(boundary_file(checkpoint)):
+            snapshot = resume_from_boundary(self.runtime, checkpoint, state.global_step)
+            source = (
+                f"the boundary snapshot {snapshot.path} ({snapshot.workers} workers, now {self.engine.num_workers})"
+            )
+        else:
+            restore(self.runtime, checkpoint, state.global_step)
+            source = checkpoint
         engine = self.engine
         if engine.records:  # the console's sync summary from the first log on, as in the uninterrupted run
             self._last_sync = record_metrics(engine.records[-1], engine)
         if state.is_world_process_zero:
-            logger.info("AutoLoCo: resumed step %d from %s: %s", state.global_step, checkpoint, _progress(engine))
+            logger.info("AutoLoCo: resumed step %d from %s: %s", state.global_step, source, _progress(engine))
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # after optimizer.step(), before lr_scheduler.step(): the learning rate this step used

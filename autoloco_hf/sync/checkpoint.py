@@ -38,7 +38,7 @@ _MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 # Config fields that may change between the run that wrote a state and the run that resumes it: they
 # change how the same algorithm runs (memory placement, bucketing, waiting), not what it computes.
-RESUMABLE_CONFIG_FIELDS = frozenset({"outer_on_cpu", "bucket_size_mb", "sync_timeout_s"})
+RESUMABLE_CONFIG_FIELDS = frozenset({"outer_on_cpu", "bucket_size_mb", "sync_timeout_s", "snapshot_dir"})
 
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 

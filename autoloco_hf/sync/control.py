@@ -62,7 +62,7 @@ class WorkerDisagreement(RuntimeError):
 
 
 # Settings a worker may choose for itself without changing what the workers compute together
-LOCAL_SETTINGS = ("outer_on_cpu", "sync_timeout_s")
+LOCAL_SETTINGS = ("outer_on_cpu", "sync_timeout_s", "snapshot_dir")
 
 
 def config_fingerprint(config: Any) -> float:

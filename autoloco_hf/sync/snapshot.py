@@ -3,7 +3,8 @@
 Right after a boundary every worker holds the same ``theta_t``, outer momentum,
 controller and token-mapper state and totals, so any number of workers can go
 on from them. :class:`BoundarySnapshot` is a boundary listener that writes that
-state once (attach it on one process only) as an AutoLoCo state file
+state once per writer (attach it on one process, or on two with ``copy=0`` and
+``copy=1``: a node lost during one write leaves the other) as an AutoLoCo state file
 (:mod:`autoloco_hf.sync.checkpoint`: safetensors, SHA-256, temporary file, fsync,
 rename): ``<directory>/boundary-<step>.safetensors``, the last ``keep`` of them.
 
@@ -36,7 +37,16 @@ from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError, re
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
 
-__all__ = ["BoundarySnapshot", "Snapshot", "SnapshotWriteError", "latest_snapshot", "snapshot_path"]
+__all__ = [
+    "BoundarySnapshot",
+    "Snapshot",
+    "SnapshotWriteError",
+    "latest_snapshot",
+    "read_snapshot",
+    "snapshot_path",
+    "snapshot_paths",
+    "step_of",
+]
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -62,8 +72,18 @@ class Snapshot:
         return self.state["engine"]
 
 
-def snapshot_path(directory: str, step: int) -> str:
-    return os.path.join(directory, f"{PREFIX}{step:09d}{SUFFIX}")
+def snapshot_path(directory: str, step: int, copy: int = 0) -> str:
+    """``boundary-<step>.safetensors``; a second writer's ``boundary-<step>.copy<k>.safetensors`` (read after it)."""
+    return os.path.join(directory, f"{PREFIX}{step:09d}{f'.copy{copy}' if copy else ''}{SUFFIX}")
+
+
+def snapshot_paths(directory: str) -> list[str]:
+    """Every snapshot file in ``directory``, newest step first (at a step, the first writer's copy first)."""
+    return sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True)
+
+
+def step_of(path: str) -> int:
+    return int(os.path.basename(path)[len(PREFIX) : len(PREFIX) + 9])
 
 
 def _host_copy(value: Any) -> Any:
@@ -106,6 +126,8 @@ class BoundarySnapshot:
         extra_state: more shared state to store (e.g. the LR scheduler's), called at the boundary.
         keep: how many of the newest snapshots stay on disk (at least 2: the previous one
             is the fallback when the newest turns out corrupted).
+        copy: 0 for the first writer; another process on another node writing the same state as copy 1
+            keeps the boundary when the first writer dies during its write.
     """
 
     def __init__(
@@ -114,6 +136,7 @@ class BoundarySnapshot:
         engine: IntervalEngine,
         extra_state: Callable[[], dict[str, Any]] | None = None,
         keep: int = 2,
+        copy: int = 0,
     ) -> None:
         check_snapshot_support(engine)
         if keep < 2:
@@ -122,6 +145,7 @@ class BoundarySnapshot:
         self.engine = engine
         self.extra_state = extra_state
         self.keep = keep
+        self.copy = copy
         self.written: list[str] = []  # completed writes, oldest first
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoloco-snapshot")
         self._pending: tuple[int, Future] | None = None
@@ -137,7 +161,7 @@ class BoundarySnapshot:
         self._pending = (engine.step, self._executor.submit(self._write, state, engine.step, engine.num_workers))
 
     def _write(self, state: dict[str, Any], step: int, workers: int) -> None:
-        path = snapshot_path(self.directory, step)
+        path = snapshot_path(self.directory, step, self.copy)
         checkpoint.write_state(
             path, state, config=self.engine.config, world_size=workers, ranks_per_worker=1, rank=0, step=step
         )
@@ -169,20 +193,31 @@ class BoundarySnapshot:
             self._executor.shutdown(wait=True)
 
 
+def read_snapshot(path: str, config: AutoLoCoConfig) -> Snapshot:
+    """The boundary snapshot in ``path``, verified (checksum, format, every config field but the local ones)."""
+    header, state = read_shared_state(path, config=config)
+    return Snapshot(path, header.step, header.world_size, state)
+
+
 def latest_snapshot(directory: str, config: AutoLoCoConfig) -> Snapshot | None:
     """The newest boundary snapshot in ``directory`` that verifies, or ``None`` when there is none.
 
     A truncated or corrupted file is refused in one logged line and the one
-    before it is tried; a sound file written with other settings raises
-    :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
+    before it is tried; when every one is refused, :class:`CheckpointError`
+    (a run must not silently start afresh); a sound file written with other
+    settings raises :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
     """
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True):
+    paths = snapshot_paths(directory)
+    for path in paths:
         try:
-            header, state = read_shared_state(path, config=config)
+            return read_snapshot(path, config)
         except ConfigMismatchError:
             raise
         except (OSError, CheckpointError) as err:
             logger.warning("AutoLoCo: boundary snapshot refused: %s; trying the one before", err)
-            continue
-        return Snapshot(path, header.step, header.world_size, state)
+    if paths:
+        raise CheckpointError(
+            f"{directory}: none of its {len(paths)} boundary snapshots verifies (see the warnings above): resume "
+            "from a Trainer checkpoint, or move the folder away to start afresh"
+        )
     return None

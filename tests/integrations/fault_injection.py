@@ -6,7 +6,8 @@
   ``S`` *before* AutoLoCo sees the step (so before a synchronization that step
   would close), write ``paused_rank{r}``, and wait until the test creates
   ``resume``. A rank pauses once per output folder (a restarted worker that
-  replays step ``S`` does not pause again);
+  replays step ``S`` does not pause again); ``pauses``: a list of such pauses,
+  each with a ``tag`` (files ``paused_<tag>_rank{r}`` and ``resume_<tag>``);
 * ``nan``: ``{"step": S, "rank": r}``: rank ``r`` writes a NaN into its first
   parameter at the end of step ``S`` (its next losses and its pseudo-gradient
   become non-finite);
@@ -48,14 +49,19 @@ class FaultInjector(TrainerCallback):
         if nan and nan["rank"] == self.rank and nan["step"] == step:
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] = float("nan")
-        pause = self.faults.get("pause")
-        marker = self.out / f"paused_rank{self.rank}"
-        if pause and self.rank in pause["ranks"] and pause["step"] == step and not marker.exists():
+        single = self.faults.get("pause")
+        for pause in ([{**single, "tag": ""}] if single else []) + self.faults.get("pauses", []):
+            self._pause(pause, step)
+
+    def _pause(self, pause: dict, step: int) -> None:
+        tag = f"_{pause['tag']}" if pause["tag"] else ""
+        marker, resume = self.out / f"paused{tag}_rank{self.rank}", self.out / f"resume{tag}"
+        if self.rank in pause["ranks"] and pause["step"] == step and not marker.exists():
             marker.write_text(str(time.time()))
             deadline = time.monotonic() + PAUSE_LIMIT_S
-            while not (self.out / "resume").exists():
+            while not resume.exists():
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"rank {self.rank}: the test never created {self.out / 'resume'}")
+                    raise TimeoutError(f"rank {self.rank}: the test never created {resume}")
                 time.sleep(0.05)
 
 

@@ -57,12 +57,15 @@ def torchrun_command(
     nproc: int,
     master_addr: str,
     master_port: int,
-    nnodes: int = 1,
+    nnodes: int | str = 1,
     node_rank: int = 0,
     max_restarts: int | None = None,
     local_addr: str | None = None,
+    rdzv_conf: str = "",
 ) -> list[str]:
     """``python -m torch.distributed.run ...`` for one node; with ``max_restarts``, an elastic (c10d) rendezvous.
+
+    ``nnodes``: a count, or ``"MIN:MAX"`` (elastic); ``rdzv_conf``: more ``key=value,...`` rendezvous settings.
 
     ``local_addr``: this node's address, which the elastic rendezvous hands to the
     workers as ``MASTER_ADDR`` (else torchrun looks up the host name, which does
@@ -85,7 +88,7 @@ def torchrun_command(
             "0.2",
             # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
             "--rdzv-conf",
-            f"is_host={str(node_rank == 0).lower()}",
+            ",".join(filter(None, [f"is_host={str(node_rank == 0).lower()}", rdzv_conf])),
         ]
         if local_addr is not None:
             cmd += ["--local-addr", local_addr]

@@ -16,6 +16,7 @@ groups, checkpointing, and where to write ``result_rank{r}.pt``:
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import json
@@ -79,53 +80,11 @@ for _name in _NAMES:
 torch.set_num_threads(1)
 
 from fault_injection import fault_callbacks  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from tiny_llama import PaddedTokens, tiny_llama  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.integrations.resume import last_complete_checkpoint  # noqa: E402
-
-VOCAB, SEQ, PAD = 96, 16, 0
-
-
-def tiny_llama(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return LlamaForCausalLM(cfg)
-
-
-class PaddedTokens(torch.utils.data.Dataset):
-    """Right-padded random sequences with a learnable pattern; lengths vary so padding is real."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.items = []
-        for _ in range(n):
-            length = int(torch.randint(6, SEQ + 1, (1,), generator=g))
-            start = int(torch.randint(3, VOCAB - SEQ, (1,), generator=g))
-            ids = torch.full((SEQ,), PAD, dtype=torch.long)
-            ids[:length] = torch.arange(start, start + length) % VOCAB
-            mask = torch.zeros(SEQ, dtype=torch.long)
-            mask[:length] = 1
-            labels = ids.clone()
-            labels[length:] = -100
-            self.items.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.items[i]
 
 
 def fingerprint(model: torch.nn.Module) -> float:
@@ -148,17 +107,32 @@ class Probe(TrainerCallback):
         self.synced: list[bool] = []
         self.showing: list[bool] = []  # the model holds theta_t for a checkpoint being written at this step
         self.batches: list = []
+        self.lrs: list[float] = []
+        self.begin: dict = {}
         self._syncs = 0
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         PHASE["train"] = True
         PHASE["step"] = state.global_step
+        engine = self.autoloco.engine
+        self.begin = {  # right after AutoLoCo's on_train_begin (a resume included)
+            "step": state.global_step,
+            "params": [p.detach().clone() for p in model.parameters()],
+            "optimizer_state": len(optimizer.state_dict()["state"]),
+            "boundary_state": copy.deepcopy(engine.boundary_state()) if engine.outer is not None else None,
+        }
+        with open(os.path.join(args.output_dir, "attempts.jsonl"), "a") as f:  # one line per rank and launch
+            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+            f.write(json.dumps({"rank": rank, "world": world, "step": state.global_step}) + "\n")
         if self.record_batches:
             model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
         if module.training:
             self.batches.append({k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")})
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.lrs.append(optimizer.param_groups[0]["lr"])
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         engine = self.autoloco.engine
@@ -227,7 +201,13 @@ def main(spec_path: str) -> None:
     before, after = fault_callbacks(spec, rank, callback)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*before, callback, probe, *after])
     # "resume_from": a folder or True; "resume_last": what a restartable script does (fresh start, else resume)
-    resume = last_complete_checkpoint(spec["output_dir"]) if spec.get("resume_last") else spec.get("resume_from")
+    # "resume_point": the same with boundary snapshots (AutoLoCoConfig.snapshot_dir), any number of processes
+    if spec.get("resume_point"):
+        resume = callback.resume_point()
+    elif spec.get("resume_last"):
+        resume = last_complete_checkpoint(spec["output_dir"])
+    else:
+        resume = spec.get("resume_from")
     trainer.train(resume_from_checkpoint=resume)
     runtime = callback.runtime
     hook = runtime.gradient_traffic
@@ -249,6 +229,8 @@ def main(spec_path: str) -> None:
         "global_step": trainer.state.global_step,
         "forwards": runtime.meter.forwards,
         "batches": probe.batches,
+        "lrs": probe.lrs,
+        "begin": probe.begin,
         "ddp_forward_sync_buffers": getattr(runtime.ddp, "forward_sync_buffers", None),
         "ddp_find_unused_parameters": getattr(runtime.ddp, "find_unused_parameters", None),
         # the hooks DDP's reducer calls instead of its built-in gradient all-reduce

@@ -13,10 +13,10 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync import checkpoint
-from autoloco_hf.sync.checkpoint import ConfigMismatchError
+from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import SnapshotWriteError, latest_snapshot, snapshot_path
+from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
 AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2)
@@ -113,12 +113,42 @@ def test_a_damaged_newest_snapshot_is_refused_and_the_previous_one_used(tmp_path
     assert "boundary snapshot refused" in line and newest in line and "\n" not in line
 
 
+def test_a_second_copy_keeps_a_boundary_whose_first_copy_was_lost(tmp_path):
+    workers = runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path))
+    second = BoundarySnapshot(str(tmp_path), workers.engine, copy=1)
+    workers.engine.listeners.append(second)
+    advance(workers, 8)
+    workers.close()
+    second.close()
+    assert sorted(os.listdir(tmp_path)) == [
+        "boundary-000000004.copy1.safetensors",
+        "boundary-000000004.safetensors",
+        "boundary-000000008.copy1.safetensors",
+        "boundary-000000008.safetensors",
+    ]
+    assert latest_snapshot(str(tmp_path), DILOCO).path == snapshot_path(str(tmp_path), 8)
+    os.remove(snapshot_path(str(tmp_path), 8))  # its writer died before the rename
+    snapshot = latest_snapshot(str(tmp_path), DILOCO)
+    assert snapshot.step == 8 and snapshot.path == snapshot_path(str(tmp_path), 8, copy=1)
+
+
+def test_every_snapshot_damaged_is_refused_not_a_fresh_start(tmp_path):
+    advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 8).close()
+    for step in (4, 8):
+        path = snapshot_path(str(tmp_path), step)
+        open(path, "wb").write(open(path, "rb").read()[:-100])
+    with pytest.raises(CheckpointError, match="none of its 2 boundary snapshots verifies"):
+        latest_snapshot(str(tmp_path), DILOCO)
+
+
 def test_a_changed_config_field_is_refused_naming_it(tmp_path):
     advance(runner(DILOCO, 2, 16, snapshot_dir=str(tmp_path)), 4).close()
     with pytest.raises(ConfigMismatchError, match=r"field config\.h_base=4 .* h_base=8"):
         latest_snapshot(str(tmp_path), AutoLoCoConfig(method="diloco", h_base=8))
     with pytest.raises(ConfigMismatchError, match=r"field config\.method='diloco'"):
         latest_snapshot(str(tmp_path), AutoLoCoConfig(method="qsr", h_base=4))
+    moved = AutoLoCoConfig(method="diloco", h_base=4, snapshot_dir="/elsewhere", sync_timeout_s=30)
+    assert latest_snapshot(str(tmp_path), moved).step == 4  # where the folder is mounted may change
 
 
 def test_overlapped_schedules_are_refused(tmp_path):
