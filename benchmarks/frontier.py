@@ -49,6 +49,7 @@ from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_l
 from autoloco_hf.config import ValueEnum  # noqa: E402
 
 SUMMARY, STEPS_GZ, INTERVALS_GZ = replicate.SUMMARY, replicate.STEPS_GZ, replicate.INTERVALS_GZ
+REFERENCE = "autoloco"  # the variant the others are paired against (the paper's rule at its defaults)
 
 
 class Regime(ValueEnum):
@@ -85,7 +86,8 @@ def parse_adaptive(specs: Sequence[str], h_base: int) -> list[Point]:
     for spec in specs:
         name, _, body = spec.partition(":")
         fields = dict(replicate.parse_beyond([spec])[0][1]) if body else {}
-        points.append(Point(name, "autoloco", h_base, fields))
+        # method=diloco gives a fixed-H variant with overrides (e.g. fragments), reported next to the adaptive ones
+        points.append(Point(name, str(fields.pop("method", "autoloco")), h_base, fields))
     return points
 
 
@@ -229,6 +231,7 @@ class Result:
     train_mean: float  # mean training loss over the whole run (the paper's measure)
     train_last10: float
     horizons: list[int]
+    outer_momentum: float  # the base momentum (AutoLoCo: the one its correction starts from)
 
 
 def load_result(folder: Path) -> Result:
@@ -239,8 +242,9 @@ def load_result(folder: Path) -> Result:
         horizons = [json.loads(line)["h_step"] for line in f]
     tail = losses[-max(1, len(losses) // 10) :]
     return Result(
-        summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail), horizons
-    )
+        summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail), horizons,
+        summary["config"]["outer_momentum"],
+    )  # fmt: skip
 
 
 def collect(out: str) -> dict[Regime, dict[str, dict[int, Result]]]:
@@ -316,16 +320,19 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             by_mu.setdefault(mu, {})[h] = name
     syncs_of = {name: statistics.fmean(r.syncs for r in cells[name].values()) for name in fixed}  # fixed H: exact
     diff_rows = []
-    base = by_mu.get(base_mu, {})
-    base_syncs = {h: syncs_of[n] for h, n in base.items()}
     for name in adaptive:
         r = cells[name]
+        # the curve at the variant's own base momentum where the grid has one, else at --base-mu
+        own_mu = r[seeds[0]].outer_momentum
+        curve_mu = own_mu if len(by_mu.get(own_mu, {})) >= 2 else base_mu
+        base = by_mu.get(curve_mu, {})
+        base_syncs = {h: syncs_of[n] for h, n in base.items()}
         own_syncs = statistics.fmean(r[s].syncs for s in seeds)
         # the best fixed setting is chosen once, by its mean over the paired seeds (a per-seed minimum would select noise)
         eligible = [n for n in fixed if set(seeds) <= set(cells[n]) and syncs_of[n] <= own_syncs * 1.0001]
         best = min(eligible, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
         diff_rows.append([
-            name, f"{own_syncs:.1f}",
+            name, f"{curve_mu:g}", f"{own_syncs:.1f}",
             fmt([r[s].val - curve_at({h: cells[n][s].val for h, n in base.items()}, r[s].syncs, base_syncs) for s in seeds]),
             f"{fmt([r[s].val - cells[best][s].val for s in seeds])} ({best})" if best else "-",
             fmt([r[s].train_mean - curve_at({h: cells[n][s].train_mean for h, n in base.items()}, r[s].syncs, base_syncs)
@@ -333,15 +340,41 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
         ])  # fmt: skip
     lines += [
         f"Excess of each adaptive variant (paired over seeds {seeds}, mean ± s.e.): over the fixed-H DiLoCo curve at "
-        f"mu {base_mu:g} interpolated at the variant's own sync count; over the fixed setting (any momentum, no more "
+        f"the variant's own base momentum (column 'curve mu'; mu {base_mu:g} where the grid has no curve at it) "
+        "interpolated at the variant's own sync count; over the fixed setting (any momentum, no more "
         "syncs than the variant) with the lowest mean val loss over those seeds; and the mean-training-loss excess over the mu-curve.",
         "",
         replicate.markdown_table(
-            ["variant", "syncs", "val excess over mu-curve", "val excess over best fixed", "mean-train excess"],
+            [
+                "variant",
+                "curve mu",
+                "syncs",
+                "val excess over mu-curve",
+                "val excess over best fixed",
+                "mean-train excess",
+            ],
             diff_rows,
         ),
         "",
     ]
+    if REFERENCE in adaptive and len(adaptive) > 1:  # e.g. fragments or the descent rule against the paper rule
+        lines += [
+            f"Each adaptive variant minus `{REFERENCE}` (the paper's rule), paired over seeds {seeds}:",
+            "",
+            replicate.markdown_table(
+                ["variant", "syncs", "val loss minus " + REFERENCE],
+                [
+                    [
+                        name,
+                        f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
+                        fmt([cells[name][s].val - cells[REFERENCE][s].val for s in seeds]),
+                    ]
+                    for name in adaptive
+                    if name != REFERENCE
+                ],  # fmt: skip
+            ),
+            "",
+        ]
     plot_path = plot_dir / f"frontier_{regime.value}.png"
     plot(regime, cells, by_mu, adaptive, seeds, plot_path)
     lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]
@@ -433,7 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME[:FIELD=VALUE,...]",
-        help="AutoLoCo variant from the paper's H_base (repeatable; default: autoloco)",
+        help="AutoLoCo variant from the paper's H_base (repeatable; default: autoloco; method=diloco: a DiLoCo variant)",
     )
     p.add_argument("--batch-size", type=int, default=replicate.BATCH_SIZE)
     p.add_argument("--hidden", type=int, default=replicate.HIDDEN)

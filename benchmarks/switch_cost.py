@@ -131,7 +131,9 @@ def treat(workers: Any, policy: ScheduledPolicy, treatment: Treatment) -> None:
     outer = workers.engine.outer
     step, last_norm = outer.step, [None]
 
-    def treated_step(mean: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None) -> None:
+    def treated_step(
+        mean: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None, fragment: int = 0
+    ) -> None:
         norm = float(mean.norm())
         buffer = outer.momentum_buffer
         if buffer is not None and policy.just_changed():
@@ -140,7 +142,7 @@ def treat(workers: Any, policy: ScheduledPolicy, treatment: Treatment) -> None:
             elif last_norm[0]:
                 buffer.mul_(norm / last_norm[0])
         last_norm[0] = norm
-        step(mean, lr, momentum, grad_divisor)
+        step(mean, lr, momentum, grad_divisor, fragment)
 
     outer.step = treated_step
 

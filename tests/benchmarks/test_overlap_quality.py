@@ -45,3 +45,27 @@ def test_report_pairs_each_variant_with_blocking_autoloco_of_the_same_seed():
     # losses 3.1, 4.3: mean 3.7; paired diffs 0.1, 0.3: mean +0.2, std 0.1414
     assert "3.7000 ± 0.8485" in eager and "+0.2000 ± 0.1414" in eager and eager.endswith("| 1.0 |")
     assert "python benchmarks/overlap_quality.py" in text
+
+
+COMMITTED = os.path.join(REPO, "docs", "results_overlap.md")
+RUNS = os.path.join(REPO, "docs", "results", "overlap")
+
+
+def test_the_committed_overlap_table_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
+    """docs/results_overlap.md's generated part (above its reading) comes from docs/results/overlap/*.json."""
+    script = load_script()
+    committed = open(COMMITTED).read()
+    generated, reading = committed.split("\n## Reading", 1)
+    command = next(line for line in committed.splitlines() if line.startswith("Command: "))
+    argv = command.removeprefix("Command: `python benchmarks/overlap_quality.py ").removesuffix("`").split()
+    out = argv.index("--out") + 1
+    assert argv[out] == "docs/results/overlap" and len(os.listdir(RUNS)) >= 27
+    # the command as committed, run where docs/results/overlap is the committed folder and the report lands in tmp
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    os.symlink(RUNS, tmp_path / "docs" / "results" / "overlap")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(script, "run_variant", None)  # nothing may train: every run is committed
+    script.main(argv)
+    regenerated = (tmp_path / argv[argv.index("--report") + 1]).read_text()
+    assert regenerated.rstrip("\n") == generated.rstrip("\n")
+    assert "| autoloco_eager |" in generated and reading.strip()

@@ -156,6 +156,11 @@ def test_overlapped_schedules_are_refused(tmp_path):
         runner(AutoLoCoConfig(method="diloco", h_base=4, overlap="delayed"), 2, 16, snapshot_dir=str(tmp_path))
 
 
+def test_streaming_fragments_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"fragments=1 \(got fragments=2\)"):
+        runner(AutoLoCoConfig(method="diloco", h_base=4, fragments=2), 2, 16, snapshot_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize("new_workers", [1, 3])
 def test_another_number_of_workers_goes_on_from_exactly_the_shared_state(tmp_path, new_workers):
     """N -> N-1 and N -> N+1: theta_t, momentum, policy and totals bit-equal right after the resume."""
