@@ -10,7 +10,6 @@ own scheduler and ``skip_first_batches``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from transformers import get_cosine_schedule_with_warmup
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_path
+from autoloco_hf.sync.snapshot import latest_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +76,10 @@ def kill_and_resume(out: Path, before: int, after: int) -> tuple[object, list[di
     """``before`` processes, rank ``before - 1`` killed after step KILL; then ``after`` processes resume."""
     torchrun_failing("trainer_worker.py", spec(out, kill={"rank": before - 1, "step": KILL}), nproc=before)
     snapshot = latest_snapshot(str(out / "snapshots"), AutoLoCoConfig(**AUTOLOCO))
+    # the killed rank is the last one, which writes the second copy: whether its copy of this boundary was
+    # finished when it died is a race, so only the main process's snapshot is relied on (the copy is tested in
+    # tests/sync/test_snapshot.py)
     assert snapshot.workers == before and 0 < snapshot.step <= KILL
-    assert os.path.isfile(snapshot_path(str(out / "snapshots"), snapshot.step, copy=1))  # the last rank's copy
     return snapshot, torchrun("trainer_worker.py", spec(out, resume_point=True, record_batches=True), nproc=after)
 
 
