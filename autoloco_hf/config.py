@@ -240,6 +240,12 @@ class AutoLoCoConfig:
         "EMA factor of `log C_t` in the `descent` rule: 0 follows each interval (docs/algorithm.md §5.6).",
         FRACTION,
     )
+    descent_gain: float = option(
+        1.0,
+        """Exponent `k` of the coherence ratio in the `descent` rule, `H = h_max (C / C_ref)^k`: below 1 the
+        horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
+        POSITIVE,
+    )
     warmup_steps: int | None = option(
         None,
         """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).

@@ -8,10 +8,10 @@ never raises the horizon. It starts at ``h_max`` and follows the coherence
 ``C_t``: once calibrated on the first intervals after warm-up, the next
 horizon is
 
-    H_next = min( H_t, floor_q( h_max * exp(s_t - r) ) ),   clipped to [h_min, h_max]
+    H_next = min( H_t, floor_q( h_max * exp(k (s_t - r)) ) ),   clipped to [h_min, h_max]
 
-with ``s_t`` an exponential moving average of ``log C_t`` and ``r`` the mean
-``log C`` of the calibration intervals. Workers whose pseudo-gradients agree
+with ``s_t`` an exponential moving average of ``log C_t``, ``r`` the mean
+``log C`` of the calibration intervals and ``k`` = ``descent_gain`` (1). Workers whose pseudo-gradients agree
 keep a long horizon; as they decorrelate (late training, heterogeneous data)
 the rule synchronizes more often.
 
@@ -102,7 +102,7 @@ class DescentController:
         smoothing = cfg.descent_smoothing
         st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
         assert st.ref_log_coherence is not None
-        target = cfg.h_max * math.exp(st.smoothed_log_coherence - st.ref_log_coherence)
+        target = cfg.h_max * math.exp(cfg.descent_gain * (st.smoothed_log_coherence - st.ref_log_coherence))
         shorter = max(cfg.h_min, _floor_to(target, cfg.q_h))
         if shorter < st.h_tok:
             st.h_tok = shorter
@@ -116,7 +116,7 @@ class DescentController:
         if len(st.calibration_logs) >= self.cfg.calibration_intervals:
             mean = math.fsum(st.calibration_logs) / len(st.calibration_logs)
             # re-based so that the target equals the horizon in force (h_max at the start)
-            st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max)
+            st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max) / self.cfg.descent_gain
             st.smoothed_log_coherence = mean
             st.calibration_logs = []
             st.phase = Phase.MONITORING

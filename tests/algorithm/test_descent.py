@@ -56,6 +56,21 @@ def test_the_horizon_follows_the_coherence_ratio_to_the_calibration() -> None:
     assert ctl.h_tok == 10  # 40 * 0.75 / 3 = 10 = h_min
 
 
+def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
+    ctl = DescentController(descent_config(descent_gain=0.5))
+    executed, _ = feed(ctl, [3.0, 3.0, 3.0, 0.75])
+    # calibrated at log 3, re-based so that h_max stays the target; then 40 * (0.75 / 3) ** 0.5 = 20
+    assert executed == [40, 40, 40, 40]
+    assert ctl.h_tok == 20
+    # a recalibration at 20 keeps 20 as the target; a halving then shortens by 2 ** -0.5, not by half
+    ctl.recalibrate_for_new_workers()
+    executed, _ = feed(ctl, [1.0, 1.0, 0.5])
+    assert executed == [20, 20, 20]
+    assert ctl.h_tok == 14  # 20 * 0.5 ** 0.5 = 14.1
+    with pytest.raises(ConfigError, match="descent_gain"):
+        descent_config(descent_gain=0.0)
+
+
 def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
     rng = random.Random(0)
     cfg = descent_config(descent_smoothing=0.5, h_min=5)
