@@ -52,7 +52,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ from autoloco_hf.cli.report import (
     moving_average,
     write_plots,
 )
+from autoloco_hf.config import Controller
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE = 2  # windows per worker per step (the demo uses 8; quartered for the CPU budget)
@@ -174,6 +175,7 @@ def variants(beyond_configs: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[
             overrides=dict(normalize_pseudo_grad=True),
         )
     ]
+    t1, t14, t7, t8 = (rules_side_by_side(rows) for rows in (t1, t14, t7, t8))
     beyond = [
         Variant(Table.BEYOND, f"autoloco_hmax{k}", "autoloco", f"AutoLoCo, H_max = {k} x H_base", h_max_factor=float(k))
         for k in (2, 3, 4)
@@ -202,7 +204,34 @@ def variants(beyond_configs: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[
             h_base_factor=2,
         ),
     ]
+    beyond = [pin_paper_rule(v) for v in beyond]
     return t1 + t14 + t7 + t8 + beyond
+
+
+def pin_paper_rule(variant: Variant) -> Variant:
+    """The paper's horizon rule, whatever the library's default (these rows replicate the paper)."""
+    if variant.method != "autoloco":
+        return variant
+    return replace(variant, overrides={**variant.overrides, "controller": Controller.PAPER})
+
+
+def rules_side_by_side(rows: list[Variant]) -> list[Variant]:
+    """Each AutoLoCo row twice: the paper's horizon rule (pinned) and, as ``<name>_descent``, the descent rule."""
+    out = []
+    for v in rows:
+        if v.method != "autoloco":
+            out.append(v)
+            continue
+        out.append(pin_paper_rule(v))
+        out.append(
+            replace(
+                v,
+                name=f"{v.name}_descent",
+                description=f"{v.description}; descent horizon rule",
+                overrides={**v.overrides, "controller": Controller.DESCENT},
+            )
+        )
+    return out
 
 
 # ------------------------------------------------------------------ corpus
