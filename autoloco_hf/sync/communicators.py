@@ -214,6 +214,10 @@ class Communicator(ABC):
         """The whole flat model from this worker's shards (``shard`` covers :meth:`shard_range`)."""
         return shard
 
+    def worker_tensor_sizes(self, local_sizes: Sequence[int]) -> list[int]:
+        """Each parameter tensor's elements in the whole worker model (this rank's tensors may be shards of them)."""
+        return list(local_sizes)
+
 
 class SimulatedCommunicator(Communicator):
     """``N`` workers inside one process (the paper's simulation, docs/algorithm.md §8.4)."""
@@ -646,6 +650,12 @@ class ShardedWorkerCommunicator(HierarchicalCommunicator):
 
     def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         return shard
+
+    def worker_tensor_sizes(self, local_sizes: Sequence[int]) -> list[int]:
+        """The local shards' sizes summed over the worker's ranks: every rank then cuts fragments at the same tensors."""
+        sizes = torch.tensor(list(local_sizes), dtype=torch.int64)
+        self.dist.all_reduce(sizes, group=self.inner_group)
+        return sizes.tolist()
 
 
 def make_communicator(

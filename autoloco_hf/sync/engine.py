@@ -64,7 +64,7 @@ from autoloco_hf.sync.checkpoint import check_config
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
 from autoloco_hf.sync.communicators import AverageResult, Communicator, PendingAverage, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
-from autoloco_hf.sync.fragments import Fragment, split_fragments
+from autoloco_hf.sync.fragments import Fragment, on_local_tensors, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters, flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
@@ -408,12 +408,9 @@ class IntervalEngine:
             n for _, n in WireCodec(WireDtype.FP32, self.segment_sizes).pieces(start, end - start)
         ]
         # streaming fragments (docs/algorithm.md §12); one piece, the whole model, when fragments=1
-        self.fragments = split_fragments(self.segment_sizes, config.fragments)
-        if config.fragments > 1 and self.comm.shards_per_worker > 1 and self.shard == (0, numel):
-            raise ValueError(
-                f"fragments={config.fragments} with FSDP2 workers (each rank's model is its local shards) is not "
-                "supported: use fragments=1, or DDP worker groups (ranks_per_worker with hierarchical_sync)"
-            )
+        # cut at whole tensors of the worker's model: an FSDP2 rank's tensors are its local shards of them
+        tensor_sizes = self.comm.worker_tensor_sizes(self.segment_sizes) if config.fragments > 1 else self.segment_sizes
+        self.fragments = on_local_tensors(split_fragments(tensor_sizes, config.fragments), self.segment_sizes)
         # this rank's part of each fragment, in flat-model coordinates: all of it, or where it meets the
         # rank's shard (possibly nothing: then only the control message travels, docs/algorithm.md §12.1)
         self.fragment_pieces = [

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Fragment", "fragment_event_offset", "split_fragments"]
+__all__ = ["Fragment", "fragment_event_offset", "on_local_tensors", "split_fragments"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,18 @@ def split_fragments(sizes: Sequence[int], fragments: int) -> tuple[Fragment, ...
     return tuple(
         Fragment(f, first, last, (prefix[first], prefix[last])) for f, (first, last) in enumerate(zip(cuts, cuts[1:]))
     )
+
+
+def on_local_tensors(fragments: Sequence[Fragment], local_sizes: Sequence[int]) -> tuple[Fragment, ...]:
+    """The same tensors' fragments over this rank's local shards of them (an FSDP2 worker rank's flat buffer).
+
+    The cuts are chosen on the whole tensors (:func:`split_fragments` of the worker's sizes), so every rank of
+    a worker syncs the same tensors at the same step; a rank's piece of a fragment may be empty.
+    """
+    prefix = [0]
+    for size in local_sizes:
+        prefix.append(prefix[-1] + size)
+    return tuple(Fragment(f.index, f.first, f.last, (prefix[f.first], prefix[f.last])) for f in fragments)
 
 
 def _fragments_needed(prefix: Sequence[int], cap: int) -> list[int]:

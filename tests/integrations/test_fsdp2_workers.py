@@ -26,8 +26,8 @@ STEPS, WARMUP, SAVE_AT = 64, 6, 30  # SAVE_AT falls inside an interval (checked 
 RTOL, ATOL = 1e-4, 1e-6
 
 
-def config() -> AutoLoCoConfig:
-    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=R)
+def config(**overrides) -> AutoLoCoConfig:
+    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=R, **overrides)
 
 
 def rank_batch(worker: int, rank_in_worker: int, step: int) -> dict:
@@ -63,7 +63,9 @@ def _accelerate_wrapper(model, optimizer, scheduler, rank: int, world_size: int)
     )
 
 
-def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | None, accelerate: bool = False):
+def _sharded_run(
+    save_dir: str | None, start: int, stop: int, resume_dir: str | None, accelerate: bool = False, **overrides
+):
     """Build an FSDP2 worker rank and its WorkerRuntime (or AutoLoCoAccelerate); train steps [start, stop)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -86,7 +88,14 @@ def _sharded_run(save_dir: str | None, start: int, stop: int, resume_dir: str | 
         wrapper.runtime
         if wrapper
         else WorkerRuntime(
-            config(), model, model, optimizer, SchedulerPreview(scheduler, STEPS), STEPS, WARMUP, topology=topo
+            config(**overrides),
+            model,
+            model,
+            optimizer,
+            SchedulerPreview(scheduler, STEPS),
+            STEPS,
+            WARMUP,
+            topology=topo,
         )
     )
     if resume_dir is not None:
@@ -167,6 +176,18 @@ def _fsdp_worker(rank: int, world_size: int, checkpoint: str) -> dict:
     return result
 
 
+def _fsdp_fragments_worker(rank: int, world_size: int, checkpoint: str) -> dict:
+    runtime, full, mid = _sharded_run(checkpoint, 0, STEPS, None, fragments=2)
+    result = {"records": [r.__dict__.copy() for r in runtime.engine.records], "full": full, "saved_mid_round": mid}
+    result["pieces"] = runtime.engine.fragment_pieces
+    runtime.close()
+    resumed, resumed_full, _ = _sharded_run(None, SAVE_AT, STEPS, checkpoint, fragments=2)
+    result["resumed_full"] = resumed_full
+    result["resumed_records"] = [r.__dict__.copy() for r in resumed.engine.records]
+    resumed.close()
+    return result
+
+
 def untimed(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in records]
 
@@ -223,3 +244,36 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
         world_mesh, hsdp = result["refusals"]
         assert "sharded over ranks [0, 1, 2, 3]" in world_mesh and "worker_mesh(2" in world_mesh
         assert "2-D device mesh" in hsdp and "HSDP" in hsdp
+
+
+def test_fsdp2_workers_stream_the_same_fragments_as_single_rank_workers(tmp_path):
+    """fragments=2: the cut falls at the same whole tensors on both ranks of a worker, each rank syncs its
+    shards of them; statistics, horizons and parameters match single-rank workers, and a mid-round resume
+    reproduces the uninterrupted run exactly."""
+    results = run_gloo(_fsdp_fragments_worker, R * WORKERS, str(tmp_path))
+    reference = LocalWorkers(
+        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, fragments=2),
+        make_model(seed=0),
+        SimulatedCommunicator(WORKERS),
+        adamw,
+        scheduler_factory=cosine(STEPS, WARMUP),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
+    )
+    for step in range(STEPS):
+        reference.train_step([worker_batch(w, step) for w in range(WORKERS)])
+    expected = [r.__dict__ for r in reference.engine.records]
+    whole_tensors = [(f.first, f.last) for f in reference.engine.fragments]
+    assert len(expected) >= 4 and len(whole_tensors) == 2
+    for rank, result in enumerate(results):
+        got = result["records"]
+        assert [(r["start_step"], r["h_step"]) for r in got] == [(r["start_step"], r["h_step"]) for r in expected]
+        for mine, ref in zip(got, expected):
+            for key in ("drift_energy", "coherence", "mean_loss"):
+                assert math.isclose(mine[key], ref[key], rel_tol=RTOL, abs_tol=ATOL), (rank, mine["index"], key)
+        worker = rank // R
+        for p, q in zip(result["full"], reference.models[worker].parameters()):
+            torch.testing.assert_close(p, q.detach(), rtol=RTOL, atol=ATOL)
+        assert result["saved_mid_round"]
+        assert all(torch.equal(p, q) for p, q in zip(result["resumed_full"], result["full"]))
+        assert untimed(result["resumed_records"]) == untimed(got)

@@ -16,7 +16,7 @@ from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.accounting import payload_bytes
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.fragments import fragment_event_offset, split_fragments
+from autoloco_hf.sync.fragments import fragment_event_offset, on_local_tensors, split_fragments
 from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.streaming import FragmentSchedule
 
@@ -367,9 +367,18 @@ def test_worker_groups_sync_their_shard_of_each_fragment_as_the_unsharded_run():
             assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner))
 
 
-def test_fsdp2_workers_are_refused_in_one_line():
-    class FsdpLike(SimulatedCommunicator):  # ShardedWorkerCommunicator's layout: the local shards are the model
-        shards_per_worker = 2
+def test_fsdp2_ranks_cut_their_local_shards_at_the_worker_models_tensor_boundaries():
+    """A rank's own shard sizes would put the cut elsewhere (after tensor 2, not 1): the worker's sizes decide."""
+    worker_sizes, rank_sizes = [100, 100, 10, 90], [50, 50, 0, 90]  # this rank holds no row of tensor 2
+    assert [(f.first, f.last) for f in split_fragments(rank_sizes, 2)] == [(0, 2), (2, 4)]
+    local = on_local_tensors(split_fragments(worker_sizes, 2), rank_sizes)
+    assert [(f.first, f.last) for f in local] == [(0, 1), (1, 4)]
+    assert [f.span for f in local] == [(0, 50), (50, 190)]
 
-    with pytest.raises(ValueError, match="fragments=2 with FSDP2 workers .* is not supported: use fragments=1"):
-        runner_for(config(), FsdpLike(2))
+    class ShardsOfLargerTensors(SimulatedCommunicator):  # as if tensor 3 were mostly on the other ranks
+        def worker_tensor_sizes(self, local_sizes):
+            return [512, 256, 16, 2000, 32]
+
+    engine = runner_for(config(), ShardsOfLargerTensors(2)).engine
+    assert [(f.first, f.last) for f in engine.fragments] == [(0, 3), (3, 5)]  # by its own sizes (0, 2), (2, 5)
+    assert [f.span for f in engine.fragments] == [(0, 784), (784, 1328)]
