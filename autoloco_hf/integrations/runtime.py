@@ -305,7 +305,7 @@ class WorkerRuntime:
             return
         params = self.trainable.params
         self._local_replica = [p.detach().to("cpu", copy=True) for p in params]
-        self.engine.outer.write_back(params)
+        self.engine.outer.write_back(params, engine.theta())  # every rank of the worker: a sharded state gathers
 
     @torch.no_grad()
     def restore_local_parameters(self) -> None:
@@ -320,7 +320,7 @@ class WorkerRuntime:
         """theta_t, the last synchronized parameters, shaped and typed like the model's trainable parameters."""
         if self.engine.outer is None:  # DDP: every rank holds the averaged model at every step
             return [p.detach() for p in self.trainable.params]
-        flat = self.engine.outer.params.detach()
+        flat = self.engine.theta()  # collective when the outer state is sharded: call on every rank of the worker
         chunks = torch.split(flat, [p.numel() for p in self.trainable.params])
         return [c.view_as(p).to(p.dtype) for c, p in zip(chunks, self.trainable.params)]
 

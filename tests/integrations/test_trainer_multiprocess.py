@@ -292,6 +292,43 @@ def test_worker_groups_four_processes(tmp_path):
         assert len(model_sized(r)) == len(outer) + len(inner)
 
 
+def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
+    """Hierarchical sync holds half of theta_t per rank: a mid-interval checkpoint gathers the worker's halves into
+    the model file, and a resume from it (4 new processes) ends on the uninterrupted run's parameters."""
+    import shutil
+
+    from safetensors.torch import load_file
+    from trainer_worker import tiny_llama
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.runtime import state_path
+    from autoloco_hf.sync.checkpoint import read_state
+
+    fields = {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6, "ranks_per_worker": 2}
+    base = {"steps": 8, "batch": 2, "save_steps": 6, "autoloco": fields}
+    full = torchrun("trainer_worker.py", {**base, "output_dir": str(tmp_path / "full")}, nproc=4, timeout=400)
+    checkpoint = tmp_path / "full" / "checkpoint-6"
+    saved = load_file(str(checkpoint / "model.safetensors"))
+    weights = torch.cat([saved[name].reshape(-1).float() for name, _ in tiny_llama(0).named_parameters()])
+    config = AutoLoCoConfig(**fields)
+    halves = []
+    for rank in range(4):
+        _, state = read_state(
+            state_path(str(checkpoint), rank), config=config, world_size=4, ranks_per_worker=2, rank=rank
+        )
+        halves.append(state["engine"]["outer"]["params"])
+    assert halves[0].numel() < weights.numel(), "each rank holds a shard of theta_t"
+    assert torch.equal(torch.cat(halves[:2]), weights), "the model file is the worker's gathered theta_t"
+    assert torch.equal(torch.cat(halves[2:]), weights), "both workers hold the same theta_t"
+
+    shutil.copytree(checkpoint, tmp_path / "split" / checkpoint.name)
+    resumed = torchrun(
+        "trainer_worker.py", {**base, "output_dir": str(tmp_path / "split"), "resume_last": True}, nproc=4, timeout=400
+    )
+    for a, b in zip(full, resumed):
+        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"]))
+
+
 def test_ddp_method_keeps_normal_ddp(tmp_path):
     """method="ddp": no hook, gradients all-reduced every step (replicas identical), the engine counts each one."""
     spec = {"output_dir": str(tmp_path), "steps": 6, "batch": 2, "autoloco": {"method": "ddp", "h_base": 4}}
