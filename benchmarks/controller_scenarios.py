@@ -41,6 +41,7 @@ COLUMNS: dict[str, dict[str, Any]] = {
     "min_age": dict(rejected_bound_min_age=20),
     "cumulative": dict(cumulative_check=True),
     "cap": dict(candidate_max_quanta=1),
+    "descent": dict(controller="descent"),
 }
 TITLES = {
     "default": "default",
@@ -48,6 +49,7 @@ TITLES = {
     "min_age": "+rejected_bound_min_age=20",
     "cumulative": "+cumulative_check",
     "cap": "+candidate_max_quanta=1",
+    "descent": "controller=descent",
 }
 STUDENT_SEEDS = 50  # the heavy-tail count
 

@@ -4,7 +4,7 @@ Not a test. Plain DiLoCo (outer momentum 0.7) executes a fixed horizon
 schedule such as "10 until step 130, then 15", on the same model, corpus,
 seeds and IID data as ``benchmarks/frontier.py``; its fixed-H runs
 (``OUT_FRONTIER/iid/seed<k>/diloco_mu0.7_h<H>``) are the references. At the
-first outer step after a change of H one suspect is neutralized:
+first outer step after the switch step (the change of H, if any) one suspect is neutralized:
 
 - ``momentum_reset``: the Nesterov buffer (built from shorter intervals) is zeroed;
 - ``momentum_rescale``: the buffer is multiplied by ``|Delta_t| / |Delta_{t-1}|``,
@@ -98,9 +98,12 @@ class ScheduledPolicy(IntervalPolicy):
         self.planned.append((start_step, interval.h_step, interval.truncated))
         return interval
 
-    def just_changed(self) -> bool:
-        """The interval being closed is the first one at a new (untruncated) horizon."""
-        return len(self.planned) >= 2 and self.planned[-1][1] != self.planned[-2][1] and not self.planned[-1][2]
+    def first_after_switch(self) -> bool:
+        """The interval being closed is the first (untruncated) one from the switch step on: the first at the new
+        horizon when the schedule changes it, and the same point in time when it does not (a treatment alone)."""
+        switch = self.plan.switch_step
+        start, _, truncated = self.planned[-1]
+        return start >= switch and not truncated and (len(self.planned) < 2 or self.planned[-2][0] < switch)
 
 
 @contextlib.contextmanager
@@ -136,7 +139,7 @@ def treat(workers: Any, policy: ScheduledPolicy, treatment: Treatment) -> None:
     ) -> None:
         norm = float(mean.norm())
         buffer = outer.momentum_buffer
-        if buffer is not None and policy.just_changed():
+        if buffer is not None and policy.first_after_switch():
             if treatment is Treatment.MOMENTUM_RESET:
                 buffer.zero_()
             elif last_norm[0]:
@@ -207,6 +210,8 @@ def variants() -> list[Variant]:
         Variant(Schedule(30, 15, 130)),
         Variant(Schedule(15, 10, 400)),
         Variant(Schedule(15, 10, 130), Treatment.MOMENTUM_RESET),
+        Variant(Schedule(10, 10, 130), Treatment.MOMENTUM_RESET),  # the shock alone, no change of H
+        Variant(Schedule(15, 15, 130), Treatment.MOMENTUM_RESET),
     ]
 
 
