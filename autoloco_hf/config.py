@@ -233,7 +233,7 @@ class AutoLoCoConfig:
     controller: Controller = option(
         Controller.PAPER,
         """Horizon rule: `paper` (the paper's state machine, docs/algorithm.md §5.3) or `descent` (start at
-        `h_max`, shorten as the coherence falls, never lengthen; docs/algorithm.md §5.6).""",
+        `h_max`, shorten as the coherence falls, never lengthen but to undo a fault; docs/algorithm.md §5.6).""",
     )
     descent_smoothing: float = option(
         0.5,

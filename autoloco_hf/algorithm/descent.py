@@ -4,7 +4,8 @@ Measured on this repository's frontier (docs/controller.md, "Why the paper
 rule loses"): raising the horizon during a run costs validation loss that a
 fixed horizon does not pay, while lowering it does not cost, and a run that
 starts long and then shortens ends below the fixed-horizon curve. So this rule
-never raises the horizon. It starts at ``h_max`` and follows the coherence
+never raises the horizon on the coherence (only back to where a non-finite
+interval interrupted it, once the faults stop). It starts at ``h_max`` and follows the coherence
 ``C_t``: once calibrated on the first intervals after warm-up, the next
 horizon is
 
@@ -55,6 +56,9 @@ class _DescentState:
     calibration_logs: list[float] = field(default_factory=list)  # log C_t of the calibration intervals
     ref_log_coherence: float | None = None  # r, re-based so that the horizon in force is the target
     smoothed_log_coherence: float | None = None  # s_t
+    fallback_from: int | None = None  # the horizon a run of non-finite intervals interrupted (halved since)
+    finite_since_fallback: int = 0
+    restored: bool = False  # back at fallback_from, not yet recalibrated: a fault now halves what it restores to
 
 
 class DescentController:
@@ -85,13 +89,11 @@ class DescentController:
         st, cfg = self.state, self.cfg
         in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + cfg.calibration_delay_steps
         if not obs.finite:
-            # a non-finite interval halves the horizon at once (the outer step was skipped, docs/algorithm.md §4)
-            shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
-            decision = Decision.FALLBACK if shorter < st.h_tok else Decision.KEEP
-            st.h_tok = shorter
-            return self._decision(Assessment.INVALID, decision)
+            return self._fall_back()
         if obs.truncated:
             return self._decision(Assessment.TRUNCATED, Decision.NONE)
+        if st.fallback_from is not None:
+            return self._hold_after_fallback()
         if obs.coherence <= 0:
             return self._decision(Assessment.NO_DECISION, Decision.NONE)
         if in_warmup:
@@ -109,6 +111,35 @@ class DescentController:
             return self._decision(Assessment.MODERATE, Decision.REDUCE, residual=log_coherence - st.ref_log_coherence)
         return self._decision(Assessment.CONSISTENT, Decision.KEEP, residual=log_coherence - st.ref_log_coherence)
 
+    def _fall_back(self) -> ControllerDecision:
+        """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""
+        st, cfg = self.state, self.cfg
+        if st.restored:  # the restored horizon failed again: restore only half of it next time
+            st.fallback_from, st.restored = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h)), False
+        elif st.fallback_from is None:
+            st.fallback_from = st.h_tok
+        st.finite_since_fallback = 0
+        shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
+        decision = Decision.FALLBACK if shorter < st.h_tok else Decision.KEEP
+        st.h_tok = shorter
+        return self._decision(Assessment.INVALID, decision)
+
+    def _hold_after_fallback(self) -> ControllerDecision:
+        """After ``calibration_intervals`` finite intervals, return to the interrupted horizon and calibrate there.
+
+        A fault is not a coherence signal, so the shorter horizon it forced is not kept (the only lengthening the
+        rule makes); the hold's intervals do not enter ``s_t``.
+        """
+        st, cfg = self.state, self.cfg
+        st.finite_since_fallback += 1
+        if st.finite_since_fallback < cfg.calibration_intervals:
+            return self._decision(Assessment.UNUSED, Decision.KEEP)
+        assert st.fallback_from is not None
+        st.h_tok, st.fallback_from, st.finite_since_fallback, st.restored = st.fallback_from, None, 0, True
+        if st.phase != Phase.WARMUP:
+            st.phase, st.calibration_logs = Phase.CALIBRATION, []
+        return self._decision(Assessment.UNUSED, Decision.RECALIBRATE)
+
     def _calibrate(self, log_coherence: float) -> ControllerDecision:
         st = self.state
         st.phase = Phase.CALIBRATION
@@ -120,6 +151,7 @@ class DescentController:
             st.smoothed_log_coherence = mean
             st.calibration_logs = []
             st.phase = Phase.MONITORING
+            st.restored = False
         return self._decision(Assessment.CONSISTENT, Decision.KEEP)
 
     def _decision(

@@ -110,6 +110,39 @@ def test_a_non_finite_interval_halves_the_horizon() -> None:
     assert ctl.h_tok == 10  # never below h_min
 
 
+def observe_nan(ctl: DescentController, h: int, step: int) -> None:
+    ctl.observe(
+        IntervalObservation(
+            h_tok=h, start_step=step, end_step=step + h, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
+        ),
+        preview=float,
+    )
+
+
+def test_after_a_fault_the_rule_returns_to_the_interrupted_horizon_and_calibrates_there() -> None:
+    ctl = DescentController(descent_config())
+    _, step = feed(ctl, [2.0, 2.0, 1.5])  # calibrated at log 2, then 40 * 0.75 = 30
+    assert ctl.h_tok == 30
+    observe_nan(ctl, 30, step)
+    observe_nan(ctl, 15, step + 30)
+    assert ctl.h_tok == 10  # halved twice (7.5), not below h_min
+    executed, _ = feed(ctl, [0.5, 0.5, 1.0, 1.0, 1.0], step=step + 45)
+    # two finite intervals at the fallback horizon (their coherence is not used), then back to 30, where the
+    # next two intervals calibrate: the restored horizon is the new target, and a steady C_t keeps it
+    assert executed == [10, 10, 30, 30, 30] and ctl.h_tok == 30 and ctl.phase == Phase.MONITORING
+
+
+def test_a_fault_right_after_a_restore_halves_what_the_rule_restores_to() -> None:
+    ctl = DescentController(descent_config())
+    _, step = feed(ctl, [2.0, 2.0])
+    observe_nan(ctl, 40, step)  # 40 -> 20
+    _, step = feed(ctl, [2.0, 2.0], step=step + 40)  # back at 40
+    assert ctl.h_tok == 40
+    observe_nan(ctl, 40, step)  # the restored 40 failed: 20, and 20 is what it returns to
+    executed, _ = feed(ctl, [2.0, 2.0, 2.0], step=step + 40)
+    assert executed == [20, 20, 20] and ctl.h_tok == 20
+
+
 def test_resume_equals_uninterrupted() -> None:
     rng = random.Random(1)
     stream = [math.exp(rng.gauss(0.0, 0.5)) for _ in range(30)]
