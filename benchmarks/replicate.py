@@ -693,19 +693,29 @@ def diffs(table: Table, cells: dict[str, Cell], tables: dict[Table, dict[str, Ce
         out.append(diff_line("autoloco - diloco_mu07", get("autoloco"), get("diloco_mu07")))
         out.append(diff_line("autoloco - diloco (mu 0.9)", get("autoloco"), get("diloco")))
         out.append(diff_line("diloco_mu07 - diloco (mu 0.9)", get("diloco_mu07"), get("diloco")))
-        for name in ("qsr", "linear", "ddp"):
+        for name in ("autoloco_descent", "qsr", "linear", "ddp"):
             out.append(diff_line(f"{name} - diloco_mu07", get(name), get("diloco_mu07")))
+        out.append(diff_line("autoloco_descent - autoloco", get("autoloco_descent"), get("autoloco")))
     elif table is Table.TABLE14:
         for name in (n for n in cells if n != "diloco_bf16"):
             out.append(diff_line(f"{name} - diloco_bf16", get(name), get("diloco_bf16")))
         out.append(diff_line("autoloco_int8 - diloco_mu07_bf16", get("autoloco_int8"), get("diloco_mu07_bf16")))
-        out.append(diff_line("autoloco_int8 - autoloco (fp32, table1)", get("autoloco_int8"), t1.get("autoloco")))
         out.append(diff_line("autoloco_int8_ef - autoloco_int8", get("autoloco_int8_ef"), get("autoloco_int8")))
+        for rule in ("", "_descent"):
+            out.append(
+                diff_line(f"autoloco_int8{rule} - autoloco{rule} (fp32, table1)", get(f"autoloco_int8{rule}"),
+                          t1.get(f"autoloco{rule}"))
+            )  # fmt: skip
     elif table is Table.TABLE7:
         for name in ("intervals_only", "plus_momentum", "autoloco"):
-            out.append(diff_line(f"{name} - diloco_mu07", get(name), get("diloco_mu07")))
+            for rule in ("", "_descent"):
+                out.append(diff_line(f"{name}{rule} - diloco_mu07", get(name + rule), get("diloco_mu07")))
     elif table is Table.TABLE8:
-        out.append(diff_line("autoloco_norm - autoloco (table1)", get("autoloco_norm"), t1.get("autoloco")))
+        for rule in ("", "_descent"):
+            out.append(
+                diff_line(f"autoloco_norm{rule} - autoloco{rule} (table1)", get(f"autoloco_norm{rule}"),
+                          t1.get(f"autoloco{rule}"))
+            )  # fmt: skip
     else:
         for name in cells:
             ref = get("diloco_mu07_x2workers") if name.endswith("_x2workers") else t1.get("diloco_mu07")
@@ -732,15 +742,16 @@ def targets(tables: dict[Table, dict[str, Cell]]) -> list[str]:
         ok = ratio <= max_ratio and within_one_std(dv)
         return f"- {label}: {'MET' if ok else 'MISSED'} ({key} x{ratio:.3f} (target <= {max_ratio}), paired val-loss difference {fmt(dv)})"
 
-    lines.append(
-        verdict(
-            "AutoLoCo syncs <= 0.73x DiLoCo's, val loss no worse than DiLoCo 0.7",
-            t1.get("autoloco"),
-            t1.get("diloco_mu07"),
-            0.73,
-            "syncs",
+    for rule in ("", "_descent"):
+        lines.append(
+            verdict(
+                f"AutoLoCo{' (descent rule)' if rule else ''} syncs <= 0.73x DiLoCo's, val loss no worse than DiLoCo 0.7",
+                t1.get(f"autoloco{rule}"),
+                t1.get("diloco_mu07"),
+                0.73,
+                "syncs",
+            )
         )
-    )
     beyond = tables.get(Table.BEYOND, {})
     best = [
         verdict(
@@ -764,6 +775,15 @@ def targets(tables: dict[Table, dict[str, Cell]]) -> list[str]:
             "INT8 + AutoLoCo payload <= 0.38x DiLoCo BF16 at mu 0.7 (stricter)",
             t14.get("autoloco_int8"),
             t14.get("diloco_mu07_bf16"),
+            0.38,
+            "payload_mib",
+        )
+    )
+    lines.append(
+        verdict(
+            "INT8 + AutoLoCo (descent rule) payload <= 0.38x DiLoCo BF16 (mu 0.9), val within one std",
+            t14.get("autoloco_int8_descent"),
+            t14.get("diloco_bf16"),
             0.38,
             "payload_mib",
         )

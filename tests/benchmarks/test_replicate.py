@@ -99,6 +99,17 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
     assert (out / "report" / "table1" / "loss_vs_step.png").stat().st_size > 1000
 
 
+def test_the_committed_tables_regenerate_from_the_committed_runs(tmp_path, monkeypatch):
+    """Every number in docs/results/tables.md comes from the run folders under docs/results/replicate."""
+    replicate = load_replicate()
+    monkeypatch.chdir(ROOT)
+    argv = ["--out", "docs/results/replicate", "--report-only", "--report-dir", str(tmp_path)]
+    replicate.write_report(replicate.parse_args(argv))
+    regenerated = (tmp_path / "tables.md").read_text()
+    assert regenerated == (ROOT / "docs" / "results" / "tables.md").read_text()
+    assert "| autoloco | 8 |" in regenerated  # the tables have rows
+
+
 def test_refusals_exit_with_a_message(tmp_path):
     replicate = load_replicate()
     with pytest.raises(SystemExit) as err:
