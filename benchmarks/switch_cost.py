@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
+import json
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +68,43 @@ class Schedule:
     def label(self) -> str:
         return f"{self.before}to{self.after}_at{self.switch_step}"
 
+    def horizon(self, start_step: int) -> int:
+        return self.before if start_step < self.switch_step else self.after
+
+    def for_seed(self, seed: int, frontier_dir: str) -> Schedule:
+        return self
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The horizons a recorded run of the frontier (``FRONTIER/iid/seed<k>/<source>``) executed, replayed open loop.
+
+    ``before`` and ``after`` (H_base and the paper rule's H_max) only pick the report's fixed-H references.
+    """
+
+    source: str = "autoloco"
+    before: int = 10
+    after: int = 15
+    switch_step: int = 0
+    horizons: tuple[tuple[int, int], ...] = ()  # (start step, horizon) of each recorded interval
+
+    @property
+    def label(self) -> str:
+        return f"replay_{self.source}"
+
+    def horizon(self, start_step: int) -> int:
+        return dict(self.horizons).get(start_step, self.horizons[-1][1])
+
+    def for_seed(self, seed: int, frontier_dir: str) -> Replay:
+        path = Path(frontier_dir) / "iid" / f"seed{seed}" / self.source / frontier.INTERVALS_GZ
+        with gzip.open(path, "rt") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        return replace(self, horizons=tuple((r["start_step"], r["h_step"]) for r in records))
+
 
 @dataclass(frozen=True)
 class Variant:
-    schedule: Schedule
+    schedule: Schedule | Replay
     treatment: Treatment = Treatment.NONE
 
     @property
@@ -80,14 +115,14 @@ class Variant:
 class ScheduledPolicy(IntervalPolicy):
     """An open-loop horizon schedule; remembers each planned interval so the treatments can see the change."""
 
-    def __init__(self, schedule_preview: Any, total_steps: int, h_base: int, plan: Schedule) -> None:
+    def __init__(self, schedule_preview: Any, total_steps: int, h_base: int, plan: Schedule | Replay) -> None:
         super().__init__(schedule_preview, total_steps, h_base)
         self.plan = plan
         self.planned: list[tuple[int, int, bool]] = []  # (start, h_step, truncated)
         self.on_switch: list[Any] = []
 
     def _length(self, start_step: int) -> tuple[int, int]:
-        h = self.plan.before if start_step < self.plan.switch_step else self.plan.after
+        h = self.plan.horizon(start_step)
         return h, h
 
     def next_interval(self, start_step: int, min_steps: int = 1):
@@ -107,7 +142,7 @@ class ScheduledPolicy(IntervalPolicy):
 
 
 @contextlib.contextmanager
-def scheduled(plan: Schedule, holder: list[ScheduledPolicy]) -> Iterator[None]:
+def scheduled(plan: Schedule | Replay, holder: list[ScheduledPolicy]) -> Iterator[None]:
     """Engines built inside get ``plan`` as their interval policy (the product has no horizon-schedule method)."""
     import autoloco_hf.sync.engine as engine_module
 
@@ -168,7 +203,8 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
     sampler = frontier.make_sampler(frontier.Regime.IID, corpus, sampler_args, seed)
     writer = RunWriter(str(folder), variant.name)
     holder: list[ScheduledPolicy] = []
-    with scheduled(variant.schedule, holder):
+    plan = variant.schedule.for_seed(seed, args.frontier)
+    with scheduled(plan, holder):
         workers = LocalWorkers(
             config,
             model,
@@ -187,7 +223,7 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
     val_loss = mean_loss(workers.models[0], eval_windows(val, demo.SEQ_LEN, demo.EVAL_BATCH))
     return writer.finish(
         workers.engine.totals, config.to_dict(), time.perf_counter() - started, val_loss=val_loss, seed=seed,
-        variant=variant.name, schedule=variant.schedule.__dict__, treatment=variant.treatment.value,
+        variant=variant.name, schedule=plan.__dict__, treatment=variant.treatment.value,
         git_commit=replicate.git_commit(), command=args.command, workers=args.workers,
     )  # fmt: skip
 
@@ -212,6 +248,8 @@ def variants() -> list[Variant]:
         Variant(Schedule(15, 10, 130), Treatment.MOMENTUM_RESET),
         Variant(Schedule(10, 10, 130), Treatment.MOMENTUM_RESET),  # the shock alone, no change of H
         Variant(Schedule(15, 15, 130), Treatment.MOMENTUM_RESET),
+        Variant(Replay()),  # the paper rule's own horizons without its controller (probing, calibration)
+        Variant(Replay(), Treatment.PAPER_CORRECTION),
     ]
 
 
@@ -238,15 +276,20 @@ def report(args: argparse.Namespace) -> Path:
             frontier.fmt([own[s].val - after[s].val for s in seeds]),
             frontier.fmt([own[s].val - frontier.load_result(out / f"seed{s}" / plain.name).val for s in seeds
                           if (out / f"seed{s}" / plain.name / frontier.SUMMARY).exists()]) if v != plain else "-",
+            frontier.fmt([own[s].val - frontier.load_result(ref / f"seed{s}" / v.schedule.source).val for s in seeds])
+            if isinstance(v.schedule, Replay) else "-",
         ])  # fmt: skip
     rows.sort(key=lambda r: names.index(r[0]))
-    headers = ["schedule + treatment", "seeds", "syncs", "val - H_before", "val - H_after", "val - untreated"]
+    headers = [
+        "schedule + treatment", "seeds", "syncs", "val - H_before", "val - H_after", "val - untreated", "val - replayed run"
+    ]  # fmt: skip
     text = "\n".join(
         [
             "# Switch cost (generated by benchmarks/switch_cost.py)",
             "",
             f"DiLoCo mu 0.7, {args.workers} workers, T {args.steps}, IID; references are the frontier runs under `{args.frontier}/iid`. "
-            "Paired differences over seeds (mean ± s.e.; negative = better).",
+            "Paired differences over seeds (mean ± s.e.; negative = better). `replay_<run>`: the horizons the frontier's "
+            "`<run>` executed, replayed open loop (H_before / H_after: 10 / 15, H_base and the paper rule's H_max).",
             "",
             replicate.markdown_table(headers, rows),
             "",
