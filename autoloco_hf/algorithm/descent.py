@@ -138,7 +138,7 @@ class DescentController:
         st.h_tok, st.fallback_from, st.finite_since_fallback, st.restored = st.fallback_from, None, 0, True
         if st.phase != Phase.WARMUP:
             st.phase, st.calibration_logs = Phase.CALIBRATION, []
-        return self._decision(Assessment.UNUSED, Decision.RECALIBRATE)
+        return self._decision(Assessment.UNUSED, Decision.ADOPT)
 
     def _calibrate(self, log_coherence: float) -> ControllerDecision:
         st = self.state

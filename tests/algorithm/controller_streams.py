@@ -107,9 +107,10 @@ class Trace:
         return sum(max(h - critical, 0) // q_h for h, s in zip(self.h_tok, self.start) if s >= since_step)
 
     def recovery(self, last_bad: int) -> int:
-        """Intervals after interval ``last_bad`` until the controller proposes an increase again."""
+        """Intervals after interval ``last_bad`` until the controller proposes an increase again (the paper rule)
+        or takes a longer horizon (the descent rule's return to the horizon the faults interrupted)."""
         for index in range(last_bad + 1, self.syncs):
-            if self.decisions[index] == Decision.PROPOSE:
+            if self.decisions[index] in (Decision.PROPOSE, Decision.ADOPT):
                 return index - last_bad
         return self.syncs  # never: a deadlock, or the run ended first
 
