@@ -188,15 +188,10 @@ def _fsdp_fragments_worker(rank: int, world_size: int, checkpoint: str) -> dict:
     return result
 
 
-def untimed(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in records]
-
-
-def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
-    results = run_gloo(_fsdp_worker, R * WORKERS, str(tmp_path))
-
+def single_rank_reference(**overrides) -> LocalWorkers:
+    """The same run with one rank per worker, each on the concatenation of its FSDP2 counterpart's batches."""
     reference = LocalWorkers(
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8),
+        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, **overrides),
         make_model(seed=0),
         SimulatedCommunicator(WORKERS),
         adamw,
@@ -206,6 +201,17 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
     )
     for step in range(STEPS):
         reference.train_step([worker_batch(w, step) for w in range(WORKERS)])
+    return reference
+
+
+def untimed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in records]
+
+
+def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
+    results = run_gloo(_fsdp_worker, R * WORKERS, str(tmp_path))
+
+    reference = single_rank_reference()
     expected = [r.__dict__ for r in reference.engine.records]
     numel = sum(p.numel() for p in reference.models[0].parameters())
 
@@ -251,17 +257,7 @@ def test_fsdp2_workers_stream_the_same_fragments_as_single_rank_workers(tmp_path
     shards of them; statistics, horizons and parameters match single-rank workers, and a mid-round resume
     reproduces the uninterrupted run exactly."""
     results = run_gloo(_fsdp_fragments_worker, R * WORKERS, str(tmp_path))
-    reference = LocalWorkers(
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, fragments=2),
-        make_model(seed=0),
-        SimulatedCommunicator(WORKERS),
-        adamw,
-        scheduler_factory=cosine(STEPS, WARMUP),
-        total_steps=STEPS,
-        warmup_steps=WARMUP,
-    )
-    for step in range(STEPS):
-        reference.train_step([worker_batch(w, step) for w in range(WORKERS)])
+    reference = single_rank_reference(fragments=2)
     expected = [r.__dict__ for r in reference.engine.records]
     whole_tensors = [(f.first, f.last) for f in reference.engine.fragments]
     assert len(expected) >= 4 and len(whole_tensors) == 2
