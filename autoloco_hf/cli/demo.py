@@ -15,6 +15,7 @@ The recipe is the paper's C4 recipe scaled down with the same ratios:
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big
+    $ autoloco demo --methods diloco_mu07,autoloco,autoloco_descent     # the opt-in descent rule too
 
 The run folder holds ``report.md`` (tables, command, plots), one sub-folder
 per method (``intervals.jsonl``, ``steps.jsonl``, ``summary.json``, see
@@ -33,7 +34,7 @@ import torch
 
 from autoloco_hf.cli import new_file_path, positive_int, usage_error
 from autoloco_hf.cli.report import RunWriter, find_runs, table1, write_report
-from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method
+from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller, Method
 
 # name -> (what it is, AutoLoCoConfig fields)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -44,6 +45,10 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(method=Method.DILOCO, outer_momentum=0.7),
     ),
     "autoloco": ("AutoLoCo: adaptive horizon + outer correction", dict(method=Method.AUTOLOCO)),
+    "autoloco_descent": (
+        "AutoLoCo with the descent horizon rule (starts at 4 H_base, shortens as C_t falls)",
+        dict(method=Method.AUTOLOCO, controller=Controller.DESCENT),
+    ),
     "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method=Method.QSR)),
     "linear": ("Linear Interval: H_k = a k, model averaging", dict(method=Method.LINEAR)),
 }

@@ -56,14 +56,18 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
 
 
 def test_demo_baselines_and_same_data(tmp_path):
-    """DDP, QSR and Linear Interval run too, from the same initialization on the same first batches."""
+    """DDP, QSR, Linear Interval and the descent rule run too, from the same initialization on the same first
+    batches."""
     out = tmp_path / "baselines"
-    assert main(["demo", "--steps", "20", "--workers", "2", "--methods", "ddp,qsr,linear", "--out", str(out)]) == 0
+    methods = "ddp,qsr,linear,autoloco_descent"
+    assert main(["demo", "--steps", "20", "--workers", "2", "--methods", methods, "--out", str(out)]) == 0
+    descent = json.loads((out / "autoloco_descent" / "summary.json").read_text())
+    assert (
+        descent["config"]["controller"] == "descent" and descent["config"]["h_max"] == 4 * descent["config"]["h_base"]
+    )
     ddp = json.loads((out / "ddp" / "summary.json").read_text())
     assert ddp["totals"]["syncs"] == 20  # one gradient all-reduce per step
-    firsts = {
-        m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"] for m in ("ddp", "qsr", "linear")
-    }
+    firsts = {m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"] for m in methods.split(",")}
     assert len(set(firsts.values())) == 1  # same initialization and the same first batches
 
 
