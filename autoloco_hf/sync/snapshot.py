@@ -110,11 +110,6 @@ def check_snapshot_support(engine: Any) -> None:
             f"boundary snapshots need overlap='none' (got overlap={str(config.overlap)!r}): an overlapped schedule "
             "holds an average in flight at every boundary; resume it from Trainer checkpoints"
         )
-    if config.fragments > 1:
-        raise ValueError(
-            f"boundary snapshots need fragments=1 (got fragments={config.fragments}): a resume of streaming "
-            "fragments with another number of workers is not proven consistent; resume it from Trainer checkpoints"
-        )
     if engine.outer.shard is not None:
         raise ValueError(
             f"boundary snapshots need the whole outer state on each rank (ranks_per_worker={config.ranks_per_worker} "

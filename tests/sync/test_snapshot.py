@@ -156,9 +156,33 @@ def test_overlapped_schedules_are_refused(tmp_path):
         runner(AutoLoCoConfig(method="diloco", h_base=4, overlap="delayed"), 2, 16, snapshot_dir=str(tmp_path))
 
 
-def test_streaming_fragments_are_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"fragments=1 \(got fragments=2\)"):
-        runner(AutoLoCoConfig(method="diloco", h_base=4, fragments=2), 2, 16, snapshot_dir=str(tmp_path))
+@pytest.mark.parametrize("new_workers", [1, 2, 3])
+def test_streaming_fragments_go_on_from_the_boundary_every_fragment_from_theta(tmp_path, new_workers):
+    """fragments=2: the snapshot is taken when the interval's last fragment has landed; any number of workers
+    restarts every fragment from theta_t with each fragment's momentum slice, and streams on at its offsets."""
+    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2, fragments=2)
+    old = advance(runner(config, 2, 40, snapshot_dir=str(tmp_path)), 13)
+    old.close()
+    snapshot = latest_snapshot(str(tmp_path), config)
+    last = old.engine.records[-1]
+    assert snapshot.step == last.start_step + last.h_step and snapshot.step < old.step  # a boundary, passed
+    resumed = runner(config, new_workers, 40)
+    resumed.resume_from_snapshot(snapshot)
+    engine, saved = resumed.engine, snapshot.engine_state
+    assert torch.equal(engine.outer.params.detach(), saved["outer"]["params"])
+    saved_buffers = [saved["outer"]["optimizer"]["state"][k]["momentum_buffer"] for k in range(2)]  # one per fragment
+    assert torch.equal(engine.outer.momentum_buffer, torch.cat(saved_buffers))
+    for model in resumed.models:
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), saved["outer"]["params"])
+    collectives, average = [], engine.comm.average
+    engine.comm.average = lambda flats, *args, **kw: collectives.append(flats[0].numel()) or average(flats, *args, **kw)
+    advance(resumed, 40)
+    records = resumed.engine.records[len(saved["records"]) :]
+    assert sum(r.h_step for r in records) == 40 - snapshot.step and all(r.outer_step_applied for r in records)
+    # every interval streams both fragments, one collective each, which together cover the model once
+    numel = engine.outer.numel
+    assert len(collectives) == 2 * len(records) and sum(collectives) == len(records) * numel
+    assert all(0 < n < numel for n in collectives)
 
 
 @pytest.mark.parametrize("new_workers", [1, 3])
