@@ -232,6 +232,7 @@ class Result:
     train_last10: float
     horizons: list[int]
     outer_momentum: float  # the base momentum (AutoLoCo: the one its correction starts from)
+    config: dict[str, Any]
 
 
 def load_result(folder: Path) -> Result:
@@ -243,7 +244,7 @@ def load_result(folder: Path) -> Result:
     tail = losses[-max(1, len(losses) // 10) :]
     return Result(
         summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail), horizons,
-        summary["config"]["outer_momentum"],
+        summary["config"]["outer_momentum"], summary["config"],
     )  # fmt: skip
 
 
@@ -284,6 +285,36 @@ def curve_at(curve: dict[int, float], syncs: float, sync_counts: dict[int, float
         if x0 <= syncs <= x1:
             return y0 + (y1 - y0) * (syncs - x0) / (x1 - x0) if x1 > x0 else y0
     return math.nan
+
+
+def same_but_fragments(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two run configs differ in ``fragments`` only (a field one of them predates is not a difference)."""
+    return all(a[k] == b[k] for k in a.keys() & b.keys() if k != "fragments")
+
+
+def fragment_pairs(cells: dict[str, dict[int, Result]], seeds: list[int]) -> list[str]:
+    """Each streaming-fragments variant minus the run of the same setting at F = 1, paired over ``seeds``."""
+    paired = [name for name in cells if set(seeds) <= set(cells[name])]
+    rows = []
+    for name in paired:
+        config = cells[name][seeds[0]].config
+        if config.get("fragments", 1) == 1:
+            continue
+        whole = [n for n in paired if cells[n][seeds[0]].config.get("fragments", 1) == 1
+                 and same_but_fragments(cells[n][seeds[0]].config, config)]  # fmt: skip
+        for ref in whole[:1]:
+            rows.append([
+                name, ref, str(config["fragments"]), f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
+                fmt([cells[name][s].val - cells[ref][s].val for s in seeds]),
+            ])  # fmt: skip
+    if not rows:
+        return []
+    return [
+        f"Each streaming-fragments variant minus the same setting at F = 1, paired over seeds {seeds}:",
+        "",
+        replicate.markdown_table(["variant", "F = 1 run", "F", "syncs", "val loss minus F = 1"], rows),
+        "",
+    ]
 
 
 def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
@@ -375,6 +406,7 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             ),
             "",
         ]
+    lines += fragment_pairs(cells, seeds)
     plot_path = plot_dir / f"frontier_{regime.value}.png"
     plot(regime, cells, by_mu, adaptive, seeds, plot_path)
     lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]

@@ -124,3 +124,13 @@ def test_gpu_campaign_without_a_gpu_says_how_to_dry_run(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     assert result.returncode == 2 and "--cpu-dry-run" in result.stderr
+
+
+def test_a_fragments_variant_is_paired_with_the_setting_that_differs_in_fragments_only():
+    frontier = load("frontier")
+    f4 = {"method": "diloco", "outer_momentum": 0.7, "fragments": 4, "overlap": "delayed"}
+    assert frontier.same_but_fragments(f4, {**f4, "fragments": 1})
+    assert frontier.same_but_fragments(
+        f4, {"method": "diloco", "outer_momentum": 0.7, "overlap": "delayed"}
+    )  # older run
+    assert not frontier.same_but_fragments(f4, {**f4, "fragments": 1, "overlap": "none"})
