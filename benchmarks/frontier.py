@@ -362,9 +362,12 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
         # the best fixed setting is chosen once, by its mean over the paired seeds (a per-seed minimum would select noise)
         eligible = [n for n in fixed if set(seeds) <= set(cells[n]) and syncs_of[n] <= own_syncs * 1.0001]
         best = min(eligible, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
+        # target (b): the best fixed H at the curve's momentum, whatever its syncs
+        best_h = min(base.values(), key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
         diff_rows.append([
             name, f"{curve_mu:g}", f"{own_syncs:.1f}",
             fmt([r[s].val - curve_at({h: cells[n][s].val for h, n in base.items()}, r[s].syncs, base_syncs) for s in seeds]),
+            f"{fmt([r[s].val - cells[best_h][s].val for s in seeds])} ({best_h})" if best_h else "-",
             f"{fmt([r[s].val - cells[best][s].val for s in seeds])} ({best})" if best else "-",
             fmt([r[s].train_mean - curve_at({h: cells[n][s].train_mean for h, n in base.items()}, r[s].syncs, base_syncs)
                  for s in seeds]),
@@ -372,8 +375,9 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
     lines += [
         f"Excess of each adaptive variant (paired over seeds {seeds}, mean ± s.e.): over the fixed-H DiLoCo curve at "
         f"the variant's own base momentum (column 'curve mu'; mu {base_mu:g} where the grid has no curve at it) "
-        "interpolated at the variant's own sync count; over the fixed setting (any momentum, no more "
-        "syncs than the variant) with the lowest mean val loss over those seeds; and the mean-training-loss excess over the mu-curve.",
+        "interpolated at the variant's own sync count; over the best fixed H at that momentum (any syncs); over the fixed "
+        "setting (any momentum, no more syncs than the variant) with the lowest mean val loss over those seeds; and the "
+        "mean-training-loss excess over the mu-curve.",
         "",
         replicate.markdown_table(
             [
@@ -381,6 +385,7 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
                 "curve mu",
                 "syncs",
                 "val excess over mu-curve",
+                "val excess over best fixed H at mu",
                 "val excess over best fixed",
                 "mean-train excess",
             ],
