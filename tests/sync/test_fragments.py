@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 from _dist import run_gloo
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from test_overlap import runner_for  # the same toy run (STEPS 40, warm-up 4)
+from toy import TIMING_FIELDS, batch_for
 
 import autoloco_hf.sync.factory as factory
 from autoloco_hf import AutoLoCoConfig, ConfigError
@@ -25,19 +26,6 @@ STEPS, WARMUP = 40, 4
 
 def config(**overrides) -> AutoLoCoConfig:
     return AutoLoCoConfig(**{"method": "autoloco", "h_base": 4, "q_h": 2, "h_max": 8, "fragments": 2, **overrides})
-
-
-def runner_for(cfg: AutoLoCoConfig, communicator, seed: int = 0, on_record=None) -> LocalWorkers:
-    return LocalWorkers(
-        cfg,
-        make_model(seed=seed),
-        communicator,
-        adamw,
-        scheduler_factory=cosine(STEPS, WARMUP),
-        total_steps=STEPS,
-        warmup_steps=WARMUP,
-        on_record=on_record,
-    )
 
 
 def train(runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...], each_step=None) -> None:
