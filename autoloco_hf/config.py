@@ -246,6 +246,19 @@ class AutoLoCoConfig:
         horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
         POSITIVE,
     )
+    descent_drift_guard: bool = option(
+        False,
+        """`descent` rule: first measure the normalized drift `d_t` at `h_base`, then leave (halving) any
+        longer horizon whose `d_t` does not fall below it, or, once monitored, rises more than
+        `descent_guard_margin` above its own reference: the guard against a horizon that blows up
+        (docs/algorithm.md §5.6).""",
+    )
+    descent_guard_margin: float = option(
+        0.5,
+        """Log-units of `d_t` above the monitored reference that trip the `descent_drift_guard` (the largest
+        rise between consecutive intervals seen on the frontier's runs is 0.34).""",
+        POSITIVE,
+    )
     warmup_steps: int | None = option(
         None,
         """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).

@@ -42,6 +42,8 @@ COLUMNS: dict[str, dict[str, Any]] = {
     "cumulative": dict(cumulative_check=True),
     "cap": dict(candidate_max_quanta=1),
     "descent": dict(controller="descent"),
+    "descent_guard": dict(controller="descent", descent_drift_guard=True),
+    "descent_guard_k0.9": dict(controller="descent", descent_drift_guard=True, descent_gain=0.9),
 }
 TITLES = {
     "default": "default",
@@ -50,6 +52,8 @@ TITLES = {
     "cumulative": "+cumulative_check",
     "cap": "+candidate_max_quanta=1",
     "descent": "controller=descent",
+    "descent_guard": "descent + descent_drift_guard",
+    "descent_guard_k0.9": "descent + guard, descent_gain=0.9",
 }
 STUDENT_SEEDS = 50  # the heavy-tail count
 

@@ -38,6 +38,7 @@ class Phase(ValueEnum):
     """Controller phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a controller."""
 
     WARMUP = "warmup"
+    ANCHOR = "anchor"  # the descent rule's drift guard measures d_t at h_base (docs/algorithm.md §5.6)
     CALIBRATION = "calibration"
     VARIABILITY = "variability"
     MONITORING = "monitoring"

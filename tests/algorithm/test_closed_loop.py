@@ -95,6 +95,18 @@ def test_late_blowup_is_left_at_once() -> None:
         assert trace.above(120, since) <= 3
 
 
+@pytest.mark.parametrize("name", ["sharp blow-up > 120", "soft blow-up > 110", "late blow-up > 120"])
+def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_intervals(name: str) -> None:
+    """Without the guard the descent rule keeps a blown-up h_max for most of the run; with it, two halvings."""
+    scenario = SCENARIOS[name]
+    critical, since = scenario.stream.critical, scenario.since_step()
+    for seed in range(3):
+        plain = scenario.run(seed, controller="descent")
+        guarded = scenario.run(seed, controller="descent", descent_drift_guard=True)
+        assert guarded.above(critical, since) <= 2 < plain.above(critical, since)
+        assert Assessment.SEVERE in guarded.assessments
+
+
 def test_candidate_cap_bounds_every_increase() -> None:
     """Late in training the budget admits two quanta at once; the cap keeps each proposal to one."""
 

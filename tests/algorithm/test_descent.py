@@ -178,3 +178,89 @@ def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_ma
     assert policy.mapper.base_counts == [1000, 1000]  # tokens of one h_base interval
     policy.complete(outcome(policy.next_interval(80), tokens_per_step=50))  # half the density
     assert policy.next_interval(120).h_step > 40  # the mapper stretches the same token budget
+
+
+# ------------------------------------------------------------------ the drift guard
+def feed_stats(ctl: DescentController, stats, step: int = 0) -> tuple[list[int], int]:
+    """Like ``feed`` over ``(C_t, d_t)`` pairs (``lr_mass`` 1, so ``d_t = D_t``)."""
+    executed = []
+    for coherence, drift in stats:
+        h = ctl.h_tok
+        obs = IntervalObservation(
+            h_tok=h, start_step=step, end_step=step + h, drift_energy=drift, coherence=coherence, lr_mass=1.0
+        )
+        ctl.observe(obs, preview=float)
+        executed.append(h)
+        step += h
+    return executed, step
+
+
+def guarded(**kw) -> DescentController:
+    return DescentController(descent_config(descent_drift_guard=True, **kw))
+
+
+def test_the_guard_anchors_at_h_base_then_keeps_a_longer_horizon_whose_drift_falls() -> None:
+    ctl = guarded()
+    assert ctl.h_tok == 10
+    # anchor: 2 intervals at h_base (d = e^2); the probe at 40 lowers d to e^1: accepted, calibrated there
+    executed, _ = feed_stats(ctl, [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 4)
+    assert executed == [10, 10, 40, 40, 40, 40] and ctl.phase == Phase.MONITORING
+    assert ctl.state.anchor_log_drift == pytest.approx(2.0)
+    assert ctl.state.drift_slope == pytest.approx(-1 / math.log(4))  # -1 log-unit over log(40 / 10)
+    assert ctl.state.ref_log_drift == pytest.approx(1.0)
+
+
+def test_a_probed_horizon_whose_drift_does_not_fall_is_halved_down_to_h_base() -> None:
+    ctl = guarded()
+    anchor = [(2.0, math.e**2)] * 2
+    executed, _ = feed_stats(ctl, anchor + [(2.0, math.e**2.5)] * 2 + [(2.0, math.e**2)] * 4)
+    # 40 and 20 blow up (d above the anchor's): halved each time; h_base calibrates and is kept
+    assert executed == [10, 10, 40, 20, 10, 10, 10, 10] and ctl.phase == Phase.MONITORING
+    assert ctl.state.drift_slope == 0.0
+    ctl = guarded()
+    executed, _ = feed_stats(ctl, anchor + [(2.0, math.e**2.5)] + [(2.0, math.e**1.5)] * 3)
+    assert executed == [10, 10, 40, 20, 20, 20] and ctl.h_tok == 20  # 20 lowers d: the descent starts there
+
+
+def test_a_monitored_rise_of_drift_beyond_the_margin_halves_and_leaves_the_reference() -> None:
+    ctl = guarded(descent_guard_margin=0.5)
+    _, step = feed_stats(ctl, [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 2)
+    _, step = feed_stats(ctl, [(2.0, math.e**1.4)], step)  # +0.4: below the margin, the EMA follows
+    assert ctl.h_tok == 40 and ctl.state.ref_log_drift == pytest.approx(1.4)  # descent_smoothing 0 in these tests
+    decision = ctl.observe(
+        IntervalObservation(h_tok=40, start_step=step, end_step=step + 40, drift_energy=math.e**2.0,
+                            coherence=2.0, lr_mass=1.0),
+        preview=float,
+    )  # fmt: skip
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
+    # the blown-up interval is not in the reference; halving moves it by the slope (d grows as H shrinks)
+    assert ctl.state.ref_log_drift == pytest.approx(1.4 + 0.5)
+
+
+def test_a_fault_at_a_probed_horizon_is_left_like_a_blow_up() -> None:
+    ctl = guarded()
+    _, step = feed_stats(ctl, [(2.0, math.e**2)] * 2)
+    observe_nan(ctl, 40, step)
+    assert ctl.h_tok == 20 and ctl.phase == Phase.CANDIDATE and ctl.state.fallback_from is None
+
+
+def test_without_the_guard_the_drift_is_not_read() -> None:
+    plain, guard = DescentController(descent_config()), guarded()
+    stats = [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 2 + [(2.0, math.e**5)] * 3
+    assert feed_stats(plain, stats)[0] == [40] * 7
+    assert feed_stats(guard, stats)[0] == [10, 10, 40, 40, 40, 20, 10]
+
+
+def test_resume_equals_uninterrupted_with_the_guard() -> None:
+    rng = random.Random(2)
+    stream = [(math.exp(rng.gauss(0.0, 0.3)), math.exp(3.0 - (i > 3) + rng.gauss(0.0, 0.3))) for i in range(30)]
+    whole = guarded(descent_smoothing=0.3)
+    full, _ = feed_stats(whole, stream)
+    for cut in (1, 3, 12):
+        first = guarded(descent_smoothing=0.3)
+        head, step = feed_stats(first, stream[:cut])
+        resumed = guarded(descent_smoothing=0.3)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        tail, _ = feed_stats(resumed, stream[cut:], step=step)
+        assert head + tail == full
+        assert resumed.state == whole.state
