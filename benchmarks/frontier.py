@@ -292,71 +292,94 @@ def same_but_fragments(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(a[k] == b[k] for k in a.keys() & b.keys() if k != "fragments")
 
 
-def fragment_pairs(cells: dict[str, dict[int, Result]], seeds: list[int]) -> list[str]:
-    """Each streaming-fragments variant minus the run of the same setting at F = 1, paired over ``seeds``."""
-    paired = [name for name in cells if set(seeds) <= set(cells[name])]
+def common_seeds(cells: dict[str, dict[int, Result]], names: Sequence[str]) -> list[int]:
+    """The seeds every one of ``names`` finished."""
+    return sorted(set.intersection(*(set(cells[n]) for n in names))) if names else []
+
+
+def curve_over(
+    cells: dict[str, dict[int, Result]], curve: dict[int, str], seeds: Sequence[int]
+) -> tuple[list[int], dict[int, str]]:
+    """The longest prefix of ``seeds`` on which at least two horizons of ``curve`` finished, and those horizons.
+
+    A horizon still running, or run on fewer seeds, is left out of the comparison rather than shrinking it.
+    """
+    seeds = list(seeds)
+    while seeds:
+        points = {h: n for h, n in curve.items() if set(seeds) <= set(cells[n])}
+        if len(points) >= 2:
+            return seeds, points
+        seeds.pop()
+    return [], {}
+
+
+def fragment_pairs(cells: dict[str, dict[int, Result]]) -> list[str]:
+    """Each streaming-fragments variant minus the run of the same setting at F = 1, paired over their common seeds."""
     rows = []
-    for name in paired:
-        config = cells[name][seeds[0]].config
+    for name, runs in cells.items():
+        config = next(iter(runs.values())).config
         if config.get("fragments", 1) == 1:
             continue
-        whole = [n for n in paired if cells[n][seeds[0]].config.get("fragments", 1) == 1
-                 and same_but_fragments(cells[n][seeds[0]].config, config)]  # fmt: skip
+        whole = [n for n, r in cells.items() if next(iter(r.values())).config.get("fragments", 1) == 1
+                 and same_but_fragments(next(iter(r.values())).config, config)]  # fmt: skip
         for ref in whole[:1]:
+            seeds = common_seeds(cells, [name, ref])
             rows.append([
-                name, ref, str(config["fragments"]), f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
+                name, ref, str(config["fragments"]), seed_list(seeds),
+                f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
                 fmt([cells[name][s].val - cells[ref][s].val for s in seeds]),
             ])  # fmt: skip
     if not rows:
         return []
     return [
-        f"Each streaming-fragments variant minus the same setting at F = 1, paired over seeds {seeds}:",
+        "Each streaming-fragments variant minus the same setting at F = 1, paired over the seeds both finished:",
         "",
-        replicate.markdown_table(["variant", "F = 1 run", "F", "syncs", "val loss minus F = 1"], rows),
+        replicate.markdown_table(["variant", "F = 1 run", "F", "seeds", "syncs", "val loss minus F = 1"], rows),
         "",
     ]
+
+
+def seed_list(seeds: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 4]`` -> ``0-4``."""
+    if seeds and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+    return ",".join(map(str, seeds))
 
 
 def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
     adaptive = [name for name in cells if name not in fixed]
-    # pair over the seeds every adaptive variant finished; a fixed setting without all of them (a momentum axis
-    # or a horizon still running) is listed but takes no part in the comparisons or the plot
-    core = [cells[name] for name in adaptive] or list(cells.values())
-    seeds = sorted(set.intersection(*(set(c) for c in core))) if core else []
     lines = [
         f"## Regime {regime.value}",
         "",
-        f"Paired seeds (finished by every adaptive variant): {seeds or 'none'}; a fixed setting without all of "
-        "them is listed below but left out of the comparisons and the plot.",
+        "Every comparison below is paired over the seeds that all its runs finished (column 'seeds'); the first "
+        "table lists every setting over all of its seeds.",
         "",
     ]
     rows = []
     for name, runs in sorted(cells.items(), key=lambda kv: (kv[0] not in fixed, fixed.get(kv[0]) or (0, 0), kv[0])):
         r = list(runs.values())
         rows.append([
-            name, str(len(runs)), f"{statistics.fmean(x.syncs for x in r):.1f}",
+            name, seed_list(sorted(runs)), f"{statistics.fmean(x.syncs for x in r):.1f}",
             fmt([x.val for x in r]).lstrip("+"), fmt([x.train_mean for x in r]).lstrip("+"),
             fmt([x.train_last10 for x in r]).lstrip("+"),
         ])  # fmt: skip
     headers = ["setting", "seeds", "syncs", "val loss (± s.e.)", "mean train loss", "train loss, last 10%"]
     lines += [replicate.markdown_table(headers, rows), ""]
-    if not seeds:
-        return lines
-    # Paired curves: for each momentum, the per-seed val loss at each H; AutoLoCo compared per seed at its own syncs.
-    by_mu: dict[float, dict[int, str]] = {}
+    by_mu: dict[float, dict[int, str]] = {}  # momentum -> H -> fixed setting
     for name, (mu, h) in fixed.items():
-        if set(seeds) <= set(cells[name]):
-            by_mu.setdefault(mu, {})[h] = name
+        by_mu.setdefault(mu, {})[h] = name
     syncs_of = {name: statistics.fmean(r.syncs for r in cells[name].values()) for name in fixed}  # fixed H: exact
     diff_rows = []
     for name in adaptive:
         r = cells[name]
         # the curve at the variant's own base momentum where the grid has one, else at --base-mu
-        own_mu = r[seeds[0]].outer_momentum
+        own_mu = next(iter(r.values())).outer_momentum
         curve_mu = own_mu if len(by_mu.get(own_mu, {})) >= 2 else base_mu
-        base = by_mu.get(curve_mu, {})
+        seeds, base = curve_over(cells, by_mu.get(curve_mu, {}), sorted(r))
+        if not seeds:
+            continue
         base_syncs = {h: syncs_of[n] for h, n in base.items()}
         own_syncs = statistics.fmean(r[s].syncs for s in seeds)
         # the best fixed setting is chosen once, by its mean over the paired seeds (a per-seed minimum would select noise)
@@ -365,7 +388,7 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
         # target (b): the best fixed H at the curve's momentum, whatever its syncs
         best_h = min(base.values(), key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
         diff_rows.append([
-            name, f"{curve_mu:g}", f"{own_syncs:.1f}",
+            name, seed_list(seeds), f"{curve_mu:g}", f"{own_syncs:.1f}",
             fmt([r[s].val - curve_at({h: cells[n][s].val for h, n in base.items()}, r[s].syncs, base_syncs) for s in seeds]),
             f"{fmt([r[s].val - cells[best_h][s].val for s in seeds])} ({best_h})" if best_h else "-",
             f"{fmt([r[s].val - cells[best][s].val for s in seeds])} ({best})" if best else "-",
@@ -373,15 +396,16 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
                  for s in seeds]),
         ])  # fmt: skip
     lines += [
-        f"Excess of each adaptive variant (paired over seeds {seeds}, mean ± s.e.): over the fixed-H DiLoCo curve at "
-        f"the variant's own base momentum (column 'curve mu'; mu {base_mu:g} where the grid has no curve at it) "
-        "interpolated at the variant's own sync count; over the best fixed H at that momentum (any syncs); over the fixed "
-        "setting (any momentum, no more syncs than the variant) with the lowest mean val loss over those seeds; and the "
-        "mean-training-loss excess over the mu-curve.",
+        "Excess of each adaptive variant (mean ± s.e. over the seeds the variant and its whole curve finished): over "
+        f"the fixed-H DiLoCo curve at the variant's own base momentum (column 'curve mu'; mu {base_mu:g} where the "
+        "grid has no curve at it) interpolated at the variant's own sync count; over the best fixed H at that momentum "
+        "(any syncs); over the fixed setting (any momentum, no more syncs than the variant, finished on those seeds) "
+        "with the lowest mean val loss over those seeds; and the mean-training-loss excess over the mu-curve.",
         "",
         replicate.markdown_table(
             [
                 "variant",
+                "seeds",
                 "curve mu",
                 "syncs",
                 "val excess over mu-curve",
@@ -393,27 +417,26 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
         ),
         "",
     ]
-    if REFERENCE in adaptive and len(adaptive) > 1:  # e.g. fragments or the descent rule against the paper rule
+    others = (
+        [n for n in adaptive if n != REFERENCE and common_seeds(cells, [n, REFERENCE])] if REFERENCE in cells else []
+    )
+    if others:  # e.g. fragments or the descent rule against the paper rule
+        rows = []
+        for name in others:
+            seeds = common_seeds(cells, [name, REFERENCE])
+            rows.append([
+                name, seed_list(seeds), f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
+                fmt([cells[name][s].val - cells[REFERENCE][s].val for s in seeds]),
+            ])  # fmt: skip
         lines += [
-            f"Each adaptive variant minus `{REFERENCE}` (the paper's rule), paired over seeds {seeds}:",
+            f"Each adaptive variant minus `{REFERENCE}` (the paper's rule), paired over the seeds both finished:",
             "",
-            replicate.markdown_table(
-                ["variant", "syncs", "val loss minus " + REFERENCE],
-                [
-                    [
-                        name,
-                        f"{statistics.fmean(cells[name][s].syncs for s in seeds):.1f}",
-                        fmt([cells[name][s].val - cells[REFERENCE][s].val for s in seeds]),
-                    ]
-                    for name in adaptive
-                    if name != REFERENCE
-                ],  # fmt: skip
-            ),
+            replicate.markdown_table(["variant", "seeds", "syncs", "val loss minus " + REFERENCE], rows),
             "",
         ]
-    lines += fragment_pairs(cells, seeds)
+    lines += fragment_pairs({n: cells[n] for n in adaptive})
     plot_path = plot_dir / f"frontier_{regime.value}.png"
-    plot(regime, cells, by_mu, adaptive, seeds, plot_path)
+    plot(regime, cells, by_mu, adaptive, plot_path)
     lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]
     return lines
 
@@ -423,34 +446,42 @@ def plot(
     cells: dict[str, dict[int, Result]],
     by_mu: dict[float, dict[int, str]],
     adaptive: Sequence[str],
-    seeds: Sequence[int],
     path: Path,
 ) -> None:
+    """Each curve over the seeds all its horizons finished, each adaptive variant over its own seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for mu, names in sorted(by_mu.items()):
+    for mu, curve in sorted(by_mu.items()):
+        most = max(len(cells[n]) for n in curve.values())
+        seeds, names = curve_over(
+            cells, curve, common_seeds(cells, [n for n in curve.values() if len(cells[n]) == most])
+        )
+        if not seeds:
+            continue
         hs = sorted(names)
         xs = [statistics.fmean(cells[names[h]][s].syncs for s in seeds) for h in hs]
         stats = [mean_se([cells[names[h]][s].val for s in seeds]) for h in hs]
         ax.errorbar(
-            xs, [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", capsize=3, label=f"DiLoCo mu {mu:g}"
-        )
+            xs, [m for m, _ in stats], yerr=[e for _, e in stats], marker="o", capsize=3,
+            label=f"DiLoCo mu {mu:g} ({len(seeds)} seeds)",
+        )  # fmt: skip
         if len(hs) > 3:
             for x, (m, _), h in zip(xs, stats, hs):
                 ax.annotate(f"H{h}", (x, m), textcoords="offset points", xytext=(3, 4), fontsize=7)
     for name in adaptive:
-        xs = [cells[name][s].syncs for s in seeds]
-        m, e = mean_se([cells[name][s].val for s in seeds])
+        runs = list(cells[name].values())
+        m, e = mean_se([r.val for r in runs])
         ax.errorbar(
-            [statistics.fmean(xs)], [m], yerr=[e], marker="*", markersize=12, linestyle="none", capsize=3, label=name
-        )
+            [statistics.fmean(r.syncs for r in runs)], [m], yerr=[e], marker="*", markersize=12, linestyle="none",
+            capsize=3, label=f"{name} ({len(runs)} seeds)",
+        )  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("synchronizations (log)")
-    ax.set_ylabel(f"validation loss (mean ± s.e., {len(seeds)} paired seeds)")
+    ax.set_ylabel("validation loss (mean ± s.e. over seeds)")
     ax.set_title(f"Fixed-horizon frontier, regime {regime.value}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

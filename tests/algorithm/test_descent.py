@@ -264,3 +264,16 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
         tail, _ = feed_stats(resumed, stream[cut:], step=step)
         assert head + tail == full
         assert resumed.state == whole.state
+
+
+def test_the_plan_preview_of_the_guarded_rule_anchors_then_keeps_h_max() -> None:
+    from autoloco_hf.algorithm.preview import preview_run, run_length
+    from autoloco_hf.algorithm.schedule import warmup_cosine
+
+    schedule = warmup_cosine(3e-4, 1000, 50_000)
+    plain = preview_run(AutoLoCoConfig.for_recipe("c4", controller="descent"), schedule, warmup_steps=1000)
+    guard = AutoLoCoConfig.for_recipe("c4", controller="descent", descent_drift_guard=True)
+    anchored = preview_run(guard, schedule, warmup_steps=1000)
+    assert run_length(plain.intervals) == "2000x25"
+    # one warm-up interval and two anchor intervals at H_base, then h_max passes the probe and is kept
+    assert run_length(anchored.intervals) == "500x3, 2000x24, 500x1"
