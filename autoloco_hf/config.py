@@ -248,16 +248,10 @@ class AutoLoCoConfig:
     )
     descent_drift_guard: bool = option(
         False,
-        """`descent` rule: first measure the normalized drift `d_t` at `h_base`, then leave (halving) any
-        longer horizon whose `d_t` does not fall below it, or, once monitored, rises more than
-        `descent_guard_margin` above its own reference: the guard against a horizon that blows up
+        """`descent` rule: each worker also measures its displacement after the interval's first `h_ref` steps
+        (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
+        fall below the anchor's halves the horizon, the guard against a horizon that blows up
         (docs/algorithm.md §5.6).""",
-    )
-    descent_guard_margin: float = option(
-        0.5,
-        """Log-units of `d_t` above the monitored reference that trip the `descent_drift_guard` (the largest
-        rise between consecutive intervals seen on the frontier's runs is 0.34).""",
-        POSITIVE,
     )
     warmup_steps: int | None = option(
         None,
@@ -582,6 +576,16 @@ class AutoLoCoConfig:
     def fragment_delay(self) -> int:
         """Steps between a fragment's sync and the use of its result: ``overlap_steps`` when delayed, else 0."""
         return self.overlap_steps if self.overlap == Overlap.DELAYED else 0
+
+    @property
+    def measures_anchor_drift(self) -> bool:
+        """Whether the engine measures each interval's drift after its first `h_ref` steps (docs/algorithm.md §5.6)."""
+        return (
+            self.method == Method.AUTOLOCO
+            and self.adaptive_horizon
+            and self.controller == Controller.DESCENT
+            and self.descent_drift_guard
+        )
 
     @property
     def is_interval_method(self) -> bool:

@@ -38,7 +38,6 @@ class Phase(ValueEnum):
     """Controller phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a controller."""
 
     WARMUP = "warmup"
-    ANCHOR = "anchor"  # the descent rule's drift guard measures d_t at h_base (docs/algorithm.md §5.6)
     CALIBRATION = "calibration"
     VARIABILITY = "variability"
     MONITORING = "monitoring"
@@ -90,6 +89,8 @@ class IntervalObservation:
     mean_loss: float = 0.0
     pseudo_grad_finite: bool = True
     truncated: bool = False
+    anchor_drift_energy: float = math.nan  # D after the first h_ref steps of the interval (descent drift guard, §5.6)
+    anchor_lr_mass: float = math.nan
 
     @property
     def finite(self) -> bool:

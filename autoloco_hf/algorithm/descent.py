@@ -16,13 +16,12 @@ with ``s_t`` an exponential moving average of ``log C_t``, ``r`` the mean
 keep a long horizon; as they decorrelate (late training, heterogeneous data)
 the rule synchronizes more often.
 
-With ``descent_drift_guard`` the rule first measures the normalized drift
-``log d`` at ``h_base`` (the anchor), then probes ``h_max``: a longer horizon
-must show a smaller ``d`` than ``h_base`` did (on the frontier's runs it is
-1.2-1.6 log-units smaller), else it is halved and probed again. Once monitored,
-an interval whose ``log d`` rises more than ``descent_guard_margin`` above its
-reference halves the horizon too. A horizon above which training blows up is
-thus left within a few intervals, where the coherence alone would keep it.
+With ``descent_drift_guard`` each interval also carries its anchor: the
+normalized drift ``d`` after its first ``h_ref`` steps, measured locally by
+every worker on the way. A healthy longer horizon lowers ``d`` (the
+displacement grows more slowly than the LR mass), so an interval of at least
+``1.5 h_base`` whose ``d`` is not below its anchor's is blown up: the horizon
+is halved. The guard only reads, so a run it never trips is the unguarded run.
 
 Example (coherence halves: the horizon halves, and never comes back up)::
 
@@ -63,10 +62,6 @@ class _DescentState:
     h_tok: int
     phase: Phase = Phase.WARMUP
     calibration_logs: list[float] = field(default_factory=list)  # log C_t of the calibration intervals
-    drift_logs: list[float] = field(default_factory=list)  # log d_t of the anchor or calibration intervals
-    anchor_log_drift: float | None = None  # drift guard: mean log d_t at h_base
-    drift_slope: float = 0.0  # drift guard: d log d / d log H from the anchor to the first accepted horizon
-    ref_log_drift: float | None = None  # drift guard: reference log d_t at the horizon in force
     ref_log_coherence: float | None = None  # r, re-based so that the horizon in force is the target
     smoothed_log_coherence: float | None = None  # s_t
     fallback_from: int | None = None  # the horizon a run of non-finite intervals interrupted (halved since)
@@ -83,8 +78,7 @@ class DescentController:
     def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
         self.cfg = config
         self.warmup_steps = warmup_steps
-        anchored = config.descent_drift_guard and config.h_max > config.h_base
-        self.state = _DescentState(h_tok=config.h_base if anchored else config.h_max)
+        self.state = _DescentState(h_tok=config.h_max)
 
     @property
     def h_tok(self) -> int:
@@ -108,85 +102,53 @@ class DescentController:
             return self._decision(Assessment.TRUNCATED, Decision.NONE)
         if st.fallback_from is not None:
             return self._hold_after_fallback()
-        log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
-        if obs.coherence <= 0 or (cfg.descent_drift_guard and math.isnan(log_drift)):
+        if obs.coherence <= 0:
             return self._decision(Assessment.NO_DECISION, Decision.NONE)
         if in_warmup:
             return self._decision(Assessment.UNUSED, Decision.KEEP)
+        blown_up = self._drift_rise(obs)
+        if blown_up is not None:
+            return self._halve(blown_up)
         log_coherence = math.log(obs.coherence)
-        if st.phase in (Phase.WARMUP, Phase.ANCHOR) and self._anchoring:
-            return self._anchor(log_drift)
-        if st.phase == Phase.CANDIDATE:
-            return self._probe(log_drift, log_coherence)
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
-            return self._calibrate(log_coherence, log_drift)
+            return self._calibrate(log_coherence)
         smoothing = cfg.descent_smoothing
-        if cfg.descent_drift_guard:
-            assert st.ref_log_drift is not None
-            residual_drift = log_drift - st.ref_log_drift
-            if residual_drift > cfg.descent_guard_margin:  # a blow-up: this interval does not move the reference
-                return self._halve(Assessment.SEVERE, residual_drift, floor=cfg.h_min)
-            st.ref_log_drift += (1.0 - smoothing) * residual_drift
         st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
         assert st.ref_log_coherence is not None
         target = cfg.h_max * math.exp(cfg.descent_gain * (st.smoothed_log_coherence - st.ref_log_coherence))
         shorter = max(cfg.h_min, _floor_to(target, cfg.q_h))
         if shorter < st.h_tok:
-            self._shorten_to(shorter)
+            st.h_tok = shorter
             return self._decision(Assessment.MODERATE, Decision.REDUCE, residual=log_coherence - st.ref_log_coherence)
         return self._decision(Assessment.CONSISTENT, Decision.KEEP, residual=log_coherence - st.ref_log_coherence)
 
-    @property
-    def _anchoring(self) -> bool:
-        return self.cfg.descent_drift_guard and self.state.anchor_log_drift is None and self.cfg.h_max > self.cfg.h_base
+    def _drift_rise(self, obs: IntervalObservation) -> float | None:
+        """``log d - log d_anchor`` of an interval the drift guard judges blown up, else ``None``.
 
-    def _anchor(self, log_drift: float) -> ControllerDecision:
-        """Measure ``log d`` at ``h_base``, then probe ``h_max``."""
-        st = self.state
-        st.phase = Phase.ANCHOR
-        st.drift_logs.append(log_drift)
-        if len(st.drift_logs) < self.cfg.calibration_intervals:
-            return self._decision(Assessment.CONSISTENT, Decision.KEEP)
-        st.anchor_log_drift, st.drift_logs = math.fsum(st.drift_logs) / len(st.drift_logs), []
-        st.h_tok, st.phase = self.cfg.h_max, Phase.CANDIDATE
-        return self._decision(Assessment.CONSISTENT, Decision.PROPOSE)
+        Judged only on horizons of at least ``1.5 h_base``: closer to ``h_base`` the expected fall of ``log d``
+        is within the noise.
+        """
+        if not self.cfg.descent_drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
+            return None
+        whole = log_normalized_drift(obs.drift_energy, obs.lr_mass)
+        anchor = log_normalized_drift(obs.anchor_drift_energy, obs.anchor_lr_mass)
+        if math.isnan(whole) or math.isnan(anchor) or whole < anchor:
+            return None
+        return whole - anchor
 
-    def _probe(self, log_drift: float, log_coherence: float) -> ControllerDecision:
-        """A longer horizon must lower ``d`` below the anchor's; the first one that does is calibrated."""
+    def _halve(self, rise: float) -> ControllerDecision:
+        """A blown-up interval halves the horizon and tells nothing about the coherence: calibrate afresh if calibrating."""
         st, cfg = self.state, self.cfg
-        assert st.anchor_log_drift is not None
-        residual = log_drift - st.anchor_log_drift
-        if residual >= 0:
-            return self._halve(Assessment.SEVERE, residual, floor=cfg.h_base)
-        st.drift_slope = max(residual / math.log(st.h_tok / cfg.h_base), -2.0)
-        st.phase = Phase.CALIBRATION  # the accepted probe is the first calibration interval
-        return self._calibrate(log_coherence, log_drift)
-
-    def _halve(self, assessment: Assessment, residual_drift: float, floor: int) -> ControllerDecision:
-        """The drift guard tripped: halve the horizon (a probe that reaches ``h_base`` calibrates there)."""
-        st, cfg = self.state, self.cfg
-        shorter = max(floor, _floor_to(st.h_tok / 2, cfg.q_h))
+        shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
         decision = Decision.REDUCE if shorter < st.h_tok else Decision.KEEP
-        self._shorten_to(shorter)
-        if st.phase == Phase.CANDIDATE and shorter <= cfg.h_base:
-            st.phase, st.drift_slope = Phase.CALIBRATION, 0.0
-        return ControllerDecision(st.phase, assessment, decision, st.h_tok, residual_drift=residual_drift)
-
-    def _shorten_to(self, h_tok: int) -> None:
-        """A shorter horizon moves the drift reference by the measured slope (``d`` grows as ``H`` shrinks)."""
-        st = self.state
-        if st.ref_log_drift is not None:
-            st.ref_log_drift += st.drift_slope * math.log(h_tok / st.h_tok)
-        st.h_tok = h_tok
+        st.h_tok = shorter
+        if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
+            st.calibration_logs = []
+        return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
 
     def _fall_back(self) -> ControllerDecision:
-        """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4).
-
-        A probed horizon that fails is left like one that trips the drift guard.
-        """
+        """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""
         st, cfg = self.state, self.cfg
-        if st.phase == Phase.CANDIDATE:
-            return self._halve(Assessment.INVALID, math.nan, floor=cfg.h_base)
         if st.restored:  # the restored horizon failed again: restore only half of it next time
             st.fallback_from, st.restored = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h)), False
         elif st.fallback_from is None:
@@ -209,22 +171,16 @@ class DescentController:
             return self._decision(Assessment.UNUSED, Decision.KEEP)
         assert st.fallback_from is not None
         st.h_tok, st.fallback_from, st.finite_since_fallback, st.restored = st.fallback_from, None, 0, True
-        if st.phase == Phase.ANCHOR:
-            st.drift_logs = []
-        elif st.phase != Phase.WARMUP:
-            st.phase, st.calibration_logs, st.drift_logs = Phase.CALIBRATION, [], []
+        if st.phase != Phase.WARMUP:
+            st.phase, st.calibration_logs = Phase.CALIBRATION, []
         return self._decision(Assessment.UNUSED, Decision.ADOPT)
 
-    def _calibrate(self, log_coherence: float, log_drift: float) -> ControllerDecision:
+    def _calibrate(self, log_coherence: float) -> ControllerDecision:
         st = self.state
         st.phase = Phase.CALIBRATION
         st.calibration_logs.append(log_coherence)
-        st.drift_logs.append(log_drift)
         if len(st.calibration_logs) >= self.cfg.calibration_intervals:
             mean = math.fsum(st.calibration_logs) / len(st.calibration_logs)
-            if self.cfg.descent_drift_guard:
-                st.ref_log_drift = math.fsum(st.drift_logs) / len(st.drift_logs)
-            st.drift_logs = []
             # re-based so that the target equals the horizon in force (h_max at the start)
             st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max) / self.cfg.descent_gain
             st.smoothed_log_coherence = mean
@@ -241,9 +197,9 @@ class DescentController:
     def recalibrate_for_new_workers(self) -> None:
         """``C_t``'s level depends on N: calibrate again at the horizon in force (docs/algorithm.md §8.5)."""
         st = self.state
-        if st.phase in (Phase.CALIBRATION, Phase.MONITORING):  # the anchor and probes do not read C_t
+        if st.phase != Phase.WARMUP:
             st.phase = Phase.CALIBRATION
-            st.calibration_logs, st.drift_logs = [], []
+            st.calibration_logs = []
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self.state)

@@ -56,6 +56,8 @@ class IntervalOutcome:
     lr_mass: float  # measured Lambda_t
     mean_loss: float
     pseudo_grad_finite: bool
+    anchor_drift_energy: float = math.nan  # D after the first h_ref steps (the descent rule's drift guard)
+    anchor_lr_mass: float = math.nan
 
     def observation(self, end_step: int) -> IntervalObservation:
         """What the controller sees of it; ``end_step``: where the interval its decision sets starts."""
@@ -70,6 +72,8 @@ class IntervalOutcome:
             mean_loss=self.mean_loss,
             pseudo_grad_finite=self.pseudo_grad_finite,
             truncated=interval.truncated or interval.stretched,  # it did not run the length h_tok maps to
+            anchor_drift_energy=self.anchor_drift_energy,
+            anchor_lr_mass=self.anchor_lr_mass,
         )
 
 

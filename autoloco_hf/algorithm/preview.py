@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from autoloco_hf.algorithm.policies import IntervalOutcome, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
-from autoloco_hf.config import AutoLoCoConfig, Controller
+from autoloco_hf.config import AutoLoCoConfig
 
 
 @dataclass
@@ -48,7 +48,6 @@ def preview_run(
     if not config.is_interval_method:  # DDP: one gradient all-reduce per step
         return RunPreview(config.method, [1] * total)
     policy = make_policy(config, schedule, total, warmup_steps)
-    guarded = config.controller == Controller.DESCENT and config.descent_drift_guard
     result = RunPreview(config.method)
     step = 0
     while step < total:
@@ -59,8 +58,7 @@ def preview_run(
                 global_tokens=round(tokens_per_step * interval.h_step),
                 # D_t = Lambda_t = 1 keeps log d_t and log C_t exactly constant: every
                 # residual is exactly 0, so every interval reads as increase-supporting
-                # (the descent rule's drift guard wants d_t to fall with H, as on real runs)
-                drift_energy=config.h_base / interval.h_tok if guarded else 1.0,
+                drift_energy=1.0,
                 coherence=1.0,
                 lr_mass=1.0,
                 mean_loss=1.0,

@@ -204,6 +204,8 @@ class Aggregate:
     all_finite: bool  # no worker reported a non-finite pseudo-gradient or loss
     valid: bool  # all finite, and so are the statistics and the mean: the outer step runs
     traffic: Traffic
+    anchor_drift_energy: float = math.nan  # D after the interval's first h_ref steps (docs/algorithm.md §5.6)
+    anchor_lr_mass: float = math.nan
 
     def outcome(self, closed: ClosedInterval) -> IntervalOutcome:
         """What the policy learns; a non-finite worker hides the statistics, whatever the sums say."""
@@ -216,7 +218,16 @@ class Aggregate:
             lr_mass=closed.lr_mass,
             mean_loss=self.mean_loss if finite else math.nan,
             pseudo_grad_finite=self.valid,
+            anchor_drift_energy=self.anchor_drift_energy if finite else math.nan,
+            anchor_lr_mass=self.anchor_lr_mass,
         )
+
+    @property
+    def anchor_normalized_drift(self) -> float | None:
+        """``d`` after the interval's first ``h_ref`` steps, when the drift guard measured it."""
+        if not self.anchor_lr_mass > 0 or not self.anchor_drift_energy > 0:
+            return None
+        return self.anchor_drift_energy / (self.anchor_lr_mass * self.anchor_lr_mass)
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,8 @@ class IntervalCounters:
     loss_sum: list[float]
     loss_count: int = 0
     lr_mass: float = 0.0
+    anchor_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 after h_ref steps
+    anchor_lr_mass: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
@@ -245,11 +258,17 @@ class IntervalCounters:
             "loss_sum": list(self.loss_sum),
             "loss_count": self.loss_count,
             "lr_mass": self.lr_mass,
+            "anchor_sq_norms": None if self.anchor_sq_norms is None else list(self.anchor_sq_norms),
+            "anchor_lr_mass": self.anchor_lr_mass,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IntervalCounters:
-        return cls(list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]))
+        anchor = state.get("anchor_sq_norms")
+        return cls(
+            list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]),
+            None if anchor is None else [float(v) for v in anchor], float(state.get("anchor_lr_mass", 0.0)),
+        )  # fmt: skip
 
 
 class SyncSchedule(Protocol):
@@ -469,7 +488,24 @@ class IntervalEngine:
         counters.loss_count += 1
         self.step += 1
         self.totals.steps = self.step
+        self._measure_anchor()
         return self.sync.after_step(self)
+
+    def _measure_anchor(self) -> None:
+        """The drift guard's anchor: each worker's displacement after the interval's first ``h_ref`` steps (§5.6).
+
+        Read-only and local (no collective): the scalars travel with the interval's control message.
+        """
+        interval, counters = self._interval, self.counters
+        if not self.config.measures_anchor_drift or interval is None or counters.anchor_sq_norms is not None:
+            return
+        if self.step - interval.start_step != interval.h_ref or interval.h_ref >= interval.h_step:
+            return
+        counters.anchor_sq_norms = [
+            float(torch.linalg.vector_norm(self.outer.pseudo_gradient(params), dtype=torch.float64)) ** 2
+            for params in self.worker_params
+        ]
+        counters.anchor_lr_mass = counters.lr_mass
 
     # ------------------------------------------------------ the interval in flight
     def interval_ended(self) -> bool:
@@ -561,7 +597,10 @@ class IntervalEngine:
         mean_loss = totals.loss_sum / max(totals.loss_count, 1.0)
         all_finite = totals.nonfinite == 0
         valid = all_finite and stats.finite and math.isfinite(mean_loss) and not part.mean_nonfinite
-        return Aggregate(mean, part.control, stats, mean_loss, all_finite, valid, part.traffic)
+        return Aggregate(
+            mean, part.control, stats, mean_loss, all_finite, valid, part.traffic,
+            totals.anchor_sq_norm / self.num_workers, totals.anchor_lr_mass,
+        )  # fmt: skip
 
     def outer_step(self, interval: NextInterval, aggregate: Aggregate, fragment: Fragment | None = None) -> OuterStep:
         """``theta_{t+1}`` and the momentum (of ``fragment``) from the mean pseudo-gradient; no move when invalid (§5.2).
@@ -635,6 +674,7 @@ class IntervalEngine:
             controller_seconds=controller_seconds,
             payload_bytes=self.payload_bytes,
             traffic=aggregate.traffic,
+            anchor_normalized_drift=aggregate.anchor_normalized_drift,
         )
         self.totals.add(record)
         self.records.append(record)
@@ -661,12 +701,15 @@ class IntervalEngine:
         self, interval: NextInterval, worker: int, sq_norm: float, finite: bool, counted: bool = True
     ) -> ControlMessage:
         counters = self.counters
+        anchor = counters.anchor_sq_norms[worker] if counters.anchor_sq_norms is not None and counted else 0.0
         return ControlMessage(
             sq_norm=sq_norm if finite else 0.0,
             tokens=float(counters.tokens[worker]) if counted else 0.0,
             loss_sum=counters.loss_sum[worker] if finite and counted else 0.0,
             loss_count=float(counters.loss_count) if counted else 0.0,
             nonfinite=0.0 if finite else 1.0,
+            anchor_sq_norm=anchor if finite and math.isfinite(anchor) else 0.0,
+            anchor_lr_mass=counters.anchor_lr_mass if counted else 0.0,
             step=float(self.step),
             interval_index=float(len(self.records)),
             start_step=float(interval.start_step),

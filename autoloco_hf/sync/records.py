@@ -63,6 +63,7 @@ class IntervalRecord:
     encode_seconds: float
     collective_seconds: float
     decode_seconds: float
+    anchor_normalized_drift: float | None = None  # d after the first h_ref steps (the descent rule's drift guard)
 
     @classmethod
     def build(
@@ -83,6 +84,7 @@ class IntervalRecord:
         controller_seconds: float,
         payload_bytes: int,
         traffic: CollectiveCost,
+        anchor_normalized_drift: float | None = None,
     ) -> IntervalRecord:
         """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
         return cls(
@@ -120,6 +122,7 @@ class IntervalRecord:
             encode_seconds=traffic.encode_seconds,
             collective_seconds=traffic.collective_seconds,
             decode_seconds=traffic.decode_seconds,
+            anchor_normalized_drift=anchor_normalized_drift,
         )
 
     def to_json(self) -> str:

@@ -138,14 +138,18 @@ class _Noise:
         return self.state
 
 
+def _blowup(stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int) -> float:
+    if stream.blowup == Blowup.SHARP or (stream.blowup == Blowup.LATE and start >= LATE_FROM * total):
+        return SHARP_JUMP if h > stream.critical else 0.0
+    if stream.blowup == Blowup.SOFT:
+        return SOFT_PER_QUANTUM * max(h - stream.critical, 0) / cfg.q_h
+    return 0.0
+
+
 def _logs(stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int, noise: tuple) -> tuple[float, float]:
     ratio = math.log(h / cfg.h_base)
     drift = stream.drift * DRIFT_UNIT * start / cfg.h_base
-    blow = 0.0
-    if stream.blowup == Blowup.SHARP or (stream.blowup == Blowup.LATE and start >= LATE_FROM * total):
-        blow = SHARP_JUMP if h > stream.critical else 0.0
-    elif stream.blowup == Blowup.SOFT:
-        blow = SOFT_PER_QUANTUM * max(h - stream.critical, 0) / cfg.q_h
+    blow = _blowup(stream, cfg, h, start, total)
     log_d = -HORIZON_D * ratio + drift + blow + noise[0].draw()
     log_c = LOG_C0 + HORIZON_C * ratio - drift / 2 - blow / 2 + noise[1].draw()
     return log_d, log_c
@@ -158,12 +162,18 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
     policy = make_policy(cfg, schedule, total, warmup)
     rng = random.Random(seed)
     noise = (_Noise(stream.noise, rng), _Noise(stream.noise, rng))
+    # its own stream: the others' draws stay as they were
+    anchor_noise = _Noise(stream.noise, random.Random(seed + 10_000))
     trace, step = Trace(), 0
     while step < total:
         interval = policy.next_interval(step)
         mass = lr_mass(schedule, step, interval.h_step)  # what the engine accumulates step by step
         log_d, log_c = _logs(stream, cfg, interval.h_tok, step, total, noise)
         valid = trace.syncs not in stream.nan_intervals
+        # the drift guard's anchor: the same model after the interval's first h_ref steps (an H_base interval)
+        anchor_mass = lr_mass(schedule, step, interval.h_ref) if interval.h_ref < interval.h_step else math.nan
+        drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
+        log_anchor = drift + _blowup(stream, cfg, cfg.h_base, step, total) + anchor_noise.draw()
         decision = policy.complete(
             IntervalOutcome(
                 interval=interval,
@@ -173,6 +183,8 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
                 lr_mass=mass,
                 mean_loss=1.0 if valid else math.nan,
                 pseudo_grad_finite=valid,
+                anchor_drift_energy=math.exp(log_anchor) * anchor_mass * anchor_mass if valid else math.nan,
+                anchor_lr_mass=anchor_mass,
             )
         )
         assert decision is not None

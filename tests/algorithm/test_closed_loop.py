@@ -107,6 +107,14 @@ def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_inte
         assert Assessment.SEVERE in guarded.assessments
 
 
+@pytest.mark.parametrize("name", ["noise only", "drift 4x", "student-t(3)", "NaN pair at 0"])
+def test_the_drift_guard_only_reads_where_nothing_blows_up(name: str) -> None:
+    for seed in range(3):
+        plain = SCENARIOS[name].run(seed, controller="descent")
+        guarded = SCENARIOS[name].run(seed, controller="descent", descent_drift_guard=True)
+        assert guarded.h_tok == plain.h_tok and guarded.decisions == plain.decisions
+
+
 def test_candidate_cap_bounds_every_increase() -> None:
     """Late in training the budget admits two quanta at once; the cap keeps each proposal to one."""
 

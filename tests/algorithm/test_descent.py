@@ -182,13 +182,14 @@ def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_ma
 
 # ------------------------------------------------------------------ the drift guard
 def feed_stats(ctl: DescentController, stats, step: int = 0) -> tuple[list[int], int]:
-    """Like ``feed`` over ``(C_t, d_t)`` pairs (``lr_mass`` 1, so ``d_t = D_t``)."""
+    """Like ``feed`` over ``(C_t, d_t, anchor d)`` triples (``lr_mass`` 1, the anchor's 0.25: ``d = D / mass^2``)."""
     executed = []
-    for coherence, drift in stats:
+    for coherence, drift, anchor in stats:
         h = ctl.h_tok
         obs = IntervalObservation(
-            h_tok=h, start_step=step, end_step=step + h, drift_energy=drift, coherence=coherence, lr_mass=1.0
-        )
+            h_tok=h, start_step=step, end_step=step + h, drift_energy=drift, coherence=coherence, lr_mass=1.0,
+            anchor_drift_energy=anchor * 0.25**2, anchor_lr_mass=0.25,
+        )  # fmt: skip
         ctl.observe(obs, preview=float)
         executed.append(h)
         step += h
@@ -199,61 +200,58 @@ def guarded(**kw) -> DescentController:
     return DescentController(descent_config(descent_drift_guard=True, **kw))
 
 
-def test_the_guard_anchors_at_h_base_then_keeps_a_longer_horizon_whose_drift_falls() -> None:
-    ctl = guarded()
-    assert ctl.h_tok == 10
-    # anchor: 2 intervals at h_base (d = e^2); the probe at 40 lowers d to e^1: accepted, calibrated there
-    executed, _ = feed_stats(ctl, [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 4)
-    assert executed == [10, 10, 40, 40, 40, 40] and ctl.phase == Phase.MONITORING
-    assert ctl.state.anchor_log_drift == pytest.approx(2.0)
-    assert ctl.state.drift_slope == pytest.approx(-1 / math.log(4))  # -1 log-unit over log(40 / 10)
-    assert ctl.state.ref_log_drift == pytest.approx(1.0)
+HEALTHY = (2.0, math.e, math.e**2)  # d falls from its anchor's over the interval
+BLOWN = (2.0, math.e**3, math.e**2)  # d rises over the interval
 
 
-def test_a_probed_horizon_whose_drift_does_not_fall_is_halved_down_to_h_base() -> None:
-    ctl = guarded()
-    anchor = [(2.0, math.e**2)] * 2
-    executed, _ = feed_stats(ctl, anchor + [(2.0, math.e**2.5)] * 2 + [(2.0, math.e**2)] * 4)
-    # 40 and 20 blow up (d above the anchor's): halved each time; h_base calibrates and is kept
-    assert executed == [10, 10, 40, 20, 10, 10, 10, 10] and ctl.phase == Phase.MONITORING
-    assert ctl.state.drift_slope == 0.0
-    ctl = guarded()
-    executed, _ = feed_stats(ctl, anchor + [(2.0, math.e**2.5)] + [(2.0, math.e**1.5)] * 3)
-    assert executed == [10, 10, 40, 20, 20, 20] and ctl.h_tok == 20  # 20 lowers d: the descent starts there
-
-
-def test_a_monitored_rise_of_drift_beyond_the_margin_halves_and_leaves_the_reference() -> None:
-    ctl = guarded(descent_guard_margin=0.5)
-    _, step = feed_stats(ctl, [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 2)
-    _, step = feed_stats(ctl, [(2.0, math.e**1.4)], step)  # +0.4: below the margin, the EMA follows
-    assert ctl.h_tok == 40 and ctl.state.ref_log_drift == pytest.approx(1.4)  # descent_smoothing 0 in these tests
-    decision = ctl.observe(
-        IntervalObservation(h_tok=40, start_step=step, end_step=step + 40, drift_energy=math.e**2.0,
-                            coherence=2.0, lr_mass=1.0),
-        preview=float,
-    )  # fmt: skip
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
-    # the blown-up interval is not in the reference; halving moves it by the slope (d grows as H shrinks)
-    assert ctl.state.ref_log_drift == pytest.approx(1.4 + 0.5)
-
-
-def test_a_fault_at_a_probed_horizon_is_left_like_a_blow_up() -> None:
-    ctl = guarded()
-    _, step = feed_stats(ctl, [(2.0, math.e**2)] * 2)
-    observe_nan(ctl, 40, step)
-    assert ctl.h_tok == 20 and ctl.phase == Phase.CANDIDATE and ctl.state.fallback_from is None
-
-
-def test_without_the_guard_the_drift_is_not_read() -> None:
+def test_the_guard_leaves_a_run_whose_drift_falls_as_it_was() -> None:
     plain, guard = DescentController(descent_config()), guarded()
-    stats = [(2.0, math.e**2)] * 2 + [(2.0, math.e)] * 2 + [(2.0, math.e**5)] * 3
-    assert feed_stats(plain, stats)[0] == [40] * 7
-    assert feed_stats(guard, stats)[0] == [10, 10, 40, 40, 40, 20, 10]
+    stream = [HEALTHY] * 3 + [(1.5, math.e, math.e**2), (1.0, math.e, math.e**2)]
+    assert feed_stats(guard, stream)[0] == feed_stats(plain, stream)[0] == [40, 40, 40, 40, 30]
+    assert guard.state == plain.state
+
+
+def test_an_interval_whose_drift_does_not_fall_below_its_anchor_halves_the_horizon() -> None:
+    ctl = guarded()
+    _, step = feed_stats(ctl, [HEALTHY] * 3)
+    obs = IntervalObservation(
+        h_tok=40, start_step=step, end_step=step + 40, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
+        anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.25,
+    )  # fmt: skip
+    decision = ctl.observe(obs, preview=float)  # d equal to the anchor's: not falling is enough
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
+    assert decision.residual_drift == pytest.approx(0.0)
+    executed, _ = feed_stats(ctl, [BLOWN, HEALTHY, HEALTHY])
+    assert executed == [20, 10, 10] and ctl.h_tok == 10  # halved again, then h_min (10 is below 1.5 h_base: not judged)
+
+
+def test_a_blow_up_during_calibration_restarts_it_at_the_halved_horizon() -> None:
+    ctl = guarded()
+    executed, _ = feed_stats(ctl, [HEALTHY, BLOWN, (3.0, math.e, math.e**2), (3.0, math.e, math.e**2), (1.5, 1, 9)])
+    # calibrated at 20 on the two intervals after the blow-up (log 3): the halved horizon is the target there
+    assert executed == [40, 40, 20, 20, 20] and ctl.h_tok == 10 and ctl.phase == Phase.MONITORING
+
+
+def test_the_guard_judges_horizons_of_at_least_one_and_a_half_h_base_only() -> None:
+    ctl = guarded(h_max=14)
+    executed, _ = feed_stats(ctl, [BLOWN] * 4)
+    assert executed == [14] * 4  # 14 < 15: the expected fall of d is within the noise there
+    ctl = guarded(h_max=15)
+    assert feed_stats(ctl, [BLOWN])[0] == [15] and ctl.h_tok == 10
+    ctl = guarded()
+    obs = IntervalObservation(h_tok=40, start_step=0, end_step=40, drift_energy=9.0, coherence=2.0, lr_mass=1.0)
+    ctl.observe(obs, preview=float)  # no anchor measured (NaN): nothing to judge
+    assert ctl.h_tok == 40
+
+
+def test_without_the_guard_the_anchor_is_not_read() -> None:
+    plain = DescentController(descent_config())
+    assert feed_stats(plain, [BLOWN] * 5)[0] == [40] * 5
 
 
 def test_resume_equals_uninterrupted_with_the_guard() -> None:
     rng = random.Random(2)
-    stream = [(math.exp(rng.gauss(0.0, 0.3)), math.exp(3.0 - (i > 3) + rng.gauss(0.0, 0.3))) for i in range(30)]
+    stream = [(math.exp(rng.gauss(0.0, 0.3)), math.exp(rng.gauss(0.0, 0.5)), 1.0) for i in range(30)]
     whole = guarded(descent_smoothing=0.3)
     full, _ = feed_stats(whole, stream)
     for cut in (1, 3, 12):
@@ -264,16 +262,3 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
         tail, _ = feed_stats(resumed, stream[cut:], step=step)
         assert head + tail == full
         assert resumed.state == whole.state
-
-
-def test_the_plan_preview_of_the_guarded_rule_anchors_then_keeps_h_max() -> None:
-    from autoloco_hf.algorithm.preview import preview_run, run_length
-    from autoloco_hf.algorithm.schedule import warmup_cosine
-
-    schedule = warmup_cosine(3e-4, 1000, 50_000)
-    plain = preview_run(AutoLoCoConfig.for_recipe("c4", controller="descent"), schedule, warmup_steps=1000)
-    guard = AutoLoCoConfig.for_recipe("c4", controller="descent", descent_drift_guard=True)
-    anchored = preview_run(guard, schedule, warmup_steps=1000)
-    assert run_length(plain.intervals) == "2000x25"
-    # one warm-up interval and two anchor intervals at H_base, then h_max passes the probe and is kept
-    assert run_length(anchored.intervals) == "500x3, 2000x24, 500x1"

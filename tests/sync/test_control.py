@@ -37,7 +37,7 @@ def test_pack_unpack_roundtrip_in_field_order() -> None:
     assert packed.dtype == torch.float64 and packed.numel() == ControlMessage.WIDTH
     assert packed.tolist() == [getattr(m, f.name) for f in dataclasses.fields(m)]
     assert ControlMessage.unpack(packed) == m
-    with pytest.raises(ValueError, match="has 11 values, got 10"):
+    with pytest.raises(ValueError, match=f"has {ControlMessage.WIDTH} values, got {ControlMessage.WIDTH - 1}"):
         ControlMessage.unpack(packed[:-1])
 
 

@@ -15,7 +15,15 @@ from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
 
-def train(config: AutoLoCoConfig, steps: int, workers: int = 2, padded: bool = False, warmup: int = 0, **kwargs):
+def train(
+    config: AutoLoCoConfig,
+    steps: int,
+    workers: int = 2,
+    padded: bool = False,
+    warmup: int = 0,
+    stop_after: int | None = None,
+    **kwargs,
+):
     runner = LocalWorkers(
         config,
         make_model(),
@@ -26,7 +34,7 @@ def train(config: AutoLoCoConfig, steps: int, workers: int = 2, padded: bool = F
         warmup_steps=warmup,
         **kwargs,
     )
-    for step in range(steps):
+    for step in range(steps if stop_after is None else stop_after):
         runner.train_step([batch_for(w, step, padded) for w in range(workers)])
     return runner
 
@@ -349,3 +357,50 @@ def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
             4,
             sync=BlockingSchedule(),
         )
+
+
+# ------------------------------------------------------------------ the descent rule's drift guard (§5.6)
+GUARDED = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, controller="descent", descent_drift_guard=True)
+UNGUARDED = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, controller="descent")
+
+
+def test_the_drift_guards_anchor_is_the_drift_of_the_intervals_first_h_ref_steps():
+    guarded = train(GUARDED, 40)
+    # the same first h_ref steps (same init, data and schedule), closed by a sync
+    short = train(AutoLoCoConfig(method="diloco", h_base=4, outer_momentum=0.7), 40, stop_after=4)
+    first = guarded.engine.records[0]
+    assert (first.h_step, first.h_ref) == (16, 4)
+    assert first.anchor_normalized_drift == pytest.approx(short.engine.records[0].normalized_drift, rel=1e-5)  # eps
+    assert all(r.anchor_normalized_drift is not None for r in guarded.engine.records if r.h_step > r.h_ref)
+    assert all(r.anchor_normalized_drift is None for r in train(UNGUARDED, 40).engine.records)
+
+
+def test_the_drift_guard_reads_only_until_it_trips():
+    plain = train(UNGUARDED, 60)
+    guarded = train(GUARDED, 60)
+    assert all(r.decision != "reduce" or r.assessment != "severe" for r in guarded.engine.records)  # no trip here
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if k != "anchor_normalized_drift"} for r in comparable(records)]
+
+    assert strip(guarded.engine.records) == strip(plain.engine.records)
+    for a, b in zip(guarded.models, plain.models):
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_resume_between_the_anchor_and_the_boundary_continues_the_same_trajectory():
+    steps, interrupt = 40, 10  # the first interval runs 0-16; its anchor is taken at step 4
+    uninterrupted = train(GUARDED, steps)
+    first = train(GUARDED, steps, stop_after=interrupt)
+    assert first.engine.counters.anchor_sq_norms is not None
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = LocalWorkers(
+        GUARDED, make_model(seed=123), SimulatedCommunicator(2), adamw,
+        scheduler_factory=cosine(steps, 0), total_steps=steps, warmup_steps=0,
+    )  # fmt: skip
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    for step in range(interrupt, steps):
+        resumed.train_step([batch_for(w, step, False) for w in range(2)])
+    assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)

@@ -14,17 +14,24 @@ from autoloco_hf.sync.local_workers import LocalWorkers
 STEPS, WARMUP = 70, 6
 
 
-def config(wire_dtype: str) -> AutoLoCoConfig:
-    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, wire_dtype=wire_dtype)
+RULES = {
+    "paper": dict(h_max=8),
+    # the descent rule with its drift guard: the anchor scalars travel in the control message
+    "descent_guard": dict(controller="descent", descent_drift_guard=True),
+}
+
+
+def config(wire_dtype: str, rule: str = "paper") -> AutoLoCoConfig:
+    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, wire_dtype=wire_dtype, **RULES[rule])
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:
     return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
 
 
-def _process_worker(rank: int, world_size: int, wire_dtype: str) -> dict:
+def _process_worker(rank: int, world_size: int, wire_dtype: str, rule: str) -> dict:
     runner = LocalWorkers(
-        config(wire_dtype),
+        config(wire_dtype, rule),
         make_model(seed=rank),  # different inits: the engine broadcasts rank 0's
         ProcessGroupCommunicator(wire_dtype=wire_dtype),
         adamw,
@@ -37,10 +44,10 @@ def _process_worker(rank: int, world_size: int, wire_dtype: str) -> dict:
     return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
 
 
-@pytest.mark.parametrize("wire_dtype", ["fp32", "int8"])
-def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype):
+@pytest.mark.parametrize(("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard")])
+def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     simulated = LocalWorkers(
-        config(wire_dtype),
+        config(wire_dtype, rule),
         make_model(seed=0),
         SimulatedCommunicator(2, wire_dtype=wire_dtype),
         adamw,
@@ -51,9 +58,11 @@ def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype):
     for step in range(STEPS):
         simulated.train_step([batch_for(w, step, padded=True) for w in range(2)])
 
-    results = run_gloo(_process_worker, 2, wire_dtype)
-    assert len(simulated.engine.records) >= 8
+    results = run_gloo(_process_worker, 2, wire_dtype, rule)
+    assert len(simulated.engine.records) >= (8 if rule == "paper" else 4)
     assert len({r["h_step"] for r in results[0]["records"]}) > 1, "the run should adapt its horizon"
+    if rule == "descent_guard":
+        assert all(r["anchor_normalized_drift"] > 0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
     for rank, result in enumerate(results):
         for p, q in zip(result["params"], simulated.models[rank].parameters()):
             assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
