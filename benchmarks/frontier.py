@@ -210,7 +210,8 @@ def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate
                         summary = demo.train_method(
                             point.name, configs[point.name], setup, run_args, bar, sampler=sampler,
                             description=f"{point.method} H_base {point.h_base} {point.overrides}", regime=regime.value,
-                            variant=point.name, seed=seed, batch_size=args.batch_size, seq_len=demo.SEQ_LEN,
+                            peak_lr=args.lr, variant=point.name, seed=seed, batch_size=args.batch_size,
+                            seq_len=demo.SEQ_LEN, inner_lr=args.lr,
                             corpus=corpus.info, git_commit=commit, command=args.command,
                         )  # fmt: skip
                     replicate.compress_logs(folder)
@@ -537,6 +538,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="AutoLoCo variant from the paper's H_base (repeatable; default: autoloco; method=diloco: a DiLoCo variant)",
     )
     p.add_argument("--batch-size", type=int, default=replicate.BATCH_SIZE)
+    p.add_argument("--lr", type=float, default=demo.PEAK_LR, help=f"inner AdamW peak LR (default {demo.PEAK_LR:g})")
     p.add_argument("--hidden", type=int, default=replicate.HIDDEN)
     p.add_argument("--layers", type=int, default=replicate.LAYERS)
     p.add_argument("--heads", type=int, default=replicate.HEADS)

@@ -107,13 +107,15 @@ def train_method(
     args: argparse.Namespace,
     bar: Any,
     sampler: Any = None,
+    peak_lr: float = PEAK_LR,
     **extra: Any,
 ) -> dict[str, Any]:
     """Train one method from the shared initialization; write its run folder; return its summary.
 
     ``sampler`` (anything with ``next_batches()``) replaces the demo's random
-    windows; ``extra`` goes into ``summary.json`` (the replication benchmark
-    passes its own sampler, description and provenance).
+    windows; ``peak_lr`` is the inner AdamW's peak learning rate; ``extra`` goes
+    into ``summary.json`` (the replication benchmark passes its own sampler,
+    description and provenance).
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -126,7 +128,7 @@ def train_method(
         config,
         setup.model,
         SimulatedCommunicator(args.workers, wire_dtype=str(config.wire_dtype), block_size=config.int8_block_size),
-        optimizer_factory=lambda params: torch.optim.AdamW(params, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
+        optimizer_factory=lambda params: torch.optim.AdamW(params, lr=peak_lr, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
         total_steps=args.steps,
         records_path=writer.intervals_path,
