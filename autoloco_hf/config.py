@@ -533,6 +533,13 @@ class AutoLoCoConfig:
             )
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
+        if self.overlap == Overlap.EAGER and self.measures_anchor_drift:
+            _fail(
+                "overlap",
+                self.overlap,
+                "the eager overlap's workers start from their own points, so the drift guard's anchor would not be "
+                "the interval's displacement: use overlap='delayed' or descent_drift_guard=False",
+            )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
                 "overlap_steps",

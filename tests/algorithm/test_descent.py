@@ -262,3 +262,10 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
         tail, _ = feed_stats(resumed, stream[cut:], step=step)
         assert head + tail == full
         assert resumed.state == whole.state
+
+
+def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="overlap.*descent_drift_guard=False"):
+        descent_config(descent_drift_guard=True, overlap="eager")
+    assert descent_config(descent_drift_guard=True, overlap="delayed").measures_anchor_drift
+    assert not AutoLoCoConfig(h_base=10, descent_drift_guard=True).measures_anchor_drift  # the paper rule: no anchor
