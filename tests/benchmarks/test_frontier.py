@@ -72,8 +72,16 @@ def test_curve_interpolation_is_linear_in_syncs_and_undefined_outside():
     assert frontier.curve_at(curve, 120.0, syncs) != frontier.curve_at(curve, 120.0, syncs)  # NaN
 
 
-@pytest.mark.parametrize("folder", ["frontier", "fragments"])
-def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch, folder):
+@pytest.mark.parametrize(
+    ("folder", "row"),
+    [
+        ("frontier", "autoloco"),
+        ("fragments", "autoloco"),
+        ("regime_search/lr8e-3", "autoloco"),  # regime B at 4x the inner LR (docs/results.md, "A regime ...")
+        ("regime_search/batch1", "descent_k0.9"),
+    ],
+)
+def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch, folder, row):
     """Every number in docs/results/<folder>/frontier.md comes from the run folders next to it."""
     frontier = load("frontier")
     monkeypatch.chdir(ROOT)
@@ -81,7 +89,7 @@ def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_p
     args = frontier.parse_args(["--out", out, "--report-only", "--report-dir", str(tmp_path)])
     regenerated = frontier.write_report(args).read_text()
     assert regenerated == (ROOT / out / "frontier.md").read_text()
-    assert "| autoloco |" in regenerated  # the report has its rows
+    assert f"| {row} |" in regenerated  # the report has its rows
 
 
 @pytest.mark.skipif(not (SWITCH / "switch_cost.md").exists(), reason="no committed switch-cost runs")
