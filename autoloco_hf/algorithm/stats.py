@@ -27,6 +27,29 @@ def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
     return math.log(drift_energy) - 2.0 * math.log(lr_mass)
 
 
+def drift_growth(
+    drift_energy: float, lr_mass: float, anchor_drift_energy: float, anchor_lr_mass: float
+) -> tuple[float, float]:
+    """``(log d - log d_anchor, log Lambda - log Lambda_anchor)`` from an interval's anchor to its end (§5.6).
+
+    NaNs when either ``d`` is undefined or the interval did not run past its anchor. Their ratio gives the
+    drift exponent (:func:`drift_exponent`); sums of both pool several intervals.
+    """
+    fall = log_normalized_drift(drift_energy, lr_mass) - log_normalized_drift(anchor_drift_energy, anchor_lr_mass)
+    if math.isnan(fall) or not lr_mass > anchor_lr_mass:
+        return math.nan, math.nan
+    return fall, math.log(lr_mass) - math.log(anchor_lr_mass)
+
+
+def drift_exponent(fall: float, growth: float) -> float:
+    """``p`` in ``D ~ Lambda^p`` between anchor and end (docs/algorithm.md §5.6); NaN when undefined.
+
+    ``p = 2`` is ballistic (every step adds in the same direction), ``p = 1`` diffusive (the steps add like
+    noise); ``D = s Lambda^2 + n Lambda`` has ``p = 1 + f`` locally, ``f`` the ballistic share of ``D``.
+    """
+    return 2.0 + fall / growth if growth > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class IntervalStatistics:
     """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (docs/algorithm.md §2)."""

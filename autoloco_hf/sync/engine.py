@@ -57,7 +57,7 @@ from autoloco_hf.algorithm.controller import ControllerDecision
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
-from autoloco_hf.algorithm.stats import IntervalStatistics, interval_statistics
+from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes
 from autoloco_hf.sync.checkpoint import check_config
@@ -228,6 +228,13 @@ class Aggregate:
         if not self.anchor_lr_mass > 0 or not self.anchor_drift_energy > 0:
             return None
         return self.anchor_drift_energy / (self.anchor_lr_mass * self.anchor_lr_mass)
+
+    def drift_exponent(self, lr_mass: float) -> float | None:
+        """``p`` of ``D ~ Lambda^p`` from the anchor to the interval's end (LR mass ``lr_mass``), when measured."""
+        exponent = drift_exponent(
+            *drift_growth(self.stats.drift_energy, lr_mass, self.anchor_drift_energy, self.anchor_lr_mass)
+        )
+        return None if math.isnan(exponent) else exponent
 
 
 @dataclass(frozen=True)
@@ -675,6 +682,7 @@ class IntervalEngine:
             payload_bytes=self.payload_bytes,
             traffic=aggregate.traffic,
             anchor_normalized_drift=aggregate.anchor_normalized_drift,
+            drift_exponent=aggregate.drift_exponent(closed.lr_mass),
         )
         self.totals.add(record)
         self.records.append(record)

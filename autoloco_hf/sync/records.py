@@ -64,6 +64,7 @@ class IntervalRecord:
     collective_seconds: float
     decode_seconds: float
     anchor_normalized_drift: float | None = None  # d after the first h_ref steps (the descent rule's drift guard)
+    drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (its start check)
 
     @classmethod
     def build(
@@ -85,6 +86,7 @@ class IntervalRecord:
         payload_bytes: int,
         traffic: CollectiveCost,
         anchor_normalized_drift: float | None = None,
+        drift_exponent: float | None = None,
     ) -> IntervalRecord:
         """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
         return cls(
@@ -123,6 +125,7 @@ class IntervalRecord:
             collective_seconds=traffic.collective_seconds,
             decode_seconds=traffic.decode_seconds,
             anchor_normalized_drift=anchor_normalized_drift,
+            drift_exponent=drift_exponent,
         )
 
     def to_json(self) -> str:

@@ -269,3 +269,70 @@ def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
         descent_config(descent_drift_guard=True, overlap="eager")
     assert descent_config(descent_drift_guard=True, overlap="delayed").measures_anchor_drift
     assert not AutoLoCoConfig(h_base=10, descent_drift_guard=True).measures_anchor_drift  # the paper rule: no anchor
+
+
+# ------------------------------------------------------------------ the start check
+def exponent(p: float) -> tuple[float, float, float]:
+    """A ``feed_stats`` triple whose drift grows like ``Lambda^p`` from its anchor (the LR mass grows 4x)."""
+    return 2.0, 4.0 ** (p - 2.0), 1.0
+
+
+def checked(floor: float = 1.5, **kw) -> DescentController:
+    return DescentController(descent_config(descent_min_drift_exponent=floor, **kw))
+
+
+def test_a_start_whose_drift_grows_diffusively_is_halved_and_calibrated_again() -> None:
+    ctl = checked()
+    _, step = feed_stats(ctl, [exponent(1.2)])
+    obs = IntervalObservation(
+        h_tok=40, start_step=step, end_step=step + 40, drift_energy=4.0**-0.8, coherence=2.0, lr_mass=1.0,
+        anchor_drift_energy=0.25**2, anchor_lr_mass=0.25,
+    )  # fmt: skip
+    decision = ctl.observe(obs, preview=float)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SATURATED, Decision.REDUCE, 20)
+    assert decision.residual_drift == pytest.approx(1.2 - 1.5) and ctl.phase == Phase.CALIBRATION
+    executed, _ = feed_stats(ctl, [exponent(1.8)] * 2 + [(1.0, 1.0, 1.0)])
+    assert executed == [20, 20, 20] and ctl.phase == Phase.MONITORING and ctl.h_tok == 10  # calibrated at 20
+
+
+def test_the_start_check_pools_the_calibration_intervals() -> None:
+    assert feed_stats(ctl := checked(), [exponent(1.3), exponent(1.8), HEALTHY])[0] == [40, 40, 40]  # mean 1.55
+    assert ctl.phase == Phase.MONITORING
+    assert feed_stats(ctl := checked(), [exponent(1.2), exponent(1.7), HEALTHY])[0] == [40, 40, 20]  # mean 1.45
+
+
+def test_the_start_check_judges_from_one_and_a_half_h_base_and_halves_to_h_min_at_most() -> None:
+    assert feed_stats(checked(h_max=14), [exponent(1.0)] * 4)[0] == [14] * 4
+    ctl = checked(h_max=20)
+    assert feed_stats(ctl, [exponent(1.0)] * 5)[0] == [20, 20, 10, 10, 10] and ctl.h_tok == 10
+    assert ctl.phase == Phase.MONITORING  # 10 is not judged: calibrated there
+
+
+def test_a_start_above_the_floor_or_without_the_check_runs_as_the_plain_rule() -> None:
+    stream = [exponent(1.6)] * 2 + [(1.5, 1.0, 1.0), (1.0, 1.0, 1.0)]
+    for ctl in (checked(), DescentController(descent_config())):
+        plain = DescentController(descent_config())
+        assert feed_stats(ctl, stream)[0] == feed_stats(plain, stream)[0] == [40, 40, 40, 30]
+        assert ctl.state == plain.state
+    assert feed_stats(DescentController(descent_config()), [exponent(1.0)] * 3)[0] == [40] * 3
+
+
+def test_resume_in_the_middle_of_a_checked_calibration_equals_uninterrupted() -> None:
+    stream = [exponent(1.4), exponent(1.2), exponent(1.9), exponent(1.7), (1.0, 1.0, 1.0)]
+    full, _ = feed_stats(checked(), stream)
+    assert full == [40, 40, 20, 20, 20]
+    first = checked()
+    head, step = feed_stats(first, stream[:1])
+    resumed = checked()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    tail, _ = feed_stats(resumed, stream[1:], step=step)
+    assert head + tail == full
+
+
+def test_the_start_checks_floor_is_checked_and_needs_the_anchor() -> None:
+    for bad in (0.0, 2.0):
+        with pytest.raises(ConfigError, match=f"descent_min_drift_exponent={bad}.*in \\(0.0, 2.0\\)"):
+            descent_config(descent_min_drift_exponent=bad)
+    assert descent_config(descent_min_drift_exponent=1.5).measures_anchor_drift
+    with pytest.raises(ConfigError, match="overlap.*descent_min_drift_exponent=None"):
+        descent_config(descent_min_drift_exponent=1.5, overlap="eager")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from autoloco_hf.algorithm.stats import interval_statistics
+from autoloco_hf.algorithm.stats import drift_exponent, drift_growth, interval_statistics
 
 EPS = 1e-8
 
@@ -87,3 +87,25 @@ def test_non_finite_and_undefined() -> None:
     assert zero_mass.finite and math.isnan(zero_mass.log_normalized_drift)
     zero_drift = interval_statistics(sum_local_sq_norms=0.0, mean_sq_norm=0.0, num_workers=2, lr_mass=1.0)
     assert zero_drift.coherence == 0.0 and math.isnan(zero_drift.log_normalized_drift)
+
+
+def walk_sq_norm(steps: int, signal: float, noise: float, seed: int = 0) -> float:
+    """``||sum of steps||^2`` of a walk: a constant ``signal`` direction plus unit-LR Gaussian ``noise``."""
+    gen = torch.Generator().manual_seed(seed)
+    moves = signal + noise * torch.randn(steps, 20_000, generator=gen, dtype=torch.float64)
+    return float((moves.sum(0) ** 2).sum())
+
+
+@pytest.mark.parametrize(("signal", "noise", "expected"), [(1.0, 0.0, 2.0), (0.0, 1.0, 1.0)])
+def test_the_drift_exponent_is_two_for_a_ballistic_walk_and_one_for_a_diffusive_one(signal, noise, expected) -> None:
+    anchor, whole = walk_sq_norm(10, signal, noise), walk_sq_norm(40, signal, noise)
+    fall, growth = drift_growth(whole, 40.0, anchor, 10.0)
+    assert growth == pytest.approx(math.log(4.0))
+    assert drift_exponent(fall, growth) == pytest.approx(expected, abs=0.02)
+
+
+def test_the_drift_exponent_is_undefined_without_an_anchor_or_growth() -> None:
+    assert all(math.isnan(v) for v in drift_growth(1.0, 1.0, math.nan, math.nan))
+    assert all(math.isnan(v) for v in drift_growth(1.0, 1.0, 1.0, 1.0))  # no steps past the anchor
+    assert all(math.isnan(v) for v in drift_growth(0.0, 2.0, 1.0, 1.0))
+    assert math.isnan(drift_exponent(0.0, 0.0))
