@@ -253,14 +253,6 @@ class AutoLoCoConfig:
         fall below the anchor's halves the horizon, the guard against a horizon that blows up
         (docs/algorithm.md §5.6).""",
     )
-    descent_min_drift_exponent: float | None = option(
-        None,
-        """`descent` rule: the start check. Each worker measures its displacement after the interval's first
-        `h_ref` steps (as for the drift guard); if the calibration intervals' displacement grows more slowly than
-        `Lambda^p` for this `p` (2 ballistic, 1 diffusive; 1.5 says half the drift is noise), the starting
-        horizon is too long: halve it and calibrate again. Unset: no check (docs/algorithm.md §5.6).""",
-        Range(0.0, 2.0, low_open=True, high_open=True),
-    )
     warmup_steps: int | None = option(
         None,
         """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).
@@ -546,8 +538,7 @@ class AutoLoCoConfig:
                 "overlap",
                 self.overlap,
                 "the eager overlap's workers start from their own points, so the drift guard's anchor would not be "
-                "the interval's displacement: use overlap='delayed', or descent_drift_guard=False and "
-                "descent_min_drift_exponent=None",
+                "the interval's displacement: use overlap='delayed' or descent_drift_guard=False",
             )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
@@ -600,7 +591,7 @@ class AutoLoCoConfig:
             self.method == Method.AUTOLOCO
             and self.adaptive_horizon
             and self.controller == Controller.DESCENT
-            and (self.descent_drift_guard or self.descent_min_drift_exponent is not None)
+            and self.descent_drift_guard
         )
 
     @property

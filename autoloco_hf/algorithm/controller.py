@@ -58,7 +58,6 @@ class Assessment(ValueEnum):
     NO_DECISION = "no_decision"
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
-    SATURATED = "saturated"  # descent start check: the calibration intervals' drift grows diffusively (§5.6)
     STALE = "stale"  # eager overlap: ran a horizon the controller has since replaced; not fed to it (docs/algorithm.md §11.3)
 
 

@@ -23,13 +23,6 @@ displacement grows more slowly than the LR mass), so an interval of at least
 ``1.5 h_base`` whose ``d`` is not below its anchor's is blown up: the horizon
 is halved. The guard only reads, so a run it never trips is the unguarded run.
 
-With ``descent_min_drift_exponent`` the same anchors also check the start.
-Pooled over the calibration intervals, the exponent ``p`` of ``D ~ Lambda^p``
-from anchor to end says how much of a worker's displacement is still signal
-(2 ballistic, 1 diffusive). Below the floor the local steps mostly add noise,
-the mark of a starting horizon that is too long (measured at 4x the inner LR,
-docs/results.md): the horizon is halved and calibrated again.
-
 Example (coherence halves: the horizon halves, and never comes back up)::
 
     >>> from autoloco_hf.config import AutoLoCoConfig, Controller
@@ -60,7 +53,7 @@ from autoloco_hf.algorithm.controller import (
     IntervalObservation,
     Phase,
 )
-from autoloco_hf.algorithm.stats import drift_exponent, drift_growth
+from autoloco_hf.algorithm.stats import log_normalized_drift
 from autoloco_hf.config import AutoLoCoConfig
 
 
@@ -69,8 +62,6 @@ class _DescentState:
     h_tok: int
     phase: Phase = Phase.WARMUP
     calibration_logs: list[float] = field(default_factory=list)  # log C_t of the calibration intervals
-    calibration_drift_fall: float = 0.0  # sum of log d - log d_anchor over them (the start check)
-    calibration_mass_growth: float = 0.0  # sum of log Lambda - log Lambda_anchor over them
     ref_log_coherence: float | None = None  # r, re-based so that the horizon in force is the target
     smoothed_log_coherence: float | None = None  # s_t
     fallback_from: int | None = None  # the horizon a run of non-finite intervals interrupted (halved since)
@@ -120,7 +111,7 @@ class DescentController:
             return self._halve(blown_up)
         log_coherence = math.log(obs.coherence)
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
-            return self._calibrate(log_coherence, obs)
+            return self._calibrate(log_coherence)
         smoothing = cfg.descent_smoothing
         st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
         assert st.ref_log_coherence is not None
@@ -137,34 +128,33 @@ class DescentController:
         Judged only on horizons of at least ``1.5 h_base``: closer to ``h_base`` the expected fall of ``log d``
         is within the noise.
         """
-        if not self.cfg.descent_drift_guard or not self._judges_drift(obs.h_tok):
+        if not self.cfg.descent_drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
             return None
-        fall, _ = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
-        return None if math.isnan(fall) or fall < 0 else fall
-
-    def _judges_drift(self, h_tok: int) -> bool:
-        """Whether ``h_tok`` is long enough (``1.5 h_base``) for the anchor's ``d`` to tell anything."""
-        return 2 * h_tok >= 3 * self.cfg.h_base
+        whole = log_normalized_drift(obs.drift_energy, obs.lr_mass)
+        anchor = log_normalized_drift(obs.anchor_drift_energy, obs.anchor_lr_mass)
+        if math.isnan(whole) or math.isnan(anchor) or whole < anchor:
+            return None
+        return whole - anchor
 
     def _halve(self, rise: float) -> ControllerDecision:
         """A blown-up interval halves the horizon and tells nothing about the coherence: calibrate afresh if calibrating."""
-        st = self.state
-        shorter = self._halved()
+        st, cfg = self.state, self.cfg
+        shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
         decision = Decision.REDUCE if shorter < st.h_tok else Decision.KEEP
         st.h_tok = shorter
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
-            self._restart_calibration()
+            st.calibration_logs = []
         return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
 
     def _fall_back(self) -> ControllerDecision:
         """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""
-        st = self.state
+        st, cfg = self.state, self.cfg
         if st.restored:  # the restored horizon failed again: restore only half of it next time
-            st.fallback_from, st.restored = self._halved(), False
+            st.fallback_from, st.restored = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h)), False
         elif st.fallback_from is None:
             st.fallback_from = st.h_tok
         st.finite_since_fallback = 0
-        shorter = self._halved()
+        shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
         decision = Decision.FALLBACK if shorter < st.h_tok else Decision.KEEP
         st.h_tok = shorter
         return self._decision(Assessment.INVALID, decision)
@@ -182,45 +172,22 @@ class DescentController:
         assert st.fallback_from is not None
         st.h_tok, st.fallback_from, st.finite_since_fallback, st.restored = st.fallback_from, None, 0, True
         if st.phase != Phase.WARMUP:
-            st.phase = Phase.CALIBRATION
-            self._restart_calibration()
+            st.phase, st.calibration_logs = Phase.CALIBRATION, []
         return self._decision(Assessment.UNUSED, Decision.ADOPT)
 
-    def _halved(self) -> int:
-        return max(self.cfg.h_min, _floor_to(self.state.h_tok / 2, self.cfg.q_h))
-
-    def _restart_calibration(self) -> None:
+    def _calibrate(self, log_coherence: float) -> ControllerDecision:
         st = self.state
-        st.calibration_logs, st.calibration_drift_fall, st.calibration_mass_growth = [], 0.0, 0.0
-
-    def _calibrate(self, log_coherence: float, obs: IntervalObservation) -> ControllerDecision:
-        st, cfg = self.state, self.cfg
         st.phase = Phase.CALIBRATION
         st.calibration_logs.append(log_coherence)
-        fall, growth = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
-        if not math.isnan(fall):
-            st.calibration_drift_fall += fall
-            st.calibration_mass_growth += growth
-        if len(st.calibration_logs) >= cfg.calibration_intervals:
-            exponent = drift_exponent(st.calibration_drift_fall, st.calibration_mass_growth)
-            floor = cfg.descent_min_drift_exponent
-            if floor is not None and self._judges_drift(st.h_tok) and exponent < floor and self._halved() < st.h_tok:
-                return self._start_shorter(exponent - floor)
+        if len(st.calibration_logs) >= self.cfg.calibration_intervals:
             mean = math.fsum(st.calibration_logs) / len(st.calibration_logs)
             # re-based so that the target equals the horizon in force (h_max at the start)
             st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max) / self.cfg.descent_gain
             st.smoothed_log_coherence = mean
-            self._restart_calibration()
+            st.calibration_logs = []
             st.phase = Phase.MONITORING
             st.restored = False
         return self._decision(Assessment.CONSISTENT, Decision.KEEP)
-
-    def _start_shorter(self, shortfall: float) -> ControllerDecision:
-        """The start check failed: halve the horizon and calibrate there (``shortfall``: exponent minus floor)."""
-        st = self.state
-        st.h_tok = shorter = self._halved()
-        self._restart_calibration()
-        return ControllerDecision(st.phase, Assessment.SATURATED, Decision.REDUCE, shorter, residual_drift=shortfall)
 
     def _decision(
         self, assessment: Assessment, decision: Decision, residual: float | None = None
@@ -232,7 +199,7 @@ class DescentController:
         st = self.state
         if st.phase != Phase.WARMUP:
             st.phase = Phase.CALIBRATION
-            self._restart_calibration()
+            st.calibration_logs = []
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self.state)

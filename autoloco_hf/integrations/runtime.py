@@ -45,7 +45,6 @@ ASSESSMENT_CODES = {
     Assessment.TRUNCATED: 0.0,
     Assessment.MODERATE: -1.0,
     Assessment.CUMULATIVE: -1.0,
-    Assessment.SATURATED: -1.0,
     Assessment.STALE: 0.0,
     Assessment.SEVERE: -2.0,
     Assessment.INVALID: -3.0,

@@ -64,7 +64,7 @@ class IntervalRecord:
     collective_seconds: float
     decode_seconds: float
     anchor_normalized_drift: float | None = None  # d after the first h_ref steps (the descent rule's drift guard)
-    drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (its start check)
+    drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
 
     @classmethod
     def build(

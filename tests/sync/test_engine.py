@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import io
 import math
 
@@ -390,28 +389,16 @@ def test_the_drift_guard_reads_only_until_it_trips():
         assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
-def test_the_start_check_reads_only_until_it_trips_and_then_halves_the_start():
-    plain = train(UNGUARDED, 60)
-
-    def check(floor):
-        return dataclasses.replace(UNGUARDED, descent_min_drift_exponent=floor)
-
-    passed = train(check(0.01), 60)
-    assert [r.h_tok for r in passed.engine.records[:3]] == [16, 16, 16]
-    assert all(r.drift_exponent is not None for r in passed.engine.records if r.h_step > r.h_ref)
-    assert [{k: v for k, v in r.items() if k not in ANCHOR_FIELDS} for r in comparable(passed.engine.records)] == [
-        {k: v for k, v in r.items() if k not in ANCHOR_FIELDS} for r in comparable(plain.engine.records)
-    ]
-    tripped = train(check(1.99), 60).engine.records
-    first = tripped[0]
-    # the record's exponent is the one the check reads: d's fall from its anchor over the LR mass's growth
+def test_the_records_drift_exponent_is_the_growth_of_d_from_its_anchor():
+    plain = train(UNGUARDED, 60).engine.records
+    guarded = train(GUARDED, 60).engine.records
+    first = guarded[0]
+    # p of D ~ Lambda^p: d's fall from its anchor over the LR mass's growth, plus 2
     fall = math.log(first.normalized_drift / first.anchor_normalized_drift)
-    growth = math.log(first.lr_mass / plain.engine.records[0].lr_mass_base)
+    growth = math.log(first.lr_mass / plain[0].lr_mass_base)
     assert first.drift_exponent == pytest.approx(2 + fall / growth, rel=1e-3)
-    assert 1.0 < first.drift_exponent < 1.99
-    calibrated = tripped[UNGUARDED.calibration_intervals - 1]
-    assert (calibrated.assessment, calibrated.decision, calibrated.next_h_tok) == ("saturated", "reduce", 8)
-    assert [r.h_tok for r in tripped[: UNGUARDED.calibration_intervals + 1]] == [16, 16, 8]
+    assert all(1.0 < r.drift_exponent < 2.0 for r in guarded if r.h_step > r.h_ref)
+    assert all(r.drift_exponent is None for r in plain)
 
 
 def test_resume_between_the_anchor_and_the_boundary_continues_the_same_trajectory():

@@ -16,9 +16,8 @@ STEPS, WARMUP = 70, 6
 
 RULES = {
     "paper": dict(h_max=8),
-    # the descent rule with its drift guard and a start check that trips: the anchor scalars travel in the
-    # control message
-    "descent_checks": dict(controller="descent", descent_drift_guard=True, descent_min_drift_exponent=1.99),
+    # the descent rule with its drift guard: the anchor scalars travel in the control message
+    "descent_guard": dict(controller="descent", descent_drift_guard=True),
 }
 
 
@@ -45,7 +44,7 @@ def _process_worker(rank: int, world_size: int, wire_dtype: str, rule: str) -> d
     return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
 
 
-@pytest.mark.parametrize(("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_checks")])
+@pytest.mark.parametrize(("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard")])
 def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     simulated = LocalWorkers(
         config(wire_dtype, rule),
@@ -62,9 +61,9 @@ def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     results = run_gloo(_process_worker, 2, wire_dtype, rule)
     assert len(simulated.engine.records) >= (8 if rule == "paper" else 4)
     assert len({r["h_step"] for r in results[0]["records"]}) > 1, "the run should adapt its horizon"
-    if rule == "descent_checks":
+    if rule == "descent_guard":
         assert all(r["anchor_normalized_drift"] > 0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
-        assert "saturated" in {r["assessment"] for r in results[0]["records"]}
+        assert all(1.0 < r["drift_exponent"] < 2.0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
     for rank, result in enumerate(results):
         for p, q in zip(result["params"], simulated.models[rank].parameters()):
             assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
