@@ -107,6 +107,20 @@ def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_inte
         assert Assessment.SEVERE in guarded.assessments
 
 
+@pytest.mark.parametrize(("name", "paper_quanta"), [("sharp blow-up > 120", 10), ("soft blow-up > 110", 96)])
+def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_up_than_the_paper_rule(
+    name: str, paper_quanta: int
+) -> None:
+    """From 4 h_base one healthy-looking interval is 28 quanta above a critical 1.2 h_base; from 2 h_base, 8."""
+    scenario, q_h = SCENARIOS[name], recipe_config("sft")[0].q_h
+    critical, since = scenario.stream.critical, scenario.since_step()
+    for seed in range(3):
+        from_two = scenario.run(seed, controller="descent", descent_drift_guard=True, h_max=200)
+        from_four = scenario.run(seed, controller="descent", descent_drift_guard=True)
+        assert from_two.above(critical, since) == 1
+        assert from_two.excess(critical, q_h, since) <= min(paper_quanta, 10) < from_four.excess(critical, q_h, since)
+
+
 @pytest.mark.parametrize("name", ["noise only", "drift 4x", "student-t(3)", "NaN pair at 0"])
 def test_the_drift_guard_only_reads_where_nothing_blows_up(name: str) -> None:
     for seed in range(3):
