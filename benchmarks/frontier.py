@@ -34,7 +34,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,6 +347,11 @@ def seed_list(seeds: Sequence[int]) -> str:
     return ",".join(map(str, seeds))
 
 
+def lowest_mean_val(cells: dict[str, dict[int, Result]], names: Iterable[str], seeds: list[int]) -> str | None:
+    """The setting with the lowest mean val loss over ``seeds``: chosen once (a per-seed minimum would select noise)."""
+    return min(names, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
+
+
 def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
@@ -383,16 +388,11 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             continue
         base_syncs = {h: syncs_of[n] for h, n in base.items()}
         own_syncs = statistics.fmean(r[s].syncs for s in seeds)
-
-        # a best fixed setting is chosen once, by its mean over the paired seeds (a per-seed minimum would select noise)
-        def lowest(names, seeds=seeds):
-            return min(names, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
-
         finished = [n for n in fixed if set(seeds) <= set(cells[n])]
-        best = lowest([n for n in finished if syncs_of[n] <= own_syncs * 1.0001])
-        best_any = lowest(finished)  # the whole grid, whatever its syncs
+        best = lowest_mean_val(cells, [n for n in finished if syncs_of[n] <= own_syncs * 1.0001], seeds)
+        best_any = lowest_mean_val(cells, finished, seeds)  # the whole grid, whatever its syncs
         # target (b): the best fixed H at the curve's momentum, whatever its syncs
-        best_h = lowest(base.values())
+        best_h = lowest_mean_val(cells, base.values(), seeds)
         diff_rows.append([
             name, seed_list(seeds), f"{curve_mu:g}", f"{own_syncs:.1f}",
             fmt([r[s].val - curve_at({h: cells[n][s].val for h, n in base.items()}, r[s].syncs, base_syncs) for s in seeds]),
