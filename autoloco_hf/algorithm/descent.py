@@ -53,7 +53,7 @@ from autoloco_hf.algorithm.controller import (
     IntervalObservation,
     Phase,
 )
-from autoloco_hf.algorithm.stats import log_normalized_drift
+from autoloco_hf.algorithm.stats import drift_growth
 from autoloco_hf.config import AutoLoCoConfig
 
 
@@ -130,11 +130,8 @@ class DescentController:
         """
         if not self.cfg.descent_drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
             return None
-        whole = log_normalized_drift(obs.drift_energy, obs.lr_mass)
-        anchor = log_normalized_drift(obs.anchor_drift_energy, obs.anchor_lr_mass)
-        if math.isnan(whole) or math.isnan(anchor) or whole < anchor:
-            return None
-        return whole - anchor
+        fall, _ = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
+        return None if math.isnan(fall) or fall < 0 else fall
 
     def _halve(self, rise: float) -> ControllerDecision:
         """A blown-up interval halves the horizon and tells nothing about the coherence: calibrate afresh if calibrating."""
