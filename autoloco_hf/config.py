@@ -253,6 +253,16 @@ class AutoLoCoConfig:
         fall below the anchor's halves the horizon, the guard against a horizon that blows up
         (docs/algorithm.md §5.6).""",
     )
+    descent_start_probe: float | None = option(
+        None,
+        """`descent` rule: while it calibrates, each interval longer than `2 h_ref` is probed on the way. Every
+        worker measures its displacement at `1.5 h_ref` and `2 h_ref` steps; one small all-reduce of those
+        squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
+        where a long start is cheap, 1.67-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
+        becomes `2 h_base`: a start too long for the run is caught before its first sync (docs/algorithm.md
+        §5.6). Unset: no probe, no extra collective.""",
+        Range(0.0, 2.0, low_open=True),
+    )
     warmup_steps: int | None = option(
         None,
         """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).
@@ -533,6 +543,13 @@ class AutoLoCoConfig:
             )
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
+        if self.probes_start:
+            _fail(
+                "descent_start_probe",
+                self.descent_start_probe,
+                f"the probe ends an interval early, which overlap={self.overlap} cannot follow: use overlap='none' "
+                "or unset descent_start_probe",
+            )
         if self.overlap == Overlap.EAGER and self.measures_anchor_drift:
             _fail(
                 "overlap",
@@ -555,6 +572,11 @@ class AutoLoCoConfig:
         if not self.is_interval_method:
             _fail("fragments", self.fragments, "DDP averages gradients every step: use fragments=1")
         refusals = {
+            "descent_start_probe": (
+                self.probes_start,
+                "the probe ends an interval early, which the fragments' schedule cannot follow: use fragments=1 "
+                "or unset descent_start_probe",
+            ),
             "overlap": (
                 self.overlap == Overlap.EAGER,
                 "eager overlap does not combine with fragments > 1: use overlap='delayed'",
@@ -592,6 +614,16 @@ class AutoLoCoConfig:
             and self.adaptive_horizon
             and self.controller == Controller.DESCENT
             and self.descent_drift_guard
+        )
+
+    @property
+    def probes_start(self) -> bool:
+        """Whether the descent rule probes its calibrating intervals on the way (docs/algorithm.md §5.6)."""
+        return (
+            self.method == Method.AUTOLOCO
+            and self.adaptive_horizon
+            and self.controller == Controller.DESCENT
+            and self.descent_start_probe is not None
         )
 
     @property

@@ -58,6 +58,9 @@ class Assessment(ValueEnum):
     NO_DECISION = "no_decision"
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
+    BENT = (
+        "bent"  # the descent rule's start probe ended it at 2 h_ref: the workers' paths bent (docs/algorithm.md §5.6)
+    )
     STALE = "stale"  # eager overlap: ran a horizon the controller has since replaced; not fed to it (docs/algorithm.md §11.3)
 
 
@@ -91,6 +94,7 @@ class IntervalObservation:
     truncated: bool = False
     anchor_drift_energy: float = math.nan  # D after the first h_ref steps of the interval (descent drift guard, §5.6)
     anchor_lr_mass: float = math.nan
+    cut_short: bool = False  # the descent rule's start probe ended it at 2 h_ref (docs/algorithm.md §5.6)
 
     @property
     def finite(self) -> bool:

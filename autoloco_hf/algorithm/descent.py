@@ -98,6 +98,8 @@ class DescentController:
         in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + cfg.calibration_delay_steps
         if not obs.finite:
             return self._fall_back()
+        if obs.cut_short:
+            return self._shorten_start(obs.h_tok)
         if obs.truncated:
             return self._decision(Assessment.TRUNCATED, Decision.NONE)
         if st.fallback_from is not None:
@@ -142,6 +144,18 @@ class DescentController:
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
             st.calibration_logs = []
         return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
+
+    def _shorten_start(self, h_tok: int) -> ControllerDecision:
+        """The start probe cut the interval at ``2 h_ref``: that is the horizon now, calibrated afresh.
+
+        Its coherence was measured over a shorter interval than the one in force and tells nothing about it.
+        """
+        st, cfg = self.state, self.cfg
+        st.h_tok = max(cfg.h_min, min(st.h_tok, _floor_to(h_tok, cfg.q_h)))
+        if st.fallback_from is not None:  # a fault's hold must not restore the horizon the probe refused
+            st.fallback_from = min(st.fallback_from, st.h_tok)
+        st.calibration_logs = []
+        return ControllerDecision(st.phase, Assessment.BENT, Decision.REDUCE, st.h_tok)
 
     def _fall_back(self) -> ControllerDecision:
         """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoloco_hf.algorithm.controller import (
@@ -24,6 +24,7 @@ from autoloco_hf.algorithm.controller import (
     Decision,
     HorizonController,
     IntervalObservation,
+    Phase,
 )
 from autoloco_hf.algorithm.descent import DescentController
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
@@ -43,6 +44,7 @@ class NextInterval:
     lr_mass: float  # preview Lambda(s, h_step)
     lr_mass_base: float  # preview Lambda(s, h_ref)
     stretched: bool = False  # lengthened so that a delayed merge lands inside it: takes no decision either
+    cut_short: bool = False  # ended at 2 h_ref by the descent rule's start probe (docs/algorithm.md §5.6)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class IntervalOutcome:
             truncated=interval.truncated or interval.stretched,  # it did not run the length h_tok maps to
             anchor_drift_energy=self.anchor_drift_energy,
             anchor_lr_mass=self.anchor_lr_mass,
+            cut_short=interval.cut_short,
         )
 
 
@@ -109,6 +112,20 @@ class IntervalPolicy(ABC):
         )
 
     quantum = 1  # executable lengths are multiples of this (AutoLoCo: q_h)
+
+    def start_probe_window(self, interval: NextInterval) -> tuple[int, int] | None:
+        """Steps into ``interval`` at which the descent rule's start probe measures, if it probes it (§5.6)."""
+        return None
+
+    def cut_short(self, interval: NextInterval, steps: int) -> NextInterval:
+        """``interval`` ended after ``steps`` of its steps: ``2 h_ref`` executed, ``2 h_base`` token-equivalent."""
+        return replace(
+            interval,
+            h_tok=steps * self.h_base // interval.h_ref,
+            h_step=steps,
+            lr_mass=lr_mass(self.schedule, interval.start_step, steps),
+            cut_short=True,
+        )
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
@@ -211,6 +228,14 @@ class AutoLoCoPolicy(IntervalPolicy):
 
     def _reference_steps(self) -> int:
         return self.mapper.map(self.h_base)
+
+    def start_probe_window(self, interval: NextInterval) -> tuple[int, int] | None:
+        """``(1.5 h_ref, 2 h_ref)`` for a full interval longer than ``2 h_ref`` while the descent rule calibrates."""
+        plain = not (interval.truncated or interval.stretched or interval.cut_short)
+        calibrating = self.controller.phase in (Phase.WARMUP, Phase.CALIBRATION)
+        if not (self.config.probes_start and plain and calibrating and interval.h_step > 2 * interval.h_ref):
+            return None
+        return 3 * interval.h_ref // 2, 2 * interval.h_ref
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.

@@ -194,6 +194,13 @@ class Communicator(ABC):
         """How messages name the workers, in worker order."""
         return [f"worker {i}" for i in range(self.num_workers)]
 
+    def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Float64 sums of a few scalars (one row per local worker) over every worker, in worker order.
+
+        A collective of its own, between synchronizations: the descent rule's start probe (docs/algorithm.md §5.6).
+        """
+        return sum_in_worker_order([r.to(torch.float64).reshape(-1) for r in rows])
+
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Make ``tensor`` identical on all workers (worker 0's value)."""
@@ -333,6 +340,13 @@ class ProcessGroupCommunicator(Communicator):
                 mean = self._owner_reduce_mean(flat, codec, traffic)
         traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, self.rank)
         return AverageResult(mean, sums, traffic, rows)
+
+    def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        nccl = "nccl" in str(self.dist.get_backend(self.group)).lower()
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        with self._guarded("the descent rule's start probe"):
+            gathered, _ = self._gather_scalars(rows, device, async_op=False)
+        return _control_sums(gathered)[0]
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
         start = _now(flat)
@@ -601,6 +615,9 @@ class HierarchicalCommunicator(Communicator):
 
     def worker_labels(self) -> list[str]:
         return self.outer.worker_labels()
+
+    def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        return self.outer.sum_over_workers([self.sum_over_shards(rows[0])])
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.outer.broadcast_(tensor)

@@ -95,6 +95,7 @@ class ClosedInterval:
     interval: NextInterval
     lr_mass: float  # measured
     seconds: float  # wall time of its steps
+    probe_exponent: float | None = None  # the descent rule's start probe, when it measured this interval (§5.6)
 
 
 @dataclass
@@ -253,6 +254,9 @@ class IntervalCounters:
     lr_mass: float = 0.0
     anchor_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 after h_ref steps
     anchor_lr_mass: float = 0.0
+    probe_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 after 1.5 h_ref steps
+    probe_lr_mass: float = 0.0
+    probe_exponent: float | None = None  # p of D ~ Lambda^p from 1.5 h_ref to 2 h_ref, all workers (§5.6)
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
@@ -267,14 +271,19 @@ class IntervalCounters:
             "lr_mass": self.lr_mass,
             "anchor_sq_norms": None if self.anchor_sq_norms is None else list(self.anchor_sq_norms),
             "anchor_lr_mass": self.anchor_lr_mass,
+            "probe_sq_norms": None if self.probe_sq_norms is None else list(self.probe_sq_norms),
+            "probe_lr_mass": self.probe_lr_mass,
+            "probe_exponent": self.probe_exponent,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IntervalCounters:
-        anchor = state.get("anchor_sq_norms")
+        anchor, probe, exponent = state.get("anchor_sq_norms"), state.get("probe_sq_norms"), state.get("probe_exponent")
         return cls(
             list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]),
             None if anchor is None else [float(v) for v in anchor], float(state.get("anchor_lr_mass", 0.0)),
+            None if probe is None else [float(v) for v in probe], float(state.get("probe_lr_mass", 0.0)),
+            None if exponent is None else float(exponent),
         )  # fmt: skip
 
 
@@ -496,7 +505,15 @@ class IntervalEngine:
         self.step += 1
         self.totals.steps = self.step
         self._measure_anchor()
+        self._probe_start()
         return self.sync.after_step(self)
+
+    def _displacement_sq_norms(self) -> list[float]:
+        """Each local worker's ``||theta_t - theta^i||^2`` (of this rank's shard)."""
+        return [
+            float(torch.linalg.vector_norm(self.outer.pseudo_gradient(params), dtype=torch.float64)) ** 2
+            for params in self.worker_params
+        ]
 
     def _measure_anchor(self) -> None:
         """The drift guard's anchor: each worker's displacement after the interval's first ``h_ref`` steps (§5.6).
@@ -508,11 +525,33 @@ class IntervalEngine:
             return
         if self.step - interval.start_step != interval.h_ref or interval.h_ref >= interval.h_step:
             return
-        counters.anchor_sq_norms = [
-            float(torch.linalg.vector_norm(self.outer.pseudo_gradient(params), dtype=torch.float64)) ** 2
-            for params in self.worker_params
-        ]
+        counters.anchor_sq_norms = self._displacement_sq_norms()
         counters.anchor_lr_mass = counters.lr_mass
+
+    def _probe_start(self) -> None:
+        """The descent rule's start probe (§5.6): end a calibrating interval at ``2 h_ref`` if the paths bent.
+
+        The displacements at ``1.5 h_ref`` stay local; at ``2 h_ref`` one all-reduce of a few scalars gives
+        every worker the same exponent, so all of them cut the interval, or none.
+        """
+        interval, counters = self._interval, self.counters
+        window = None if interval is None else self.policy.start_probe_window(interval)
+        if window is None:
+            return
+        assert interval is not None and self.config.descent_start_probe is not None
+        elapsed = self.step - interval.start_step
+        if elapsed == window[0]:
+            counters.probe_sq_norms, counters.probe_lr_mass = self._displacement_sq_norms(), counters.lr_mass
+        elif elapsed == window[1] and counters.probe_sq_norms is not None:
+            rows = [
+                torch.tensor(pair, dtype=torch.float64)
+                for pair in zip(counters.probe_sq_norms, self._displacement_sq_norms())
+            ]
+            before, now = self.comm.sum_over_workers(rows).tolist()
+            exponent = drift_exponent(*drift_growth(now, counters.lr_mass, before, counters.probe_lr_mass))
+            counters.probe_exponent = exponent
+            if exponent < self.config.descent_start_probe:
+                self._interval = self.policy.cut_short(interval, elapsed)
 
     # ------------------------------------------------------ the interval in flight
     def interval_ended(self) -> bool:
@@ -537,7 +576,9 @@ class IntervalEngine:
         interval, counters = self._interval, self.counters
         assert interval is not None
         self._check_lr_mass(interval, counters.lr_mass)
-        return ClosedInterval(interval, counters.lr_mass, time.perf_counter() - counters.started)
+        return ClosedInterval(
+            interval, counters.lr_mass, time.perf_counter() - counters.started, counters.probe_exponent
+        )
 
     # -------------------------------------------------------------- the stages
     def contributions(
@@ -683,6 +724,7 @@ class IntervalEngine:
             traffic=aggregate.traffic,
             anchor_normalized_drift=aggregate.anchor_normalized_drift,
             drift_exponent=aggregate.drift_exponent(closed.lr_mass),
+            probe_exponent=closed.probe_exponent,
         )
         self.totals.add(record)
         self.records.append(record)

@@ -65,6 +65,7 @@ class IntervalRecord:
     decode_seconds: float
     anchor_normalized_drift: float | None = None  # d after the first h_ref steps (the descent rule's drift guard)
     drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
+    probe_exponent: float | None = None  # p from 1.5 h_ref to 2 h_ref: the descent rule's start probe (§5.6)
 
     @classmethod
     def build(
@@ -87,6 +88,7 @@ class IntervalRecord:
         traffic: CollectiveCost,
         anchor_normalized_drift: float | None = None,
         drift_exponent: float | None = None,
+        probe_exponent: float | None = None,
     ) -> IntervalRecord:
         """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
         return cls(
@@ -126,6 +128,7 @@ class IntervalRecord:
             decode_seconds=traffic.decode_seconds,
             anchor_normalized_drift=anchor_normalized_drift,
             drift_exponent=drift_exponent,
+            probe_exponent=probe_exponent,
         )
 
     def to_json(self) -> str:

@@ -11,6 +11,7 @@ import torch
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
@@ -417,3 +418,70 @@ def test_resume_between_the_anchor_and_the_boundary_continues_the_same_trajector
     for step in range(interrupt, steps):
         resumed.train_step([batch_for(w, step, False) for w in range(2)])
     assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
+
+
+# ------------------------------------------------------------------ the descent rule's start probe (§5.6)
+def probed(threshold: float) -> AutoLoCoConfig:
+    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, controller="descent", descent_start_probe=threshold)
+
+
+def displacement_energy(runner: LocalWorkers, start: list[torch.Tensor]) -> float:
+    """Sum over workers of ``||theta_k - theta_0||^2``, written out here."""
+    return sum(
+        sum(float((p.detach().double() - p0.double()).pow(2).sum()) for p, p0 in zip(m.parameters(), start))
+        for m in runner.models
+    )
+
+
+def test_the_start_probe_cuts_a_calibrating_interval_whose_drift_exponent_is_below_the_threshold():
+    steps = 40
+    start = [p.detach().clone() for p in make_model().parameters()]
+    # h_ref = 4: the probe measures after 6 and 8 steps of the first interval (h_max = 16)
+    at6, at8 = (train(UNGUARDED, steps, stop_after=k) for k in (6, 8))
+    assert not at8.engine.records  # no sync before the probe decides
+    schedule = warmup_cosine(3e-2, 0, steps)  # toy.adamw's LR under toy.cosine
+    lam = [sum(schedule.lr_at(s) for s in range(k)) for k in (6, 8)]
+    expected = math.log(displacement_energy(at8, start) / displacement_energy(at6, start)) / math.log(lam[1] / lam[0])
+    assert 1.0 < expected < 2.0
+
+    cut = train(probed(2.0), steps).engine.records
+    first = cut[0]
+    assert first.probe_exponent == pytest.approx(expected, rel=1e-6)
+    assert (first.h_step, first.h_tok, first.assessment, first.decision) == (8, 8, "bent", "reduce")
+    assert first.lr_mass == pytest.approx(lam[1], rel=1e-9) and first.lr_mass_preview == pytest.approx(lam[1], rel=1e-9)
+    assert all(r.h_step <= 8 for r in cut)  # never longer after the cut
+    assert all(r.probe_exponent is None for r in cut[1:])  # 8 = 2 h_ref: nothing longer left to probe
+
+
+def test_a_start_probe_that_never_trips_only_reads():
+    plain = train(UNGUARDED, 60)
+    read_only = train(probed(0.5), 60)
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if k != "probe_exponent"} for r in comparable(records)]
+
+    assert strip(read_only.engine.records) == strip(plain.engine.records)
+    for a, b in zip(read_only.models, plain.models):
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    measured = [r for r in read_only.engine.records if r.probe_exponent is not None]
+    assert [r.index for r in measured] == [0, 1]  # the two calibration intervals only
+    assert all(r.probe_exponent is None for r in plain.engine.records)
+
+
+def test_resume_between_the_probes_two_measurements_continues_the_same_trajectory():
+    steps, interrupt = 40, 7  # the probe measures at steps 6 and 8 of the first interval
+    uninterrupted = train(probed(2.0), steps)
+    first = train(probed(2.0), steps, stop_after=interrupt)
+    assert first.engine.counters.probe_sq_norms is not None
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = LocalWorkers(
+        probed(2.0), make_model(seed=123), SimulatedCommunicator(2), adamw,
+        scheduler_factory=cosine(steps, 0), total_steps=steps, warmup_steps=0,
+    )  # fmt: skip
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    for step in range(interrupt, steps):
+        resumed.train_step([batch_for(w, step, False) for w in range(2)])
+    assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
+    assert resumed.engine.records[0].assessment == "bent"

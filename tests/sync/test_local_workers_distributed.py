@@ -18,6 +18,8 @@ RULES = {
     "paper": dict(h_max=8),
     # the descent rule with its drift guard: the anchor scalars travel in the control message
     "descent_guard": dict(controller="descent", descent_drift_guard=True),
+    # the descent rule's start probe: its own small all-reduce between syncs, and an interval cut short
+    "descent_probe": dict(controller="descent", descent_start_probe=2.0),
 }
 
 
@@ -44,7 +46,9 @@ def _process_worker(rank: int, world_size: int, wire_dtype: str, rule: str) -> d
     return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
 
 
-@pytest.mark.parametrize(("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard")])
+@pytest.mark.parametrize(
+    ("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard"), ("fp32", "descent_probe")]
+)
 def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     simulated = LocalWorkers(
         config(wire_dtype, rule),
@@ -64,6 +68,10 @@ def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     if rule == "descent_guard":
         assert all(r["anchor_normalized_drift"] > 0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
         assert all(1.0 < r["drift_exponent"] < 2.0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
+    if rule == "descent_probe":
+        first = results[0]["records"][0]
+        assert (first["assessment"], first["h_step"], first["next_h_tok"]) == ("bent", 8, 8)
+        assert 0.0 < first["probe_exponent"] < 2.0
     for rank, result in enumerate(results):
         for p, q in zip(result["params"], simulated.models[rank].parameters()):
             assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
