@@ -255,7 +255,7 @@ class AutoLoCoConfig:
     )
     descent_start_probe: float | None = option(
         None,
-        """`descent` rule: while it calibrates, each interval longer than `2 h_ref` is probed on the way. Every
+        """`descent` rule: the run's first interval, if longer than `2 h_ref`, is probed on the way. Every
         worker measures its displacement at `1.5 h_ref` and `2 h_ref` steps; one small all-reduce of those
         squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
         where a long start is cheap, 1.67-1.73 where it costs) the interval ends at `2 h_ref` and the horizon

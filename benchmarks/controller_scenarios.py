@@ -47,6 +47,10 @@ COLUMNS: dict[str, dict[str, Any]] = {
     # from 2 h_base (the SFT recipe's h_base is 100)
     "descent_guard_k0.9_hmax2": dict(controller="descent", descent_drift_guard=True, descent_gain=0.9, h_max=200),
     "descent_guard_k0.5_hmax2": dict(controller="descent", descent_drift_guard=True, descent_gain=0.5, h_max=200),
+    "descent_k0.9_probe": dict(controller="descent", descent_gain=0.9, descent_start_probe=1.85),
+    "descent_guard_k0.9_probe": dict(
+        controller="descent", descent_drift_guard=True, descent_gain=0.9, descent_start_probe=1.85
+    ),
 }
 TITLES = {
     "default": "default",
@@ -58,6 +62,8 @@ TITLES = {
     "descent_guard": "descent + descent_drift_guard",
     "descent_guard_k0.9": "descent + guard, descent_gain=0.9",
     "descent_guard_k0.9_hmax2": "descent + guard, descent_gain=0.9, h_max=2 h_base",
+    "descent_k0.9_probe": "descent, descent_gain=0.9, descent_start_probe=1.85",
+    "descent_guard_k0.9_probe": "descent + guard, descent_gain=0.9, descent_start_probe=1.85",
     "descent_guard_k0.5_hmax2": "descent + guard, descent_gain=0.5, h_max=2 h_base",
 }
 STUDENT_SEEDS = 50  # the heavy-tail count

@@ -146,15 +146,12 @@ class DescentController:
         return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
 
     def _shorten_start(self, h_tok: int) -> ControllerDecision:
-        """The start probe cut the interval at ``2 h_ref``: that is the horizon now, calibrated afresh.
+        """The start probe cut the run's first interval at ``2 h_ref``: that is the horizon now, and calibration starts there.
 
-        Its coherence was measured over a shorter interval than the one in force and tells nothing about it.
+        The cut interval's coherence does not calibrate: it was measured over a shorter interval than the one planned.
         """
         st, cfg = self.state, self.cfg
         st.h_tok = max(cfg.h_min, min(st.h_tok, _floor_to(h_tok, cfg.q_h)))
-        if st.fallback_from is not None:  # a fault's hold must not restore the horizon the probe refused
-            st.fallback_from = min(st.fallback_from, st.h_tok)
-        st.calibration_logs = []
         return ControllerDecision(st.phase, Assessment.BENT, Decision.REDUCE, st.h_tok)
 
     def _fall_back(self) -> ControllerDecision:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoloco_hf.algorithm.controller import Decision
-from autoloco_hf.algorithm.policies import IntervalOutcome, make_policy
+from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPolicy, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass, warmup_cosine
 from autoloco_hf.config import RECIPE_SCHEDULES, AutoLoCoConfig, ValueEnum
 
@@ -155,6 +155,34 @@ def _logs(stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int, n
     return log_d, log_c
 
 
+def _probed(
+    interval: NextInterval,
+    policy: IntervalPolicy,
+    stream: Stream,
+    cfg: AutoLoCoConfig,
+    step: int,
+    total: int,
+    noise: _Noise,
+) -> NextInterval:
+    """The descent rule's start probe (§5.6) on the stream's ``d`` after ``1.5 h_ref`` and ``2 h_ref`` steps.
+
+    The stream's ``d`` falls as ``h^-A`` (``p = 2 - A`` = 1.5 at a constant LR), so a probe at 1.85 cuts
+    every start here: the column then shows what the cut itself costs and saves.
+    """
+    window = policy.start_probe_window(interval)
+    if window is None:
+        return interval
+    assert cfg.descent_start_probe is not None
+    drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
+    log_d = [
+        -HORIZON_D * math.log(k / cfg.h_base) + drift + _blowup(stream, cfg, k, step, total) + noise.draw()
+        for k in window
+    ]
+    masses = [lr_mass(policy.schedule, step, k) for k in window]
+    exponent = 2.0 + (log_d[1] - log_d[0]) / math.log(masses[1] / masses[0])
+    return policy.cut_short(interval, window[1]) if exponent < cfg.descent_start_probe else interval
+
+
 def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:
     """Drive the recipe's ``AutoLoCoPolicy`` through ``stream`` with the engine's call sequence."""
     cfg, schedule, warmup = recipe_config(recipe, **overrides)
@@ -166,7 +194,7 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
     anchor_noise = _Noise(stream.noise, random.Random(seed + 10_000))
     trace, step = Trace(), 0
     while step < total:
-        interval = policy.next_interval(step)
+        interval = _probed(policy.next_interval(step), policy, stream, cfg, step, total, anchor_noise)
         mass = lr_mass(schedule, step, interval.h_step)  # what the engine accumulates step by step
         log_d, log_c = _logs(stream, cfg, interval.h_tok, step, total, noise)
         valid = trace.syncs not in stream.nan_intervals

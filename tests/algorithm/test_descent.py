@@ -273,31 +273,15 @@ def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
 
 # ------------------------------------------------------------------ the start probe (§5.6)
 def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calibration() -> None:
-    ctl = DescentController(descent_config(descent_start_probe=1.85))
-    feed(ctl, [2.0])  # one calibration interval at h_max = 40
-    assert ctl.state.calibration_logs
+    ctl = DescentController(descent_config(descent_start_probe=1.85, calibration_intervals=1))
     cut = IntervalObservation(
-        h_tok=20, start_step=40, end_step=60, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
+        h_tok=20, start_step=0, end_step=20, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
     )
-    decision = ctl.observe(cut, preview=float)
+    decision = ctl.observe(cut, preview=float)  # the first interval, planned at h_max = 40, cut at 20
     assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.BENT, Decision.REDUCE, 20)
-    assert ctl.state.calibration_logs == [] and ctl.phase == Phase.CALIBRATION
-    executed, _ = feed(ctl, [3.0, 3.0, 1.5], step=60)
-    assert executed == [20, 20, 20] and ctl.h_tok == 10  # calibrated at 20: the target is 20 there
-
-
-def test_a_fault_hold_does_not_restore_a_horizon_the_start_probe_refused() -> None:
-    ctl = DescentController(descent_config(descent_start_probe=1.85))
-    nan = IntervalObservation(h_tok=40, start_step=0, end_step=40, drift_energy=math.nan, coherence=1.0, lr_mass=1.0)
-    ctl.observe(nan, preview=float)
-    assert (ctl.h_tok, ctl.state.fallback_from) == (20, 40)
-    cut = IntervalObservation(
-        h_tok=20, start_step=40, end_step=60, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
-    )
-    ctl.observe(cut, preview=float)
-    assert ctl.state.fallback_from == 20
-    executed, _ = feed(ctl, [2.0] * 4, step=60)
-    assert max(executed) == 20 and ctl.h_tok == 20
+    assert ctl.state.calibration_logs == [] and ctl.phase == Phase.WARMUP  # its coherence is not a calibration
+    executed, _ = feed(ctl, [3.0, 1.5], step=20)
+    assert executed == [20, 20] and ctl.h_tok == 10  # calibrated at 20 on log 3: 1.5 halves it
 
 
 @pytest.mark.parametrize(
