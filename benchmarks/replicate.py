@@ -215,22 +215,31 @@ def pin_paper_rule(variant: Variant) -> Variant:
     return replace(variant, overrides={**variant.overrides, "controller": Controller.PAPER})
 
 
+# the descent rule at its defaults, and at gain 0.9 with the start probe (docs/algorithm.md §5.6)
+DESCENT_RULES: dict[str, tuple[str, dict[str, Any]]] = {
+    "_descent": ("descent rule", {"controller": Controller.DESCENT}),
+    "_probe": (
+        "descent rule, gain 0.9, start probe 1.85",
+        {"controller": Controller.DESCENT, "descent_gain": 0.9, "descent_start_probe": 1.85},
+    ),
+}
+RULES = ("", *DESCENT_RULES)  # row-name suffixes: the paper's rule, then each descent setting
+
+
 def rules_side_by_side(rows: list[Variant]) -> list[Variant]:
-    """Each AutoLoCo row twice: the paper's horizon rule (pinned) and, as ``<name>_descent``, the descent rule."""
+    """Each AutoLoCo row once per rule: the paper's (pinned), then ``<name><suffix>`` for each of DESCENT_RULES."""
     out = []
     for v in rows:
         if v.method != "autoloco":
             out.append(v)
             continue
         out.append(pin_paper_rule(v))
-        out.append(
+        out += [
             replace(
-                v,
-                name=f"{v.name}_descent",
-                description=f"{v.description}; descent horizon rule",
-                overrides={**v.overrides, "controller": Controller.DESCENT},
+                v, name=f"{v.name}{suffix}", description=f"{v.description}; {what}", overrides={**v.overrides, **fields}
             )
-        )
+            for suffix, (what, fields) in DESCENT_RULES.items()
+        ]
     return out
 
 
@@ -693,25 +702,26 @@ def diffs(table: Table, cells: dict[str, Cell], tables: dict[Table, dict[str, Ce
         out.append(diff_line("autoloco - diloco_mu07", get("autoloco"), get("diloco_mu07")))
         out.append(diff_line("autoloco - diloco (mu 0.9)", get("autoloco"), get("diloco")))
         out.append(diff_line("diloco_mu07 - diloco (mu 0.9)", get("diloco_mu07"), get("diloco")))
-        for name in ("autoloco_descent", "qsr", "linear", "ddp"):
+        for name in ("autoloco_descent", "autoloco_probe", "qsr", "linear", "ddp"):
             out.append(diff_line(f"{name} - diloco_mu07", get(name), get("diloco_mu07")))
-        out.append(diff_line("autoloco_descent - autoloco", get("autoloco_descent"), get("autoloco")))
+        for suffix in DESCENT_RULES:
+            out.append(diff_line(f"autoloco{suffix} - autoloco", get(f"autoloco{suffix}"), get("autoloco")))
     elif table is Table.TABLE14:
         for name in (n for n in cells if n != "diloco_bf16"):
             out.append(diff_line(f"{name} - diloco_bf16", get(name), get("diloco_bf16")))
         out.append(diff_line("autoloco_int8 - diloco_mu07_bf16", get("autoloco_int8"), get("diloco_mu07_bf16")))
         out.append(diff_line("autoloco_int8_ef - autoloco_int8", get("autoloco_int8_ef"), get("autoloco_int8")))
-        for rule in ("", "_descent"):
+        for rule in RULES:
             out.append(
                 diff_line(f"autoloco_int8{rule} - autoloco{rule} (fp32, table1)", get(f"autoloco_int8{rule}"),
                           t1.get(f"autoloco{rule}"))
             )  # fmt: skip
     elif table is Table.TABLE7:
         for name in ("intervals_only", "plus_momentum", "autoloco"):
-            for rule in ("", "_descent"):
+            for rule in RULES:
                 out.append(diff_line(f"{name}{rule} - diloco_mu07", get(name + rule), get("diloco_mu07")))
     elif table is Table.TABLE8:
-        for rule in ("", "_descent"):
+        for rule in RULES:
             out.append(
                 diff_line(f"autoloco_norm{rule} - autoloco{rule} (table1)", get(f"autoloco_norm{rule}"),
                           t1.get(f"autoloco{rule}"))
@@ -742,10 +752,10 @@ def targets(tables: dict[Table, dict[str, Cell]]) -> list[str]:
         ok = ratio <= max_ratio and within_one_std(dv)
         return f"- {label}: {'MET' if ok else 'MISSED'} ({key} x{ratio:.3f} (target <= {max_ratio}), paired val-loss difference {fmt(dv)})"
 
-    for rule in ("", "_descent"):
+    for rule in RULES:
         lines.append(
             verdict(
-                f"AutoLoCo{' (descent rule)' if rule else ''} syncs <= 0.73x DiLoCo's, val loss no worse than DiLoCo 0.7",
+                f"AutoLoCo{f' ({DESCENT_RULES[rule][0]})' if rule else ''} syncs <= 0.73x DiLoCo's, val loss no worse than DiLoCo 0.7",
                 t1.get(f"autoloco{rule}"),
                 t1.get("diloco_mu07"),
                 0.73,
@@ -779,15 +789,16 @@ def targets(tables: dict[Table, dict[str, Cell]]) -> list[str]:
             "payload_mib",
         )
     )
-    lines.append(
-        verdict(
-            "INT8 + AutoLoCo (descent rule) payload <= 0.38x DiLoCo BF16 (mu 0.9), val within one std",
-            t14.get("autoloco_int8_descent"),
-            t14.get("diloco_bf16"),
-            0.38,
-            "payload_mib",
+    for suffix, (what, _) in DESCENT_RULES.items():
+        lines.append(
+            verdict(
+                f"INT8 + AutoLoCo ({what}) payload <= 0.38x DiLoCo BF16 (mu 0.9), val within one std",
+                t14.get(f"autoloco_int8{suffix}"),
+                t14.get("diloco_bf16"),
+                0.38,
+                "payload_mib",
+            )
         )
-    )
     return lines
 
 
