@@ -234,6 +234,8 @@ class Result:
     horizons: list[int]
     outer_momentum: float  # the base momentum (AutoLoCo: the one its correction starts from)
     config: dict[str, Any]
+    start_probe: float | None = None  # the first interval's drift exponent, where the start probe measured it
+    start_cut: bool = False  # the probe ended the first interval early
 
 
 def load_result(folder: Path) -> Result:
@@ -241,11 +243,12 @@ def load_result(folder: Path) -> Result:
     with gzip.open(folder / STEPS_GZ, "rt") as f:
         losses = [json.loads(line)["loss"] for line in f]
     with gzip.open(folder / INTERVALS_GZ, "rt") as f:
-        horizons = [json.loads(line)["h_step"] for line in f]
+        records = [json.loads(line) for line in f]
     tail = losses[-max(1, len(losses) // 10) :]
     return Result(
-        summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail), horizons,
-        summary["config"]["outer_momentum"], summary["config"],
+        summary["totals"]["syncs"], summary["val_loss"], statistics.fmean(losses), statistics.fmean(tail),
+        [r["h_step"] for r in records], summary["config"]["outer_momentum"], summary["config"],
+        records[0].get("probe_exponent"), records[0]["assessment"] == "bent",
     )  # fmt: skip
 
 
@@ -352,6 +355,26 @@ def lowest_mean_val(cells: dict[str, dict[int, Result]], names: Iterable[str], s
     return min(names, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
 
 
+def start_probes(cells: dict[str, dict[int, Result]]) -> list[str]:
+    """Per seed, the first interval's drift exponent of each variant with the start probe, and whether it cut."""
+    probed = {name: runs for name, runs in cells.items() if any(r.start_probe is not None for r in runs.values())}
+    if not probed:
+        return []
+    seeds = sorted({s for runs in probed.values() for s in runs})
+    rows = [
+        [name, f"{next(iter(runs.values())).config['descent_start_probe']:g}"]
+        + [f"{runs[s].start_probe:.3f}{' cut' if runs[s].start_cut else ''}" if s in runs else "-" for s in seeds]
+        for name, runs in probed.items()
+    ]
+    return [
+        "The start probe: the drift exponent of the first interval between 1.5 and 2 h_ref, per seed ('cut': below "
+        "the threshold, the interval ended at 2 h_ref):",
+        "",
+        replicate.markdown_table(["variant", "threshold"] + [f"seed {s}" for s in seeds], rows),
+        "",
+    ]
+
+
 def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
@@ -443,7 +466,7 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             replicate.markdown_table(["variant", "seeds", "syncs", "val loss minus " + REFERENCE], rows),
             "",
         ]
-    lines += fragment_pairs({n: cells[n] for n in adaptive})
+    lines += fragment_pairs({n: cells[n] for n in adaptive}) + start_probes({n: cells[n] for n in adaptive})
     plot_path = plot_dir / f"frontier_{regime.value}.png"
     plot(regime, cells, by_mu, adaptive, plot_path)
     lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]
