@@ -68,7 +68,7 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
     ]
     assert replicate.main(argv) == 0
     first = capsys.readouterr().out
-    names = ["ddp", "diloco", "diloco_mu07", "autoloco", "autoloco_descent", "qsr", "linear"]
+    names = ["ddp", "diloco", "diloco_mu07", "autoloco", "autoloco_descent", "autoloco_probe", "qsr", "linear"]
     for seed in (0, 1):
         for name in names:
             summary = json.loads((out / "table1" / f"seed{seed}" / name / "summary.json").read_text())
@@ -77,14 +77,15 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
             assert summary["corpus"]["train_tokens"] > 4 * summary["train_tokens_per_step"] * 10
         norm = json.loads((out / "table8" / f"seed{seed}" / "autoloco_norm" / "summary.json").read_text())
         assert norm["config"]["normalize_pseudo_grad"] is True
-        for name, rule in (("autoloco", "paper"), ("autoloco_descent", "descent")):
+        for name, rule in (("autoloco", "paper"), ("autoloco_descent", "descent"), ("autoloco_probe", "descent")):
             ran = json.loads((out / "table1" / f"seed{seed}" / name / "summary.json").read_text())
             assert ran["config"]["controller"] == rule
+        assert ran["config"]["descent_start_probe"] == 1.85 and ran["config"]["descent_gain"] == 0.9
         descent_norm = json.loads(
             (out / "table8" / f"seed{seed}" / "autoloco_norm_descent" / "summary.json").read_text()
         )
         assert descent_norm["config"]["normalize_pseudo_grad"] is True
-    assert first.count("done ") == 18
+    assert first.count("done ") == 22
 
     stamp = (out / "table1" / "seed0" / "autoloco" / "summary.json").stat().st_mtime_ns
     assert replicate.main(argv) == 0  # everything finished: nothing is trained again
