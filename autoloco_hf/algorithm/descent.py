@@ -99,7 +99,7 @@ class DescentController:
         if not obs.finite:
             return self._fall_back()
         if obs.cut_short:
-            return self._shorten_start(obs.h_tok)
+            return self._shorten_start(obs)
         if obs.truncated:
             return self._decision(Assessment.TRUNCATED, Decision.NONE)
         if st.fallback_from is not None:
@@ -145,14 +145,15 @@ class DescentController:
             st.calibration_logs = []
         return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
 
-    def _shorten_start(self, h_tok: int) -> ControllerDecision:
-        """The start probe cut the run's first interval at ``2 h_ref``: that is the horizon now, and calibration starts there.
+    def _shorten_start(self, obs: IntervalObservation) -> ControllerDecision:
+        """The start probe cut the run's first interval at ``2 h_ref``: that is the horizon now, unless the guard halves it.
 
         The cut interval's coherence does not calibrate: it was measured over a shorter interval than the one planned.
         """
         st, cfg = self.state, self.cfg
-        st.h_tok = max(cfg.h_min, min(st.h_tok, _floor_to(h_tok, cfg.q_h)))
-        return ControllerDecision(st.phase, Assessment.BENT, Decision.REDUCE, st.h_tok)
+        st.h_tok = max(cfg.h_min, min(st.h_tok, _floor_to(obs.h_tok, cfg.q_h)))
+        blown_up = self._drift_rise(obs)  # 2 h_base may be blown up too
+        return self._halve(blown_up) if blown_up is not None else self._decision(Assessment.BENT, Decision.REDUCE)
 
     def _fall_back(self) -> ControllerDecision:
         """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""

@@ -303,3 +303,13 @@ def test_only_the_descent_rule_probes_its_start() -> None:
     assert descent_config(descent_start_probe=1.85).probes_start
     assert not AutoLoCoConfig(h_base=10, descent_start_probe=1.85).probes_start  # the paper rule
     assert not descent_config().probes_start
+
+
+def test_the_drift_guard_still_judges_an_interval_the_start_probe_cut() -> None:
+    ctl = DescentController(descent_config(descent_start_probe=1.85, descent_drift_guard=True))
+    cut = IntervalObservation(
+        h_tok=20, start_step=0, end_step=20, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
+        anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.5, cut_short=True,
+    )  # fmt: skip
+    decision = ctl.observe(cut, preview=float)  # d rose from its anchor's over the cut interval: blown up too
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 10)
