@@ -29,13 +29,13 @@ WIRES = ("fp32", "int8")
 OVERLAPS = ("delayed", "eager")  # FP32 wire
 
 
-def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", **overrides) -> dict:
+def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int = 8, **overrides) -> dict:
     # map_tokens=False: today's layout counts only its outer group's tokens, the hierarchical sync every rank's
     config = AutoLoCoConfig(
         method="autoloco",
         h_base=4,
         q_h=2,
-        h_max=8,
+        h_max=h_max,
         wire_dtype=wire,
         ranks_per_worker=R,
         hierarchical_sync=hierarchical,
@@ -73,6 +73,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", **overrides
             (r.start_step, r.h_step, r.drift_energy, r.coherence, r.outer_step_applied) for r in engine.records
         ],
         "params": [p.detach().clone() for p in params],
+        "probe_exponents": [r.probe_exponent for r in engine.records],
         "wire_bytes": engine.totals.wire_bytes,
         "outer_numel": engine.outer.numel,
         "momentum_numel": momentum.numel() if momentum is not None else 0,
@@ -84,6 +85,9 @@ def _worker(rank: int, world_size: int) -> dict:
     topo = build_topology(R)
     runs = {(wire, hier): _run(topo, wire, hier) for wire in WIRES for hier in (False, True)}
     runs.update({(overlap, hier): _run(topo, "fp32", hier, overlap) for overlap in OVERLAPS for hier in (False, True)})
+    # the descent rule's start probe: squared norms summed over the shards, then over the workers
+    probe = dict(controller="descent", h_max=16, descent_start_probe=2.0)
+    runs.update({("probe", hier): _run(topo, "fp32", hier, **probe) for hier in (False, True)})
     return runs
 
 
@@ -143,3 +147,14 @@ def test_overlapped_sync_of_shards_equals_the_unsharded_overlapped_run(runs, ove
         assert hier["outer_numel"] == flat["outer_numel"] // R
         partner = runs[rank ^ 1][overlap, True]["params"]
         assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner))
+
+
+def test_the_start_probe_of_a_sharded_worker_cuts_where_the_unsharded_one_does(runs) -> None:
+    for rank_runs in runs:
+        flat, sharded = rank_runs[("probe", False)]["records"], rank_runs[("probe", True)]["records"]
+        assert flat[0][:2] == (0, 8)  # h_max 16, cut at 2 h_ref
+        exponents = rank_runs[("probe", True)]["probe_exponents"]
+        assert exponents[0] == pytest.approx(rank_runs[("probe", False)]["probe_exponents"][0], rel=1e-9)
+        assert [r[:2] for r in sharded] == [r[:2] for r in flat]
+        for a, b in zip(sharded, flat):
+            assert a[2] == pytest.approx(b[2], rel=1e-5) and a[3] == pytest.approx(b[3], rel=1e-5)
