@@ -155,3 +155,15 @@ def test_nan_intervals_reduce_then_recover_without_deadlock(name: str) -> None:
         assert all(trace.assessments[i] == Assessment.INVALID for i in bad)
         assert trace.recovery(bad[-1]) == 5
         assert max(trace.h_tok[bad[-1] + 1 :]) >= 110  # climbs back past H_base: no deadlock
+
+
+def test_the_guarded_start_probe_leaves_a_sharp_blow_up_with_its_cut_interval() -> None:
+    """The stream's d falls as h^-0.5 (p = 1.5), so the probe cuts the first 400-step interval at 200."""
+    scenario, q_h = SCENARIOS["sharp blow-up > 120"], recipe_config("sft")[0].q_h
+    probe = dict(controller="descent", descent_gain=0.9, descent_start_probe=1.85)
+    for seed in range(3):
+        guarded = scenario.run(seed, descent_drift_guard=True, **probe)
+        assert guarded.h_step[0] == 200 and guarded.assessments[0] == Assessment.SEVERE  # the guard halves it too
+        assert guarded.above(120) == 1 and guarded.excess(120, q_h) <= scenario.run(seed).excess(120, q_h)
+        unguarded = scenario.run(seed, **probe)
+        assert unguarded.assessments[0] == Assessment.BENT and unguarded.above(120) == len(unguarded.h_tok)
