@@ -133,7 +133,31 @@ def environment() -> dict[str, str]:
         "torch": torch.__version__,
         "machine": platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernels": kernel_fingerprint(),
     }
+
+
+def kernel_fingerprint() -> str:
+    """SHA-256 of the toy model after three AdamW steps on fixed batches: the float kernels the scenarios use.
+
+    Two machines with the same torch build and CPU capability can still round differently (another CPU model's
+    matmul blocking); this tells them apart where the three fields above cannot.
+    """
+    from toy import adamw, batch_for, make_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = make_model()
+        optimizer = adamw(model.parameters())
+        for step in range(3):
+            model(**batch_for(0, step)).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    finally:
+        torch.set_num_threads(threads)
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
 def run(scenario: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -224,7 +248,7 @@ def test_run_reproduces_the_recorded_trajectory(scenario: Scenario) -> None:
     records_path, final_path = fixture_paths(scenario.name)
     assert records_path.exists() and final_path.exists(), f"no fixture for {scenario.name!r}: run `{REGENERATE}`"
     recorded_final = json.loads(final_path.read_text())
-    exact = recorded_final["environment"] == environment()
+    exact = recorded_final["environment"] == environment()  # fixtures recorded without "kernels": never exact
     records, final = run(scenario)
     hint = (
         f"the trajectory of {scenario.name!r} changed ({'exact' if exact else f'rel_tol {FLOAT_RTOL_ELSEWHERE}'} "
