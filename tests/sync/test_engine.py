@@ -407,17 +407,23 @@ def test_resume_between_the_anchor_and_the_boundary_continues_the_same_trajector
     uninterrupted = train(GUARDED, steps)
     first = train(GUARDED, steps, stop_after=interrupt)
     assert first.engine.counters.anchor_sq_norms is not None
+    resumed = finish_from_snapshot(GUARDED, steps, first, interrupt)
+    assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
+
+
+def finish_from_snapshot(config: AutoLoCoConfig, steps: int, first: LocalWorkers, done: int) -> LocalWorkers:
+    """Save ``first`` after ``done`` steps, load it into workers built from another init, train the rest."""
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
     resumed = LocalWorkers(
-        GUARDED, make_model(seed=123), SimulatedCommunicator(2), adamw,
+        config, make_model(seed=123), SimulatedCommunicator(2), adamw,
         scheduler_factory=cosine(steps, 0), total_steps=steps, warmup_steps=0,
     )  # fmt: skip
     resumed.load_state_dict(torch.load(buffer, weights_only=False))
-    for step in range(interrupt, steps):
+    for step in range(done, steps):
         resumed.train_step([batch_for(w, step, False) for w in range(2)])
-    assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
+    return resumed
 
 
 # ------------------------------------------------------------------ the descent rule's start probe (§5.6)
@@ -473,15 +479,6 @@ def test_resume_between_the_probes_two_measurements_continues_the_same_trajector
     uninterrupted = train(probed(2.0), steps)
     first = train(probed(2.0), steps, stop_after=interrupt)
     assert first.engine.counters.probe_sq_norms is not None
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = LocalWorkers(
-        probed(2.0), make_model(seed=123), SimulatedCommunicator(2), adamw,
-        scheduler_factory=cosine(steps, 0), total_steps=steps, warmup_steps=0,
-    )  # fmt: skip
-    resumed.load_state_dict(torch.load(buffer, weights_only=False))
-    for step in range(interrupt, steps):
-        resumed.train_step([batch_for(w, step, False) for w in range(2)])
+    resumed = finish_from_snapshot(probed(2.0), steps, first, interrupt)
     assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
     assert resumed.engine.records[0].assessment == "bent"
