@@ -473,6 +473,13 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
     return lines
 
 
+# the variants the plots single out: the paper's rule (the default) and the recommended descent setting
+HIGHLIGHTED = {
+    REFERENCE: ("black", "paper rule (default)"),
+    "descent_k0.9_probe": ("crimson", "descent, gain 0.9, start probe (opt-in)"),
+}
+
+
 def plot(
     regime: Regime,
     cells: dict[str, dict[int, Result]],
@@ -486,7 +493,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     for mu, curve in sorted(by_mu.items()):
         most = max(len(cells[n]) for n in curve.values())
         seeds, names = curve_over(
@@ -504,19 +511,29 @@ def plot(
         if len(hs) > 3:
             for x, (m, _), h in zip(xs, stats, hs):
                 ax.annotate(f"H{h}", (x, m), textcoords="offset points", xytext=(3, 4), fontsize=7)
+    others = False
     for name in adaptive:
         runs = list(cells[name].values())
         m, e = mean_se([r.val for r in runs])
-        ax.errorbar(
-            [statistics.fmean(r.syncs for r in runs)], [m], yerr=[e], marker="*", markersize=12, linestyle="none",
-            capsize=3, label=f"{name} ({len(runs)} seeds)",
-        )  # fmt: skip
+        x = statistics.fmean(r.syncs for r in runs)
+        if name in HIGHLIGHTED:
+            color, label = HIGHLIGHTED[name]
+            ax.errorbar(
+                [x], [m], yerr=[e], marker="*", markersize=16, markeredgecolor="black", color=color,
+                linestyle="none", capsize=3, zorder=5, label=f"{label} ({len(runs)} seeds)",
+            )  # fmt: skip
+        else:  # the other variants of the campaign: grey, named in the report's tables
+            ax.errorbar(
+                [x], [m], yerr=[e], marker="*", markersize=8, color="0.6", linestyle="none", capsize=2,
+                label=None if others else "other adaptive variants (frontier.md)",
+            )  # fmt: skip
+            others = True
     ax.set_xscale("log")
     ax.set_xlabel("synchronizations (log)")
     ax.set_ylabel("validation loss (mean ± s.e. over seeds)")
     ax.set_title(f"Fixed-horizon frontier, regime {regime.value}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
