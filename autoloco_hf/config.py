@@ -607,24 +607,19 @@ class AutoLoCoConfig:
         return self.overlap_steps if self.overlap == Overlap.DELAYED else 0
 
     @property
+    def runs_descent_rule(self) -> bool:
+        """Whether the horizon follows the descent rule (docs/algorithm.md §5.6): its options apply only then."""
+        return self.method == Method.AUTOLOCO and self.adaptive_horizon and self.controller == Controller.DESCENT
+
+    @property
     def measures_anchor_drift(self) -> bool:
         """Whether the engine measures each interval's drift after its first `h_ref` steps (docs/algorithm.md §5.6)."""
-        return (
-            self.method == Method.AUTOLOCO
-            and self.adaptive_horizon
-            and self.controller == Controller.DESCENT
-            and self.descent_drift_guard
-        )
+        return self.runs_descent_rule and self.descent_drift_guard
 
     @property
     def probes_start(self) -> bool:
-        """Whether the descent rule probes its calibrating intervals on the way (docs/algorithm.md §5.6)."""
-        return (
-            self.method == Method.AUTOLOCO
-            and self.adaptive_horizon
-            and self.controller == Controller.DESCENT
-            and self.descent_start_probe is not None
-        )
+        """Whether the descent rule probes the run's first interval on the way (docs/algorithm.md §5.6)."""
+        return self.runs_descent_rule and self.descent_start_probe is not None
 
     @property
     def is_interval_method(self) -> bool:
