@@ -258,7 +258,7 @@ class AutoLoCoConfig:
         """`descent` rule: the run's first interval, if longer than `2 h_ref`, is probed on the way. Every
         worker measures its displacement at `1.5 h_ref` and `2 h_ref` steps; one small all-reduce of those
         squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
-        where a long start is cheap, 1.67-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
+        where a long start is cheap, 1.66-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
         becomes `2 h_base`: a start too long for the run is caught before its first sync (docs/algorithm.md
         §5.6). Unset: no probe, no extra collective.""",
         Range(0.0, 2.0, low_open=True),

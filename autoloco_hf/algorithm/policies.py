@@ -116,15 +116,9 @@ class IntervalPolicy(ABC):
         """Steps into ``interval`` at which the descent rule's start probe measures, if it probes it (§5.6)."""
         return None
 
-    def cut_short(self, interval: NextInterval, steps: int) -> NextInterval:
-        """``interval`` ended after ``steps`` of its steps: ``2 h_ref`` executed, ``2 h_base`` token-equivalent."""
-        return replace(
-            interval,
-            h_tok=steps * self.h_base // interval.h_ref,
-            h_step=steps,
-            lr_mass=lr_mass(self.schedule, interval.start_step, steps),
-            cut_short=True,
-        )
+    def after_probe(self, interval: NextInterval, exponent: float) -> NextInterval:
+        """The interval to run on once the start probe measured ``exponent`` (§5.6); unchanged unless probed."""
+        return interval
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
@@ -240,6 +234,20 @@ class AutoLoCoPolicy(IntervalPolicy):
         if not (self.config.probes_start and plain and first and interval.h_step > 2 * interval.h_ref):
             return None
         return 3 * interval.h_ref // 2, 2 * interval.h_ref
+
+    def after_probe(self, interval: NextInterval, exponent: float) -> NextInterval:
+        """Below ``descent_start_probe`` the paths bent: the interval ends at ``2 h_ref`` (``2 h_base`` token-equivalent)."""
+        threshold = self.config.descent_start_probe
+        if threshold is None or not exponent < threshold:
+            return interval
+        steps = 2 * interval.h_ref
+        return replace(
+            interval,
+            h_tok=2 * self.h_base,
+            h_step=steps,
+            lr_mass=lr_mass(self.schedule, interval.start_step, steps),
+            cut_short=True,
+        )
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.

@@ -538,7 +538,7 @@ class IntervalEngine:
         window = None if interval is None else self.policy.start_probe_window(interval)
         if window is None:
             return
-        assert interval is not None and self.config.descent_start_probe is not None
+        assert interval is not None
         elapsed = self.step - interval.start_step
         if elapsed == window[0]:
             counters.probe_sq_norms, counters.probe_lr_mass = self._displacement_sq_norms(), counters.lr_mass
@@ -550,8 +550,7 @@ class IntervalEngine:
             before, now = self.comm.sum_over_workers(rows).tolist()
             exponent = drift_exponent(*drift_growth(now, counters.lr_mass, before, counters.probe_lr_mass))
             counters.probe_exponent = exponent
-            if exponent < self.config.descent_start_probe:
-                self._interval = self.policy.cut_short(interval, elapsed)
+            self._interval = self.policy.after_probe(interval, exponent)
 
     # ------------------------------------------------------ the interval in flight
     def interval_ended(self) -> bool:

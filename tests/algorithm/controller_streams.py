@@ -37,6 +37,7 @@ from typing import Any
 from autoloco_hf.algorithm.controller import Decision
 from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPolicy, NextInterval, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass, warmup_cosine
+from autoloco_hf.algorithm.stats import drift_exponent
 from autoloco_hf.config import RECIPE_SCHEDULES, AutoLoCoConfig, ValueEnum
 
 DRIFT_UNIT = 0.01  # log-units per H_base steps at drift 1x
@@ -172,15 +173,13 @@ def _probed(
     window = policy.start_probe_window(interval)
     if window is None:
         return interval
-    assert cfg.descent_start_probe is not None
     drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
     log_d = [
         -HORIZON_D * math.log(k / cfg.h_base) + drift + _blowup(stream, cfg, k, step, total) + noise.draw()
         for k in window
     ]
     masses = [lr_mass(policy.schedule, step, k) for k in window]
-    exponent = 2.0 + (log_d[1] - log_d[0]) / math.log(masses[1] / masses[0])
-    return policy.cut_short(interval, window[1]) if exponent < cfg.descent_start_probe else interval
+    return policy.after_probe(interval, drift_exponent(log_d[1] - log_d[0], math.log(masses[1] / masses[0])))
 
 
 def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:
