@@ -67,17 +67,36 @@ class Point:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def fixed_name(mu: float, h: int) -> str:
-    return f"diloco_mu{mu:g}_h{h}"
+BASE_OUTER_LR = 0.7  # the outer learning rate of every fixed setting whose name carries none
 
 
-def grid(h_list: Sequence[int], base_mu: float, mu_list: Sequence[float], mu_h_list: Sequence[int]) -> list[Point]:
-    """DiLoCo at ``base_mu`` over ``h_list``, then every ``mu_list`` momentum at each ``mu_h_list`` horizon."""
-    pairs = [(base_mu, h) for h in h_list] + [(mu, h) for h in mu_h_list for mu in mu_list]
+def fixed_name(mu: float, h: int, outer_lr: float = BASE_OUTER_LR) -> str:
+    return f"diloco_mu{mu:g}_h{h}" if outer_lr == BASE_OUTER_LR else f"diloco_lr{outer_lr:g}_mu{mu:g}_h{h}"
+
+
+def grid(
+    h_list: Sequence[int],
+    base_mu: float,
+    mu_list: Sequence[float],
+    mu_h_list: Sequence[int],
+    tuned: Sequence[tuple[float, float, int]] = (),
+) -> list[Point]:
+    """DiLoCo at ``base_mu`` over ``h_list``, every ``mu_list`` momentum at each ``mu_h_list`` horizon, then the
+    ``tuned`` (outer LR, momentum, H) settings."""
+    triples = [(BASE_OUTER_LR, base_mu, h) for h in h_list]
+    triples += [(BASE_OUTER_LR, mu, h) for h in mu_h_list for mu in mu_list] + list(tuned)
     seen: dict[str, Point] = {}
-    for mu, h in pairs:
-        seen.setdefault(fixed_name(mu, h), Point(fixed_name(mu, h), "diloco", h, dict(outer_momentum=mu)))
+    for lr, mu, h in triples:
+        name = fixed_name(mu, h, lr)
+        overrides = dict(outer_momentum=mu) if lr == BASE_OUTER_LR else dict(outer_momentum=mu, outer_lr=lr)
+        seen.setdefault(name, Point(name, "diloco", h, overrides))
     return list(seen.values())
+
+
+def tuned_grid(outer_lrs: Sequence[float], momenta: Sequence[float], horizons: Sequence[int]) -> list[tuple[float, float, int]]:
+    """The tuned baseline's settings, the most informative first: the middle horizons, then the ends."""
+    order = sorted(horizons, key=lambda h: (h not in (10, 20), h))
+    return [(lr, mu, h) for h in order for lr in outer_lrs for mu in momenta]
 
 
 def parse_adaptive(specs: Sequence[str], h_base: int) -> list[Point]:
@@ -584,6 +603,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mu-list", default="0.9,0.01,0.3,0.5", help="other momenta, each at every --mu-h-list horizon")
     p.add_argument("--mu-h-list", default="10,20", help="horizons of the momentum axis (default 10,20)")
     p.add_argument(
+        "--tuned-outer-lrs",
+        default="",
+        help="the tuned baseline: these outer LRs, each at every --tuned-momenta momentum and --tuned-h-list horizon",
+    )
+    p.add_argument("--tuned-momenta", default="0.5,0.7,0.9", help="momenta of the tuned baseline")
+    p.add_argument("--tuned-h-list", default="5,10,20,40", help="horizons of the tuned baseline")
+    p.add_argument(
         "--adaptive",
         action="append",
         default=[],
@@ -609,14 +635,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.regimes = [Regime(r.strip()) for r in args.regimes.split(",") if r.strip()]
         args.seeds, h_list, mu_h = int_list(args.seeds), int_list(args.h_list), int_list(args.mu_h_list)
         mu_list = float_list(args.mu_list)
+        tuned = tuned_grid(
+            float_list(args.tuned_outer_lrs), float_list(args.tuned_momenta), int_list(args.tuned_h_list)
+        )
     except ValueError as err:
         p.exit(
             2,
-            f"frontier: bad --regimes/--seeds/--h-list/--mu-list/--mu-h-list value ({err}); e.g. --regimes iid --seeds 0,1\n",
+            f"frontier: bad --regimes/--seeds/--h-list/--mu-list/--mu-h-list/--tuned-* value ({err}); "
+            "e.g. --regimes iid --seeds 0,1\n",
         )
     h_base, _ = replicate.schedule(args.steps)
     # adaptive variants first: a campaign cut short still has them next to the most important horizons
-    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(h_list, args.base_mu, mu_list, mu_h)
+    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(h_list, args.base_mu, mu_list, mu_h, tuned)
     return args
 
 
