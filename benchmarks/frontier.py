@@ -93,7 +93,9 @@ def grid(
     return list(seen.values())
 
 
-def tuned_grid(outer_lrs: Sequence[float], momenta: Sequence[float], horizons: Sequence[int]) -> list[tuple[float, float, int]]:
+def tuned_grid(
+    outer_lrs: Sequence[float], momenta: Sequence[float], horizons: Sequence[int]
+) -> list[tuple[float, float, int]]:
     """The tuned baseline's settings, the most informative first: the middle horizons, then the ends."""
     order = sorted(horizons, key=lambda h: (h not in (10, 20), h))
     return [(lr, mu, h) for h in order for lr in outer_lrs for mu in momenta]
@@ -294,11 +296,23 @@ def fmt(values: Sequence[float], digits: int = 4) -> str:
     return "-" if math.isnan(mean) else f"{mean:+.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
 
 
-def parse_fixed(name: str) -> tuple[float, int] | None:
-    if not name.startswith("diloco_mu"):
+def parse_setting(name: str) -> tuple[float, float, int] | None:
+    """``diloco_lr1_mu0.5_h20`` -> (1.0, 0.5, 20); ``diloco_mu0.7_h10`` -> (BASE_OUTER_LR, 0.7, 10); else None."""
+    body = name.removeprefix("diloco_")
+    outer_lr = BASE_OUTER_LR
+    if body.startswith("lr"):
+        lr_text, _, body = body.removeprefix("lr").partition("_")
+        outer_lr = float(lr_text)
+    if not body.startswith("mu"):
         return None
-    mu, _, h = name.removeprefix("diloco_mu").partition("_h")
-    return float(mu), int(h)
+    mu, _, h = body.removeprefix("mu").partition("_h")
+    return outer_lr, float(mu), int(h)
+
+
+def parse_fixed(name: str) -> tuple[float, int] | None:
+    """(momentum, H) of a fixed setting at the base outer LR: the momentum curves of the first tables."""
+    setting = parse_setting(name)
+    return (setting[1], setting[2]) if setting and setting[0] == BASE_OUTER_LR else None
 
 
 def curve_at(curve: dict[int, float], syncs: float, sync_counts: dict[int, float]) -> float:
@@ -397,7 +411,7 @@ def start_probes(cells: dict[str, dict[int, Result]]) -> list[str]:
 def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: float, plot_dir: Path) -> list[str]:
     """The tables and the plot of one regime."""
     fixed = {name: parse_fixed(name) for name in cells if parse_fixed(name)}
-    adaptive = [name for name in cells if name not in fixed]
+    adaptive = [name for name in cells if parse_setting(name) is None]
     lines = [
         f"## Regime {regime.value}",
         "",
@@ -486,10 +500,102 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             "",
         ]
     lines += fragment_pairs({n: cells[n] for n in adaptive}) + start_probes({n: cells[n] for n in adaptive})
+    frontier = TunedFrontier.of(cells)
+    if frontier:
+        lines += frontier.report(cells, adaptive)
     plot_path = plot_dir / f"frontier_{regime.value}.png"
-    plot(regime, cells, by_mu, adaptive, plot_path)
+    plot(regime, cells, by_mu, adaptive, plot_path, frontier)
     lines += [f"![frontier {regime.value}](frontier/{plot_path.name})", ""]
     return lines
+
+
+@dataclass
+class TunedFrontier:
+    """The tuned baseline: at each horizon, the fixed (outer LR, momentum) with the lowest mean val loss.
+
+    Each horizon's settings are compared over the seeds all of them finished (``choice_seeds``), chosen once by
+    the mean (a per-seed minimum would select noise). The frontier at a sync count is the lower envelope of those
+    winners: the best of the horizons with no more syncs, interpolated linearly between the grid's sync counts.
+    """
+
+    best: dict[int, str]  # H -> the winning setting
+    choice_seeds: dict[int, list[int]]  # H -> the seeds its choice was made on
+    syncs: dict[int, float]  # H -> sync count
+
+    @classmethod
+    def of(cls, cells: dict[str, dict[int, Result]]) -> TunedFrontier | None:
+        """None unless the grid varies the outer LR (older campaigns have no tuned baseline)."""
+        settings = {n: s for n in cells if (s := parse_setting(n))}
+        if all(lr == BASE_OUTER_LR for lr, _, _ in settings.values()):
+            return None
+        best, seeds_of, syncs = {}, {}, {}
+        for h in sorted({h for _, _, h in settings.values()}):
+            at_h = [n for n, (_, _, sh) in settings.items() if sh == h]
+            seeds = common_seeds(cells, at_h)
+            if len(at_h) < 2 or not seeds:
+                continue
+            best[h], seeds_of[h] = lowest_mean_val(cells, at_h, seeds), seeds
+            syncs[h] = statistics.fmean(r.syncs for r in cells[best[h]].values())
+        return cls(best, seeds_of, syncs) if len(best) >= 2 else None
+
+    def envelope(self, cells: dict[str, dict[int, Result]], seeds: Sequence[int]) -> dict[int, str]:
+        """H -> the setting that is the frontier at H's sync count on ``seeds``: no worse than any longer H."""
+        mean = {h: statistics.fmean(cells[n][s].val for s in seeds) for h, n in self.best.items()}
+        return {
+            h: self.best[min((g for g in self.best if self.syncs[g] <= self.syncs[h]), key=mean.__getitem__)]
+            for h in self.best
+        }
+
+    def at(self, cells: dict[str, dict[int, Result]], seeds: Sequence[int], seed: int, syncs: float) -> float:
+        envelope = self.envelope(cells, seeds)
+        return curve_at({h: cells[n][seed].val for h, n in envelope.items()}, syncs, self.syncs)
+
+    def report(self, cells: dict[str, dict[int, Result]], adaptive: Sequence[str]) -> list[str]:
+        rows = []
+        for h, name in self.best.items():
+            settings = [n for n in cells if (s := parse_setting(n)) and s[2] == h]
+            seeds = self.choice_seeds[h]
+            runner_up = lowest_mean_val(cells, [n for n in settings if n != name], seeds)
+            rows.append([
+                f"{h}", f"{self.syncs[h]:.0f}", name, seed_list(sorted(cells[name])),
+                fmt([r.val for r in cells[name].values()]).lstrip("+"), seed_list(seeds),
+                f"{fmt([cells[runner_up][s].val - cells[name][s].val for s in seeds])} ({runner_up})",
+            ])  # fmt: skip
+        lines = [
+            "### Tuned baseline",
+            "",
+            "The best fixed (outer LR, momentum) at each horizon, chosen by the mean val loss over the seeds every "
+            "setting at that horizon finished (column 'chosen on'), and the runner-up's paired margin:",
+            "",
+            replicate.markdown_table(
+                ["H", "syncs", "best setting", "its seeds", "val loss (± s.e.)", "chosen on", "runner-up minus best"],
+                rows,
+            ),
+            "",
+        ]
+        diff_rows = []
+        for name in adaptive:
+            r = cells[name]
+            seeds = common_seeds(cells, [name, *self.best.values()])
+            if not seeds:
+                continue
+            own_syncs = statistics.fmean(r[s].syncs for s in seeds)
+            h_base = next(iter(r.values())).config["h_base"]
+            diff_rows.append([
+                name, seed_list(seeds), f"{own_syncs:.1f}",
+                f"{own_syncs / self.syncs[h_base]:.2f}x" if h_base in self.syncs else "-",
+                fmt([r[s].val - self.at(cells, seeds, s, r[s].syncs) for s in seeds]),
+            ])  # fmt: skip
+        return lines + [
+            "Each adaptive variant against the tuned frontier (the lower envelope of the table above, interpolated "
+            "at the variant's own sync count; '-' outside the grid's sync range), and its syncs against the tuned "
+            "DiLoCo at the variant's `h_base`, paired over the seeds all of them finished:",
+            "",
+            replicate.markdown_table(
+                ["variant", "seeds", "syncs", "syncs vs tuned DiLoCo", "val excess over tuned frontier"], diff_rows
+            ),
+            "",
+        ]
 
 
 # the variants the plots single out: the paper's rule (the default) and the recommended descent setting
@@ -505,6 +611,7 @@ def plot(
     by_mu: dict[float, dict[int, str]],
     adaptive: Sequence[str],
     path: Path,
+    frontier: TunedFrontier | None = None,
 ) -> None:
     """Each curve over the seeds all its horizons finished, each adaptive variant over its own seeds."""
     import matplotlib
@@ -530,6 +637,15 @@ def plot(
         if len(hs) > 3:
             for x, (m, _), h in zip(xs, stats, hs):
                 ax.annotate(f"H{h}", (x, m), textcoords="offset points", xytext=(3, 4), fontsize=7)
+    if frontier:
+        seeds = common_seeds(cells, list(frontier.best.values()))
+        envelope = frontier.envelope(cells, seeds)
+        hs = sorted(envelope, key=frontier.syncs.__getitem__)
+        ax.plot(
+            [frontier.syncs[h] for h in hs], [statistics.fmean(cells[envelope[h]][s].val for s in seeds) for h in hs],
+            color="black", linestyle="--", linewidth=1.5,
+            label=f"tuned frontier: best outer LR and momentum per H ({len(seeds)} seeds)",
+        )  # fmt: skip
     others = False
     for name in adaptive:
         runs = list(cells[name].values())
@@ -646,7 +762,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     h_base, _ = replicate.schedule(args.steps)
     # adaptive variants first: a campaign cut short still has them next to the most important horizons
-    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(h_list, args.base_mu, mu_list, mu_h, tuned)
+    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(
+        h_list, args.base_mu, mu_list, mu_h, tuned
+    )
     return args
 
 

@@ -72,6 +72,47 @@ def test_curve_interpolation_is_linear_in_syncs_and_undefined_outside():
     assert frontier.curve_at(curve, 120.0, syncs) != frontier.curve_at(curve, 120.0, syncs)  # NaN
 
 
+def test_setting_names_carry_the_outer_lr_only_where_it_is_not_the_base_one():
+    frontier = load("frontier")
+    assert frontier.fixed_name(0.5, 20) == "diloco_mu0.5_h20"
+    assert frontier.fixed_name(0.5, 20, 1.0) == "diloco_lr1_mu0.5_h20"
+    assert frontier.parse_setting("diloco_lr0.35_mu0.9_h40") == (0.35, 0.9, 40)
+    assert frontier.parse_setting("diloco_mu0.7_h10") == (frontier.BASE_OUTER_LR, 0.7, 10)
+    assert frontier.parse_fixed("diloco_lr1_mu0.5_h20") is None  # not on the base-LR momentum curves
+    assert frontier.parse_setting("diloco_f4_delayed") is None and frontier.parse_setting("descent_k0.9") is None
+    points = frontier.grid([10], 0.7, [], [], frontier.tuned_grid([1.0], [0.5], [40, 10]))
+    assert [(p.name, p.h_base, p.overrides) for p in points] == [
+        ("diloco_mu0.7_h10", 10, {"outer_momentum": 0.7}),
+        ("diloco_lr1_mu0.5_h10", 10, {"outer_momentum": 0.5, "outer_lr": 1.0}),  # the middle horizons first
+        ("diloco_lr1_mu0.5_h40", 40, {"outer_momentum": 0.5, "outer_lr": 1.0}),
+    ]
+
+
+def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting():
+    frontier = load("frontier")
+
+    def runs(syncs: float, *vals: float) -> dict:
+        return {s: frontier.Result(syncs, v, v, v, [], 0.7, {"h_base": 10}) for s, v in enumerate(vals)}
+
+    cells = {
+        "diloco_mu0.7_h10": runs(100, 4.00, 4.10),
+        "diloco_lr1_mu0.5_h10": runs(100, 3.90, 3.96),  # best at H 10
+        "diloco_mu0.7_h20": runs(50, 4.20, 4.30),
+        "diloco_lr1_mu0.5_h20": runs(50, 4.10, 4.10),  # best at H 20
+        "diloco_mu0.7_h40": runs(25, 4.00, 4.10),  # best at H 40, and better than H 20: the envelope takes it
+        "diloco_lr1_mu0.5_h40": runs(25, 4.40, 4.40),
+        "rule": runs(75, 3.95, 4.00),
+    }
+    tuned = frontier.TunedFrontier.of(cells)
+    assert tuned.best == {10: "diloco_lr1_mu0.5_h10", 20: "diloco_lr1_mu0.5_h20", 40: "diloco_mu0.7_h40"}
+    assert tuned.envelope(cells, [0, 1])[20] == "diloco_mu0.7_h40"
+    # at 75 syncs, halfway between H 10 (100 syncs) and the envelope at 50 syncs (H 40's runs)
+    assert tuned.at(cells, [0, 1], 0, 75.0) == pytest.approx((3.90 + 4.00) / 2)
+    report = "\n".join(tuned.report(cells, ["rule"]))
+    assert "| rule | 0-1 | 75.0 | 0.75x | -0.0150 ± 0.0150 |" in report
+    assert frontier.TunedFrontier.of({n: r for n, r in cells.items() if "_lr" not in n}) is None
+
+
 @pytest.mark.parametrize(
     ("folder", "row"),
     [
