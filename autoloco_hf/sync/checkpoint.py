@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -163,7 +164,7 @@ def write_state(
     }
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = temporary_path(path)
     try:
         save_file(tensors, tmp, metadata=metadata)
         _fsync(tmp, os.O_RDONLY)
@@ -173,6 +174,45 @@ def write_state(
             os.remove(tmp)
         raise
     _fsync(folder, os.O_RDONLY)  # the rename itself survives a power loss
+
+
+def machine_key() -> str:
+    """This machine and pid namespace, 12 hex digits: whether a writer's pid can be checked from here.
+
+    A folder on shared storage holds the temporary files of writers on several nodes; a pid means something only
+    on the kernel (boot id) and in the pid namespace it was taken in.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts = [f.read().strip(), os.readlink("/proc/self/ns/pid")]
+    except OSError:  # no procfs (macOS): the host name
+        parts = [socket.gethostname()]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def temporary_path(path: str) -> str:
+    """Where :func:`write_state` writes before the rename: ``<path>.tmp-<machine key>-<pid>``."""
+    return f"{path}.tmp-{machine_key()}-{os.getpid()}"
+
+
+def writer_is_gone(temporary: str) -> bool:
+    """Whether the process that writes ``temporary`` (a :func:`temporary_path`) has certainly ended.
+
+    Only a writer on this machine and pid namespace can be checked; another machine's (or an unreadable name) is
+    never called gone. This process's own files are not gone.
+    """
+    key, _, pid = temporary.rpartition(".tmp-")[2].rpartition("-")
+    if key != machine_key() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    return False
 
 
 def _fsync(path: str, flags: int) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "Snapshot",
     "SnapshotWriteError",
     "latest_snapshot",
+    "prune_snapshots",
     "read_snapshot",
     "snapshot_path",
     "snapshot_paths",
@@ -84,6 +85,32 @@ def snapshot_paths(directory: str) -> list[str]:
 
 def step_of(path: str) -> int:
     return int(os.path.basename(path)[len(PREFIX) : len(PREFIX) + 9])
+
+
+def prune_snapshots(directory: str, keep: int) -> list[str]:
+    """Keep the snapshots of the newest ``keep`` boundaries in ``directory``, whoever wrote them; return what went.
+
+    Every launch writes into the same folder, so each writer prunes every file, not only its own: older
+    boundaries' files (both copies), and the temporary files (``.tmp-<machine>-<pid>``) of writers that died
+    during a write. A temporary file is removed when its writer is certainly gone (this machine, pid ended:
+    :func:`~autoloco_hf.sync.checkpoint.writer_is_gone`), or when its boundary is older than the kept ones: a
+    live writer of this run never writes there (each writer finishes a write before its next boundary, and
+    a boundary needs every worker), and a folder with another run's newer snapshots is refused at start.
+    """
+    paths = snapshot_paths(directory)
+    steps = sorted({step_of(p) for p in paths}, reverse=True)
+    oldest_kept = steps[keep - 1] if len(steps) >= keep else -1
+    temporary = glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}.tmp-*"))
+    stale = [p for p in paths if step_of(p) < oldest_kept]
+    stale += [t for t in temporary if step_of(t) < oldest_kept or checkpoint.writer_is_gone(t)]
+    removed = []
+    for path in stale:
+        try:
+            os.remove(path)
+            removed.append(path)
+        except FileNotFoundError:  # the other copy's writer pruned it first
+            pass
+    return removed
 
 
 def _host_copy(value: Any) -> Any:
@@ -146,7 +173,6 @@ class BoundarySnapshot:
         self.extra_state = extra_state
         self.keep = keep
         self.copy = copy
-        self.written: list[str] = []  # completed writes, oldest first
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoloco-snapshot")
         self._pending: tuple[int, Future] | None = None
         os.makedirs(directory, exist_ok=True)
@@ -165,11 +191,7 @@ class BoundarySnapshot:
         checkpoint.write_state(
             path, state, config=self.engine.config, world_size=workers, ranks_per_worker=1, rank=0, step=step
         )
-        self.written.append(path)
-        for old in self.written[: -self.keep]:
-            if os.path.exists(old):
-                os.remove(old)
-        self.written = self.written[-self.keep :]
+        prune_snapshots(self.directory, self.keep)
 
     def wait(self) -> None:
         """Wait for the write in progress; raise :class:`SnapshotWriteError` if it failed."""

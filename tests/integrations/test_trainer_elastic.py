@@ -10,6 +10,7 @@ own scheduler and ``skip_first_batches``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from transformers import get_cosine_schedule_with_warmup
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_paths, step_of
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +98,11 @@ def check_resumed(snapshot, results: list[dict], workers: int) -> None:
     assert f"({snapshot.workers} workers, now {workers})" in line
     decisions = [[{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in x["records"]] for x in results]
     assert all(d == decisions[0] for d in decisions)  # every worker took the same decisions
+    # two launches wrote into one folder: only the last two boundaries stay, whoever wrote them, no temporary file
+    folder = os.path.dirname(snapshot.path)
+    last_two = [r["start_step"] + r["h_step"] for r in results[0]["records"]][-2:]
+    assert sorted({step_of(p) for p in snapshot_paths(folder)}) == last_two
+    assert not [name for name in os.listdir(folder) if ".tmp-" in name]
 
 
 def test_three_workers_lose_one_and_two_go_on_from_the_last_boundary(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,7 +18,7 @@ from autoloco_hf.sync import checkpoint
 from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path
+from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
 AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2)
@@ -130,6 +132,52 @@ def test_a_second_copy_keeps_a_boundary_whose_first_copy_was_lost(tmp_path):
     os.remove(snapshot_path(str(tmp_path), 8))  # its writer died before the rename
     snapshot = latest_snapshot(str(tmp_path), DILOCO)
     assert snapshot.step == 8 and snapshot.path == snapshot_path(str(tmp_path), 8, copy=1)
+
+
+def test_a_second_launch_keeps_the_last_two_boundaries_whoever_wrote_them(tmp_path):
+    """Launch 1 (two copies) stops after step 9; launch 2 resumes step 8 with one writer: the boundaries of
+    launch 1 that are no longer among the last two go, copies included."""
+    first = runner(DILOCO, 2, 24, snapshot_dir=str(tmp_path))
+    second_copy = BoundarySnapshot(str(tmp_path), first.engine, copy=1)
+    first.engine.listeners.append(second_copy)
+    advance(first, 9)
+    first.close()
+    second_copy.close()
+    assert sorted({step_of(str(tmp_path / name)) for name in os.listdir(tmp_path)}) == [4, 8]
+    resumed = runner(DILOCO, 3, 24, snapshot_dir=str(tmp_path))
+    resumed.resume_from_snapshot(latest_snapshot(str(tmp_path), DILOCO))
+    advance(resumed, 16)
+    resumed.close()
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(snapshot_path(str(tmp_path), s)) for s in (12, 16)]
+
+
+def test_temporary_files_of_dead_writers_go_live_ones_stay(tmp_path):
+    """Temporary files a killed writer left: removed at the next write when the pid is this machine's and ended,
+    or when the boundary is older than the kept ones; a live writer's (another process, this one, another
+    machine's inside the kept boundaries) stays."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    try:
+        ours = checkpoint.machine_key()
+        folder = str(tmp_path)
+        names = {
+            "dead": f"{snapshot_path(folder, 8)}.tmp-{ours}-{ended.pid}",
+            "live": f"{snapshot_path(folder, 8, copy=1)}.tmp-{ours}-{live.pid}",
+            "this process": f"{snapshot_path(folder, 8, copy=1)}.tmp-{ours}-{os.getpid()}",
+            "another machine, kept boundary": f"{snapshot_path(folder, 8)}.tmp-0123456789ab-{ended.pid}",
+            "another machine, older boundary": f"{snapshot_path(folder, 4)}.tmp-0123456789ab-{live.pid}",
+            "an older name without machine": f"{snapshot_path(folder, 8)}.tmp-{ended.pid}",
+        }
+        for path in names.values():
+            open(path, "wb").write(b"half a snapshot")
+        advance(runner(DILOCO, 2, 24, snapshot_dir=folder), 12).close()  # writes 4, 8, 12, pruning after each
+        left = {what for what, path in names.items() if os.path.exists(path)}
+        assert left == {"live", "this process", "another machine, kept boundary", "an older name without machine"}
+        assert latest_snapshot(folder, DILOCO).step == 12
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_every_snapshot_damaged_is_refused_not_a_fresh_start(tmp_path):
