@@ -261,16 +261,19 @@ class WorkerRuntime:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
             # a delayed merge (or a fragment's) may land while the next interval's length is still open
             steps = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
-            if self.config.snapshot_dir is None:
-                source = "the last checkpoint"
-            elif interval is not None:
-                source = f"the boundary snapshot of step {interval.start_step} (any number of workers)"
-            else:
-                source = "the last boundary snapshot (any number of workers)"
             raise err.at(
                 f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps}) failed",
-                f"nothing of this interval was applied or saved: restart from {source} (docs/reliability.md)",
+                f"nothing of this interval was applied or saved: restart from {self.restart_source(interval)} "
+                "(docs/reliability.md)",
             ) from None
+
+    def restart_source(self, interval: Any) -> str:
+        """What a restart goes on from when a peer is lost inside ``interval`` (the engine's current one, or None)."""
+        if self.config.snapshot_dir is None:
+            return "the last checkpoint"
+        if interval is not None:
+            return f"the boundary snapshot of step {interval.start_step} (any number of workers)"
+        return "the last boundary snapshot (any number of workers)"
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the synchronizations since the last call (the latest wins)."""

@@ -84,6 +84,7 @@ from autoloco_hf.integrations.log_levels import apply_trainer_log_levels
 from autoloco_hf.integrations.resume import restore, resumed_checkpoint
 from autoloco_hf.integrations.run_log import TrainerRunLog
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, record_metrics
+from autoloco_hf.integrations.trainer_collectives import bound_trainer_collectives
 from autoloco_hf.integrations.trainer_internals import (
     built_from_the_class_by_the_trainer,
     checkpoint_dir,
@@ -265,8 +266,14 @@ class AutoLoCoCallback(TrainerCallback):
             snapshot_state=lambda: trainer_boundary_state(trainer),
         )
         check_no_newer_snapshots(self.config, state.global_step)
+        bound_trainer_collectives(trainer, self.config.sync_timeout_s, self._restart_advice)
         if state.global_step > 0:
             self._resume(args, state)
+
+    def _restart_advice(self) -> str:
+        """After a peer was lost outside a synchronization: the outer state is still the last boundary's."""
+        source = self.runtime.restart_source(self.engine.current_interval)
+        return f"the outer state is the last synchronized one: restart from {source} (docs/reliability.md)"
 
     def resume_point(self) -> str | None:
         """What to pass to ``trainer.train(resume_from_checkpoint=...)`` in a script that a launcher restarts.

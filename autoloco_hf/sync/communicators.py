@@ -95,6 +95,19 @@ def describe_backend_error(err: BaseException) -> str:
     return _SOURCE_PREFIX.sub("", text).split(". ")[0]
 
 
+def peer_lost(
+    err: BaseException, operation: str, rank: int, others: Sequence[int], timeout_s: float | None
+) -> PeerLostError:
+    """The one-line :class:`PeerLostError` for a collective of ``rank`` with ``others`` that failed with ``err``."""
+    who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {list(others)} (the backend does not say which)"
+    detail = describe_backend_error(err)
+    if any(word in detail.lower() for word in ("closed", "reset")):
+        what = "closed its connection (its process ended)"
+    else:
+        what = "did not answer" + (f" within sync_timeout_s={timeout_s:g}" if timeout_s is not None else "")
+    return PeerLostError(f"{operation} on rank {rank}: {who} {what} ({detail})", others)
+
+
 # check(sums, rows) run on the gathered scalars before the payload is exchanged (see Communicator.average)
 ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -307,17 +320,7 @@ class ProcessGroupCommunicator(Communicator):
             yield
         except RuntimeError as err:  # gloo raises RuntimeError, NCCL DistBackendError (a RuntimeError)
             others = [self.global_rank(w) for w in range(self.num_workers) if w != self.rank]
-            who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others} (the backend does not say which)"
-            detail = describe_backend_error(err)
-            if any(word in detail.lower() for word in ("closed", "reset")):
-                what = "closed its connection (its process ended)"
-            else:
-                what = "did not answer" + (
-                    f" within sync_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else ""
-                )
-            raise PeerLostError(
-                f"{operation} on rank {self.global_rank(self.rank)}: {who} {what} ({detail})", others
-            ) from err
+            raise peer_lost(err, operation, self.global_rank(self.rank), others, self.timeout_s) from err
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
         if len(flats) != 1:

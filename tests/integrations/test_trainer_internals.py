@@ -3,6 +3,7 @@ beyond the callback contract. Each failure names the function to update after a 
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.integrations.trainer_collectives import GUARDED_METHOD
 from autoloco_hf.integrations.trainer_internals import checkpoint_dir, is_sync_only
 
 
@@ -80,3 +82,14 @@ def test_hyperparameter_search_trials_are_refused():
     state = SimpleNamespace(trial_name="trial-3", global_step=4)
     with pytest.raises(AutoLoCoConfigurationError, match=r"hyperparameter search \(trial 'trial-3'\)"):
         checkpoint_dir(SimpleNamespace(output_dir="out"), state)
+
+
+def test_the_loss_gather_of_a_logging_step_is_inside_the_guarded_method():
+    """bound_trainer_collectives wraps this method: it must still be where the Trainer gathers the loss."""
+    method = getattr(Trainer, GUARDED_METHOD, None)
+    assert method is not None, (
+        f"Trainer.{GUARDED_METHOD} is gone: update autoloco_hf/integrations/trainer_collectives.py"
+    )
+    assert "nested_gather(tr_loss" in inspect.getsource(method), (
+        f"Trainer.{GUARDED_METHOD} no longer gathers the loss: update trainer_collectives.GUARDED_METHOD"
+    )
