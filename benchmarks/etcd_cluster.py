@@ -1,0 +1,105 @@
+"""A small etcd cluster for torchrun's ``etcd-v2`` rendezvous: start, wait until it serves, stop (not a test).
+
+    cluster = EtcdCluster([("127.0.0.1", 23790, 23800), ("127.0.0.1", 23791, 23801), ("127.0.0.1", 23792, 23802)],
+                          workdir)
+    cluster.start()          # returns once every member answers with the whole cluster (bounded)
+    ...                      # torchrun --rdzv-backend etcd-v2 --rdzv-endpoint 127.0.0.1:23790 ...
+    cluster.stop()
+
+One ``etcd`` process per member (the distribution's ``etcd-server`` 3.4, with the v2 API that torch elastic's
+``etcd-v2`` backend speaks switched on), optionally inside a network namespace (``prefix``). A cluster of 3
+keeps its quorum, and so the rendezvous, when one member is lost. Used by tests/integrations/test_etcd_rendezvous.py
+and benchmarks/elastic_testbed.py; docs/hf.md shows the same command for users.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
+
+INSTALL = "apt-get install -y etcd-server"
+START_LIMIT_S = 60.0
+
+
+def etcd_missing() -> str | None:
+    """Why no cluster and etcd rendezvous can run here (``None`` when the server and the client are installed)."""
+    if shutil.which("etcd") is None:
+        return f"needs the etcd server (`{INSTALL}`)"
+    if importlib.util.find_spec("etcd") is None:
+        return "needs the python-etcd client of torchrun's etcd-v2 rendezvous (`pip install -e '.[elastic]'`)"
+    return None
+
+
+def member_command(name: str, host: str, client_port: int, peer_port: int, cluster: str, data_dir: str) -> list[str]:
+    """The ``etcd`` command of one member of a new cluster (``cluster``: ``name=http://host:peer,...``)."""
+    return [
+        "etcd", "--name", name, "--data-dir", data_dir, "--enable-v2=true",
+        "--listen-client-urls", f"http://{host}:{client_port}", "--advertise-client-urls", f"http://{host}:{client_port}",
+        "--listen-peer-urls", f"http://{host}:{peer_port}", "--initial-advertise-peer-urls", f"http://{host}:{peer_port}",
+        "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "autoloco",
+        "--heartbeat-interval", "100", "--election-timeout", "1000",
+    ]  # fmt: skip
+
+
+class EtcdCluster:
+    """Members ``(host, client_port, peer_port)``; ``prefix(k)``: what runs member ``k``'s command (a namespace)."""
+
+    def __init__(
+        self,
+        members: Sequence[tuple[str, int, int]],
+        workdir: str,
+        prefix: Callable[[int], list[str]] = lambda k: [],
+    ) -> None:
+        self.members = list(members)
+        self.workdir = workdir
+        self.prefix = prefix
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"{host}:{client}" for host, client, _ in self.members]
+
+    def start(self) -> None:
+        """Start every member and wait until each one answers with the whole cluster (``START_LIMIT_S``)."""
+        cluster = ",".join(f"m{k}=http://{h}:{p}" for k, (h, _, p) in enumerate(self.members))
+        for k, (host, client, peer) in enumerate(self.members):
+            data = os.path.join(self.workdir, f"etcd-m{k}")
+            shutil.rmtree(data, ignore_errors=True)
+            log = open(os.path.join(self.workdir, f"etcd-m{k}.log"), "w")
+            command = [*self.prefix(k), *member_command(f"m{k}", host, client, peer, cluster, data)]
+            self.procs[k] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+        deadline = time.monotonic() + START_LIMIT_S
+        for k, endpoint in enumerate(self.endpoints):
+            while True:
+                try:
+                    if len(check_etcd(endpoint, timeout_s=2.0)) == len(self.members):
+                        break
+                except EtcdUnreachable:
+                    pass
+                if self.procs[k].poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"etcd member m{k} ({endpoint}) did not serve within {START_LIMIT_S:.0f} s; see "
+                        f"{os.path.join(self.workdir, f'etcd-m{k}.log')}"
+                    )
+                time.sleep(0.1)
+
+    def kill(self, k: int) -> None:
+        """Member ``k`` loses power (SIGKILL)."""
+        proc = self.procs[k]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for k in list(self.procs):
+            self.kill(k)
+        self.procs = {}
