@@ -74,7 +74,7 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(nltk.downloader._downloader, "_url", nltk.downloader._downloader._url)
     monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))
     set_offline()
-    ensure_punkt_tab(tmp_path / "nltk_data", offline=True)
+    ensure_punkt_tab(tmp_path / "nltk_data", approximate=True)
 
 
 @pytest.mark.slow
