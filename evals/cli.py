@@ -20,7 +20,16 @@ from autoloco_hf.cli import existing_file, new_file_path, positive_int, usage_er
 
 from .errors import EvalInputError
 from .report import load_records, scores_table
-from .runner import DATA, DTYPES, FIXTURES_DIR, SUITES, TASKS, evaluate_model_dir, resolve_data, suite_settings
+from .runner import (
+    DATA,
+    DTYPES,
+    FIXTURES_DIR,
+    SUITES,
+    TASKS,
+    evaluate_model_dir,
+    resolve_data,
+    suite_settings,
+)
 
 PROG = "autoloco eval"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -115,6 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no network: every task needs local data; fail fast naming the missing option",
     )
+    parser.add_argument(
+        "--approximate-punkt",
+        action="store_true",
+        help="score IFEval / IFBench with an empty Punkt model when NLTK's punkt_tab is not installed "
+        "(default: refuse; --fixtures implies it); the record says which splitter scored",
+    )
     data = parser.add_mutually_exclusive_group()
     data.add_argument(
         "--data-dir",
@@ -168,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         num_conversations=args.num_conversations,
         nll_max_length=args.nll_max_length,
         offline=args.offline or None,
+        approximate_punkt=args.approximate_punkt or args.fixtures or None,
         data_dir=FIXTURES_DIR if args.fixtures else args.data_dir,
         paths={key: getattr(args, f"{key}_path") for key in DATA if getattr(args, f"{key}_path") is not None},
     )

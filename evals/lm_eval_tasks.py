@@ -146,6 +146,27 @@ class _DropMessage(logging.Filter):
         return not record.getMessage().startswith(self.prefix)
 
 
+class _Once(logging.Filter):
+    """Lets each message of a logger through once per process: lm-eval repeats some for every task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+# "generation_kwargs ... specified through cli" (evaluator) and "Passed an already-initialized model" (HFLM)
+# come once per run_lm_eval call, i.e. once per task of a suite
+_ONCE = _Once()
+_REPEATING_LOGGERS = ("lm_eval.evaluator", "lm_eval.models.huggingface")
+
+
 def _quiet_git_hash() -> str | None:
     """lm-eval's git hash of the working directory, without git's "fatal: not a git repository" on the console."""
     done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)  # noqa: S607
@@ -160,13 +181,16 @@ def quiet_lm_eval() -> Iterator[None]:
 
     HFLM warns "`pretrained` model kwarg is not of type `str`" for every
     in-memory model, and ``simple_evaluate`` runs ``git describe`` with git's
-    stderr on the console; both come once per task.
+    stderr on the console; both come once per task. The other warnings of the
+    evaluator and of HFLM are shown once per process, not once per task.
     """
     import lm_eval.evaluator
 
     hf_logger = logging.getLogger("lm_eval.models.huggingface")
     dropped = _DropMessage("`pretrained` model kwarg is not of type `str`")
     hf_logger.addFilter(dropped)
+    for name in _REPEATING_LOGGERS:
+        logging.getLogger(name).addFilter(_ONCE)
     git_hash = lm_eval.evaluator.get_git_commit_hash
     lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
     try:
@@ -174,6 +198,8 @@ def quiet_lm_eval() -> Iterator[None]:
     finally:
         lm_eval.evaluator.get_git_commit_hash = git_hash
         hf_logger.removeFilter(dropped)
+        for name in _REPEATING_LOGGERS:
+            logging.getLogger(name).removeFilter(_ONCE)
 
 
 def run_lm_eval(

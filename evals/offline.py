@@ -51,23 +51,46 @@ def resolve_local(path: str | os.PathLike | None, option: str, what: str, offlin
     return resolved
 
 
-def ensure_punkt_tab(cache_dir: str | os.PathLike, offline: bool) -> None:
-    """Make NLTK's English ``punkt_tab`` findable, downloading it only when online.
+PUNKT_TAB_COMMAND = "python -m nltk.downloader punkt_tab"
 
-    IFEval and IFBench split sentences and words with NLTK. Without an
-    installed or downloadable copy, write an empty Punkt parameter set (no
-    learned abbreviations, so "Dr." ends a sentence) and warn: install the
-    official one with ``python -m nltk.downloader punkt_tab`` for paper-exact
-    sentence counts.
-    """
-    import nltk
+
+def punkt_tab_installed() -> bool:
+    """Whether NLTK finds the official English ``punkt_tab`` (the sentence splitter IFEval's scorer uses)."""
+    import nltk  # 5 s to import: only when a task needs it
 
     try:
         nltk.data.find("tokenizers/punkt_tab/english/")
-        return
     except LookupError:
-        if not offline and nltk.download("punkt_tab", quiet=True):
-            return
+        return False
+    return True
+
+
+def check_punkt_tab(approximate: bool) -> None:
+    """Refuse to score IFEval / IFBench without the official splitter, unless ``approximate`` allows the empty one.
+
+    Nothing is downloaded at run time: a result that may be published must not
+    depend on whether the network was there. Raises :class:`EvalInputError` (one line, the command that fixes it).
+    """
+    if not approximate and not punkt_tab_installed():
+        raise EvalInputError(
+            f"--tasks ifeval/ifbench: NLTK's punkt_tab (the official sentence splitter) is not installed; "
+            f"run `{PUNKT_TAB_COMMAND}` once, or pass --approximate-punkt to score with an empty Punkt model "
+            "(sentence counts can differ from the official scorer)"
+        )
+
+
+def ensure_punkt_tab(cache_dir: str | os.PathLike, approximate: bool) -> bool:
+    """Make NLTK's English ``punkt_tab`` findable; returns whether it is the official one.
+
+    IFEval and IFBench split sentences and words with NLTK. Without an installed
+    copy (see :func:`check_punkt_tab`), and only when ``approximate`` allows it, write an empty
+    Punkt parameter set (no learned abbreviations, so "Dr." ends a sentence) and warn.
+    """
+    import nltk
+
+    check_punkt_tab(approximate)
+    if punkt_tab_installed():
+        return True
     root = Path(cache_dir)
     english = root / "tokenizers" / "punkt_tab" / "english"
     english.mkdir(parents=True, exist_ok=True)
@@ -78,7 +101,8 @@ def ensure_punkt_tab(cache_dir: str | os.PathLike, offline: bool) -> None:
     if str(root) not in nltk.data.path:
         nltk.data.path.insert(0, str(root))
     warnings.warn(
-        f"NLTK punkt_tab not installed: using an empty English Punkt model in {english}; "
-        "sentence counts can differ from the official model (python -m nltk.downloader punkt_tab)",
+        f"NLTK punkt_tab not installed: --approximate-punkt scores with an empty English Punkt model in {english}; "
+        f"sentence counts can differ from the official model ({PUNKT_TAB_COMMAND})",
         stacklevel=2,
     )
+    return False

@@ -15,7 +15,7 @@ from pathlib import Path
 from .data_files import check_files
 from .errors import EvalInputError
 from .lm_eval_tasks import LM_EVAL_TASKS, local_files, run_lm_eval
-from .offline import MissingLocalDataError, ensure_punkt_tab, resolve_local, set_offline
+from .offline import MissingLocalDataError, check_punkt_tab, ensure_punkt_tab, resolve_local, set_offline
 
 TASKS = ("mmlu_pro", "bbh", "ifeval", "ifbench", "humaneval_plus", "nll")
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
@@ -88,6 +88,7 @@ class EvalSettings:
     num_conversations: int = 1000
     nll_max_length: int = 2048
     humaneval_max_new_tokens: int = 768
+    approximate_punkt: bool = False  # score IFEval / IFBench with an empty Punkt model when punkt_tab is missing
 
 
 SUITES = {
@@ -101,6 +102,17 @@ SUITES = {
 def suite_settings(suite: str, **overrides) -> EvalSettings:
     """A suite's settings with the given fields replaced (None values keep the suite's)."""
     return replace(SUITES[suite], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def needs_punkt_tab(settings: EvalSettings) -> bool:
+    """IFEval and IFBench split sentences with NLTK's punkt_tab."""
+    return bool({"ifeval", "ifbench"} & set(settings.tasks))
+
+
+def check_sentence_splitter(settings: EvalSettings) -> None:
+    """Before the model loads: the official punkt_tab is there, or --approximate-punkt allows the empty one."""
+    if needs_punkt_tab(settings):
+        check_punkt_tab(settings.approximate_punkt)
 
 
 def resolve_data(settings: EvalSettings) -> dict[str, Path | None]:
@@ -146,8 +158,9 @@ def evaluate(
     local = resolve_data(settings)
     work_dir = Path(out_dir) / run_name
     work_dir.mkdir(parents=True, exist_ok=True)
-    if {"ifeval", "ifbench"} & set(settings.tasks):
-        ensure_punkt_tab(work_dir / "nltk_data", settings.offline)
+    official_punkt = None
+    if needs_punkt_tab(settings):
+        official_punkt = ensure_punkt_tab(work_dir / "nltk_data", settings.approximate_punkt)
     chat = tokenizer.chat_template is not None if settings.chat_template is None else settings.chat_template
 
     from tqdm.auto import tqdm
@@ -203,6 +216,7 @@ def evaluate(
         "run": run_name,
         **(meta or {}),
         "chat_template": chat,
+        **({} if official_punkt is None else {"sentence_splitter": "punkt_tab" if official_punkt else "empty Punkt"}),
         "settings": json.loads(json.dumps(asdict(settings), default=str)),
         "data": {k: str(v) if v else "hub" for k, v in local.items()},
         "scores": scores,
@@ -249,6 +263,7 @@ def evaluate_model_dir(
     if settings.offline:  # before the hub clients are imported: they read their offline switches at import
         set_offline()
     check_data(settings, resolve_data(settings))  # missing or bad data first: before the slow imports and load
+    check_sentence_splitter(settings)
     device = check_device(device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

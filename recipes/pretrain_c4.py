@@ -47,6 +47,7 @@ from recipe_config import (  # noqa: E402
     load_data_files,
     load_yaml,
     parse_settings,
+    rows_per_worker,
     setting,
     usage_error,
 )
@@ -153,9 +154,23 @@ def check_inputs(s: C4Settings) -> None:
             f"--train-files {' '.join(s.train_files)} is local but --val-files is not given: validation after "
             f"training would stream {s.dataset} ({s.dataset_config}, validation); pass --val-files FILE"
         )
-    for option, files in (("--train-files", s.train_files), ("--val-files", s.val_files)):
-        if files:
-            check_data_files(files, option, s.text_field, ", or set --text-field")
+    if s.val_files:
+        check_data_files(s.val_files, "--val-files", s.text_field, ", or set --text-field")
+    if s.train_files:
+        rows = check_data_files(s.train_files, "--train-files", s.text_field, ", or set --text-field")
+        check_enough_rows(s, rows)
+
+
+def check_enough_rows(s: C4Settings, file_rows: list[int]) -> None:
+    """Local training data lasts ``--steps`` batches on every worker (one row a document, no packing, no second epoch)."""
+    shares = rows_per_worker(file_rows, s.workers)
+    steps = min(-(-share // s.batch_size) for share in shares)  # a last short batch is still a step
+    if steps < s.steps:
+        usage_error(
+            f"--train-files {' '.join(s.train_files)}: the training data runs out at step {steps + 1} of {s.steps} "
+            f"({sum(file_rows)} rows over {s.workers} workers, {min(shares)} on the one with fewest, "
+            f"--batch-size {s.batch_size} each step); add data, or lower --steps, --batch-size or --workers"
+        )
 
 
 def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:

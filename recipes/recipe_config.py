@@ -13,8 +13,8 @@ differs from the shared recipe; a nested ``autoloco:`` mapping holds
 Usage errors (an unknown key or flag, a missing file, a bad value) print one
 line naming the flag or key, the value and the fix, and exit with code 2.
 Every input is checked in ``parse_args``, before a model or a dataset loads:
-:func:`check_data_files` reads the first rows of each local data file
-(exists, not empty, parses, has the field), :func:`check_local_path` refuses a
+:func:`check_data_files` reads each local data file to its end
+(exists, not empty, decompresses, parses, has the field) and counts its rows, :func:`check_local_path` refuses a
 local-looking model or tokenizer path that is not there, and
 :func:`check_at_least` the counts.
 """
@@ -31,13 +31,12 @@ from typing import Any
 
 import yaml
 
-from autoloco_evals.data_files import DataFileError, check_files, load_rows
+from autoloco_evals.data_files import DataFileError, inspect_files, load_rows
 from autoloco_hf.cli import usage_error
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.arguments import PREFIX
 
 AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
-ROWS_CHECKED = 1_000  # per data file before training: enough to catch a wrong or malformed file, cheap on a C4 shard
 
 
 def setting(default: Any, help: str) -> Any:
@@ -124,12 +123,26 @@ def parse_settings(
     return tuple(p for p in parsed if not isinstance(p, argparse.Namespace))
 
 
-def check_data_files(files: Sequence[str], option: str, column: str, fix: str = "") -> None:
-    """The first rows of each local data file parse and hold ``column`` (see ``autoloco_evals.data_files.check_files``)."""
+def check_data_files(files: Sequence[str], option: str, column: str, fix: str = "") -> list[int]:
+    """Each local data file parses to its end and its rows hold ``column``; returns each file's row count.
+
+    See ``autoloco_evals.data_files.inspect_files``: a corrupt or cut-short file is a usage error.
+    """
     try:
-        check_files(files, option, [column], fix, limit=ROWS_CHECKED)
+        return [scan.rows for scan in inspect_files(files, option, [column], fix, limit=1)]
     except DataFileError as err:
         usage_error(str(err))
+
+
+def rows_per_worker(file_rows: Sequence[int], workers: int) -> list[int]:
+    """The rows ``datasets.distributed.split_dataset_by_node`` gives each of ``workers`` from files of ``file_rows`` rows.
+
+    Its rule for a streamed dataset: whole files (worker ``w`` gets files ``w, w + N, ...``)
+    when the file count is a multiple of ``N``, else every ``N``-th row.
+    """
+    if len(file_rows) % workers == 0:
+        return [sum(file_rows[w::workers]) for w in range(workers)]
+    return [len(range(w, sum(file_rows), workers)) for w in range(workers)]
 
 
 def load_data_files(files: Sequence[str], option: str, *, streaming: bool = False) -> Any:

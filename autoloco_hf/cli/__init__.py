@@ -30,6 +30,9 @@ COMMANDS = {
 USAGE_ERROR = 2  # argparse's exit code for a usage error
 
 
+BROKEN_PIPE = 128 + 13  # the status of a process killed by SIGPIPE
+
+
 def usage_error(message: str, prog: str | None = None) -> NoReturn:
     """Print ``<prog>: error: <message>`` (one line) and exit with code 2."""
     print(f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr)
@@ -101,7 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # the sub-command's own error: "autoloco plan: ... (see autoloco plan --help)"
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except BrokenPipeError:  # `autoloco plan --json | head`: the reader left; stop as `yes | head` does
+        # Python's documented recipe: point stdout at devnull so that the flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -1,9 +1,17 @@
 """AutoLoCo's console lines at the Trainer's levels: ``log_level`` on the main process, ``log_level_replica`` elsewhere.
 
-Every module logs under the ``autoloco_hf`` logger (the integrations through
-``transformers.utils.logging.get_logger``); the callback sets that logger's level
-per process from the ``TrainingArguments``, as the Trainer does for transformers'
-own logger, so a two-rank launch prints AutoLoCo's start-up and resume lines once.
+Every module logs under the ``autoloco_hf`` logger: the integrations through
+``transformers.utils.logging.get_logger(__name__)``, ``autoloco_hf/sync`` through
+``logging.getLogger("autoloco_hf")``, because that layer imports torch but not
+transformers (the layering of README.md's Layout table; the engine also serves
+custom Accelerate and plain PyTorch loops). Both are the same standard-library
+logger tree (transformers' ``get_logger`` is ``logging.getLogger``), so one
+level applies: the callback sets it per process from the ``TrainingArguments``,
+as the Trainer does for transformers' own logger, and a two-rank launch prints
+AutoLoCo's start-up and resume lines once. The one handler added here is what
+transformers adds to its own ``transformers`` logger: a stderr handler, only
+when the application configured none (our tree is not below ``transformers``,
+so it cannot use that one).
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ file (:mod:`autoloco_hf.sync.checkpoint`).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.config import AutoLoCoConfig
@@ -30,7 +30,7 @@ from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot, check_snapshot_support
 
-logger = logging.getLogger("autoloco_hf")
+logger = hf_logging.get_logger(__name__)
 
 RECORDS_FILENAME = "autoloco_intervals.jsonl"
 STATE_DIRNAME = "autoloco"

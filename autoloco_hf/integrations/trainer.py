@@ -70,7 +70,7 @@ from transformers.trainer_utils import SaveStrategy
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Method
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.boundary_resume import (
     boundary_file,
@@ -116,13 +116,36 @@ def _as_config(config: Any) -> AutoLoCoConfig:
     )
 
 
-def _sync_summary(metrics: dict[str, float]) -> str:
-    """The latest sync in one short console field: ``syncs 12 | H 20 | mu 0.70 | eta 0.70 | 1.5 MiB``."""
+def _sync_summary(metrics: dict[str, float], workers: int) -> str:
+    """The latest sync in one short console field: ``syncs 12 | H 20 | mu 0.70 | eta 0.70 | 1.5 MiB``.
+
+    One worker sends nothing, so its field says so instead of the payload a worker of several would send.
+    """
+    sent = f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB" if workers > 1 else "1 worker, nothing sent"
     return (
         f"syncs {metrics['autoloco/syncs']:.0f} | H {metrics['autoloco/H_step']:.0f} | "
-        f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | "
-        f"{metrics['autoloco/payload_bytes'] / 2**20:,.1f} MiB"
+        f"mu {metrics['autoloco/mu_t']:.2f} | eta {metrics['autoloco/eta_t']:.2f} | {sent}"
     )
+
+
+def _rule(config: AutoLoCoConfig) -> str:
+    """How H is chosen: the controller of an adaptive AutoLoCo run, a fixed H, or QSR / Linear Interval's schedule."""
+    if config.method == Method.AUTOLOCO:
+        return f"controller {config.controller}" if config.adaptive_horizon else "fixed H"
+    return "fixed H" if config.method == Method.DILOCO else f"{config.method} schedule"
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
+
+
+def _run_summary(engine: Any, steps: int, output_dir: str) -> str:
+    """``12 syncs in 600 steps, 35.2 MiB sent by this worker, final H 60; report: autoloco report OUT``."""
+    totals = engine.totals
+    sent = "nothing sent (1 worker)" if engine.num_workers == 1 else f"{_mib(totals.wire_bytes)} sent by this worker"
+    final = f", final H {engine.records[-1].h_step}" if engine.records else ""
+    syncs = f"{totals.syncs} sync{'' if totals.syncs == 1 else 's'}"
+    return f"{syncs} in {steps} steps, {sent}{final}; report: autoloco report {output_dir}"
 
 
 def _progress(engine: Any) -> str:
@@ -269,6 +292,39 @@ class AutoLoCoCallback(TrainerCallback):
         bound_trainer_collectives(trainer, self.config.sync_timeout_s, self._restart_advice)
         if state.global_step > 0:
             self._resume(args, state)
+        if state.is_world_process_zero:
+            self._announce(max_steps)
+
+    def _announce(self, max_steps: int) -> None:
+        """One line on what the run will do, and a warning for each setting that makes it something else."""
+        config, engine = self.config, self.engine
+        workers = f"{engine.num_workers} worker{'' if engine.num_workers == 1 else 's'}"
+        if not config.is_interval_method:
+            logger.info("AutoLoCo: %s, method %s (every step), %d steps planned", workers, config.method, max_steps)
+            return
+        interval = engine.current_interval
+        h = f"H {interval.h_step}" if interval is not None else "no interval left"
+        logger.info(
+            "AutoLoCo: %s, method %s, %s, h_base %d, %s, %d steps planned",
+            workers,
+            config.method,
+            _rule(config),
+            config.h_base,
+            h,
+            max_steps,
+        )
+        if config.h_base > max_steps:
+            logger.warning(
+                "AutoLoCo: h_base %d is longer than the run's %d steps: one interval, cut to the run, ends it; "
+                "lower h_base (AutoLoCoConfig(h_base=...)) below max_steps for the horizon to matter",
+                config.h_base,
+                max_steps,
+            )
+        if engine.num_workers == 1:
+            logger.warning(
+                "AutoLoCo: 1 worker: nothing is exchanged, so this is local training with an outer step every H; "
+                "start one process per worker (torchrun --nproc_per_node N train.py) to train N workers"
+            )
 
     def _restart_advice(self) -> str:
         """After a peer was lost outside a synchronization: the outer state is still the last boundary's."""
@@ -350,7 +406,7 @@ class AutoLoCoCallback(TrainerCallback):
         if not logs or "loss" not in logs or self.runtime is None:
             return
         if self._last_sync:  # the console's view of the sync (later callbacks: progress bar / printer)
-            logs["autoloco"] = _sync_summary(self._last_sync)
+            logs["autoloco"] = _sync_summary(self._last_sync, self.engine.num_workers)
         self.run_log.log_step(state.global_step, logs, self.engine.totals)
 
     def on_save(self, args, state, control, **kwargs):
@@ -387,3 +443,5 @@ class AutoLoCoCallback(TrainerCallback):
             runtime.engine.totals,
             self.records_filename,
         )
+        if state.is_world_process_zero:
+            logger.info("AutoLoCo: %s", _run_summary(runtime.engine, runtime.step, args.output_dir))

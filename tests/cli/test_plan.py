@@ -229,3 +229,17 @@ def test_plan_outer_state_per_rank_falls_with_ranks_per_worker(capsys) -> None:
     assert sharded["outer_state_bytes_per_rank"] == 8 * 1_000_000_000
     averaging = cli_json(capsys, "--recipe", "sft", "--params", "8e9", "--method", "qsr", "--ranks-per-worker", "8")
     assert averaging["outer_state_bytes_per_rank"] == 4 * 1_000_000_000  # model averaging keeps no momentum
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`autoloco plan --json | head`: the pipe closes before the plan is written; the command stops quietly."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    script = "import sys; from autoloco_hf.cli import main; sys.exit(main(['plan', '--recipe', 'c4', '--json']))"
+    done = subprocess.run([sys.executable, "-c", script], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 128 + 13 and done.stderr == "", done.stderr

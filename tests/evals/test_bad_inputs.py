@@ -181,3 +181,18 @@ def test_a_trainer_output_dir_evaluates_its_last_checkpoint(tmp_path, capsys, mo
     ]
     record = json.loads((tmp_path / "out" / "trainer_out.json").read_text())
     assert record["model"] == str(output_dir / "checkpoint-10") and record["run"] == "trainer_out"
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["refused", "--approximate-punkt"])
+def test_ifeval_without_punkt_tab_is_refused_before_the_model_loads(allow, tmp_path, capsys, monkeypatch):
+    """No official sentence splitter: one line with the command that installs it, unless the user allows the empty one."""
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no_nltk_data")])  # punkt_tab is nowhere
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    ifeval = str(FIXTURES_DIR / "ifeval.jsonl")
+    argv = [str(model), "--tasks", "ifeval", "--offline", "--ifeval-path", ifeval] + (["--approximate-punkt"] * allow)
+    expected = (
+        ["cannot load it"] if allow else ["punkt_tab", "python -m nltk.downloader punkt_tab", "--approximate-punkt"]
+    )
+    one_line_exit_2(argv, expected, tmp_path, capsys)  # allowed: it goes on to the model, which fails to load

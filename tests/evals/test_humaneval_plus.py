@@ -37,3 +37,26 @@ def test_humaneval_plus_scores_generations(tmp_path):
     assert got["humaneval_plus"] == 0.0
     assert got["humaneval_base"] == pytest.approx(1 / 3)  # plus pass@1 needs the plus tests too
     assert got["per_task"] == {"HumanEval/0": False, "HumanEval/2": False, "HumanEval/13": False}
+
+
+def test_the_copied_prompt_is_evalplus_own():
+    """The one part copied from evalplus (its codegen's default instruct prefixes) still matches evalplus's source.
+
+    The rest is evalplus's own code: ``make_raw_chat_prompt``, the stop strings and ``sanitize``.
+    """
+    import ast
+    import inspect
+
+    import evalplus.codegen
+
+    from autoloco_evals import humaneval_plus
+
+    tree = ast.parse(inspect.getsource(evalplus.codegen.run_codegen))
+    defaults = {}
+    for node in ast.walk(tree):  # the first assignment of each name is the default (the others are EvalPerf's)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    defaults.setdefault(target.id, node.value.value)
+    assert defaults["instruction_prefix"] == humaneval_plus.INSTRUCTION_PREFIX
+    assert defaults["response_prefix"] == humaneval_plus.RESPONSE_PREFIX

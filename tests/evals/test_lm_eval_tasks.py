@@ -5,6 +5,8 @@ one wrong; the metric code (lm-eval's filters and metrics, IFEval's and
 IFBench's checkers) is the real one.
 """
 
+import logging
+
 import pytest
 from evals_scripted import fixture_rows, scripted_model
 
@@ -74,7 +76,7 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(nltk.downloader._downloader, "_url", nltk.downloader._downloader._url)
     monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))
     set_offline()
-    ensure_punkt_tab(tmp_path / "nltk_data", offline=True)
+    ensure_punkt_tab(tmp_path / "nltk_data", approximate=True)
 
 
 @pytest.mark.slow
@@ -109,3 +111,28 @@ def test_lm_eval_console_is_quiet(offline, tmp_path, monkeypatch, capfd, caplog)
     console = capfd.readouterr().err + "".join(r.getMessage() for r in caplog.records)
     assert "not a git repository" not in console
     assert "not of type `str`" not in console
+
+
+def test_lm_eval_warnings_repeated_per_task_are_shown_once(caplog):
+    """A suite calls lm-eval once per task: its per-call warnings reach the console once, other messages always."""
+    import lm_eval.evaluator  # noqa: F401 - its logger, as lm-eval configures it
+    import lm_eval.models.huggingface  # noqa: F401
+
+    from autoloco_evals.lm_eval_tasks import quiet_lm_eval
+
+    messages = {
+        "lm_eval.evaluator": "generation_kwargs: %s specified through cli, these settings will update set parameters",
+        "lm_eval.models.huggingface": "Passed an already-initialized model through `pretrained`, assuming single-process",
+    }
+    with caplog.at_level(logging.DEBUG):
+        for task in ("mmlu_pro", "bbh", "ifeval"):
+            with quiet_lm_eval():
+                logging.getLogger("lm_eval.evaluator").warning(messages["lm_eval.evaluator"], {"max_gen_toks": 256})
+                logging.getLogger("lm_eval.models.huggingface").warning(messages["lm_eval.models.huggingface"])
+            logging.getLogger("lm_eval.evaluator").warning("outside a run: %s", task)
+    said = [(r.name, r.msg) for r in caplog.records]
+    assert said.count(("lm_eval.evaluator", messages["lm_eval.evaluator"])) == 1, said
+    assert said.count(("lm_eval.models.huggingface", messages["lm_eval.models.huggingface"])) == 1, said
+    assert [r.getMessage() for r in caplog.records if r.msg.startswith("outside")] == [
+        f"outside a run: {t}" for t in ("mmlu_pro", "bbh", "ifeval")
+    ]

@@ -414,3 +414,34 @@ def test_a_checkpoint_at_a_boundary_with_the_average_in_flight_holds_theta(tmp_p
     for a, b in zip(model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
     assert stable(callback.engine.records) == stable(first.engine.records)
+
+
+@pytest.mark.parametrize("log_level, printed", [("passive", True), ("warning", False)])
+def test_a_run_says_what_it_will_do_and_what_it_did(tmp_path, caplog, log_level, printed):
+    """A start line (workers, method, rule, H), warnings for h_base > max_steps and for one worker, an end summary."""
+    trainer, callback = make_trainer(
+        tmp_path, DATA, {"method": "autoloco", "h_base": 500}, max_steps=6, logging_steps=1, log_level=log_level
+    )
+    seen: list[dict] = []
+
+    from transformers import TrainerCallback
+
+    class Console(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append(dict(logs or {}))
+
+    trainer.add_callback(Console())
+    with caplog.at_level(logging.DEBUG):
+        trainer.train()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("AutoLoCo: ")]
+    start = (logging.INFO, "AutoLoCo: 1 worker, method autoloco, controller paper, h_base 500, H 6, 6 steps planned")
+    end = (
+        logging.INFO,
+        f"AutoLoCo: 1 sync in 6 steps, nothing sent (1 worker), final H 6; report: autoloco report {tmp_path}",
+    )
+    warnings = [m for level, m in said if level == logging.WARNING]
+    assert [m for m in warnings if "h_base 500 is longer than the run's 6 steps" in m] == warnings[:1], said
+    assert len(warnings) == 2 and "1 worker: nothing is exchanged" in warnings[1], said  # warnings at any log level
+    assert [(level, m) for level, m in said if level == logging.INFO] == ([start, end] if printed else [])
+    assert all("MiB" not in log.get("autoloco", "") for log in seen) and any("autoloco" in log for log in seen)
+    assert callback.engine.totals.syncs == 1

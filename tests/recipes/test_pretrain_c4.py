@@ -107,9 +107,46 @@ def test_reads_gzipped_json_lines_and_parquet_by_content(tmp_path):
     with gzip.open(shard, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "validation.parquet")
-    settings, _ = c4.parse_args(["--train-files", str(shard), "--val-files", str(tmp_path / "validation.parquet")])
+    small = ["--workers", "1", "--steps", "2", "--warmup-steps", "0", "--batch-size", "2"]  # 4 rows last 2 steps
+    settings, _ = c4.parse_args(
+        ["--train-files", str(shard), "--val-files", str(tmp_path / "validation.parquet")] + small
+    )
     for split in ("train", "validation"):
         assert list(c4.texts(c4.worker_dataset(settings, split, 0, 1), "text")) == [r["text"] for r in rows], split
+
+
+def test_data_that_runs_out_is_one_line_before_training(tmp_path, text_files, capsys):
+    """A local file's rows are counted up front: not 8 steps of training, then "the training data ran out"."""
+    c4 = load_recipe("pretrain_c4")
+    train, val = text_files
+    rows = sum(1 for line in open(train) if line.strip())
+    # 2 workers, batch 4: each worker gets rows // 2 rows (one file: every other row), ceil(that / 4) steps
+    lasts = -(-(rows // 2) // 4)
+    argv = ["--train-files", train, "--val-files", val, "--workers", "2", "--batch-size", "4", "--warmup-steps", "0"]
+    assert c4.parse_args(argv + ["--steps", str(lasts)])[0].steps == lasts
+    with pytest.raises(SystemExit) as exc:
+        c4.parse_args(argv + ["--steps", str(lasts + 1)])
+    line = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in line, line
+    assert f"--train-files {train}: the training data runs out at step {lasts + 1} of {lasts + 1}" in line, line
+    assert f"({rows} rows over 2 workers" in line and "lower --steps" in line, line
+
+
+@pytest.mark.parametrize("file_rows, workers", [([7], 3), ([5, 2, 9, 4], 2), ([5, 2, 9], 2), ([3, 3], 1)])
+def test_rows_per_worker_is_what_datasets_gives_each_worker(tmp_path, file_rows, workers):
+    """The up-front count follows ``split_dataset_by_node``: whole files when they divide evenly, else every N-th row."""
+    from datasets.distributed import split_dataset_by_node
+    from recipe_config import rows_per_worker
+
+    c4 = load_recipe("pretrain_c4")
+    files = []
+    for k, n in enumerate(file_rows):
+        files.append(str(tmp_path / f"part{k}.jsonl"))
+        with open(files[-1], "w") as f:
+            f.writelines(json.dumps({"text": f"{k}-{i}"}) + "\n" for i in range(n))
+    stream = c4.load_data_files(files, "--train-files", streaming=True)
+    theirs = [sum(1 for _ in split_dataset_by_node(stream, rank=w, world_size=workers)) for w in range(workers)]
+    assert rows_per_worker(file_rows, workers) == theirs
 
 
 def test_default_model_is_215m():
