@@ -357,7 +357,7 @@ class AutoLoCoConfig:
         for f in dataclasses.fields(self):
             kind, optional = field_types(type(self))[f.name]
             value = getattr(self, f.name)
-            if (value is not None or not optional) and isinstance(kind, type):  # None: a default derived below
+            if (value is not None or not optional) and kind is not Any:  # None: a default derived below
                 setattr(self, f.name, _checked(f.name, value, kind, f.metadata["range"]))
         self._check_scopes()  # before defaults are derived: only what the caller set is refused
         self._resolve_rule()

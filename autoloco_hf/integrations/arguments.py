@@ -110,7 +110,7 @@ def to_config(self: Any, **preset: Any) -> AutoLoCoConfig:
 def _argument_type(name: str) -> type:
     """The field's type on the command line: ``rule_options`` (any of several forms) arrives as text."""
     kind = field_types(AutoLoCoConfig)[name][0]
-    return kind if isinstance(kind, type) else str
+    return str if kind is Any else kind
 
 
 def _build() -> type:
