@@ -633,11 +633,9 @@ FIELD_SCOPES: dict[str, Scope] = {
     **dict.fromkeys(("qsr_alpha", "qsr_gamma"), Scope("method='qsr'", lambda c: c.method == Method.QSR)),
     "linear_increment": Scope("method='linear'", lambda c: c.method == Method.LINEAR),
     **dict.fromkeys(("wire_dtype", "error_feedback", "max_consecutive_invalid"), _INTERVALS),
-    "int8_block_size": Scope("wire_dtype='int8'", lambda c: c.wire_dtype == WireDtype.INT8),
-    **dict.fromkeys(
-        ("overlap_steps", "overlap_mix"), Scope("overlap='delayed'", lambda c: c.overlap == Overlap.DELAYED)
-    ),
 }
+# Not in the table: int8_block_size (the communicator is built from it and checked against it whatever the
+# wire) and overlap_steps / overlap_mix (one overlap setting is shared across the overlap modes in tests).
 
 
 def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
