@@ -71,7 +71,7 @@ class ReferenceClip(ValueEnum):
 
 
 class Controller(ValueEnum):
-    """The horizon rule of ``method="autoloco"`` (docs/algorithm.md §5)."""
+    """The built-in horizon rules of ``method="autoloco"`` (docs/algorithm.md §5); more register by name (§5.7)."""
 
     PAPER = "paper"  # the paper's state machine: probes longer horizons from h_base, reduces on deviations
     DESCENT = "descent"  # starts at h_max and only shortens, following the coherence C_t (docs/algorithm.md §5.6)
@@ -88,13 +88,12 @@ class Overlap(ValueEnum):
 METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
 OVERLAPS = tuple(o.value for o in Overlap)
-CONTROLLERS = tuple(c.value for c in Controller)
 
 # Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4). Budgets are what the
 # `plan` command previews; training code reads the budget from the trainer.
 RECIPES: dict[str, dict[str, Any]] = {
-    "c4": dict(h_base=500, q_h=50, h_max=750, normalize_pseudo_grad=False),
-    "sft": dict(h_base=100, q_h=10, h_max=150, normalize_pseudo_grad=True),
+    "c4": dict(h_base=500),  # q_h 50 and h_max 750 (paper rule) are the defaults
+    "sft": dict(h_base=100, normalize_pseudo_grad=True),
 }
 RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
     "c4": dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine"),
@@ -137,6 +136,9 @@ POSITIVE = Range(0.0, low_open=True)
 ABOVE_ONE = Range(1.0, low_open=True)
 AT_LEAST_ONE = Range(1.0)
 FRACTION = Range(0.0, 1.0, high_open=True)  # a momentum, an EMA factor, a mixing weight
+
+
+_DERIVED = ("q_h", "h_min", "h_max", "outer_momentum")  # None: derived from the other fields
 
 
 def option(default: Any, help: str, within: Range | None = None) -> Any:
@@ -230,108 +232,28 @@ class AutoLoCoConfig:
         """For `autoloco`, run the horizon controller; off keeps `h_base` (with the three outer-step switches
         off too this is DiLoCo, docs/algorithm.md §4).""",
     )
-    controller: Controller = option(
+    controller: str = option(
         Controller.PAPER,
-        """Horizon rule: `paper` (the paper's state machine, docs/algorithm.md §5.3) or `descent` (start at
-        `h_max`, shorten as the coherence falls, never lengthen but to undo a fault; docs/algorithm.md §5.6).""",
+        """Horizon rule, by its registered name: `paper` (the paper's state machine, docs/algorithm.md §5.3),
+        `descent` (start at `h_max`, shorten as the coherence falls; docs/algorithm.md §5.6), or a rule
+        registered by `rule_module` (docs/algorithm.md §5.7).""",
     )
-    descent_smoothing: float = option(
-        0.5,
-        "EMA factor of `log C_t` in the `descent` rule: 0 follows each interval (docs/algorithm.md §5.6).",
-        FRACTION,
-    )
-    descent_gain: float = option(
-        1.0,
-        """Exponent `k` of the coherence ratio in the `descent` rule, `H = h_max (C / C_ref)^k`: below 1 the
-        horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
-        POSITIVE,
-    )
-    descent_drift_guard: bool = option(
-        False,
-        """`descent` rule: each worker also measures its displacement after the interval's first `h_ref` steps
-        (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
-        fall below the anchor's halves the horizon, the guard against a horizon that blows up
-        (docs/algorithm.md §5.6).""",
-    )
-    descent_start_probe: float | None = option(
+    rule_options: Any = option(
         None,
-        """`descent` rule: the run's first interval, if longer than `2 h_ref`, is probed on the way. Every
-        worker measures its displacement at `1.5 h_ref` and `2 h_ref` steps; one small all-reduce of those
-        squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
-        where a long start is cheap, 1.66-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
-        becomes `2 h_base`: a start too long for the run is caught before its first sync (docs/algorithm.md
-        §5.6). Unset: no probe, no extra collective.""",
-        Range(0.0, 2.0, low_open=True),
+        """Options of the chosen horizon rule: a dict, `name=value,...` text, JSON, or the rule's options
+        dataclass (e.g. `gain=0.9,start_probe=1.85` for `descent`); unset: the rule's defaults. Checked
+        against the rule's options dataclass; after construction it is that dataclass (docs/algorithm.md §5.7).""",
+    )
+    rule_module: str | None = option(
+        None,
+        """Python module imported before the rule is looked up, so that its `@register_rule` classes can be
+        named in `controller` (a rule written outside the package, docs/algorithm.md §5.7).""",
     )
     warmup_steps: int | None = option(
         None,
         """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).
         The integrations read it from the trainer when unset.""",
         NON_NEGATIVE,
-    )
-    calibration_delay_steps: int = option(
-        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md §5.3.1).", NON_NEGATIVE
-    )
-    calibration_intervals: int = option(
-        2, "Intervals that set the reference levels at the start (docs/algorithm.md §5.3.2).", COUNT
-    )
-    recalibration_intervals: int = option(
-        1, "Calibration intervals after a reduction, adoption or return (docs/algorithm.md §5.3.2).", COUNT
-    )
-    variability_intervals: int = option(
-        3, "Intervals that fill the residual history after calibration (docs/algorithm.md §5.3.3).", NON_NEGATIVE
-    )
-    monitoring_holdoff: int = option(
-        1,
-        "Monitored intervals consistent with the reference before an increase may be proposed (docs/algorithm.md §5.3.4).",
-        COUNT,
-    )
-    ref_ema_alpha: float = option(
-        0.2,
-        "Log-space EMA factor of the reference levels *[reconstruction]* (docs/algorithm.md §5.1).",
-        Range(0.0, 1.0),
-    )
-    history_size: int = option(16, "Residuals kept per family (docs/algorithm.md §5.1).", COUNT)
-    sigma_floor: float = option(
-        0.10, "Floor of the robust residual scale *[reconstruction]* (docs/algorithm.md §5.1).", POSITIVE
-    )
-    k_moderate: float = option(
-        2.0, "Adverse-score threshold of a moderate deviation (docs/algorithm.md §5.2).", POSITIVE
-    )
-    k_severe: float = option(
-        4.0, "Adverse-score threshold of a severe deviation, >= k_moderate (docs/algorithm.md §5.2).", POSITIVE
-    )
-    min_history: int = option(
-        3,
-        "Residuals needed before moderate and severe can be assessed, <= history_size (docs/algorithm.md §5.2).",
-        COUNT,
-    )
-    candidate_max_intervals: int = option(
-        2, "Intervals a candidate may run while consistent before it is adopted (docs/algorithm.md §5.3.6).", COUNT
-    )
-    moderate_confirmations: int = option(
-        2, "Consecutive moderate deviations that trigger a reduction (docs/algorithm.md §5.3.4).", COUNT
-    )
-    reduce_moderate: float = option(
-        1.2, "Reduction factor after moderate deviations (docs/algorithm.md §5.3.4).", ABOVE_ONE
-    )
-    reduce_severe: float = option(
-        1.5, "Reduction factor after a severe deviation (docs/algorithm.md §5.3.7).", ABOVE_ONE
-    )
-    gamma_inc: float = option(
-        1.15, "Candidate LR-mass budget relative to the accepted horizon (docs/algorithm.md §5.3.5).", AT_LEAST_ONE
-    )
-    rejected_bound_release: float = option(
-        0.90,
-        """A rejected bound retires when its LR-mass preview falls to this fraction of the LR mass observed at
-        its creation (docs/algorithm.md §5.3.5).""",
-        Range(0.0, 1.0, low_open=True),
-    )
-    rejected_bound_max_age: int = option(20, "... or after this many intervals (docs/algorithm.md §5.3.5).", COUNT)
-    increase_requires_support: bool = option(
-        False,
-        """docs/algorithm.md §5.3.4 proposes an increase after a supporting *or* consistent monitored interval; True proposes only
-        after a supporting one.""",
     )
 
     # ------------------------------------------------------------ token mapping (docs/algorithm.md §3)
@@ -344,36 +266,6 @@ class AutoLoCoConfig:
         3, "Recipe-horizon intervals whose global token counts give `M_base`.", COUNT
     )
     token_ema_beta: float = option(0.9, "EMA factor of the tokens-per-step estimate.", FRACTION)
-
-    # ------------------------------------------------------------ controller options beyond the paper (opt-in)
-    reference_clip: ReferenceClip = option(
-        ReferenceClip.CENTRE,
-        """Reference EMA update (docs/algorithm.md §5.1): `centre` moves the reference by `ref_ema_alpha * (c + clip(r - c,
-        +-k_moderate * sigma))`, `c` the robust centre of the residual history (0 while it holds fewer than
-        `min_history` residuals), so the reference follows drift of any speed; `zero` is the literal rule
-        `ref_ema_alpha * clip(r, ...)`, which follows at most `ref_ema_alpha * k_moderate * sigma` per interval
-        and reads faster drift as deviations.""",
-    )
-    rejected_bound_min_age: int = option(
-        0,
-        """A rejected bound retires on LR-mass decay (`rejected_bound_release`) only once it is at least this
-        many intervals old, so a sharp blow-up is probed at most once per this many intervals; 0 is the spec's
-        rule. `rejected_bound_max_age` still retires it.""",
-        NON_NEGATIVE,
-    )
-    cumulative_check: bool = option(
-        False,
-        """At each adoption, add the candidate's standardized scores to a ladder of adopted horizons (reset by
-        a reduction) and compare the new horizon with every lower rung: if `max(sum z_D, -sum z_C) >
-        k_moderate` summed over the adoptions since some rung, return to that rung and make the candidate the
-        rejected bound. Catches a slow blow-up that each one-step comparison reads as consistent.""",
-    )
-    candidate_max_quanta: int = option(
-        0,
-        """A candidate lies at most this many `q_h` above the accepted horizon (0: no cap, the spec's rule), so
-        a budget that admits `h_max` late in training climbs step by step.""",
-        NON_NEGATIVE,
-    )
 
     # ------------------------------------------------------------ interval baselines (docs/algorithm.md §6)
     qsr_alpha: float | None = option(None, "QSR's `alpha`; default `sqrt(h_base) * eta_peak`.", POSITIVE)
@@ -465,27 +357,73 @@ class AutoLoCoConfig:
         for f in dataclasses.fields(self):
             kind, optional = field_types(type(self))[f.name]
             value = getattr(self, f.name)
-            if value is not None or not optional:  # None: a default derived below
+            if (value is not None or not optional) and kind is not Any:  # None: a default derived below
                 setattr(self, f.name, _checked(f.name, value, kind, f.metadata["range"]))
+        self._check_scopes()  # before defaults are derived: only what the caller set is refused
+        self._resolve_rule()
         self._derive_defaults()
         self._check_horizon_domain()
         self._check_outer_step()
-        self._check_controller()
         self._check_communication()
         self._check_overlap()
         self._check_fragments()
+        if self.runs_horizon_rule:
+            self.rule.check_config(self)
+
+    def _check_scopes(self) -> None:
+        """Refuse a field set away from its default where it does nothing (:data:`FIELD_SCOPES`).
+
+        A derived field's default is what it would derive (``to_dict`` -> ``from_dict`` round-trips).
+        """
+        for f in dataclasses.fields(self):
+            scope = FIELD_SCOPES.get(f.name)
+            if scope is not None and not scope.applies(self) and not self._is_default(f):
+                value = getattr(self, f.name)
+                _fail(f.name, value, f"it only applies with {scope.where}: remove it (here method={self.method})")
+
+    def _is_default(self, f: dataclasses.Field) -> bool:
+        """Whether field ``f`` holds its default: unset, the declared one, the derived one, or the rule's defaults."""
+        value = getattr(self, f.name)
+        if value is None or value == f.default:
+            return True
+        if f.name in _DERIVED:
+            return value == self._derived_default(f.name)
+        if f.name == "rule_options":
+            from autoloco_hf.algorithm.rules import rule_options
+
+            try:
+                return rule_options(str(self.controller), value) == self.rule.Options()
+            except ConfigError:
+                return False
+        return False
+
+    def _resolve_rule(self) -> None:
+        """``controller`` as a registered rule (after importing ``rule_module``), ``rule_options`` as its Options."""
+        from autoloco_hf.algorithm import rules  # registers the built-in rules; imports the config module
+
+        rules.import_rule_module(self.rule_module)
+        name = str(self.controller)
+        self.controller = Controller(name) if name in {c.value for c in Controller} else name
+        self.rule_options = rules.rule_options(self.controller, self.rule_options)
 
     # -- defaults that depend on other fields, then the rules that relate fields ---------------------
+    def _derived_default(self, name: str) -> Any:
+        """The value an unset (``None``) field of :data:`_DERIVED` takes, from the other fields (docs/algorithm.md §1, 4)."""
+        if name == "q_h":  # h_base / 10, or the largest divisor of h_base below it
+            return next(q for q in range(max(1, self.h_base // 10), 0, -1) if self.h_base % q == 0)
+        if name == "h_min":
+            return self.h_base
+        if name == "h_max":
+            q_h = self.q_h if self.q_h is not None else self._derived_default("q_h")
+            factor = self.rule.h_max_factor if self.method == Method.AUTOLOCO else 1.5
+            return max(self.h_base, (int(factor * self.h_base) // q_h) * q_h)
+        assert name == "outer_momentum"
+        return 0.9 if self.method == Method.DILOCO else 0.7
+
     def _derive_defaults(self) -> None:
-        if self.q_h is None:  # h_base / 10, or the largest divisor of h_base below it
-            self.q_h = next(q for q in range(max(1, self.h_base // 10), 0, -1) if self.h_base % q == 0)
-        if self.h_min is None:
-            self.h_min = self.h_base
-        if self.h_max is None:
-            factor = 4 if self.controller == Controller.DESCENT else 1.5
-            self.h_max = max(self.h_base, (int(factor * self.h_base) // self.q_h) * self.q_h)
-        if self.outer_momentum is None:
-            self.outer_momentum = 0.9 if self.method == Method.DILOCO else 0.7
+        for name in _DERIVED:
+            if getattr(self, name) is None:
+                setattr(self, name, self._derived_default(name))
 
     def _check_horizon_domain(self) -> None:
         if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
@@ -508,12 +446,6 @@ class AutoLoCoConfig:
                 self.outer_momentum,
                 f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{self.mu_min}, {self.mu_max}] (docs/algorithm.md §4)",
             )
-
-    def _check_controller(self) -> None:
-        if self.k_severe < self.k_moderate:
-            _fail("k_severe", self.k_severe, f"it must be >= k_moderate={self.k_moderate}")
-        if self.min_history > self.history_size:
-            _fail("min_history", self.min_history, f"it must not exceed history_size={self.history_size}")
 
     def _check_communication(self) -> None:
         if self.error_feedback and self.wire_dtype == WireDtype.FP32:
@@ -543,20 +475,6 @@ class AutoLoCoConfig:
             )
         if self.error_feedback:
             _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
-        if self.probes_start:
-            _fail(
-                "descent_start_probe",
-                self.descent_start_probe,
-                f"the probe ends an interval early, which overlap={self.overlap} cannot follow: use overlap='none' "
-                "or unset descent_start_probe",
-            )
-        if self.overlap == Overlap.EAGER and self.measures_anchor_drift:
-            _fail(
-                "overlap",
-                self.overlap,
-                "the eager overlap's workers start from their own points, so the drift guard's anchor would not be "
-                "the interval's displacement: use overlap='delayed' or descent_drift_guard=False",
-            )
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
                 "overlap_steps",
@@ -572,11 +490,6 @@ class AutoLoCoConfig:
         if not self.is_interval_method:
             _fail("fragments", self.fragments, "DDP averages gradients every step: use fragments=1")
         refusals = {
-            "descent_start_probe": (
-                self.probes_start,
-                "the probe ends an interval early, which the fragments' schedule cannot follow: use fragments=1 "
-                "or unset descent_start_probe",
-            ),
             "overlap": (
                 self.overlap == Overlap.EAGER,
                 "eager overlap does not combine with fragments > 1: use overlap='delayed'",
@@ -607,19 +520,16 @@ class AutoLoCoConfig:
         return self.overlap_steps if self.overlap == Overlap.DELAYED else 0
 
     @property
-    def runs_descent_rule(self) -> bool:
-        """Whether the horizon follows the descent rule (docs/algorithm.md §5.6): its options apply only then."""
-        return self.method == Method.AUTOLOCO and self.adaptive_horizon and self.controller == Controller.DESCENT
+    def runs_horizon_rule(self) -> bool:
+        """Whether a horizon rule chooses the intervals: only then do ``controller`` and ``rule_options`` apply."""
+        return self.method == Method.AUTOLOCO and self.adaptive_horizon
 
     @property
-    def measures_anchor_drift(self) -> bool:
-        """Whether the engine measures each interval's drift after its first `h_ref` steps (docs/algorithm.md §5.6)."""
-        return self.runs_descent_rule and self.descent_drift_guard
+    def rule(self) -> Any:
+        """The registered class of ``controller`` (a :class:`~autoloco_hf.algorithm.rules.HorizonRule`)."""
+        from autoloco_hf.algorithm.rules import get_rule
 
-    @property
-    def probes_start(self) -> bool:
-        """Whether the descent rule probes the run's first interval on the way (docs/algorithm.md §5.6)."""
-        return self.runs_descent_rule and self.descent_start_probe is not None
+        return get_rule(self.controller)
 
     @property
     def is_interval_method(self) -> bool:
@@ -651,9 +561,9 @@ class AutoLoCoConfig:
         """Config preset of the paper's `c4` or `sft` recipe, with overrides."""
         if recipe not in RECIPES:
             raise ConfigError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
-        preset = dict(RECIPES[recipe])
-        if overrides.get("controller") == Controller.DESCENT and "h_max" not in overrides:
-            preset.pop("h_max")  # the paper's 1.5 h_base bound: the descent rule starts at its own default
+        # a preset field that does nothing under the chosen method is left out, not refused
+        method = cls(**{k: overrides[k] for k in ("method",) if k in overrides})
+        preset = {k: v for k, v in RECIPES[recipe].items() if k not in FIELD_SCOPES or FIELD_SCOPES[k].applies(method)}
         return cls(**{**preset, **overrides})
 
     @classmethod
@@ -688,6 +598,65 @@ class AutoLoCoConfig:
                 f"{suggest(name, field_types(cls))}{others}"
             )
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a field does something: ``applies(config)``, in words ``where`` (for the refusal)."""
+
+    where: str
+    applies: typing.Callable[[AutoLoCoConfig], bool]
+
+
+_AUTOLOCO = Scope("method='autoloco'", lambda c: c.method == Method.AUTOLOCO)
+_NESTEROV = Scope(
+    "method='diloco' or 'autoloco' (QSR and Linear average models, DDP has no outer step)",
+    lambda c: c.uses_nesterov_outer,
+)
+_RULE = Scope("method='autoloco' and adaptive_horizon=True (a horizon rule runs)", lambda c: c.runs_horizon_rule)
+_INTERVALS = Scope("an interval method (method='ddp' averages gradients every step)", lambda c: c.is_interval_method)
+
+# THE table of fields that do nothing outside some methods or settings: set away from the default there,
+# they are refused at construction, naming where they apply. Defaults pass (a field set to its default is
+# indistinguishable from one left unset). Rule options need no entry: each rule's Options holds only its own.
+FIELD_SCOPES: dict[str, Scope] = {
+    # q_h, h_min and h_max stay unchecked: every method validates them as one horizon domain (tests and
+    # benchmarks share one domain across methods), though only AutoLoCo's policy reads them
+    "adaptive_horizon": _AUTOLOCO,
+    **dict.fromkeys(("map_tokens", "token_calibration_intervals", "token_ema_beta"), _AUTOLOCO),
+    # the outer correction (docs/algorithm.md §4) runs for AutoLoCo only
+    **dict.fromkeys(
+        ("mu_min", "mu_max", "kappa_max", "adjust_momentum", "scale_outer_lr", "normalize_pseudo_grad"), _AUTOLOCO
+    ),
+    **dict.fromkeys(("outer_lr", "outer_momentum"), _NESTEROV),
+    **dict.fromkeys(("controller", "rule_options", "rule_module"), _RULE),
+    **dict.fromkeys(("qsr_alpha", "qsr_gamma"), Scope("method='qsr'", lambda c: c.method == Method.QSR)),
+    "linear_increment": Scope("method='linear'", lambda c: c.method == Method.LINEAR),
+    **dict.fromkeys(("wire_dtype", "error_feedback", "max_consecutive_invalid"), _INTERVALS),
+}
+# Not in the table: int8_block_size (the communicator is built from it and checked against it whatever the
+# wire) and overlap_steps / overlap_mix (one overlap setting is shared across the overlap modes in tests).
+
+
+def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the old flat spellings of rule options moved into ``rule_options``.
+
+    Before rules were plug-ins their options were config fields: ``descent_gain=0.9`` (the descent rule's
+    ``gain``), ``k_severe=5`` (the paper rule's). The benchmarks' ``NAME:field=value`` specs and committed
+    commands still use them; this is their one translation (docs/algorithm.md §5.7).
+    """
+    from autoloco_hf.algorithm.rules import get_rule
+
+    controller = str(values.get("controller", Controller.PAPER))
+    options = {f.name for f in dataclasses.fields(get_rule(controller).Options)}
+    nested, rest = dict(values.get("rule_options") or {}), {}
+    for key, value in values.items():
+        option = key.removeprefix(f"{controller}_")
+        if key not in field_types(AutoLoCoConfig) and option in options:
+            nested[option] = value
+        else:
+            rest[key] = value
+    return {**rest, "rule_options": nested} if nested else rest
 
 
 def suggest(name: str, known: typing.Iterable[str]) -> str:

@@ -37,19 +37,19 @@ from autoloco_hf.config import RECIPES  # noqa: E402
 
 COLUMNS: dict[str, dict[str, Any]] = {
     "default": {},
-    "zero": dict(reference_clip="zero"),
-    "min_age": dict(rejected_bound_min_age=20),
-    "cumulative": dict(cumulative_check=True),
-    "cap": dict(candidate_max_quanta=1),
+    "zero": dict(rule_options={"reference_clip": "zero"}),
+    "min_age": dict(rule_options={"rejected_bound_min_age": 20}),
+    "cumulative": dict(rule_options={"cumulative_check": True}),
+    "cap": dict(rule_options={"candidate_max_quanta": 1}),
     "descent": dict(controller="descent"),
-    "descent_guard": dict(controller="descent", descent_drift_guard=True),
-    "descent_guard_k0.9": dict(controller="descent", descent_drift_guard=True, descent_gain=0.9),
+    "descent_guard": dict(controller="descent", rule_options={"drift_guard": True}),
+    "descent_guard_k0.9": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}),
     # from 2 h_base (the SFT recipe's h_base is 100)
-    "descent_guard_k0.9_hmax2": dict(controller="descent", descent_drift_guard=True, descent_gain=0.9, h_max=200),
-    "descent_guard_k0.5_hmax2": dict(controller="descent", descent_drift_guard=True, descent_gain=0.5, h_max=200),
-    "descent_k0.9_probe": dict(controller="descent", descent_gain=0.9, descent_start_probe=1.85),
+    "descent_guard_k0.9_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}, h_max=200),
+    "descent_guard_k0.5_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.5}, h_max=200),
+    "descent_k0.9_probe": dict(controller="descent", rule_options={"gain": 0.9, "start_probe": 1.85}),
     "descent_guard_k0.9_probe": dict(
-        controller="descent", descent_drift_guard=True, descent_gain=0.9, descent_start_probe=1.85
+        controller="descent", rule_options={"drift_guard": True, "gain": 0.9, "start_probe": 1.85}
     ),
 }
 TITLES = {

@@ -388,6 +388,14 @@ def lowest_mean_val(cells: dict[str, dict[int, Result]], names: Iterable[str], s
     return min(names, key=lambda n: statistics.fmean(cells[n][s].val for s in seeds), default=None)
 
 
+def start_probe_threshold(config: dict[str, Any]) -> float:
+    """The descent rule's start-probe threshold of a run's config: nested (``rule_options``) or, in runs
+    committed before rules were plug-ins, the flat ``descent_start_probe``."""
+    if "descent_start_probe" in config:
+        return config["descent_start_probe"]
+    return config["rule_options"]["start_probe"]
+
+
 def start_probes(cells: dict[str, dict[int, Result]]) -> list[str]:
     """Per seed, the first interval's drift exponent of each variant with the start probe, and whether it cut."""
     probed = {name: runs for name, runs in cells.items() if any(r.start_probe is not None for r in runs.values())}
@@ -395,7 +403,7 @@ def start_probes(cells: dict[str, dict[int, Result]]) -> list[str]:
         return []
     seeds = sorted({s for runs in probed.values() for s in runs})
     rows = [
-        [name, f"{next(iter(runs.values())).config['descent_start_probe']:g}"]
+        [name, f"{start_probe_threshold(next(iter(runs.values())).config):g}"]
         + [f"{runs[s].start_probe:.3f}{' cut' if runs[s].start_cut else ''}" if s in runs else "-" for s in seeds]
         for name, runs in probed.items()
     ]

@@ -19,19 +19,20 @@ def test_spec_defaults() -> None:
     assert (c.outer_lr, c.outer_momentum, c.mu_min, c.mu_max, c.kappa_max, c.eps) == (0.7, 0.7, 0.5, 0.9, 1.5, 1e-8)
     assert (c.adjust_momentum, c.scale_outer_lr, c.normalize_pseudo_grad) == (True, True, False)
     assert (c.token_calibration_intervals, c.token_ema_beta) == (3, 0.9)
-    assert c.calibration_delay_steps == 0
-    assert (c.calibration_intervals, c.recalibration_intervals, c.variability_intervals, c.monitoring_holdoff) == (
+    o = c.rule_options  # the paper rule's
+    assert o.calibration_delay_steps == 0
+    assert (o.calibration_intervals, o.recalibration_intervals, o.variability_intervals, o.monitoring_holdoff) == (
         2,
         1,
         3,
         1,
     )
-    assert (c.ref_ema_alpha, c.history_size, c.sigma_floor) == (0.2, 16, 0.10)
-    assert (c.k_moderate, c.k_severe, c.moderate_confirmations) == (2.0, 4.0, 2)
-    assert (c.min_history, c.candidate_max_intervals) == (3, 2)
-    assert (c.reduce_moderate, c.reduce_severe, c.gamma_inc) == (1.2, 1.5, 1.15)
-    assert (c.rejected_bound_release, c.rejected_bound_max_age) == (0.90, 20)
-    assert c.increase_requires_support is False
+    assert (o.ref_ema_alpha, o.history_size, o.sigma_floor) == (0.2, 16, 0.10)
+    assert (o.k_moderate, o.k_severe, o.moderate_confirmations) == (2.0, 4.0, 2)
+    assert (o.min_history, o.candidate_max_intervals) == (3, 2)
+    assert (o.reduce_moderate, o.reduce_severe, o.gamma_inc) == (1.2, 1.5, 1.15)
+    assert (o.rejected_bound_release, o.rejected_bound_max_age) == (0.90, 20)
+    assert o.increase_requires_support is False
     assert (c.qsr_alpha, c.qsr_gamma, c.linear_increment) == (None, 2.0, 10)
     assert (c.wire_dtype, c.int8_block_size) == ("fp32", 4096)
 
@@ -82,7 +83,9 @@ def test_explicit_horizon_fields_are_kept() -> None:
 def test_outer_momentum_default_depends_on_method(method: str, momentum: float) -> None:
     """docs/algorithm.md §4, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base 0.7."""
     assert AutoLoCoConfig(method=method).outer_momentum == momentum
-    assert AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7  # the fair comparator
+    assert (
+        AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7
+    )  # the fair comparator, or the default
 
 
 @pytest.mark.parametrize(
@@ -113,10 +116,34 @@ def test_outer_momentum_default_depends_on_method(method: str, momentum: float) 
         ("token_ema_beta", 1.0),
         ("warmup_steps", -1),
         ("warmup_steps", 1.5),
-        ("calibration_delay_steps", -1),
-        ("calibration_intervals", 0),
-        ("recalibration_intervals", 0),
-        ("variability_intervals", -1),
+        ("qsr_alpha", 0.0),
+        ("qsr_gamma", -2.0),
+        ("linear_increment", 0),
+        ("wire_dtype", "fp16"),
+        ("int8_block_size", 0),
+        ("bucket_size_mb", 0),
+        ("ranks_per_worker", 0),
+        ("ranks_per_worker", True),
+        ("sync_timeout_s", 0),
+        ("sync_timeout_s", math.inf),
+        ("sync_timeout_s", "60"),
+        ("max_consecutive_invalid", 0),
+        ("max_consecutive_invalid", 2.0),
+        ("eps", 2.0),
+        ("overlap", "sometimes"),
+        ("overlap_steps", -1),
+        ("overlap_mix", 1.0),
+    ],
+)
+def test_invalid_field_is_named(field: str, value: object) -> None:
+    """Every field is validated when the config is built; the error names the field."""
+    with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
+        AutoLoCoConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
         ("monitoring_holdoff", 0),
         ("ref_ema_alpha", 1.5),
         ("history_size", 0),
@@ -133,33 +160,23 @@ def test_outer_momentum_default_depends_on_method(method: str, momentum: float) 
         ("rejected_bound_release", 0.0),
         ("rejected_bound_release", 1.01),
         ("rejected_bound_max_age", 0),
-        ("qsr_alpha", 0.0),
-        ("qsr_gamma", -2.0),
-        ("linear_increment", 0),
-        ("wire_dtype", "fp16"),
-        ("int8_block_size", 0),
-        ("bucket_size_mb", 0),
-        ("ranks_per_worker", 0),
-        ("ranks_per_worker", True),
-        ("sync_timeout_s", 0),
-        ("sync_timeout_s", math.inf),
-        ("sync_timeout_s", "60"),
-        ("max_consecutive_invalid", 0),
-        ("max_consecutive_invalid", 2.0),
-        ("k_severe", "5"),
-        ("eps", 2.0),
+        ("k_severe", "five"),
         ("reference_clip", "middle"),
         ("rejected_bound_min_age", -1),
         ("candidate_max_quanta", -1),
-        ("overlap", "sometimes"),
-        ("overlap_steps", -1),
-        ("overlap_mix", 1.0),
+        ("calibration_delay_steps", -1),
+        ("calibration_intervals", 0),
+        ("recalibration_intervals", 0),
+        ("variability_intervals", -1),
+        ("increase_requires_support", 1),
+        ("cumulative_check", None),
+        ("cumulative_check", "yes"),
     ],
 )
-def test_invalid_field_is_named(field: str, value: object) -> None:
-    """Every field is validated when the config is built; the error names the field."""
-    with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
-        AutoLoCoConfig(**{field: value})
+def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) -> None:
+    """The paper rule's options are validated against PaperOptions' types and ranges: the error names both."""
+    with pytest.raises(ConfigError, match=rf"^rule_options\['{option}'\]=.* of rule 'paper' is invalid: "):
+        AutoLoCoConfig(rule_options={option: value})
 
 
 @pytest.mark.parametrize(
@@ -168,8 +185,8 @@ def test_invalid_field_is_named(field: str, value: object) -> None:
         (dict(h_base=500, h_min=600), "h_min"),
         (dict(h_base=500, h_max=400), "h_max"),
         (dict(mu_min=0.8, mu_max=0.6), "mu_min"),
-        (dict(k_moderate=3.0, k_severe=2.0), "k_severe"),
-        (dict(history_size=3, min_history=4), "min_history"),
+        (dict(rule_options={"k_moderate": 3.0, "k_severe": 2.0}), "k_severe"),
+        (dict(rule_options={"history_size": 3, "min_history": 4}), "min_history"),
         (dict(outer_momentum=0.95), "outer_momentum"),  # AutoLoCo's mu_base must lie in [mu_min, mu_max]
         (dict(outer_momentum=0.3), "outer_momentum"),
         (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
@@ -191,10 +208,8 @@ def test_inconsistent_fields_are_named(kwargs: dict, named: str) -> None:
         "normalize_pseudo_grad",
         "adaptive_horizon",
         "map_tokens",
-        "increase_requires_support",
         "error_feedback",
         "outer_on_cpu",
-        "cumulative_check",
         "hierarchical_sync",
     ],
 )
@@ -214,7 +229,10 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
         (dict(eps=2.0), "AutoLoCoConfig.eps=2.0 is invalid: it must be in (0.0, 1.0]"),
         (dict(q_h=2.5), "AutoLoCoConfig.q_h=2.5 is invalid: pass an integer"),
         (dict(outer_lr=math.nan), "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
-        (dict(cumulative_check="yes"), "AutoLoCoConfig.cumulative_check='yes' is invalid: pass True or False"),
+        (
+            dict(rule_options={"cumulative_check": "yes"}),
+            "rule_options['cumulative_check']='yes' of rule 'paper' is invalid: pass true or false",
+        ),
         (dict(wire_dtype="fp16"), "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8"),
         (dict(overlap="x"), "AutoLoCoConfig.overlap='x' is invalid: use one of none, delayed, eager"),
     ],
@@ -236,8 +254,8 @@ def test_every_field_has_help_and_every_number_a_range() -> None:
 
 
 def test_enum_fields_become_enums() -> None:
-    c = AutoLoCoConfig(method="diloco", wire_dtype="int8", reference_clip="zero", overlap="eager")
-    assert (type(c.method), type(c.wire_dtype), type(c.reference_clip), type(c.overlap)) == (
+    c = AutoLoCoConfig(wire_dtype="int8", rule_options={"reference_clip": "zero"}, overlap="eager")
+    assert (type(c.method), type(c.wire_dtype), type(c.rule_options.reference_clip), type(c.overlap)) == (
         Method,
         WireDtype,
         ReferenceClip,
@@ -266,16 +284,18 @@ def test_boundary_values_are_accepted() -> None:
         mu_min=0.6,
         mu_max=0.6,
         kappa_max=1.0,
-        k_moderate=3.0,
-        k_severe=3.0,
-        gamma_inc=1.0,
-        rejected_bound_release=1.0,
-        ref_ema_alpha=0.0,
-        variability_intervals=0,
+        rule_options={
+            "k_moderate": 3.0,
+            "k_severe": 3.0,
+            "gamma_inc": 1.0,
+            "rejected_bound_release": 1.0,
+            "ref_ema_alpha": 0.0,
+            "variability_intervals": 0,
+            "history_size": 1,
+            "min_history": 1,
+            "candidate_max_intervals": 1,
+        },
         warmup_steps=0,
-        history_size=1,
-        min_history=1,
-        candidate_max_intervals=1,
     )
     assert c.h_max == 500
 
@@ -299,8 +319,8 @@ def test_from_dict_rejects_unknown_fields() -> None:
 
 
 def test_from_dict_validates() -> None:
-    with pytest.raises(ConfigError, match=r"AutoLoCoConfig\.k_severe="):
-        AutoLoCoConfig.from_dict({"k_severe": 1.0})
+    with pytest.raises(ConfigError, match=r"rule_options\['k_severe'\]=1.0 of rule 'paper'"):
+        AutoLoCoConfig.from_dict({"rule_options": {"k_severe": 1.0}})
 
 
 # ------------------------------------------------------------------ presets
@@ -316,8 +336,10 @@ def test_recipes() -> None:
 
 
 def test_recipe_overrides() -> None:
-    c = AutoLoCoConfig.for_recipe("c4", method="diloco", h_max=600)
-    assert (c.method, c.h_max, c.outer_momentum, c.h_base) == ("diloco", 600, 0.9, 500)
+    c = AutoLoCoConfig.for_recipe("c4", method="diloco")
+    assert (c.method, c.outer_momentum, c.h_base) == ("diloco", 0.9, 500)
+    assert not AutoLoCoConfig.for_recipe("sft", method="diloco").normalize_pseudo_grad  # AutoLoCo's switch: left out
+    assert AutoLoCoConfig.for_recipe("c4", h_max=600).h_max == 600
     with pytest.raises(ConfigError, match=r"h_max=90 is invalid: it must be at least h_base=100"):
         AutoLoCoConfig.for_recipe("sft", h_max=90)
 

@@ -1,37 +1,17 @@
-"""The AutoLoCo horizon controller: a serializable state machine (docs/algorithm.md §5).
+"""What every horizon rule reads and writes: phases, assessments, decisions, observations (docs/algorithm.md §5).
 
-Plain numbers in, a decision out. After every interval the controller sees the
-interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
-chooses the next token-equivalent horizon. Phases (docs/algorithm.md §5.3): warm-up ->
-calibration -> variability -> monitoring <-> candidate, with reductions and
-recalibrations on deviations.
-
-Example (an always-supporting stream climbs one ``q_H`` at a time)::
-
-    >>> from autoloco_hf.config import AutoLoCoConfig, ValueEnum
-    >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24), warmup_steps=0)
-    >>> step, trace = 0, []
-    >>> for _ in range(12):
-    ...     h = ctl.h_tok
-    ...     obs = IntervalObservation(h_tok=h, start_step=step, end_step=step + h,
-    ...                               drift_energy=1.0, coherence=2.0, lr_mass=1.0)
-    ...     step += h
-    ...     trace.append(h)
-    ...     _ = ctl.observe(obs, preview=lambda h_tok: float(h_tok))
-    >>> trace
-    [20, 20, 20, 20, 20, 20, 22, 22, 22, 22, 22, 24]
+The rules themselves live in :mod:`autoloco_hf.algorithm.rules` (the paper's
+state machine, the descent rule, and any registered from outside the package);
+this module holds the vocabulary they share with the policies, the engine's
+records and the loggers.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from autoloco_hf.algorithm.stats import log_normalized_drift
-from autoloco_hf.config import AutoLoCoConfig, ReferenceClip, ValueEnum
+from autoloco_hf.config import ValueEnum
 
 
 class Phase(ValueEnum):
@@ -58,10 +38,13 @@ class Assessment(ValueEnum):
     NO_DECISION = "no_decision"
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
-    BENT = (
-        "bent"  # the descent rule's start probe ended it at 2 h_ref: the workers' paths bent (docs/algorithm.md §5.6)
-    )
+    BENT = "bent"  # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md §5.6)
     STALE = "stale"  # eager overlap: ran a horizon the controller has since replaced; not fed to it (docs/algorithm.md §11.3)
+
+    @property
+    def code(self) -> float:
+        """Numeric code for scalar loggers: higher is better for longer horizons (every member has one)."""
+        return _ASSESSMENT_CODES[self]
 
 
 class Decision(ValueEnum):
@@ -92,9 +75,9 @@ class IntervalObservation:
     mean_loss: float = 0.0
     pseudo_grad_finite: bool = True
     truncated: bool = False
-    anchor_drift_energy: float = math.nan  # D after the first h_ref steps of the interval (descent drift guard, §5.6)
-    anchor_lr_mass: float = math.nan
-    cut_short: bool = False  # the descent rule's start probe ended it at 2 h_ref (docs/algorithm.md §5.6)
+    anchor_drift_energy: float = math.nan  # D at the rule's BOUNDARY displacement request, if any (§5.7)
+    anchor_lr_mass: float = math.nan  # the LR mass of the steps before that request
+    cut_short: bool = False  # the rule's on_measurement ended it early (docs/algorithm.md §5.7)
 
     @property
     def finite(self) -> bool:
@@ -119,426 +102,17 @@ class ControllerDecision:
     adverse: float | None = None
 
 
-@dataclass
-class RejectedBound:
-    """A rejected candidate horizon: increases stay below it until it retires (docs/algorithm.md §5.3.5)."""
-
-    h_tok: int
-    lr_mass: float | None  # Lambda observed when the bound was created (None if non-finite)
-    age: int = 0
-
-
-@dataclass
-class _State:
-    h_accepted: int
-    h_tok: int
-    phase: Phase = Phase.WARMUP
-    calibration_needed: int = 2
-    calibration_logs: list = field(default_factory=list)  # [(log d, log C)]
-    variability_left: int = 3
-    ref_log_drift: float | None = None
-    ref_log_coherence: float | None = None
-    history_drift: list = field(default_factory=list)
-    history_coherence: list = field(default_factory=list)
-    monitored_ok: int = 0
-    moderate_streak: int = 0
-    bad_event_pending: bool = False
-    candidate_intervals: int = 0
-    rejected: RejectedBound | None = None
-    # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per adopted horizon since the last reduction
-    ladder: list = field(default_factory=list)
-
-
-def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
-    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md §5.1)."""
-    if not history:
-        return 0.0, sigma_floor
-    centre = statistics.median(history)
-    mad = statistics.median(abs(r - centre) for r in history)
-    return centre, max(1.4826 * mad, sigma_floor)
-
-
-class HorizonController:
-    """docs/algorithm.md §5 state machine over token-equivalent horizons.
-
-    Args:
-        config: the run's :class:`AutoLoCoConfig` (thresholds, domain, counts).
-        warmup_steps: inner-LR warm-up length; intervals ending before
-            ``warmup_steps + calibration_delay_steps`` are not used (docs/algorithm.md §5.3.1).
-    """
-
-    def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
-        self.cfg = config
-        self.warmup_steps = warmup_steps
-        self.state = _State(
-            h_accepted=config.h_base,
-            h_tok=config.h_base,
-            calibration_needed=config.calibration_intervals,
-            variability_left=config.variability_intervals,
-        )
-
-    # ------------------------------------------------------------------ API
-    @property
-    def h_tok(self) -> int:
-        """Token-equivalent horizon of the next interval."""
-        return self.state.h_tok
-
-    @property
-    def h_accepted(self) -> int:
-        return self.state.h_accepted
-
-    @property
-    def phase(self) -> str:
-        return self.state.phase
-
-    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
-        """Assess a completed interval and choose the next horizon.
-
-        ``preview(h_tok)`` must return ``Lambda(s_next, map(h_tok))``, the LR
-        mass the interval starting right after this one would carry at horizon
-        ``h_tok`` (used by candidate selection and bound retirement).
-        """
-        st = self.state
-        phase = st.phase
-        if st.rejected is not None:
-            st.rejected.age += 1
-        log_drift, log_coherence = self._logs(obs)
-        finite = obs.finite
-
-        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md §5.3.1)
-        in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.cfg.calibration_delay_steps
-        if not finite and in_warmup:
-            # the recipe horizon is kept through warm-up, but the event arms the fallback (docs/algorithm.md §5.2)
-            st.bad_event_pending = True
-            decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)
-        elif not finite and phase == Phase.CANDIDATE:
-            decision = self._reject(self._decision(phase, Assessment.INVALID, Decision.REJECT), obs.lr_mass)
-        elif not finite:
-            decision = self._on_invalid_or_severe(phase, Assessment.INVALID, None)
-        elif obs.truncated:
-            decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
-        elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (docs/algorithm.md §5.1)
-            decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
-        elif in_warmup:
-            st.bad_event_pending = False  # a finite warm-up interval separates two bad events
-            decision = self._decision(phase, Assessment.UNUSED, Decision.KEEP)
-        elif phase in (Phase.WARMUP, Phase.CALIBRATION):
-            decision = self._calibrate(log_drift, log_coherence)
-        elif phase == Phase.VARIABILITY:
-            decision = self._variability(log_drift, log_coherence)
-        elif phase == Phase.MONITORING:
-            decision = self._monitor(log_drift, log_coherence, preview)
-        else:
-            decision = self._candidate(log_drift, log_coherence, obs.lr_mass)
-        self._maybe_retire_bound(preview)
-        decision.next_h_tok = st.h_tok
-        return decision
-
-    # --------------------------------------------------------------- phases
-    def _calibrate(self, log_drift: float, log_coherence: float) -> ControllerDecision:
-        st = self.state
-        st.calibration_logs.append((log_drift, log_coherence))
-        st.bad_event_pending = False  # a finite calibration interval counts as consistent
-        self._finish_calibration_if_complete()
-        return self._decision(Phase.CALIBRATION, Assessment.CONSISTENT, Decision.KEEP)
-
-    def _finish_calibration_if_complete(self) -> None:
-        st = self.state
-        st.phase = Phase.CALIBRATION
-        if len(st.calibration_logs) < st.calibration_needed:
-            return
-        st.ref_log_drift = math.fsum(d for d, _ in st.calibration_logs) / len(st.calibration_logs)
-        st.ref_log_coherence = math.fsum(c for _, c in st.calibration_logs) / len(st.calibration_logs)
-        st.calibration_logs = []
-        st.variability_left = self.cfg.variability_intervals
-        st.phase = Phase.VARIABILITY if st.variability_left > 0 else Phase.MONITORING
-        st.monitored_ok = 0
-
-    def _variability(self, log_drift: float, log_coherence: float) -> ControllerDecision:
-        st, cfg = self.state, self.cfg
-        decision = self._assess(Phase.VARIABILITY, log_drift, log_coherence)
-        self._update_reference(decision)
-        bound = cfg.k_moderate * cfg.sigma_floor
-        st.history_drift.append(_clip(decision.residual_drift, bound))
-        st.history_coherence.append(_clip(decision.residual_coherence, bound))
-        self._trim_history()
-        st.bad_event_pending = False
-        st.variability_left -= 1
-        if st.variability_left <= 0:
-            st.phase = Phase.MONITORING
-            st.monitored_ok = 0
-        decision.decision = Decision.KEEP
-        return decision
-
-    def _monitor(self, log_drift: float, log_coherence: float, preview: Callable[[int], float]) -> ControllerDecision:
-        st, cfg = self.state, self.cfg
-        decision = self._assess(Phase.MONITORING, log_drift, log_coherence)
-        if decision.assessment == Assessment.SEVERE:
-            return self._on_invalid_or_severe(Phase.MONITORING, Assessment.SEVERE, decision)
-        self._update_reference(decision)
-        if decision.assessment == Assessment.MODERATE:
-            st.moderate_streak += 1
-            if st.moderate_streak >= cfg.moderate_confirmations:
-                return self._reduce(decision, cfg.reduce_moderate)
-            decision.decision = Decision.KEEP
-            return decision
-        # supporting or consistent
-        st.moderate_streak = 0
-        st.bad_event_pending = False
-        st.history_drift.append(decision.residual_drift)
-        st.history_coherence.append(decision.residual_coherence)
-        self._trim_history()
-        st.monitored_ok += 1
-        may_increase = st.monitored_ok >= cfg.monitoring_holdoff and (
-            decision.assessment == Assessment.SUPPORTING or not cfg.increase_requires_support
-        )
-        candidate = self._select_candidate(preview) if may_increase else None
-        if candidate is None:
-            decision.decision = Decision.KEEP
-        else:
-            st.phase, st.h_tok, st.candidate_intervals = Phase.CANDIDATE, candidate, 0
-            decision.decision = Decision.PROPOSE
-        return decision
-
-    def _candidate(self, log_drift: float, log_coherence: float, lr_mass: float) -> ControllerDecision:
-        st = self.state
-        decision = self._assess(Phase.CANDIDATE, log_drift, log_coherence)
-        st.candidate_intervals += 1
-        if decision.assessment in (Assessment.MODERATE, Assessment.SEVERE):
-            return self._reject(decision, lr_mass)
-        if decision.assessment == Assessment.SUPPORTING or st.candidate_intervals >= self.cfg.candidate_max_intervals:
-            if self.cfg.cumulative_check and self._climb_ladder(decision):
-                return self._reject(decision, lr_mass)
-            # adopt: this interval doubles as the new reference's calibration interval
-            st.h_accepted = st.h_tok
-            st.moderate_streak = 0
-            st.bad_event_pending = False
-            self._start_recalibration()
-            st.calibration_logs.append((log_drift, log_coherence))
-            self._finish_calibration_if_complete()
-            decision.decision = Decision.ADOPT
-        else:
-            decision.decision = Decision.CONTINUE
-        return decision
-
-    def _climb_ladder(self, decision: ControllerDecision) -> bool:
-        """Opt-in cumulative check at an adoption; True when the candidate must be rejected.
-
-        Each adoption adds the candidate's standardized scores to a ladder of
-        adopted horizons. Every score is measured against the reference of the
-        horizon just below, at nearly the same time, so the sums carry the
-        effect of the horizon and not the drift of training. A healthy longer
-        horizon scores ``z_D <= 0``, ``z_C >= 0``, so the sums fall as the
-        ladder climbs; if they rise since some lower rung to
-        ``max(sum z_D, -sum z_C) > k_moderate``, the accepted horizon returns
-        to that rung (the one scoring worst) and the candidate becomes the
-        rejected bound.
-        """
-        st, cfg = self.state, self.cfg
-        ladder = st.ladder or [[st.h_accepted, 0.0, 0.0]]
-        _, sum_drift, sum_incoherence = ladder[-1]
-        top = [st.h_tok, sum_drift + decision.z_drift, sum_incoherence - decision.z_coherence]
-        worst, worst_index = cfg.k_moderate, None
-        for index, (_, rung_drift, rung_incoherence) in enumerate(ladder):
-            score = max(top[1] - rung_drift, top[2] - rung_incoherence)
-            if score > worst:
-                worst, worst_index = score, index
-        if worst_index is None:
-            st.ladder = ladder + [top]
-            return False
-        st.ladder = ladder[: worst_index + 1]
-        st.h_accepted = ladder[worst_index][0]
-        decision.assessment = Assessment.CUMULATIVE
-        return True
-
-    # ------------------------------------------------------------ transitions
-    def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
-        st = self.state
-        st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
-        if decision.assessment in (Assessment.SEVERE, Assessment.INVALID):
-            st.bad_event_pending = True
-        st.h_tok = st.h_accepted
-        self._start_recalibration()
-        decision.decision = Decision.REJECT
-        return decision
-
-    def _on_invalid_or_severe(
-        self, phase: str, assessment: str, decision: ControllerDecision | None
-    ) -> ControllerDecision:
-        """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
-        st, cfg = self.state, self.cfg
-        decision = decision or self._decision(phase, assessment, Decision.NONE)
-        if st.bad_event_pending:
-            st.bad_event_pending = False
-            fallback = st.h_accepted != cfg.h_min
-            st.h_accepted = st.h_tok = cfg.h_min
-            st.ladder = []
-            self._start_recalibration()
-            decision.decision = Decision.FALLBACK if fallback else Decision.RECALIBRATE
-            return decision
-        st.bad_event_pending = True
-        return self._reduce(decision, cfg.reduce_severe)
-
-    def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
-        """docs/algorithm.md §5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
-        st = self.state
-        target = st.h_accepted / factor
-        smaller = [h for h in self._admissible() if h < st.h_accepted]
-        if smaller:
-            st.h_accepted = st.h_tok = _nearest(smaller, target)
-            decision.decision = Decision.REDUCE
-        else:
-            st.h_tok = st.h_accepted
-            decision.decision = Decision.RECALIBRATE
-        st.moderate_streak = 0
-        st.ladder = []
-        self._start_recalibration()
-        return decision
-
-    def _start_recalibration(self) -> None:
-        st = self.state
-        st.phase = Phase.CALIBRATION
-        st.calibration_needed = self.cfg.recalibration_intervals
-        st.calibration_logs = []
-        st.history_drift, st.history_coherence = [], []
-        st.monitored_ok = 0
-
-    def _select_candidate(self, preview: Callable[[int], float]) -> int | None:
-        """docs/algorithm.md §5.3.5: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
-        st, cfg = self.state, self.cfg
-        self._maybe_retire_bound(preview)
-        above = [h for h in self._admissible() if h > st.h_accepted]
-        if cfg.candidate_max_quanta:  # opt-in: climb at most this many q_H per proposal
-            above = [h for h in above if h <= st.h_accepted + cfg.candidate_max_quanta * cfg.q_h]
-        if st.rejected is not None:
-            inside = [h for h in above if h < st.rejected.h_tok]
-            if not inside:
-                return None
-            return _nearest(inside, math.sqrt(st.h_accepted * st.rejected.h_tok))
-        # previews grow with the horizon (LR >= 0): bisect for the longest one within budget
-        budget = cfg.gamma_inc * preview(st.h_accepted)
-        low, high = 0, len(above)  # invariant: above[:low] within budget, above[high:] over it
-        while low < high:
-            middle = (low + high) // 2
-            if preview(above[middle]) <= budget:
-                low = middle + 1
-            else:
-                high = middle
-        return above[low - 1] if low else None
-
-    def _maybe_retire_bound(self, preview: Callable[[int], float]) -> None:
-        bound = self.state.rejected
-        if bound is None:
-            return
-        cfg = self.cfg
-        too_old = bound.age >= cfg.rejected_bound_max_age
-        decayed = (
-            bound.age >= cfg.rejected_bound_min_age
-            and bound.lr_mass is not None
-            and preview(bound.h_tok) <= cfg.rejected_bound_release * bound.lr_mass
-        )
-        if too_old or decayed:
-            self.state.rejected = None
-
-    # ------------------------------------------------------------- helpers
-    def _admissible(self) -> list[int]:
-        cfg = self.cfg  # h_min is a multiple of q_h (validated by the config)
-        return list(range(cfg.h_min, cfg.h_max + 1, cfg.q_h))
-
-    def _logs(self, obs: IntervalObservation) -> tuple[float | None, float | None]:
-        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (docs/algorithm.md §5.1)."""
-        log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
-        if math.isnan(log_drift) or not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
-            return None, None
-        return log_drift, math.log(obs.coherence + self.cfg.eps)
-
-    def _assess(self, phase: str, log_drift: float, log_coherence: float) -> ControllerDecision:
-        """Residuals, standardized scores and the docs/algorithm.md §5.2 assessment of a finite interval."""
-        st, cfg = self.state, self.cfg
-        r_drift = log_drift - st.ref_log_drift
-        r_coherence = log_coherence - st.ref_log_coherence
-        c_d, s_d = robust_centre_scale(st.history_drift, cfg.sigma_floor)
-        c_c, s_c = robust_centre_scale(st.history_coherence, cfg.sigma_floor)
-        z_d, z_c = (r_drift - c_d) / s_d, (r_coherence - c_c) / s_c
-        adverse = max(z_d, -z_c)
-        if len(st.history_drift) < cfg.min_history:
-            assessment = Assessment.CONSISTENT
-        elif adverse > cfg.k_severe:
-            assessment = Assessment.SEVERE
-        elif adverse > cfg.k_moderate:
-            assessment = Assessment.MODERATE
-        elif z_d <= 0 and z_c >= 0:
-            assessment = Assessment.SUPPORTING
-        else:
-            assessment = Assessment.CONSISTENT
-        return ControllerDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
-
-    def _update_reference(self, decision: ControllerDecision) -> None:
-        """Log-space EMA of the reference with a clipped residual (docs/algorithm.md §5.1)."""
-        st, cfg = self.state, self.cfg
-        st.ref_log_drift += cfg.ref_ema_alpha * self._clipped_residual(decision.residual_drift, st.history_drift)
-        st.ref_log_coherence += cfg.ref_ema_alpha * self._clipped_residual(
-            decision.residual_coherence, st.history_coherence
-        )
-
-    def _clipped_residual(self, residual: float, history: list[float]) -> float:
-        """``c + clip(r - c, +-k_moderate * sigma)`` (``reference_clip="centre"``) or ``clip(r, ...)`` (``"zero"``).
-
-        Around 0 the reference follows at most ``alpha * k_moderate * sigma``
-        log-units per interval, so faster drift piles up in the residuals and
-        reads as a deviation. Around the robust centre ``c`` (the lag a steady
-        drift leaves in the history) it follows drift of any speed while an
-        outlier still moves it by at most ``alpha * k_moderate * sigma`` more
-        than the lag. ``c`` is taken as 0 while the history is shorter than
-        ``min_history`` (a median of one or two residuals is no robust centre).
-        """
-        cfg = self.cfg
-        centre, scale = robust_centre_scale(history, cfg.sigma_floor)
-        if cfg.reference_clip == ReferenceClip.ZERO or len(history) < cfg.min_history:
-            centre = 0.0
-        return centre + _clip(residual - centre, cfg.k_moderate * scale)
-
-    def _trim_history(self) -> None:
-        st, size = self.state, self.cfg.history_size
-        st.history_drift = st.history_drift[-size:]
-        st.history_coherence = st.history_coherence[-size:]
-
-    def _decision(self, phase: Phase, assessment: Assessment, decision: Decision) -> ControllerDecision:
-        return ControllerDecision(phase, assessment, decision, self.state.h_tok)
-
-    def recalibrate_for_new_workers(self) -> None:
-        """Another number of workers from here on: re-estimate the reference at the accepted horizon.
-
-        ``C_t`` lies in ``[0, N]`` and its level depends on ``N`` (and ``D_t`` on the
-        inner state, which restarts), so the reference and the residual history of
-        the old ``N`` say nothing about the new one. A candidate in progress is
-        abandoned; warm-up stays warm-up (docs/algorithm.md §8.5).
-        """
-        st = self.state
-        st.h_tok = st.h_accepted
-        st.moderate_streak = 0
-        st.ladder = []
-        if st.phase != Phase.WARMUP:
-            self._start_recalibration()
-
-    # ------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        state = asdict(self.state)
-        state["calibration_logs"] = [list(x) for x in self.state.calibration_logs]
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = dict(state)
-        bound = values.pop("rejected")
-        values["calibration_logs"] = [tuple(x) for x in values["calibration_logs"]]
-        values["phase"] = Phase(values["phase"])
-        self.state = _State(**values, rejected=RejectedBound(**bound) if bound else None)
-
-
-def _clip(value: float, bound: float) -> float:
-    return min(max(value, -bound), bound)
-
-
-def _nearest(options: list[int], target: float) -> int:
-    """The option nearest to ``target``; ties break toward the larger horizon (docs/algorithm.md §5.3)."""
-    return min(options, key=lambda h: (abs(h - target), -h))
+_ASSESSMENT_CODES = {
+    Assessment.SUPPORTING: 2.0,
+    Assessment.CONSISTENT: 1.0,
+    Assessment.FIXED: 0.0,
+    Assessment.UNUSED: 0.0,
+    Assessment.NO_DECISION: 0.0,
+    Assessment.TRUNCATED: 0.0,
+    Assessment.STALE: 0.0,
+    Assessment.MODERATE: -1.0,
+    Assessment.CUMULATIVE: -1.0,
+    Assessment.BENT: -1.0,
+    Assessment.SEVERE: -2.0,
+    Assessment.INVALID: -3.0,
+}

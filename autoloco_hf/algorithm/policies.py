@@ -22,13 +22,12 @@ from autoloco_hf.algorithm.controller import (
     Assessment,
     ControllerDecision,
     Decision,
-    HorizonController,
     IntervalObservation,
 )
-from autoloco_hf.algorithm.descent import DescentController
+from autoloco_hf.algorithm.rules import DisplacementAt, HorizonRule, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
-from autoloco_hf.config import AutoLoCoConfig, Controller, Method
+from autoloco_hf.config import AutoLoCoConfig, Method
 
 
 @dataclass
@@ -43,7 +42,8 @@ class NextInterval:
     lr_mass: float  # preview Lambda(s, h_step)
     lr_mass_base: float  # preview Lambda(s, h_ref)
     stretched: bool = False  # lengthened so that a delayed merge lands inside it: takes no decision either
-    cut_short: bool = False  # ended at 2 h_ref by the descent rule's start probe (docs/algorithm.md §5.6)
+    cut_short: bool = False  # ended early by the rule's on_measurement (docs/algorithm.md §5.7)
+    probe_exponent: float | None = None  # what the rule's in-interval probe measured, for the record (§5.6, 5.7)
 
 
 @dataclass
@@ -57,7 +57,7 @@ class IntervalOutcome:
     lr_mass: float  # measured Lambda_t
     mean_loss: float
     pseudo_grad_finite: bool
-    anchor_drift_energy: float = math.nan  # D after the first h_ref steps (the descent rule's drift guard)
+    anchor_drift_energy: float = math.nan  # D at the rule's BOUNDARY displacement request (docs/algorithm.md §5.7)
     anchor_lr_mass: float = math.nan
 
     def observation(self, end_step: int) -> IntervalObservation:
@@ -112,12 +112,12 @@ class IntervalPolicy(ABC):
 
     quantum = 1  # executable lengths are multiples of this (AutoLoCo: q_h)
 
-    def start_probe_window(self, interval: NextInterval) -> tuple[int, int] | None:
-        """Steps into ``interval`` at which the descent rule's start probe measures, if it probes it (§5.6)."""
-        return None
+    def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
+        """What the engine measures inside ``interval`` for the horizon rule (docs/algorithm.md §5.7); none by default."""
+        return ()
 
-    def after_probe(self, interval: NextInterval, exponent: float) -> NextInterval:
-        """The interval to run on once the start probe measured ``exponent`` (§5.6); unchanged unless probed."""
+    def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
+        """The interval to run on once the shared measurements are in (docs/algorithm.md §5.7); unchanged by default."""
         return interval
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
@@ -222,32 +222,15 @@ class AutoLoCoPolicy(IntervalPolicy):
     def _reference_steps(self) -> int:
         return self.mapper.map(self.h_base)
 
-    def start_probe_window(self, interval: NextInterval) -> tuple[int, int] | None:
-        """``(1.5 h_ref, 2 h_ref)`` for the run's first interval, if it is full and longer than ``2 h_ref``.
+    def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
+        return self.controller.measurements(interval) if self.config.adaptive_horizon else ()
 
-        The first only: after the first sync the paths bend in every regime (the second interval at ``4 H_base``
-        measured 1.43 and 1.56 on seed 0 of regimes A and B, where a long start is cheap), so a later probe
-        would cut the runs it should leave alone (docs/algorithm.md §5.6).
-        """
-        plain = not (interval.truncated or interval.stretched or interval.cut_short)
-        first = interval.start_step == 0
-        if not (self.config.probes_start and plain and first and interval.h_step > 2 * interval.h_ref):
-            return None
-        return 3 * interval.h_ref // 2, 2 * interval.h_ref
-
-    def after_probe(self, interval: NextInterval, exponent: float) -> NextInterval:
-        """Below ``descent_start_probe`` the paths bent: the interval ends at ``2 h_ref`` (``2 h_base`` token-equivalent)."""
-        threshold = self.config.descent_start_probe
-        if threshold is None or not exponent < threshold:
-            return interval
-        steps = 2 * interval.h_ref
-        return replace(
-            interval,
-            h_tok=2 * self.h_base,
-            h_step=steps,
-            lr_mass=lr_mass(self.schedule, interval.start_step, steps),
-            cut_short=True,
-        )
+    def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
+        """The rule's answer; an interval it shortened gets the LR mass of its new length."""
+        answer = self.controller.on_measurement(interval, results)
+        if answer.h_step != interval.h_step:
+            answer = replace(answer, lr_mass=lr_mass(self.schedule, interval.start_step, answer.h_step))
+        return answer
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
         """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.
@@ -262,8 +245,8 @@ class AutoLoCoPolicy(IntervalPolicy):
         """
         interval = outcome.interval
         full = not interval.truncated
-        # the descent rule starts at h_max: its first full intervals calibrate the base token count
-        calibrates = interval.h_tok == self.h_base or self.config.controller == Controller.DESCENT
+        # a rule that starts away from h_base calibrates the base token count on its first full intervals
+        calibrates = interval.h_tok == self.h_base or self.controller.calibrates_tokens_at_any_horizon
         self.mapper.observe(outcome.global_tokens, interval.h_step, calibrates=full and calibrates)
         if not self.config.adaptive_horizon:
             return None
@@ -290,11 +273,9 @@ class AutoLoCoPolicy(IntervalPolicy):
         self.mapper.load_state_dict(state["mapper"])
 
 
-def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonController | DescentController:
-    """The horizon rule of ``config.controller`` (docs/algorithm.md §5)."""
-    if config.controller == Controller.DESCENT:
-        return DescentController(config, warmup_steps=warmup_steps)
-    return HorizonController(config, warmup_steps=warmup_steps)
+def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
+    """The horizon rule registered as ``config.controller`` (docs/algorithm.md §5.7)."""
+    return config.rule(config, warmup_steps=warmup_steps)
 
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:

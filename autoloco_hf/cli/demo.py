@@ -34,7 +34,7 @@ import torch
 
 from autoloco_hf.cli import new_file_path, positive_int, usage_error
 from autoloco_hf.cli.report import RunWriter, find_runs, table1, write_report
-from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller, Method
+from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller, Method, nest_rule_options
 
 # name -> (what it is, AutoLoCoConfig fields)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -87,13 +87,14 @@ def build_setup(seed: int) -> DemoSetup:
 def scaled_config(method: str, steps: int, h_base: int, **overrides: Any) -> AutoLoCoConfig:
     """The method's config at the demo scale (``q_H`` and ``H_max`` follow ``H_base`` by default).
 
-    ``overrides`` are further ``AutoLoCoConfig`` fields (ablation switches, wire dtype, ``h_max``).
+    ``overrides`` are further ``AutoLoCoConfig`` fields (ablation switches, wire dtype, ``h_max``); rule
+    options may keep their old flat spellings (``descent_gain=0.9``, :func:`~autoloco_hf.config.nest_rule_options`).
     """
     fields = dict(METHODS[method][1])
-    # The paper's Linear Interval runs 100 intervals in 50k steps (a = 10): keep the ratio.
-    fields["linear_increment"] = max(1, round(10 * steps / 50_000))
+    if fields["method"] == Method.LINEAR:  # the paper's Linear Interval runs 100 intervals in 50k steps (a = 10)
+        fields["linear_increment"] = max(1, round(10 * steps / 50_000))
     fields.update(overrides)
-    return AutoLoCoConfig(h_base=h_base, warmup_steps=warmup_steps(steps), **fields)
+    return AutoLoCoConfig(h_base=h_base, warmup_steps=warmup_steps(steps), **nest_rule_options(fields))
 
 
 def warmup_steps(steps: int) -> int:

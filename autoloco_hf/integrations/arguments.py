@@ -107,11 +107,17 @@ def to_config(self: Any, **preset: Any) -> AutoLoCoConfig:
     return AutoLoCoConfig(**{**preset, **self.overrides()})
 
 
+def _argument_type(name: str) -> type:
+    """The field's type on the command line: ``rule_options`` (any of several forms) arrives as text."""
+    kind = field_types(AutoLoCoConfig)[name][0]
+    return str if kind is Any else kind
+
+
 def _build() -> type:
     fields: list[tuple[str, Any, Any]] = [
         (
             PREFIX + f.name,
-            field_types(AutoLoCoConfig)[f.name][0] | None,
+            _argument_type(f.name) | None,
             dataclasses.field(default=None, metadata={"help": _help(f)}),
         )
         for f in dataclasses.fields(AutoLoCoConfig)

@@ -35,21 +35,6 @@ logger = hf_logging.get_logger(__name__)
 RECORDS_FILENAME = "autoloco_intervals.jsonl"
 STATE_DIRNAME = "autoloco"
 
-# Numeric code of the interval assessment for scalar loggers (higher = better for longer horizons)
-ASSESSMENT_CODES = {
-    Assessment.SUPPORTING: 2.0,
-    Assessment.CONSISTENT: 1.0,
-    Assessment.FIXED: 0.0,
-    Assessment.UNUSED: 0.0,
-    Assessment.NO_DECISION: 0.0,
-    Assessment.TRUNCATED: 0.0,
-    Assessment.MODERATE: -1.0,
-    Assessment.CUMULATIVE: -1.0,
-    Assessment.STALE: 0.0,
-    Assessment.SEVERE: -2.0,
-    Assessment.INVALID: -3.0,
-}
-
 
 def state_path(checkpoint_dir: str, rank: int) -> str:
     return os.path.join(checkpoint_dir, STATE_DIRNAME, f"rank{rank}.safetensors")
@@ -70,7 +55,7 @@ def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autolo
         "C_t": record.coherence,
         "d_t": record.normalized_drift,
         "lr_mass": record.lr_mass,
-        "assessment": ASSESSMENT_CODES.get(record.assessment, 0.0),
+        "assessment": Assessment(record.assessment).code,
         "interval_loss": record.mean_loss,
         "interval_tokens": record.tokens,
         "syncs": totals.syncs,

@@ -210,7 +210,7 @@ class Communicator(ABC):
     def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """Float64 sums of a few scalars (one row per local worker) over every worker, in worker order.
 
-        A collective of its own, between synchronizations: the descent rule's start probe (docs/algorithm.md §5.6).
+        A collective of its own, between synchronizations: a horizon rule's shared measurement (docs/algorithm.md §5.7).
         """
         return sum_in_worker_order([r.to(torch.float64).reshape(-1) for r in rows])
 
@@ -347,7 +347,7 @@ class ProcessGroupCommunicator(Communicator):
     def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         nccl = "nccl" in str(self.dist.get_backend(self.group)).lower()
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        with self._guarded("the descent rule's start probe"):
+        with self._guarded("a horizon rule's shared measurement"):
             gathered, _ = self._gather_scalars(rows, device, async_op=False)
         return _control_sums(gathered)[0]
 

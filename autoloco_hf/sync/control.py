@@ -81,7 +81,7 @@ class ControlMessage:
     loss_sum: float = summed()  # sum of per-step training losses (0 if non-finite)
     loss_count: float = summed()  # steps whose losses are in loss_sum
     nonfinite: float = summed()  # 1 when the pseudo-gradient or a loss was NaN/inf
-    anchor_sq_norm: float = summed()  # ||theta_t - theta^i||^2 after h_ref steps (descent drift guard; else 0)
+    anchor_sq_norm: float = summed()  # ||theta_t - theta^i||^2 at the rule's boundary request (§5.7; else 0)
     anchor_lr_mass: float = agreed()  # the LR mass of those h_ref steps (0 when not measured)
     step: float = agreed()  # the optimizer step that closed the interval
     interval_index: float = agreed()  # intervals closed before this one

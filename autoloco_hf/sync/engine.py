@@ -56,6 +56,7 @@ import torch
 from autoloco_hf.algorithm.controller import ControllerDecision
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
+from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
@@ -95,7 +96,6 @@ class ClosedInterval:
     interval: NextInterval
     lr_mass: float  # measured
     seconds: float  # wall time of its steps
-    probe_exponent: float | None = None  # the descent rule's start probe, when it measured this interval (§5.6)
 
 
 @dataclass
@@ -205,7 +205,7 @@ class Aggregate:
     all_finite: bool  # no worker reported a non-finite pseudo-gradient or loss
     valid: bool  # all finite, and so are the statistics and the mean: the outer step runs
     traffic: Traffic
-    anchor_drift_energy: float = math.nan  # D after the interval's first h_ref steps (docs/algorithm.md §5.6)
+    anchor_drift_energy: float = math.nan  # D at the rule's boundary displacement request (docs/algorithm.md §5.7)
     anchor_lr_mass: float = math.nan
 
     def outcome(self, closed: ClosedInterval) -> IntervalOutcome:
@@ -225,7 +225,7 @@ class Aggregate:
 
     @property
     def anchor_normalized_drift(self) -> float | None:
-        """``d`` after the interval's first ``h_ref`` steps, when the drift guard measured it."""
+        """``d`` at the rule's boundary displacement request, when it asked for one."""
         if not self.anchor_lr_mass > 0 or not self.anchor_drift_energy > 0:
             return None
         return self.anchor_drift_energy / (self.anchor_lr_mass * self.anchor_lr_mass)
@@ -252,11 +252,10 @@ class IntervalCounters:
     loss_sum: list[float]
     loss_count: int = 0
     lr_mass: float = 0.0
-    anchor_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 after h_ref steps
+    anchor_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 at the boundary request
     anchor_lr_mass: float = 0.0
-    probe_sq_norms: list[float] | None = None  # each local worker's ||theta_t - theta^i||^2 after 1.5 h_ref steps
-    probe_lr_mass: float = 0.0
-    probe_exponent: float | None = None  # p of D ~ Lambda^p from 1.5 h_ref to 2 h_ref, all workers (§5.6)
+    # step -> (each local worker's ||theta_t - theta^i||^2, LR mass) of the shared requests measured so far
+    shared: dict[int, tuple[list[float], float]] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
@@ -271,19 +270,16 @@ class IntervalCounters:
             "lr_mass": self.lr_mass,
             "anchor_sq_norms": None if self.anchor_sq_norms is None else list(self.anchor_sq_norms),
             "anchor_lr_mass": self.anchor_lr_mass,
-            "probe_sq_norms": None if self.probe_sq_norms is None else list(self.probe_sq_norms),
-            "probe_lr_mass": self.probe_lr_mass,
-            "probe_exponent": self.probe_exponent,
+            "shared": {step: (list(norms), lr) for step, (norms, lr) in self.shared.items()},
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IntervalCounters:
-        anchor, probe, exponent = state.get("anchor_sq_norms"), state.get("probe_sq_norms"), state.get("probe_exponent")
+        anchor, shared = state.get("anchor_sq_norms"), state.get("shared", {})
         return cls(
             list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]),
             None if anchor is None else [float(v) for v in anchor], float(state.get("anchor_lr_mass", 0.0)),
-            None if probe is None else [float(v) for v in probe], float(state.get("probe_lr_mass", 0.0)),
-            None if exponent is None else float(exponent),
+            {int(step): ([float(v) for v in norms], float(lr)) for step, (norms, lr) in shared.items()},
         )  # fmt: skip
 
 
@@ -504,8 +500,7 @@ class IntervalEngine:
         counters.loss_count += 1
         self.step += 1
         self.totals.steps = self.step
-        self._measure_anchor()
-        self._probe_start()
+        self._serve_measurements()
         return self.sync.after_step(self)
 
     def _displacement_sq_norms(self) -> list[float]:
@@ -515,42 +510,37 @@ class IntervalEngine:
             for params in self.worker_params
         ]
 
-    def _measure_anchor(self) -> None:
-        """The drift guard's anchor: each worker's displacement after the interval's first ``h_ref`` steps (§5.6).
+    def _serve_measurements(self) -> None:
+        """Measure what the policy's rule asked for at this step of the interval (docs/algorithm.md §5.7).
 
-        Read-only and local (no collective): the scalars travel with the interval's control message.
+        A ``BOUNDARY`` request stays local: its displacements travel with the interval's control message (the
+        first one only). ``SHARED`` requests are summed over the workers in one all-reduce at the last one's
+        step, so every worker hands the rule the same numbers and all of them change the interval, or none.
         """
         interval, counters = self._interval, self.counters
-        if not self.config.measures_anchor_drift or interval is None or counters.anchor_sq_norms is not None:
+        if interval is None:
             return
-        if self.step - interval.start_step != interval.h_ref or interval.h_ref >= interval.h_step:
-            return
-        counters.anchor_sq_norms = self._displacement_sq_norms()
-        counters.anchor_lr_mass = counters.lr_mass
-
-    def _probe_start(self) -> None:
-        """The descent rule's start probe (§5.6): end a calibrating interval at ``2 h_ref`` if the paths bent.
-
-        The displacements at ``1.5 h_ref`` stay local; at ``2 h_ref`` one all-reduce of a few scalars gives
-        every worker the same exponent, so all of them cut the interval, or none.
-        """
-        interval, counters = self._interval, self.counters
-        window = None if interval is None else self.policy.start_probe_window(interval)
-        if window is None:
-            return
-        assert interval is not None
+        requests = self.policy.measurements(interval)
         elapsed = self.step - interval.start_step
-        if elapsed == window[0]:
-            counters.probe_sq_norms, counters.probe_lr_mass = self._displacement_sq_norms(), counters.lr_mass
-        elif elapsed == window[1] and counters.probe_sq_norms is not None:
-            rows = [
-                torch.tensor(pair, dtype=torch.float64)
-                for pair in zip(counters.probe_sq_norms, self._displacement_sq_norms())
-            ]
-            before, now = self.comm.sum_over_workers(rows).tolist()
-            exponent = drift_exponent(*drift_growth(now, counters.lr_mass, before, counters.probe_lr_mass))
-            counters.probe_exponent = exponent
-            self._interval = self.policy.after_probe(interval, exponent)
+        due = [r for r in requests if r.step == elapsed]
+        if not due:
+            return
+        norms = self._displacement_sq_norms()
+        for request in due:
+            if request.delivery == Delivery.BOUNDARY and counters.anchor_sq_norms is None:
+                counters.anchor_sq_norms, counters.anchor_lr_mass = norms, counters.lr_mass
+            elif request.delivery == Delivery.SHARED:
+                counters.shared[request.step] = (norms, counters.lr_mass)
+        steps = sorted({r.step for r in requests if r.delivery == Delivery.SHARED})
+        if not steps or elapsed != steps[-1] or any(step not in counters.shared for step in steps):
+            return
+        rows = [
+            torch.tensor([counters.shared[step][0][worker] for step in steps], dtype=torch.float64)
+            for worker in range(len(norms))
+        ]
+        sums = self.comm.sum_over_workers(rows).tolist()
+        results = tuple(Measured(step, total, counters.shared[step][1]) for step, total in zip(steps, sums))
+        self._interval = self.policy.on_measurement(interval, results)
 
     # ------------------------------------------------------ the interval in flight
     def interval_ended(self) -> bool:
@@ -575,9 +565,7 @@ class IntervalEngine:
         interval, counters = self._interval, self.counters
         assert interval is not None
         self._check_lr_mass(interval, counters.lr_mass)
-        return ClosedInterval(
-            interval, counters.lr_mass, time.perf_counter() - counters.started, counters.probe_exponent
-        )
+        return ClosedInterval(interval, counters.lr_mass, time.perf_counter() - counters.started)
 
     # -------------------------------------------------------------- the stages
     def contributions(
@@ -723,7 +711,7 @@ class IntervalEngine:
             traffic=aggregate.traffic,
             anchor_normalized_drift=aggregate.anchor_normalized_drift,
             drift_exponent=aggregate.drift_exponent(closed.lr_mass),
-            probe_exponent=closed.probe_exponent,
+            probe_exponent=closed.interval.probe_exponent,
         )
         self.totals.add(record)
         self.records.append(record)

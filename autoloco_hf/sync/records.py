@@ -63,9 +63,9 @@ class IntervalRecord:
     encode_seconds: float
     collective_seconds: float
     decode_seconds: float
-    anchor_normalized_drift: float | None = None  # d after the first h_ref steps (the descent rule's drift guard)
+    anchor_normalized_drift: float | None = None  # d at the rule's boundary displacement request (§5.7)
     drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
-    probe_exponent: float | None = None  # p from 1.5 h_ref to 2 h_ref: the descent rule's start probe (§5.6)
+    probe_exponent: float | None = None  # what the rule's in-interval probe measured (§5.6, 5.7)
 
     @classmethod
     def build(

@@ -36,8 +36,8 @@ from typing import Any
 
 from autoloco_hf.algorithm.controller import Decision
 from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPolicy, NextInterval, make_policy
+from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass, warmup_cosine
-from autoloco_hf.algorithm.stats import drift_exponent
 from autoloco_hf.config import RECIPE_SCHEDULES, AutoLoCoConfig, ValueEnum
 
 DRIFT_UNIT = 0.01  # log-units per H_base steps at drift 1x
@@ -170,8 +170,8 @@ def _probed(
     The stream's ``d`` falls as ``h^-A`` (``p = 2 - A`` = 1.5 at a constant LR), so a probe at 1.85 cuts
     every start here: the column then shows what the cut itself costs and saves.
     """
-    window = policy.start_probe_window(interval)
-    if window is None:
+    window = [r.step for r in policy.measurements(interval) if r.delivery == Delivery.SHARED]
+    if not window:
         return interval
     drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
     log_d = [
@@ -179,7 +179,9 @@ def _probed(
         for k in window
     ]
     masses = [lr_mass(policy.schedule, step, k) for k in window]
-    return policy.after_probe(interval, drift_exponent(log_d[1] - log_d[0], math.log(masses[1] / masses[0])))
+    # what the engine's all-reduce would hand the rule: D = d Lambda^2 at each requested step
+    measured = tuple(Measured(k, math.exp(d) * m * m, m) for k, d, m in zip(window, log_d, masses))
+    return policy.on_measurement(interval, measured)
 
 
 def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:

@@ -17,10 +17,10 @@ from autoloco_hf.algorithm.preview import preview_run, run_length
 SEEDS = range(10)
 OPT_INS = [
     {},
-    dict(reference_clip="zero"),
-    dict(rejected_bound_min_age=20),
-    dict(cumulative_check=True),
-    dict(candidate_max_quanta=1),
+    dict(rule_options={"reference_clip": "zero"}),
+    dict(rule_options={"rejected_bound_min_age": 20}),
+    dict(rule_options={"cumulative_check": True}),
+    dict(rule_options={"candidate_max_quanta": 1}),
 ]
 
 
@@ -58,18 +58,18 @@ def test_no_false_reduction_up_to_4x_drift_and_heavy_tails(name: str) -> None:
 
 def test_literal_clip_falls_behind_4x_drift() -> None:
     """The spec's literal rule follows at most 0.04 log-units per interval: 4x drift reads as deviations."""
-    assert seeds_with_reductions(runs("drift 4x", reference_clip="zero")) >= 2
+    assert seeds_with_reductions(runs("drift 4x", rule_options={"reference_clip": "zero"})) >= 2
 
 
 def test_8x_drift_no_worse_than_literal_clip() -> None:
-    default, literal = runs("drift 8x"), runs("drift 8x", reference_clip="zero")
+    default, literal = runs("drift 8x"), runs("drift 8x", rule_options={"reference_clip": "zero"})
     assert sum(t.reductions() for t in default) <= sum(t.reductions() for t in literal)
 
 
 # ---------------------------------------------------------------- blow-ups
 def test_sharp_blowup_costs_one_probe_per_bound_and_min_age_spaces_them() -> None:
     default = runs("sharp blow-up > 120", seeds=range(4))
-    spaced = runs("sharp blow-up > 120", seeds=range(4), rejected_bound_min_age=20)
+    spaced = runs("sharp blow-up > 120", seeds=range(4), rule_options={"rejected_bound_min_age": 20})
     for trace in default:
         assert 3 <= trace.above(120) <= 10  # every probe above 120 is rejected at once
         assert Assessment.SEVERE in trace.assessments
@@ -81,7 +81,7 @@ def test_soft_blowup_is_caught_only_by_the_cumulative_check() -> None:
     """Each one-quantum step reads consistent; summed since 110 they deviate."""
     seeds = range(5)
     default = sum(t.excess(110, 10) for t in runs("soft blow-up > 110", seeds))
-    cumulative_traces = runs("soft blow-up > 110", seeds, cumulative_check=True)
+    cumulative_traces = runs("soft blow-up > 110", seeds, rule_options={"cumulative_check": True})
     assert sum(t.excess(110, 10) for t in cumulative_traces) < 0.6 * default
     assert any(Assessment.CUMULATIVE in t.assessments for t in cumulative_traces)
 
@@ -102,7 +102,7 @@ def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_inte
     critical, since = scenario.stream.critical, scenario.since_step()
     for seed in range(3):
         plain = scenario.run(seed, controller="descent")
-        guarded = scenario.run(seed, controller="descent", descent_drift_guard=True)
+        guarded = scenario.run(seed, controller="descent", rule_options={"drift_guard": True})
         assert guarded.above(critical, since) <= 2 < plain.above(critical, since)
         assert Assessment.SEVERE in guarded.assessments
 
@@ -115,8 +115,8 @@ def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_
     scenario, q_h = SCENARIOS[name], recipe_config("sft")[0].q_h
     critical, since = scenario.stream.critical, scenario.since_step()
     for seed in range(3):
-        from_two = scenario.run(seed, controller="descent", descent_drift_guard=True, h_max=200)
-        from_four = scenario.run(seed, controller="descent", descent_drift_guard=True)
+        from_two = scenario.run(seed, controller="descent", rule_options={"drift_guard": True}, h_max=200)
+        from_four = scenario.run(seed, controller="descent", rule_options={"drift_guard": True})
         assert from_two.above(critical, since) == 1
         assert from_two.excess(critical, q_h, since) <= min(paper_quanta, 10) < from_four.excess(critical, q_h, since)
 
@@ -125,7 +125,7 @@ def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_
 def test_the_drift_guard_only_reads_where_nothing_blows_up(name: str) -> None:
     for seed in range(3):
         plain = SCENARIOS[name].run(seed, controller="descent")
-        guarded = SCENARIOS[name].run(seed, controller="descent", descent_drift_guard=True)
+        guarded = SCENARIOS[name].run(seed, controller="descent", rule_options={"drift_guard": True})
         assert guarded.h_tok == plain.h_tok and guarded.decisions == plain.decisions
 
 
@@ -137,7 +137,9 @@ def test_candidate_cap_bounds_every_increase() -> None:
 
     seeds = range(3)
     assert max(largest_step(t) for t in runs("soft blow-up > 110", seeds)) > 10
-    assert max(largest_step(t) for t in runs("soft blow-up > 110", seeds, candidate_max_quanta=1)) == 10
+    assert (
+        max(largest_step(t) for t in runs("soft blow-up > 110", seeds, rule_options={"candidate_max_quanta": 1})) == 10
+    )
 
 
 # --------------------------------------------------------------------- NaN
@@ -160,9 +162,9 @@ def test_nan_intervals_reduce_then_recover_without_deadlock(name: str) -> None:
 def test_the_guarded_start_probe_leaves_a_sharp_blow_up_with_its_cut_interval() -> None:
     """The stream's d falls as h^-0.5 (p = 1.5), so the probe cuts the first 400-step interval at 200."""
     scenario, q_h = SCENARIOS["sharp blow-up > 120"], recipe_config("sft")[0].q_h
-    probe = dict(controller="descent", descent_gain=0.9, descent_start_probe=1.85)
+    probe = dict(controller="descent", rule_options={"gain": 0.9, "start_probe": 1.85})
     for seed in range(3):
-        guarded = scenario.run(seed, descent_drift_guard=True, **probe)
+        guarded = scenario.run(seed, controller="descent", rule_options={**probe["rule_options"], "drift_guard": True})
         assert guarded.h_step[0] == 200 and guarded.assessments[0] == Assessment.SEVERE  # the guard halves it too
         assert guarded.above(120) == 1 and guarded.excess(120, q_h) <= scenario.run(seed).excess(120, q_h)
         unguarded = scenario.run(seed, **probe)

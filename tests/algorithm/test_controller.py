@@ -20,10 +20,10 @@ import pytest
 from autoloco_hf.algorithm.controller import (
     Assessment,
     ControllerDecision,
-    HorizonController,
     IntervalObservation,
     Phase,
 )
+from autoloco_hf.algorithm.rules import HorizonController
 from autoloco_hf.config import AutoLoCoConfig
 
 MODERATE_R, SEVERE_R, CONSISTENT_R = 0.3, 0.6, 0.1
@@ -153,7 +153,10 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
 )
 def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> None:
     """docs/algorithm.md §5.3.1: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, calibration_delay_steps=delay), warmup_steps=warmup)
+    d = Driver(
+        AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"calibration_delay_steps": delay}),
+        warmup_steps=warmup,
+    )
     phases = [d.feed().assessment for _ in range(unused + 1)]
     assert phases == [Assessment.UNUSED] * unused + [Assessment.CONSISTENT]
     assert d.ctl.phase == Phase.CALIBRATION
@@ -458,7 +461,7 @@ def test_rejected_bound_one_q_above_blocks_until_max_age() -> None:
 
 
 def test_rejected_bound_max_age_is_configurable() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rejected_bound_max_age=7))
+    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_max_age": 7}))
     d.to_monitoring()
     d.feed()
     d.feed(log_d=MODERATE_R)
@@ -723,27 +726,29 @@ def test_second_rejection_replaces_bound() -> None:
 def test_increase_requires_support() -> None:
     """docs/algorithm.md §5.3.4 default proposes after a consistent interval; the switch requires a supporting one."""
     for requires, expected in ((False, "propose"), (True, "keep")):
-        d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, increase_requires_support=requires))
+        d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}))
         d.to_monitoring()
         assert d.feed(log_d=CONSISTENT_R).decision == expected
     assert d.feed(log_d=-0.01).decision == "propose"
 
 
 def test_monitoring_holdoff() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, monitoring_holdoff=3))
+    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"monitoring_holdoff": 3}))
     d.to_monitoring()
     assert decisions(d.feed_many(3)) == ["keep", "keep", "propose"]
 
 
 def test_candidate_max_intervals() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, candidate_max_intervals=3))
+    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_intervals": 3}))
     d.to_monitoring()
     d.feed()
     assert decisions([d.feed(log_d=CONSISTENT_R) for _ in range(3)]) == ["continue", "continue", "adopt"]
 
 
 def test_calibration_and_variability_counts() -> None:
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, calibration_intervals=3, variability_intervals=1)
+    cfg = AutoLoCoConfig(
+        h_base=500, q_h=50, h_max=750, rule_options={"calibration_intervals": 3, "variability_intervals": 1}
+    )
     d = Driver(cfg)
     out = d.feed_many(5)
     assert [x.phase for x in out] == [Phase.CALIBRATION] * 3 + [Phase.VARIABILITY, Phase.MONITORING]
@@ -758,9 +763,9 @@ def test_another_number_of_workers_recalibrates_at_the_accepted_horizon() -> Non
     accepted = d.ctl.h_accepted
     d.ctl.recalibrate_for_new_workers()
     assert (d.ctl.phase, d.ctl.h_tok, d.ctl.h_accepted) == (Phase.CALIBRATION, accepted, accepted)
-    assert d.ctl.state.calibration_needed == d.cfg.recalibration_intervals
+    assert d.ctl.state.calibration_needed == d.cfg.rule_options.recalibration_intervals
     assert d.ctl.state.history_drift == [] and d.ctl.state.calibration_logs == []
-    new_level = [d.feed(log_d=1.0, log_c=-0.5) for _ in range(d.cfg.recalibration_intervals)]
+    new_level = [d.feed(log_d=1.0, log_c=-0.5) for _ in range(d.cfg.rule_options.recalibration_intervals)]
     assert all(x.assessment == Assessment.CONSISTENT for x in new_level)  # the new level is the reference
     assert d.ctl.state.ref_log_drift == pytest.approx(1.0) and d.ctl.state.ref_log_coherence == pytest.approx(-0.5)
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from test_policies import outcome
 
 from autoloco_hf.algorithm.controller import Assessment, Decision, IntervalObservation, Phase
-from autoloco_hf.algorithm.descent import DescentController
-from autoloco_hf.algorithm.policies import AutoLoCoPolicy, make_controller
+from autoloco_hf.algorithm.policies import AutoLoCoPolicy, NextInterval, make_controller
+from autoloco_hf.algorithm.rules import Delivery, DescentController, DisplacementAt
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
 
 
 def descent_config(**kw) -> AutoLoCoConfig:
-    values = dict(h_base=10, q_h=1, controller=Controller.DESCENT, descent_smoothing=0.0)
-    values.update(kw)
-    return AutoLoCoConfig(**values)
+    options = {"smoothing": 0.0, **kw.pop("rule_options", {})}
+    return AutoLoCoConfig(**{"h_base": 10, "q_h": 1, "controller": Controller.DESCENT, "rule_options": options, **kw})
 
 
 def feed(ctl: DescentController, coherences, step: int = 0, **kw) -> tuple[list[int], int]:
@@ -57,7 +57,7 @@ def test_the_horizon_follows_the_coherence_ratio_to_the_calibration() -> None:
 
 
 def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
-    ctl = DescentController(descent_config(descent_gain=0.5))
+    ctl = DescentController(descent_config(rule_options={"gain": 0.5}))
     executed, _ = feed(ctl, [3.0, 3.0, 3.0, 0.75])
     # calibrated at log 3, re-based so that h_max stays the target; then 40 * (0.75 / 3) ** 0.5 = 20
     assert executed == [40, 40, 40, 40]
@@ -67,13 +67,13 @@ def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
     executed, _ = feed(ctl, [1.0, 1.0, 0.5])
     assert executed == [20, 20, 20]
     assert ctl.h_tok == 14  # 20 * 0.5 ** 0.5 = 14.1
-    with pytest.raises(ConfigError, match="descent_gain"):
-        descent_config(descent_gain=0.0)
+    with pytest.raises(ConfigError, match=r"rule_options\['gain'\]=0.0 of rule 'descent'"):
+        descent_config(rule_options={"gain": 0.0})
 
 
 def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
     rng = random.Random(0)
-    cfg = descent_config(descent_smoothing=0.5, h_min=5)
+    cfg = descent_config(rule_options={"smoothing": 0.5}, h_min=5)
     ctl = DescentController(cfg)
     executed, _ = feed(ctl, [math.exp(rng.gauss(0.0, 0.7)) for _ in range(200)])
     assert all(later <= earlier for earlier, later in zip(executed, executed[1:]))
@@ -82,7 +82,7 @@ def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
 
 
 def test_smoothing_is_an_ema_of_log_coherence() -> None:
-    ctl = DescentController(descent_config(descent_smoothing=0.5))
+    ctl = DescentController(descent_config(rule_options={"smoothing": 0.5}))
     feed(ctl, [4.0, 4.0, 1.0])
     # s = 0.5 log 4 + 0.5 log 1 = log 2: target 40 * 2 / 4 = 20
     assert ctl.h_tok == 20
@@ -146,11 +146,11 @@ def test_a_fault_right_after_a_restore_halves_what_the_rule_restores_to() -> Non
 def test_resume_equals_uninterrupted() -> None:
     rng = random.Random(1)
     stream = [math.exp(rng.gauss(0.0, 0.5)) for _ in range(30)]
-    whole = DescentController(descent_config(descent_smoothing=0.3))
+    whole = DescentController(descent_config(rule_options={"smoothing": 0.3}))
     full, _ = feed(whole, stream)
-    first = DescentController(descent_config(descent_smoothing=0.3))
+    first = DescentController(descent_config(rule_options={"smoothing": 0.3}))
     head, step = feed(first, stream[:11])
-    resumed = DescentController(descent_config(descent_smoothing=0.3))
+    resumed = DescentController(descent_config(rule_options={"smoothing": 0.3}))
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     tail, _ = feed(resumed, stream[11:], step=step)
     assert head + tail == full
@@ -197,7 +197,8 @@ def feed_stats(ctl: DescentController, stats, step: int = 0) -> tuple[list[int],
 
 
 def guarded(**kw) -> DescentController:
-    return DescentController(descent_config(descent_drift_guard=True, **kw))
+    options = {"drift_guard": True, **kw.pop("rule_options", {})}
+    return DescentController(descent_config(rule_options=options, **kw))
 
 
 HEALTHY = (2.0, math.e, math.e**2)  # d falls from its anchor's over the interval
@@ -252,12 +253,12 @@ def test_without_the_guard_the_anchor_is_not_read() -> None:
 def test_resume_equals_uninterrupted_with_the_guard() -> None:
     rng = random.Random(2)
     stream = [(math.exp(rng.gauss(0.0, 0.3)), math.exp(rng.gauss(0.0, 0.5)), 1.0) for i in range(30)]
-    whole = guarded(descent_smoothing=0.3)
+    whole = guarded(rule_options={"smoothing": 0.3})
     full, _ = feed_stats(whole, stream)
     for cut in (1, 3, 12):
-        first = guarded(descent_smoothing=0.3)
+        first = guarded(rule_options={"smoothing": 0.3})
         head, step = feed_stats(first, stream[:cut])
-        resumed = guarded(descent_smoothing=0.3)
+        resumed = guarded(rule_options={"smoothing": 0.3})
         resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
         tail, _ = feed_stats(resumed, stream[cut:], step=step)
         assert head + tail == full
@@ -265,15 +266,17 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
 
 
 def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
-    with pytest.raises(ConfigError, match="overlap.*descent_drift_guard=False"):
-        descent_config(descent_drift_guard=True, overlap="eager")
-    assert descent_config(descent_drift_guard=True, overlap="delayed").measures_anchor_drift
-    assert not AutoLoCoConfig(h_base=10, descent_drift_guard=True).measures_anchor_drift  # the paper rule: no anchor
+    with pytest.raises(ConfigError, match=r"rule_options\['drift_guard'\]=True of rule 'descent'.*overlap='delayed'"):
+        descent_config(rule_options={"drift_guard": True}, overlap="eager")
+    delayed = DescentController(descent_config(rule_options={"drift_guard": True}, overlap="delayed"))
+    assert delayed.measurements(NextInterval(0, 40, 40, 10, False, 1.0, 1.0)) == (DisplacementAt(10),)
+    with pytest.raises(ConfigError, match="not an option of rule 'paper'.*option of rule 'descent'"):
+        AutoLoCoConfig(h_base=10, rule_options={"drift_guard": True})
 
 
 # ------------------------------------------------------------------ the start probe (§5.6)
 def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calibration() -> None:
-    ctl = DescentController(descent_config(descent_start_probe=1.85, calibration_intervals=1))
+    ctl = DescentController(descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1}))
     cut = IntervalObservation(
         h_tok=20, start_step=0, end_step=20, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
     )
@@ -287,26 +290,30 @@ def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calib
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (dict(overlap="delayed", overlap_steps=1), "descent_start_probe.*overlap='none'"),
-        (dict(fragments=2), "descent_start_probe.*fragments=1"),
-        (dict(descent_start_probe=2.5), "descent_start_probe=2.5"),
-        (dict(descent_start_probe=0.0), "descent_start_probe=0.0"),
+        (dict(overlap="delayed"), "start_probe.*1.85 of rule 'descent'.*overlap=delayed cannot follow"),
+        (dict(fragments=2), "start_probe.*1.85 of rule 'descent'.*fragments=2 cannot follow"),
+        (dict(rule_options={"start_probe": 2.5}), r"\['start_probe'\]=2.5 of rule 'descent'.*\(0.0, 2.0\]"),
+        (dict(rule_options={"start_probe": 0.0}), r"\['start_probe'\]=0.0 of rule 'descent'"),
     ],
 )
 def test_the_start_probe_is_refused_where_an_interval_cannot_end_early_naming_the_field(overrides, named) -> None:
-    values = {"descent_start_probe": 1.85, **overrides}
+    options = {"start_probe": 1.85, **overrides.pop("rule_options", {})}
     with pytest.raises(ConfigError, match=named):
-        descent_config(**values)
+        descent_config(rule_options=options, **overrides)
 
 
 def test_only_the_descent_rule_probes_its_start() -> None:
-    assert descent_config(descent_start_probe=1.85).probes_start
-    assert not AutoLoCoConfig(h_base=10, descent_start_probe=1.85).probes_start  # the paper rule
-    assert not descent_config().probes_start
+    first = NextInterval(0, 40, 40, 10, False, 1.0, 1.0)
+    probing = DescentController(descent_config(rule_options={"start_probe": 1.85}))
+    assert probing.measurements(first) == (DisplacementAt(15, Delivery.SHARED), DisplacementAt(20, Delivery.SHARED))
+    assert probing.measurements(replace(first, start_step=40)) == ()  # the run's first interval only
+    assert DescentController(descent_config()).measurements(first) == ()
+    with pytest.raises(ConfigError, match="not an option of rule 'paper'"):
+        AutoLoCoConfig(h_base=10, rule_options={"start_probe": 1.85})
 
 
 def test_the_drift_guard_still_judges_an_interval_the_start_probe_cut() -> None:
-    ctl = DescentController(descent_config(descent_start_probe=1.85, descent_drift_guard=True))
+    ctl = DescentController(descent_config(rule_options={"start_probe": 1.85, "drift_guard": True}))
     cut = IntervalObservation(
         h_tok=20, start_step=0, end_step=20, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
         anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.5, cut_short=True,

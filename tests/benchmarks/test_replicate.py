@@ -80,7 +80,8 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
         for name, rule in (("autoloco", "paper"), ("autoloco_descent", "descent"), ("autoloco_probe", "descent")):
             ran = json.loads((out / "table1" / f"seed{seed}" / name / "summary.json").read_text())
             assert ran["config"]["controller"] == rule
-        assert ran["config"]["descent_start_probe"] == 1.85 and ran["config"]["descent_gain"] == 0.9
+        options = ran["config"]["rule_options"]
+        assert options["start_probe"] == 1.85 and options["gain"] == 0.9
         descent_norm = json.loads(
             (out / "table8" / f"seed{seed}" / "autoloco_norm_descent" / "summary.json").read_text()
         )

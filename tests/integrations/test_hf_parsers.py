@@ -134,3 +134,21 @@ def test_trl_parser_with_a_yaml_config(tmp_path):
     assert sft.save_total_limit == 3
     config = autoloco.to_config()
     assert (config.method, config.outer_lr, config.h_base) == (Method.DILOCO, 0.7, 100)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--autoloco_controller", "descent", "--autoloco_rule_options", "gain=0.9,start_probe=1.85"],
+        ["--autoloco", "controller=descent", "--autoloco", 'rule_options={"gain": 0.9, "start_probe": 1.85}'],
+    ],
+)
+def test_rule_options_from_the_command_line(argv):
+    """A rule's options arrive as NAME=VALUE,... text or JSON and become the rule's options dataclass."""
+    (args,) = HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(argv)
+    options = args.to_config().rule_options
+    assert (type(options).__name__, options.gain, options.start_probe) == ("DescentOptions", 0.9, 1.85)
+    with pytest.raises(ConfigError, match=r"rule_options\['gian'\] is not an option of rule 'descent'"):
+        HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(
+            ["--autoloco_controller", "descent", "--autoloco_rule_options", "gian=0.9"]
+        )[0].to_config()

@@ -86,7 +86,7 @@ def _worker(rank: int, world_size: int) -> dict:
     runs = {(wire, hier): _run(topo, wire, hier) for wire in WIRES for hier in (False, True)}
     runs.update({(overlap, hier): _run(topo, "fp32", hier, overlap) for overlap in OVERLAPS for hier in (False, True)})
     # the descent rule's start probe: squared norms summed over the shards, then over the workers
-    probe = dict(controller="descent", h_max=16, descent_start_probe=2.0)
+    probe = dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0})
     runs.update({("probe", hier): _run(topo, "fp32", hier, **probe) for hier in (False, True)})
     return runs
 

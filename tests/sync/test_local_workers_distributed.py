@@ -17,9 +17,9 @@ STEPS, WARMUP = 70, 6
 RULES = {
     "paper": dict(h_max=8),
     # the descent rule with its drift guard: the anchor scalars travel in the control message
-    "descent_guard": dict(controller="descent", descent_drift_guard=True),
+    "descent_guard": dict(controller="descent", rule_options={"drift_guard": True}),
     # the descent rule's start probe: its own small all-reduce between syncs, and an interval cut short
-    "descent_probe": dict(controller="descent", descent_start_probe=2.0),
+    "descent_probe": dict(controller="descent", rule_options={"start_probe": 2.0}),
 }
 
 

@@ -21,7 +21,7 @@ from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
-AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2)
+AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2})
 
 
 def runner(config, workers: int, total: int, **kwargs) -> LocalWorkers:
@@ -208,7 +208,9 @@ def test_overlapped_schedules_are_refused(tmp_path):
 def test_streaming_fragments_go_on_from_the_boundary_every_fragment_from_theta(tmp_path, new_workers):
     """fragments=2: the snapshot is taken when the interval's last fragment has landed; any number of workers
     restarts every fragment from theta_t with each fragment's momentum slice, and streams on at its offsets."""
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, calibration_intervals=2, fragments=2)
+    config = AutoLoCoConfig(
+        method="autoloco", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}, fragments=2
+    )
     old = advance(runner(config, 2, 40, snapshot_dir=str(tmp_path)), 13)
     old.close()
     snapshot = latest_snapshot(str(tmp_path), config)

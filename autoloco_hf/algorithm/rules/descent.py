@@ -12,11 +12,11 @@ horizon is
     H_next = min( H_t, floor_q( h_max * exp(k (s_t - r)) ) ),   clipped to [h_min, h_max]
 
 with ``s_t`` an exponential moving average of ``log C_t``, ``r`` the mean
-``log C`` of the calibration intervals and ``k`` = ``descent_gain`` (1). Workers whose pseudo-gradients agree
+``log C`` of the calibration intervals and ``k`` = ``gain`` (1). Workers whose pseudo-gradients agree
 keep a long horizon; as they decorrelate (late training, heterogeneous data)
 the rule synchronizes more often.
 
-With ``descent_drift_guard`` each interval also carries its anchor: the
+With ``drift_guard`` each interval also carries its anchor: the
 normalized drift ``d`` after its first ``h_ref`` steps, measured locally by
 every worker on the way. A healthy longer horizon lowers ``d`` (the
 displacement grows more slowly than the LR mass), so an interval of at least
@@ -25,8 +25,8 @@ is halved. The guard only reads, so a run it never trips is the unguarded run.
 
 Example (coherence halves: the horizon halves, and never comes back up)::
 
-    >>> from autoloco_hf.config import AutoLoCoConfig, Controller
-    >>> cfg = AutoLoCoConfig(h_base=10, q_h=1, controller=Controller.DESCENT, descent_smoothing=0.0)
+    >>> from autoloco_hf.config import AutoLoCoConfig
+    >>> cfg = AutoLoCoConfig(h_base=10, q_h=1, controller="descent", rule_options={"smoothing": 0.0})
     >>> ctl, step, trace = DescentController(cfg), 0, []
     >>> for coherence in (2.0, 2.0, 2.0, 1.5, 1.0, 2.0):
     ...     h = ctl.h_tok
@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from autoloco_hf.algorithm.controller import (
     Assessment,
@@ -53,8 +53,59 @@ from autoloco_hf.algorithm.controller import (
     IntervalObservation,
     Phase,
 )
-from autoloco_hf.algorithm.stats import drift_growth
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.algorithm.rules.base import (
+    Delivery,
+    DisplacementAt,
+    HorizonRule,
+    Measured,
+    RuleError,
+    register_rule,
+)
+from autoloco_hf.algorithm.stats import drift_exponent, drift_growth
+from autoloco_hf.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, AutoLoCoConfig, Overlap, Range, option
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.policies import NextInterval
+
+
+@dataclass
+class DescentOptions:
+    """Options of the descent rule (``AutoLoCoConfig(controller="descent", rule_options=...)``)."""
+
+    smoothing: float = option(
+        0.5,
+        "EMA factor of `log C_t`: 0 follows each interval (docs/algorithm.md §5.6).",
+        FRACTION,
+    )
+    gain: float = option(
+        1.0,
+        """Exponent `k` of the coherence ratio, `H = h_max (C / C_ref)^k`: below 1 the
+        horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
+        POSITIVE,
+    )
+    drift_guard: bool = option(
+        False,
+        """Each worker also measures its displacement after the interval's first `h_ref` steps
+        (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
+        fall below the anchor's halves the horizon, the guard against a horizon that blows up
+        (docs/algorithm.md §5.6).""",
+    )
+    start_probe: float | None = option(
+        None,
+        """The run's first interval, if longer than `2 h_ref`, is probed on the way. Every
+        worker measures its displacement at `1.5 h_ref` and `2 h_ref` steps; one small all-reduce of those
+        squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
+        where a long start is cheap, 1.66-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
+        becomes `2 h_base`: a start too long for the run is caught before its first sync (docs/algorithm.md
+        §5.6). Unset: no probe, no extra collective.""",
+        Range(0.0, 2.0, low_open=True),
+    )
+    calibration_delay_steps: int = option(
+        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md §5.3.1).", NON_NEGATIVE
+    )
+    calibration_intervals: int = option(
+        2, "Intervals that set the reference levels at the start (docs/algorithm.md §5.3.2).", COUNT
+    )
 
 
 @dataclass
@@ -69,24 +120,71 @@ class _DescentState:
     restored: bool = False  # back at fallback_from, not yet recalibrated: a fault now halves what it restores to
 
 
-class DescentController:
-    """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md §5.6).
+@register_rule
+class DescentController(HorizonRule):
+    """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md §5.6)."""
 
-    Same interface as :class:`~autoloco_hf.algorithm.controller.HorizonController`.
-    """
+    name = "descent"
+    Options = DescentOptions
+    h_max_factor = 4  # it starts there
+    calibrates_tokens_at_any_horizon = True  # its first full intervals, at h_max, calibrate the token mapper
 
     def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
-        self.cfg = config
-        self.warmup_steps = warmup_steps
+        super().__init__(config, warmup_steps)
         self.state = _DescentState(h_tok=config.h_max)
+
+    @classmethod
+    def check_config(cls, config: AutoLoCoConfig) -> None:
+        """The start probe ends an interval early and the anchor is a displacement from ``theta_t``: refuse what cannot follow."""
+        options = config.rule_options
+        if options.start_probe is not None and (config.overlap != Overlap.NONE or config.fragments > 1):
+            setting = f"overlap={config.overlap}" if config.overlap != Overlap.NONE else f"fragments={config.fragments}"
+            raise RuleError(
+                f"rule_options['start_probe']={options.start_probe!r} of rule 'descent' is invalid: the probe ends "
+                f"an interval early, which {setting} cannot follow: use overlap='none' and fragments=1, or unset start_probe"
+            )
+        if options.drift_guard and config.overlap == Overlap.EAGER:
+            raise RuleError(
+                "rule_options['drift_guard']=True of rule 'descent' is invalid: the eager overlap's workers start "
+                "from their own points, so the guard's anchor would not be the interval's displacement: use "
+                "overlap='delayed' or drift_guard=False"
+            )
 
     @property
     def h_tok(self) -> int:
         return self.state.h_tok
 
-    @property
-    def h_accepted(self) -> int:
-        return self.state.h_tok
+    def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
+        """The drift guard's anchor after ``h_ref`` steps, and the start probe's window on the run's first interval."""
+        requests = []
+        if self.options.drift_guard and interval.h_ref < interval.h_step:
+            requests.append(DisplacementAt(interval.h_ref))
+        window = self._start_probe_window(interval)
+        if window is not None:
+            requests += [DisplacementAt(step, Delivery.SHARED) for step in window]
+        return tuple(requests)
+
+    def _start_probe_window(self, interval: NextInterval) -> tuple[int, int] | None:
+        """``(1.5 h_ref, 2 h_ref)`` for the run's first interval, if it is full and longer than ``2 h_ref``.
+
+        The first only: after the first sync the paths bend in every regime (the second interval at ``4 H_base``
+        measured 1.43 and 1.56 on seed 0 of regimes A and B, where a long start is cheap), so a later probe
+        would cut the runs it should leave alone (docs/algorithm.md §5.6).
+        """
+        plain = not (interval.truncated or interval.stretched or interval.cut_short)
+        first = interval.start_step == 0
+        if not (self.options.start_probe is not None and plain and first and interval.h_step > 2 * interval.h_ref):
+            return None
+        return 3 * interval.h_ref // 2, 2 * interval.h_ref
+
+    def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
+        """The start probe's exponent ``p`` of ``D ~ Lambda^p``; below ``start_probe`` the paths bent: end at ``2 h_ref``."""
+        before, now = results
+        exponent = drift_exponent(*drift_growth(now.sq_norm_sum, now.lr_mass, before.sq_norm_sum, before.lr_mass))
+        probed = replace(interval, probe_exponent=exponent)
+        if not exponent < self.options.start_probe:
+            return probed
+        return replace(probed, h_tok=2 * self.cfg.h_base, h_step=2 * interval.h_ref, cut_short=True)
 
     @property
     def phase(self) -> Phase:
@@ -94,8 +192,8 @@ class DescentController:
 
     def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
         """Assess a completed interval and choose the next horizon (``preview`` is unused: the rule does not look ahead)."""
-        st, cfg = self.state, self.cfg
-        in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + cfg.calibration_delay_steps
+        st, cfg, options = self.state, self.cfg, self.options
+        in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + options.calibration_delay_steps
         if not obs.finite:
             return self._fall_back()
         if obs.cut_short:
@@ -114,10 +212,10 @@ class DescentController:
         log_coherence = math.log(obs.coherence)
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
             return self._calibrate(log_coherence)
-        smoothing = cfg.descent_smoothing
+        smoothing = options.smoothing
         st.smoothed_log_coherence = smoothing * st.smoothed_log_coherence + (1.0 - smoothing) * log_coherence
         assert st.ref_log_coherence is not None
-        target = cfg.h_max * math.exp(cfg.descent_gain * (st.smoothed_log_coherence - st.ref_log_coherence))
+        target = cfg.h_max * math.exp(options.gain * (st.smoothed_log_coherence - st.ref_log_coherence))
         shorter = max(cfg.h_min, _floor_to(target, cfg.q_h))
         if shorter < st.h_tok:
             st.h_tok = shorter
@@ -130,7 +228,7 @@ class DescentController:
         Judged only on horizons of at least ``1.5 h_base``: closer to ``h_base`` the expected fall of ``log d``
         is within the noise.
         """
-        if not self.cfg.descent_drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
+        if not self.options.drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
             return None
         fall, _ = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
         return None if math.isnan(fall) or fall < 0 else fall
@@ -174,9 +272,9 @@ class DescentController:
         A fault is not a coherence signal, so the shorter horizon it forced is not kept (the only lengthening the
         rule makes); the hold's intervals do not enter ``s_t``.
         """
-        st, cfg = self.state, self.cfg
+        st, _cfg = self.state, self.cfg
         st.finite_since_fallback += 1
-        if st.finite_since_fallback < cfg.calibration_intervals:
+        if st.finite_since_fallback < self.options.calibration_intervals:
             return self._decision(Assessment.UNUSED, Decision.KEEP)
         assert st.fallback_from is not None
         st.h_tok, st.fallback_from, st.finite_since_fallback, st.restored = st.fallback_from, None, 0, True
@@ -188,10 +286,10 @@ class DescentController:
         st = self.state
         st.phase = Phase.CALIBRATION
         st.calibration_logs.append(log_coherence)
-        if len(st.calibration_logs) >= self.cfg.calibration_intervals:
+        if len(st.calibration_logs) >= self.options.calibration_intervals:
             mean = math.fsum(st.calibration_logs) / len(st.calibration_logs)
             # re-based so that the target equals the horizon in force (h_max at the start)
-            st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max) / self.cfg.descent_gain
+            st.ref_log_coherence = mean - math.log(st.h_tok / self.cfg.h_max) / self.options.gain
             st.smoothed_log_coherence = mean
             st.calibration_logs = []
             st.phase = Phase.MONITORING

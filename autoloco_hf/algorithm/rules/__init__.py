@@ -1,0 +1,39 @@
+"""Horizon rules as plug-ins (docs/algorithm.md §5.7): the interface, the registry, and the built-in rules.
+
+Importing this package registers ``paper`` (:mod:`.paper`) and ``descent`` (:mod:`.descent`).
+"""
+
+from autoloco_hf.algorithm.rules import descent, paper
+from autoloco_hf.algorithm.rules.base import (
+    Delivery,
+    DisplacementAt,
+    HorizonRule,
+    Measured,
+    RuleError,
+    get_rule,
+    import_rule_module,
+    register_rule,
+    rule_names,
+    rule_options,
+)
+from autoloco_hf.algorithm.rules.descent import DescentController, DescentOptions
+from autoloco_hf.algorithm.rules.paper import HorizonController, PaperOptions
+
+__all__ = [
+    "Delivery",
+    "DescentController",
+    "DescentOptions",
+    "DisplacementAt",
+    "HorizonController",
+    "HorizonRule",
+    "Measured",
+    "PaperOptions",
+    "RuleError",
+    "descent",
+    "get_rule",
+    "import_rule_module",
+    "paper",
+    "register_rule",
+    "rule_names",
+    "rule_options",
+]
