@@ -128,7 +128,7 @@ class GridFormat(WireFormat):
                 scale = (amax / grid.top).masked_fill_(amax == 0, 1.0)
                 scale = torch.nan_to_num(scale, nan=self.scale_max).clamp_(SCALE_MIN, self.scale_max)
                 m = torch.div(xb, scale[:, None])
-                negative = m < 0
+                negative = xb < 0
                 m.abs_()
                 finite = bool(amax.isfinite().all()) and bool((scale < self.scale_max).all())
                 if grid.unit_step:  # index = clamp(ceil(m - mid_0), 0, M - 1)
