@@ -93,9 +93,7 @@ def grid(
     return list(seen.values())
 
 
-def tuned_grid(
-    outer_lrs: Sequence[float], momenta: Sequence[float], horizons: Sequence[int]
-) -> list[tuple[float, float, int]]:
+def tuned_grid(outer_lrs: Sequence[float], momenta: Sequence[float], horizons: Sequence[int]) -> list[tuple[float, float, int]]:
     """The tuned baseline's settings, the most informative first: the middle horizons, then the ends."""
     order = sorted(horizons, key=lambda h: (h not in (10, 20), h))
     return [(lr, mu, h) for h in order for lr in outer_lrs for mu in momenta]
@@ -648,9 +646,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     h_base, _ = replicate.schedule(args.steps)
     # adaptive variants first: a campaign cut short still has them next to the most important horizons
-    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(
-        h_list, args.base_mu, mu_list, mu_h, tuned
-    )
+    args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(h_list, args.base_mu, mu_list, mu_h, tuned)
     return args
 
 
