@@ -20,6 +20,7 @@ import torch
 
 from autoloco_hf.sync.accounting import INDEX_BYTES, topk_keep, topk_kept
 from autoloco_hf.sync.formats.base import WireFormat, blocked
+from autoloco_hf.sync.formats.int8 import chunk_rows
 
 
 class TopKFormat(WireFormat):
@@ -42,15 +43,17 @@ class TopKFormat(WireFormat):
         *inner_wire, offsets = wire
         kept = torch.empty(offsets.numel() // INDEX_BYTES, dtype=torch.float32, device=x.device)
         index = offsets.view(torch.int16)
-        pos = 0
+        pos, step = 0, chunk_rows(block_size)
+        magnitude = torch.empty(min(x.numel(), step * block_size), dtype=torch.float32, device=x.device)
         for xv in blocked(x, block_size):
             k = topk_keep(xv.shape[1], self.fraction)
-            order = torch.sort(xv.abs(), dim=1, descending=True, stable=True).indices[:, :k]
-            order = torch.sort(order, dim=1).values
-            size = xv.shape[0] * k
-            kept[pos : pos + size].view(-1, k).copy_(torch.gather(xv, 1, order))
-            index[pos : pos + size].view(-1, k).copy_(order)  # offsets >= 2**15 wrap to negative int16
-            pos += size
+            for lo in range(0, xv.shape[0], step):  # a cache-sized group of blocks at a time
+                xb = xv[lo : lo + step]
+                order = _kept_offsets(torch.abs(xb, out=magnitude[: xb.numel()].view_as(xb)), k)
+                size = xb.shape[0] * k
+                kept[pos : pos + size].view(-1, k).copy_(torch.gather(xb, 1, order))
+                index[pos : pos + size].view(-1, k).copy_(order)  # offsets >= 2**15 wrap to negative int16
+                pos += size
         self.inner.encode(kept, inner_wire, self._inner_block(block_size, x.numel()))
 
     def decode(self, wire: Sequence[torch.Tensor], out: torch.Tensor, block_size: int) -> None:
@@ -65,3 +68,23 @@ class TopKFormat(WireFormat):
             size = ov.shape[0] * k
             ov.scatter_(1, index[pos : pos + size].view(-1, k), kept[pos : pos + size].view(-1, k))
             pos += size
+
+
+def _kept_offsets(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """Offsets, ascending, of the ``k`` largest entries of each row, ties to the lower offset (a stable sort's choice).
+
+    ``torch.topk`` (a selection, not a sort) gives each row's k-th largest magnitude
+    ``t``; where exactly ``k`` entries are ``>= t`` they are the stable sort's
+    choice whatever the tie order inside ``topk``. Rows with ties across ``t`` (or
+    NaN) take the stable sort, so the result is the reference's in every case.
+    """
+    threshold = torch.topk(magnitude, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    row, offset = (magnitude >= threshold).nonzero().unbind(1)
+    clean = torch.bincount(row, minlength=magnitude.shape[0]) == k
+    if bool(clean.all()):
+        return offset.view(-1, k)
+    order = torch.empty(magnitude.shape[0], k, dtype=torch.int64, device=magnitude.device)
+    order[clean] = offset[clean[row]].view(-1, k)
+    by_size = torch.sort(magnitude[~clean], dim=1, descending=True, stable=True).indices[:, :k]
+    order[~clean] = torch.sort(by_size, dim=1).values
+    return order
