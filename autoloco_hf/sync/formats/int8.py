@@ -43,13 +43,14 @@ from autoloco_hf.sync.formats.base import WireFormat, blocked
 QMAX = 127
 SCALE_MIN = float.fromhex("0x1p-126")  # smallest normal FP32, see module docstring
 SCALE_MAX = float.fromhex("0x1.020406p+121")  # largest FP32 s with 127 * s finite
+_ROUND_MAGIC = 1.5 * 2**23  # adding it rounds |q| < 2**22 to an integer, half to even
 CHUNK_ELEMENTS = 1 << 18  # per thread: 1 MB of FP32, the size of a core's L2 cache
 
 
 def chunk_rows(block_size: int) -> int:
     """Blocks processed per pass: about ``CHUNK_ELEMENTS`` elements (times the intra-op threads).
 
-    The encoder makes five passes over each chunk (min/max, divide, round, clamp,
+    The encoders make several passes over each chunk (min/max, divide, round,
     cast); a chunk of ~1 MB FP32 per thread stays in the core's cache, so only the
     first pass reads main memory, and it is large enough for torch's intra-op
     thread pool (grain 32,768 elements) to split it across threads.
@@ -81,13 +82,16 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
                 scratch = torch.empty(min(step, xv.shape[0]) * xv.shape[1], dtype=torch.float32, device=x.device)
             q = scratch[: xb.numel()].view_as(xb)
             torch.div(xb, scale[:, None], out=q)
-            q.round_()  # half to even
             # Only a non-finite or saturated (SCALE_MAX) block can leave [-127, 127] or hold NaN: finite
-            # amax <= 127 * SCALE_MAX gives |x / scale| <= 127 (1 + 2**-23) before rounding. Skipping the
-            # two passes for ordinary groups leaves the output unchanged.
-            if not (bool(amax.isfinite().all()) and bool((scale < SCALE_MAX).all())):
+            # amax <= 127 * SCALE_MAX gives |x / scale| <= 127 (1 + 2**-23). (NaN or inf amax got SCALE_MAX
+            # above.) Skipping the two passes for ordinary groups leaves the output unchanged; clamping
+            # before rounding equals clamping after, the bounds being integers.
+            if not bool((scale < SCALE_MAX).all()):
                 q.nan_to_num_(nan=0.0).clamp_(-QMAX, QMAX)  # casting NaN to int8 is undefined behaviour
-            vb.copy_(q)
+            # Round half to even by the FP32 addition itself: for |q| < 2**22, q + 1.5 * 2**23 holds
+            # round(q) in its low mantissa bits, so the int32 view's low byte is the int8 code.
+            q.add_(_ROUND_MAGIC)
+            vb.copy_(q.view(torch.int32))  # the int32 -> int8 cast keeps the low byte
             scales[row : row + scale.numel()] = scale
             row += scale.numel()
 
