@@ -18,7 +18,7 @@ as the largest level. The error per element of finite input is at most
 
 The kernel does not search the grid: every midpoint is a multiple of
 ``1 / D`` for a power of two ``D`` (``D * m`` is exact), so
-``#{mid_j < m} = table[clamp(ceil(D * m) - 1, 0, D * l_{M-1})]`` with an integer
+``#{mid_j < m} = table[ceil(D * m)]`` (``ceil(D * m) <= D * l_{M-1} + 1`` for finite input) with an integer
 table; for a grid of step 1 (``int4``, ``int2``) the table is
 ``clamp(ceil(m - mid_0), 0, M - 1)`` and no lookup is needed.
 """
@@ -105,9 +105,9 @@ class GridFormat(WireFormat):
         self.per_byte = 8 // grid.bits
         self.scale_max = _largest_finite_scale(grid.top)
         d = grid.denominator
-        self._positions = int(grid.top * d) + 1  # multiples of 1 / D up to the top
-        # code of each signed position p + positions * (x < 0), p = clamp(ceil(D * m) - 1): #{mid_j < m} | sign bit
-        index = [sum(1 for mid in grid.midpoints if mid * d <= c) for c in range(self._positions)]
+        self._positions = int(grid.top * d) + 2  # ceil(D * m) for m in [0, top * (1 + 2**-22)]
+        # code of each signed position p + positions * (x < 0), p = ceil(D * m): #{mid_j < m} | sign bit
+        index = [sum(1 for mid in grid.midpoints if mid * d < c) for c in range(self._positions)]
         sign_bit = 1 << (grid.bits - 1)
         self._code_table = torch.tensor(index + [i | sign_bit for i in index], dtype=torch.int8)
         levels = torch.tensor(grid.signed_levels(), dtype=torch.float32)
@@ -187,11 +187,11 @@ class GridFormat(WireFormat):
             elif grid.midpoints[0] >= 1:  # (int2) m < mid_0 - 1 gives a negative ceiling
                 m.clamp_min_(0)
             cb.copy_(m.add_(negative, alpha=1 << (grid.bits - 1)))  # small integers: the FP32 -> int8 cast is exact
-        else:  # code = table[clamp(ceil(D * m) - 1, 0, D * top) + positions * (x < 0)]
-            m.mul_(grid.denominator).ceil_().sub_(1)
+        else:  # code = table[ceil(D * m) + positions * (x < 0)]
+            m.mul_(grid.denominator).ceil_()
             if not finite:
-                m.nan_to_num_(nan=0.0)
-            m.clamp_(0, self._positions - 1).add_(negative, alpha=self._positions)
+                m.nan_to_num_(nan=0.0).clamp_(0, self._positions - 1)
+            m.add_(negative, alpha=self._positions)
             position = pos_buf[: xb.numel()]
             position.copy_(m.view(-1))
             torch.index_select(table, 0, position, out=cb.view(-1))
