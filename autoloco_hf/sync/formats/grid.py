@@ -18,9 +18,10 @@ as the largest level. The error per element of finite input is at most
 
 The kernel does not search the grid: every midpoint is a multiple of
 ``1 / D`` for a power of two ``D`` (``D * m`` is exact), so
-``#{mid_j < m} = table[ceil(D * m)]`` (``ceil(D * m) <= D * l_{M-1} + 1`` for finite input) with an integer
-table; for a grid of step 1 (``int4``, ``int2``) the table is
-``clamp(ceil(m - mid_0), 0, M - 1)`` and no lookup is needed.
+``#{mid_j < m} = table[ceil(D * m)]`` (``ceil(D * m) <= D * l_{M-1} + 1`` for
+finite input) with an integer table; for a grid of step 1 (``int4``) it is
+``clamp(ceil(m - mid_0), 0, M - 1)`` and for a single midpoint (``int2``)
+``[m > mid_0]``: no lookup is needed.
 """
 
 from __future__ import annotations
@@ -180,12 +181,12 @@ class GridFormat(WireFormat):
         # Only a non-finite or saturated group (its scale clamped to the upper scale) can exceed the top
         # level or hold NaN (finite amax gives m <= top * (1 + 2**-22)); ordinary groups skip those passes.
         finite = bool((scale < self.scale_max).all())
-        if grid.unit_step:  # index = clamp(ceil(m - mid_0), 0, M - 1)
+        if len(grid.midpoints) == 1:  # (int2) index = [m > mid_0]; NaN gives 0 and inf 1, as clamped below
+            cb.copy_(m.gt_(grid.midpoints[0]).add_(negative, alpha=1 << (grid.bits - 1)))
+        elif grid.unit_step:  # index = clamp(ceil(m - mid_0), 0, M - 1)
             m.sub_(grid.midpoints[0]).ceil_()
             if not finite:
                 m.nan_to_num_(nan=0.0).clamp_(0, len(grid.magnitudes) - 1)
-            elif grid.midpoints[0] >= 1:  # (int2) m < mid_0 - 1 gives a negative ceiling
-                m.clamp_min_(0)
             cb.copy_(m.add_(negative, alpha=1 << (grid.bits - 1)))  # small integers: the FP32 -> int8 cast is exact
         else:  # code = table[ceil(D * m) + positions * (x < 0)]
             m.mul_(grid.denominator).ceil_()
