@@ -57,10 +57,19 @@ class WireDtype(ValueEnum):
     FP32 = "fp32"
     BF16 = "bf16"
     INT8 = "int8"
+    INT4 = "int4"  # uniform grid -7..7 times a scale per block
+    FP4 = "fp4"  # the FP4 E2M1 grid (0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives) times a scale per block
+    INT2 = "int2"  # uniform grid -1.5, -0.5, 0.5, 1.5 times a scale per block
 
     @property
-    def bytes_per_element(self) -> int:
-        return {"fp32": 4, "bf16": 2, "int8": 1}[self.value]
+    def bits(self) -> int:
+        """Bits of one element's code (blockwise wires add an FP32 scale per block)."""
+        return {"fp32": 32, "bf16": 16, "int8": 8, "int4": 4, "fp4": 4, "int2": 2}[self.value]
+
+    @property
+    def blockwise(self) -> bool:
+        """Whether the wire carries codes and a scale per block (and may be sparsified by ``topk_fraction``)."""
+        return self.bits <= 8
 
 
 class ReferenceClip(ValueEnum):
@@ -87,6 +96,9 @@ class Overlap(ValueEnum):
 
 METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
+LOSSY_WIRES = tuple(w.value for w in WireDtype if w != WireDtype.FP32)
+BLOCKWISE_WIRES = tuple(w.value for w in WireDtype if w.blockwise)
+MAX_TOPK_BLOCK = 1 << 16  # top-k offsets in a block are 16-bit (docs/algorithm.md §7.1)
 OVERLAPS = tuple(o.value for o in Overlap)
 
 # Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4). Budgets are what the
@@ -274,7 +286,16 @@ class AutoLoCoConfig:
 
     # ------------------------------------------------------------ communication (docs/algorithm.md §7, 8)
     wire_dtype: WireDtype = option(WireDtype.FP32, "Pseudo-gradient wire format (docs/algorithm.md §7).")
-    int8_block_size: int = option(4096, "Elements per INT8 block.", COUNT)
+    int8_block_size: int = option(
+        4096, "Elements per block of a blockwise wire (int8, int4, fp4, int2), each with an FP32 scale.", COUNT
+    )
+    topk_fraction: float | None = option(
+        None,
+        """Send only the largest `ceil(topk_fraction * n)` entries (by magnitude) of every block of `n` elements,
+        with their offsets in the block as 16-bit indices, the values in `wire_dtype` (int8, int4, fp4 or int2;
+        docs/algorithm.md §7.1). None: dense. Pair it with error_feedback=True, or the rest is lost.""",
+        Range(0.0, 1.0, low_open=True),
+    )
     error_feedback: bool = option(
         False,
         """Carry the codec's residual to the next interval (costs one FP32 model copy per worker; needs a lossy
@@ -449,7 +470,19 @@ class AutoLoCoConfig:
 
     def _check_communication(self) -> None:
         if self.error_feedback and self.wire_dtype == WireDtype.FP32:
-            _fail("error_feedback", True, "it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'")
+            _fail("error_feedback", True, f"it only applies to a lossy wire: set wire_dtype to one of {LOSSY_WIRES}")
+        if self.topk_fraction is not None and not self.wire_dtype.blockwise:
+            _fail(
+                "topk_fraction",
+                self.topk_fraction,
+                f"it sparsifies a blockwise wire: set wire_dtype to one of {BLOCKWISE_WIRES}, or topk_fraction=None",
+            )
+        if self.topk_fraction is not None and self.int8_block_size > MAX_TOPK_BLOCK:
+            _fail(
+                "int8_block_size",
+                self.int8_block_size,
+                f"with topk_fraction the offsets in a block travel as 16 bits: use int8_block_size <= {MAX_TOPK_BLOCK}",
+            )
         if (
             self.ranks_per_worker > 1
             and not self.hierarchical_sync
@@ -466,15 +499,13 @@ class AutoLoCoConfig:
             )
 
     def _check_overlap(self) -> None:
-        """Overlap needs intervals, an exact wire without a residual, and a merge due before the next boundary."""
+        """Overlap needs intervals and a merge due before the next boundary."""
         if self.overlap == Overlap.NONE:
             return
         if not self.is_interval_method:
             _fail(
                 "overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method"
             )
-        if self.error_feedback:
-            _fail("overlap", self.overlap, "it does not combine with error_feedback=True: turn one of them off")
         if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
             _fail(
                 "overlap_steps",
@@ -484,7 +515,7 @@ class AutoLoCoConfig:
             )
 
     def _check_fragments(self) -> None:
-        """Fragments need intervals, one whole-model start point and residual, and room for every fragment's sync (and merge)."""
+        """Fragments need intervals, one whole-model start point, and room for every fragment's sync (and merge)."""
         if self.fragments == 1:
             return
         if not self.is_interval_method:
@@ -493,10 +524,6 @@ class AutoLoCoConfig:
             "overlap": (
                 self.overlap == Overlap.EAGER,
                 "eager overlap does not combine with fragments > 1: use overlap='delayed'",
-            ),
-            "error_feedback": (
-                self.error_feedback,
-                "its residual is one whole-model buffer: use fragments=1 or error_feedback=False",
             ),
         }
         for name, (refused, fix) in refusals.items():

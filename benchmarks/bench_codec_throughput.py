@@ -1,7 +1,8 @@
 """Encode/decode throughput of the pseudo-gradient wire codecs (docs/algorithm.md §7).
 
 Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
-encode, decode and encode+decode of the bf16 and int8 wires, median of
+encode, decode and encode+decode of any wire (bf16, int8, int4, fp4, int2; ``--topk``
+adds each blockwise wire sparsified to that fraction), median of
 ``--repeats`` runs after one warm-up, so that the codec's cost can be compared
 with the time an outer synchronization spends on the network. ``encode`` /
 ``decode`` write into persistent wire buffers (``out=``, what the communicator
@@ -10,17 +11,21 @@ the physical limit: a plain ``torch`` copy of the same FP32 buffer into a
 preallocated one.
 
     python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
+    python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 \
+        --topk 0.02 --json docs/results/codec_speed/codec_throughput.json   # the issue-36 run (docs/benchmarks.md)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES
 from autoloco_hf.sync.codec import WireCodec
 
 
@@ -30,7 +35,12 @@ def _parse_size(text: str) -> int:
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    fn()  # warm-up: allocator, kernels
+    return statistics.median(_seconds(fn, repeats, device))
+
+
+def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> list[float]:
+    """Every repeat's wall time after one warm-up call (allocator, kernels)."""
+    fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -40,13 +50,15 @@ def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="elements, e.g. 16M")
-    parser.add_argument("--wires", nargs="+", default=["bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    parser.add_argument("--wires", nargs="+", default=["bf16", "int8"], choices=WIRE_DTYPES)
+    parser.add_argument("--topk", type=float, default=None, help="also each blockwise wire with this topk_fraction")
+    parser.add_argument("--json", default=None, help="write every repeat's times here")
     parser.add_argument("--block-size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
@@ -63,25 +75,43 @@ def main() -> None:
     header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "enc+dec fresh", "wire/fp32")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (5, 12, 12, 12, 13, 14, 10))))
     gen = torch.Generator().manual_seed(0)
+    wires = [(w, None) for w in args.wires]
+    wires += [(w, args.topk) for w in args.wires if args.topk is not None and w in BLOCKWISE_WIRES]
+    raw: dict = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "block_size": args.block_size,
+        "rows": [],
+    }
     for size in args.sizes:
         numel = _parse_size(size)
         x = torch.randn(numel, generator=gen).to(device)
         gb = 4 * numel / 1e9
         copy = torch.empty_like(x)
-        t_copy = _median_seconds(lambda: copy.copy_(x), args.repeats, device)
+        copies = _seconds(lambda: copy.copy_(x), args.repeats, device)
+        t_copy = statistics.median(copies)
+        raw["rows"].append({"wire": "copy", "elements": numel, "copy_s": copies})
         print(f"{'copy':>5} {numel:>12,} {gb / t_copy:>12.2f} {'':>12} {'':>13} {'':>14} {1.0:>10.4f}")
-        for wire in args.wires:
-            codec = WireCodec(wire, [numel], block_size=args.block_size)
+        for wire, topk in wires:
+            codec = WireCodec(wire, [numel], block_size=args.block_size, topk_fraction=topk)
             wire_bufs = codec.empty_wire(0, numel, device)
             codec.encode(x, 0, out=wire_bufs)
-            t_enc = _median_seconds(lambda: codec.encode(x, 0, out=wire_bufs), args.repeats, device)
-            t_dec = _median_seconds(lambda: codec.decode(wire_bufs, 0, numel, out=copy), args.repeats, device)
-            t_fresh = _median_seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
+            encodes = _seconds(lambda: codec.encode(x, 0, out=wire_bufs), args.repeats, device)
+            decodes = _seconds(lambda: codec.decode(wire_bufs, 0, numel, out=copy), args.repeats, device)
+            fresh = _seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
+            t_enc, t_dec, t_fresh = (statistics.median(t) for t in (encodes, decodes, fresh))
             ratio = codec.wire_bytes(0, numel) / (4 * numel)
+            name = wire if topk is None else f"{wire}+top{topk:g}"
+            raw["rows"].append(
+                {"wire": name, "elements": numel, "encode_s": encodes, "decode_s": decodes, "fresh_s": fresh}
+            )
             print(
-                f"{wire:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
+                f"{name:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
                 f"{gb / t_fresh:>14.2f} {ratio:>10.4f}"
             )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ and times, for a flat FP32 buffer of each ``--sizes`` with a transformer-like se
 layout (a few hundred tensors):
 
 * ``all_reduce``: a bare ``dist.all_reduce`` of the same buffer (the reference);
-* ``average fp32 / bf16 / int8``: :meth:`ProcessGroupCommunicator.average` with that
-  wire (FP32: bucketed all-reduce; BF16 / INT8: owner-reduce over all_to_all_single),
+* ``average <wire>``: :meth:`ProcessGroupCommunicator.average` with that
+  wire (FP32: bucketed all-reduce; every lossy wire: owner-reduce over all_to_all_single),
   including the float64 scalar vector the engine sends with it.
 
 Median of ``--repeats`` runs after one warm-up, rank 0's clock, a barrier before each
@@ -47,7 +47,7 @@ from bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
 from autoloco_hf.sync.codec import WireCodec  # noqa: E402
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402
 
-WIRES = ("fp32", "bf16", "int8")
+WIRES = ("fp32", "bf16", "int8", "int4", "fp4", "int2")
 
 
 def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list[int]:
@@ -145,7 +145,7 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
                 )
             rows.append(row)
         if rank == 0:
-            for wire in ("bf16", "int8"):
+            for wire in WIRES[1:]:
                 codec = WireCodec(wire, segments)
                 bufs, out = codec.empty_wire(0, numel), torch.empty_like(x)
                 t_rt = _median_seconds(

@@ -191,6 +191,9 @@ def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) 
         (dict(outer_momentum=0.3), "outer_momentum"),
         (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
         (dict(error_feedback=True), "error_feedback"),  # needs a lossy wire
+        (dict(topk_fraction=0.02), "topk_fraction"),  # sparsifies a blockwise wire, not fp32
+        (dict(wire_dtype="bf16", topk_fraction=0.02), "topk_fraction"),
+        (dict(wire_dtype="int2", topk_fraction=0.02, int8_block_size=70_000), "int8_block_size"),  # 16-bit offsets
         # the flat worker-group layout counts tokens per outer group: groups could map them to different horizons
         (dict(ranks_per_worker=2, hierarchical_sync=False), "hierarchical_sync"),
     ],
@@ -233,7 +236,13 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
             dict(rule_options={"cumulative_check": "yes"}),
             "rule_options['cumulative_check']='yes' of rule 'paper' is invalid: pass true or false",
         ),
-        (dict(wire_dtype="fp16"), "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8"),
+        (
+            dict(wire_dtype="fp16"),
+            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8, int4, fp4, int2",
+        ),
+        (dict(topk_fraction=0.0), "AutoLoCoConfig.topk_fraction=0.0 is invalid: it must be in (0.0, 1.0]"),
+        (dict(topk_fraction=1.5), "AutoLoCoConfig.topk_fraction=1.5 is invalid: it must be in (0.0, 1.0]"),
+        (dict(int8_block_size=-3), "AutoLoCoConfig.int8_block_size=-3 is invalid: it must be >= 1"),
         (dict(overlap="x"), "AutoLoCoConfig.overlap='x' is invalid: use one of none, delayed, eager"),
     ],
 )

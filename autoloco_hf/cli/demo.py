@@ -121,14 +121,14 @@ def train_method(
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss
-    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.communicators import make_communicator
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     writer = RunWriter(f"{args.out}/{name}", name)
     workers = LocalWorkers(
         config,
         setup.model,
-        SimulatedCommunicator(args.workers, wire_dtype=str(config.wire_dtype), block_size=config.int8_block_size),
+        make_communicator(config, distributed=False, simulated_workers=args.workers),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=peak_lr, weight_decay=WEIGHT_DECAY),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
         total_steps=args.steps,

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from autoloco_hf.config import WireDtype
@@ -18,7 +19,10 @@ from autoloco_hf.config import WireDtype
 if TYPE_CHECKING:
     from autoloco_hf.sync.codec import WireCodec
 
-DEFAULT_BLOCK_SIZE = 4096  # INT8 elements per FP32 scale (docs/algorithm.md §7)
+DEFAULT_BLOCK_SIZE = 4096  # elements per FP32 scale of a blockwise wire (docs/algorithm.md §7)
+FP32_BYTES = 4
+SCALE_BYTES = FP32_BYTES  # one FP32 scale per block
+INDEX_BYTES = 2  # one 16-bit offset in its block per kept entry of a top-k wire (docs/algorithm.md §7.1)
 
 
 def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -26,30 +30,63 @@ def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     return -(-numel // block_size)
 
 
-def payload_bytes(syncs: int, num_params: int, wire_dtype: str, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+def packed_bytes(numel: int, bits: int) -> int:
+    """Bytes of ``numel`` codes of ``bits`` bits packed together, the last byte padded."""
+    return -(-numel * bits // 8)
+
+
+def topk_keep(numel: int, fraction: float) -> int:
+    """Entries a top-k wire keeps of one block of ``numel`` elements: ``ceil(fraction * numel)``."""
+    return math.ceil(fraction * numel)
+
+
+def topk_kept(numel: int, block_size: int, fraction: float) -> int:
+    """Entries a top-k wire keeps of one contiguous chunk: per full block, plus the partial last block's."""
+    full, tail = divmod(numel, block_size)
+    return full * topk_keep(block_size, fraction) + topk_keep(tail, fraction)
+
+
+def piece_wire_bytes(numel: int, wire_dtype: str, block_size: int, topk_fraction: float | None = None) -> int:
+    """Exact wire bytes of one contiguous chunk (inside one tensor) of ``numel`` elements.
+
+    Dense: the codes packed, plus an FP32 scale per block for a blockwise wire.
+    Top-k: the kept entries' codes packed, their 16-bit offsets, and a scale per block.
+    """
+    wire = WireDtype(wire_dtype)
+    scales = SCALE_BYTES * num_int8_blocks(numel, block_size) if wire.blockwise else 0
+    if topk_fraction is None:
+        return packed_bytes(numel, wire.bits) + scales
+    kept = topk_kept(numel, block_size, topk_fraction)
+    return packed_bytes(kept, wire.bits) + INDEX_BYTES * kept + scales
+
+
+def payload_bytes(
+    syncs: int,
+    num_params: int,
+    wire_dtype: str,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    topk_fraction: float | None = None,
+) -> int:
     """The paper's logical payload per worker of ``syncs`` full-model synchronizations.
 
-    ``num_params`` elements at the wire dtype, plus for INT8 one FP32 scale per
-    ``block_size`` elements of the flat buffer. This is the number the paper and
-    ``autoloco plan`` compare; what a worker really sends is :func:`wire_bytes_sent`.
+    ``num_params`` elements at the wire dtype as one chunk (:func:`piece_wire_bytes`: for a
+    blockwise wire one FP32 scale per ``block_size`` elements of the flat buffer). This is the
+    number the paper and ``autoloco plan`` compare; what a worker really sends is :func:`wire_bytes_sent`.
     """
-    per_sync = num_params * WireDtype(wire_dtype).bytes_per_element
-    if wire_dtype == WireDtype.INT8:
-        per_sync += 4 * num_int8_blocks(num_params, block_size)
-    return syncs * per_sync
+    return syncs * piece_wire_bytes(num_params, wire_dtype, block_size, topk_fraction)
 
 
 def wire_bytes_sent(codec: WireCodec, num_workers: int, worker: int = 0) -> int:
     """Bytes ``worker`` sends to the others in one aggregation of ``codec``'s flat buffer.
 
-    FP32 goes through a ring all-reduce: ``2 (N-1)/N`` times the buffer. BF16 and
-    INT8 go through owner-reduce: the worker's encoded contributions to the other
+    FP32 goes through a ring all-reduce: ``2 (N-1)/N`` times the buffer. Every lossy
+    wire goes through owner-reduce: the worker's encoded contributions to the other
     owners, then its encoded mean part to each of the others (exact split sizes
     from :meth:`WireCodec.wire_bytes`).
     """
     n = num_workers
     if codec.wire_dtype == WireDtype.FP32:
-        return (2 * (n - 1) * codec.numel * WireDtype.FP32.bytes_per_element) // n
+        return (2 * (n - 1) * codec.numel * FP32_BYTES) // n
     parts = codec.partition(n)
     to_owners = sum(codec.wire_bytes(s, e - s) for j, (s, e) in enumerate(parts) if j != worker)
     s, e = parts[worker]
@@ -66,4 +103,4 @@ def outer_state_bytes_per_rank(
     is at most one row per tensor above ``num_params / R`` (ignored here).
     """
     copies = 1 + int(momentum) + int(error_feedback)
-    return copies * WireDtype.FP32.bytes_per_element * -(-num_params // ranks_per_worker)
+    return copies * FP32_BYTES * -(-num_params // ranks_per_worker)

@@ -5,14 +5,14 @@ a small float64 vector of per-worker scalars (squared norms, token counts,
 loss sums, a non-finite flag, the executed horizon for the agreement check).
 
 * :class:`ProcessGroupCommunicator` uses ``torch.distributed`` (gloo on CPU,
-  NCCL on GPU): FP32 as a flat, bucketed all-reduce; BF16 and INT8 with the
+  NCCL on GPU): FP32 as a flat, bucketed all-reduce; every lossy wire with the
   paper's owner-reduce aggregation (each worker owns a part of the buffer,
   decodes and averages the contributions in FP32, encodes the mean once and
   sends it to everybody) over ``all_to_all_single``.
 * :class:`SimulatedCommunicator` does the same arithmetic, in the same order,
   for ``N`` replicas held in one process, so ``N`` simulated workers reproduce
   ``N`` processes bit for bit (FP32 exactly for ``N = 2``, where the all-reduce
-  sum has a single order; BF16/INT8 for any ``N``).
+  sum has a single order; the lossy wires for any ``N``).
 
 Wire bytes count what one worker sends to the others: for the FP32 all-reduce
 the ring algorithm's ``2 (N-1)/N`` times the buffer, for owner-reduce the exact
@@ -157,19 +157,32 @@ class Communicator(ABC):
     num_workers: int
     local_workers: int
 
-    def __init__(self, wire_dtype: str = WireDtype.FP32, block_size: int = 4096, bucket_size_mb: float = 64.0) -> None:
+    def __init__(
+        self,
+        wire_dtype: str = WireDtype.FP32,
+        block_size: int = 4096,
+        bucket_size_mb: float = 64.0,
+        topk_fraction: float | None = None,
+    ) -> None:
+        # the codec checks the names, block size and fraction once here: bad input fails at construction
+        WireCodec(wire_dtype, [], block_size, topk_fraction)
         self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
+        self.topk_fraction = topk_fraction
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
         # one per layout and wire: the whole model, or each streaming fragment in turn (docs/algorithm.md §12)
         self._codecs: dict[tuple, WireCodec] = {}
 
     def codec(self, segment_sizes: Sequence[int], wire_dtype: str | None = None) -> WireCodec:
-        """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once per layout and wire)."""
+        """The wire codec for a flat buffer made of ``segment_sizes`` tensors (built once per layout and wire).
+
+        ``topk_fraction`` sparsifies this communicator's own wire only, not an override (gradients in FP32).
+        """
         wire = WireDtype(wire_dtype or self.wire_dtype)
         key = (tuple(segment_sizes), wire)
         if key not in self._codecs:
-            self._codecs[key] = WireCodec(wire, segment_sizes, self.block_size)
+            topk = self.topk_fraction if wire == self.wire_dtype else None
+            self._codecs[key] = WireCodec(wire, segment_sizes, self.block_size, topk)
         return self._codecs[key]
 
     def start_average(
@@ -274,7 +287,7 @@ class ProcessGroupCommunicator(Communicator):
     Args:
         group: the process group across workers (default: the world). With
             worker groups (docs/algorithm.md §8.3) it holds the ranks of equal local rank.
-        wire_dtype: ``fp32``, ``bf16`` or ``int8`` (docs/algorithm.md §7).
+        wire_dtype: a wire format name (docs/algorithm.md §7); ``topk_fraction`` sparsifies it (§7.1).
         timeout_s: bound on every collective (``AutoLoCoConfig.sync_timeout_s``).
             Without ``group``, a new group over the world is created with this
             timeout (collective: every rank must build its communicator), so
@@ -301,10 +314,10 @@ class ProcessGroupCommunicator(Communicator):
         self.num_workers = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.local_workers = 1
-        # reused by the FP32 all-reduce and the BF16 / INT8 owner-reduce, one per layout (fragments: F of them)
+        # reused by the FP32 all-reduce and the lossy wires' owner-reduce, one per layout (fragments: F of them)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._owners: dict[tuple, _OwnerReduceBuffers] = {}
-        self._background: ThreadPoolExecutor | None = None  # runs an overlapped BF16 / INT8 owner-reduce
+        self._background: ThreadPoolExecutor | None = None  # runs an overlapped owner-reduce of a lossy wire
 
     def worker_labels(self) -> list[str]:
         return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
@@ -403,7 +416,7 @@ class ProcessGroupCommunicator(Communicator):
 
     def _owner_buffers(self, codec: WireCodec, device: torch.device) -> _OwnerReduceBuffers:
         """Persistent wire buffers of the owner-reduce (fresh ones per sync cost more than the codec on CPU)."""
-        key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, self.num_workers, device)
+        key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, codec.topk_fraction, self.num_workers, device)
         if key not in self._owners:
             self._owners[key] = _OwnerReduceBuffers(key, codec, self.num_workers, self.rank, device)
         return self._owners[key]
@@ -432,7 +445,7 @@ class ProcessGroupCommunicator(Communicator):
         """Start the average; the caller trains on until :meth:`PendingAverage.wait` (docs/algorithm.md §11).
 
         FP32: the control all-gather and the bucketed all-reduce run as
-        ``async_op=True`` work handles. BF16 / INT8: the owner-reduce needs its two
+        ``async_op=True`` work handles. A lossy wire: the owner-reduce needs its two
         exchanges with a decode in between, so the whole blocking :meth:`average`
         runs on one background thread (the collectives and codec kernels release the
         GIL; on CUDA on a side stream of its own). Either way the inputs are copied
@@ -588,7 +601,7 @@ class HierarchicalCommunicator(Communicator):
     def __init__(self, outer: Communicator, inner_group: Any, ranks_per_worker: int, rank_in_worker: int) -> None:
         import torch.distributed as dist
 
-        super().__init__(wire_dtype=outer.wire_dtype, block_size=outer.block_size)
+        super().__init__(wire_dtype=outer.wire_dtype, block_size=outer.block_size, topk_fraction=outer.topk_fraction)
         if dist.get_world_size(inner_group) != ranks_per_worker:
             raise ValueError(
                 f"the inner group has {dist.get_world_size(inner_group)} ranks but ranks_per_worker={ranks_per_worker}"
@@ -687,7 +700,7 @@ def make_communicator(
     rank_in_worker: int = 0,
     fsdp_worker: bool = False,
 ) -> Communicator:
-    """The communicator of a run of ``config``, with its wire dtype, INT8 block size and bucket size.
+    """The communicator of a run of ``config``, with its wire dtype, block size, top-k fraction and bucket size.
 
     ``distributed``: one worker per process over ``torch.distributed`` (``group``,
     default a new group over the world), every collective bounded by ``config.sync_timeout_s``; else
@@ -697,7 +710,12 @@ def make_communicator(
     (:class:`HierarchicalCommunicator`). ``fsdp_worker``: the ranks hold FSDP2 shards of the
     worker's model, each syncs its own (:class:`ShardedWorkerCommunicator`, whatever ``hierarchical_sync``).
     """
-    kwargs = dict(wire_dtype=config.wire_dtype, block_size=config.int8_block_size, bucket_size_mb=config.bucket_size_mb)
+    kwargs = dict(
+        wire_dtype=config.wire_dtype,
+        block_size=config.int8_block_size,
+        bucket_size_mb=config.bucket_size_mb,
+        topk_fraction=config.topk_fraction,
+    )
     if distributed:
         comm = ProcessGroupCommunicator(group=group, timeout_s=config.sync_timeout_s, **kwargs)
         if config.ranks_per_worker > 1 and (config.hierarchical_sync or fsdp_worker):

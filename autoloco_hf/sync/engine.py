@@ -62,7 +62,7 @@ from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drif
 from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes
 from autoloco_hf.sync.checkpoint import check_config
-from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
+from autoloco_hf.sync.codec import ErrorFeedback, WireCodec
 from autoloco_hf.sync.communicators import AverageResult, Communicator, PendingAverage, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
 from autoloco_hf.sync.fragments import Fragment, on_local_tensors, split_fragments
@@ -351,11 +351,12 @@ def check_workers(
             f"{len(models)} local models but the communicator expects {communicator.local_workers}: "
             "pass one model per process, or N replicas to SimulatedCommunicator(N)"
         )
-    if (communicator.wire_dtype, communicator.block_size) != (config.wire_dtype, config.int8_block_size):
+    sent = (communicator.wire_dtype, communicator.block_size, communicator.topk_fraction)
+    if sent != (config.wire_dtype, config.int8_block_size, config.topk_fraction):
         raise ValueError(
-            f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}) but "
-            f"config.wire_dtype={config.wire_dtype!r} (int8_block_size={config.int8_block_size}): build it with "
-            "wire_dtype=config.wire_dtype, block_size=config.int8_block_size"
+            f"the communicator sends {communicator.wire_dtype} (block {communicator.block_size}, top-k "
+            f"{communicator.topk_fraction}) but config.wire_dtype={config.wire_dtype!r} (int8_block_size="
+            f"{config.int8_block_size}, topk_fraction={config.topk_fraction}): build it with make_communicator(config, ...)"
         )
     if total_steps <= 0:
         raise ValueError(f"total_steps={total_steps}: the training budget must be positive")
@@ -452,7 +453,8 @@ class IntervalEngine:
             for lo, hi in self.fragment_pieces
         ]
         self.fragment_payload_bytes = [
-            payload_bytes(1, f.numel, self.comm.wire_dtype, self.comm.block_size) for f in self.fragments
+            payload_bytes(1, f.numel, self.comm.wire_dtype, self.comm.block_size, self.comm.topk_fraction)
+            for f in self.fragments
         ]
         self.payload_bytes = sum(self.fragment_payload_bytes)  # of one interval, per worker
         self.outer = OuterOptimizer(
@@ -463,7 +465,7 @@ class IntervalEngine:
             shard=None if self.shard == (0, numel) else self.shard,
             spans=[(lo - start, hi - start) for lo, hi in self.fragment_pieces] if config.fragments > 1 else None,
         )
-        # one FP32 residual per local worker, carried to the next interval (docs/algorithm.md §7 extension)
+        # one FP32 residual per local worker (each fragment owns its part), carried to the next sync (§7.2)
         self.error_feedback = (
             [ErrorFeedback(self.outer.numel, self.outer.device) for _ in self.worker_params]
             if config.error_feedback
@@ -593,7 +595,7 @@ class IntervalEngine:
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
                 delta.zero_()
             elif self.error_feedback:  # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
-                delta = self._compensate(i, delta)
+                delta = self._compensate(i, delta, fragment)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite, counted).pack())
         return deltas, messages
@@ -755,12 +757,17 @@ class IntervalEngine:
             config_fingerprint=self._fingerprint,
         )
 
-    def _compensate(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
-        feedback = self.error_feedback[worker]
-        compensated = feedback.compensate(delta)
-        codec = self.comm.codec(self.shard_segment_sizes)
-        feedback.update(roundtrip_as_sent(codec, compensated, self.num_workers), compensated)
-        return compensated
+    def _compensate(self, worker: int, delta: torch.Tensor, fragment: Fragment | None) -> torch.Tensor:
+        """``delta`` plus the worker's residual (of ``fragment``'s part), which keeps what the wire drops (§7.2)."""
+        if fragment is None:
+            segments, offset = self.shard_segment_sizes, 0
+        else:
+            segments, offset = (
+                self.fragment_segment_sizes[fragment.index],
+                self.fragment_pieces[fragment.index][0] - self.shard[0],
+            )
+        codec = self.comm.codec(segments)
+        return self.error_feedback[worker].apply(codec, delta, self.num_workers, offset)
 
     def _check_lr_mass(self, interval: NextInterval, measured: float) -> None:
         """Preview and measurement of an interval's LR mass must agree, else the previews are wrong (docs/algorithm.md §2)."""

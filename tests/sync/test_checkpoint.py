@@ -15,7 +15,7 @@ from toy import adamw, batch_for, make_model
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync import checkpoint
 from autoloco_hf.sync.checkpoint import CheckpointError, read_state, write_state
-from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 
 CONFIG = AutoLoCoConfig(method="autoloco", h_base=4)
@@ -75,12 +75,17 @@ def test_round_trip_is_exact_and_loads_no_pickle(tmp_path, monkeypatch):
     assert all(torch.equal(t, shared) for t in loaded["tied"]) and torch.equal(loaded["flag"], state["flag"])
 
 
-def test_resume_through_the_file_is_bit_exact(tmp_path):
-    """Engine, replicas and AdamW state through the file: the resumed run equals the uninterrupted one bit for bit."""
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
+@pytest.mark.parametrize("wire", [{}, {"wire_dtype": "int2", "topk_fraction": 0.1, "error_feedback": True}])
+def test_resume_through_the_file_is_bit_exact(tmp_path, wire):
+    """Engine, replicas and AdamW state through the file: the resumed run equals the uninterrupted one bit for bit.
+
+    With a lossy wire and error feedback, the residuals travel through the file too (docs/algorithm.md §7.2).
+    """
+    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, **wire)
 
     def runner():
-        return LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw, total_steps=20)
+        comm = make_communicator(config, distributed=False, simulated_workers=2)
+        return LocalWorkers(config, make_model(), comm, adamw, total_steps=20)
 
     full, first = runner(), runner()
     for step in range(20):
@@ -96,6 +101,8 @@ def test_resume_through_the_file_is_bit_exact(tmp_path):
     for a, b in zip(full.models, resumed.models):
         assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert torch.equal(full.engine.outer.params, resumed.engine.outer.params)
+    for a, b in zip(full.engine.error_feedback, resumed.engine.error_feedback):
+        assert torch.equal(a.residual, b.residual) and a.residual.abs().max() > 0
     timing = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds", "decode_seconds"}
 
     def rows(runner):

@@ -18,20 +18,17 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from autoloco_hf.config import WireDtype
+from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES, WireDtype
+from autoloco_hf.sync.accounting import num_int8_blocks
 from autoloco_hf.sync.codec import (
-    CHUNK_ELEMENTS,
-    SCALE_MAX,
-    SCALE_MIN,
-    WIRE_DTYPES,
     ErrorFeedback,
     WireCodec,
     mean_in_worker_order,
-    num_int8_blocks,
     owner_reduce_mean,
     owner_reduce_part,
     roundtrip_as_sent,
 )
+from autoloco_hf.sync.formats.int8 import CHUNK_ELEMENTS, SCALE_MAX, SCALE_MIN
 
 SLACK = 2.0**-16
 FMAX = torch.finfo(torch.float32).max
@@ -277,16 +274,33 @@ def test_int8_wire_matches_per_piece_reference() -> None:
         assert (err <= bound).all()
 
 
-@pytest.mark.parametrize("wire", WIRE_DTYPES)
-def test_wire_bytes_exact(wire: str) -> None:
-    codec = _random_codec(wire)
+def _theory_bytes(codec: WireCodec, start: int, n: int) -> int:
+    """Bytes of a slice counted from the format's description: packed codes (per piece), offsets, scales."""
+    bits = {"fp32": 32, "bf16": 16, "int8": 8, "int4": 4, "fp4": 4, "int2": 2}[codec.wire_dtype]
+    total = 0
+    for _, length in codec.pieces(start, n):
+        blocks = [codec.block_size] * (length // codec.block_size) + [length % codec.block_size] * bool(
+            length % codec.block_size
+        )
+        kept = length if codec.topk_fraction is None else sum(math.ceil(codec.topk_fraction * b) for b in blocks)
+        offsets = 0 if codec.topk_fraction is None else 2 * kept
+        scales = 4 * len(blocks) if bits <= 8 else 0
+        total += math.ceil(kept * bits / 8) + offsets + scales
+    return total
+
+
+WIRES_AND_TOPK = [(w, None) for w in WIRE_DTYPES] + [(w, f) for w in BLOCKWISE_WIRES for f in (0.02, 0.3, 1.0)]
+
+
+@pytest.mark.parametrize("wire,topk", WIRES_AND_TOPK)
+def test_wire_bytes_exact(wire: str, topk: float | None) -> None:
+    codec = WireCodec(wire, _random_codec(wire).segment_sizes, block_size=64, topk_fraction=topk)
     flat = torch.randn(codec.numel, generator=_gen())
     for start, end in codec.partition(7) + [(0, codec.numel), (11, 12), (5, 5)]:
         n = end - start
         encoded = codec.encode(flat[start:end], start)
         actual = sum(t.numel() * t.element_size() for t in encoded)
-        theory = {"fp32": 4 * n, "bf16": 2 * n, "int8": n + 4 * codec.num_blocks(start, n)}[wire]
-        assert codec.wire_bytes(start, n) == actual == theory
+        assert codec.wire_bytes(start, n) == actual == _theory_bytes(codec, start, n)
         shapes = [(t.dtype, t.shape) for t in codec.empty_wire(start, n)]
         assert shapes == [(t.dtype, t.shape) for t in encoded]
     if wire == "int8":
@@ -501,10 +515,8 @@ def test_error_feedback_transmits_what_quantization_drops() -> None:
     sent_total = torch.zeros(8)
     plain_total = torch.zeros(8)
     for _ in range(rounds):
-        compensated = ef.compensate(delta)
-        sent = roundtrip_as_sent(codec, compensated, 1)
-        ef.update(sent, compensated)
-        sent_total += sent
+        compensated = ef.apply(codec, delta, 1)
+        sent_total += roundtrip_as_sent(codec, compensated, 1)
         plain_total += codec.roundtrip(delta, 0)
     assert torch.equal(plain_total[1:], torch.zeros(7))
     assert torch.allclose(sent_total + ef.residual, delta * rounds, rtol=1e-5, atol=1e-3)

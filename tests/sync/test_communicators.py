@@ -6,7 +6,8 @@ Two and three ``torch.distributed`` gloo processes run
 
 * the decoded mean is bit-identical (compared as int32 bit patterns, so -0.0 vs 0.0
   or a different NaN would count) for fp32 with N = 2 (one addition order) and for
-  bf16 / int8 with N = 2 and 3 (owner-reduce adds in worker order 0..N-1 on both paths);
+  every lossy wire (bf16, int8, int4, fp4, int2, int2 + top-k) with N = 2 and 3 (owner-reduce adds
+  in worker order 0..N-1 on both paths);
   fp32 with N = 3 is only close: gloo's all-reduce picks its own addition order;
 * every rank holds the same mean, and the input buffer is left unchanged;
 * the mean is within the codec's error bound of the exact mean;
@@ -48,7 +49,14 @@ def _model_layout() -> list[int]:
 
 
 LAYOUTS = {"hand": HAND, "model": _model_layout(), "tiny": [1, 1]}  # tiny: N = 3 leaves an owner part empty
-WIRES = ("fp32", "bf16", "int8")
+WIRES = ("fp32", "bf16", "int8", "int4", "fp4", "int2", "int2+topk")
+LOSSY = WIRES[1:]
+
+
+def _kw(wire: str) -> dict:
+    """Communicator arguments of a wire name; ``+topk``: 2 % of every block (docs/algorithm.md §7.1)."""
+    name, _, topk = wire.partition("+")
+    return {"wire_dtype": name, "topk_fraction": 0.02 if topk else None}
 
 
 def _contributions(segments: list[int], n: int, seed: int) -> list[torch.Tensor]:
@@ -112,7 +120,7 @@ def _average_on_ranks(rank: int, world_size: int, cases: dict) -> dict:
     """Runs in every gloo process: one communicator per wire, reused across layouts (the codec is rebuilt)."""
     out = {}
     for wire in WIRES:
-        comm = ProcessGroupCommunicator(wire_dtype=wire)
+        comm = ProcessGroupCommunicator(**_kw(wire))
         real_dist = comm.dist
         for name, (segments, contributions, scalars) in cases.items():
             counter = comm.dist = _CountingDist(real_dist)
@@ -163,14 +171,14 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bit_identical_wires(n: int) -> list[str]:
-    return list(WIRES) if n == 2 else ["bf16", "int8"]
+    return list(WIRES) if n == 2 else list(LOSSY)
 
 
 def test_decoded_mean_bit_identical_to_simulation(gloo) -> None:
     n, cases, ranks = gloo
     for name, (segments, contributions, scalars) in cases.items():
         for wire in _bit_identical_wires(n):
-            sim = SimulatedCommunicator(n, wire_dtype=wire).average(contributions, scalars, segments)
+            sim = SimulatedCommunicator(n, **_kw(wire)).average(contributions, scalars, segments)
             for r, res in enumerate(ranks):
                 got = res[name, wire]["mean"]
                 assert got.dtype == torch.float32 and got.shape == (sum(segments),)
@@ -236,7 +244,7 @@ def test_scalar_sums_equal_on_both_paths(gloo) -> None:
     n, cases, ranks = gloo
     for name, (segments, contributions, scalars) in cases.items():
         for wire in WIRES:
-            simulated = SimulatedCommunicator(n, wire_dtype=wire).average(contributions, scalars, segments)
+            simulated = SimulatedCommunicator(n, **_kw(wire)).average(contributions, scalars, segments)
             sim = simulated.scalar_sums
             assert sim.dtype == torch.float64
             rows = torch.stack(scalars).to(torch.float64)  # every worker's own values, in worker order
@@ -284,10 +292,9 @@ HAND_WIRE_BYTES = {
 def test_wire_bytes_equal_hand_count(gloo) -> None:
     n, cases, ranks = gloo
     segments, contributions, scalars = cases["hand"]
-    for wire in WIRES:
-        expected = HAND_WIRE_BYTES[n][wire]
+    for wire, expected in HAND_WIRE_BYTES[n].items():
         assert [res["hand", wire]["wire_bytes"] for res in ranks] == expected, wire
-        sim = SimulatedCommunicator(n, wire_dtype=wire).average(contributions, scalars, segments)
+        sim = SimulatedCommunicator(n, **_kw(wire)).average(contributions, scalars, segments)
         assert sim.traffic.wire_bytes == expected[0], wire  # the simulation reports worker 0
 
 
@@ -300,7 +307,7 @@ def test_wire_bytes_equal_what_the_collectives_carry(gloo) -> None:
         for r, res in enumerate(ranks):
             assert res[name, "fp32"]["fp32_all_reduce_elements"] == numel, (name, r)
             assert res[name, "fp32"]["wire_bytes"] == 2 * (n - 1) * 4 * numel // n, (name, r)
-            for wire in ("bf16", "int8"):
+            for wire in LOSSY:
                 assert res[name, wire]["fp32_all_reduce_elements"] == 0, (name, wire, r)
                 assert res[name, wire]["wire_bytes"] == res[name, wire]["sent_bytes"], (name, wire, r)
 

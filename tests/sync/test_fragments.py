@@ -86,12 +86,12 @@ def test_fragment_f_syncs_at_ceil_of_f_plus_one_h_over_f_and_all_at_the_budget_e
 def test_config_validates_fragments_in_one_line():
     assert AutoLoCoConfig().fragments == 1
     config(overlap="delayed", overlap_steps=1)  # 2 fragments x (1 + 1) steps fit in h_min = 4
+    assert config(wire_dtype="int8", error_feedback=True).error_feedback  # one residual per fragment (§7.2)
     cases = [
         (dict(fragments=0), "fragments=0 is invalid: it must be >= 1"),
         (dict(overlap="delayed", overlap_steps=2), "fragments=2 is invalid: .* at least 6 steps .* plans 4"),
         (dict(fragments=5), "fragments=5 is invalid: .* use fragments <= 4 or longer intervals"),
         (dict(overlap="eager"), "overlap='eager' is invalid: with fragments=2, eager overlap does not combine"),
-        (dict(wire_dtype="int8", error_feedback=True), "error_feedback=True is invalid: with fragments=2"),
         (dict(method="ddp"), "fragments=2 is invalid: DDP averages gradients every step"),
     ]
     for overrides, message in cases:

@@ -27,6 +27,7 @@ from autoloco_hf.sync.factory import make_engine
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")
 OVERLAPS = ("delayed", "eager")  # FP32 wire
+LOWBIT = "int2+topk+ef"
 
 
 def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int = 8, **overrides) -> dict:
@@ -46,7 +47,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int 
     model = make_model(seed=0)  # a worker's ranks start equal (DDP's broadcast at wrap time does this for users)
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, WARMUP)(optimizer)
-    comm = ProcessGroupCommunicator(group=topo.outer_group, wire_dtype=wire)
+    comm = ProcessGroupCommunicator(group=topo.outer_group, wire_dtype=wire, topk_fraction=config.topk_fraction)
     if hierarchical:
         comm = HierarchicalCommunicator(comm, topo.inner_group, R, topo.rank_in_worker)
     engine = make_engine(
@@ -78,6 +79,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int 
         "outer_numel": engine.outer.numel,
         "momentum_numel": momentum.numel() if momentum is not None else 0,
         "model_numel": sum(p.numel() for p in params),
+        "residual": engine.error_feedback[0].residual.clone() if engine.error_feedback else None,
     }
 
 
@@ -88,6 +90,10 @@ def _worker(rank: int, world_size: int) -> dict:
     # the descent rule's start probe: squared norms summed over the shards, then over the workers
     probe = dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0})
     runs.update({("probe", hier): _run(topo, "fp32", hier, **probe) for hier in (False, True)})
+    # a lossy wire with error feedback: each rank keeps the residual of its shard (docs/algorithm.md §7.2)
+    runs.update(
+        {(LOWBIT, hier): _run(topo, "int2", hier, error_feedback=True, topk_fraction=0.25) for hier in (False, True)}
+    )
     return runs
 
 
@@ -158,3 +164,16 @@ def test_the_start_probe_of_a_sharded_worker_cuts_where_the_unsharded_one_does(r
         assert [r[:2] for r in sharded] == [r[:2] for r in flat]
         for a, b in zip(sharded, flat):
             assert a[2] == pytest.approx(b[2], rel=1e-5) and a[3] == pytest.approx(b[3], rel=1e-5)
+
+
+def test_error_feedback_residual_is_the_ranks_shard_and_worker_ranks_stay_identical(runs) -> None:
+    for rank, result in enumerate(runs):
+        flat, hier = result[LOWBIT, False], result[LOWBIT, True]
+        assert flat["residual"].numel() == flat["model_numel"]
+        assert hier["residual"].numel() == hier["outer_numel"] == flat["model_numel"] // R
+        assert hier["residual"].abs().max() > 0 and torch.isfinite(hier["residual"]).all()
+        partner = runs[rank ^ 1][LOWBIT, True]  # the other rank of the same worker: the other shard
+        assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner["params"]))
+        assert not torch.equal(hier["residual"], partner["residual"])
+        assert all(applied for *_, applied in hier["records"])
+        assert hier["wire_bytes"] < 0.6 * flat["wire_bytes"]  # each rank sends its shard's part
