@@ -11,7 +11,10 @@ Skipped when the ``etcd`` server is missing (the reason gives the apt command; .
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +52,9 @@ def agent(endpoint: str, out: Path) -> subprocess.Popen:
         "--rdzv-id", f"etcd-test-{out.name}", "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.2",
         "--local-addr", "127.0.0.1", str(HERE / "etcd_worker.py"), str(out),
     ]  # fmt: skip
-    return subprocess.Popen(cmd, env=worker_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(  # its own session: a failed test ends the agent's workers too
+        cmd, env=worker_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def test_the_rendezvous_goes_on_after_an_etcd_member_is_lost(cluster, tmp_path):
@@ -65,9 +70,9 @@ def test_the_rendezvous_goes_on_after_an_etcd_member_is_lost(cluster, tmp_path):
         outputs = [a.communicate(timeout=WAIT_LIMIT_S)[0] for a in agents]
     finally:
         for a in agents:
-            if a.poll() is None:
-                a.kill()
-                a.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(a.pid, signal.SIGKILL)
+            a.wait()
     assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     rounds = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
     got = sorted((a["first_round"], a["rank"], a["world"], a["sum"]) for a in rounds)
