@@ -46,6 +46,10 @@ class GradientAveragingEngine:
         self.step = 0
         broadcast_initial_parameters(communicator, self.worker_params)
 
+    @property
+    def num_workers(self) -> int:
+        return self.comm.num_workers
+
     def after_optimizer_step(
         self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
     ) -> IntervalRecord | None:
