@@ -569,8 +569,18 @@ class TunedFrontier:
                 fmt([r.val for r in cells[name].values()]).lstrip("+"), seed_list(seeds),
                 f"{fmt([cells[runner_up][s].val - cells[name][s].val for s in seeds])} ({runner_up})",
             ])  # fmt: skip
+        grid = sorted({(lr, mu) for n in cells if (st := parse_setting(n)) for lr, mu in [st[:2]]})
+        grid_rows = []
+        for h, seeds in self.choice_seeds.items():
+            val = {st[:2]: statistics.fmean(cells[n][s].val for s in seeds) for n in cells
+                   if (st := parse_setting(n)) and st[2] == h and set(seeds) <= set(cells[n])}  # fmt: skip
+            grid_rows.append([f"{h}", seed_list(seeds)] + [f"{val[k]:.3f}" if k in val else "-" for k in grid])
         lines = [
             "### Tuned baseline",
+            "",
+            "Mean val loss of every fixed setting over the seeds every setting at that horizon finished:",
+            "",
+            replicate.markdown_table(["H", "seeds"] + [f"LR {lr:g}, mu {mu:g}" for lr, mu in grid], grid_rows),
             "",
             "The best fixed (outer LR, momentum) at each horizon, chosen by the mean val loss over the seeds every "
             "setting at that horizon finished (column 'chosen on'), and the runner-up's paired margin:",

@@ -110,6 +110,7 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
     assert tuned.at(cells, [0, 1], 0, 75.0) == pytest.approx((3.90 + 4.00) / 2)
     report = "\n".join(tuned.report(cells, ["rule"]))
     assert "| rule | 0-1 | 75.0 | 0.75x | -0.0150 ± 0.0150 |" in report
+    assert "| 10 | 0-1 | 4.050 | 3.930 |" in report  # the grid: (LR 0.7, mu 0.7), then (LR 1, mu 0.5)
     assert frontier.TunedFrontier.of({n: r for n, r in cells.items() if "_lr" not in n}) is None
 
 
