@@ -470,7 +470,8 @@ class AutoLoCoConfig:
 
     def _check_communication(self) -> None:
         if self.error_feedback and self.wire_dtype == WireDtype.FP32:
-            _fail("error_feedback", True, f"it only applies to a lossy wire: set wire_dtype to one of {LOSSY_WIRES}")
+            lossy = ", ".join(LOSSY_WIRES)
+            _fail("error_feedback", True, f"it only applies to a lossy wire: set wire_dtype to one of {lossy}")
         if self.topk_fraction is not None and not self.wire_dtype.blockwise:
             _fail(
                 "topk_fraction",

@@ -92,7 +92,10 @@ def test_config_as_a_dict_or_parsed_arguments():
         ({"outer_lr": -0.5}, "AutoLoCoConfig.outer_lr=-0.5 is invalid: it must be > 0.0"),
         ({"outer_lr": float("nan")}, "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
         ({"adaptive_horizon": "false"}, "AutoLoCoConfig.adaptive_horizon='false' is invalid: pass True or False"),
-        ({"wire_dtype": "fp16"}, "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8"),
+        (
+            {"wire_dtype": "fp16"},
+            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8, int4, fp4, int2",
+        ),
         ({"h_base": 100, "q_h": 30}, "AutoLoCoConfig.q_h=30 is invalid: it must divide h_base=100 (e.g. q_h=25)"),
         (
             {"h_base": 100, "h_max": 90},
@@ -101,7 +104,8 @@ def test_config_as_a_dict_or_parsed_arguments():
         ({"mu_min": 0.8, "mu_max": 0.6}, "AutoLoCoConfig.mu_min=0.8 is invalid: it must not exceed mu_max=0.6"),
         (
             {"error_feedback": True},
-            "AutoLoCoConfig.error_feedback=True is invalid: it only applies to a lossy wire: set wire_dtype='bf16' or 'int8'",
+            "AutoLoCoConfig.error_feedback=True is invalid: it only applies to a lossy wire: "
+            "set wire_dtype to one of bf16, int8, int4, fp4, int2",
         ),
         (
             {"method": "ddp", "overlap": "eager"},
