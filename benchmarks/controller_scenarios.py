@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "algorithm"))
 from controller_streams import SCENARIOS, Kind, Scenario  # noqa: E402
 
-from autoloco_hf.config import RECIPES  # noqa: E402
+from autoloco_hf.config import AutoLoCoConfig  # noqa: E402
 
 COLUMNS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -78,7 +78,7 @@ def cell(scenario: Scenario, seeds: int, overrides: dict[str, Any]) -> str:
     if scenario.kind == Kind.BLOWUP:
         critical, since = scenario.stream.critical, scenario.since_step()
         above = statistics.fmean(t.above(critical, since) for t in traces)
-        excess = statistics.fmean(t.excess(critical, RECIPES["sft"]["q_h"], since) for t in traces)
+        excess = statistics.fmean(t.excess(critical, AutoLoCoConfig.for_recipe("sft").q_h, since) for t in traces)
         return f"{above:.1f} / {excess:.1f}, {syncs:.1f}"
     last_bad = max(scenario.stream.nan_intervals)
     return f"{max(t.recovery(last_bad) for t in traces)}, {syncs:.1f}"

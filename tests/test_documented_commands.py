@@ -42,6 +42,14 @@ CPU_RECIPE = (
     "--batch-size 4 --seq-len 128 --autoloco h_base=10 --autoloco q_h=1 --autoloco h_max=15"
 )
 SHORT_DEMO = " --steps 10 --workers 2 --methods diloco,autoloco"  # --steps 10: the demo's least
+# the frontier campaign's pieces: one seed, one grid point, 20 steps of 2 workers on 60 documents, into a scratch folder
+SHORT_FRONTIER = (
+    " --out frontier_short --seeds 0 --steps 20 --workers 2 --max-docs 60 --val-windows 8"
+    " --tuned-outer-lrs 0.7 --tuned-momenta 0.5 --tuned-h-list 5 --quiet"
+)
+TUNED_PIECE = (
+    'python benchmarks/frontier.py --out docs/results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
+)
 RUN = {
     "autoloco demo": "autoloco demo" + SHORT_DEMO + " --out demo",
     "autoloco demo --out docs/demo": "autoloco demo --out docs/demo" + SHORT_DEMO,
@@ -54,6 +62,12 @@ RUN = {
     "autoloco report runs/quickstart": "autoloco report runs/quickstart",
     CPU_RECIPE: CPU_RECIPE + " --steps 10 --warmup-steps 2 --val-docs 8",
 }
+for piece in (
+    TUNED_PIECE.format("iid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20",
+    TUNED_PIECE.format("iid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 40,5",
+    TUNED_PIECE.format("noniid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20",
+):
+    RUN[piece] = piece + SHORT_FRONTIER
 RUN[
     "python -c \"from autoloco_hf.cli.report import find_runs, write_report; t = open('docs/demo/report.md').read()"
     ".split(chr(10)); write_report(find_runs(['docs/demo/' + m for m in ('diloco', 'diloco_mu07', 'autoloco')]), "
