@@ -45,6 +45,7 @@ COLUMNS: dict[str, dict[str, Any]] = {
     "descent_guard": dict(controller="descent", rule_options={"drift_guard": True}),
     "descent_guard_k0.9": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}),
     # from 2 h_base (the SFT recipe's h_base is 100)
+    "descent_k0.9_hmax2": dict(controller="descent", rule_options={"gain": 0.9}, h_max=200),
     "descent_guard_k0.9_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}, h_max=200),
     "descent_guard_k0.5_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.5}, h_max=200),
     "descent_k0.9_probe": dict(controller="descent", rule_options={"gain": 0.9, "start_probe": 1.85}),
@@ -61,6 +62,7 @@ TITLES = {
     "descent": "controller=descent",
     "descent_guard": "descent + descent_drift_guard",
     "descent_guard_k0.9": "descent + guard, descent_gain=0.9",
+    "descent_k0.9_hmax2": "descent, descent_gain=0.9, h_max=2 h_base",
     "descent_guard_k0.9_hmax2": "descent + guard, descent_gain=0.9, h_max=2 h_base",
     "descent_k0.9_probe": "descent, descent_gain=0.9, descent_start_probe=1.85",
     "descent_guard_k0.9_probe": "descent + guard, descent_gain=0.9, descent_start_probe=1.85",
