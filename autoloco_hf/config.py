@@ -101,11 +101,12 @@ BLOCKWISE_WIRES = tuple(w.value for w in WireDtype if w.blockwise)
 MAX_TOPK_BLOCK = 1 << 16  # top-k offsets in a block are 16-bit (docs/algorithm.md §7.1)
 OVERLAPS = tuple(o.value for o in Overlap)
 
-# Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4). Budgets are what the
-# `plan` command previews; training code reads the budget from the trainer.
+# Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4), with the paper's rule, so that the
+# recipes reproduce the paper (the library's default rule is `descent`). Budgets are what the `plan` command
+# previews; training code reads the budget from the trainer.
 RECIPES: dict[str, dict[str, Any]] = {
-    "c4": dict(h_base=500),  # q_h 50 and h_max 750 (paper rule) are the defaults
-    "sft": dict(h_base=100, normalize_pseudo_grad=True),
+    "c4": dict(h_base=500, controller=Controller.PAPER),  # q_h 50 and h_max 750 are the paper rule's defaults
+    "sft": dict(h_base=100, normalize_pseudo_grad=True, controller=Controller.PAPER),
 }
 RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
     "c4": dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine"),
@@ -224,8 +225,9 @@ class AutoLoCoConfig:
     outer_lr: float = option(0.7, "Base outer learning rate `eta_base^out` (docs/algorithm.md §4, 6).", POSITIVE)
     outer_momentum: float | None = option(
         None,
-        """Base Nesterov momentum `mu_base`. Default 0.9 for `diloco` (the paper's baseline), else 0.7; 0.7 with
-        `diloco` is the fair comparator of docs/algorithm.md §6. AutoLoCo needs it within [mu_min, mu_max].""",
+        """Base Nesterov momentum `mu_base`. Default 0.9 for `diloco` (the paper's baseline); for `autoloco` the
+        rule's own (0.5 for `descent`, 0.7 for `paper`), else 0.7; 0.7 with `diloco` is the fair comparator of
+        docs/algorithm.md §6. AutoLoCo needs it within [mu_min, mu_max].""",
         FRACTION,
     )
     mu_min: float = option(0.5, "Lower end of the clip range of the retained momentum `mu_base ** rho_t`.", FRACTION)
@@ -245,10 +247,10 @@ class AutoLoCoConfig:
         off too this is DiLoCo, docs/algorithm.md §4).""",
     )
     controller: str = option(
-        Controller.PAPER,
-        """Horizon rule, by its registered name: `paper` (the paper's state machine, docs/algorithm.md §5.3),
-        `descent` (start at `h_max`, shorten as the coherence falls; docs/algorithm.md §5.6), or a rule
-        registered by `rule_module` (docs/algorithm.md §5.7).""",
+        Controller.DESCENT,
+        """Horizon rule, by its registered name: `descent` (the default: start at `h_max` = 2 `h_base`, shorten
+        as the coherence falls; docs/algorithm.md §5.6), `paper` (the paper's state machine, docs/algorithm.md
+        §5.3), or a rule registered by `rule_module` (docs/algorithm.md §5.7).""",
     )
     rule_options: Any = option(
         None,
@@ -436,10 +438,16 @@ class AutoLoCoConfig:
             return self.h_base
         if name == "h_max":
             q_h = self.q_h if self.q_h is not None else self._derived_default("q_h")
-            factor = self.rule.h_max_factor if self.method == Method.AUTOLOCO else 1.5
+            factor = self.rule.h_max_factor if self._rule_runs else 1.5
             return max(self.h_base, (int(factor * self.h_base) // q_h) * q_h)
         assert name == "outer_momentum"
+        if self._rule_runs:
+            return self.rule.base_outer_momentum
         return 0.9 if self.method == Method.DILOCO else 0.7
+
+    @property
+    def _rule_runs(self) -> bool:
+        return self.method == Method.AUTOLOCO and self.adaptive_horizon
 
     def _derive_defaults(self) -> None:
         for name in _DERIVED:
@@ -596,7 +604,7 @@ class AutoLoCoConfig:
 
     @classmethod
     def ablation(cls, variant: str, **overrides: Any) -> AutoLoCoConfig:
-        """The paper's Table 7 ablation variants of AutoLoCo.
+        """The paper's Table 7 ablation variants of AutoLoCo, with the paper's rule.
 
         `intervals_only` (adaptive horizon, no outer correction), `momentum`
         (+ momentum retention), `full` (+ bounded outer-step scaling),
@@ -610,7 +618,7 @@ class AutoLoCoConfig:
         }
         if variant not in variants:
             raise ConfigError(f"unknown ablation {variant!r}: use one of {', '.join(variants)}")
-        return cls(**{"method": Method.AUTOLOCO, **variants[variant], **overrides})
+        return cls(**{"method": Method.AUTOLOCO, "controller": Controller.PAPER, **variants[variant], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -675,7 +683,7 @@ def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
     """
     from autoloco_hf.algorithm.rules import get_rule
 
-    controller = str(values.get("controller", Controller.PAPER))
+    controller = str(values.get("controller", AutoLoCoConfig.controller))
     options = {f.name for f in dataclasses.fields(get_rule(controller).Options)}
     nested, rest = dict(values.get("rule_options") or {}), {}
     for key, value in values.items():

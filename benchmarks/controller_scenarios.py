@@ -35,26 +35,34 @@ from controller_streams import SCENARIOS, Kind, Scenario  # noqa: E402
 
 from autoloco_hf.config import AutoLoCoConfig  # noqa: E402
 
+# the descent rule as first measured here: from 4 h_base, gain 1, unguarded (the SFT recipe's h_base is 100);
+# "default" is the library's default rule (descent from 2 h_base, gain 0.9, guarded); "paper" the paper's
+FIRST_DESCENT: dict[str, Any] = dict(controller="descent", h_max=400, rule_options={"gain": 1.0, "drift_guard": False})
+
+
+def descent(h_max: int = 400, **options: Any) -> dict[str, Any]:
+    return dict(FIRST_DESCENT, h_max=h_max, rule_options={**FIRST_DESCENT["rule_options"], **options})
+
+
 COLUMNS: dict[str, dict[str, Any]] = {
-    "default": {},
+    "paper": {},
     "zero": dict(rule_options={"reference_clip": "zero"}),
     "min_age": dict(rule_options={"rejected_bound_min_age": 20}),
     "cumulative": dict(rule_options={"cumulative_check": True}),
     "cap": dict(rule_options={"candidate_max_quanta": 1}),
-    "descent": dict(controller="descent"),
-    "descent_guard": dict(controller="descent", rule_options={"drift_guard": True}),
-    "descent_guard_k0.9": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}),
-    # from 2 h_base (the SFT recipe's h_base is 100)
-    "descent_k0.9_hmax2": dict(controller="descent", rule_options={"gain": 0.9}, h_max=200),
-    "descent_guard_k0.9_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.9}, h_max=200),
-    "descent_guard_k0.5_hmax2": dict(controller="descent", rule_options={"drift_guard": True, "gain": 0.5}, h_max=200),
-    "descent_k0.9_probe": dict(controller="descent", rule_options={"gain": 0.9, "start_probe": 1.85}),
-    "descent_guard_k0.9_probe": dict(
-        controller="descent", rule_options={"drift_guard": True, "gain": 0.9, "start_probe": 1.85}
-    ),
+    "default": dict(controller="descent"),
+    "descent": descent(),
+    "descent_guard": descent(drift_guard=True),
+    "descent_guard_k0.9": descent(drift_guard=True, gain=0.9),
+    "descent_k0.9_hmax2": descent(200, gain=0.9),  # from 2 h_base
+    "descent_guard_k0.9_hmax2": descent(200, drift_guard=True, gain=0.9),
+    "descent_guard_k0.5_hmax2": descent(200, drift_guard=True, gain=0.5),
+    "descent_k0.9_probe": descent(gain=0.9, start_probe=1.85),
+    "descent_guard_k0.9_probe": descent(drift_guard=True, gain=0.9, start_probe=1.85),
 }
 TITLES = {
-    "default": "default",
+    "paper": "paper rule",
+    "default": "default (descent, 2 h_base, gain 0.9, guarded)",
     "zero": "reference_clip=zero",
     "min_age": "+rejected_bound_min_age=20",
     "cumulative": "+cumulative_check",

@@ -39,7 +39,9 @@ from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
 STEPS, WARMUP, WORKERS = 160, 10, 4
 CONFIGS = {
     "diloco": AutoLoCoConfig(method="diloco", h_base=8),
-    "autoloco": AutoLoCoConfig(method="autoloco", h_base=8, q_h=2, h_max=32, rule_options={"calibration_intervals": 2}),
+    "autoloco": AutoLoCoConfig(
+        method="autoloco", controller="paper", h_base=8, q_h=2, h_max=32, rule_options={"calibration_intervals": 2}
+    ),
 }
 EVAL_BATCHES = [batch_for(10_000 + k, 0) for k in range(16)]  # workers no run trains on
 

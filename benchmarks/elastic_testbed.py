@@ -103,6 +103,7 @@ def worker(spec_path: str) -> int:
     held_out = markov_sequences(VOCAB, 64, SEQ, draw_seed=10_000 + spec["seed"])
     config = AutoLoCoConfig(
         method="autoloco",
+        controller="paper",  # the committed testbed runs' rule
         h_base=spec["h_base"],
         q_h=2,
         h_max=spec["h_base"] * 3 // 2,

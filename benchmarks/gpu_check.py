@@ -425,7 +425,7 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
 
     vocab, steps = 128, ctx.sizes.trainer_steps
     data = [{k: v[0] for k, v in b.items()} for b in padded_batches(steps * 8, batch=1, seq=32, vocab=vocab, seed=2)]
-    config = AutoLoCoConfig(method="autoloco", h_base=2, q_h=1, h_max=3)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=2, q_h=1, h_max=3)
     callback = AutoLoCoCallback(config)
     out = os.path.join(ctx.workdir, "trainer")
     args = TrainingArguments(
@@ -791,7 +791,7 @@ def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type
             fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-        config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=r)
+        config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, ranks_per_worker=r)
         runtime = WorkerRuntime(
             config,
             model,
@@ -838,7 +838,7 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     # reference: single-device workers, each on its FSDP counterpart's R batches concatenated
     models = [_ToyLM.build(ctx.device) for _ in range(workers)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=3e-2, weight_decay=0.0) for m in models]
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8)
     engine = make_engine(
         config,
         models,
@@ -965,7 +965,9 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
     model = tiny_llama(128, seed=0)
     if mode is FsdpMode.FSDP2 and workers > 1:  # several workers: each sharded over its own ranks first
         model = shard_worker(model, r, device_type)
-    callback = AutoLoCoCallback(AutoLoCoConfig(method="autoloco", h_base=2, q_h=1, h_max=4, ranks_per_worker=r))
+    callback = AutoLoCoCallback(
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=2, q_h=1, h_max=4, ranks_per_worker=r)
+    )
     try:
         trainer = Trainer(
             model=model, args=args, train_dataset=trainer_fsdp2_data(steps, workers * r), callbacks=[callback]

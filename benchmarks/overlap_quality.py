@@ -31,32 +31,44 @@ from autoloco_hf.config import AutoLoCoConfig
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "diloco": ("DiLoCo, outer momentum 0.9, blocking", dict(method="diloco")),
-    "autoloco": ("AutoLoCo, blocking (the reference of the paired differences)", dict(method="autoloco")),
+    "autoloco": (
+        "AutoLoCo, blocking (the reference of the paired differences)",
+        dict(method="autoloco", controller="paper"),
+    ),
     "autoloco_delayed": (
         "AutoLoCo + delayed merge (tau 1, alpha 0.5)",
-        dict(method="autoloco", overlap="delayed", overlap_steps=1, overlap_mix=0.5),
+        dict(method="autoloco", controller="paper", overlap="delayed", overlap_steps=1, overlap_mix=0.5),
     ),
     "autoloco_delayed_a0": (
         "AutoLoCo + delayed merge (tau 1, alpha 0)",
-        dict(method="autoloco", overlap="delayed", overlap_steps=1, overlap_mix=0.0),
+        dict(method="autoloco", controller="paper", overlap="delayed", overlap_steps=1, overlap_mix=0.0),
     ),
     "autoloco_eager": (
         "AutoLoCo + eager update (controller one interval late)",
-        dict(method="autoloco", overlap="eager"),
+        dict(method="autoloco", controller="paper", overlap="eager"),
     ),
     "diloco_eager": ("DiLoCo (momentum 0.9) + eager update", dict(method="diloco", overlap="eager")),
     # a merge later than q_H - 1 steps needs intervals of at least h_min steps: without the token mapper
     "autoloco_fixed_tokens": (
         "AutoLoCo without the token mapper, blocking (the reference of the tau 3 rows)",
-        dict(method="autoloco", map_tokens=False),
+        dict(method="autoloco", controller="paper", map_tokens=False),
     ),
     "autoloco_delayed_tau3": (
         "AutoLoCo without the token mapper + delayed merge (tau 3, alpha 0.5)",
-        dict(method="autoloco", map_tokens=False, overlap="delayed", overlap_steps=3, overlap_mix=0.5),
+        dict(
+            method="autoloco", controller="paper", map_tokens=False, overlap="delayed", overlap_steps=3, overlap_mix=0.5
+        ),
     ),
     "autoloco_int8_delayed_tau3": (
         "as autoloco_delayed_tau3, INT8 wire",
-        dict(method="autoloco", map_tokens=False, overlap="delayed", overlap_steps=3, wire_dtype="int8"),
+        dict(
+            method="autoloco",
+            controller="paper",
+            map_tokens=False,
+            overlap="delayed",
+            overlap_steps=3,
+            wire_dtype="int8",
+        ),
     ),
 }
 SEQ_LEN, BATCH, PEAK_LR, WEIGHT_DECAY = 64, 4, 2e-3, 0.01

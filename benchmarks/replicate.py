@@ -215,14 +215,17 @@ def pin_paper_rule(variant: Variant) -> Variant:
     return replace(variant, overrides={**variant.overrides, "controller": Controller.PAPER})
 
 
-# the descent rule at its defaults, and at gain 0.9 with the start probe (docs/algorithm.md §5.6)
+# the descent rule as these tables first ran it (from 4 H_base, unguarded, outer momentum 0.7: its defaults
+# before it became the library's default rule), at gain 1 and at gain 0.9 with the start probe (§5.6)
+FIRST_DESCENT = {"controller": Controller.DESCENT, "descent_drift_guard": False, "outer_momentum": 0.7}
 DESCENT_RULES: dict[str, tuple[str, dict[str, Any]]] = {
-    "_descent": ("descent rule", {"controller": Controller.DESCENT}),
+    "_descent": ("descent rule", {**FIRST_DESCENT, "descent_gain": 1.0}),
     "_probe": (
         "descent rule, gain 0.9, start probe 1.85",
-        {"controller": Controller.DESCENT, "descent_gain": 0.9, "descent_start_probe": 1.85},
+        {**FIRST_DESCENT, "descent_gain": 0.9, "descent_start_probe": 1.85},
     ),
 }
+FIRST_DESCENT_H_MAX_FACTOR = 4.0
 RULES = ("", *DESCENT_RULES)  # row-name suffixes: the paper's rule, then each descent setting
 
 
@@ -236,7 +239,11 @@ def rules_side_by_side(rows: list[Variant]) -> list[Variant]:
         out.append(pin_paper_rule(v))
         out += [
             replace(
-                v, name=f"{v.name}{suffix}", description=f"{v.description}; {what}", overrides={**v.overrides, **fields}
+                v,
+                name=f"{v.name}{suffix}",
+                description=f"{v.description}; {what}",
+                overrides={**v.overrides, **fields},
+                h_max_factor=FIRST_DESCENT_H_MAX_FACTOR,
             )
             for suffix, (what, fields) in DESCENT_RULES.items()
         ]

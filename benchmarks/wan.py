@@ -644,6 +644,7 @@ def worker(spec_path: str) -> int:
         if spec["method"] == "autoloco":
             q_h = max(1, spec["h_base"] // 5)
             config.update(h_min=max(q_h, spec["h_base"] // 2 // q_h * q_h), q_h=q_h)  # h_min a multiple of q_H
+            config["controller"] = "paper"  # the committed link rows' rule
         if spec["ranks_per_worker"] > 1:
             config["hierarchical_sync"] = spec["hierarchical"]
         if spec["overlap"] != "none":

@@ -12,8 +12,8 @@ from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, Method, Overlap, Refer
 
 
 def test_spec_defaults() -> None:
-    """The spec's default constants (sections 3, 4, 5)."""
-    c = AutoLoCoConfig()
+    """The spec's default constants (sections 3, 4, 5): the paper rule's (the default rule is descent, below)."""
+    c = AutoLoCoConfig(controller="paper")
     assert c.method == "autoloco" and c.h_base == 500
     assert (c.q_h, c.h_min, c.h_max) == (50, 500, 750)
     assert (c.outer_lr, c.outer_momentum, c.mu_min, c.mu_max, c.kappa_max, c.eps) == (0.7, 0.7, 0.5, 0.9, 1.5, 1e-8)
@@ -53,9 +53,12 @@ def test_spec_defaults() -> None:
 )
 def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
     """q_H = H_base / 10 (the largest divisor of H_base up to that); H_min = H_base;
-    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md §1)."""
-    c = AutoLoCoConfig(h_base=h_base)
+    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md §1), for the paper rule; the
+    default rule's is 2 H_base."""
+    c = AutoLoCoConfig(h_base=h_base, controller="paper")
     assert (c.q_h, c.h_min, c.h_max) == (q_h, h_base, h_max)
+    default = AutoLoCoConfig(h_base=h_base)
+    assert (default.q_h, default.h_min, default.h_max) == (q_h, h_base, max(h_base, (2 * h_base // q_h) * q_h))
 
 
 def test_default_q_h_always_divides_h_base() -> None:
@@ -74,14 +77,14 @@ def test_h_base_must_be_a_multiple_of_q_h(h_base: int, q_h: int) -> None:
 def test_explicit_horizon_fields_are_kept() -> None:
     c = AutoLoCoConfig(h_base=500, q_h=25, h_min=250, h_max=1000)
     assert (c.q_h, c.h_min, c.h_max) == (25, 250, 1000)
-    assert AutoLoCoConfig(h_base=500, q_h=25).h_max == 750
+    assert AutoLoCoConfig(h_base=500, q_h=25, controller="paper").h_max == 750
 
 
 @pytest.mark.parametrize(
-    "method, momentum", [("diloco", 0.9), ("autoloco", 0.7), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)]
+    "method, momentum", [("diloco", 0.9), ("autoloco", 0.5), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)]
 )
 def test_outer_momentum_default_depends_on_method(method: str, momentum: float) -> None:
-    """docs/algorithm.md §4, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base 0.7."""
+    """docs/algorithm.md §4, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base its rule's (descent: 0.5)."""
     assert AutoLoCoConfig(method=method).outer_momentum == momentum
     assert (
         AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7
@@ -176,7 +179,7 @@ def test_invalid_field_is_named(field: str, value: object) -> None:
 def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) -> None:
     """The paper rule's options are validated against PaperOptions' types and ranges: the error names both."""
     with pytest.raises(ConfigError, match=rf"^rule_options\['{option}'\]=.* of rule 'paper' is invalid: "):
-        AutoLoCoConfig(rule_options={option: value})
+        AutoLoCoConfig(controller="paper", rule_options={option: value})
 
 
 @pytest.mark.parametrize(
@@ -185,8 +188,8 @@ def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) 
         (dict(h_base=500, h_min=600), "h_min"),
         (dict(h_base=500, h_max=400), "h_max"),
         (dict(mu_min=0.8, mu_max=0.6), "mu_min"),
-        (dict(rule_options={"k_moderate": 3.0, "k_severe": 2.0}), "k_severe"),
-        (dict(rule_options={"history_size": 3, "min_history": 4}), "min_history"),
+        (dict(controller="paper", rule_options={"k_moderate": 3.0, "k_severe": 2.0}), "k_severe"),
+        (dict(controller="paper", rule_options={"history_size": 3, "min_history": 4}), "min_history"),
         (dict(outer_momentum=0.95), "outer_momentum"),  # AutoLoCo's mu_base must lie in [mu_min, mu_max]
         (dict(outer_momentum=0.3), "outer_momentum"),
         (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
@@ -233,7 +236,7 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
         (dict(q_h=2.5), "AutoLoCoConfig.q_h=2.5 is invalid: pass an integer"),
         (dict(outer_lr=math.nan), "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
         (
-            dict(rule_options={"cumulative_check": "yes"}),
+            dict(controller="paper", rule_options={"cumulative_check": "yes"}),
             "rule_options['cumulative_check']='yes' of rule 'paper' is invalid: pass true or false",
         ),
         (
@@ -263,7 +266,7 @@ def test_every_field_has_help_and_every_number_a_range() -> None:
 
 
 def test_enum_fields_become_enums() -> None:
-    c = AutoLoCoConfig(wire_dtype="int8", rule_options={"reference_clip": "zero"}, overlap="eager")
+    c = AutoLoCoConfig(wire_dtype="int8", controller="paper", rule_options={"reference_clip": "zero"}, overlap="eager")
     assert (type(c.method), type(c.wire_dtype), type(c.rule_options.reference_clip), type(c.overlap)) == (
         Method,
         WireDtype,
@@ -286,6 +289,7 @@ def test_boundary_values_are_accepted() -> None:
     assert AutoLoCoConfig(method="diloco", outer_momentum=0.95).outer_momentum == 0.95
     assert AutoLoCoConfig(error_feedback=True, wire_dtype="int8").error_feedback
     c = AutoLoCoConfig(
+        controller="paper",
         h_base=500,
         h_min=500,
         h_max=500,
@@ -329,7 +333,7 @@ def test_from_dict_rejects_unknown_fields() -> None:
 
 def test_from_dict_validates() -> None:
     with pytest.raises(ConfigError, match=r"rule_options\['k_severe'\]=1.0 of rule 'paper'"):
-        AutoLoCoConfig.from_dict({"rule_options": {"k_severe": 1.0}})
+        AutoLoCoConfig.from_dict({"controller": "paper", "rule_options": {"k_severe": 1.0}})
 
 
 # ------------------------------------------------------------------ presets

@@ -15,7 +15,7 @@ The recipe is the paper's C4 recipe scaled down with the same ratios:
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big
-    $ autoloco demo --methods diloco_mu07,autoloco,autoloco_descent     # the opt-in descent rule too
+    $ autoloco demo --methods diloco_mu07,autoloco,autoloco_descent     # the default rule (descent) too
 
 The run folder holds ``report.md`` (tables, command, plots), one sub-folder
 per method (``intervals.jsonl``, ``steps.jsonl``, ``summary.json``, see
@@ -44,9 +44,12 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
         "DiLoCo at outer momentum 0.7, AutoLoCo's base momentum (the fair comparator)",
         dict(method=Method.DILOCO, outer_momentum=0.7),
     ),
-    "autoloco": ("AutoLoCo: adaptive horizon + outer correction", dict(method=Method.AUTOLOCO)),
+    "autoloco": (
+        "AutoLoCo with the paper's horizon rule + outer correction",
+        dict(method=Method.AUTOLOCO, controller=Controller.PAPER),
+    ),
     "autoloco_descent": (
-        "AutoLoCo with the descent horizon rule (starts at 4 H_base, shortens as C_t falls)",
+        "AutoLoCo at its defaults: the descent rule (starts at 2 H_base, shortens as C_t falls; outer momentum 0.5)",
         dict(method=Method.AUTOLOCO, controller=Controller.DESCENT),
     ),
     "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method=Method.QSR)),

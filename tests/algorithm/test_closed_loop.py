@@ -95,14 +95,22 @@ def test_late_blowup_is_left_at_once() -> None:
         assert trace.above(120, since) <= 3
 
 
+# the descent rule as first measured: from 4 h_base, gain 1, unguarded (the SFT scenarios' h_base is 100)
+FROM_FOUR = dict(controller="descent", h_max=400, rule_options={"gain": 1.0, "drift_guard": False})
+
+
+def guard(settings: dict) -> dict:
+    return {**settings, "rule_options": {**settings["rule_options"], "drift_guard": True}}
+
+
 @pytest.mark.parametrize("name", ["sharp blow-up > 120", "soft blow-up > 110", "late blow-up > 120"])
 def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_intervals(name: str) -> None:
     """Without the guard the descent rule keeps a blown-up h_max for most of the run; with it, two halvings."""
     scenario = SCENARIOS[name]
     critical, since = scenario.stream.critical, scenario.since_step()
     for seed in range(3):
-        plain = scenario.run(seed, controller="descent")
-        guarded = scenario.run(seed, controller="descent", rule_options={"drift_guard": True})
+        plain = scenario.run(seed, **FROM_FOUR)
+        guarded = scenario.run(seed, **guard(FROM_FOUR))
         assert guarded.above(critical, since) <= 2 < plain.above(critical, since)
         assert Assessment.SEVERE in guarded.assessments
 
@@ -111,12 +119,13 @@ def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_inte
 def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_up_than_the_paper_rule(
     name: str, paper_quanta: int
 ) -> None:
-    """From 4 h_base one healthy-looking interval is 28 quanta above a critical 1.2 h_base; from 2 h_base, 8."""
+    """From 4 h_base one healthy-looking interval is 28 quanta above a critical 1.2 h_base; from 2 h_base (the
+    default rule: guarded, gain 0.9), 8."""
     scenario, q_h = SCENARIOS[name], recipe_config("sft")[0].q_h
     critical, since = scenario.stream.critical, scenario.since_step()
     for seed in range(3):
-        from_two = scenario.run(seed, controller="descent", rule_options={"drift_guard": True}, h_max=200)
-        from_four = scenario.run(seed, controller="descent", rule_options={"drift_guard": True})
+        from_two = scenario.run(seed, controller="descent")
+        from_four = scenario.run(seed, **guard(FROM_FOUR))
         assert from_two.above(critical, since) == 1
         assert from_two.excess(critical, q_h, since) <= min(paper_quanta, 10) < from_four.excess(critical, q_h, since)
 
@@ -124,8 +133,8 @@ def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_
 @pytest.mark.parametrize("name", ["noise only", "drift 4x", "student-t(3)", "NaN pair at 0"])
 def test_the_drift_guard_only_reads_where_nothing_blows_up(name: str) -> None:
     for seed in range(3):
-        plain = SCENARIOS[name].run(seed, controller="descent")
-        guarded = SCENARIOS[name].run(seed, controller="descent", rule_options={"drift_guard": True})
+        plain = SCENARIOS[name].run(seed, **FROM_FOUR)
+        guarded = SCENARIOS[name].run(seed, **guard(FROM_FOUR))
         assert guarded.h_tok == plain.h_tok and guarded.decisions == plain.decisions
 
 
@@ -162,9 +171,9 @@ def test_nan_intervals_reduce_then_recover_without_deadlock(name: str) -> None:
 def test_the_guarded_start_probe_leaves_a_sharp_blow_up_with_its_cut_interval() -> None:
     """The stream's d falls as h^-0.5 (p = 1.5), so the probe cuts the first 400-step interval at 200."""
     scenario, q_h = SCENARIOS["sharp blow-up > 120"], recipe_config("sft")[0].q_h
-    probe = dict(controller="descent", rule_options={"gain": 0.9, "start_probe": 1.85})
+    probe = dict(FROM_FOUR, rule_options={"gain": 0.9, "start_probe": 1.85, "drift_guard": False})
     for seed in range(3):
-        guarded = scenario.run(seed, controller="descent", rule_options={**probe["rule_options"], "drift_guard": True})
+        guarded = scenario.run(seed, **guard(probe))
         assert guarded.h_step[0] == 200 and guarded.assessments[0] == Assessment.SEVERE  # the guard halves it too
         assert guarded.above(120) == 1 and guarded.excess(120, q_h) <= scenario.run(seed).excess(120, q_h)
         unguarded = scenario.run(seed, **probe)

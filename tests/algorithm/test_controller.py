@@ -10,6 +10,7 @@ is ``10 r``: ``r = 0.3`` is moderate (z = 3), ``r = 0.6`` is severe (z = 6),
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -24,7 +25,10 @@ from autoloco_hf.algorithm.controller import (
     Phase,
 )
 from autoloco_hf.algorithm.rules import HorizonController
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Controller
+
+# the paper's rule, which these tests are about (the default rule is descent: test_descent.py)
+PaperConfig = functools.partial(AutoLoCoConfig, controller=Controller.PAPER)
 
 MODERATE_R, SEVERE_R, CONSISTENT_R = 0.3, 0.6, 0.1
 
@@ -48,7 +52,7 @@ class Driver:
         warmup_steps: int = 0,
         preview: Callable[[int], float] = proportional,
     ) -> None:
-        self.cfg = cfg or AutoLoCoConfig(h_base=500, q_h=50, h_max=750)
+        self.cfg = cfg or PaperConfig(h_base=500, q_h=50, h_max=750)
         self.ctl = HorizonController(self.cfg, warmup_steps=warmup_steps)
         self.preview = preview
         self.step = 0
@@ -154,7 +158,7 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
 def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> None:
     """docs/algorithm.md §5.3.1: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
     d = Driver(
-        AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"calibration_delay_steps": delay}),
+        PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"calibration_delay_steps": delay}),
         warmup_steps=warmup,
     )
     phases = [d.feed().assessment for _ in range(unused + 1)]
@@ -217,7 +221,7 @@ def test_two_consecutive_moderates_reduce_by_1_2_with_tie_toward_larger() -> Non
 @pytest.mark.parametrize("h_acc, expected", [(750, 650), (700, 600), (650, 550), (600, 500), (550, 500)])
 def test_moderate_reduction_targets(h_acc: int, expected: int) -> None:
     """docs/algorithm.md §5.3.7: nearest admissible multiple of q_H to H_acc / 1.2, strictly smaller, >= H_min."""
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=h_acc), preview=flat)
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=h_acc), preview=flat)
     d.accept_at_max()
     d.feed(log_c=-MODERATE_R)  # less coherence is adverse too
     assert d.feed(log_c=-MODERATE_R).decision == "reduce"
@@ -271,7 +275,7 @@ def test_thresholds_are_strict(r: float, assessment: str) -> None:
 
 def test_below_h_base_reductions() -> None:
     """docs/algorithm.md §5.3.7 with H_min < H_base: 500/1.5 = 333 -> 350; 500/1.2 = 417 -> 400."""
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_min=250, h_max=500)
+    cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=500)
     d = Driver(cfg)
     d.to_monitoring()
     assert d.feed(log_d=SEVERE_R).decision == "reduce"
@@ -285,7 +289,7 @@ def test_below_h_base_reductions() -> None:
 
 def test_holdoff_after_reduction() -> None:
     """docs/algorithm.md §5.3.7: after a reduction 1 calibration + 3 variability + 1 monitoring interval before an increase."""
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_min=250, h_max=750))
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750))
     d.to_monitoring()
     d.feed(log_d=MODERATE_R)
     assert d.feed(log_d=MODERATE_R).decision == "reduce"
@@ -297,7 +301,7 @@ def test_holdoff_after_reduction() -> None:
 
 
 # ---------------------------------------------------------------- fallback
-FALLBACK_CFG = AutoLoCoConfig(h_base=500, q_h=50, h_min=100, h_max=750)
+FALLBACK_CFG = PaperConfig(h_base=500, q_h=50, h_min=100, h_max=750)
 
 
 def test_severe_then_invalid_falls_back_to_h_min() -> None:
@@ -461,7 +465,7 @@ def test_rejected_bound_one_q_above_blocks_until_max_age() -> None:
 
 
 def test_rejected_bound_max_age_is_configurable() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_max_age": 7}))
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_max_age": 7}))
     d.to_monitoring()
     d.feed()
     d.feed(log_d=MODERATE_R)
@@ -615,7 +619,7 @@ def _eventful_stream() -> list[dict]:
 
 def test_state_dict_round_trip_reproduces_decisions_at_every_split() -> None:
     """docs/algorithm.md §8.2: the controller state is JSON-serializable and resuming continues the same trajectory."""
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_min=250, h_max=750)
+    cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750)
     stream = _eventful_stream()
     full = Driver(cfg)
     for kw in stream:
@@ -726,27 +730,27 @@ def test_second_rejection_replaces_bound() -> None:
 def test_increase_requires_support() -> None:
     """docs/algorithm.md §5.3.4 default proposes after a consistent interval; the switch requires a supporting one."""
     for requires, expected in ((False, "propose"), (True, "keep")):
-        d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}))
+        d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}))
         d.to_monitoring()
         assert d.feed(log_d=CONSISTENT_R).decision == expected
     assert d.feed(log_d=-0.01).decision == "propose"
 
 
 def test_monitoring_holdoff() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"monitoring_holdoff": 3}))
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"monitoring_holdoff": 3}))
     d.to_monitoring()
     assert decisions(d.feed_many(3)) == ["keep", "keep", "propose"]
 
 
 def test_candidate_max_intervals() -> None:
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_intervals": 3}))
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_intervals": 3}))
     d.to_monitoring()
     d.feed()
     assert decisions([d.feed(log_d=CONSISTENT_R) for _ in range(3)]) == ["continue", "continue", "adopt"]
 
 
 def test_calibration_and_variability_counts() -> None:
-    cfg = AutoLoCoConfig(
+    cfg = PaperConfig(
         h_base=500, q_h=50, h_max=750, rule_options={"calibration_intervals": 3, "variability_intervals": 1}
     )
     d = Driver(cfg)

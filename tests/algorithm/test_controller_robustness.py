@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from test_controller import MODERATE_R, Driver, flat
+from test_controller import MODERATE_R, Driver, PaperConfig, flat
 
 from autoloco_hf.algorithm.controller import Assessment, Phase
 from autoloco_hf.algorithm.rules import HorizonController
@@ -22,8 +22,8 @@ from autoloco_hf.config import AutoLoCoConfig, ConfigError, ReferenceClip
 def test_h_min_must_lie_on_the_q_h_grid() -> None:
     """h_min=95 with q_h=10 used to make the fallback execute 95, a horizon the grid does not contain."""
     with pytest.raises(ConfigError, match=r"h_min=95 .*multiple of q_h=10 .*h_min=90"):
-        AutoLoCoConfig(h_base=100, q_h=10, h_min=95)
-    assert AutoLoCoConfig(h_base=100, q_h=10, h_min=50).h_min == 50
+        PaperConfig(h_base=100, q_h=10, h_min=95)
+    assert PaperConfig(h_base=100, q_h=10, h_min=50).h_min == 50
 
 
 @pytest.mark.parametrize(
@@ -38,14 +38,14 @@ def test_h_min_must_lie_on_the_q_h_grid() -> None:
 )
 def test_robustness_fields_are_validated(field: str, value) -> None:
     with pytest.raises(ConfigError, match=rf"rule_options\['{field}'\]={value!r} of rule 'paper' is invalid"):
-        AutoLoCoConfig(rule_options={field: value})
+        PaperConfig(rule_options={field: value})
 
 
 def test_reference_clip_accepts_its_string_and_round_trips() -> None:
-    cfg = AutoLoCoConfig(rule_options={"reference_clip": "zero"})
+    cfg = PaperConfig(rule_options={"reference_clip": "zero"})
     assert cfg.rule_options.reference_clip is ReferenceClip.ZERO
     assert AutoLoCoConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    assert AutoLoCoConfig().rule_options.reference_clip is ReferenceClip.CENTRE
+    assert PaperConfig().rule_options.reference_clip is ReferenceClip.CENTRE
 
 
 # --------------------------------------------------------------- log drift
@@ -61,7 +61,7 @@ def test_one_log_drift_function_for_statistics_and_controller() -> None:
 @pytest.mark.parametrize("clip, moved", [("centre", 0.2 * (0.5 + 0.2)), ("zero", 0.2 * 0.2)])
 def test_reference_clip_centre_follows_the_lag_zero_caps_it(clip: str, moved: float) -> None:
     """A history centred on a steady lag of 0.5: the centred clip moves by alpha (c + clip(r - c))."""
-    d = Driver(AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"reference_clip": clip}))
+    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"reference_clip": clip}))
     d.to_monitoring()
     st = d.ctl.state
     st.history_drift = [0.5, 0.5, 0.5]
@@ -71,7 +71,7 @@ def test_reference_clip_centre_follows_the_lag_zero_caps_it(clip: str, moved: fl
 
 
 # ----------------------------------------------------------- warm-up 5.3.1
-SFT_LIKE = AutoLoCoConfig(h_base=100, q_h=10, h_min=50, h_max=150)
+SFT_LIKE = PaperConfig(h_base=100, q_h=10, h_min=50, h_max=150)
 
 
 @pytest.mark.parametrize("warmup", [0, 50])
@@ -106,16 +106,14 @@ def test_finite_warmup_interval_disarms_the_fallback() -> None:
 def test_candidate_max_quanta_caps_the_jump() -> None:
     """Flat previews admit H_max at once; the cap admits that many q_H."""
     for cap, expected in [(0, 750), (1, 550), (2, 600)]:
-        d = Driver(
-            AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_quanta": cap}), preview=flat
-        )
+        d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_quanta": cap}), preview=flat)
         d.to_monitoring()
         assert d.feed().decision == "propose"
         assert d.ctl.h_tok == expected
 
 
 def _bound_after_rejection(min_age: int) -> Driver:
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_min_age": min_age})
+    cfg = PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_min_age": min_age})
     d = Driver(cfg, preview=flat)
     d.to_monitoring()
     d.feed()  # propose 750
@@ -155,7 +153,7 @@ def _climb(cfg: AutoLoCoConfig, step_r: float) -> Driver:
 
 
 def test_cumulative_check_returns_to_the_last_healthy_rung() -> None:
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"cumulative_check": True})
+    cfg = PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"cumulative_check": True})
     d = _climb(cfg, 0.15)  # 500 -> 550 adopted (sum z 1.5), 550 -> 600 sums 3.0 > k_moderate
     last = d.log[-1]
     assert (last.assessment, last.decision) == (Assessment.CUMULATIVE, "reject")
@@ -163,12 +161,12 @@ def test_cumulative_check_returns_to_the_last_healthy_rung() -> None:
     assert d.ctl.state.rejected.h_tok == 600
     assert d.ctl.state.ladder == [[500, 0.0, 0.0]]
     assert d.ctl.phase == Phase.CALIBRATION
-    plain = _climb(AutoLoCoConfig(h_base=500, q_h=50, h_max=750), 0.15)
+    plain = _climb(PaperConfig(h_base=500, q_h=50, h_max=750), 0.15)
     assert plain.ctl.h_accepted == 600  # the spec's one-step comparison adopts both
 
 
 def test_cumulative_ladder_survives_a_checkpoint_and_resets_on_reduction() -> None:
-    cfg = AutoLoCoConfig(h_base=500, q_h=50, h_max=750, rule_options={"cumulative_check": True})
+    cfg = PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"cumulative_check": True})
     d = _climb(cfg, 0.05)
     assert [rung[0] for rung in d.ctl.state.ladder] == [500, 550, 600]
     copy = HorizonController(cfg)

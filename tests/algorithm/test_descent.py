@@ -18,8 +18,11 @@ from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
 
 
 def descent_config(**kw) -> AutoLoCoConfig:
-    options = {"smoothing": 0.0, **kw.pop("rule_options", {})}
-    return AutoLoCoConfig(**{"h_base": 10, "q_h": 1, "controller": Controller.DESCENT, "rule_options": options, **kw})
+    """The rule's mechanics at round numbers: gain 1, no smoothing, no guard, from 4 h_base (h_max 40)."""
+    options = {"smoothing": 0.0, "gain": 1.0, "drift_guard": False, **kw.pop("rule_options", {})}
+    return AutoLoCoConfig(
+        **{"h_base": 10, "q_h": 1, "h_max": 40, "controller": Controller.DESCENT, "rule_options": options, **kw}
+    )
 
 
 def feed(ctl: DescentController, coherences, step: int = 0, **kw) -> tuple[list[int], int]:
@@ -36,11 +39,23 @@ def feed(ctl: DescentController, coherences, step: int = 0, **kw) -> tuple[list[
     return executed, step
 
 
-def test_default_domain_of_the_descent_rule_is_four_times_h_base() -> None:
-    assert descent_config().h_max == 40
-    assert descent_config(h_base=500, q_h=50).h_max == 2000
-    assert AutoLoCoConfig(h_base=10, q_h=1).h_max == 15  # the paper rule keeps 1.5 h_base
-    assert AutoLoCoConfig(h_base=10, q_h=1, controller="descent").controller is Controller.DESCENT
+def test_the_default_rule_is_descent_from_two_h_base_at_momentum_half_with_the_guard() -> None:
+    """The no-knob default (docs/results.md, "Choosing the default rule"): only h_base to set."""
+    default = AutoLoCoConfig(h_base=10)
+    assert default.controller is Controller.DESCENT
+    assert (default.q_h, default.h_min, default.h_max, default.outer_momentum) == (1, 10, 20, 0.5)
+    assert (default.rule_options.gain, default.rule_options.drift_guard) == (0.9, None)
+    assert DescentController(default).guarded and DescentController(default).h_tok == 20
+    assert AutoLoCoConfig(h_base=500).h_max == 1000
+    paper = AutoLoCoConfig(h_base=10, controller="paper")  # the paper rule keeps 1.5 h_base and momentum 0.7
+    assert (paper.h_max, paper.outer_momentum) == (15, 0.7)
+    assert AutoLoCoConfig(method="diloco").outer_momentum == 0.9
+
+
+def test_the_guard_is_on_unless_set_off_or_the_overlap_is_eager() -> None:
+    assert DescentController(AutoLoCoConfig(h_base=10, overlap="delayed")).guarded
+    assert not DescentController(AutoLoCoConfig(h_base=10, overlap="eager")).guarded  # no anchor there, not refused
+    assert not DescentController(AutoLoCoConfig(h_base=10, rule_options={"drift_guard": False})).guarded
 
 
 def test_an_unknown_controller_is_refused_naming_the_field() -> None:
@@ -271,7 +286,7 @@ def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
     delayed = DescentController(descent_config(rule_options={"drift_guard": True}, overlap="delayed"))
     assert delayed.measurements(NextInterval(0, 40, 40, 10, False, 1.0, 1.0)) == (DisplacementAt(10),)
     with pytest.raises(ConfigError, match="not an option of rule 'paper'.*option of rule 'descent'"):
-        AutoLoCoConfig(h_base=10, rule_options={"drift_guard": True})
+        AutoLoCoConfig(h_base=10, controller="paper", rule_options={"drift_guard": True})
 
 
 # ------------------------------------------------------------------ the start probe (§5.6)
@@ -309,7 +324,7 @@ def test_only_the_descent_rule_probes_its_start() -> None:
     assert probing.measurements(replace(first, start_step=40)) == ()  # the run's first interval only
     assert DescentController(descent_config()).measurements(first) == ()
     with pytest.raises(ConfigError, match="not an option of rule 'paper'"):
-        AutoLoCoConfig(h_base=10, rule_options={"start_probe": 1.85})
+        AutoLoCoConfig(h_base=10, controller="paper", rule_options={"start_probe": 1.85})
 
 
 def test_the_drift_guard_still_judges_an_interval_the_start_probe_cut() -> None:

@@ -128,7 +128,8 @@ def test_make_policy_types() -> None:
 # ----------------------------------------------------------------- AutoLoCo
 def small_autoloco(**overrides) -> tuple[AutoLoCoPolicy, FunctionSchedule]:
     sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: only gamma_inc limits each step
-    cfg = AutoLoCoConfig(h_base=100, q_h=10, h_max=150, **overrides)
+    rule = {"controller": "paper"} if overrides.get("adaptive_horizon", True) else {}
+    cfg = AutoLoCoConfig(**rule, h_base=100, q_h=10, h_max=150, **overrides)
     return AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0), sched
 
 
@@ -193,7 +194,7 @@ def test_autoloco_fixed_horizon_ignores_statistics() -> None:
 
 def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
     sched = warmup_cosine(1e-3, 0, 1030)
-    p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 1030, warmup_steps=0)
+    p = AutoLoCoPolicy(AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 1030, warmup_steps=0)
     step, decisions = 0, []
     while step < 1030:
         interval = p.next_interval(step)
@@ -237,7 +238,7 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
 def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
     """docs/algorithm.md §3: M_1..M_3 come from full intervals executed at the recipe horizon."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)
-    cfg = AutoLoCoConfig(h_base=100, q_h=10, h_min=50, h_max=150)
+    cfg = AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_min=50, h_max=150)
     p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
     p.complete(outcome(p.next_interval(0), tokens_per_step=1000))
     d = p.complete(outcome(p.next_interval(100), tokens_per_step=1000, pseudo_grad_finite=False))
@@ -254,7 +255,7 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
 
 def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
     sched = FunctionSchedule(lambda s: 1.0, 250)
-    p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 250, warmup_steps=0)
+    p = AutoLoCoPolicy(AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 250, warmup_steps=0)
     intervals = execute(p, 250)
     assert [x.h_step for x in intervals] == [100, 100, 50] and intervals[-1].truncated
     assert len(p.mapper.base_counts) == 2
@@ -263,7 +264,9 @@ def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
 def test_autoloco_candidate_previews_use_mapped_steps() -> None:
     """docs/algorithm.md §5.3.5: candidates are previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: the preview counts steps
-    p = AutoLoCoPolicy(AutoLoCoConfig(h_base=100, q_h=10, h_max=150), sched, 100_000, warmup_steps=0)
+    p = AutoLoCoPolicy(
+        AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 100_000, warmup_steps=0
+    )
     density = 1000 / 0.45  # 2.2x the base density: map(H) = round10(0.45 H)
     p.mapper.load_state_dict({"base_counts": [100_000] * 3, "tokens_per_step": density})
     assert [p.mapper.map(h) for h in (100, 110, 120, 130)] == [50, 50, 50, 60]

@@ -162,7 +162,7 @@ def test_cli_overrides_change_the_plan(capsys, argv: list, check) -> None:
 
 def test_cli_h_base_override_matches_preview_run(capsys) -> None:
     data = cli_json(capsys, "--h-base", "200", "--steps", "10000", "--warmup", "100")
-    expected = preview_run(AutoLoCoConfig(h_base=200), warmup_cosine(1.0, 100, 10_000), 100)
+    expected = preview_run(AutoLoCoConfig(h_base=200, controller="paper"), warmup_cosine(1.0, 100, 10_000), 100)
     assert data["intervals"] == expected.intervals
 
 

@@ -27,7 +27,9 @@ RTOL, ATOL = 1e-4, 1e-6
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    return AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, ranks_per_worker=R, **overrides)
+    return AutoLoCoConfig(
+        method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, ranks_per_worker=R, **overrides
+    )
 
 
 def rank_batch(worker: int, rank_in_worker: int, step: int) -> dict:
@@ -191,7 +193,7 @@ def _fsdp_fragments_worker(rank: int, world_size: int, checkpoint: str) -> dict:
 def single_rank_reference(**overrides) -> LocalWorkers:
     """The same run with one rank per worker, each on the concatenation of its FSDP2 counterpart's batches."""
     reference = LocalWorkers(
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, **overrides),
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **overrides),
         make_model(seed=0),
         SimulatedCommunicator(WORKERS),
         adamw,

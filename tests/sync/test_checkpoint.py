@@ -81,7 +81,7 @@ def test_resume_through_the_file_is_bit_exact(tmp_path, wire):
 
     With a lossy wire and error feedback, the residuals travel through the file too (docs/algorithm.md §7.2).
     """
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, **wire)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **wire)
 
     def runner():
         comm = make_communicator(config, distributed=False, simulated_workers=2)
@@ -189,7 +189,10 @@ def test_incompatible_config_refused_runtime_fields_may_change(tmp_path):
     with pytest.raises(CheckpointError, match=rf"{NAME}: field config\.h_base=4 .* this run has h_base=8"):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=8))
     with pytest.raises(CheckpointError, match=r"field config\.method='autoloco' .* method='diloco'"):
-        read(path, config=AutoLoCoConfig(method="diloco", h_base=4))
+        read(path, config=AutoLoCoConfig(method="diloco", h_base=4, h_max=8))  # h_max: the descent rule's 2 h_base
     with pytest.raises(CheckpointError, match=r"field config\.outer_lr=0\.7"):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=4, outer_lr=0.5))
-    read(path, config=AutoLoCoConfig(method="autoloco", h_base=4, outer_on_cpu=True, bucket_size_mb=8.0))
+    read(
+        path,
+        config=AutoLoCoConfig(method="autoloco", h_base=4, outer_on_cpu=True, bucket_size_mb=8.0),
+    )

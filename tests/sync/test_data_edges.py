@@ -47,7 +47,7 @@ def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: i
 
 def test_interval_with_zero_tokens_is_valid_and_not_calibrated():
     """An all-padding interval: outer step applied as usual; the token mapper does not learn a density of 0."""
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=1)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no division warnings either
         engine, models = run(config, 48, tokens_at=lambda step: 0 if step < 8 else 64)
@@ -63,7 +63,9 @@ def test_interval_with_zero_tokens_is_valid_and_not_calibrated():
 
 def test_every_interval_without_tokens():
     """No token in the whole run: the mapper stays the identity (H_step = H_tok), nothing divides by zero."""
-    engine, _ = run(AutoLoCoConfig(method="autoloco", h_base=4, q_h=1), 24, tokens_at=lambda step: 0)
+    engine, _ = run(
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1), 24, tokens_at=lambda step: 0
+    )
     assert engine.totals.tokens == 0 and engine.totals.syncs == len(engine.records) >= 1
     assert not engine.policy.mapper.ready
     assert sum(r.h_step for r in engine.records) == 24
@@ -79,7 +81,7 @@ def test_run_shorter_than_one_interval(method):
 
 def test_run_shorter_than_warmup():
     """warmup_steps > total_steps: intervals still cover the budget exactly, every outer step is finite."""
-    engine, models = run(AutoLoCoConfig(method="autoloco", h_base=4, q_h=1), 10, warmup=25)
+    engine, models = run(AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1), 10, warmup=25)
     assert sum(r.h_step for r in engine.records) == 10
     assert all(r.outer_step_applied for r in engine.records)
     assert torch.isfinite(models[0].weight).all() and torch.equal(models[0].weight, models[1].weight)

@@ -116,7 +116,7 @@ def test_replicas_identical_after_sync_and_differ_between():
 
 def test_nan_in_one_worker_skips_outer_step_and_training_goes_on():
     """docs/algorithm.md §5.2 invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
-    config = AutoLoCoConfig(method="autoloco", h_base=10, q_h=2, h_min=6)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=10, q_h=2, h_min=6)
     steps = 80
     runner = LocalWorkers(
         config,
@@ -203,7 +203,10 @@ def test_resume_mid_interval_continues_the_same_trajectory(method):
 def test_autoloco_adapts_and_records_every_field(tmp_path):
     path = tmp_path / "intervals.jsonl"
     runner = train(
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8), steps=120, padded=True, records_path=str(path)
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8),
+        steps=120,
+        padded=True,
+        records_path=str(path),
     )
     from autoloco_hf.sync.records import read_jsonl
 
@@ -361,8 +364,10 @@ def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
 
 
 # ------------------------------------------------------------------ the descent rule's drift guard (§5.6)
-GUARDED = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, controller="descent", rule_options={"drift_guard": True})
-UNGUARDED = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, controller="descent")
+# the descent rule as these tests were written for: from 4 h_base, gain 1, base momentum 0.7 (its first defaults)
+FIRST_DESCENT = dict(method="autoloco", h_base=4, q_h=2, h_max=16, outer_momentum=0.7, controller="descent")
+GUARDED = AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": True})
+UNGUARDED = AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False})
 ANCHOR_FIELDS = ("anchor_normalized_drift", "drift_exponent")
 
 
@@ -428,9 +433,7 @@ def finish_from_snapshot(config: AutoLoCoConfig, steps: int, first: LocalWorkers
 
 # ------------------------------------------------------------------ the descent rule's start probe (§5.6)
 def probed(threshold: float) -> AutoLoCoConfig:
-    return AutoLoCoConfig(
-        method="autoloco", h_base=4, q_h=2, controller="descent", rule_options={"start_probe": threshold}
-    )
+    return AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False, "start_probe": threshold})
 
 
 def displacement_energy(runner: LocalWorkers, start: list[torch.Tensor]) -> float:

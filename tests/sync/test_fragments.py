@@ -25,7 +25,9 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    return AutoLoCoConfig(**{"method": "autoloco", "h_base": 4, "q_h": 2, "h_max": 8, "fragments": 2, **overrides})
+    return AutoLoCoConfig(
+        **{"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 2, "h_max": 8, "fragments": 2, **overrides}
+    )
 
 
 def train(runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...], each_step=None) -> None:

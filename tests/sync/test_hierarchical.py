@@ -42,7 +42,7 @@ def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int 
         hierarchical_sync=hierarchical,
         map_tokens=False,
         overlap=overlap,
-        **overrides,
+        **{"controller": "paper", **overrides},
     )
     model = make_model(seed=0)  # a worker's ranks start equal (DDP's broadcast at wrap time does this for users)
     optimizer = adamw(model.parameters())

@@ -15,11 +15,12 @@ STEPS, WARMUP = 70, 6
 
 
 RULES = {
-    "paper": dict(h_max=8),
-    # the descent rule with its drift guard: the anchor scalars travel in the control message
-    "descent_guard": dict(controller="descent", rule_options={"drift_guard": True}),
-    # the descent rule's start probe: its own small all-reduce between syncs, and an interval cut short
-    "descent_probe": dict(controller="descent", rule_options={"start_probe": 2.0}),
+    "paper": dict(controller="paper", h_max=8),
+    # the descent rule at its defaults, with its drift guard: the anchor scalars travel in the control message
+    "descent_guard": dict(controller="descent"),
+    # the descent rule's start probe (from 4 h_base, where a probe fits): its own small all-reduce between
+    # syncs, and an interval cut short
+    "descent_probe": dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0}),
 }
 
 

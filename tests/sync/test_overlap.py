@@ -26,7 +26,9 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    return AutoLoCoConfig(**{"method": "autoloco", "h_base": 4, "q_h": 2, "h_max": 8, **overrides})
+    return AutoLoCoConfig(
+        **{"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 2, "h_max": 8, **overrides}
+    )
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:

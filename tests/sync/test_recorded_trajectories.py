@@ -84,7 +84,7 @@ SCENARIOS = (
     ),
     Scenario(
         "autoloco",
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=10),
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=10),
         steps=160,
         warmup_steps=8,
         padded=True,
@@ -105,7 +105,9 @@ SCENARIOS = (
     ),
     Scenario(
         "autoloco_int8",
-        AutoLoCoConfig(method="autoloco", h_base=4, q_h=1, h_max=8, wire_dtype="int8", int8_block_size=256),
+        AutoLoCoConfig(
+            method="autoloco", controller="paper", h_base=4, q_h=1, h_max=8, wire_dtype="int8", int8_block_size=256
+        ),
         steps=120,
         warmup_steps=8,
         padded=True,

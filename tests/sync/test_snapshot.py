@@ -21,7 +21,9 @@ from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
-AUTOLOCO = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2})
+AUTOLOCO = AutoLoCoConfig(
+    method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}
+)
 
 
 def runner(config, workers: int, total: int, **kwargs) -> LocalWorkers:

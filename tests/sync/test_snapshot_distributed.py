@@ -18,7 +18,9 @@ from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCo
 from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import latest_snapshot
 
-CONFIG = AutoLoCoConfig(method="autoloco", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2})
+CONFIG = AutoLoCoConfig(
+    method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}
+)
 STEPS, WARMUP, FAULT = 40, 2, 14
 
 

@@ -90,6 +90,7 @@ class HorizonRule(ABC):
     name: ClassVar[str]
     Options: ClassVar[type]
     h_max_factor: ClassVar[float] = 1.5  # default h_max in h_base (rounded down to q_h)
+    base_outer_momentum: ClassVar[float] = 0.7  # default outer_momentum (docs/algorithm.md §4)
     # whether intervals at any horizon calibrate the token mapper (a rule that starts away from h_base)
     calibrates_tokens_at_any_horizon: ClassVar[bool] = False
 

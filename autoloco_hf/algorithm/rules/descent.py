@@ -78,17 +78,18 @@ class DescentOptions:
         FRACTION,
     )
     gain: float = option(
-        1.0,
+        0.9,
         """Exponent `k` of the coherence ratio, `H = h_max (C / C_ref)^k`: below 1 the
         horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
         POSITIVE,
     )
-    drift_guard: bool = option(
-        False,
+    drift_guard: bool | None = option(
+        None,
         """Each worker also measures its displacement after the interval's first `h_ref` steps
         (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
         fall below the anchor's halves the horizon, the guard against a horizon that blows up
-        (docs/algorithm.md §5.6).""",
+        (docs/algorithm.md §5.6). Unset: on, except with the eager overlap, where the anchor is not the
+        interval's displacement.""",
     )
     start_probe: float | None = option(
         None,
@@ -126,12 +127,15 @@ class DescentController(HorizonRule):
 
     name = "descent"
     Options = DescentOptions
-    h_max_factor = 4  # it starts there
+    h_max_factor = 2  # it starts there (4 saves more syncs in regimes A and B and costs in C: docs/results.md)
+    base_outer_momentum = 0.5  # the best fixed outer momentum of the tuned baseline (docs/results.md)
     calibrates_tokens_at_any_horizon = True  # its first full intervals, at h_max, calibrate the token mapper
 
     def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
         super().__init__(config, warmup_steps)
         self.state = _DescentState(h_tok=config.h_max)
+        guard = self.options.drift_guard
+        self.guarded = guard if guard is not None else config.overlap != Overlap.EAGER
 
     @classmethod
     def check_config(cls, config: AutoLoCoConfig) -> None:
@@ -143,7 +147,7 @@ class DescentController(HorizonRule):
                 f"rule_options['start_probe']={options.start_probe!r} of rule 'descent' is invalid: the probe ends "
                 f"an interval early, which {setting} cannot follow: use overlap='none' and fragments=1, or unset start_probe"
             )
-        if options.drift_guard and config.overlap == Overlap.EAGER:
+        if options.drift_guard is True and config.overlap == Overlap.EAGER:
             raise RuleError(
                 "rule_options['drift_guard']=True of rule 'descent' is invalid: the eager overlap's workers start "
                 "from their own points, so the guard's anchor would not be the interval's displacement: use "
@@ -157,7 +161,7 @@ class DescentController(HorizonRule):
     def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
         """The drift guard's anchor after ``h_ref`` steps, and the start probe's window on the run's first interval."""
         requests = []
-        if self.options.drift_guard and interval.h_ref < interval.h_step:
+        if self.guarded and interval.h_ref < interval.h_step:
             requests.append(DisplacementAt(interval.h_ref))
         window = self._start_probe_window(interval)
         if window is not None:
@@ -228,7 +232,7 @@ class DescentController(HorizonRule):
         Judged only on horizons of at least ``1.5 h_base``: closer to ``h_base`` the expected fall of ``log d``
         is within the noise.
         """
-        if not self.options.drift_guard or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
+        if not self.guarded or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
             return None
         fall, _ = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
         return None if math.isnan(fall) or fall < 0 else fall
