@@ -68,6 +68,13 @@ for piece in (
     TUNED_PIECE.format("noniid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20",
 ):
     RUN[piece] = piece + SHORT_FRONTIER
+REGIME_D = (
+    "python benchmarks/frontier.py --out docs/results/frontier_d --batch-size 16 --workers 4 --regimes iid "
+    '--seeds 0,1,2 --h-list "" --mu-list "" --adaptive autoloco --adaptive descent_k0.9_guard_mu0.5_hmax20:'
+    "controller=descent,descent_gain=0.9,descent_drift_guard=true,h_max=20,outer_momentum=0.5 "
+    "--tuned-outer-lrs 0.7 --tuned-momenta 0.5,0.7 --tuned-h-list 10,20"
+)
+RUN[REGIME_D] = REGIME_D + SHORT_FRONTIER
 RUN[
     "python -c \"from autoloco_hf.cli.report import find_runs, write_report; t = open('docs/demo/report.md').read()"
     ".split(chr(10)); write_report(find_runs(['docs/demo/' + m for m in ('diloco', 'diloco_mu07', 'autoloco')]), "
