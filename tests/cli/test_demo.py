@@ -63,7 +63,7 @@ def test_demo_baselines_and_same_data(tmp_path):
     assert main(["demo", "--steps", "20", "--workers", "2", "--methods", methods, "--out", str(out)]) == 0
     descent = json.loads((out / "autoloco_descent" / "summary.json").read_text())
     assert (
-        descent["config"]["controller"] == "descent" and descent["config"]["h_max"] == 4 * descent["config"]["h_base"]
+        descent["config"]["controller"] == "descent" and descent["config"]["h_max"] == 2 * descent["config"]["h_base"]
     )
     ddp = json.loads((out / "ddp" / "summary.json").read_text())
     assert ddp["totals"]["syncs"] == 20  # one gradient all-reduce per step

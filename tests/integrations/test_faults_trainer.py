@@ -20,7 +20,7 @@ def test_nan_on_rank1_skips_the_outer_step_and_training_goes_on(tmp_path):
         "steps": 16,
         "batch": 2,
         "faults": {"nan": {"step": 6, "rank": 1}},
-        "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6},
+        "autoloco": {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1, "h_max": 6},
     }
     results = torchrun("trainer_worker.py", spec, nproc=2)
     records = results[0]["records"]

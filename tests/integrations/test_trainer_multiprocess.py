@@ -55,7 +55,7 @@ def autoloco(tmp_path_factory):
         "batch": 2,
         "save_steps": 10,
         "logging_steps": 5,
-        "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6},
+        "autoloco": {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1, "h_max": 6},
     }
     full_dir, split_dir = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("split")
     full = torchrun("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
@@ -247,7 +247,7 @@ def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
     checkpoint = str(autoloco["split_dir"] / "checkpoint-10")
     saved = load_file(os.path.join(checkpoint, "model.safetensors"))
     weights = [saved[name] for name, _ in tiny_llama(0).named_parameters()]
-    config = AutoLoCoConfig(method="autoloco", h_base=4, q_h=1, h_max=6)
+    config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1, h_max=6)
     replicas = []
     for rank in range(2):
         _, state = read_state(state_path(checkpoint, rank), config=config, world_size=2, ranks_per_worker=1, rank=rank)
@@ -304,7 +304,7 @@ def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
     from autoloco_hf.integrations.runtime import state_path
     from autoloco_hf.sync.checkpoint import read_state
 
-    fields = {"method": "autoloco", "h_base": 4, "q_h": 1, "h_max": 6, "ranks_per_worker": 2}
+    fields = {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1, "h_max": 6, "ranks_per_worker": 2}
     base = {"steps": 8, "batch": 2, "save_steps": 6, "autoloco": fields}
     full = torchrun("trainer_worker.py", {**base, "output_dir": str(tmp_path / "full")}, nproc=4, timeout=400)
     checkpoint = tmp_path / "full" / "checkpoint-6"
@@ -346,7 +346,7 @@ def test_int8_wire_through_the_trainer(tmp_path):
         "output_dir": str(tmp_path),
         "steps": 8,
         "batch": 2,
-        "autoloco": {"method": "autoloco", "h_base": 4, "wire_dtype": "int8"},
+        "autoloco": {"method": "autoloco", "controller": "paper", "h_base": 4, "wire_dtype": "int8"},
     }
     r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
     assert sync_steps(r0) == [4, 8] and r0["fingerprints"][-1] == r1["fingerprints"][-1]

@@ -221,7 +221,11 @@ def test_all_padding_batches_carry_no_loss(tmp_path):
     """Every other step is all padding (transformers' loss is 0/0 = NaN there, gradient zero): intervals stay valid."""
     data = [item(i, padding=(i // 2) % 2 == 1) for i in range(16)]
     trainer, callback = make_trainer(
-        tmp_path, data, {"method": "autoloco", "h_base": 2}, max_steps=8, train_sampling_strategy="sequential"
+        tmp_path,
+        data,
+        {"method": "autoloco", "controller": "paper", "h_base": 2},
+        max_steps=8,
+        train_sampling_strategy="sequential",
     )
     trainer.train()
     records = callback.engine.records
@@ -234,7 +238,10 @@ def test_all_padding_batches_carry_no_loss(tmp_path):
 def test_dataset_shorter_than_one_interval(tmp_path):
     """2 optimizer steps with h_base=5: one interval, cut to the budget, synchronized at the last step."""
     trainer, callback = make_trainer(
-        tmp_path, [item(i) for i in range(4)], {"method": "autoloco", "h_base": 5}, num_train_epochs=1
+        tmp_path,
+        [item(i) for i in range(4)],
+        {"method": "autoloco", "controller": "paper", "h_base": 5},
+        num_train_epochs=1,
     )
     trainer.train()
     assert trainer.state.global_step == callback.engine.step == 2
@@ -243,7 +250,11 @@ def test_dataset_shorter_than_one_interval(tmp_path):
 
 def test_run_shorter_than_warmup(tmp_path):
     trainer, callback = make_trainer(
-        tmp_path, [item(i) for i in range(8)], {"method": "autoloco", "h_base": 2}, max_steps=4, warmup_steps=10
+        tmp_path,
+        [item(i) for i in range(8)],
+        {"method": "autoloco", "controller": "paper", "h_base": 2},
+        max_steps=4,
+        warmup_steps=10,
     )
     trainer.train()
     records = callback.engine.records
@@ -420,7 +431,12 @@ def test_a_checkpoint_at_a_boundary_with_the_average_in_flight_holds_theta(tmp_p
 def test_a_run_says_what_it_will_do_and_what_it_did(tmp_path, caplog, log_level, printed):
     """A start line (workers, method, rule, H), warnings for h_base > max_steps and for one worker, an end summary."""
     trainer, callback = make_trainer(
-        tmp_path, DATA, {"method": "autoloco", "h_base": 500}, max_steps=6, logging_steps=1, log_level=log_level
+        tmp_path,
+        DATA,
+        {"method": "autoloco", "controller": "paper", "h_base": 500},
+        max_steps=6,
+        logging_steps=1,
+        log_level=log_level,
     )
     seen: list[dict] = []
 

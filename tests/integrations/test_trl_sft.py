@@ -12,7 +12,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_sft_trainer_with_autoloco(tmp_path):
-    spec = {"output_dir": str(tmp_path), "steps": 8, "autoloco": {"method": "autoloco", "h_base": 4, "q_h": 1}}
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 8,
+        "autoloco": {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1},
+    }
     results = torchrun("trl_worker.py", spec, nproc=2, timeout=400)
     r0, r1 = results
     # syncs happen, at the same steps on both workers, and leave identical replicas
