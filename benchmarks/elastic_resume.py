@@ -46,14 +46,14 @@ CONFIGS = {
 EVAL_BATCHES = [batch_for(10_000 + k, 0) for k in range(16)]  # workers no run trains on
 
 
-def runner(config: AutoLoCoConfig, workers: int, seed: int = 0, **kwargs) -> LocalWorkers:
+def runner(config: AutoLoCoConfig, workers: int, seed: int = 0, steps: int = STEPS, **kwargs) -> LocalWorkers:
     return LocalWorkers(
         config,
         make_model(seed),
         SimulatedCommunicator(workers),
         optimizer_factory=adamw,
-        scheduler_factory=cosine(STEPS, WARMUP),
-        total_steps=STEPS,
+        scheduler_factory=cosine(steps, WARMUP),
+        total_steps=steps,
         warmup_steps=WARMUP,
         **kwargs,
     )
@@ -71,10 +71,12 @@ def held_out_loss(workers: LocalWorkers) -> float:
     return statistics.fmean(float(model(**batch).loss) for batch in EVAL_BATCHES)
 
 
-def resumed_losses(config: AutoLoCoConfig, seed: int, fault_step: int) -> tuple[int, int, dict[int, float], int]:
+def resumed_losses(
+    config: AutoLoCoConfig, seed: int, fault_step: int, steps: int = STEPS
+) -> tuple[int, int, dict[int, float], int]:
     """Stop a 4-worker run after ``fault_step``; go on from its newest snapshot with 3, 4 and 5 workers."""
     with tempfile.TemporaryDirectory() as folder:
-        faulty = advance(runner(config, WORKERS, seed, snapshot_dir=folder), fault_step)
+        faulty = advance(runner(config, WORKERS, seed, steps, snapshot_dir=folder), fault_step)
         faulty.close()
         snapshot = latest_snapshot(folder, config)
         last = faulty.engine.records[-1]
@@ -83,21 +85,21 @@ def resumed_losses(config: AutoLoCoConfig, seed: int, fault_step: int) -> tuple[
         assert redone < faulty.engine.current_interval.h_step  # only the interval the fault cut is redone
         losses = {}
         for workers in (WORKERS - 1, WORKERS, WORKERS + 1):
-            resumed = runner(config, workers, seed)
+            resumed = runner(config, workers, seed, steps)
             resumed.resume_from_snapshot(snapshot)
-            losses[workers] = held_out_loss(advance(resumed, STEPS))
+            losses[workers] = held_out_loss(advance(resumed, steps))
         return snapshot.step, redone, losses, os.path.getsize(snapshot.path)
 
 
-def measure(fault_step: int, seeds: range) -> dict:
+def measure(fault_step: int, seeds: range, steps: int = STEPS) -> dict:
     """Every run's held-out loss: uninterrupted with 3, 4, 5 workers, and 4 -> 3, 4, 5 from the last boundary."""
     runs = {}
     for name, config in CONFIGS.items():
         scratch = {
-            str(n): [held_out_loss(advance(runner(config, n, seed), STEPS)) for seed in seeds]
+            str(n): [held_out_loss(advance(runner(config, n, seed, steps), steps)) for seed in seeds]
             for n in (WORKERS - 1, WORKERS, WORKERS + 1)
         }
-        results = [resumed_losses(config, seed, fault_step) for seed in seeds]
+        results = [resumed_losses(config, seed, fault_step, steps) for seed in seeds]
         step, redone, _, size = results[0]
         runs[name] = {
             "uninterrupted": scratch,
@@ -107,7 +109,14 @@ def measure(fault_step: int, seeds: range) -> dict:
             "snapshot_bytes": size,
         }
     parameters = sum(p.numel() for p in make_model().parameters())
-    return {"fault_step": fault_step, "seeds": list(seeds), "workers": WORKERS, "parameters": parameters, "runs": runs}
+    return {
+        "fault_step": fault_step,
+        "steps": steps,
+        "seeds": list(seeds),
+        "workers": WORKERS,
+        "parameters": parameters,
+        "runs": runs,
+    }
 
 
 def table(result: dict) -> str:
@@ -140,11 +149,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fault-step", type=int, default=61, help="the 4-worker run stops after this step")
     parser.add_argument("--seeds", type=int, default=3, help="model seeds 0..n-1")
+    parser.add_argument(
+        "--steps", type=int, default=STEPS, help=f"steps of every run (default {STEPS}; fewer: a smoke run)"
+    )
     parser.add_argument("--out", default="docs/results/elastic/elastic_resume.json", help="raw results (JSON)")
     parser.add_argument("--report-only", action="store_true", help="print the table of --out, run nothing")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # a toy model: more threads only wait on each other (7x the CPU time on 2 loaded cores)
     if not args.report_only:
-        result = measure(args.fault_step, range(args.seeds))
+        if not 0 < args.fault_step < args.steps:
+            parser.error(f"--fault-step {args.fault_step}: pass 0 < fault step < --steps ({args.steps})")
+        result = measure(args.fault_step, range(args.seeds), args.steps)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -732,6 +732,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps T (default 1000: H_base 10)")
     p.add_argument("--workers", type=int, default=8, help="workers (default 8)")
+    p.add_argument("--h-base", type=int, help="the adaptive variants' H_base (default T/100, at least 2; smoke runs)")
     p.add_argument("--h-list", default="10,20,5,15,30,13,40,7", help="DiLoCo horizons at --base-mu")
     p.add_argument("--base-mu", type=float, default=0.7, help="AutoLoCo's base outer momentum (default 0.7)")
     p.add_argument("--mu-list", default="0.9,0.01,0.3,0.5", help="other momenta, each at every --mu-h-list horizon")
@@ -778,7 +779,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"frontier: bad --regimes/--seeds/--h-list/--mu-list/--mu-h-list/--tuned-* value ({err}); "
             "e.g. --regimes iid --seeds 0,1\n",
         )
-    h_base, _ = replicate.schedule(args.steps)
+    h_base = args.h_base or replicate.schedule(args.steps)[0]
     # adaptive variants first: a campaign cut short still has them next to the most important horizons
     args.points = parse_adaptive(args.adaptive or ["autoloco"], h_base) + grid(
         h_list, args.base_mu, mu_list, mu_h, tuned

@@ -199,7 +199,7 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
         len(corpus.tokenizer), replicate.HIDDEN, replicate.LAYERS, replicate.HEADS,
         max_position_embeddings=demo.SEQ_LEN, seed=seed,
     )  # fmt: skip
-    sampler_args = argparse.Namespace(batch_size=args.batch_size, workers=args.workers, max_docs=None)
+    sampler_args = argparse.Namespace(batch_size=args.batch_size, workers=args.workers, max_docs=args.max_docs)
     sampler = frontier.make_sampler(frontier.Regime.IID, corpus, sampler_args, seed)
     writer = RunWriter(str(folder), variant.name)
     holder: list[ScheduledPolicy] = []
@@ -312,13 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=replicate.BATCH_SIZE)
     p.add_argument("--val-windows", type=int, default=1024)
     p.add_argument("--variants", help="comma-separated variant names (default all)")
+    p.add_argument("--max-docs", type=int, help="use only the first N documents (smoke runs)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "autoloco"))
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "benchmarks/switch_cost.py", *(argv if argv is not None else sys.argv[1:])])
     if not args.report_only:
         torch.set_num_threads(1)
-        corpus = replicate.load_corpus(args.cache_dir, replicate.VOCAB_SIZE, None)
+        corpus = replicate.load_corpus(args.cache_dir, replicate.VOCAB_SIZE, args.max_docs)
         wanted = set(args.variants.split(",")) if args.variants else None
         for seed in frontier.int_list(args.seeds):
             for v in variants():

