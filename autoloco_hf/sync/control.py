@@ -89,6 +89,8 @@ class ControlMessage:
     h_step: float = agreed()  # its executed length: the horizon decided at the previous boundary
     h_tok: float = agreed()  # its token-equivalent horizon (docs/algorithm.md §3)
     config_fingerprint: float = agreed()  # config_fingerprint() of the worker's AutoLoCoConfig
+    inner_steps: float = summed()  # optimizer steps the worker took in the interval (budget pacing: its share)
+    busy_seconds: float = summed()  # the time it spent on them (virtual on a simulated clock): its speed
 
     WIDTH: ClassVar[int]  # number of packed float64 values, set below
 
