@@ -146,6 +146,20 @@ class BudgetPacer:
     def steps_due(self, elapsed: int) -> list[int]:
         return [self.cumulative(w, elapsed + 1) - self.cumulative(w, elapsed) for w in self.local]
 
+    def split(self, h_step: int) -> list[int]:
+        """Every worker's inner steps in an interval of ``h_step`` steps of the run, at the current shares."""
+        return [self.cumulative(w, h_step) for w in range(self.num_workers)]
+
+    def adopt(self, speeds: Sequence[float]) -> None:
+        """Shares from speeds (``nan``: not measured, the worker keeps its share)."""
+        measured = [s for s in speeds if not math.isnan(s)]
+        if measured:
+            fastest = max(measured)
+            self.shares = [
+                q if math.isnan(s) else max(1, round(SHARE_RESOLUTION * s / fastest))
+                for q, s in zip(self.shares, speeds)
+            ]
+
     def weights(self, steps: Sequence[int], lr_masses: Sequence[float], lr_mass: float, comm: Any) -> Weights | None:
         """``w_i = n_i / S``, and the LR-mass rescale ``r = Lambda / sum_i w_i Lambda_i`` (docs/algorithm.md §13.2).
 
@@ -190,12 +204,8 @@ class BudgetPacer:
         speeds = [n / t if n > 0 and t > 0 else math.nan for n, t in zip(steps, seconds)]
         measured = [s for s in speeds if not math.isnan(s)]
         idle = [label for label, n in zip(labels, steps) if n == 0]
+        self.adopt(speeds)
         if measured:
-            fastest = max(measured)
-            self.shares = [
-                q if math.isnan(s) else max(1, round(SHARE_RESOLUTION * s / fastest))
-                for q, s in zip(self.shares, speeds)
-            ]
             median = statistics.median(measured)
             for i, s in enumerate(speeds):
                 slow = math.isnan(s) or s < self.straggler_fraction * median
