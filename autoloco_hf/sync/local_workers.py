@@ -107,7 +107,7 @@ class LocalWorkers:
             records_path=records_path,
             on_record=on_record,
         )
-        self.clock = VirtualClock.of(config, communicator.local_workers)
+        self.clock = VirtualClock.of(config, communicator)
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
             self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)

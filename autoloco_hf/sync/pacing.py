@@ -255,16 +255,23 @@ class VirtualClock:
         self.changes = sorted((int(s), int(w), float(v)) for s, w, v in changes)
 
     @classmethod
-    def of(cls, config: AutoLoCoConfig, workers: int) -> VirtualClock | None:
-        """The clock of ``config`` (``None`` without ``worker_speeds``: real seconds are measured)."""
+    def of(cls, config: AutoLoCoConfig, comm: Any) -> VirtualClock | None:
+        """The clock of this process's workers (``None`` without ``worker_speeds``: real seconds are measured).
+
+        ``worker_speeds`` and ``speed_changes`` name all the workers: a process keeps its own.
+        """
         if config.worker_speeds is None:
             return None
-        if len(config.worker_speeds) != workers:
+        if len(config.worker_speeds) != comm.num_workers:
             raise ValueError(
-                f"AutoLoCoConfig.worker_speeds has {len(config.worker_speeds)} speeds for {workers} workers: "
-                "give one speed per worker"
+                f"AutoLoCoConfig.worker_speeds has {len(config.worker_speeds)} speeds for {comm.num_workers} "
+                "workers: give one speed per worker"
             )
-        return cls(config.worker_speeds, config.speed_changes or ())
+        local = {comm.global_worker(i): i for i in range(comm.local_workers)}
+        changes = [
+            (step, local[worker], speed) for step, worker, speed in config.speed_changes or () if worker in local
+        ]
+        return cls([config.worker_speeds[g] for g in local], changes)
 
     def speeds_at(self, step: int) -> list[float]:
         speeds = list(self.base)

@@ -105,7 +105,7 @@ def test_one_worker_at_half_speed_splits_the_budget_and_shortens_the_wall() -> N
 
 def test_log_normal_speeds_end_every_interval_together() -> None:
     """Profile (b): steps in proportion to speed, so every worker's busy time is within one step of the others'."""
-    workers, h = 8, 20
+    workers, h = 8, 10
     speeds = torch.exp(0.3 * torch.randn(workers, generator=torch.Generator().manual_seed(3))).tolist()
     config = AutoLoCoConfig(method="diloco", h_base=h, pacing="budget", worker_speeds=speeds)
     run, _ = paced(config, workers, 3 * h)
