@@ -309,8 +309,9 @@ def report(out: Path) -> Path:
                 )
             lines.append(text + ".")
         lines.append("")
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 

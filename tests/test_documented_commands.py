@@ -68,6 +68,12 @@ for piece in (
     TUNED_PIECE.format("noniid") + " --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20",
 ):
     RUN[piece] = piece + SHORT_FRONTIER
+# the unequal-speeds campaign: 2 workers, profile (a), 2 seeds, 20 steps, into a scratch folder; then its report
+UNEQUAL = "python benchmarks/unequal_speeds.py --out docs/results/unequal_speeds"
+RUN[UNEQUAL] = (
+    UNEQUAL + " --out unequal_short --workers 2 --profiles a --seeds 0 1 --steps 20 --h-base 5 --val-sequences 8"
+)
+RUN[UNEQUAL + " --report-only"] = UNEQUAL + " --report-only --out unequal_short"
 RUN[
     "python -c \"from autoloco_hf.cli.report import find_runs, write_report; t = open('docs/demo/report.md').read()"
     ".split(chr(10)); write_report(find_runs(['docs/demo/' + m for m in ('diloco', 'diloco_mu07', 'autoloco')]), "
