@@ -630,9 +630,8 @@ class IntervalEngine:
             elif weights is not None:  # the communicator's plain mean becomes the weighted one (§13.2)
                 delta.mul_(weights.delta[i])
                 sq_norm *= weights.sq_norm[i]
-            if (
-                finite and self.error_feedback
-            ):  # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
+            # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
+            if finite and self.error_feedback:
                 delta = self._compensate(i, delta, fragment)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite, counted).pack())
