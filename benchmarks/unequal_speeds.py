@@ -236,6 +236,11 @@ def val_at_tokens(curve: list[dict[str, float]], tokens: float) -> float:
     return curve[-1]["val_loss"]
 
 
+def seeds_note(values: Sequence[float], seeds: Sequence[int]) -> str:
+    """`` (k of n seeds)`` when only some seeds gave a value."""
+    return f" ({len(values)} of {len(seeds)} seeds)" if len(values) < len(seeds) else ""
+
+
 def mark(met: bool) -> str:
     return "**met**" if met else "**missed**"
 
@@ -263,18 +268,19 @@ def report(out: Path) -> Path:
         lines += [
             f"## {workers} workers, profile ({profile}), seeds {complete[0]}-{complete[-1]} ({len(complete)})",
             "",
-            "| variant | tokens/s (cluster) | x lockstep DiLoCo | final val loss | val loss at lockstep DiLoCo's "
-            "tokens | time to lockstep DiLoCo's final val loss | x shorter |",
+            "| variant | tokens/s (cluster) | x lockstep DiLoCo | val loss at half of lockstep DiLoCo's tokens | "
+            "at all of them | time to lockstep DiLoCo's final val loss | x shorter |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         summary: dict[str, dict[str, list[float]]] = {}
         for variant in VARIANTS:
-            rate, ratio, final, at_tokens, times, speedup = [], [], [], [], [], []
+            rate, ratio, final, half, at_tokens, times, speedup = [], [], [], [], [], [], []
             for seed in complete:
                 ref, run = seeds[seed][REFERENCE], seeds[seed][variant.name]
                 rate.append(run["tokens_per_second"])
                 ratio.append(run["tokens_per_second"] / ref["tokens_per_second"])
                 final.append(run["final_val_loss"])
+                half.append(val_at_tokens(run["curve"], ref["tokens"] / 2))
                 at_tokens.append(val_at_tokens(run["curve"], ref["tokens"]))
                 reached = time_to(run["curve"], ref["final_val_loss"])
                 times.append(reached)
@@ -284,8 +290,8 @@ def report(out: Path) -> Path:
             finite = [t for t in times if math.isfinite(t)]
             reached_text = f"{fmt(finite, 0)} ({len(finite)}/{len(times)} reached)" if finite else "never"
             lines.append(
-                f"| {variant.name} | {fmt(rate, 1)} | {fmt(ratio, 2)} | {fmt(final)} | {fmt(at_tokens)} | "
-                f"{reached_text} | {fmt(speedup, 2) if speedup else 'never'} |"
+                f"| {variant.name} | {fmt(rate, 1)} | {fmt(ratio, 2)} | {fmt(half)} | {fmt(at_tokens)} | "
+                f"{reached_text} | {fmt(speedup, 2) + seeds_note(speedup, complete) if speedup else 'never'} |"
             )
         lines.append("")
         for pacer, reference in (("diloco_budget", "diloco_lockstep"), ("autoloco_budget", "autoloco_lockstep")):
@@ -301,7 +307,7 @@ def report(out: Path) -> Path:
                 f"- `{pacer}` against `{reference}`: throughput {ratio:.2f}x; validation loss at equal tokens "
                 f"{fmt(diff)} (paired difference; one standard error of `{reference}`'s final loss: {ref_se:.4f}); "
                 f"time to lockstep DiLoCo's final loss "
-                + (f"{fmt(speed, 2)}x shorter" if speed else "not reached by both")
+                + (f"{fmt(speed, 2)}x shorter{seeds_note(speed, complete)}" if speed else "not reached by both")
             )
             if profile == str(Profile.HALF):
                 text += (
