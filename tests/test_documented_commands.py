@@ -131,7 +131,8 @@ def extract(text: str) -> list[tuple[int, str, str | None]]:
         marker = MARKER.search(before)
         for command in commands(body):
             found.append((i + 1, command, marker.group(1) if marker else None))
-        i = end + 1
+        # past a fence's closing line; an indented block ends at the first line after it (maybe a fence)
+        i = end + 1 if fence else end
     return found
 
 
