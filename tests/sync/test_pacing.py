@@ -216,3 +216,15 @@ def test_an_unmeasured_pacer_splits_equally_and_keeps_the_share_of_an_idle_worke
     assert [pacer.steps_due(k) for k in range(3)] == [[1, 1, 1]] * 3
     pacer.observe([4, 2, 0], [4.0, 4.0, 0.0], ["a", "b", "c"])
     assert pacer.shares == [1_000_000, 500_000, 1_000_000]
+
+
+def test_with_two_workers_both_are_named_when_their_tokens_per_step_differ() -> None:
+    """The median in log space of two workers is their geometric mean: neither is trusted over the other."""
+    config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget")
+    _, engine = linear_engine(config, 2)
+    with pytest.raises(
+        InconsistentCounts, match=r"worker 0 \(10 tokens in 1 steps.*; worker 1 \(400 tokens in 1 steps"
+    ):
+        engine.after_optimizer_step(tokens=[10, 400], losses=[1.0] * 2, lr=1.0, steps=[1, 1])
+    _, engine = linear_engine(config, 2)
+    engine.after_optimizer_step(tokens=[10, 30], losses=[1.0] * 2, lr=1.0, steps=[1, 1])  # within 4x: padding
