@@ -74,6 +74,10 @@ RUN[UNEQUAL] = (
     UNEQUAL + " --out unequal_short --workers 2 --profiles a --seeds 0 1 --steps 20 --h-base 5 --val-sequences 8"
 )
 RUN[UNEQUAL + " --report-only"] = UNEQUAL + " --report-only --out unequal_short"
+UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out docs/results/unequal_speeds/processes.json"
+RUN[UNEQUAL_PROCESSES] = (
+    UNEQUAL_PROCESSES + " --out processes_short.json --workers 2 --steps 10 --h-base 5 --delay-ms 1"
+)
 RUN[
     "python -c \"from autoloco_hf.cli.report import find_runs, write_report; t = open('docs/demo/report.md').read()"
     ".split(chr(10)); write_report(find_runs(['docs/demo/' + m for m in ('diloco', 'diloco_mu07', 'autoloco')]), "
