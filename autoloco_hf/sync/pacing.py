@@ -68,8 +68,6 @@ class Weights:
 class Pacer(Protocol):
     """How many inner steps each local worker takes at each step of the run, and the weights of their work."""
 
-    pacing: Pacing
-
     def steps_due(self, elapsed: int) -> list[int]:
         """Inner steps of each local worker at the interval's step ``elapsed`` (0-based)."""
 
@@ -89,8 +87,6 @@ class Pacer(Protocol):
 
 class LockstepPacer:
     """Every worker one step per step of the run, equal weights: the algorithm before unequal speeds, bit for bit."""
-
-    pacing = Pacing.LOCKSTEP
 
     def __init__(self, local_workers: int) -> None:
         self._due = [1] * local_workers
@@ -123,8 +119,6 @@ class BudgetPacer:
         straggler_fraction, straggler_intervals: a worker below ``fraction`` of the median speed for
             ``intervals`` syncs in a row is reported.
     """
-
-    pacing = Pacing.BUDGET
 
     def __init__(
         self, num_workers: int, local: Sequence[int], straggler_fraction: float, straggler_intervals: int
