@@ -94,6 +94,13 @@ class Overlap(ValueEnum):
     EAGER = "eager"  # eager update from each worker's own fresh pseudo-gradient; the average lands one interval later
 
 
+class Pacing(ValueEnum):
+    """When an interval ends for each worker (docs/algorithm.md §13)."""
+
+    LOCKSTEP = "lockstep"  # every worker takes the interval's H steps: the slowest sets the pace
+    BUDGET = "budget"  # the interval's N*H steps are split by the speeds measured at the last sync
+
+
 METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
 LOSSY_WIRES = tuple(w.value for w in WireDtype if w != WireDtype.FP32)
@@ -376,6 +383,36 @@ class AutoLoCoConfig:
         COUNT,
     )
 
+    # ------------------------------------------------------------ unequal speeds (docs/algorithm.md §13)
+    pacing: Pacing = option(
+        Pacing.LOCKSTEP,
+        """`lockstep`: every worker takes the interval's `H` steps, so the slowest sets the pace. `budget`: the
+        interval's `N * H` inner steps are split among the workers in proportion to the speeds (steps per second)
+        measured over the previous interval and agreed at its sync, so that all of them end together; the
+        average weighs each worker by the steps it took (docs/algorithm.md §13).""",
+    )
+    worker_speeds: Any = option(
+        None,
+        """Simulated workers only: each worker's relative speed (steps per virtual second) on the virtual clock
+        that times the run, as a list or comma-separated text, one positive number per worker (e.g.
+        `1,1,1,0.5`). Unset: every worker at speed 1.""",
+    )
+    speed_changes: Any = option(
+        None,
+        """Simulated workers only: speed changes on the virtual clock, `step:worker:speed` entries as a list of
+        triples or comma-separated text (e.g. `500:3:0.25`: from step 500 worker 3 runs at 0.25). Needs
+        `worker_speeds`.""",
+    )
+    straggler_fraction: float = option(
+        0.5,
+        """`budget` pacing: a worker whose measured speed stays below this fraction of the median speed for
+        `straggler_intervals` intervals in a row is reported as a straggler (log and interval records).""",
+        Range(0.0, 1.0, low_open=True, high_open=True),
+    )
+    straggler_intervals: int = option(
+        3, "Intervals in a row below `straggler_fraction` of the median speed before a straggler is reported.", COUNT
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             kind, optional = field_types(type(self))[f.name]
@@ -390,6 +427,7 @@ class AutoLoCoConfig:
         self._check_communication()
         self._check_overlap()
         self._check_fragments()
+        self._check_pacing()
         if self.runs_horizon_rule:
             self.rule.check_config(self)
 
@@ -549,6 +587,25 @@ class AutoLoCoConfig:
                 f"{max(self.min_interval_steps // (self.fragment_delay + 1), 1)} or longer intervals",
             )
 
+    def _check_pacing(self) -> None:
+        """Speeds as positive numbers, one list; budget pacing only where it is built (docs/algorithm.md §13)."""
+        if self.worker_speeds is not None:
+            self.worker_speeds = _speed_list(self.worker_speeds)
+        if self.speed_changes is not None:
+            if self.worker_speeds is None:
+                _fail("speed_changes", self.speed_changes, "it changes worker_speeds: set worker_speeds too")
+            self.speed_changes = _speed_changes(self.speed_changes, len(self.worker_speeds))
+        if self.pacing == Pacing.LOCKSTEP:
+            return
+        refusals = {
+            "overlap": (self.overlap != Overlap.NONE, "use overlap='none'"),
+            "fragments": (self.fragments > 1, "use fragments=1"),
+            "ranks_per_worker": (self.ranks_per_worker > 1, "use ranks_per_worker=1"),
+        }
+        for name, (refused, fix) in refusals.items():
+            if refused:
+                _fail(name, getattr(self, name), f"pacing='budget' is built for blocking whole-model syncs: {fix}")
+
     # -- derived properties -------------------------------------------------
     @property
     def fragment_delay(self) -> int:
@@ -669,9 +726,58 @@ FIELD_SCOPES: dict[str, Scope] = {
     **dict.fromkeys(("qsr_alpha", "qsr_gamma"), Scope("method='qsr'", lambda c: c.method == Method.QSR)),
     "linear_increment": Scope("method='linear'", lambda c: c.method == Method.LINEAR),
     **dict.fromkeys(("wire_dtype", "error_feedback", "max_consecutive_invalid"), _INTERVALS),
+    **dict.fromkeys(("pacing", "worker_speeds", "speed_changes"), _INTERVALS),
+    **dict.fromkeys(
+        ("straggler_fraction", "straggler_intervals"),
+        Scope("pacing='budget' (lockstep workers take equal steps)", lambda c: c.pacing == Pacing.BUDGET),
+    ),
 }
 # Not in the table: int8_block_size (the communicator is built from it and checked against it whatever the
 # wire) and overlap_steps / overlap_mix (one overlap setting is shared across the overlap modes in tests).
+
+
+def _numbers(name: str, value: Any) -> list[Any]:
+    """``value`` as a list: a sequence as it is, text split at commas (the command line's form)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    _fail(name, value, "pass a list or comma-separated text")
+
+
+def _speed(name: str, value: Any, text: Any) -> float:
+    try:
+        speed = float(value)
+    except (TypeError, ValueError):
+        _fail(name, text, f"{value!r} is not a number")
+    if not (math.isfinite(speed) and speed > 0):
+        _fail(name, text, f"every speed must be a finite number > 0, got {value!r}")
+    return speed
+
+
+def _speed_list(value: Any) -> list[float]:
+    """``worker_speeds`` as floats, each finite and positive."""
+    speeds = [_speed("worker_speeds", v, value) for v in _numbers("worker_speeds", value)]
+    if not speeds:
+        _fail("worker_speeds", value, "give one speed per worker, e.g. 1,1,1,0.5")
+    return speeds
+
+
+def _speed_changes(value: Any, workers: int) -> list[list[Any]]:
+    """``speed_changes`` as ``[step, worker, speed]`` triples, sorted by step."""
+    changes = []
+    for entry in _numbers("speed_changes", value):
+        parts = entry.split(":") if isinstance(entry, str) else list(entry) if isinstance(entry, (list, tuple)) else []
+        if len(parts) != 3:
+            _fail("speed_changes", value, f"{entry!r} is not step:worker:speed")
+        try:
+            step, worker = int(parts[0]), int(parts[1])
+        except (TypeError, ValueError):
+            _fail("speed_changes", value, f"{entry!r}: step and worker must be integers")
+        if step < 0 or not 0 <= worker < workers:
+            _fail("speed_changes", value, f"{entry!r}: step >= 0 and worker in 0..{workers - 1} (worker_speeds)")
+        changes.append([step, worker, _speed("speed_changes", parts[2], value)])
+    return sorted(changes)
 
 
 def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:

@@ -397,3 +397,44 @@ def test_method_properties(method: str, interval: bool, nesterov: bool, correcte
     """docs/algorithm.md §6: DiLoCo/AutoLoCo take a Nesterov outer step, QSR/Linear average, DDP has no intervals."""
     c = AutoLoCoConfig(method=method)
     assert (c.is_interval_method, c.uses_nesterov_outer, c.outer_correction_enabled) == (interval, nesterov, corrected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(worker_speeds=[1, 0, 1]), r"^AutoLoCoConfig\.worker_speeds=\[1, 0, 1\] is invalid: every speed must be"),
+        (dict(worker_speeds="1,-0.5"), r"^AutoLoCoConfig\.worker_speeds='1,-0.5' is invalid: every speed must be"),
+        (dict(worker_speeds=[1, math.inf]), r"^AutoLoCoConfig\.worker_speeds=.* every speed must be a finite"),
+        (dict(worker_speeds="1,fast"), r"^AutoLoCoConfig\.worker_speeds='1,fast' is invalid: 'fast' is not a number"),
+        (dict(worker_speeds=""), r"^AutoLoCoConfig\.worker_speeds='' is invalid: give one speed per worker"),
+        (dict(speed_changes="10:0:0.5"), r"^AutoLoCoConfig\.speed_changes=.* set worker_speeds too"),
+        (dict(worker_speeds=[1, 1], speed_changes="10:2:0.5"), r"^AutoLoCoConfig\.speed_changes=.*worker in 0\.\.1"),
+        (dict(worker_speeds=[1, 1], speed_changes="10:1:0"), r"^AutoLoCoConfig\.speed_changes=.* > 0, got '0'"),
+        (dict(worker_speeds=[1, 1], speed_changes="10:1"), r"^AutoLoCoConfig\.speed_changes=.* is not step:worker"),
+        (dict(pacing="budget", overlap="delayed"), r"^AutoLoCoConfig\.overlap='delayed' is invalid: pacing='budget'"),
+        (dict(pacing="budget", fragments=2), r"^AutoLoCoConfig\.fragments=2 is invalid: pacing='budget'"),
+        (dict(pacing="budget", ranks_per_worker=2), r"^AutoLoCoConfig\.ranks_per_worker=2 is invalid: pacing="),
+        (dict(pacing="paced"), r"^AutoLoCoConfig\.pacing='paced' is invalid: use one of lockstep, budget"),
+        (
+            dict(straggler_fraction=0.3),
+            r"^AutoLoCoConfig\.straggler_fraction=0\.3 .* only applies with pacing='budget'",
+        ),
+        (
+            dict(pacing="budget", straggler_fraction=1.0),
+            r"^AutoLoCoConfig\.straggler_fraction=1\.0 .* in \(0\.0, 1\.0\)",
+        ),
+        (dict(method="ddp", pacing="budget"), r"^AutoLoCoConfig\.pacing='budget' .* only applies with an interval"),
+    ],
+)
+def test_unequal_speed_settings_are_refused_naming_the_option(kwargs: dict, message: str) -> None:
+    """docs/algorithm.md §13.4: one line naming the option and the fix."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        AutoLoCoConfig(**kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_speeds_are_normalized_and_round_trip() -> None:
+    c = AutoLoCoConfig(pacing="budget", worker_speeds="1, 1,0.5", speed_changes=["20:2:0.25", (5, 0, 2)])
+    assert c.pacing == "budget" and c.worker_speeds == [1.0, 1.0, 0.5]
+    assert c.speed_changes == [[5, 0, 2.0], [20, 2, 0.25]]
+    assert AutoLoCoConfig.from_dict(c.to_dict()) == c

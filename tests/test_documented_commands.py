@@ -196,6 +196,16 @@ OLD_COMMITS = ("8787424", "36d1855")  # docs/controller.md's "before" column: sk
 BEFORE = ("tar -x -C before", "PYTHONPATH=before ")  # the commands of that column
 # the loss campaigns' scripts share one Python process (runpy, one argv each): their imports are paid once
 IN_ONE_PROCESS = ("benchmarks/frontier.py", "benchmarks/switch_cost.py", "benchmarks/replicate.py")
+# the unequal-speeds campaign: 2 workers, profile (a), 2 seeds, 20 steps, into a scratch folder; then its report
+UNEQUAL = "python benchmarks/unequal_speeds.py --out docs/results/unequal_speeds"
+RUN[UNEQUAL] = (
+    UNEQUAL + " --out unequal_short --workers 2 --profiles a --seeds 0 1 --steps 20 --h-base 5 --val-sequences 8"
+)
+RUN[UNEQUAL + " --report-only"] = UNEQUAL + " --report-only --out unequal_short"
+UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out docs/results/unequal_speeds/processes.json"
+RUN[UNEQUAL_PROCESSES] = (
+    UNEQUAL_PROCESSES + " --out processes_short.json --workers 2 --steps 10 --h-base 5 --delay-ms 1"
+)
 ELSEWHERE = {
     "python -m pytest -q": ".ci/run runs the README's test command",
     "pytest tests/recipes -q": ".ci/run runs the whole suite (python -m pytest -q)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import Any
 
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
@@ -25,6 +26,7 @@ from autoloco_hf.config import (
     WireDtype,
 )
 from autoloco_hf.sync.accounting import outer_state_bytes_per_rank, payload_bytes
+from autoloco_hf.sync.pacing import BudgetPacer
 
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
 # model (recipes/pretrain_c4.py, 32k vocabulary) and Llama-3.1-8B (the SFT recipe).
@@ -58,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         help="ranks sharding each worker's model (FSDP2): outer state and bytes per rank fall by it",
+    )
+    parser.add_argument(
+        "--speeds",
+        help="the workers' relative speeds, comma-separated (e.g. 1,1,1,0.5): preview pacing='budget' against "
+        "lockstep, each worker's inner steps per interval and the run's time (docs/algorithm.md §13)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
@@ -134,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
             params, args.ranks_per_worker, config.uses_nesterov_outer, config.error_feedback
         ),
     }
+    if args.speeds is not None:
+        try:
+            speeds = AutoLoCoConfig(worker_speeds=args.speeds).worker_speeds
+        except ConfigError as err:
+            usage_error(str(err).replace("AutoLoCoConfig.worker_speeds", "--speeds"), "autoloco plan")
+        summary["pacing"] = pacing_preview(speeds, result.intervals)
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -147,7 +160,36 @@ def run(args: argparse.Namespace) -> int:
         f"outer state per rank (FP32 theta_t + momentum, ranks_per_worker={args.ranks_per_worker}): "
         f"{summary['outer_state_bytes_per_rank'] / 2**30:.2f} GiB"
     )
+    if args.speeds is not None:
+        pace = summary["pacing"]
+        print(
+            f"pacing='budget' at speeds {args.speeds}: inner steps per interval of {pace['h_step']} steps: "
+            f"{', '.join(map(str, pace['worker_steps']))} (lockstep: {pace['h_step']} each); run time "
+            f"{pace['budget_time']:,.0f} vs lockstep {pace['lockstep_time']:,.0f} (speed-1 steps), "
+            f"{pace['lockstep_time'] / pace['budget_time']:.2f}x shorter"
+        )
     return 0
+
+
+def pacing_preview(speeds: list[float], intervals: list[int]) -> dict[str, Any]:
+    """Budget pacing against lockstep at constant ``speeds`` over the planned ``intervals`` (docs/algorithm.md §13.1).
+
+    The first interval runs in lockstep (no speed measured yet); times are in steps of a speed-1 worker.
+    """
+    pacer = BudgetPacer(len(speeds), range(len(speeds)), straggler_fraction=0.5, straggler_intervals=1)
+    lockstep_time = sum(h / min(speeds) for h in intervals)
+    budget_time = intervals[0] / min(speeds)
+    pacer.adopt(speeds)
+    for h in intervals[1:]:
+        budget_time += max(n / v for n, v in zip(pacer.split(h), speeds))
+    typical = intervals[min(1, len(intervals) - 1)]
+    return {
+        "speeds": speeds,
+        "h_step": typical,
+        "worker_steps": pacer.split(typical),
+        "lockstep_time": lockstep_time,
+        "budget_time": budget_time,
+    }
 
 
 def _count(params: int) -> str:

@@ -21,7 +21,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.controller import Assessment
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology
 from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
@@ -155,6 +155,13 @@ class WorkerRuntime:
         snapshot_dir: str | None = None,
         snapshot_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        if config.pacing != Pacing.LOCKSTEP or config.worker_speeds is not None:
+            raise ValueError(
+                f"AutoLoCoConfig.pacing={str(config.pacing)!r}, worker_speeds={config.worker_speeds!r}: workers of "
+                "unequal speed run with LocalWorkers (simulated, or one process per worker; docs/algorithm.md §13); "
+                "the Trainer callback and the accelerate hook take one step per rank per step: use "
+                "pacing='lockstep' and no worker_speeds"
+            )
         self.config = config
         self.model = model
         self.optimizer = optimizer

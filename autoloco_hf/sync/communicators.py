@@ -220,6 +220,10 @@ class Communicator(ABC):
         """How messages name the workers, in worker order."""
         return [f"worker {i}" for i in range(self.num_workers)]
 
+    def global_worker(self, local: int) -> int:
+        """The index among all workers of this process's local worker ``local``."""
+        return local
+
     def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """Float64 sums of a few scalars (one row per local worker) over every worker, in worker order.
 
@@ -321,6 +325,9 @@ class ProcessGroupCommunicator(Communicator):
 
     def worker_labels(self) -> list[str]:
         return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
+
+    def global_worker(self, local: int) -> int:
+        return self.rank
 
     def global_rank(self, worker: int) -> int:
         """The global rank of ``worker`` (its rank in this communicator's group)."""
@@ -634,6 +641,9 @@ class HierarchicalCommunicator(Communicator):
 
     def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         return self.outer.sum_over_workers([self.sum_over_shards(rows[0])])
+
+    def global_worker(self, local: int) -> int:
+        return self.outer.global_worker(local)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         self.outer.broadcast_(tensor)

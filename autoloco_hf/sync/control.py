@@ -82,6 +82,8 @@ class ControlMessage:
     loss_count: float = summed()  # steps whose losses are in loss_sum
     nonfinite: float = summed()  # 1 when the pseudo-gradient or a loss was NaN/inf
     anchor_sq_norm: float = summed()  # ||theta_t - theta^i||^2 at the rule's boundary request (§5.7; else 0)
+    inner_steps: float = summed()  # optimizer steps the worker took in the interval (budget pacing: its share)
+    busy_seconds: float = summed()  # the time it spent on them (virtual on a simulated clock): its speed
     anchor_lr_mass: float = agreed()  # the LR mass of those h_ref steps (0 when not measured)
     step: float = agreed()  # the optimizer step that closed the interval
     interval_index: float = agreed()  # intervals closed before this one

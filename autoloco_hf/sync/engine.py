@@ -59,7 +59,7 @@ from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_p
 from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth, interval_statistics
-from autoloco_hf.config import AutoLoCoConfig, Overlap, WireDtype
+from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing, WireDtype
 from autoloco_hf.sync.accounting import payload_bytes
 from autoloco_hf.sync.checkpoint import check_config
 from autoloco_hf.sync.codec import ErrorFeedback, WireCodec
@@ -67,6 +67,7 @@ from autoloco_hf.sync.communicators import AverageResult, Communicator, PendingA
 from autoloco_hf.sync.control import ControlMessage, ControlRound, WorkerDisagreement, config_fingerprint
 from autoloco_hf.sync.fragments import Fragment, on_local_tensors, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters, flatten_fp32
+from autoloco_hf.sync.pacing import make_pacer
 from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
 __all__ = [
@@ -256,11 +257,15 @@ class IntervalCounters:
     anchor_lr_mass: float = 0.0
     # step -> (each local worker's ||theta_t - theta^i||^2, LR mass) of the shared requests measured so far
     shared: dict[int, tuple[list[float], float]] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)  # each local worker's inner steps (budget pacing: unequal)
+    worker_lr_mass: list[float] = field(default_factory=list)  # each local worker's summed inner learning rates
+    busy_seconds: list[float] = field(default_factory=list)  # each local worker's time on its steps (or virtual)
     started: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def zero(cls, workers: int) -> IntervalCounters:
-        return cls([0] * workers, [0.0] * workers)
+        return cls([0] * workers, [0.0] * workers, steps=[0] * workers, worker_lr_mass=[0.0] * workers,
+                   busy_seconds=[0.0] * workers)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -271,15 +276,23 @@ class IntervalCounters:
             "anchor_sq_norms": None if self.anchor_sq_norms is None else list(self.anchor_sq_norms),
             "anchor_lr_mass": self.anchor_lr_mass,
             "shared": {step: (list(norms), lr) for step, (norms, lr) in self.shared.items()},
+            "steps": list(self.steps),
+            "worker_lr_mass": list(self.worker_lr_mass),
+            "busy_seconds": list(self.busy_seconds),
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IntervalCounters:
         anchor, shared = state.get("anchor_sq_norms"), state.get("shared", {})
+        workers, count, lr_mass = len(state["tokens"]), int(state["loss_count"]), float(state["lr_mass"])
         return cls(
-            list(state["tokens"]), list(state["loss_sum"]), int(state["loss_count"]), float(state["lr_mass"]),
+            list(state["tokens"]), list(state["loss_sum"]), count, lr_mass,
             None if anchor is None else [float(v) for v in anchor], float(state.get("anchor_lr_mass", 0.0)),
             {int(step): ([float(v) for v in norms], float(lr)) for step, (norms, lr) in shared.items()},
+            # a checkpoint from before unequal speeds: every worker took the interval's steps so far
+            steps=[int(n) for n in state.get("steps", [count] * workers)],
+            worker_lr_mass=[float(m) for m in state.get("worker_lr_mass", [lr_mass] * workers)],
+            busy_seconds=[float(t) for t in state.get("busy_seconds", [0.0] * workers)],
         )  # fmt: skip
 
 
@@ -422,6 +435,7 @@ class IntervalEngine:
         broadcast_initial_parameters(communicator, self.worker_params)
         self._build_outer_state(numel)
         self.policy = make_policy(config, schedule, total_steps, self.warmup_steps)
+        self.pacer = make_pacer(config, communicator)
         self.step = 0
         self._lr_mass_warned = False
         self.start_interval()
@@ -486,19 +500,31 @@ class IntervalEngine:
         return self.sync.in_flight
 
     def after_optimizer_step(
-        self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
+        self,
+        tokens: Sequence[int],
+        losses: Sequence[float],
+        lr: float | None = None,
+        steps: Sequence[int] | None = None,
+        seconds: Sequence[float] | None = None,
     ) -> IntervalRecord | None:
-        """Account one true optimizer step of every local worker (its tokens, loss and inner LR).
+        """Account one step of the run: every local worker's tokens, summed losses and the inner LR.
 
-        Returns the record of an interval whose average was applied at this step.
+        ``steps``: each local worker's inner steps in it (default one each; budget pacing:
+        :meth:`steps_due`); ``seconds``: the time each spent on them (real or virtual), from which
+        its speed is measured. Returns the record of an interval whose average was applied at this step.
         """
         if self.step >= self.total_steps:
             raise RuntimeError(f"step {self.step} is past the training budget of {self.total_steps} steps")
         counters = self.counters
-        counters.lr_mass += lr if lr is not None else self.schedule.lr_at(self.step)
-        for i, (t, loss) in enumerate(zip(tokens, losses)):
+        lr = lr if lr is not None else self.schedule.lr_at(self.step)
+        counters.lr_mass += lr
+        steps = steps if steps is not None else [1] * len(tokens)
+        for i, (t, loss, n) in enumerate(zip(tokens, losses, steps)):
             counters.tokens[i] += int(t)
             counters.loss_sum[i] += float(loss)
+            counters.steps[i] += int(n)
+            counters.worker_lr_mass[i] += lr * n
+            counters.busy_seconds[i] += float(seconds[i]) if seconds is not None else 0.0
         counters.loss_count += 1
         self.step += 1
         self.totals.steps = self.step
@@ -545,6 +571,11 @@ class IntervalEngine:
         self._interval = self.policy.on_measurement(interval, results)
 
     # ------------------------------------------------------ the interval in flight
+    def steps_due(self) -> list[int]:
+        """Inner steps each local worker takes at the next step of the run (docs/algorithm.md §13.1)."""
+        interval = self._interval
+        return self.pacer.steps_due(self.step - interval.start_step if interval is not None else 0)
+
     def interval_ended(self) -> bool:
         interval = self._interval
         return interval is not None and self.step >= interval.start_step + interval.h_step
@@ -583,6 +614,8 @@ class IntervalEngine:
         carries no tokens or losses (the interval's last fragment carries them, §12.2).
         """
         deltas, messages = [], []
+        counters = self.counters
+        weights = self.pacer.weights(counters.steps, counters.worker_lr_mass, counters.lr_mass, self.comm)
         for i, params in enumerate(self.worker_params):
             if fragment is not None:
                 delta = self.outer.pseudo_gradient(params, self.fragment_pieces[fragment.index])
@@ -594,15 +627,23 @@ class IntervalEngine:
             finite = math.isfinite(sq_norm) and math.isfinite(self.counters.loss_sum[i])
             if not finite:  # keep the codec and the collective well defined; the flag skips the step
                 delta.zero_()
-            elif self.error_feedback:  # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
+            elif weights is not None:  # the communicator's plain mean becomes the weighted one (§13.2)
+                delta.mul_(weights.delta[i])
+                sq_norm *= weights.sq_norm[i]
+            # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md §2)
+            if finite and self.error_feedback:
                 delta = self._compensate(i, delta, fragment)
             deltas.append(delta)
             messages.append(self._control_message(interval, i, sq_norm, finite, counted).pack())
         return deltas, messages
 
     def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
-        """Every worker closed the same interval at the same step with the same config, else stop here."""
-        ControlRound.from_rows(sums, rows).check_agreement(self.comm.worker_labels())
+        """Every worker closed the same interval at the same step with the same config, and counted its tokens
+        and steps consistently (budget pacing, docs/algorithm.md §13.4), else stop here."""
+        control = ControlRound.from_rows(sums, rows)
+        labels = self.comm.worker_labels()
+        control.check_agreement(labels)
+        self.pacer.check_counts(control.workers, labels)
 
     def collect(self, result: AverageResult) -> Collected:
         """The control round of one completed collective (agreement checked) and its ``||mean||^2``, over all ranks."""
@@ -694,7 +735,12 @@ class IntervalEngine:
         """Build the interval's record, add it to the totals, tell the listeners; stop on too many invalid ones.
 
         ``applied``: whether every outer step of the interval ran (fragments: one per fragment), default ``outer``'s.
+        The pacer learns every worker's speed from the control messages here, before the next step (§13.1).
         """
+        workers = aggregate.control.workers
+        pace = self.pacer.observe(
+            [w.inner_steps for w in workers], [w.busy_seconds for w in workers], self.comm.worker_labels()
+        )
         record = IntervalRecord.build(
             index=len(self.records),
             interval=closed.interval,
@@ -714,6 +760,9 @@ class IntervalEngine:
             anchor_normalized_drift=aggregate.anchor_normalized_drift,
             drift_exponent=aggregate.drift_exponent(closed.lr_mass),
             probe_exponent=closed.interval.probe_exponent,
+            workers=workers,
+            pace=pace,
+            timed=self.config.pacing == Pacing.BUDGET or self.config.worker_speeds is not None,
         )
         self.totals.add(record)
         self.records.append(record)
@@ -745,7 +794,7 @@ class IntervalEngine:
             sq_norm=sq_norm if finite else 0.0,
             tokens=float(counters.tokens[worker]) if counted else 0.0,
             loss_sum=counters.loss_sum[worker] if finite and counted else 0.0,
-            loss_count=float(counters.loss_count) if counted else 0.0,
+            loss_count=float(counters.steps[worker]) if counted else 0.0,
             nonfinite=0.0 if finite else 1.0,
             anchor_sq_norm=anchor if finite and math.isfinite(anchor) else 0.0,
             anchor_lr_mass=counters.anchor_lr_mass if counted else 0.0,
@@ -755,6 +804,8 @@ class IntervalEngine:
             h_step=float(interval.h_step),
             h_tok=float(interval.h_tok),
             config_fingerprint=self._fingerprint,
+            inner_steps=float(counters.steps[worker]) if counted else 0.0,
+            busy_seconds=counters.busy_seconds[worker] if counted else 0.0,
         )
 
     def _compensate(self, worker: int, delta: torch.Tensor, fragment: Fragment | None) -> torch.Tensor:
@@ -829,6 +880,7 @@ class IntervalEngine:
             "totals": self.totals.as_dict(),
             "records": [r.__dict__.copy() for r in self.records],
             "overlap": self.sync.state_dict(),
+            "pacer": self.pacer.state_dict(),
         }
 
     def boundary_state(self) -> dict[str, Any]:
@@ -888,4 +940,5 @@ class IntervalEngine:
         saved_interval = state["current_interval"]
         self._interval = NextInterval(**saved_interval) if saved_interval else None
         self.counters = IntervalCounters.from_state(state["interval"])
+        self.pacer.load_state_dict(state.get("pacer", {}))
         self.sync.load_state_dict(state["overlap"], self)

@@ -51,8 +51,14 @@ class GradientAveragingEngine:
         return self.comm.num_workers
 
     def after_optimizer_step(
-        self, tokens: Sequence[int], losses: Sequence[float], lr: float | None = None
+        self,
+        tokens: Sequence[int],
+        losses: Sequence[float],
+        lr: float | None = None,
+        steps: Sequence[int] | None = None,
+        seconds: Sequence[float] | None = None,
     ) -> IntervalRecord | None:
+        """Count the step (every worker takes one: gradients are averaged at each); no interval to account."""
         if self.step >= self.total_steps:
             raise RuntimeError(f"step {self.step} is past the training budget of {self.total_steps} steps")
         self.step += 1

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.pacing import VirtualClock
 from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
 
@@ -67,7 +69,9 @@ class LocalWorkers:
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
             boundary (pass it on one process only); :meth:`close` waits for the last one.
 
-    After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step.
+    After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step (its mean
+    over the step's inner steps with :meth:`train_paced`). With ``config.worker_speeds`` every worker is
+    timed on a :class:`~autoloco_hf.sync.pacing.VirtualClock`, else by the wall clock.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class LocalWorkers:
             records_path=records_path,
             on_record=on_record,
         )
+        self.clock = VirtualClock.of(config, communicator)
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
             self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)
@@ -116,22 +121,34 @@ class LocalWorkers:
     def step(self) -> int:
         return self.engine.step
 
+    def _forward_backward(self, model: torch.nn.Module, batch: Any) -> tuple[float, int]:
+        """The loss (gradients accumulated into ``model``) and the non-padding tokens of one batch."""
+        model.train()
+        loss = self.loss_fn(model, batch)
+        loss.backward()
+        count = count_non_padding_tokens(batch)
+        if count is None:
+            raise ValueError(
+                "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
+            )
+        return float(loss.detach()), int(count)
+
+    def _seconds(self, steps: Sequence[int], measured: Sequence[float]) -> list[float]:
+        """Each worker's time on its steps: the virtual clock's when speeds are simulated, else ``measured``."""
+        return self.clock.seconds(self.step, steps) if self.clock is not None else list(measured)
+
     def train_step(self, batches: Sequence[Any]) -> IntervalRecord | None:
         """One optimizer step of every local worker on its batch; returns a record at a sync."""
         if len(batches) != len(self.models):
             raise ValueError(f"got {len(batches)} batches for {len(self.models)} local workers")
-        losses, tokens = [], []
+        losses, tokens, measured = [], [], []
         for model, batch in zip(self.models, batches):
-            model.train()
-            loss = self.loss_fn(model, batch)
-            loss.backward()
-            losses.append(float(loss.detach()))
-            count = count_non_padding_tokens(batch)
-            if count is None:
-                raise ValueError(
-                    "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
-                )
-            tokens.append(int(count))
+            started = time.perf_counter()
+            loss, count = self._forward_backward(model, batch)
+            measured.append(time.perf_counter() - started)
+            losses.append(loss)
+            tokens.append(count)
+        seconds = self._seconds([1] * len(self.models), measured)
         if self.engine.averages_gradients:
             self.engine.average_gradients()
         if self.max_grad_norm is not None:
@@ -143,7 +160,34 @@ class LocalWorkers:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        return self.engine.after_optimizer_step(tokens, losses, lr=lr)
+        return self.engine.after_optimizer_step(tokens, losses, lr=lr, seconds=seconds)
+
+    def train_paced(self, next_batch: Callable[[int], Any]) -> IntervalRecord | None:
+        """One step of the run with ``pacing="budget"``: each local worker takes the inner steps its share of
+        the interval gives it now (0, 1 or more, :meth:`IntervalEngine.steps_due`), on batches drawn from
+        ``next_batch(worker)``, at the run's current learning rate (docs/algorithm.md §13.1); returns a record at a sync.
+        """
+        due = self.engine.steps_due()
+        lr = float(self.optimizers[0].param_groups[0]["lr"])
+        losses, tokens, measured = [0.0] * len(self.models), [0] * len(self.models), [0.0] * len(self.models)
+        last = []
+        for i, (model, optimizer) in enumerate(zip(self.models, self.optimizers)):
+            started = time.perf_counter()
+            for _ in range(due[i]):
+                loss, count = self._forward_backward(model, next_batch(i))
+                if self.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses[i] += loss
+                tokens[i] += count
+            measured[i] = time.perf_counter() - started
+            last.append(losses[i] / due[i] if due[i] else float("nan"))
+        self.last_losses = last
+        for scheduler in self.schedulers:  # the schedule follows the run's steps, whoever took the inner ones
+            scheduler.step()
+        seconds = self._seconds(due, measured)
+        return self.engine.after_optimizer_step(tokens, losses, lr=lr, steps=due, seconds=seconds)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume mid-interval: replicas, inner optimizers, schedulers, engine."""

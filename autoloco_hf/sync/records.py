@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from autoloco_hf.algorithm.correction import OuterCorrection
     from autoloco_hf.algorithm.policies import NextInterval
     from autoloco_hf.algorithm.stats import IntervalStatistics
+    from autoloco_hf.sync.pacing import PaceReport
 
 # What AutoLoCoCallback leaves in a Trainer's output_dir besides the interval records, for `autoloco report`.
 TRAINER_SUMMARY_FILENAME = "autoloco_summary.json"
@@ -66,6 +68,12 @@ class IntervalRecord:
     anchor_normalized_drift: float | None = None  # d at the rule's boundary displacement request (§5.7)
     drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
     probe_exponent: float | None = None  # what the rule's in-interval probe measured (§5.6, 5.7)
+    # each worker's part of the interval, in worker order (docs/algorithm.md §13)
+    worker_steps: list[int] | None = None
+    worker_tokens: list[int] | None = None
+    worker_seconds: list[float] | None = None  # time on its steps (virtual on a simulated clock)
+    stragglers: list[str] | None = None  # below straggler_fraction of the median speed for long enough
+    idle_workers: list[str] | None = None  # took no step: contributed nothing
 
     @classmethod
     def build(
@@ -89,8 +97,14 @@ class IntervalRecord:
         anchor_normalized_drift: float | None = None,
         drift_exponent: float | None = None,
         probe_exponent: float | None = None,
+        workers: Sequence[Any] = (),
+        pace: PaceReport | None = None,
+        timed: bool = False,
     ) -> IntervalRecord:
-        """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``."""
+        """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``.
+
+        ``timed``: record each worker's seconds (budget pacing, or a virtual clock).
+        """
         return cls(
             index=index,
             start_step=interval.start_step,
@@ -129,6 +143,12 @@ class IntervalRecord:
             anchor_normalized_drift=anchor_normalized_drift,
             drift_exponent=drift_exponent,
             probe_exponent=probe_exponent,
+            worker_steps=[int(w.inner_steps) for w in workers] or None,
+            worker_tokens=[int(w.tokens) for w in workers] or None,
+            # wall-clock seconds differ from run to run: recorded where speeds matter (or are virtual)
+            worker_seconds=[w.busy_seconds for w in workers] or None if timed else None,
+            stragglers=pace.stragglers if pace else None,
+            idle_workers=pace.idle if pace else None,
         )
 
     def to_json(self) -> str:

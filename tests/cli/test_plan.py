@@ -243,3 +243,23 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     done = subprocess.run([sys.executable, "-c", script], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write)
     assert done.returncode == 128 + 13 and done.stderr == "", done.stderr
+
+
+def test_plan_previews_budget_pacing_at_given_speeds(capsys) -> None:
+    """docs/algorithm.md §13: one worker at half speed of four takes half the others' steps; the run ~1.74x shorter."""
+    pace = cli_json(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")["pacing"]
+    assert pace["worker_steps"] == [571, 571, 571, 285]  # floor(500 * 4 * share): 2000 * 2/7 and 2000 * 1/7
+    assert pace["lockstep_time"] == 100 * 500 / 0.5
+    assert pace["budget_time"] == 500 / 0.5 + 99 * 571  # the first interval in lockstep, then the fast workers'
+    text = cli(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")
+    assert "inner steps per interval of 500 steps: 571, 571, 571, 285 (lockstep: 500 each)" in text
+    assert "1.74x shorter" in text
+    assert "pacing" not in cli_json(capsys, "--recipe", "c4", "--method", "diloco")
+
+
+@pytest.mark.parametrize("speeds", ["1,0", "1,-2", "fast"])
+def test_plan_refuses_bad_speeds_naming_the_flag(capsys, speeds: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--speeds", speeds])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(f"autoloco plan: error: --speeds={speeds!r} is invalid")

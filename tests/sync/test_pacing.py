@@ -1,0 +1,230 @@
+"""Workers of unequal speed on the virtual clock: budget split, weights, stragglers, bad counts (docs/algorithm.md §13)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+
+import pytest
+import torch
+from toy import adamw, batch_for, cosine, make_model
+
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.algorithm.schedule import FunctionSchedule
+from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.pacing import BudgetPacer, InconsistentCounts
+
+STATISTICS = ("drift_energy", "coherence", "normalized_drift", "lr_mass", "mean_loss", "mu", "eta", "tokens")
+
+
+def runner(config: AutoLoCoConfig, workers: int, steps: int) -> LocalWorkers:
+    return LocalWorkers(
+        config,
+        make_model(),
+        SimulatedCommunicator(workers),
+        optimizer_factory=adamw,
+        scheduler_factory=cosine(steps, 0),
+        total_steps=steps,
+    )
+
+
+class Draws:
+    """Each worker's batches in its own order (its k-th batch, however many steps the others took)."""
+
+    def __init__(self, workers: int, padded: bool = False) -> None:
+        self.taken = [0] * workers
+        self.padded = padded
+
+    def __call__(self, worker: int) -> dict:
+        self.taken[worker] += 1
+        return batch_for(worker, self.taken[worker] - 1, self.padded)
+
+
+def paced(config: AutoLoCoConfig, workers: int, steps: int, until: int | None = None) -> tuple[LocalWorkers, Draws]:
+    run, draws = runner(config, workers, steps), Draws(workers)
+    for _ in range(steps if until is None else until):
+        run.train_paced(draws)
+    return run, draws
+
+
+def virtual_wall(records) -> float:
+    """The run's virtual time: every interval lasts as long as its slowest worker's steps."""
+    return sum(max(r.worker_seconds) for r in records)
+
+
+@pytest.mark.parametrize(
+    "method, workers, padded",
+    [("diloco", 4, False), ("autoloco", 3, True)],
+)
+def test_equal_speeds_are_lockstep_bit_for_bit(method: str, workers: int, padded: bool) -> None:
+    """Budget pacing at equal speeds takes one step each per step of the run, weighs equally: today's trajectory."""
+    common = dict(method=method, h_base=4, q_h=1, h_max=8)
+    steps = 40
+    lockstep = runner(AutoLoCoConfig(**common), workers, steps)
+    for step in range(steps):
+        lockstep.train_step([batch_for(w, step, padded) for w in range(workers)])
+    budget = runner(AutoLoCoConfig(**common, pacing="budget", worker_speeds=[1.0] * workers), workers, steps)
+    draws = Draws(workers, padded)
+    for _ in range(steps):
+        budget.train_paced(draws)
+    assert len(budget.engine.records) == len(lockstep.engine.records) >= 5
+    for a, b in zip(lockstep.engine.records, budget.engine.records):
+        assert (a.h_step, a.start_step) == (b.h_step, b.start_step)
+        for name in STATISTICS:
+            assert getattr(a, name) == getattr(b, name), name
+    for m_lock, m_budget in zip(lockstep.models, budget.models):
+        for p, q in zip(m_lock.parameters(), m_budget.parameters()):
+            assert torch.equal(p, q)
+    assert torch.equal(lockstep.engine.outer.params, budget.engine.outer.params)
+    assert torch.equal(lockstep.engine.outer.momentum_buffer, budget.engine.outer.momentum_buffer)
+
+
+def test_one_worker_at_half_speed_splits_the_budget_and_shortens_the_wall() -> None:
+    """Profile (a): after the first interval the slow worker takes half the steps of the others, all end together."""
+    workers, h, steps = 4, 8, 64
+    lock, _ = paced(AutoLoCoConfig(method="diloco", h_base=h, worker_speeds=[1, 1, 1, 0.5]), workers, steps)
+    budget, draws = paced(
+        AutoLoCoConfig(method="diloco", h_base=h, pacing="budget", worker_speeds=[1, 1, 1, 0.5]), workers, steps
+    )
+    first, *rest = budget.engine.records
+    assert first.worker_steps == [h] * workers  # speeds not measured yet: lockstep
+    for record in rest:
+        assert record.worker_steps == [9, 9, 9, 4]  # floor(8 * 4 * share): 32 * 2/7 and 32 * 1/7
+        assert max(record.worker_seconds) == 9.0 and min(record.worker_seconds) == 8.0
+        assert record.outer_step_applied and math.isfinite(record.mean_loss)
+    assert draws.taken == [sum(r.worker_steps[w] for r in budget.engine.records) for w in range(workers)]
+    lock_rate = sum(r.tokens for r in lock.engine.records) / virtual_wall(lock.engine.records)
+    budget_rate = sum(r.tokens for r in budget.engine.records) / virtual_wall(budget.engine.records)
+    assert budget_rate >= 1.5 * lock_rate
+    assert budget.engine.records[-1].mean_loss < first.mean_loss
+
+
+def test_log_normal_speeds_end_every_interval_together() -> None:
+    """Profile (b): steps in proportion to speed, so every worker's busy time is within one step of the others'."""
+    workers, h = 8, 10
+    speeds = torch.exp(0.3 * torch.randn(workers, generator=torch.Generator().manual_seed(3))).tolist()
+    config = AutoLoCoConfig(method="diloco", h_base=h, pacing="budget", worker_speeds=speeds)
+    run, _ = paced(config, workers, 3 * h)
+    for record in run.engine.records[1:]:
+        assert sum(record.worker_steps) > workers * h - workers
+        for n, seconds, speed in zip(record.worker_steps, record.worker_seconds, speeds):
+            assert seconds == pytest.approx(n / speed)
+        assert max(record.worker_seconds) - min(record.worker_seconds) <= 1.0 / min(speeds) + 1e-9
+        ratio = [n / s for n, s in zip(record.worker_steps, speeds)]
+        assert max(ratio) - min(ratio) <= 1.0 / min(speeds)
+
+
+def test_a_worker_slowing_midway_is_measured_again_and_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Profile (c): worker 3 drops to 0.25 at step 24; one interval waits for it, then its share follows."""
+    workers, h = 4, 8
+    config = AutoLoCoConfig(
+        method="diloco",
+        h_base=h,
+        pacing="budget",
+        worker_speeds=[1, 1, 1, 1],
+        speed_changes="24:3:0.25",
+        straggler_intervals=2,
+    )
+    with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
+        run, _ = paced(config, workers, 64)
+    records = run.engine.records
+    assert [r.worker_steps for r in records[:3]] == [[8, 8, 8, 8]] * 3
+    assert records[3].worker_steps == [8, 8, 8, 8] and records[3].worker_seconds[3] == 32.0  # the lagging interval
+    assert records[4].worker_steps == [9, 9, 9, 2]  # floor(32 * 4/13) and floor(32 * 1/13)
+    assert records[3].stragglers == [] and records[4].stragglers == ["worker 3"]
+    assert "worker 3 ran below 0.5 of the median speed for 2 intervals" in caplog.text
+
+
+def test_a_worker_too_slow_for_one_step_contributes_nothing_and_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A share below one step of the interval: zero steps, zero weight, named in the log and the record."""
+    config = AutoLoCoConfig(method="diloco", h_base=4, pacing="budget", worker_speeds=[1, 1, 1, 0.01])
+    with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
+        run, draws = paced(config, 4, 16)
+    later = run.engine.records[1:]
+    assert all(r.worker_steps[3] == 0 and r.idle_workers == ["worker 3"] for r in later)
+    assert draws.taken[3] == 4  # only the first, unmeasured interval
+    assert "worker 3 took no step in the interval and contributed nothing" in caplog.text
+    assert torch.isfinite(run.engine.outer.params).all()
+
+
+def linear_engine(config: AutoLoCoConfig, workers: int):
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(3, 1) for _ in range(workers)]
+    for model in models[1:]:
+        model.load_state_dict(models[0].state_dict())
+    engine = make_engine(config, models, FunctionSchedule(lambda s: 1.0, 8), SimulatedCommunicator(workers), 8)
+    return models, engine
+
+
+def test_the_average_weighs_each_worker_by_its_steps_at_the_nominal_lr_mass() -> None:
+    """Outer LR 1, (almost) no momentum: theta moves by r * sum_i (n_i / S) Delta_i, r = Lambda S / sum_i n_i Lambda_i."""
+    config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget", outer_lr=1.0, outer_momentum=1e-12)
+    models, engine = linear_engine(config, 3)
+    theta = engine.outer.params.detach().clone()
+    deltas = [torch.full_like(theta, v) for v in (1.0, 2.0, 4.0)]
+    with torch.no_grad():
+        for model, delta in zip(models, deltas):
+            torch.nn.utils.vector_to_parameters(theta - delta, model.parameters())
+    steps = [3, 2, 1]
+    record = engine.after_optimizer_step(tokens=[30, 20, 10], losses=[1.0] * 3, lr=1.0, steps=steps)
+    total, masses = sum(steps), [1.0 * n for n in steps]  # lr 1 for every inner step of the one step of the run
+    rescale = 1.0 * total / sum(n * m for n, m in zip(steps, masses))
+    weighted = sum(n / total * d for n, d in zip(steps, deltas))
+    assert torch.allclose(engine.outer.params.detach(), theta - rescale * weighted)
+    drift = rescale**2 * sum(n / total * float(d.square().sum()) for n, d in zip(steps, deltas))
+    assert record.drift_energy == pytest.approx(drift)
+    assert record.coherence == pytest.approx(3 * float((rescale * weighted).square().sum()) / drift)
+    assert record.worker_steps == steps and record.worker_tokens == [30, 20, 10]
+
+
+@pytest.mark.parametrize(
+    "tokens, steps, named",
+    [([30, 20, 400], [3, 2, 1], "worker 2 (400 tokens in 1 steps"), ([30, 20, 5], [3, 2, 0], "worker 2 (5 tokens")],
+)
+def test_tokens_that_disagree_with_steps_are_refused_before_the_average(tokens, steps, named) -> None:
+    config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget")
+    _, engine = linear_engine(config, 3)
+    theta = engine.outer.params.detach().clone()
+    with pytest.raises(InconsistentCounts, match="disagree at a synchronization: " + re.escape(named)):
+        engine.after_optimizer_step(tokens=tokens, losses=[1.0] * 3, lr=1.0, steps=steps)
+    assert torch.equal(engine.outer.params.detach(), theta) and engine.outer.momentum_buffer is None
+
+
+def test_resume_mid_interval_keeps_the_measured_speeds() -> None:
+    """A checkpoint taken inside an interval after the speeds were measured resumes the same trajectory."""
+    workers, steps = 4, 40
+    config = AutoLoCoConfig(method="diloco", h_base=8, pacing="budget", worker_speeds=[1, 1, 1, 0.5])
+    straight, _ = paced(config, workers, steps)
+    first, draws = paced(config, workers, steps, until=20)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = runner(config, workers, steps)
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    for _ in range(20, steps):
+        resumed.train_paced(draws)
+    assert [r.worker_steps for r in resumed.engine.records] == [r.worker_steps for r in straight.engine.records]
+    assert torch.equal(resumed.engine.outer.params, straight.engine.outer.params)
+
+
+def test_an_unmeasured_pacer_splits_equally_and_keeps_the_share_of_an_idle_worker() -> None:
+    pacer = BudgetPacer(3, [0, 1, 2], straggler_fraction=0.5, straggler_intervals=1)
+    assert [pacer.steps_due(k) for k in range(3)] == [[1, 1, 1]] * 3
+    pacer.observe([4, 2, 0], [4.0, 4.0, 0.0], ["a", "b", "c"])
+    assert pacer.shares == [1_000_000, 500_000, 1_000_000]
+
+
+def test_with_two_workers_both_are_named_when_their_tokens_per_step_differ() -> None:
+    """The median in log space of two workers is their geometric mean: neither is trusted over the other."""
+    config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget")
+    _, engine = linear_engine(config, 2)
+    with pytest.raises(
+        InconsistentCounts, match=r"worker 0 \(10 tokens in 1 steps.*; worker 1 \(400 tokens in 1 steps"
+    ):
+        engine.after_optimizer_step(tokens=[10, 400], losses=[1.0] * 2, lr=1.0, steps=[1, 1])
+    _, engine = linear_engine(config, 2)
+    engine.after_optimizer_step(tokens=[10, 30], losses=[1.0] * 2, lr=1.0, steps=[1, 1])  # within 4x: padding

@@ -1,0 +1,65 @@
+"""Budget pacing on real gloo processes: each rank takes its own steps, weights by an all-reduce (docs/algorithm.md §13)."""
+
+from __future__ import annotations
+
+import torch
+from _dist import run_gloo
+from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync.communicators import Communicator, ProcessGroupCommunicator, SimulatedCommunicator
+from autoloco_hf.sync.local_workers import LocalWorkers
+
+STEPS = 24
+# rank 1 at half speed, then at a quarter from step 12: each process reads its own entry of the shared lists
+CONFIG = dict(method="diloco", h_base=4, pacing="budget", worker_speeds=[1.0, 0.5], speed_changes="12:1:0.25")
+
+
+def train(comm: Communicator, ranks: list[int]) -> LocalWorkers:
+    runner = LocalWorkers(
+        AutoLoCoConfig(**CONFIG),
+        make_model(seed=ranks[0]),  # different inits: the engine broadcasts rank 0's
+        comm,
+        adamw,
+        scheduler_factory=cosine(STEPS, 0),
+        total_steps=STEPS,
+    )
+    taken = dict.fromkeys(ranks, 0)
+
+    def draw(worker: int) -> dict:
+        rank = ranks[worker]
+        taken[rank] += 1
+        return batch_for(rank, taken[rank] - 1, padded=True)
+
+    for _ in range(STEPS):
+        runner.train_paced(draw)
+    return runner
+
+
+def records_of(runner: LocalWorkers) -> list[dict]:
+    return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
+
+
+def _process_worker(rank: int, world_size: int) -> dict:
+    runner = train(ProcessGroupCommunicator(), [rank])
+    return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
+
+
+def test_two_gloo_processes_at_different_speeds_equal_the_simulation():
+    simulated = train(SimulatedCommunicator(2), [0, 1])
+    results = run_gloo(_process_worker, 2)
+    steps = [r["worker_steps"] for r in results[0]["records"]]
+    # lockstep (unmeasured), then 2:1; the slowdown at step 12 is seen at the sync of step 16, then 4:1
+    assert steps == [[4, 4], [5, 2], [5, 2], [5, 2], [6, 1], [6, 1]]
+    for rank, result in enumerate(results):
+        for p, q in zip(result["params"], simulated.models[rank].parameters()):
+            assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
+    assert results[0]["records"] == results[1]["records"]
+    # a straggler is named as the communicator labels it: "rank 1" here, "worker 1" in the simulation
+    assert [r["stragglers"] for r in results[0]["records"]] == [[]] * 5 + [["rank 1"]]
+    simulated_records = records_of(simulated)
+    assert simulated_records[-1]["stragglers"] == ["worker 1"]
+    for record in (*results[0]["records"], *simulated_records):
+        record.pop("stragglers")
+    assert results[0]["records"] == simulated_records
+    assert results[0]["records"][-1]["worker_seconds"] == [6.0, 4.0]
