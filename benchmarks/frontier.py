@@ -537,10 +537,13 @@ class TunedFrontier:
         if all(lr == BASE_OUTER_LR for lr, _, _ in settings.values()):
             return None
         best, seeds_of, syncs = {}, {}, {}
+        # a horizon joins once its piece of the campaign is complete: every (outer LR, momentum) that the tuned
+        # grid runs at another LR than the base one is there, else its best would be chosen among a few settings
+        tuned = {(lr, mu) for lr, mu, _ in settings.values() if lr != BASE_OUTER_LR}
         for h in sorted({h for _, _, h in settings.values()}):
             at_h = [n for n, (_, _, sh) in settings.items() if sh == h]
             seeds = common_seeds(cells, at_h)
-            if len(at_h) < 2 or not seeds:
+            if len(at_h) < 2 or not seeds or not tuned <= {settings[n][:2] for n in at_h}:
                 continue
             best[h], seeds_of[h] = lowest_mean_val(cells, at_h, seeds), seeds
             syncs[h] = statistics.fmean(r.syncs for r in cells[best[h]].values())

@@ -112,6 +112,11 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
     assert "| rule | 0-1 | 75.0 | 0.75x | -0.0150 ± 0.0150 |" in report
     assert "| 10 | 0-1 | 4.050 | 3.930 |" in report  # the grid: (LR 0.7, mu 0.7), then (LR 1, mu 0.5)
     assert frontier.TunedFrontier.of({n: r for n, r in cells.items() if "_lr" not in n}) is None
+    # a horizon whose piece of the grid is not complete (no LR 1 run at H 5 yet) is left out
+    partial = frontier.TunedFrontier.of(
+        {**cells, "diloco_mu0.7_h5": runs(200, 3.0, 3.0), "diloco_mu0.5_h5": runs(200, 3.1, 3.1)}
+    )
+    assert set(partial.best) == {10, 20, 40}
 
 
 @pytest.mark.parametrize(
