@@ -117,6 +117,10 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
         {**cells, "diloco_mu0.7_h5": runs(200, 3.0, 3.0), "diloco_mu0.5_h5": runs(200, 3.1, 3.1)}
     )
     assert set(partial.best) == {10, 20, 40}
+    # ... and so is one whose grid is complete on fewer seeds than the others' (seed 0 only)
+    one_seed = {s: r for s, r in runs(200, 3.0).items()}
+    fewer = frontier.TunedFrontier.of({**cells, "diloco_mu0.7_h5": one_seed, "diloco_lr1_mu0.5_h5": one_seed})
+    assert set(fewer.best) == {10, 20, 40}
 
 
 @pytest.mark.parametrize(
