@@ -26,9 +26,10 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    return AutoLoCoConfig(
-        **{"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 2, "h_max": 8, **overrides}
-    )
+    fields = {"method": "autoloco", "h_base": 4, "q_h": 2, "h_max": 8, **overrides}
+    if fields["method"] == "autoloco" and fields.get("adaptive_horizon", True):
+        fields.setdefault("controller", "paper")  # the rule these trajectories were written for
+    return AutoLoCoConfig(**fields)
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:
