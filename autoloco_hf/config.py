@@ -393,13 +393,13 @@ class AutoLoCoConfig:
     )
     worker_speeds: Any = option(
         None,
-        """Simulated workers only: each worker's relative speed (steps per virtual second) on the virtual clock
-        that times the run, as a list or comma-separated text, one positive number per worker (e.g.
-        `1,1,1,0.5`). Unset: every worker at speed 1.""",
+        """Each worker's relative speed (steps per virtual second) on a virtual clock that times the workers
+        instead of the wall clock (simulations, reproducible tests; docs/algorithm.md §13.5), as a list or
+        comma-separated text, one positive number per worker (e.g. `1,1,1,0.5`). Unset: the wall clock.""",
     )
     speed_changes: Any = option(
         None,
-        """Simulated workers only: speed changes on the virtual clock, `step:worker:speed` entries as a list of
+        """Speed changes on the virtual clock of `worker_speeds`, `step:worker:speed` entries as a list of
         triples or comma-separated text (e.g. `500:3:0.25`: from step 500 worker 3 runs at 0.25). Needs
         `worker_speeds`.""",
     )

@@ -37,16 +37,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, SchedulerPreview
-from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.launch_checks import check_launch, fsdp_version
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
+from autoloco_hf.integrations.trainer_pacing import set_schedule_step
 
 logger = hf_logging.get_logger(__name__)
 
@@ -73,6 +75,28 @@ def schedule_preview(scheduler: Any, optimizer: torch.optim.Optimizer, total_ste
             return SchedulerPreview(inner, total_steps)
         return _StridedSchedule(SchedulerPreview(inner, total_steps * stride), stride, total_steps)
     return SchedulerPreview(scheduler, total_steps)
+
+
+def _budget_schedule(scheduler: Any, num_processes: int) -> tuple[Any, int] | None:
+    """The ``LambdaLR`` that budget pacing sets to the run's step, and its steps per step of the run.
+
+    ``None`` without a scheduler (a constant LR). Other schedulers are refused: their LR is not a function of the step.
+    """
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if scheduler is None:
+        return None
+    inner = getattr(scheduler, "scheduler", None)
+    stride = 1
+    if inner is not None and hasattr(scheduler, "split_batches"):  # accelerate.scheduler.AcceleratedScheduler
+        stride = 1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+        scheduler = inner
+    if type(scheduler) is not LambdaLR:
+        raise ValueError(
+            f"AutoLoCoAccelerate(scheduler={type(scheduler).__name__}) with AutoLoCoConfig.pacing='budget': each "
+            "step runs at the run's step of the schedule, which needs a LambdaLR (transformers' get_*_schedule)"
+        )
+    return scheduler, stride
 
 
 class AutoLoCoAccelerate:
@@ -129,15 +153,58 @@ class AutoLoCoAccelerate:
             is_main_process=accelerator.is_main_process,
         )
         self._hook = self.inner_optimizer.register_step_post_hook(self._post_step) if auto_step else None
+        self._paced = self.config.pacing == Pacing.BUDGET
+        self._pre_hook = None
+        if self._paced:
+            self._schedule = _budget_schedule(scheduler, accelerator.num_processes)
+            self._pre_hook = self.inner_optimizer.register_step_pre_hook(self._before_step)
+        self._mark = time.perf_counter()
 
     # ------------------------------------------------------------ per step
     @property
     def engine(self):
         return self.runtime.engine
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run's last interval is done (with ``pacing="budget"``, ranks get there after different step counts)."""
+        return self.runtime.step >= self.runtime.total_steps
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """``loader``'s batches, epoch after epoch, until the run is :attr:`finished`.
+
+        The loop for ``pacing="budget"``, where a fast rank takes more steps than ``total_steps`` and a slow
+        one fewer (docs/algorithm.md §13.6); with lockstep it yields what ``total_steps`` needs.
+        """
+        while not self.finished:
+            empty = True
+            for batch in loader:
+                empty = False
+                if self.finished:
+                    return
+                yield batch
+            if empty:
+                raise ValueError("AutoLoCoAccelerate.batches: the loader yielded no batch")
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """Budget pacing: this step belongs to the run's step after the catch-up; it runs at that step's LR."""
+        if self.finished:
+            return
+        self.runtime.catch_up()
+        if self._schedule is not None:
+            scheduler, stride = self._schedule
+            set_schedule_step(scheduler, self.runtime.step * stride)
+
+    def _account(self, lr: float) -> Any:
+        """One true optimizer step: timed from the previous one's end (sync excluded) when the pacing needs it."""
+        seconds = time.perf_counter() - self._mark if self._paced else None
+        record = self.runtime.after_optimizer_step(lr, seconds)
+        self._mark = time.perf_counter()
+        return record
+
     def _post_step(self, optimizer, args, kwargs) -> None:
-        if self.runtime.step < self.runtime.total_steps:
-            self.runtime.after_optimizer_step(float(optimizer.param_groups[0]["lr"]))
+        if not self.finished:
+            self._account(float(optimizer.param_groups[0]["lr"]))
 
     def step(self, loss: Any = None, tokens: int | None = None):
         """Manual mode (``auto_step=False``): call after ``optimizer.step()``; returns a record at a sync.
@@ -154,9 +221,9 @@ class AutoLoCoAccelerate:
             meter.step_tokens = int(tokens)
         if loss is not None and not meter.loss_seen:
             meter.step_plain_loss, meter.step_plain_count = float(loss), 1
-        if self.runtime.step >= self.runtime.total_steps:
+        if self.finished:
             return None
-        return self.runtime.after_optimizer_step(float(self.inner_optimizer.param_groups[0]["lr"]))
+        return self._account(float(self.inner_optimizer.param_groups[0]["lr"]))
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the syncs since the last call, e.g. for ``accelerator.log``."""
@@ -192,9 +259,10 @@ class AutoLoCoAccelerate:
 
     # ------------------------------------------------------------ context
     def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in (self._hook, self._pre_hook):
+            if hook is not None:
+                hook.remove()
+        self._hook = self._pre_hook = None
         self.runtime.close()
 
     def __enter__(self) -> AutoLoCoAccelerate:

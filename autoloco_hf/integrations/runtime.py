@@ -27,6 +27,7 @@ from autoloco_hf.integrations.groups import WorkerTopology, build_topology
 from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
 from autoloco_hf.sync.factory import Engine, make_engine
+from autoloco_hf.sync.pacing import VirtualClock
 from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot, check_snapshot_support
 
@@ -64,6 +65,9 @@ def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autolo
         "sync_seconds": totals.sync_seconds,
         "outer_step_applied": float(record.outer_step_applied),
     }
+    if engine.config.pacing == Pacing.BUDGET:  # each worker's part, unequal (lockstep: H steps each)
+        for worker, (steps, tokens) in enumerate(zip(record.worker_steps or (), record.worker_tokens or ())):
+            values[f"worker{worker}_steps"], values[f"worker{worker}_tokens"] = steps, tokens
     return {prefix + k: float(v) for k, v in values.items()}
 
 
@@ -155,13 +159,6 @@ class WorkerRuntime:
         snapshot_dir: str | None = None,
         snapshot_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        if config.pacing != Pacing.LOCKSTEP or config.worker_speeds is not None:
-            raise ValueError(
-                f"AutoLoCoConfig.pacing={str(config.pacing)!r}, worker_speeds={config.worker_speeds!r}: workers of "
-                "unequal speed run with LocalWorkers (simulated, or one process per worker; docs/algorithm.md §13); "
-                "the Trainer callback and the accelerate hook take one step per rank per step: use "
-                "pacing='lockstep' and no worker_speeds"
-            )
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -217,6 +214,9 @@ class WorkerRuntime:
             raise err.at(
                 "AutoLoCo could not start", "check that every rank is up and reachable (docs/reliability.md)"
             ) from None
+        self.clock = VirtualClock.of(config, self.engine.comm)  # worker_speeds: a virtual clock times the steps
+        self.paced = config.pacing == Pacing.BUDGET
+        self._unaccounted: list[float] = []  # budget pacing: seconds of this rank's steps not yet in a step of the run
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
             check_snapshot_support(self.engine)  # on every rank, so that all refuse alike
@@ -238,23 +238,70 @@ class WorkerRuntime:
     def step(self) -> int:
         return self.engine.step
 
-    def after_optimizer_step(self, lr: float | None) -> IntervalRecord | None:
-        """Account one true optimizer step; synchronizes at an interval boundary."""
-        engine = self.engine
+    def after_optimizer_step(self, lr: float | None, seconds: float | None = None) -> IntervalRecord | None:
+        """Account one true optimizer step of this rank (``seconds``: its time); synchronizes at a boundary.
+
+        Lockstep: the step is one step of the run. Budget pacing (docs/algorithm.md §13.6): the steps of the
+        run whose share of this rank's steps is now complete, up to and including a boundary; the ones
+        after it that need none of its steps are accounted before its next step (:meth:`catch_up`), so every
+        rank's step that ends at a boundary ends there.
+        """
         self.meter.end_step()
+        if not self.paced:
+            return self._account(1, lr, seconds)
+        self._unaccounted.append(seconds or 0.0)
+        engine = self.engine
+        while engine.step < self.total_steps:
+            due = engine.steps_due()[0]
+            if self._closes() and engine.counters.steps[0] == 0:
+                due = max(due, 1)  # a share that rounded to no step: one step, at the interval's end
+            if due > len(self._unaccounted):
+                return None
+            spent, self._unaccounted = sum(self._unaccounted[:due]), self._unaccounted[due:]
+            # a step of the run this rank takes no part in runs at the schedule's learning rate, as in the engine
+            record = self._account(due, lr if due else None, spent)
+            if record is not None:
+                return record
+        return None
+
+    def catch_up(self) -> None:
+        """Budget pacing, before this rank's next step: account the steps of the run that need none of its steps.
+
+        They never include a boundary: a rank whose share of an interval rounds to no step takes one, at
+        its end (a Trainer step cannot be empty).
+        """
+        engine = self.engine
+        while engine.step < self.total_steps and not self._closes() and engine.steps_due()[0] == 0:
+            self._account(0, None, 0.0)
+
+    def _closes(self) -> bool:
+        """Whether the engine's next step of the run ends the interval."""
+        interval = self.engine.current_interval
+        return interval is None or self.engine.step + 1 >= interval.start_step + interval.h_step
+
+    def _account(self, steps: int, lr: float | None, seconds: float | None) -> IntervalRecord | None:
+        """One step of the run in which this rank took ``steps`` optimizer steps."""
+        engine = self.engine
         interval = engine.current_interval
-        closes = interval is None or engine.step + 1 >= interval.start_step + interval.h_step
-        tokens, loss = self.meter.flush() if closes else (0, 0.0)
+        tokens, loss = self.meter.flush() if self._closes() else (0, 0.0)
         if engine.averages_gradients and self.topology.world_size > 1:
             engine.account_gradient_sync()  # torch DDP all-reduced this step's gradients
+        if self.clock is not None:
+            seconds = self.clock.seconds(engine.step, [steps])[0]
         try:
-            return engine.after_optimizer_step(tokens=[tokens], losses=[loss], lr=lr)
+            return engine.after_optimizer_step(
+                tokens=[tokens],
+                losses=[loss],
+                lr=lr,
+                steps=[steps] if self.paced else None,
+                seconds=None if seconds is None else [seconds],
+            )
         except PeerLostError as err:
             # nothing of this interval was applied or written: the outer state is still the last synchronized one
             # a delayed merge (or a fragment's) may land while the next interval's length is still open
-            steps = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
+            steps_of = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
             raise err.at(
-                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps}) failed",
+                f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps_of}) failed",
                 f"nothing of this interval was applied or saved: restart from {self.restart_source(interval)} "
                 "(docs/reliability.md)",
             ) from None

@@ -63,6 +63,7 @@ callback does:
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -70,7 +71,7 @@ from transformers.trainer_utils import SaveStrategy
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
-from autoloco_hf.config import AutoLoCoConfig, Method
+from autoloco_hf.config import AutoLoCoConfig, Method, Pacing
 from autoloco_hf.integrations.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.boundary_resume import (
     boundary_file,
@@ -91,6 +92,7 @@ from autoloco_hf.integrations.trainer_internals import (
     quiet_console,
     trainer_being_built,
 )
+from autoloco_hf.integrations.trainer_pacing import BudgetTrainerSteps, set_schedule_step
 
 logger = hf_logging.get_logger(__name__)
 
@@ -191,6 +193,8 @@ class AutoLoCoCallback(TrainerCallback):
         self.trainer: Trainer | None = None
         self.runtime: WorkerRuntime | None = None
         self._lr: float | None = None
+        self._step_started: float | None = None
+        self.budget: BudgetTrainerSteps | None = None  # pacing="budget": the Trainer follows the run's steps
         self._checked = False
         self._last_sync: dict[str, float] = {}
         self.run_log: TrainerRunLog | None = None
@@ -222,6 +226,9 @@ class AutoLoCoCallback(TrainerCallback):
         if self.config.is_interval_method and trainer.accelerator.num_processes > 1:
             self._no_token_gather(trainer.args)
             self._no_ddp_extras(trainer.args, trainer.accelerator)
+        if self.config.pacing == Pacing.BUDGET:
+            workers = trainer.accelerator.num_processes // self.config.ranks_per_worker
+            self.budget = BudgetTrainerSteps(trainer.args, workers)
         self._checked = True
 
     # The notices below are the same on every rank: printed where the Trainer logs (args.should_log).
@@ -272,6 +279,8 @@ class AutoLoCoCallback(TrainerCallback):
         if self.runtime is not None:  # a second train() call on the same trainer
             self.runtime.close()
             self.runtime = None
+        if self.budget is not None:
+            self.budget.begin(trainer, state)
         max_steps = state.max_steps
         warmup = self.config.warmup_steps if self.config.warmup_steps is not None else args.get_warmup_steps(max_steps)
         inner_optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
@@ -370,8 +379,13 @@ class AutoLoCoCallback(TrainerCallback):
             return
         if runtime.step >= runtime.total_steps:
             return
-        record = runtime.after_optimizer_step(self._lr)
+        seconds = None
+        if self.budget is not None and self._step_started is not None:
+            seconds = time.perf_counter() - self._step_started  # this rank's step, without the sync that follows
+        record = runtime.after_optimizer_step(self._lr, seconds)
         self._lr = None
+        if self.budget is not None:
+            self.budget.after_step(args, state, control, runtime.step, synced=record is not None)
         if record is not None and self.trainer is not None:
             metrics = runtime.pop_metrics()
             self._last_sync = metrics or self._last_sync
@@ -392,6 +406,10 @@ class AutoLoCoCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.runtime is not None:  # save_strategy="best" evaluated theta_t but found no new best
             self.runtime.restore_local_parameters()
+            if self.budget is not None:  # this rank's next step belongs to the run's step after the catch-up
+                self.runtime.catch_up()
+                set_schedule_step(self.trainer.lr_scheduler, self.runtime.step)
+                self._step_started = time.perf_counter()
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.runtime is not None and control.should_save:

@@ -24,7 +24,7 @@ from transformers import get_linear_schedule_with_warmup  # noqa: E402
 from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig  # noqa: E402
 
 
-def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
+def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLoCoConfig | None = None) -> dict:
     model = tiny_llama(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = get_linear_schedule_with_warmup(optimizer, 1, steps * accelerator.num_processes)
@@ -39,16 +39,18 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
         model,
         optimizer,
         scheduler,
-        AutoLoCoConfig(method="diloco", h_base=3),
+        config or AutoLoCoConfig(method="diloco", h_base=3),
         total_steps=steps,
         output_dir=os.path.join(out, mode),
-        auto_step=(mode == "auto"),
+        auto_step=mode in ("auto", "budget"),
     ) as autoloco:
-        for batch in loader:
+        lrs = []
+        for batch in autoloco.batches(loader) if mode == "budget" else loader:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
                 optimizer.step()
+                lrs.append(optimizer.param_groups[0]["lr"])
                 scheduler.step()
                 optimizer.zero_grad()
                 if mode == "manual":
@@ -62,6 +64,8 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str) -> dict:
     PHASE["train"] = False
     return {
         "fingerprints": fingerprints,
+        "lrs": lrs,
+        "finished_at": engine.step,
         "synced": synced,
         "collectives": COLLECTIVES[start:],
         "records": [r.__dict__.copy() for r in engine.records],
@@ -81,6 +85,9 @@ def main(spec_path: str) -> None:
     result = {"auto": run(accelerator, "auto", 9, 2, spec["output_dir"])}
     accelerator.gradient_accumulation_steps = 1
     result["manual"] = run(accelerator, "manual", 6, 1, spec["output_dir"])
+    # unequal speeds on the virtual clock (rank 1 at half speed): each rank loops until the run's budget is done
+    budget = AutoLoCoConfig(method="diloco", h_base=3, pacing="budget", worker_speeds=[1.0, 0.5])
+    result["budget"] = run(accelerator, "budget", 9, 1, spec["output_dir"], budget)
     result["rank"] = accelerator.process_index
     torch.save(result, os.path.join(spec["output_dir"], f"result_rank{accelerator.process_index}.pt"))
 

@@ -39,3 +39,28 @@ def test_accelerate_loop_intervals_and_traffic(results, mode, steps):
         assert r["hook"]["group_bytes"] == 0 and r["hook"]["buckets"] == steps
     with open(os.path.join(out, mode, "autoloco_intervals.jsonl")) as f:
         assert len([json.loads(line) for line in f if line.strip()]) == steps // 3
+
+
+def test_budget_pacing_each_rank_takes_its_share(results):
+    """``pacing="budget"`` with rank 1 at half speed: ``autoloco.batches`` loops each rank to the run's end."""
+    runs, _ = results
+    r0, r1 = runs[0]["budget"], runs[1]["budget"]
+    steps = [r["worker_steps"] for r in r0["records"]]
+    # the first interval in lockstep; then floor(6 * 2/3) = 4 and floor(6 * 1/3) = 2 of the 6 inner steps
+    assert steps == [[3, 3], [4, 2], [4, 2]]
+    assert (len(r0["fingerprints"]), len(r1["fingerprints"])) == (11, 7)
+    assert r0["finished_at"] == r1["finished_at"] == 9
+    for p0, p1 in zip(r0["params"], r1["params"]):
+        assert torch.equal(p0, p1)
+    # every step runs at the learning rate of the run's step it belongs to (the pacer's split within the
+    # interval), as the engine's simulated workers do, not at the rank's own step count
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-3)
+    factor = get_linear_schedule_with_warmup(optimizer, 1, 9 * 2).lr_lambdas[0]  # accelerate: 2 steps per step
+
+    def lr(step):
+        return 3e-3 * factor(2 * step)
+
+    assert r0["lrs"] == [lr(s) for s in (0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 8)]
+    assert r1["lrs"] == [lr(s) for s in (0, 1, 2, 4, 5, 7, 8)]

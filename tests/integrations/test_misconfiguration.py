@@ -130,13 +130,3 @@ def test_fsdp2_plugin_with_several_workers_needs_a_presharded_model():
     with pytest.raises(AutoLoCoConfigurationError, match=r"worker_mesh\(R"):
         check_fsdp2_workers(model, world_size=4, ranks_per_worker=2)
     check_fsdp2_workers(model, world_size=4, ranks_per_worker=4)  # one worker of every rank: the plugin's sharding
-
-
-@pytest.mark.parametrize("kwargs", [dict(pacing="budget"), dict(worker_speeds=[1.0])])
-def test_the_trainer_runtime_refuses_unequal_speed_settings(kwargs):
-    """docs/algorithm.md §13: budget pacing and the virtual clock run with LocalWorkers, not in the Trainer's loop."""
-    from autoloco_hf.integrations.runtime import WorkerRuntime
-
-    model = torch.nn.Linear(2, 1)
-    with pytest.raises(ValueError, match=r"^AutoLoCoConfig\.pacing=.* use pacing='lockstep' and no worker_speeds$"):
-        WorkerRuntime(AutoLoCoConfig(method="diloco", **kwargs), model, model, None, None, 10, 0)

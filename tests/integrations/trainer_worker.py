@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -110,6 +111,7 @@ class Probe(TrainerCallback):
         self.lrs: list[float] = []
         self.begin: dict = {}
         self._syncs = 0
+        self.sleep = 0.0
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         PHASE["train"] = True
@@ -130,6 +132,9 @@ class Probe(TrainerCallback):
     def _record(self, module, args, kwargs):
         if module.training:
             self.batches.append({k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")})
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        time.sleep(self.sleep)  # a slower rank: inside the step AutoLoCo times (pacing="budget")
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         self.lrs.append(optimizer.param_groups[0]["lr"])
@@ -180,6 +185,7 @@ def main(spec_path: str) -> None:
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     kill_at = kill["step"] if kill and first_attempt and kill["rank"] == rank else None
     probe = Probe(callback, spec.get("stop_at"), spec.get("record_batches", False), kill_at)
+    probe.sleep = spec.get("sleep", {}).get(str(rank), 0.0)  # "sleep": {rank: seconds per step}
     args = TrainingArguments(
         output_dir=spec["output_dir"],
         per_device_train_batch_size=batch,
@@ -190,6 +196,8 @@ def main(spec_path: str) -> None:
         warmup_steps=spec.get("warmup", 2),
         max_grad_norm=spec.get("max_grad_norm", 1.0),
         logging_steps=spec.get("logging_steps", 1000),
+        eval_strategy="steps" if spec.get("eval_steps") else "no",
+        eval_steps=spec.get("eval_steps"),
         save_strategy="steps" if spec.get("save_steps") else "no",
         save_steps=spec.get("save_steps") or 500,
         report_to=[],
@@ -199,7 +207,14 @@ def main(spec_path: str) -> None:
         disable_tqdm=True,
     )
     before, after = fault_callbacks(spec, rank, callback)
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[*before, callback, probe, *after])
+    eval_data = PaddedTokens(8 * world, seed=7) if spec.get("eval_steps") else None
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=eval_data,
+        callbacks=[*before, callback, probe, *after],
+    )
     # "resume_from": a folder or True; "resume_last": what a restartable script does (fresh start, else resume)
     # "resume_point": the same with boundary snapshots (AutoLoCoConfig.snapshot_dir), any number of processes
     if spec.get("resume_point"):
@@ -227,6 +242,7 @@ def main(spec_path: str) -> None:
         "records": [r.__dict__.copy() for r in runtime.engine.records],
         "log_history": trainer.state.log_history,
         "global_step": trainer.state.global_step,
+        "optimizer_steps": len(probe.lrs),
         "forwards": runtime.meter.forwards,
         "batches": probe.batches,
         "lrs": probe.lrs,

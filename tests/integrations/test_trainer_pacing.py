@@ -1,0 +1,190 @@
+"""Budget pacing under the Trainer (docs/algorithm.md §13.6): ranks of unequal speed, real processes (torchrun, gloo)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from launch import torchrun
+from transformers import TrainingArguments
+from transformers.trainer_callback import TrainerControl, TrainerState
+
+from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.integrations.trainer_pacing import BudgetTrainerSteps, set_schedule_step
+
+STEPS = 12
+BUDGET = {"method": "diloco", "h_base": 4, "pacing": "budget"}
+
+
+def args(tmp_path, **overrides) -> TrainingArguments:
+    fields = dict(output_dir=str(tmp_path), max_steps=STEPS, report_to=[], use_cpu=True, logging_steps=5)
+    return TrainingArguments(**{**fields, **overrides})
+
+
+# ------------------------------------------------------------------ one process: refusals and the cadence
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"max_steps": -1}, "max_steps"),
+        ({"logging_strategy": "epoch"}, "logging_strategy"),
+        ({"save_strategy": "epoch"}, "save_strategy"),
+        ({"include_num_input_tokens_seen": "all"}, "include_num_input_tokens_seen"),
+    ],
+)
+def test_settings_budget_pacing_cannot_honour_are_refused(tmp_path, overrides, field):
+    with pytest.raises(AutoLoCoConfigurationError, match=f"TrainingArguments.{field}=.*pacing='budget'"):
+        BudgetTrainerSteps(args(tmp_path, **overrides), workers=2)
+
+
+def test_the_trainer_sizes_its_epochs_for_the_fastest_rank(tmp_path):
+    training_args = args(tmp_path)
+    budget = BudgetTrainerSteps(training_args, workers=4)
+    assert budget.run_steps == STEPS and training_args.max_steps == 4 * STEPS
+
+
+def cadence_run(tmp_path, boundaries: list[int], **overrides) -> list[dict]:
+    """Feed ``after_step`` a rank's steps of the run (a boundary at each of ``boundaries``); the flags it set."""
+    training_args = args(
+        tmp_path, save_strategy="steps", save_steps=6, eval_strategy="steps", eval_steps=4, **overrides
+    )
+    budget = BudgetTrainerSteps(training_args, workers=2)
+    state = TrainerState()
+    state.max_steps = STEPS
+    state.compute_steps(training_args, STEPS)
+    flags, run_step = [], 0
+    for step in range(1, STEPS + 1):
+        control = TrainerControl()
+        state.global_step = run_step + 1  # the Trainer's own increment, which after_step replaces
+        run_step = step
+        budget.after_step(training_args, state, control, run_step, synced=step in boundaries)
+        assert state.global_step == run_step
+        flags.append({k: getattr(control, k) for k in ("should_log", "should_evaluate", "should_save")})
+        flags[-1]["stop"] = control.should_training_stop
+    return flags
+
+
+def test_logs_evaluations_and_saves_happen_at_boundaries_only(tmp_path):
+    flags = cadence_run(tmp_path, boundaries=[3, 7, 9, 12])
+    at = {name: [i + 1 for i, f in enumerate(flags) if f[name]] for name in flags[0]}
+    assert at["should_log"] == [7, 12]  # logging_steps 5: 5 falls in (3, 7], 10 in (9, 12]
+    assert at["should_evaluate"] == [7, 9, 12]  # eval_steps 4: 4 in (3, 7], 8 in (7, 9], the run's end
+    assert at["should_save"] == [7, 12]  # save_steps 6: 6 in (3, 7], 12 and the end
+    assert at["stop"] == [12]
+
+
+def test_the_run_stops_at_its_budget_not_at_the_ranks_step_count(tmp_path):
+    training_args = args(tmp_path)
+    budget = BudgetTrainerSteps(training_args, workers=2)
+    state, control = TrainerState(), TrainerControl()
+    state.max_steps = STEPS
+    state.compute_steps(training_args, STEPS)
+    state.global_step = STEPS  # a fast rank's Trainer reached max_steps by its own count ...
+    control.should_training_stop = True  # ... and DefaultFlowCallback stopped it
+    budget.after_step(training_args, state, control, run_step=STEPS - 3, synced=False)
+    assert not control.should_training_stop and state.global_step == STEPS - 3
+
+
+def test_the_schedule_follows_the_runs_step():
+    from transformers import get_cosine_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, 2, STEPS)
+    reference = get_cosine_schedule_with_warmup(
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3), 2, STEPS
+    )
+    expected = []
+    for _ in range(STEPS):
+        expected.append(reference.get_last_lr()[0])
+        reference.optimizer.step()
+        reference.step()
+    for step in (5, 1, 9):
+        set_schedule_step(scheduler, step)
+        assert optimizer.param_groups[0]["lr"] == expected[step] == scheduler.get_last_lr()[0]
+
+
+# ------------------------------------------------------------------ two processes at unequal speeds
+@pytest.fixture(scope="module")
+def virtual(tmp_path_factory):
+    """Rank 1 at half speed on the virtual clock: deterministic shares, so the simulation can be matched bit for bit."""
+    out = tmp_path_factory.mktemp("virtual")
+    spec = {
+        "output_dir": str(out),
+        "steps": STEPS,
+        "record_batches": True,
+        "max_grad_norm": 0.0,
+        "autoloco": {**BUDGET, "worker_speeds": [1.0, 0.5]},
+    }
+    return torchrun("trainer_worker.py", spec, nproc=2)
+
+
+@pytest.mark.slow
+def test_virtual_speeds_split_the_interval_by_speed(virtual):
+    r0, r1 = virtual
+    steps = [r["worker_steps"] for r in r0["records"]]
+    assert steps[0] == [4, 4], "the first interval runs in lockstep (no speed measured yet)"
+    # each worker's floor of its share of the 8 inner steps: floor(8 * 2/3) = 5, floor(8 * 1/3) = 2
+    assert all(s == [5, 2] for s in steps[1:]), steps
+    assert r0["optimizer_steps"] == 4 + 5 + 5 and r1["optimizer_steps"] == 4 + 2 + 2
+    assert r0["global_step"] == r1["global_step"] == STEPS, "the Trainer counts the run's steps on every rank"
+    for a, b in zip(r0["params"], r1["params"]):
+        assert torch.equal(a, b), "both ranks end with the synchronized model"
+
+
+@pytest.mark.slow
+def test_trainer_path_equals_the_simulated_engine_at_unequal_speeds(virtual):
+    """The same batches, in each rank's order: ``LocalWorkers.train_paced`` gives the Trainer's bits."""
+    from trainer_worker import tiny_llama
+    from transformers import get_cosine_schedule_with_warmup
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.local_workers import LocalWorkers
+
+    torch.set_num_threads(1)
+    workers = LocalWorkers(
+        AutoLoCoConfig(**BUDGET, worker_speeds=[1.0, 0.5]),
+        tiny_llama(0),
+        SimulatedCommunicator(2),
+        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
+        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, STEPS),
+        total_steps=STEPS,
+        warmup_steps=2,
+    )
+    batches = [iter(result["batches"]) for result in virtual]
+    for _ in range(STEPS):
+        workers.train_paced(lambda worker: next(batches[worker]))
+    for worker, result in zip(workers.models, virtual):
+        for p_sim, p_trainer in zip(worker.parameters(), result["params"]):
+            assert torch.equal(p_sim, p_trainer)
+    for sim, trainer in zip(workers.engine.records, virtual[0]["records"]):
+        for key in ("start_step", "h_step", "tokens", "worker_steps", "worker_tokens", "drift_energy", "mu", "eta"):
+            assert getattr(sim, key) == trainer[key], key
+
+
+@pytest.mark.slow
+def test_a_slow_rank_takes_fewer_steps_and_logs_and_saves_at_boundaries(tmp_path):
+    """A real slow rank (sleeps 60 ms a step, several times a step's compute): measured, not simulated."""
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": 16,
+        "logging_steps": 5,
+        "save_steps": 6,
+        "eval_steps": 8,
+        "sleep": {"1": 0.06},
+        "autoloco": {**BUDGET},
+    }
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    later = [r["worker_steps"] for r in r0["records"][1:]]
+    assert later and all(fast > slow for fast, slow in later), later
+    assert r0["optimizer_steps"] > r1["optimizer_steps"]
+    for a, b in zip(r0["params"], r1["params"]):
+        assert torch.equal(a, b)
+    boundaries = {r["start_step"] + r["h_step"] for r in r0["records"]}
+    logged = {entry["step"] for entry in r0["log_history"] if "loss" in entry}
+    evaluated = {entry["step"] for entry in r0["log_history"] if "eval_loss" in entry}
+    assert logged and logged <= boundaries and evaluated and evaluated <= boundaries
+    saved = sorted(int(name.split("-")[1]) for name in os.listdir(tmp_path) if name.startswith("checkpoint-"))
+    assert saved and set(saved) <= boundaries and saved[-1] == 16
+    per_worker = [entry for entry in r0["log_history"] if "autoloco/worker1_tokens" in entry]
+    assert per_worker and all(entry["autoloco/worker0_tokens"] > 0 for entry in per_worker)
