@@ -19,7 +19,10 @@ run folder too: the callback writes ``autoloco_summary.json``,
 folders (a demo's output), and writes the paper's Table 1 (method, syncs,
 payload, train loss over the last 2% of steps, validation loss) and Table 2
 (steps, time and bytes to reach loss thresholds) with the plots, to the
-terminal and to ``report.md``.
+terminal and to ``report.md``. A run that timed its workers (budget pacing or
+a virtual clock, docs/algorithm.md §13) adds each worker's tokens, steps,
+speed and straggler intervals, and its tokens in every interval (the
+terminal shows the first and last few intervals, ``report.md`` all of them).
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloco_hf.config import Method
-from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl
+from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl, worker_shares
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
 LAST_FRACTION = 0.02  # the paper reports train loss over the last 2% of steps (1k of 50k)
+CONSOLE_INTERVALS = 10  # intervals of a run's per-worker tokens printed to the terminal (report.md holds all)
 PLOTS = {
     "loss_vs_step.png": "Training loss vs step",
     "loss_vs_bytes.png": "Training loss vs bytes communicated",
@@ -314,6 +318,101 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
     return markdown_table(["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
 
 
+# ----------------------------------------------------------------- workers
+def timed(run: Run) -> bool:
+    """Whether the run recorded each worker's seconds (budget pacing or a virtual clock): its workers get a section."""
+    return any(r.get("worker_seconds") for r in run.intervals)
+
+
+@dataclass
+class WorkerTotals:
+    """One worker's work summed over a run's intervals."""
+
+    label: str
+    tokens: int = 0
+    steps: int = 0
+    timed_steps: int = 0  # the steps of the intervals whose seconds were recorded
+    seconds: float = 0.0
+    straggler_intervals: int = 0
+    idle_intervals: int = 0
+
+    @property
+    def speed(self) -> float:
+        """Inner steps per second of its own time on them (virtual on a simulated clock)."""
+        return self.timed_steps / self.seconds if self.seconds > 0 else math.nan
+
+
+def worker_totals(intervals: Sequence[dict[str, Any]]) -> list[WorkerTotals]:
+    """Each worker's sums over ``intervals``, by label (a worker keeps its label when the membership changes)."""
+    totals: dict[str, WorkerTotals] = {}
+    for record in intervals:
+        for share in worker_shares(record):
+            worker = totals.setdefault(share.label, WorkerTotals(share.label))
+            worker.tokens += share.tokens
+            worker.steps += share.steps
+            if share.seconds is not None:
+                worker.timed_steps += share.steps
+                worker.seconds += share.seconds
+            worker.straggler_intervals += share.straggler
+            worker.idle_intervals += share.idle
+    return list(totals.values())
+
+
+def workers_table(run: Run) -> str:
+    """One row per worker: its tokens and share of the cluster's, inner steps, speed, straggler and idle intervals."""
+    totals = worker_totals(run.intervals)
+    cluster = sum(w.tokens for w in totals)
+    rows = [
+        [
+            w.label,
+            f"{w.tokens:,}",
+            f"{100 * w.tokens / cluster:.1f}%" if cluster else "-",
+            f"{w.steps:,}",
+            _fmt(w.speed, 3),
+            str(w.straggler_intervals),
+            str(w.idle_intervals),
+        ]
+        for w in totals
+    ]
+    headers = ["worker", "tokens", "share of tokens", "inner steps", "steps/s", "straggler intervals", "idle intervals"]
+    return markdown_table(headers, rows)
+
+
+def interval_tokens_table(run: Run, limit: int | None = None) -> str:
+    """Each worker's tokens in every interval (``limit``: the first and last ``limit // 2`` intervals only)."""
+    labels = [w.label for w in worker_totals(run.intervals)]
+    rows = []
+    for index, record in enumerate(run.intervals):
+        tokens = {share.label: share.tokens for share in worker_shares(record)}
+        start, h = record["start_step"], record["h_step"]
+        cells = [f"{tokens[label]:,}" if label in tokens else "-" for label in labels]
+        rows.append([str(index), f"{start + 1}-{start + h}", *cells, f"{sum(tokens.values()):,}"])
+    if limit is not None and len(rows) > limit:
+        kept = limit // 2
+        skipped = [f"... {len(rows) - 2 * kept} intervals more in report.md", "", *[""] * len(labels), ""]
+        rows = rows[:kept] + [skipped] + rows[-kept:]
+    return markdown_table(["interval", "steps", *labels, "all workers"], rows)
+
+
+def workers_section(runs: Sequence[Run], limit: int | None = None) -> str:
+    """Per-worker tables of the runs that timed their workers; empty when none did (lockstep runs)."""
+    parts = [
+        f"#### {run.name}\n\n{workers_table(run)}\n\nTokens of each worker in each interval:\n\n"
+        f"{interval_tokens_table(run, limit)}\n"
+        for run in runs
+        if timed(run)
+    ]
+    if not parts:
+        return ""
+    return (
+        "\n### Workers: tokens, steps and speed\n\n"
+        "Speed is inner steps per second of a worker's own time on them (virtual seconds on a simulated clock). "
+        "A straggler interval: the worker was below `straggler_fraction` of the median speed for "
+        "`straggler_intervals` syncs in a row; an idle one: it took no step (docs/algorithm.md §13.3).\n\n"
+        + "\n".join(parts)
+    )
+
+
 # ------------------------------------------------------------------- plots
 def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     """The five comparison plots as PNGs in ``out_dir``; returns their file names."""
@@ -446,8 +545,8 @@ def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> str | None:
 
 
 # ------------------------------------------------------------------ report
-def render(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
-    """Table 1 and Table 2 as Markdown."""
+def render(runs: Sequence[Run], thresholds: Sequence[float], interval_rows: int | None = None) -> str:
+    """Table 1 and Table 2 as Markdown, then the workers of timed runs (``interval_rows``: intervals shown per run)."""
     return (
         "### Table 1: communication and quality\n\n"
         + table1(runs)
@@ -456,6 +555,7 @@ def render(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
         "### Table 2: steps, time and payload to reach a training loss\n\n"
         + table2(runs, thresholds)
         + "\n\nThe loss is the training loss smoothed over a window of 2% of the steps.\n"
+        + workers_section(runs, interval_rows)
     )
 
 
@@ -525,6 +625,6 @@ def run(args: argparse.Namespace) -> int:
     levels = ["--thresholds", ",".join(f"{t:g}" for t in args.thresholds)] if args.thresholds else []
     command = shlex.join(["autoloco", "report", *args.run_dirs] + levels + ["--out", out])
     path = write_report(runs, out, args.title, command, thresholds)
-    print(render(runs, thresholds))
+    print(render(runs, thresholds, CONSOLE_INTERVALS))
     print(f"report: {path}")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -151,6 +152,11 @@ def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def worker_label(worker: int, rank: int, host: str) -> str:
+    """How logs, errors and records name a worker: its index, global rank and host, so an operator can find it."""
+    return f"worker {worker} (rank {rank}, host {host})"
+
+
 class Communicator(ABC):
     """Averages flat buffers across all workers; ``local_workers`` of them live in this process."""
 
@@ -217,8 +223,13 @@ class Communicator(ABC):
         """
 
     def worker_labels(self) -> list[str]:
-        """How messages name the workers, in worker order."""
-        return [f"worker {i}" for i in range(self.num_workers)]
+        """How messages name the workers, in worker order (:func:`worker_label`).
+
+        Here every worker lives in this process, on this host; simulated worker ``i`` stands for rank ``i``
+        of the same run on ``N`` processes, which labels it alike.
+        """
+        host = socket.gethostname()
+        return [worker_label(i, i, host) for i in range(self.num_workers)]
 
     def global_worker(self, local: int) -> int:
         """The index among all workers of this process's local worker ``local``."""
@@ -299,9 +310,12 @@ class ProcessGroupCommunicator(Communicator):
             (``TrainingArguments.ddp_timeout``, 30 minutes by default). With a
             ``group``, that group must have been created with this timeout.
             A collective that fails or times out raises :class:`PeerLostError`.
+        worker_rank: the global rank that names this process's worker in messages and records (a worker of
+            several ranks: its first one); default this process's rank. Every worker's, with its host, is
+            gathered once here (collective), so no sync carries text.
     """
 
-    def __init__(self, group=None, timeout_s: float | None = None, **kwargs) -> None:
+    def __init__(self, group=None, timeout_s: float | None = None, worker_rank: int | None = None, **kwargs) -> None:
         import torch.distributed as dist
 
         super().__init__(**kwargs)
@@ -322,9 +336,14 @@ class ProcessGroupCommunicator(Communicator):
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._owners: dict[tuple, _OwnerReduceBuffers] = {}
         self._background: ThreadPoolExecutor | None = None  # runs an overlapped owner-reduce of a lossy wire
+        identities: list[Any] = [None] * self.num_workers
+        with self._guarded("the start-up exchange of ranks and host names"):
+            me = dist.get_rank() if worker_rank is None else worker_rank
+            dist.all_gather_object(identities, (me, socket.gethostname()), group=group)
+        self._labels = [worker_label(w, rank, host) for w, (rank, host) in enumerate(identities)]
 
     def worker_labels(self) -> list[str]:
-        return [f"rank {self.global_rank(w)}" for w in range(self.num_workers)]
+        return list(self._labels)
 
     def global_worker(self, local: int) -> int:
         return self.rank
@@ -727,7 +746,11 @@ def make_communicator(
         topk_fraction=config.topk_fraction,
     )
     if distributed:
-        comm = ProcessGroupCommunicator(group=group, timeout_s=config.sync_timeout_s, **kwargs)
+        import torch.distributed as dist
+
+        # a worker of several ranks is named by its first one, whichever of its ranks this is
+        first = dist.get_global_rank(inner_group, 0) if inner_group is not None else None
+        comm = ProcessGroupCommunicator(group=group, timeout_s=config.sync_timeout_s, worker_rank=first, **kwargs)
         if config.ranks_per_worker > 1 and (config.hierarchical_sync or fsdp_worker):
             if inner_group is None:
                 raise ValueError("ranks_per_worker > 1 with hierarchical_sync needs the worker's inner_group")

@@ -737,10 +737,8 @@ class IntervalEngine:
         ``applied``: whether every outer step of the interval ran (fragments: one per fragment), default ``outer``'s.
         The pacer learns every worker's speed from the control messages here, before the next step (§13.1).
         """
-        workers = aggregate.control.workers
-        pace = self.pacer.observe(
-            [w.inner_steps for w in workers], [w.busy_seconds for w in workers], self.comm.worker_labels()
-        )
+        workers, labels = aggregate.control.workers, self.comm.worker_labels()
+        pace = self.pacer.observe([w.inner_steps for w in workers], [w.busy_seconds for w in workers], labels)
         record = IntervalRecord.build(
             index=len(self.records),
             interval=closed.interval,
@@ -763,6 +761,7 @@ class IntervalEngine:
             workers=workers,
             pace=pace,
             timed=self.config.pacing == Pacing.BUDGET or self.config.worker_speeds is not None,
+            labels=labels,
         )
         self.totals.add(record)
         self.records.append(record)

@@ -176,15 +176,15 @@ class BudgetPacer:
         typical = math.exp(statistics.median(math.log(w.tokens / w.inner_steps) for w in counted)) if counted else 0
         for worker, label in zip(workers, labels):
             if (worker.inner_steps == 0) != (worker.tokens == 0) or worker.tokens < worker.inner_steps:
-                refused.append(f"{label} ({worker.tokens:g} tokens in {worker.inner_steps:g} steps)")
+                refused.append(f"{label}: {worker.tokens:g} tokens in {worker.inner_steps:g} steps")
             elif worker.inner_steps and not (
                 typical / TOKENS_PER_STEP_SPREAD
                 <= worker.tokens / worker.inner_steps
                 <= typical * TOKENS_PER_STEP_SPREAD
             ):
                 refused.append(
-                    f"{label} ({worker.tokens:g} tokens in {worker.inner_steps:g} steps, the workers' median "
-                    f"{typical:.4g} per step)"
+                    f"{label}: {worker.tokens:g} tokens in {worker.inner_steps:g} steps, the workers' median "
+                    f"{typical:.4g} per step"
                 )
         if refused:
             raise InconsistentCounts(

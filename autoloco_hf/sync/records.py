@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -74,6 +74,7 @@ class IntervalRecord:
     worker_seconds: list[float] | None = None  # time on its steps (virtual on a simulated clock)
     stragglers: list[str] | None = None  # below straggler_fraction of the median speed for long enough
     idle_workers: list[str] | None = None  # took no step: contributed nothing
+    worker_labels: list[str] | None = None  # each worker's label (index, rank, host), where its seconds are recorded
 
     @classmethod
     def build(
@@ -100,10 +101,11 @@ class IntervalRecord:
         workers: Sequence[Any] = (),
         pace: PaceReport | None = None,
         timed: bool = False,
+        labels: Sequence[str] = (),
     ) -> IntervalRecord:
         """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``.
 
-        ``timed``: record each worker's seconds (budget pacing, or a virtual clock).
+        ``timed``: record each worker's seconds and ``labels`` (budget pacing, or a virtual clock).
         """
         return cls(
             index=index,
@@ -149,10 +151,42 @@ class IntervalRecord:
             worker_seconds=[w.busy_seconds for w in workers] or None if timed else None,
             stragglers=pace.stragglers if pace else None,
             idle_workers=pace.idle if pace else None,
+            worker_labels=list(labels) or None if timed else None,
         )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=True)
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """One worker's part of one interval: what the report (and a Trainer's log) shows per worker (§13.3)."""
+
+    label: str
+    steps: int  # its inner steps
+    tokens: int
+    seconds: float | None  # its time on them; None where the run did not time its workers
+    straggler: bool
+    idle: bool
+
+
+def worker_shares(record: IntervalRecord | Mapping[str, Any]) -> list[WorkerShare]:
+    """Each worker's part of ``record`` (an :class:`IntervalRecord` or its JSON object), in worker order.
+
+    Empty for a record without per-worker counts (written before they were recorded). A record without
+    ``worker_labels`` names its workers ``worker i``, as simulated runs did before labels carried rank and host.
+    """
+    values = vars(record) if isinstance(record, IntervalRecord) else record
+    steps, tokens = values.get("worker_steps"), values.get("worker_tokens")
+    if not steps or not tokens:
+        return []
+    labels = values.get("worker_labels") or [f"worker {i}" for i in range(len(steps))]
+    seconds = values.get("worker_seconds") or [None] * len(steps)
+    stragglers, idle = set(values.get("stragglers") or ()), set(values.get("idle_workers") or ())
+    return [
+        WorkerShare(label, int(n), int(t), s, label in stragglers, label in idle)
+        for label, n, t, s in zip(labels, steps, tokens, seconds)
+    ]
 
 
 class CollectiveCost(Protocol):

@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 
 import pytest
+from toy import adamw, batch_for, cosine, make_model
 
+from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.cli import main
 from autoloco_hf.cli.report import (
     PLOTS,
+    Run,
     RunWriter,
     _zoom_on_tail,
     default_thresholds,
     find_runs,
     horizon_series,
+    interval_tokens_table,
     last_fraction_mean,
     moving_average,
     reach,
+    render,
     table1,
     table2,
+    workers_table,
 )
-from autoloco_hf.sync.records import RunTotals
+from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.records import RunTotals, read_jsonl
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:
@@ -155,3 +164,102 @@ def test_a_committed_benchmark_run_with_a_thinned_gzipped_step_log_reports(tmp_p
     run = load_run(str(folder))
     assert [(s["syncs"], s["payload_bytes"]) for s in run.steps] == [(0, 0), (1, 10), (1, 10), (2, 20)]
     assert len(run.intervals) == 2 and run.summary["train_loss_last"] == 1.0
+
+
+def budget_run(root, steps: int = 24) -> None:
+    """A real run folder: 4 simulated workers with budget pacing; worker 2 at 0.3 is a straggler, worker 3 at
+    0.01 too slow for one step of an interval (idle after the first, lockstep one)."""
+    config = AutoLoCoConfig(
+        method="diloco", h_base=4, pacing="budget", worker_speeds=[1, 1, 0.3, 0.01], straggler_intervals=2
+    )
+    writer = RunWriter(str(root / "budget"), "budget")
+    workers = LocalWorkers(
+        config,
+        make_model(),
+        SimulatedCommunicator(4),
+        adamw,
+        total_steps=steps,
+        scheduler_factory=cosine(steps, 0),
+        records_path=writer.intervals_path,
+    )
+    taken = [0] * 4
+
+    def draw(worker: int) -> dict:
+        taken[worker] += 1
+        return batch_for(worker, taken[worker] - 1)
+
+    for step in range(1, steps + 1):
+        workers.train_paced(draw)
+        losses = [loss for loss in workers.last_losses if not math.isnan(loss)]
+        writer.log_step(step, sum(losses) / len(losses), 1e-3, workers.engine.totals, seconds=float(step))
+    writer.finish(workers.engine.totals, config.to_dict(), wall_seconds=1.0)
+
+
+def cells(text: str, first: str) -> list[str]:
+    """The cells of the Markdown table row of ``text`` whose first cell is ``first``."""
+    (line,) = [line for line in text.splitlines() if line.startswith(f"| {first} |")]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_a_budget_paced_run_reports_each_workers_tokens_steps_and_speed(tmp_path, capsys):
+    """The per-worker table and the tokens per interval are the records' own numbers, summed by hand here."""
+    budget_run(tmp_path)
+    records = read_jsonl(str(tmp_path / "budget" / "intervals.jsonl"))
+    host = socket.gethostname()
+    labels = [f"worker {i} (rank {i}, host {host})" for i in range(4)]
+    assert all(r["worker_labels"] == labels for r in records)
+    assert main(["report", str(tmp_path / "budget"), "--out", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "### Workers: tokens, steps and speed" in capsys.readouterr().out
+    cluster = sum(sum(r["worker_tokens"]) for r in records)
+    for i, label in enumerate(labels):
+        tokens = sum(r["worker_tokens"][i] for r in records)
+        steps = sum(r["worker_steps"][i] for r in records)
+        speed = steps / sum(r["worker_seconds"][i] for r in records)
+        stragglers = sum(label in r["stragglers"] for r in records)
+        idle = sum(label in r["idle_workers"] for r in records)
+        expected = [label, f"{tokens:,}", f"{100 * tokens / cluster:.1f}%", f"{steps:,}", f"{speed:.3f}"]
+        assert cells(report, label) == expected + [str(stragglers), str(idle)]
+    # the straggler and the idle worker are there to be counted
+    assert (
+        sum(labels[2] in r["stragglers"] for r in records) >= 4
+        and sum(labels[3] in r["idle_workers"] for r in records) == 5
+    )
+    for index, record in enumerate(records):
+        start, h = record["start_step"], record["h_step"]
+        row = cells(report, str(index))
+        assert row == [
+            str(index),
+            f"{start + 1}-{start + h}",
+            *(f"{t:,}" for t in record["worker_tokens"]),
+            f"{record['tokens']:,}",
+        ]
+    # the terminal keeps a long run short: the first and last intervals, the others in report.md
+    (run,) = find_runs([str(tmp_path / "budget")])
+    short = interval_tokens_table(run, limit=4)
+    assert [line.split("|")[1].strip() for line in short.splitlines()[2:]] == [
+        "0",
+        "1",
+        "... 2 intervals more in report.md",
+        "4",
+        "5",
+    ]
+
+
+def test_a_lockstep_run_has_no_workers_section(tmp_path):
+    fake_run(tmp_path, "lockstep", "diloco", 10, 3.0)
+    runs = find_runs([str(tmp_path / "lockstep")])
+    assert "Workers" not in render(runs, [4.0]) and render(runs, [4.0], 4) == render(runs, [4.0])
+
+
+def test_records_from_before_the_labels_name_their_workers_by_index():
+    """Older budget-paced records: no worker_labels, stragglers named ``worker i``; older still: no per-worker counts."""
+    old = dict(interval(0, 4), worker_steps=[5, 3], worker_tokens=[50, 30], worker_seconds=[5.0, 6.0])
+    records = [
+        dict(old, stragglers=[], idle_workers=[]),
+        dict(old, stragglers=["worker 1"], idle_workers=[]),
+        interval(8, 4),
+    ]
+    table = workers_table(Run("old", {}, records, []))
+    assert cells(table, "worker 0") == ["worker 0", "100", "62.5%", "10", "1.000", "0", "0"]
+    assert cells(table, "worker 1") == ["worker 1", "60", "37.5%", "6", "0.500", "1", "0"]

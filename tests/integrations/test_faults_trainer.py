@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import torch
@@ -57,12 +58,13 @@ def test_rank1_with_another_horizon_is_stopped_at_the_first_boundary(tmp_path):
     output = torchrun_failing("trainer_worker.py", spec, nproc=2)
     lines = [line for line in output.splitlines() if "WorkerDisagreement:" in line]
     assert len(lines) == 2, output[-4000:]  # every rank stops, with the same message
+    first, second = (f"worker {r} (rank {r}, host {socket.gethostname()})" for r in (0, 1))
     for line in lines:
         for expected in (
-            "step: rank 0=4, rank 1=6",
-            "h_step: rank 0=4, rank 1=6",
-            "h_tok: rank 0=4, rank 1=6",
-            "config_fingerprint: rank 0=",
+            f"step: {first}=4, {second}=6",
+            f"h_step: {first}=4, {second}=6",
+            f"h_tok: {first}=4, {second}=6",
+            f"config_fingerprint: {first}=",
         ):
             assert expected in line, line
         assert "interval_index" not in line and "start_step" not in line, "fields that agree are not listed"

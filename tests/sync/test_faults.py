@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import logging
+import re
+import socket
 
 import pytest
 import torch
 from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.communicators import SimulatedCommunicator, worker_label
 from autoloco_hf.sync.control import WorkerDisagreement
 from autoloco_hf.sync.engine import TooManyInvalidIntervals
 from autoloco_hf.sync.local_workers import LocalWorkers
 
 STEPS = 24
+WORKER = [worker_label(i, i, socket.gethostname()) for i in range(2)]  # how the messages name each worker
 
 
 def runner(**config) -> LocalWorkers:
@@ -51,14 +54,14 @@ def test_consecutive_invalid_intervals_stop_the_run_with_the_outer_state_intact(
     assert "\n" not in message
     assert message.startswith(
         "AutoLoCo stopped at step 16: interval 3 (steps 13-16): non-finite loss or "
-        "pseudo-gradient on worker 1, 3 such intervals in a row (max_consecutive_invalid=3)"
+        f"pseudo-gradient on {WORKER[1]}, 3 such intervals in a row (max_consecutive_invalid=3)"
     )
     assert "synchronized at step 4" in message
     assert [r.outer_step_applied for r in run.engine.records] == [True, False, False, False]
     assert torch.equal(run.engine.outer.params, theta_4)
     assert torch.equal(run.engine.outer.momentum_buffer, momentum_4)
     warnings = [r.getMessage() for r in caplog.records if "outer step skipped" in r.getMessage()]
-    assert len(warnings) == 2 and all("on worker 1;" in w for w in warnings)
+    assert len(warnings) == 2 and all(f"on {WORKER[1]};" in w for w in warnings)
     assert "(1 of max_consecutive_invalid=3 in a row)" in warnings[0]
 
 
@@ -89,7 +92,7 @@ def test_disagreement_is_raised_before_the_payload_is_exchanged():
     theta_0 = run.engine.outer.params.detach().clone()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SimulatedCommunicator, "average", tampered)
-        with pytest.raises(WorkerDisagreement, match=r"\(h_tok: worker 0=4, worker 1=6\)"):
+        with pytest.raises(WorkerDisagreement, match=re.escape(f"(h_tok: {WORKER[0]}=4, {WORKER[1]}=6)")):
             for step in range(4):
                 run.train_step([batch_for(w, step) for w in range(2)])
     assert not payload_sent and torch.equal(run.engine.outer.params, theta_0) and not run.engine.records

@@ -10,6 +10,7 @@ holds and sends half of the outer state.
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
-from autoloco_hf.sync.communicators import HierarchicalCommunicator, ProcessGroupCommunicator
+from autoloco_hf.sync.communicators import HierarchicalCommunicator, ProcessGroupCommunicator, make_communicator
 from autoloco_hf.sync.factory import make_engine
 
 STEPS, WARMUP, R = 48, 6, 2
@@ -177,3 +178,22 @@ def test_error_feedback_residual_is_the_ranks_shard_and_worker_ranks_stay_identi
         assert not torch.equal(hier["residual"], partner["residual"])
         assert all(applied for *_, applied in hier["records"])
         assert hier["wire_bytes"] < 0.6 * flat["wire_bytes"]  # each rank sends its shard's part
+
+
+def _labels(rank: int, world_size: int) -> dict:
+    topo = build_topology(R)
+    made = {}
+    for hierarchical in (False, True):
+        config = AutoLoCoConfig(method="diloco", ranks_per_worker=R, hierarchical_sync=hierarchical)
+        comm = make_communicator(
+            config, True, group=topo.outer_group, inner_group=topo.inner_group, rank_in_worker=topo.rank_in_worker
+        )
+        made[hierarchical] = comm.worker_labels()
+    return made
+
+
+def test_a_worker_of_several_ranks_is_named_by_its_first_rank_on_every_rank() -> None:
+    """Rank 1 syncs with rank 3 (outer group {1, 3}) and still names the workers by ranks 0 and 2 (§13.3)."""
+    host = socket.gethostname()
+    expected = [f"worker 0 (rank 0, host {host})", f"worker 1 (rank 2, host {host})"]
+    assert run_gloo(_labels, 2 * R, timeout=120) == [{False: expected, True: expected}] * (2 * R)

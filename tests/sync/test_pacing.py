@@ -6,6 +6,7 @@ import io
 import logging
 import math
 import re
+import socket
 
 import pytest
 import torch
@@ -13,11 +14,12 @@ from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
-from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.communicators import SimulatedCommunicator, worker_label
 from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.pacing import BudgetPacer, InconsistentCounts
 
+HOST = socket.gethostname()  # simulated workers live in this process: worker i is rank i on this host
 STATISTICS = ("drift_energy", "coherence", "normalized_drift", "lr_mass", "mean_loss", "mu", "eta", "tokens")
 
 
@@ -135,8 +137,10 @@ def test_a_worker_slowing_midway_is_measured_again_and_reported(caplog: pytest.L
     assert [r.worker_steps for r in records[:3]] == [[8, 8, 8, 8]] * 3
     assert records[3].worker_steps == [8, 8, 8, 8] and records[3].worker_seconds[3] == 32.0  # the lagging interval
     assert records[4].worker_steps == [9, 9, 9, 2]  # floor(32 * 4/13) and floor(32 * 1/13)
-    assert records[3].stragglers == [] and records[4].stragglers == ["worker 3"]
-    assert "worker 3 ran below 0.5 of the median speed for 2 intervals" in caplog.text
+    straggler = f"worker 3 (rank 3, host {HOST})"
+    assert records[3].stragglers == [] and records[4].stragglers == [straggler]
+    assert records[4].worker_labels == [worker_label(i, i, HOST) for i in range(4)]
+    assert f"{straggler} ran below 0.5 of the median speed for 2 intervals" in caplog.text
 
 
 def test_a_worker_too_slow_for_one_step_contributes_nothing_and_is_named(caplog: pytest.LogCaptureFixture) -> None:
@@ -145,9 +149,10 @@ def test_a_worker_too_slow_for_one_step_contributes_nothing_and_is_named(caplog:
     with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
         run, draws = paced(config, 4, 16)
     later = run.engine.records[1:]
-    assert all(r.worker_steps[3] == 0 and r.idle_workers == ["worker 3"] for r in later)
+    idle = worker_label(3, 3, HOST)
+    assert all(r.worker_steps[3] == 0 and r.idle_workers == [idle] for r in later)
     assert draws.taken[3] == 4  # only the first, unmeasured interval
-    assert "worker 3 took no step in the interval and contributed nothing" in caplog.text
+    assert f"{idle} took no step in the interval and contributed nothing" in caplog.text
     assert torch.isfinite(run.engine.outer.params).all()
 
 
@@ -183,13 +188,14 @@ def test_the_average_weighs_each_worker_by_its_steps_at_the_nominal_lr_mass() ->
 
 @pytest.mark.parametrize(
     "tokens, steps, named",
-    [([30, 20, 400], [3, 2, 1], "worker 2 (400 tokens in 1 steps"), ([30, 20, 5], [3, 2, 0], "worker 2 (5 tokens")],
+    [([30, 20, 400], [3, 2, 1], ": 400 tokens in 1 steps"), ([30, 20, 5], [3, 2, 0], ": 5 tokens in 0 steps")],
 )
 def test_tokens_that_disagree_with_steps_are_refused_before_the_average(tokens, steps, named) -> None:
     config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget")
     _, engine = linear_engine(config, 3)
     theta = engine.outer.params.detach().clone()
-    with pytest.raises(InconsistentCounts, match="disagree at a synchronization: " + re.escape(named)):
+    refused = "disagree at a synchronization: " + re.escape(worker_label(2, 2, HOST) + named)
+    with pytest.raises(InconsistentCounts, match=refused):
         engine.after_optimizer_step(tokens=tokens, losses=[1.0] * 3, lr=1.0, steps=steps)
     assert torch.equal(engine.outer.params.detach(), theta) and engine.outer.momentum_buffer is None
 
@@ -222,9 +228,8 @@ def test_with_two_workers_both_are_named_when_their_tokens_per_step_differ() -> 
     """The median in log space of two workers is their geometric mean: neither is trusted over the other."""
     config = AutoLoCoConfig(method="diloco", h_base=1, pacing="budget")
     _, engine = linear_engine(config, 2)
-    with pytest.raises(
-        InconsistentCounts, match=r"worker 0 \(10 tokens in 1 steps.*; worker 1 \(400 tokens in 1 steps"
-    ):
+    both = re.escape(f"{worker_label(0, 0, HOST)}: 10 tokens in 1 steps") + ".*; " + re.escape(worker_label(1, 1, HOST))
+    with pytest.raises(InconsistentCounts, match=both + ": 400 tokens in 1 steps"):
         engine.after_optimizer_step(tokens=[10, 400], losses=[1.0] * 2, lr=1.0, steps=[1, 1])
     _, engine = linear_engine(config, 2)
     engine.after_optimizer_step(tokens=[10, 30], losses=[1.0] * 2, lr=1.0, steps=[1, 1])  # within 4x: padding

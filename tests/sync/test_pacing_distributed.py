@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import socket
+
 import torch
 from _dist import run_gloo
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
@@ -41,8 +44,26 @@ def records_of(runner: LocalWorkers) -> list[dict]:
 
 
 def _process_worker(rank: int, world_size: int) -> dict:
-    runner = train(ProcessGroupCommunicator(), [rank])
-    return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
+    log = Lines()
+    logger = logging.getLogger("autoloco_hf")
+    logger.addHandler(log)
+    try:
+        runner = train(ProcessGroupCommunicator(), [rank])
+    finally:
+        logger.removeHandler(log)
+    params = [p.detach().clone() for p in runner.models[0].parameters()]
+    return {"params": params, "records": records_of(runner), "log": log.lines}
+
+
+class Lines(logging.Handler):
+    """The warnings a process logged, as text (the straggler's is one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def test_two_gloo_processes_at_different_speeds_equal_the_simulation():
@@ -55,11 +76,10 @@ def test_two_gloo_processes_at_different_speeds_equal_the_simulation():
         for p, q in zip(result["params"], simulated.models[rank].parameters()):
             assert torch.equal(p, q), f"rank {rank} parameters differ from simulated worker {rank}"
     assert results[0]["records"] == results[1]["records"]
-    # a straggler is named as the communicator labels it: "rank 1" here, "worker 1" in the simulation
-    assert [r["stragglers"] for r in results[0]["records"]] == [[]] * 5 + [["rank 1"]]
-    simulated_records = records_of(simulated)
-    assert simulated_records[-1]["stragglers"] == ["worker 1"]
-    for record in (*results[0]["records"], *simulated_records):
-        record.pop("stragglers")
-    assert results[0]["records"] == simulated_records
+    # a straggler is named with its rank and the host it reported at start-up, as simulated worker 1 is
+    straggler = f"worker 1 (rank 1, host {socket.gethostname()})"
+    assert [r["stragglers"] for r in results[0]["records"]] == [[]] * 5 + [[straggler]]
+    assert results[0]["records"][-1]["worker_labels"][1] == straggler
+    assert any(f"AutoLoCo: {straggler} ran below 0.5 of the median speed" in line for line in results[0]["log"])
+    assert results[0]["records"] == records_of(simulated)
     assert results[0]["records"][-1]["worker_seconds"] == [6.0, 4.0]
