@@ -188,3 +188,12 @@ def test_a_slow_rank_takes_fewer_steps_and_logs_and_saves_at_boundaries(tmp_path
     assert saved and set(saved) <= boundaries and saved[-1] == 16
     per_worker = [entry for entry in r0["log_history"] if "autoloco/worker1_tokens" in entry]
     assert per_worker and all(entry["autoloco/worker0_tokens"] > 0 for entry in per_worker)
+    # `autoloco report` on the Trainer's folder: each worker's tokens, named by rank and host
+    from autoloco_hf.cli import main
+
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    tokens = [sum(r["worker_tokens"][w] for r in r0["records"]) for w in (0, 1)]
+    for worker, count in enumerate(tokens):
+        row = next(line for line in report.splitlines() if line.startswith(f"| worker {worker} (rank {worker}, host "))
+        assert f"{count:,}" in row, row
