@@ -197,3 +197,36 @@ def test_a_slow_rank_takes_fewer_steps_and_logs_and_saves_at_boundaries(tmp_path
     for worker, count in enumerate(tokens):
         row = next(line for line in report.splitlines() if line.startswith(f"| worker {worker} (rank {worker}, host "))
         assert f"{count:,}" in row, row
+
+
+@pytest.mark.slow
+def test_resume_after_a_crash_goes_on_from_the_boundary_checkpoint(virtual, tmp_path):
+    """Rank 0 dies mid-interval (run step 10) after the boundary checkpoint at 8; torchrun restarts both ranks.
+
+    The resumed run starts from that boundary's model and measured shares (the intervals after it split the
+    steps as before, [5, 2]) and ends with both ranks holding the same synchronized model. The data position
+    is the Trainer's (docs/algorithm.md §13.6), so the parameters are not those of the uninterrupted run.
+    """
+    from trainer_worker import fingerprint
+
+    spec = {
+        "steps": STEPS,
+        "save_steps": 8,
+        "max_grad_norm": 0.0,
+        "resume_last": True,
+        "kill": {"rank": 0, "step": 10},
+        "output_dir": str(tmp_path),
+        "autoloco": {**BUDGET, "worker_speeds": [1.0, 0.5]},
+    }
+    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2, max_restarts=1)
+    assert r0["begin"]["step"] == r1["begin"]["step"] == 8
+    synced_at = [i for i, synced in enumerate(virtual[0]["synced"]) if synced]
+    model = torch.nn.Module()
+    model.params = torch.nn.ParameterList(r0["begin"]["params"])
+    assert fingerprint(model) == virtual[0]["fingerprints"][synced_at[1]], "theta at the boundary of step 8"
+    # the records before the crash come back with the checkpoint; the last interval splits by the shares measured
+    # before it, as in the uninterrupted run
+    assert [r["worker_steps"] for r in r0["records"]] == [r["worker_steps"] for r in virtual[0]["records"]]
+    assert r0["global_step"] == r1["global_step"] == STEPS
+    for a, b in zip(r0["params"], r1["params"]):
+        assert torch.equal(a, b)
