@@ -90,6 +90,8 @@ class Row:
     overlap: str = "none"
     every_node: bool = False  # method "none": every node trains alone at once (independent launchers)
     fragments: int = 0  # streaming rows (docs/algorithm.md §12): F fragments, h_min = h_base; 0: not a streaming row
+    pacing: str = "lockstep"  # "budget": each node takes the steps its measured speed allows (docs/algorithm.md §13)
+    slow: bool = False  # the last node runs at half speed: after each step's work it sleeps as long again
 
     @property
     def single(self) -> bool:
@@ -112,6 +114,12 @@ ROWS = {
         Row("autoloco-int8-eager", "autoloco", wire_dtype="int8", overlap="eager"),
         Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
         Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
+        # workers of unequal speed (docs/algorithm.md §13): the last node at half speed, lockstep or budget pacing
+        *(
+            Row(f"{method}-slow{'-budget' if pacing == 'budget' else ''}", method, pacing=pacing, slow=True)
+            for method in ("diloco", "autoloco")
+            for pacing in ("lockstep", "budget")
+        ),
         *(
             Row(f"stream{'-int8' if wire == 'int8' else ''}-f{f}{'-delayed' if overlap else ''}", "autoloco", **kw)
             for wire in ("fp32", "int8")
@@ -428,6 +436,9 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
             else None
         ),
         peak_bits_per_s=max(r.get("peak_bits_per_s", 0.0) for r in results if r["local_rank"] == 0),
+        train_seconds=wall,
+        intervals=rank0.get("intervals", []),
+        worker_steps=rank0.get("worker_steps"),
     )
 
 
@@ -477,6 +488,46 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
             )
 
 
+def print_speed_table(rows: list[dict[str, Any]]) -> None:
+    """The unequal-speed rows (docs/algorithm.md §13): the cluster's tokens per second, and the wall time to
+    lockstep DiLoCo's final loss (the mean loss of all workers over the last 3 intervals)."""
+    slow = [r for r in rows if r["row"].endswith(("-slow", "-slow-budget"))]
+    if not slow:
+        return
+    print(
+        f"{'rate':>9} {'row':<21} {'wall s':>7} {'tok/s':>8} {'x lockstep':>10} {'loss':>6} {'s to target':>11} steps"
+    )
+    for rate in dict.fromkeys(r["rate"] for r in slow):
+        mine = [r for r in slow if r["rate"] == rate]
+        base = next((r for r in mine if r["row"] == "diloco-slow"), None)
+        target = interval_loss(base) if base else None
+        for r in mine:
+            tokens = sum(tokens for _, _, tokens in r["intervals"])
+            rate_tok = tokens / r["train_seconds"]
+            vs = (
+                f"{rate_tok / (sum(t for _, _, t in base['intervals']) / base['train_seconds']):>10.2f}"
+                if base
+                else "-"
+            )
+            reach = interval_time_to(r, target) if target is not None else None
+            print(
+                f"{rate:>9} {r['row']:<21} {r['train_seconds']:>7.1f} {rate_tok:>8.0f} {vs:>10} "
+                f"{interval_loss(r):>6.3f} {reach if reach is None else round(reach, 1)!s:>11} {r['worker_steps']}"
+            )
+
+
+def interval_loss(row: dict[str, Any], window: int = 3) -> float:
+    return statistics.fmean(loss for _, loss, _ in row["intervals"][-window:])
+
+
+def interval_time_to(row: dict[str, Any], target: float, window: int = 3) -> float | None:
+    """Seconds until the mean loss of the last ``window`` intervals first reaches ``target``."""
+    for i in range(len(row["intervals"])):
+        if statistics.fmean(loss for _, loss, _ in row["intervals"][max(0, i - window + 1) : i + 1]) <= target:
+            return row["intervals"][i][0]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
@@ -503,9 +554,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per row before it is killed")
     parser.add_argument("--json", help="also write every row's numbers to this file")
     parser.add_argument("--smoke", action="store_true", help="CI: 2 nodes, unlimited, diloco, 4 steps, H=2")
+    parser.add_argument(
+        "--from-json", nargs="+", metavar="JSON", help="print the tables of runs saved with --json (no namespaces)"
+    )
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    if args.from_json:
+        for path in args.from_json:
+            with open(path) as f:
+                saved = json.load(f)
+            print(path)
+            print_table(saved, args.target_loss)
+            print_speed_table(saved)
+        return 0
     for rate in args.rates:
         if rate != "unlimited":
             _rate_bits(rate)
@@ -545,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if results:
             print_table(results, args.target_loss)
+            print_speed_table(results)
         if args.json and results:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
@@ -613,6 +676,10 @@ def worker(spec_path: str) -> int:
             losses.append(float(loss.detach()))
             return out
 
+    intervals: list[tuple[float, float, int]] = []  # (seconds since start, mean loss of all workers, tokens) per sync
+    nodes = int(os.environ.get("WORLD_SIZE", "1")) // spec["ranks_per_node"]
+    half_speed = spec["slow"] and node == nodes - 1
+
     class Meter(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             if dist.is_initialized():
@@ -620,10 +687,20 @@ def worker(spec_path: str) -> int:
             marks["tx0"], marks["t0"] = tx_bytes(), time.perf_counter()
             sampler.start()
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            marks["step"] = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if half_speed:  # an injected delay as long as the step's own work: this node runs at half speed
+                time.sleep(time.perf_counter() - marks["step"])
+
         def on_step_end(self, args, state, control, **kwargs):
             now = time.perf_counter()
             step_ends.append(now)
             loss_times.append(now - marks["t0"])
+            records = autoloco.engine.records if autoloco is not None else []
+            if len(records) > len(intervals):
+                intervals.append((now - marks["t0"], records[-1].mean_loss, records[-1].tokens))
 
         def on_train_end(self, args, state, control, **kwargs):
             marks["t1"] = time.perf_counter()
@@ -640,6 +717,7 @@ def worker(spec_path: str) -> int:
             h_base=spec["h_base"],
             wire_dtype=spec["wire_dtype"],
             ranks_per_worker=spec["ranks_per_worker"],
+            pacing=spec["pacing"],
         )
         if spec["method"] == "autoloco":
             q_h = max(1, spec["h_base"] // 5)
@@ -699,6 +777,8 @@ def worker(spec_path: str) -> int:
         tx_samples=len(sampler.samples),
         fragments=autoloco.engine.config.fragments if autoloco is not None else 0,
         fragment_payload_bytes=list(getattr(autoloco.engine, "fragment_payload_bytes", [])) if autoloco else [],
+        intervals=intervals,
+        worker_steps=autoloco.engine.records[-1].worker_steps if autoloco and autoloco.engine.records else None,
     )
     with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
         json.dump(result, f)
