@@ -69,7 +69,7 @@ from autoloco_hf.cli.report import (
     moving_average,
     write_plots,
 )
-from autoloco_hf.config import Controller
+from autoloco_hf.config import Controller, Method
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE = 2  # windows per worker per step (the demo uses 8; quartered for the CPU budget)
@@ -400,7 +400,9 @@ def variant_config(variant: Variant, steps: int) -> Any:
     if variant.h_max_factor:
         overrides["h_max"] = int(variant.h_max_factor * h_base) // q_h * q_h
     factor = variant.h_base_factor
-    return demo.scaled_config(variant.method, steps, factor * h_base, q_h=factor * q_h, **overrides)
+    if demo.method_of(variant.method) == Method.AUTOLOCO:  # the only method whose horizons round to q_H
+        overrides["q_h"] = factor * q_h
+    return demo.scaled_config(variant.method, steps, factor * h_base, **overrides)
 
 
 def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corpus) -> None:

@@ -183,8 +183,8 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
     from autoloco_hf.sync.communicators import SimulatedCommunicator
 
     method = "autoloco" if variant.treatment is Treatment.PAPER_CORRECTION else "diloco"
-    overrides = dict(outer_momentum=0.7) if method == "diloco" else dict(map_tokens=False)
-    config = demo.scaled_config(method, args.steps, variant.schedule.before, q_h=1, **overrides)
+    overrides = dict(outer_momentum=0.7) if method == "diloco" else dict(map_tokens=False, q_h=1)
+    config = demo.scaled_config(method, args.steps, variant.schedule.before, **overrides)
     val = replicate.eval_subset(corpus.splits.val, demo.SEQ_LEN, args.val_windows)
     model = tiny_llama(
         len(corpus.tokenizer), replicate.HIDDEN, replicate.LAYERS, replicate.HEADS,

@@ -47,10 +47,8 @@ def tiny_args(out, tokenizer_dir, tiny_llama_config, text_files, config="c4_auto
         "3e-3",
         "--autoloco",
         "h_base=2",
-        "--autoloco",
-        "q_h=1",
-        "--autoloco",
-        "h_max=3",
+        # AutoLoCo's horizon grid and its rule's range (DiLoCo and DDP have neither)
+        *(["--autoloco", "q_h=1", "--autoloco", "h_max=3"] if "autoloco" in config else []),
     ]
 
 
