@@ -188,7 +188,8 @@ def comparable(records):
 def test_resume_mid_interval_continues_the_same_trajectory(method):
     """docs/algorithm.md §8.2: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
     steps, interrupt = 90, 45
-    config = AutoLoCoConfig(method=method, h_base=4, q_h=2, h_max=8)
+    horizons = dict(q_h=2, h_max=8) if method == "autoloco" else {}  # AutoLoCo's grid and its rule's range
+    config = AutoLoCoConfig(method=method, h_base=4, **horizons)
     kwargs = dict(padded=True, warmup=8)
     uninterrupted = train(config, steps, **kwargs)
 
