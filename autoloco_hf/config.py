@@ -713,8 +713,10 @@ _INTERVALS = Scope("an interval method (method='ddp' averages gradients every st
 # they are refused at construction, naming where they apply. Defaults pass (a field set to its default is
 # indistinguishable from one left unset). Rule options need no entry: each rule's Options holds only its own.
 FIELD_SCOPES: dict[str, Scope] = {
-    # q_h, h_min and h_max stay unchecked: every method validates them as one horizon domain (tests and
-    # benchmarks share one domain across methods), though only AutoLoCo's policy reads them
+    # the horizon grid: AutoLoCo's token mapper and interval lengths round to q_h; only a horizon rule reads
+    # h_min and h_max (fixed DiLoCo, QSR and Linear set their horizons from h_base, qsr_* and linear_increment)
+    "q_h": _AUTOLOCO,
+    **dict.fromkeys(("h_min", "h_max"), _RULE),
     "adaptive_horizon": _AUTOLOCO,
     **dict.fromkeys(("map_tokens", "token_calibration_intervals", "token_ema_beta"), _AUTOLOCO),
     # the outer correction (docs/algorithm.md §4) runs for AutoLoCo only

@@ -30,18 +30,22 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "algorithm"))
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [BENCHMARKS, os.path.join(os.path.dirname(BENCHMARKS), "tests", "algorithm")]
 from controller_streams import SCENARIOS, Kind, Scenario  # noqa: E402
+from rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
 
-from autoloco_hf.config import AutoLoCoConfig  # noqa: E402
+from autoloco_hf.config import RECIPES, AutoLoCoConfig  # noqa: E402
 
-# the descent rule as first measured here: from 4 h_base, gain 1, unguarded (the SFT recipe's h_base is 100);
-# "default" is the library's default rule (descent from 2 h_base, gain 0.9, guarded); "paper" the paper's
-FIRST_DESCENT: dict[str, Any] = dict(controller="descent", h_max=400, rule_options={"gain": 1.0, "drift_guard": False})
+H_BASE = RECIPES["sft"]["h_base"]  # the scenarios' recipe
 
 
-def descent(h_max: int = 400, **options: Any) -> dict[str, Any]:
-    return dict(FIRST_DESCENT, h_max=h_max, rule_options={**FIRST_DESCENT["rule_options"], **options})
+def descent(h_max: int = FIRST_DESCENT_H_MAX_FACTOR * H_BASE, **options: Any) -> dict[str, Any]:
+    """The descent rule as first measured (rule_settings.FIRST_DESCENT), up to ``h_max``, ``options`` on top.
+
+    "default" below is the library's default rule (descent from 2 h_base, gain 0.9, guarded); "paper" the paper's.
+    """
+    return {**first_descent(**options), "h_max": h_max}
 
 
 COLUMNS: dict[str, dict[str, Any]] = {
@@ -54,9 +58,9 @@ COLUMNS: dict[str, dict[str, Any]] = {
     "descent": descent(),
     "descent_guard": descent(drift_guard=True),
     "descent_guard_k0.9": descent(drift_guard=True, gain=0.9),
-    "descent_k0.9_hmax2": descent(200, gain=0.9),  # from 2 h_base
-    "descent_guard_k0.9_hmax2": descent(200, drift_guard=True, gain=0.9),
-    "descent_guard_k0.5_hmax2": descent(200, drift_guard=True, gain=0.5),
+    "descent_k0.9_hmax2": descent(2 * H_BASE, gain=0.9),  # from 2 h_base
+    "descent_guard_k0.9_hmax2": descent(2 * H_BASE, drift_guard=True, gain=0.9),
+    "descent_guard_k0.5_hmax2": descent(2 * H_BASE, drift_guard=True, gain=0.5),
     "descent_k0.9_probe": descent(gain=0.9, start_probe=1.85),
     "descent_guard_k0.9_probe": descent(drift_guard=True, gain=0.9, start_probe=1.85),
 }

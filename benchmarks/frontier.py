@@ -46,7 +46,7 @@ import replicate  # noqa: E402  (the corpus, the model and the run machinery are
 
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_llama  # noqa: E402
-from autoloco_hf.config import ValueEnum  # noqa: E402
+from autoloco_hf.config import Method, ValueEnum  # noqa: E402
 
 SUMMARY, STEPS_GZ, INTERVALS_GZ = replicate.SUMMARY, replicate.STEPS_GZ, replicate.INTERVALS_GZ
 REFERENCE = "autoloco"  # the variant the others are paired against (the paper's rule at its defaults)
@@ -196,6 +196,9 @@ def make_sampler(regime: Regime, corpus: replicate.Corpus, args: argparse.Namesp
 
 
 def point_config(point: Point, steps: int) -> Any:
+    """The point's config; q_H (H_base / 10 for the paper's AutoLoCo, else 1) where it applies, AutoLoCo's only."""
+    if demo.method_of(point.method) != Method.AUTOLOCO:
+        return demo.scaled_config(point.method, steps, point.h_base, **point.overrides)
     q_h = max(1, point.h_base // 10) if point.method == "autoloco" else 1
     return demo.scaled_config(point.method, steps, point.h_base, q_h=q_h, **point.overrides)
 

@@ -96,7 +96,7 @@ def probe_seconds_per_step(sizes: Sizes, corpus: replicate.Corpus, device: torch
     model = tiny_llama(
         len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
     )
-    config = demo.scaled_config("diloco", sizes.steps, max(2, sizes.steps // 100), q_h=1)
+    config = demo.scaled_config("diloco", sizes.steps, max(2, sizes.steps // 100))
     workers = LocalWorkers(
         config,
         model.to(device),

@@ -82,7 +82,9 @@ def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> di
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     warmup = max(1, round(0.02 * args.steps))
-    config = AutoLoCoConfig(h_base=args.h_base, q_h=args.q_h, warmup_steps=warmup, **VARIANTS[name][1])
+    fields = VARIANTS[name][1]
+    grid = {"q_h": args.q_h} if fields["method"] == "autoloco" else {}  # only AutoLoCo's horizons round to q_H
+    config = AutoLoCoConfig(h_base=args.h_base, warmup_steps=warmup, **grid, **fields)
     schedule = warmup_cosine(1.0, warmup, args.steps)
     model = tiny_llama(VOCAB, HIDDEN, LAYERS, HEADS, max_position_embeddings=SEQ_LEN, seed=seed)
     workers = LocalWorkers(

@@ -69,7 +69,10 @@ from autoloco_hf.cli.report import (
     moving_average,
     write_plots,
 )
-from autoloco_hf.config import Controller
+from autoloco_hf.config import Controller, Method
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH_SIZE = 2  # windows per worker per step (the demo uses 8; quartered for the CPU budget)
@@ -215,17 +218,12 @@ def pin_paper_rule(variant: Variant) -> Variant:
     return replace(variant, overrides={**variant.overrides, "controller": Controller.PAPER})
 
 
-# the descent rule as these tables first ran it (from 4 H_base, unguarded, outer momentum 0.7: its defaults
-# before it became the library's default rule), at gain 1 and at gain 0.9 with the start probe (§5.6)
-FIRST_DESCENT = {"controller": Controller.DESCENT, "descent_drift_guard": False, "outer_momentum": 0.7}
+# the descent rule as these tables first ran it (rule_settings.FIRST_DESCENT: from 4 H_base, gain 1, unguarded,
+# outer momentum 0.7), and at gain 0.9 with the start probe (§5.6)
 DESCENT_RULES: dict[str, tuple[str, dict[str, Any]]] = {
-    "_descent": ("descent rule", {**FIRST_DESCENT, "descent_gain": 1.0}),
-    "_probe": (
-        "descent rule, gain 0.9, start probe 1.85",
-        {**FIRST_DESCENT, "descent_gain": 0.9, "descent_start_probe": 1.85},
-    ),
+    "_descent": ("descent rule", first_descent()),
+    "_probe": ("descent rule, gain 0.9, start probe 1.85", first_descent(gain=0.9, start_probe=1.85)),
 }
-FIRST_DESCENT_H_MAX_FACTOR = 4.0
 RULES = ("", *DESCENT_RULES)  # row-name suffixes: the paper's rule, then each descent setting
 
 
@@ -400,7 +398,9 @@ def variant_config(variant: Variant, steps: int) -> Any:
     if variant.h_max_factor:
         overrides["h_max"] = int(variant.h_max_factor * h_base) // q_h * q_h
     factor = variant.h_base_factor
-    return demo.scaled_config(variant.method, steps, factor * h_base, q_h=factor * q_h, **overrides)
+    if demo.method_of(variant.method) == Method.AUTOLOCO:  # the only method whose horizons round to q_H
+        overrides["q_h"] = factor * q_h
+    return demo.scaled_config(variant.method, steps, factor * h_base, **overrides)
 
 
 def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corpus) -> None:

@@ -23,17 +23,15 @@ frontier.py writes them); a rerun skips finished runs::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,11 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import frontier  # noqa: E402
 import replicate  # noqa: E402
 
-from autoloco_hf.algorithm.policies import IntervalPolicy  # noqa: E402
+from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval, PolicyFactory  # noqa: E402
+from autoloco_hf.algorithm.schedule import LRSchedule  # noqa: E402
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import eval_windows, mean_loss, tiny_llama  # noqa: E402
 from autoloco_hf.cli.report import RunWriter  # noqa: E402
-from autoloco_hf.config import ValueEnum  # noqa: E402
+from autoloco_hf.config import AutoLoCoConfig, ValueEnum  # noqa: E402
+from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf.sync.outer import OuterOptimizer  # noqa: E402
 
 
 class Treatment(ValueEnum):
@@ -115,17 +116,17 @@ class Variant:
 class ScheduledPolicy(IntervalPolicy):
     """An open-loop horizon schedule; remembers each planned interval so the treatments can see the change."""
 
-    def __init__(self, schedule_preview: Any, total_steps: int, h_base: int, plan: Schedule | Replay) -> None:
+    def __init__(self, schedule_preview: LRSchedule, total_steps: int, h_base: int, plan: Schedule | Replay) -> None:
         super().__init__(schedule_preview, total_steps, h_base)
         self.plan = plan
         self.planned: list[tuple[int, int, bool]] = []  # (start, h_step, truncated)
-        self.on_switch: list[Any] = []
+        self.on_switch: list[Callable[[], object]] = []  # called when the planned horizon changes
 
     def _length(self, start_step: int) -> tuple[int, int]:
         h = self.plan.horizon(start_step)
         return h, h
 
-    def next_interval(self, start_step: int, min_steps: int = 1):
+    def next_interval(self, start_step: int, min_steps: int = 1) -> NextInterval:
         interval = super().next_interval(start_step, min_steps)
         if self.planned and interval.h_step != self.planned[-1][1] and not interval.truncated:
             for hook in self.on_switch:
@@ -141,37 +142,29 @@ class ScheduledPolicy(IntervalPolicy):
         return start >= switch and not truncated and (len(self.planned) < 2 or self.planned[-2][0] < switch)
 
 
-@contextlib.contextmanager
-def scheduled(plan: Schedule | Replay, holder: list[ScheduledPolicy]) -> Iterator[None]:
-    """Engines built inside get ``plan`` as their interval policy (the product has no horizon-schedule method)."""
-    import autoloco_hf.sync.engine as engine_module
+def scheduled(plan: Schedule | Replay) -> PolicyFactory:
+    """The engine's policy factory for ``plan`` (the product has no horizon-schedule method)."""
 
-    original = engine_module.make_policy
+    def make(
+        config: AutoLoCoConfig, schedule_preview: LRSchedule, total_steps: int, warmup_steps: int
+    ) -> IntervalPolicy:
+        return ScheduledPolicy(schedule_preview, total_steps, config.h_base, plan)
 
-    def make(config: Any, schedule_preview: Any, total_steps: int, warmup_steps: int) -> ScheduledPolicy:
-        holder.append(ScheduledPolicy(schedule_preview, total_steps, config.h_base, plan))
-        return holder[-1]
-
-    engine_module.make_policy = make
-    try:
-        yield
-    finally:
-        engine_module.make_policy = original
+    return make
 
 
-def treat(workers: Any, policy: ScheduledPolicy, treatment: Treatment) -> None:
-    """Install ``treatment`` on the engine's outer optimizer (or the inner optimizers)."""
+def treat(workers: LocalWorkers, treatment: Treatment) -> None:
+    """Install ``treatment`` through the engine's hooks: on the outer momentum, or the inner optimizers."""
+    policy = workers.engine.policy
+    assert isinstance(policy, ScheduledPolicy)
     if treatment is Treatment.INNER_RESET:
         policy.on_switch.append(lambda: [opt.state.clear() for opt in workers.optimizers])
         return
     if treatment not in (Treatment.MOMENTUM_RESET, Treatment.MOMENTUM_RESCALE):
         return
-    outer = workers.engine.outer
-    step, last_norm = outer.step, [None]
+    last_norm: list[float | None] = [None]
 
-    def treated_step(
-        mean: torch.Tensor, lr: float, momentum: float, grad_divisor: float | None = None, fragment: int = 0
-    ) -> None:
+    def before_outer_step(interval: NextInterval, mean: torch.Tensor, outer: OuterOptimizer) -> None:
         norm = float(mean.norm())
         buffer = outer.momentum_buffer
         if buffer is not None and policy.first_after_switch():
@@ -180,20 +173,18 @@ def treat(workers: Any, policy: ScheduledPolicy, treatment: Treatment) -> None:
             elif last_norm[0]:
                 buffer.mul_(norm / last_norm[0])
         last_norm[0] = norm
-        step(mean, lr, momentum, grad_divisor, fragment)
 
-    outer.step = treated_step
+    workers.engine.before_outer_step.append(before_outer_step)
 
 
 def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Corpus, args: argparse.Namespace) -> dict:
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
 
     method = "autoloco" if variant.treatment is Treatment.PAPER_CORRECTION else "diloco"
-    overrides = dict(outer_momentum=0.7) if method == "diloco" else dict(map_tokens=False)
-    config = demo.scaled_config(method, args.steps, variant.schedule.before, q_h=1, **overrides)
+    overrides = dict(outer_momentum=0.7) if method == "diloco" else dict(map_tokens=False, q_h=1)
+    config = demo.scaled_config(method, args.steps, variant.schedule.before, **overrides)
     val = replicate.eval_subset(corpus.splits.val, demo.SEQ_LEN, args.val_windows)
     model = tiny_llama(
         len(corpus.tokenizer), replicate.HIDDEN, replicate.LAYERS, replicate.HEADS,
@@ -202,19 +193,18 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
     sampler_args = argparse.Namespace(batch_size=args.batch_size, workers=args.workers, max_docs=args.max_docs)
     sampler = frontier.make_sampler(frontier.Regime.IID, corpus, sampler_args, seed)
     writer = RunWriter(str(folder), variant.name)
-    holder: list[ScheduledPolicy] = []
     plan = variant.schedule.for_seed(seed, args.frontier)
-    with scheduled(plan, holder):
-        workers = LocalWorkers(
-            config,
-            model,
-            SimulatedCommunicator(args.workers),
-            optimizer_factory=lambda p: torch.optim.AdamW(p, lr=demo.PEAK_LR, weight_decay=demo.WEIGHT_DECAY),
-            scheduler_factory=lambda o: get_cosine_schedule_with_warmup(o, demo.warmup_steps(args.steps), args.steps),
-            total_steps=args.steps,
-            records_path=writer.intervals_path,
-        )
-    treat(workers, holder[0], variant.treatment)
+    workers = LocalWorkers(
+        config,
+        model,
+        SimulatedCommunicator(args.workers),
+        optimizer_factory=lambda p: torch.optim.AdamW(p, lr=demo.PEAK_LR, weight_decay=demo.WEIGHT_DECAY),
+        scheduler_factory=lambda o: get_cosine_schedule_with_warmup(o, demo.warmup_steps(args.steps), args.steps),
+        total_steps=args.steps,
+        records_path=writer.intervals_path,
+        policy_factory=scheduled(plan),
+    )
+    treat(workers, variant.treatment)
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])

@@ -134,12 +134,12 @@ class Streams:
 
 def run_one(workers: int, profile: Profile, seed: int, variant: Variant, args: argparse.Namespace) -> dict:
     speeds, changes = speeds_of(profile, workers, seed, args.steps)
-    rule = {"controller": "paper"} if variant.method == "autoloco" else {}  # the committed runs' rule
+    # the committed runs' rule, on AutoLoCo's horizon grid (DiLoCo has none)
+    rule = {"controller": "paper", "q_h": 1} if variant.method == "autoloco" else {}
     config = AutoLoCoConfig(
         method=variant.method,
         **rule,
         h_base=args.h_base,
-        q_h=1,
         pacing=variant.pacing,
         worker_speeds=speeds,
         speed_changes=changes or None,

@@ -733,7 +733,9 @@ def worker(spec_path: str) -> int:
                 )
         if spec["fragments"]:  # streaming rows: H never below h_base, every fragment's merge before the next sync
             fragments = spec["fragments"]
-            config.update(fragments=fragments, h_min=spec["h_base"])
+            config["fragments"] = fragments
+            if spec["method"] == "autoloco":
+                config["h_min"] = spec["h_base"]
             if spec["overlap"] != "none":
                 config["overlap_steps"] = min(spec["overlap_steps"], spec["h_base"] // fragments - 1)
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)

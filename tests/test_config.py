@@ -321,6 +321,13 @@ def test_to_dict_from_dict_round_trip() -> None:
     assert AutoLoCoConfig.from_dict(d) == c
 
 
+@pytest.mark.parametrize("method", [m.value for m in Method])
+def test_every_method_round_trips_its_derived_horizon_fields(method: str) -> None:
+    """q_h, h_min and h_max come back at the values they derived, which count as unset where nothing reads them."""
+    c = AutoLoCoConfig(method=method, h_base=40)
+    assert AutoLoCoConfig.from_dict(c.to_dict()) == c
+
+
 def test_from_dict_rejects_unknown_fields() -> None:
     with pytest.raises(ConfigError) as err:
         AutoLoCoConfig.from_dict({"h_bse": 500, "q_hh": 5})
@@ -431,6 +438,41 @@ def test_unequal_speed_settings_are_refused_naming_the_option(kwargs: dict, mess
     with pytest.raises(ConfigError, match=message) as caught:
         AutoLoCoConfig(**kwargs)
     assert "\n" not in str(caught.value)
+
+
+RULE_ONLY = "it only applies with method='autoloco' and adaptive_horizon=True (a horizon rule runs): remove it"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method="diloco", h_max=40), f"h_max=40 is invalid: {RULE_ONLY} (here method=diloco)"),
+        (dict(method="qsr", h_base=10, h_min=5), f"h_min=5 is invalid: {RULE_ONLY} (here method=qsr)"),
+        (dict(method="linear", h_max=20), f"h_max=20 is invalid: {RULE_ONLY} (here method=linear)"),
+        (dict(adaptive_horizon=False, h_max=1000), f"h_max=1000 is invalid: {RULE_ONLY} (here method=autoloco)"),
+        (
+            dict(method="diloco", h_base=20, q_h=1),
+            "q_h=1 is invalid: it only applies with method='autoloco': remove it (here method=diloco)",
+        ),
+        (
+            dict(method="ddp", q_h=25),
+            "q_h=25 is invalid: it only applies with method='autoloco': remove it (here method=ddp)",
+        ),
+    ],
+)
+def test_a_horizon_field_is_refused_where_nothing_reads_it(kwargs: dict, message: str) -> None:
+    """Only AutoLoCo rounds horizons to q_h, only a horizon rule reads h_min and h_max: elsewhere they do nothing."""
+    with pytest.raises(ConfigError) as caught:
+        AutoLoCoConfig(**kwargs)
+    assert str(caught.value) == f"AutoLoCoConfig.{message}"
+
+
+def test_the_horizon_fields_are_taken_where_they_are_read() -> None:
+    rule = AutoLoCoConfig(controller="paper", h_base=100, q_h=20, h_min=60, h_max=200)
+    assert (rule.q_h, rule.h_min, rule.h_max) == (20, 60, 200)
+    assert AutoLoCoConfig(adaptive_horizon=False, h_base=100, q_h=20).q_h == 20  # the token mapper's grid
+    diloco = AutoLoCoConfig(method="diloco", h_base=100, q_h=10, h_min=100, h_max=150)  # the values it derives
+    assert (diloco.q_h, diloco.h_min, diloco.h_max) == (10, 100, 150)
 
 
 def test_speeds_are_normalized_and_round_trip() -> None:

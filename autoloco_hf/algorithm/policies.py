@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -273,13 +274,19 @@ class AutoLoCoPolicy(IntervalPolicy):
         self.mapper.load_state_dict(state["mapper"])
 
 
+PolicyFactory = Callable[[AutoLoCoConfig, LRSchedule, int, int], IntervalPolicy]
+"""``(config, schedule, total_steps, warmup_steps) -> policy``: how an engine gets its interval policy
+(:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of ``benchmarks/switch_cost.py``)."""
+
+
 def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
     """The horizon rule registered as ``config.controller`` (docs/algorithm.md §5.7)."""
     return config.rule(config, warmup_steps=warmup_steps)
 
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:
-    """The interval policy of ``config.method`` (not defined for DDP, which has no intervals)."""
+    """The interval policy of ``config.method`` (not defined for DDP, which has no intervals); the engine's default
+    :data:`PolicyFactory`."""
     if config.method == Method.DILOCO:
         return FixedPolicy(schedule, total_steps, config.h_base)
     if config.method == Method.AUTOLOCO:

@@ -87,6 +87,11 @@ def build_setup(seed: int) -> DemoSetup:
     return DemoSetup(tokenizer, splits, model)
 
 
+def method_of(name: str) -> Method:
+    """The ``AutoLoCoConfig.method`` of the demo method ``name`` (only AutoLoCo's horizons round to ``q_H``)."""
+    return METHODS[name][1]["method"]
+
+
 def scaled_config(method: str, steps: int, h_base: int, **overrides: Any) -> AutoLoCoConfig:
     """The method's config at the demo scale (``q_H`` and ``H_max`` follow ``H_base`` by default).
 

@@ -311,7 +311,8 @@ def check_layout(
 def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> None:
     """Refuse a state whose algorithm settings differ from this run's (the one rule for every resume path)."""
     saved, current = _jsonable(saved), _config_json(config)
-    for name, value in sorted(saved.items()):
+    # the method first: which other fields apply depends on it (another method's differ in fields it lacks)
+    for name, value in sorted(saved.items(), key=lambda item: (item[0] != "method", item[0])):
         if name in RESUMABLE_CONFIG_FIELDS or name not in current:
             continue  # a field this version no longer has cannot change what it computes
         if value != current[name]:

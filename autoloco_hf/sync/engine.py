@@ -55,7 +55,7 @@ import torch
 
 from autoloco_hf.algorithm.controller import ControllerDecision
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
-from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, make_policy
+from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, PolicyFactory, make_policy
 from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth, interval_statistics
@@ -75,6 +75,7 @@ __all__ = [
     "BoundaryListener",
     "InFlight",
     "IntervalEngine",
+    "OuterStepHook",
     "SyncSchedule",
     "TooManyInvalidIntervals",
     "WorkerDisagreement",
@@ -84,6 +85,11 @@ logger = logging.getLogger("autoloco_hf")
 
 BoundaryListener = Callable[[IntervalRecord], None]
 """Called with every interval's record once the boundary is complete (JSONL writer, loggers, state persistence)."""
+
+OuterStepHook = Callable[[NextInterval, torch.Tensor, OuterOptimizer], None]
+"""Called with the interval, its mean pseudo-gradient and the outer optimizer right before each outer step that
+runs (streaming fragments: each fragment's, with its part of the mean); it may change the outer state, as the
+ablations of ``benchmarks/switch_cost.py`` do to the momentum."""
 
 
 class TooManyInvalidIntervals(RuntimeError):
@@ -390,6 +396,10 @@ class IntervalEngine:
         optimizers: the inner optimizers; non-finite state is reset after an invalid interval.
         records_path: JSONL file for per-interval records (write it on one rank).
         on_record: called with every :class:`IntervalRecord`.
+        policy_factory: builds the interval policy (default :func:`~autoloco_hf.algorithm.policies.make_policy`,
+            the one of ``config.method``).
+
+    ``listeners`` (:data:`BoundaryListener`) and ``before_outer_step`` (:data:`OuterStepHook`) take more callbacks.
     """
 
     averages_gradients = False
@@ -407,6 +417,7 @@ class IntervalEngine:
         optimizers: Sequence[torch.optim.Optimizer] = (),
         records_path: str | None = None,
         on_record: BoundaryListener | None = None,
+        policy_factory: PolicyFactory = make_policy,
     ) -> None:
         check_workers(config, models, communicator, total_steps)
         if not config.is_interval_method:
@@ -430,11 +441,12 @@ class IntervalEngine:
         self.records: list[IntervalRecord] = []
         self.writer = JsonlWriter(records_path) if records_path else None
         self.listeners: list[BoundaryListener] = [f for f in (self.writer and self.writer.write, on_record) if f]
+        self.before_outer_step: list[OuterStepHook] = []
         numel = sum(self.segment_sizes)
         self._fingerprint = config_fingerprint(config)
         broadcast_initial_parameters(communicator, self.worker_params)
         self._build_outer_state(numel)
-        self.policy = make_policy(config, schedule, total_steps, self.warmup_steps)
+        self.policy = policy_factory(config, schedule, total_steps, self.warmup_steps)
         self.pacer = make_pacer(config, communicator)
         self.step = 0
         self._lr_mass_warned = False
@@ -689,6 +701,8 @@ class IntervalEngine:
         if aggregate.valid:
             assert aggregate.mean is not None
             index = fragment.index if fragment is not None else 0
+            for hook in self.before_outer_step:
+                hook(interval, aggregate.mean, self.outer)
             if self.config.uses_nesterov_outer:
                 self.outer.step(
                     aggregate.mean, correction.outer_lr, correction.momentum, correction.grad_divisor, index

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.sync.communicators import Communicator
@@ -37,6 +38,7 @@ def make_engine(
     optimizers: Sequence[torch.optim.Optimizer] = (),
     records_path: str | None = None,
     on_record: BoundaryListener | None = None,
+    policy_factory: PolicyFactory = make_policy,
 ) -> Engine:
     """The engine of ``config.method``: gradient averaging for DDP, else intervals under ``config.overlap``'s schedule.
 
@@ -55,4 +57,5 @@ def make_engine(
         optimizers=optimizers,
         records_path=records_path,
         on_record=on_record,
+        policy_factory=policy_factory,
     )

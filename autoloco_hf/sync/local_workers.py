@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.config import AutoLoCoConfig
@@ -65,7 +66,7 @@ class LocalWorkers:
         total_steps: training budget in optimizer steps.
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
         max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
-        warmup_steps, records_path, on_record: passed to :func:`~autoloco_hf.sync.factory.make_engine`.
+        warmup_steps, records_path, on_record, policy_factory: passed to :func:`~autoloco_hf.sync.factory.make_engine`.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
             boundary (pass it on one process only); :meth:`close` waits for the last one.
 
@@ -88,6 +89,7 @@ class LocalWorkers:
         records_path: str | None = None,
         on_record: Callable[[IntervalRecord], None] | None = None,
         snapshot_dir: str | None = None,
+        policy_factory: PolicyFactory = make_policy,
     ) -> None:
         self.config = config
         self.models = [copy.deepcopy(model) for _ in range(communicator.local_workers)]
@@ -106,6 +108,7 @@ class LocalWorkers:
             optimizers=self.optimizers,
             records_path=records_path,
             on_record=on_record,
+            policy_factory=policy_factory,
         )
         self.clock = VirtualClock.of(config, communicator)
         self.snapshot: BoundarySnapshot | None = None

@@ -128,8 +128,8 @@ def test_make_policy_types() -> None:
 # ----------------------------------------------------------------- AutoLoCo
 def small_autoloco(**overrides) -> tuple[AutoLoCoPolicy, FunctionSchedule]:
     sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: only gamma_inc limits each step
-    rule = {"controller": "paper"} if overrides.get("adaptive_horizon", True) else {}
-    cfg = AutoLoCoConfig(**rule, h_base=100, q_h=10, h_max=150, **overrides)
+    rule = {"controller": "paper", "h_max": 150} if overrides.get("adaptive_horizon", True) else {}
+    cfg = AutoLoCoConfig(**rule, h_base=100, q_h=10, **overrides)
     return AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0), sched
 
 

@@ -101,7 +101,7 @@ def test_composes_with_training_arguments(tmp_path, capsys):
         WireDtype.BF16,
     )
     assert config.error_feedback is True and config.outer_lr == 0.7  # the rest keeps the config's defaults
-    assert autoloco.to_config(h_base=500, q_h=50, h_max=750).h_base == 100  # given fields win over a preset
+    assert autoloco.to_config(h_base=500).h_base == 100  # given fields win over a preset
     with pytest.raises(SystemExit) as exc:
         parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--autoloco_method", "dilco"])
     assert exc.value.code == 2

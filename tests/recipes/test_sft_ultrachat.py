@@ -148,10 +148,8 @@ def tiny_args(out, sft_files, config: str) -> list[str]:
         "4",
         "--autoloco",
         "h_base=2",
-        "--autoloco",
-        "q_h=1",
-        "--autoloco",
-        "h_max=3",
+        # AutoLoCo's horizon grid and its rule's range (DiLoCo has neither)
+        *(["--autoloco", "q_h=1", "--autoloco", "h_max=3"] if "autoloco" in config else []),
         "--autoloco",
         "outer_on_cpu=false",
     ]

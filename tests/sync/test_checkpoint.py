@@ -189,7 +189,7 @@ def test_incompatible_config_refused_runtime_fields_may_change(tmp_path):
     with pytest.raises(CheckpointError, match=rf"{NAME}: field config\.h_base=4 .* this run has h_base=8"):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=8))
     with pytest.raises(CheckpointError, match=r"field config\.method='autoloco' .* method='diloco'"):
-        read(path, config=AutoLoCoConfig(method="diloco", h_base=4, h_max=8))  # h_max: the descent rule's 2 h_base
+        read(path, config=AutoLoCoConfig(method="diloco", h_base=4))  # named before h_max (8 there, 6 without a rule)
     with pytest.raises(CheckpointError, match=r"field config\.outer_lr=0\.7"):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=4, outer_lr=0.5))
     read(

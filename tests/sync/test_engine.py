@@ -11,6 +11,7 @@ import torch
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.algorithm.policies import FixedPolicy
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
@@ -105,6 +106,34 @@ def test_reference_differs_when_momentum_differs():
     assert not torch.equal(next(runner.models[0].parameters()), next(reference[0].parameters()))
 
 
+def run_with_hook(hook, steps: int = 20) -> LocalWorkers:
+    """DiLoCo at H_base 5 whose engine gets a fixed horizon of 4 from ``policy_factory``, and ``hook`` before each outer step."""
+    config = AutoLoCoConfig(method="diloco", h_base=5, outer_momentum=0.7)
+    runner = train(config, steps, stop_after=0, policy_factory=lambda c, s, total, w: FixedPolicy(s, total, 4))
+    runner.engine.before_outer_step.append(hook)
+    for step in range(steps):
+        runner.train_step([batch_for(w, step) for w in range(2)])
+    return runner
+
+
+def test_an_experiment_sets_the_policy_and_sees_each_outer_step_without_patching_the_engine():
+    """The seam of benchmarks/switch_cost.py: the factory's policy runs, and a hook that only reads changes nothing."""
+    seen = []
+    runner = run_with_hook(
+        lambda interval, mean, outer: seen.append((interval.start_step, mean.numel() == outer.numel))
+    )
+    assert seen == [(0, True), (4, True), (8, True), (12, True), (16, True)]
+    reference = reference_diloco(steps=20, h=4, outer_lr=0.7, momentum=0.7)
+    for ours, theirs in zip(runner.models, reference):
+        for p, q in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(p, q)
+    # a hook may change the outer state before the step: zeroing the momentum moves the result
+    zeroed = run_with_hook(
+        lambda interval, mean, outer: outer.momentum_buffer is not None and outer.momentum_buffer.zero_()
+    )
+    assert not torch.equal(next(zeroed.models[0].parameters()), next(runner.models[0].parameters()))
+
+
 def test_replicas_identical_after_sync_and_differ_between():
     config = AutoLoCoConfig(method="diloco", h_base=5)
     runner = LocalWorkers(config, make_model(), SimulatedCommunicator(3), adamw, total_steps=10)
@@ -159,7 +188,8 @@ def comparable(records):
 def test_resume_mid_interval_continues_the_same_trajectory(method):
     """docs/algorithm.md §8.2: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
     steps, interrupt = 90, 45
-    config = AutoLoCoConfig(method=method, h_base=4, q_h=2, h_max=8)
+    horizons = dict(q_h=2, h_max=8) if method == "autoloco" else {}  # AutoLoCo's grid and its rule's range
+    config = AutoLoCoConfig(method=method, h_base=4, **horizons)
     kwargs = dict(padded=True, warmup=8)
     uninterrupted = train(config, steps, **kwargs)
 

@@ -26,9 +26,12 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    fields = {"method": "autoloco", "h_base": 4, "q_h": 2, "h_max": 8, **overrides}
-    if fields["method"] == "autoloco" and fields.get("adaptive_horizon", True):
-        fields.setdefault("controller", "paper")  # the rule these trajectories were written for
+    fields = {"method": "autoloco", "h_base": 4, **overrides}
+    if fields["method"] == "autoloco":  # its horizon grid; with a rule, its range and the rule of these trajectories
+        fields.setdefault("q_h", 2)
+        if fields.get("adaptive_horizon", True):
+            fields.setdefault("h_max", 8)
+            fields.setdefault("controller", "paper")
     return AutoLoCoConfig(**fields)
 
 

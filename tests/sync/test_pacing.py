@@ -64,7 +64,7 @@ def virtual_wall(records) -> float:
 )
 def test_equal_speeds_are_lockstep_bit_for_bit(method: str, workers: int, padded: bool) -> None:
     """Budget pacing at equal speeds takes one step each per step of the run, weighs equally: today's trajectory."""
-    common = dict(method=method, h_base=4, q_h=1, h_max=8)
+    common = dict(method=method, h_base=4, **(dict(q_h=1, h_max=8) if method == "autoloco" else {}))
     steps = 40
     lockstep = runner(AutoLoCoConfig(**common), workers, steps)
     for step in range(steps):
