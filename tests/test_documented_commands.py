@@ -206,6 +206,11 @@ UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out docs/re
 RUN[UNEQUAL_PROCESSES] = (
     UNEQUAL_PROCESSES + " --out processes_short.json --workers 2 --steps 10 --h-base 5 --delay-ms 1"
 )
+# the unequal-speed testbed's tables, from its committed JSON (no namespaces), as written
+TESTBED_TABLES = "python benchmarks/wan.py --from-json " + " ".join(
+    f"docs/results/unequal_speeds/testbed/run{k}.json" for k in (1, 2, 3)
+)
+RUN[TESTBED_TABLES] = TESTBED_TABLES
 ELSEWHERE = {
     "python -m pytest -q": ".ci/run runs the README's test command",
     "pytest tests/recipes -q": ".ci/run runs the whole suite (python -m pytest -q)",
