@@ -108,7 +108,9 @@ class AutoLoCoAccelerate:
         optimizer: the prepared optimizer.
         scheduler: the prepared LR scheduler, or ``None`` for a constant LR.
         config: the :class:`AutoLoCoConfig`.
-        total_steps: the budget in true optimizer steps; the last interval ends there.
+        total_steps: the budget in true optimizer steps; the last interval ends there. With
+            ``pacing="budget"`` it counts the run's steps (``N`` inner steps of the cluster each): loop over
+            :meth:`batches` until :attr:`finished` (docs/algorithm.md §13.6).
         warmup_steps: inner-LR warm-up (default ``config.warmup_steps`` or 0).
         output_dir: where the main process writes ``autoloco_intervals.jsonl`` (optional).
         auto_step: count optimizer steps with a post-step hook (default); ``False``: call :meth:`step`.
