@@ -107,7 +107,22 @@ def _run_local(
     script: str, spec: dict, nproc: int, timeout: float, max_restarts: int | None = None
 ) -> subprocess.CompletedProcess:
     cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts)
-    return subprocess.run(cmd, env=worker_env(max_restarts), capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(
+        cmd, env=worker_env(max_restarts), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # torchrun starts each worker in a session of its own, so killing the launcher would leave them
+            # running (and slowing every later test): SIGTERM makes it stop them first
+            proc.terminate()
+            try:
+                stdout, stderr = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0) -> list[dict]:
