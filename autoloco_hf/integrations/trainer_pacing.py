@@ -53,7 +53,6 @@ class BudgetTrainerSteps:
     def __init__(self, args: Any, workers: int) -> None:
         self.check(args)
         self.run_steps = int(args.max_steps)
-        self.workers = workers
         args.max_steps = self.run_steps * workers
         self.optimizer_steps = 0  # this rank's own, since train() began
         self._last_boundary = 0
