@@ -110,24 +110,11 @@ def test_diloco_zero_per_step_gradient_traffic(diloco):
 
 def test_trainer_path_equals_simulated_engine(diloco):
     """Same batches, seeds, optimizer and schedule: LocalWorkers + SimulatedCommunicator(2) gives the same bits."""
-    from trainer_worker import tiny_llama
-    from transformers import get_cosine_schedule_with_warmup
+    from trainer_worker import simulated_twin
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
 
-    torch.set_num_threads(1)
-    workers = LocalWorkers(
-        AutoLoCoConfig(method="diloco", h_base=4),
-        tiny_llama(0),
-        SimulatedCommunicator(2),
-        # the Trainer's default optimizer (optim="adamw_torch_fused", weight_decay 0.0)
-        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
-        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, STEPS),
-        total_steps=STEPS,
-        warmup_steps=2,
-    )
+    workers = simulated_twin(AutoLoCoConfig(method="diloco", h_base=4), STEPS)
     for step in range(STEPS):
         workers.train_step([diloco[0]["batches"][step], diloco[1]["batches"][step]])
     for worker, result in zip(workers.models, diloco):

@@ -134,23 +134,11 @@ def test_virtual_speeds_split_the_interval_by_speed(virtual):
 @pytest.mark.slow
 def test_trainer_path_equals_the_simulated_engine_at_unequal_speeds(virtual):
     """The same batches, in each rank's order: ``LocalWorkers.train_paced`` gives the Trainer's bits."""
-    from trainer_worker import tiny_llama
-    from transformers import get_cosine_schedule_with_warmup
+    from trainer_worker import simulated_twin
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
 
-    torch.set_num_threads(1)
-    workers = LocalWorkers(
-        AutoLoCoConfig(**BUDGET, worker_speeds=[1.0, 0.5]),
-        tiny_llama(0),
-        SimulatedCommunicator(2),
-        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
-        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, STEPS),
-        total_steps=STEPS,
-        warmup_steps=2,
-    )
+    workers = simulated_twin(AutoLoCoConfig(**BUDGET, worker_speeds=[1.0, 0.5]), STEPS)
     batches = [iter(result["batches"]) for result in virtual]
     for _ in range(STEPS):
         workers.train_paced(lambda worker: next(batches[worker]))

@@ -88,6 +88,29 @@ from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.integrations.resume import last_complete_checkpoint  # noqa: E402
 
 
+def simulated_twin(config: AutoLoCoConfig, steps: int):
+    """``LocalWorkers`` with 2 simulated workers set up as this script's Trainer is by default.
+
+    The Trainer's default optimizer (``optim="adamw_torch_fused"``, weight decay 0.0), lr 3e-3, cosine
+    schedule with 2 warm-up steps: fed the batches each rank consumed, it must give the Trainer's bits.
+    """
+    from transformers import get_cosine_schedule_with_warmup
+
+    from autoloco_hf.sync.communicators import SimulatedCommunicator
+    from autoloco_hf.sync.local_workers import LocalWorkers
+
+    torch.set_num_threads(1)
+    return LocalWorkers(
+        config,
+        tiny_llama(0),
+        SimulatedCommunicator(2),
+        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
+        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, steps),
+        total_steps=steps,
+        warmup_steps=2,
+    )
+
+
 def fingerprint(model: torch.nn.Module) -> float:
     flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
     w = torch.linspace(-1.0, 1.0, flat.numel(), dtype=torch.float64)

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 from _dist import run_gloo
+from test_overlap import config as overlap_config
 from test_overlap import runner_for  # the same toy run (STEPS 40, warm-up 4)
 from toy import TIMING_FIELDS, batch_for
 
@@ -26,13 +27,8 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    fields = {"method": "autoloco", "h_base": 4, "fragments": 2, **overrides}
-    if fields["method"] == "autoloco":  # its horizon grid; with a rule, its range and the rule of these trajectories
-        fields.setdefault("q_h", 2)
-        if fields.get("adaptive_horizon", True):
-            fields.setdefault("h_max", 8)
-            fields.setdefault("controller", "paper")
-    return AutoLoCoConfig(**fields)
+    """test_overlap's configuration of these trajectories, with 2 fragments unless told otherwise."""
+    return overlap_config(**{"fragments": 2, **overrides})
 
 
 def train(runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...], each_step=None) -> None:
