@@ -588,23 +588,20 @@ class AutoLoCoConfig:
             )
 
     def _check_pacing(self) -> None:
-        """Speeds as positive numbers, one list; budget pacing only where it is built (docs/algorithm.md §13)."""
+        """Speeds as positive numbers, one list, and the speed changes of those workers (docs/algorithm.md §13)."""
         if self.worker_speeds is not None:
             self.worker_speeds = _speed_list(self.worker_speeds)
         if self.speed_changes is not None:
             if self.worker_speeds is None:
                 _fail("speed_changes", self.speed_changes, "it changes worker_speeds: set worker_speeds too")
             self.speed_changes = _speed_changes(self.speed_changes, len(self.worker_speeds))
-        if self.pacing == Pacing.LOCKSTEP:
-            return
-        refusals = {
-            "overlap": (self.overlap != Overlap.NONE, "use overlap='none'"),
-            "fragments": (self.fragments > 1, "use fragments=1"),
-            "ranks_per_worker": (self.ranks_per_worker > 1, "use ranks_per_worker=1"),
-        }
-        for name, (refused, fix) in refusals.items():
-            if refused:
-                _fail(name, getattr(self, name), f"pacing='budget' is built for blocking whole-model syncs: {fix}")
+        if self.pacing == Pacing.BUDGET and self.ranks_per_worker > 1 and not self.hierarchical_sync:
+            _fail(
+                "hierarchical_sync",
+                self.hierarchical_sync,
+                "pacing='budget' with ranks_per_worker > 1 agrees a worker's speed over its ranks in the "
+                "hierarchical sync: use hierarchical_sync=True (the default)",
+            )
 
     # -- derived properties -------------------------------------------------
     @property

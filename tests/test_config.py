@@ -418,10 +418,11 @@ def test_method_properties(method: str, interval: bool, nesterov: bool, correcte
         (dict(worker_speeds=[1, 1], speed_changes="10:2:0.5"), r"^AutoLoCoConfig\.speed_changes=.*worker in 0\.\.1"),
         (dict(worker_speeds=[1, 1], speed_changes="10:1:0"), r"^AutoLoCoConfig\.speed_changes=.* > 0, got '0'"),
         (dict(worker_speeds=[1, 1], speed_changes="10:1"), r"^AutoLoCoConfig\.speed_changes=.* is not step:worker"),
-        (dict(pacing="budget", overlap="delayed"), r"^AutoLoCoConfig\.overlap='delayed' is invalid: pacing='budget'"),
-        (dict(pacing="budget", fragments=2), r"^AutoLoCoConfig\.fragments=2 is invalid: pacing='budget'"),
-        (dict(pacing="budget", ranks_per_worker=2), r"^AutoLoCoConfig\.ranks_per_worker=2 is invalid: pacing="),
         (dict(pacing="paced"), r"^AutoLoCoConfig\.pacing='paced' is invalid: use one of lockstep, budget"),
+        (
+            dict(pacing="budget", ranks_per_worker=2, hierarchical_sync=False, map_tokens=False),
+            r"^AutoLoCoConfig\.hierarchical_sync=False is invalid: pacing='budget' .* use hierarchical_sync=True",
+        ),
         (
             dict(straggler_fraction=0.3),
             r"^AutoLoCoConfig\.straggler_fraction=0\.3 .* only applies with pacing='budget'",

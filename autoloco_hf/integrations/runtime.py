@@ -275,9 +275,12 @@ class WorkerRuntime:
             self._account(0, None, 0.0)
 
     def _closes(self) -> bool:
-        """Whether the engine's next step of the run ends the interval."""
-        interval = self.engine.current_interval
-        return interval is None or self.engine.step + 1 >= interval.start_step + interval.h_step
+        """Whether the engine's next step of the run ends the interval (not one whose length waits for a merge)."""
+        engine = self.engine
+        interval = engine.current_interval
+        if interval is None:
+            return engine.in_flight is None
+        return engine.step + 1 >= interval.start_step + interval.h_step
 
     def _account(self, steps: int, lr: float | None, seconds: float | None) -> IntervalRecord | None:
         """One step of the run in which this rank took ``steps`` optimizer steps."""

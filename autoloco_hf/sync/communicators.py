@@ -258,6 +258,10 @@ class Communicator(ABC):
         """Float64 sums over this shard's ranks (squared norms, tokens, counts) -> sums over every rank of every worker."""
         return partial
 
+    def max_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        """Float64 maxima over this worker's ranks (the slowest rank's seconds, docs/algorithm.md §13.7)."""
+        return partial
+
     def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         """The whole flat model from this worker's shards (``shard`` covers :meth:`shard_range`)."""
         return shard
@@ -671,13 +675,20 @@ class HierarchicalCommunicator(Communicator):
         return balanced_parts(numel, self.ranks_per_worker)[self.rank_in_worker]
 
     def sum_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
-        # NCCL collectives take CUDA tensors only; the partial sums are a few float64 values
+        return sum_in_worker_order(self._gather_in_worker(partial)).cpu()
+
+    def max_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
+        return torch.stack(self._gather_in_worker(partial)).amax(dim=0).cpu().view_as(partial)
+
+    def _gather_in_worker(self, partial: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``partial`` of this worker, in rank order (a few float64 values)."""
+        # NCCL collectives take CUDA tensors only
         nccl = "nccl" in str(self.dist.get_backend(self.inner_group)).lower()
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         local = partial.to(device=device, dtype=torch.float64).reshape(-1).contiguous()
         gathered = [torch.empty_like(local) for _ in range(self.ranks_per_worker)]
         self.dist.all_gather(gathered, local, group=self.inner_group)
-        return sum_in_worker_order(gathered).cpu()
+        return gathered
 
     def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:
         """All-gather inside the worker; shards differ by at most one element, so they travel padded."""

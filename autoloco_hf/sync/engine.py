@@ -584,9 +584,12 @@ class IntervalEngine:
 
     # ------------------------------------------------------ the interval in flight
     def steps_due(self) -> list[int]:
-        """Inner steps each local worker takes at the next step of the run (docs/algorithm.md §13.1)."""
-        interval = self._interval
-        return self.pacer.steps_due(self.step - interval.start_step if interval is not None else 0)
+        """Inner steps each local worker takes at the next step of the run (docs/algorithm.md §13.1).
+
+        The position in the interval is the counters' step count: it also runs while an overlapped average
+        is in flight and the interval's length is not decided yet (§13.7).
+        """
+        return self.pacer.steps_due(self.counters.loss_count)
 
     def interval_ended(self) -> bool:
         interval = self._interval
@@ -752,7 +755,7 @@ class IntervalEngine:
         The pacer learns every worker's speed from the control messages here, before the next step (§13.1).
         """
         workers, labels = aggregate.control.workers, self.comm.worker_labels()
-        pace = self.pacer.observe([w.inner_steps for w in workers], [w.busy_seconds for w in workers], labels)
+        pace = self.pacer.observe(*self._worker_effort(workers), labels)
         record = IntervalRecord.build(
             index=len(self.records),
             interval=closed.interval,
@@ -786,6 +789,19 @@ class IntervalEngine:
         return record
 
     # ------------------------------------------------------------- helpers
+    def _worker_effort(self, workers: Sequence[ControlMessage]) -> tuple[list[float], list[float]]:
+        """Every worker's inner steps and busy seconds, the same numbers on every rank (§13.7).
+
+        A worker of several ranks that each sync a shard sees only its own rank's row of every other worker;
+        the worker's ranks take the same steps, and the seconds are the slowest rank's, so all ranks (and all
+        workers) adopt the same shares: a node is as fast as its slowest rank.
+        """
+        steps = [w.inner_steps for w in workers]
+        seconds = [w.busy_seconds for w in workers]
+        if self.comm.shards_per_worker == 1 or self.config.pacing == Pacing.LOCKSTEP:
+            return steps, seconds
+        return steps, self.comm.max_over_shards(torch.tensor(seconds, dtype=torch.float64)).tolist()
+
     def correction(self, interval: NextInterval) -> OuterCorrection:
         """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md §4)."""
         return correction_for(self.config, interval.lr_mass, interval.lr_mass_base)

@@ -161,7 +161,8 @@ class BudgetPacer:
         import torch  # here: the split itself is pure, and `autoloco plan --speeds` previews it without torch
 
         rows = [torch.tensor([n, n * m, n * n], dtype=torch.float64) for n, m in zip(steps, lr_masses)]
-        total, weighted_mass, squares = comm.sum_over_workers(rows).tolist()
+        # a worker of R ranks syncing shards counts its row once per rank (the ranks take the same steps)
+        total, weighted_mass, squares = (comm.sum_over_workers(rows) / comm.shards_per_worker).tolist()
         if total == 0 or total * total == self.num_workers * squares:
             return None
         rescale = lr_mass * total / weighted_mass if weighted_mass > 0 else 1.0

@@ -151,6 +151,65 @@ def test_trainer_path_equals_the_simulated_engine_at_unequal_speeds(virtual):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule",
+    [{"overlap": "delayed", "overlap_steps": 1}, {"fragments": 2, "overlap": "delayed", "overlap_steps": 1}],
+    ids=["delayed", "fragments-delayed"],
+)
+def test_overlapped_and_streaming_schedules_under_the_trainer_equal_the_simulated_engine(tmp_path, schedule):
+    """A merge lands one step after the boundary, where rank 1's share may be no step: it logs and saves there
+    with rank 0 (no hang), and the Trainer's bits are still the simulation's."""
+    from trainer_worker import simulated_twin
+
+    from autoloco_hf import AutoLoCoConfig
+
+    config = {**BUDGET, "worker_speeds": [1.0, 0.5], **schedule}
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": STEPS,
+        "logging_steps": 2,
+        "save_steps": 6,
+        "record_batches": True,
+        "max_grad_norm": 0.0,
+        "autoloco": config,
+    }
+    results = torchrun("trainer_worker.py", spec, nproc=2)
+    workers = simulated_twin(AutoLoCoConfig(**config), STEPS)
+    batches = [iter(result["batches"]) for result in results]
+    for _ in range(STEPS):
+        workers.train_paced(lambda worker: next(batches[worker]))
+    assert [r.worker_steps for r in workers.engine.records][2:] == [[5, 2]] * (len(workers.engine.records) - 2)
+    for worker, result in zip(workers.models, results):
+        for p_sim, p_trainer in zip(worker.parameters(), result["params"]):
+            assert torch.equal(p_sim, p_trainer)
+    assert [r["worker_steps"] for r in results[0]["records"]] == [r.worker_steps for r in workers.engine.records]
+    merged = {r["start_step"] + r["h_step"] + 1 for r in results[0]["records"]}  # overlap_steps after each boundary
+    logged = {entry["step"] for entry in results[0]["log_history"] if "loss" in entry}
+    assert logged and logged <= merged | {STEPS}
+    saved = sorted(int(name.split("-")[1]) for name in os.listdir(tmp_path) if name.startswith("checkpoint-"))
+    assert saved and set(saved) <= merged | {STEPS}
+
+
+@pytest.mark.slow
+def test_worker_groups_of_two_ranks_take_their_workers_share_together(tmp_path):
+    """4 ranks = 2 workers of 2 ranks (hierarchical sync), worker 1 at half speed: both ranks of a worker take its
+    share (inner DDP keeps them identical at every step) and all four end on the synchronized model."""
+    spec = {
+        "output_dir": str(tmp_path),
+        "steps": STEPS,
+        "autoloco": {**BUDGET, "worker_speeds": [1.0, 0.5], "ranks_per_worker": 2},
+    }
+    results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
+    assert [r["worker_steps"] for r in results[0]["records"]] == [[4, 4], [5, 2], [5, 2]]
+    assert [r["optimizer_steps"] for r in results] == [14, 14, 8, 8]
+    assert results[0]["fingerprints"] == results[1]["fingerprints"], "worker 0's ranks diverged"
+    assert results[2]["fingerprints"] == results[3]["fingerprints"], "worker 1's ranks diverged"
+    for result in results[1:]:
+        for a, b in zip(results[0]["params"], result["params"]):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.slow
 def test_a_slow_rank_takes_fewer_steps_and_logs_and_saves_at_boundaries(tmp_path):
     """A real slow rank (sleeps 60 ms a step, several times a step's compute): measured, not simulated."""
     spec = {

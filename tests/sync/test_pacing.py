@@ -58,13 +58,29 @@ def virtual_wall(records) -> float:
     return sum(max(r.worker_seconds) for r in records)
 
 
+# the overlapped and streaming schedules (docs/algorithm.md §11, §12) under budget pacing (§13.7)
+SCHEDULES = {
+    "delayed": dict(overlap="delayed", overlap_steps=3),
+    "eager": dict(overlap="eager"),
+    "fragments": dict(fragments=2),
+    "fragments_delayed": dict(fragments=2, overlap="delayed", overlap_steps=1),
+}
+
+
 @pytest.mark.parametrize(
-    "method, workers, padded",
-    [("diloco", 4, False), ("autoloco", 3, True)],
+    "method, workers, padded, schedule",
+    [
+        ("diloco", 4, False, {}),
+        ("autoloco", 3, True, {}),
+        *[("diloco", 4, False, s) for s in SCHEDULES.values()],
+        ("autoloco", 3, True, SCHEDULES["delayed"]),
+        ("autoloco", 3, True, SCHEDULES["fragments"]),
+    ],
+    ids=["diloco", "autoloco", *[f"diloco-{name}" for name in SCHEDULES], "autoloco-delayed", "autoloco-fragments"],
 )
-def test_equal_speeds_are_lockstep_bit_for_bit(method: str, workers: int, padded: bool) -> None:
+def test_equal_speeds_are_lockstep_bit_for_bit(method: str, workers: int, padded: bool, schedule: dict) -> None:
     """Budget pacing at equal speeds takes one step each per step of the run, weighs equally: today's trajectory."""
-    common = dict(method=method, h_base=4, **(dict(q_h=1, h_max=8) if method == "autoloco" else {}))
+    common = dict(method=method, h_base=4, **(dict(q_h=1, h_max=8) if method == "autoloco" else {}), **schedule)
     steps = 40
     lockstep = runner(AutoLoCoConfig(**common), workers, steps)
     for step in range(steps):
@@ -103,6 +119,26 @@ def test_one_worker_at_half_speed_splits_the_budget_and_shortens_the_wall() -> N
     budget_rate = sum(r.tokens for r in budget.engine.records) / virtual_wall(budget.engine.records)
     assert budget_rate >= 1.5 * lock_rate
     assert budget.engine.records[-1].mean_loss < first.mean_loss
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_overlapped_and_streaming_schedules_keep_the_split_while_an_average_is_in_flight(schedule: dict) -> None:
+    """Profile (a) with each schedule: the steps taken while the interval's length waits for a merge count towards
+    the interval's split, so from the third interval on every one is split 9, 9, 9, 4 as without overlap."""
+    workers, h, steps = 4, 8, 64
+    common = dict(method="diloco", h_base=h, worker_speeds=[1, 1, 1, 0.5], **schedule)
+    lock, _ = paced(AutoLoCoConfig(**common), workers, steps)
+    budget, draws = paced(AutoLoCoConfig(**common, pacing="budget"), workers, steps)
+    records = budget.engine.records
+    assert records[0].worker_steps == [h] * workers
+    assert [r.worker_steps for r in records[2:]] == [[9, 9, 9, 4]] * (len(records) - 2)
+    assert draws.taken == [sum(r.worker_steps[w] for r in records) for w in range(workers)]
+    steady, lock_steady = records[2:], lock.engine.records[2:]  # eager overlap learns the speeds one interval late
+    lock_rate = sum(r.tokens for r in lock_steady) / virtual_wall(lock_steady)
+    assert sum(r.tokens for r in steady) / virtual_wall(steady) >= 1.5 * lock_rate
+    assert all(r.outer_step_applied for r in records) and torch.isfinite(budget.engine.outer.params).all()
+    # the same steps of the run cost less virtual time and train no worse (the toy's loss drifts up in both)
+    assert records[-1].mean_loss <= lock.engine.records[-1].mean_loss + 0.05
 
 
 def test_log_normal_speeds_end_every_interval_together() -> None:
@@ -200,18 +236,25 @@ def test_tokens_that_disagree_with_steps_are_refused_before_the_average(tokens, 
     assert torch.equal(engine.outer.params.detach(), theta) and engine.outer.momentum_buffer is None
 
 
-def test_resume_mid_interval_keeps_the_measured_speeds() -> None:
-    """A checkpoint taken inside an interval after the speeds were measured resumes the same trajectory."""
+@pytest.mark.parametrize(
+    "schedule, until",
+    [({}, 20), (SCHEDULES["delayed"], 18), (SCHEDULES["eager"], 20), (SCHEDULES["fragments_delayed"], 20)],
+    ids=["blocking", "delayed-in-flight", "eager-in-flight", "fragment-in-flight"],
+)
+def test_resume_mid_interval_keeps_the_measured_speeds(schedule: dict, until: int) -> None:
+    """A checkpoint taken inside an interval after the speeds were measured (with an average in flight: the
+    steps since the boundary still count towards the split) resumes the same trajectory."""
     workers, steps = 4, 40
-    config = AutoLoCoConfig(method="diloco", h_base=8, pacing="budget", worker_speeds=[1, 1, 1, 0.5])
+    config = AutoLoCoConfig(method="diloco", h_base=8, pacing="budget", worker_speeds=[1, 1, 1, 0.5], **schedule)
     straight, _ = paced(config, workers, steps)
-    first, draws = paced(config, workers, steps, until=20)
+    first, draws = paced(config, workers, steps, until=until)
+    assert first.engine.in_flight is not None or not schedule
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
     resumed = runner(config, workers, steps)
     resumed.load_state_dict(torch.load(buffer, weights_only=False))
-    for _ in range(20, steps):
+    for _ in range(until, steps):
         resumed.train_paced(draws)
     assert [r.worker_steps for r in resumed.engine.records] == [r.worker_steps for r in straight.engine.records]
     assert torch.equal(resumed.engine.outer.params, straight.engine.outer.params)
