@@ -276,3 +276,41 @@ def test_with_two_workers_both_are_named_when_their_tokens_per_step_differ() -> 
         engine.after_optimizer_step(tokens=[10, 400], losses=[1.0] * 2, lr=1.0, steps=[1, 1])
     _, engine = linear_engine(config, 2)
     engine.after_optimizer_step(tokens=[10, 30], losses=[1.0] * 2, lr=1.0, steps=[1, 1])  # within 4x: padding
+
+
+@pytest.mark.parametrize("new_speeds", [[1, 1, 0.5], [1, 0.5, 1, 1]], ids=["3-workers", "4-workers-reordered"])
+def test_a_membership_change_measures_every_speed_afresh(tmp_path, new_speeds) -> None:
+    """Elastic resume from a boundary snapshot (docs/algorithm.md §8.5): no per-worker state crosses it, so the
+    first interval after it runs in lockstep and the next ones split by the speeds the new workers show."""
+    from autoloco_hf.sync.snapshot import latest_snapshot
+
+    h, steps = 8, 48
+    old_config = AutoLoCoConfig(method="diloco", h_base=h, pacing="budget", worker_speeds=[1, 1, 1, 0.5])
+    run = LocalWorkers(
+        old_config,
+        make_model(),
+        SimulatedCommunicator(4),
+        adamw,
+        scheduler_factory=cosine(steps, 0),
+        total_steps=steps,
+        snapshot_dir=str(tmp_path),
+    )
+    draws = Draws(4)
+    for _ in range(20):
+        run.train_paced(draws)
+    assert run.engine.records[-1].worker_steps == [9, 9, 9, 4]
+    run.close()
+    snapshot = latest_snapshot(str(tmp_path), old_config)
+    assert snapshot.step == 16
+    config = AutoLoCoConfig(method="diloco", h_base=h, pacing="budget", worker_speeds=new_speeds)
+    workers = len(new_speeds)
+    resumed = runner(config, workers, steps)
+    resumed.resume_from_snapshot(snapshot)
+    draws = Draws(workers)
+    for _ in range(snapshot.step, steps):
+        resumed.train_paced(draws)
+    after = [r.worker_steps for r in resumed.engine.records[len(snapshot.engine_state["records"]) :]]
+    expected = resumed.engine.pacer.split(h)
+    assert after[0] == [h] * workers, "the first interval after the change is unmeasured: lockstep"
+    assert after[1:] == [expected] * (len(after) - 1) and expected != [h] * workers
+    assert expected == [min(expected) if s < 1 else max(expected) for s in new_speeds]
