@@ -36,6 +36,9 @@ Rows (``--rows``):
 * ``stream[-int8]-f{1,2,4}[-delayed]`` (``STREAM_ROWS``): AutoLoCo with ``fragments = F``
   (docs/algorithm.md §12), ``h_min = h_base`` and the token mapper on; the delayed
   ones merge ``min(--overlap-steps, h_base // F - 1)`` steps after each fragment's sync.
+* ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
+  overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
+  ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %).
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
 training wall time the engine spent blocked in synchronization; ``steady %`` the
@@ -92,11 +95,22 @@ class Row:
     fragments: int = 0  # streaming rows (docs/algorithm.md §12): F fragments, h_min = h_base; 0: not a streaming row
     pacing: str = "lockstep"  # "budget": each node takes the steps its measured speed allows (docs/algorithm.md §13)
     slow: bool = False  # the last node runs at half speed: after each step's work it sleeps as long again
+    topk_fraction: float | None = None  # top-k sparsification of the wire (docs/algorithm.md §7)
+    error_feedback: bool = False
 
     @property
     def single(self) -> bool:
         return self.method == "none" and not self.every_node
 
+
+WIRES: dict[str, dict[str, Any]] = {
+    "fp32": dict(wire_dtype="fp32"),
+    "int8": dict(wire_dtype="int8"),
+    "int4-ef": dict(wire_dtype="int4", error_feedback=True),
+    "fp4-ef": dict(wire_dtype="fp4", error_feedback=True),
+    "int2-ef": dict(wire_dtype="int2", error_feedback=True),
+    "int2-top2-ef": dict(wire_dtype="int2", topk_fraction=0.02, error_feedback=True),
+}
 
 ROWS = {
     r.name: r
@@ -127,9 +141,16 @@ ROWS = {
             for f in (1, 2, 4)
             for kw in [dict(wire_dtype=wire, overlap="delayed" if overlap else "none", fragments=f)]
         ),
+        # every wire format on the link (issue 36): DiLoCo, delayed overlap, the whole model or 4 fragments
+        *(
+            Row(f"wire-{label}-f{f}-delayed", "diloco", overlap="delayed", fragments=f, **wire)
+            for label, wire in WIRES.items()
+            for f in (1, 4)
+        ),
     )
 }
-STREAM_ROWS = [name for name, row in ROWS.items() if row.fragments]
+STREAM_ROWS = [name for name, row in ROWS.items() if row.fragments and row.method == "autoloco"]
+WIRE_ROWS = [name for name in ROWS if name.startswith("wire-")]
 
 
 # ----------------------------------------------------------------------------- network namespaces
@@ -723,6 +744,10 @@ def worker(spec_path: str) -> int:
             q_h = max(1, spec["h_base"] // 5)
             config.update(h_min=max(q_h, spec["h_base"] // 2 // q_h * q_h), q_h=q_h)  # h_min a multiple of q_H
             config["controller"] = "paper"  # the committed link rows' rule
+        if spec.get("error_feedback"):
+            config["error_feedback"] = True
+        if spec.get("topk_fraction"):
+            config["topk_fraction"] = spec["topk_fraction"]
         if spec["ranks_per_worker"] > 1:
             config["hierarchical_sync"] = spec["hierarchical"]
         if spec["overlap"] != "none":
