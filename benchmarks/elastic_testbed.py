@@ -18,7 +18,10 @@ Scenarios (``--scenarios``), each seed paired with the fault-free run of the sam
   passes step ``--leave-at``; once the two survivors pass ``--join-at``, node 3 starts again;
 * ``write_fault``: the process writing the boundary snapshot of the first boundary past ``--leave-at`` (the
   main process) is killed during the write (the write is held for 30 s to land the kill in it);
-* ``host_lost``: node 0, whose agent hosts the c10d rendezvous store, loses power.
+* ``host_lost``: node 0, whose agent hosts the c10d rendezvous store, loses power;
+* ``host_lost_etcd``: the same on the ``etcd-v2`` rendezvous, a 3-member etcd cluster with one member in each
+  node's namespace and each agent pointed at its own node's member (``benchmarks/etcd_cluster.py``): node 0 loses
+  power with its member, the two survivors train on, then node 0 (member and agent) starts again and rejoins.
 
 Measured per event from the workers' event log (wall-clock stamps of every step, launch and resume): seconds
 from the fault to the first step trained again, steps redone (last step trained before the fault minus the
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from wan import Names, Network, _kill_namespace_processes, check_root, markov_sequences  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +57,7 @@ NODES, VOCAB, SEQ, BATCH = 3, 128, 32, 8
 SYNC_TIMEOUT_S = 30.0
 # close a round 2 s after the minimum joined; a node silent for ~5 s is dead
 RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=120"
+ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380  # each member in its own namespace: the usual ports
 EVENT_LIMIT_S = 300.0  # the longest any awaited event may take
 WRITE_HOLD_S = 30.0
 
@@ -62,6 +67,7 @@ class Scenario(str, Enum):
     LEAVE_JOIN = "leave_join"
     WRITE_FAULT = "write_fault"
     HOST_LOST = "host_lost"
+    HOST_LOST_ETCD = "host_lost_etcd"
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -192,6 +198,24 @@ class Run:
         self.nice = args.nice
         self._seen = 0
         self.events: list[dict] = []
+        self.etcd: EtcdCluster | None = None
+        if scenario == Scenario.HOST_LOST_ETCD:  # one member per node, on the node's address
+            members = [(net.names.addr(k), ETCD_CLIENT_PORT, ETCD_PEER_PORT) for k in range(NODES)]
+            self.etcd = EtcdCluster(members, str(self.out), prefix=lambda k: ["ip", "netns", "exec", net.names.ns(k)])
+            self.etcd.start()
+
+    def rendezvous(self, node: int) -> list[str]:
+        """The agent's rendezvous: node 0's c10d store, or the etcd member on the agent's own node."""
+        if self.etcd is not None:
+            return [
+                "--rdzv-backend", "etcd-v2", "--rdzv-id", "elastic-testbed",
+                "--rdzv-endpoint", self.etcd.endpoints[node], "--rdzv-conf", RDZV_CONF,
+            ]  # fmt: skip
+        return [
+            "--rdzv-backend", "c10d", "--rdzv-id", "elastic-testbed",
+            "--rdzv-endpoint", f"{self.net.names.addr(0)}:{self.port}",
+            "--rdzv-conf", f"is_host={str(node == 0).lower()},{RDZV_CONF}",
+        ]  # fmt: skip
 
     def start(self, node: int) -> float:
         cmd = [
@@ -199,9 +223,7 @@ class Run:
             f"GLOO_SOCKET_IFNAME={self.net.names.node_dev(node)}", f"ALH_EL_NODE={node}",
             "nice", "-n", str(self.nice), sys.executable, "-m", "torch.distributed.run",
             "--nnodes", f"2:{NODES}", "--nproc_per_node", "1", "--max-restarts", "3",
-            "--rdzv-backend", "c10d", "--rdzv-id", "elastic-testbed",
-            "--rdzv-endpoint", f"{self.net.names.addr(0)}:{self.port}",
-            "--rdzv-conf", f"is_host={str(node == 0).lower()},{RDZV_CONF}",
+            *self.rendezvous(node),
             "--local-addr", self.net.names.addr(node), "--monitor-interval", "0.5",
             os.path.abspath(__file__), "--worker", str(self.spec_path),
         ]  # fmt: skip
@@ -263,6 +285,8 @@ class Run:
     def kill_all(self) -> None:
         for node in range(NODES):
             _kill_namespace_processes(self.net.names.ns(node))
+        if self.etcd is not None:
+            self.etcd.stop()
         for agents in self.agents.values():
             for agent in agents:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -334,6 +358,23 @@ def run_scenario(net: Network, scenario: Scenario, seed: int, args: argparse.Nam
             snapshots = sorted(p.name for p in (run.out / "snapshots").glob("boundary-*.safetensors"))
             event["snapshots_on_disk_after"] = snapshots
             record["events"].append({"event": "writer killed during the boundary write", **event})
+        elif scenario == Scenario.HOST_LOST_ETCD:
+            assert run.etcd is not None
+            run.wait_for(f"step {args.leave_at}", lambda ev: any(e["step"] >= args.leave_at for e in steps_of(ev, 3)))
+            lost = run.power_off(0)  # the agent, the worker and the node's etcd member
+            run.etcd.kill(0)
+            run.wait_for("training with 2", lambda ev: trained_again(ev, lost, 2))
+            record["events"].append({"event": "node 1 (and its etcd member) lost", **recovery(run.poll(), lost, 3, 2)})
+            run.wait_for(
+                f"step {args.join_at} with 2", lambda ev: any(e["step"] >= args.join_at for e in steps_of(ev, 2))
+            )
+            started = time.time()
+            run.etcd.restart(0)  # the member first: the agent talks to it
+            joined = run.start(0)
+            run.wait_for("training with 3", lambda ev: trained_again(ev, joined, 3))
+            event = recovery(run.poll(), joined, 2, 3)
+            event["etcd_member_back_s"] = round(joined - started, 2)
+            record["events"].append({"event": "node 1 back (member, then agent)", **event})
         elif scenario == Scenario.HOST_LOST:
             run.wait_for(f"step {args.leave_at}", lambda ev: any(e["step"] >= args.leave_at for e in steps_of(ev, 3)))
             lost = run.power_off(0)
@@ -451,12 +492,16 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(reason.replace("benchmarks/wan.py", "benchmarks/elastic_testbed.py"), file=sys.stderr)
             return 2
+        if Scenario.HOST_LOST_ETCD.value in args.scenarios and etcd_missing():
+            print(f"benchmarks/elastic_testbed.py: {Scenario.HOST_LOST_ETCD.value} {etcd_missing()}", file=sys.stderr)
+            return 2
         signal.signal(signal.SIGTERM, _interrupted)
         runs = []
         keep = contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="elastic_")
         with keep as workdir, Network(NODES, 1500, NAMES) as net:
             for scenario in map(Scenario, args.scenarios):
-                seeds = range(args.seeds) if scenario in (Scenario.FAULT_FREE, Scenario.LEAVE_JOIN) else range(1)
+                several = (Scenario.FAULT_FREE, Scenario.LEAVE_JOIN, Scenario.HOST_LOST_ETCD)
+                seeds = range(args.seeds) if scenario in several else range(1)
                 for seed in seeds:
                     runs.append(run_scenario(net, scenario, seed, args, workdir))
                     write_results(args, runs)  # after every run: a later failure keeps the earlier ones

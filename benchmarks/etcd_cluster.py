@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -61,6 +62,7 @@ class EtcdCluster:
         self.workdir = workdir
         self.prefix = prefix
         self.procs: dict[int, subprocess.Popen] = {}
+        self._cluster = ",".join(f"m{k}=http://{h}:{p}" for k, (h, _, p) in enumerate(self.members))
 
     @property
     def endpoints(self) -> list[str]:
@@ -68,29 +70,55 @@ class EtcdCluster:
 
     def start(self) -> None:
         """Start every member and wait until each one answers with the whole cluster (``START_LIMIT_S``)."""
-        cluster = ",".join(f"m{k}=http://{h}:{p}" for k, (h, _, p) in enumerate(self.members))
-        for k, (host, client, peer) in enumerate(self.members):
-            data = os.path.join(self.workdir, f"etcd-m{k}")
-            shutil.rmtree(data, ignore_errors=True)
-            log = open(os.path.join(self.workdir, f"etcd-m{k}.log"), "w")
-            command = [*self.prefix(k), *member_command(f"m{k}", host, client, peer, cluster, data)]
-            self.procs[k] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            log.close()
+        for k in range(len(self.members)):
+            shutil.rmtree(self._data_dir(k), ignore_errors=True)
+            self._launch(k)
+        for k in range(len(self.members)):
+            self._wait_serving(k)
+
+    def restart(self, k: int) -> None:
+        """Member ``k`` powers on again: the same data folder, so it rejoins the cluster it left (bounded wait)."""
+        self._launch(k)
+        self._wait_serving(k)
+
+    def _data_dir(self, k: int) -> str:
+        return os.path.join(self.workdir, f"etcd-m{k}")
+
+    def _launch(self, k: int) -> None:
+        host, client, peer = self.members[k]
+        log = open(os.path.join(self.workdir, f"etcd-m{k}.log"), "a")
+        command = [*self.prefix(k), *member_command(f"m{k}", host, client, peer, self._cluster, self._data_dir(k))]
+        self.procs[k] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def _wait_serving(self, k: int) -> None:
+        endpoint = self.endpoints[k]
         deadline = time.monotonic() + START_LIMIT_S
-        for k, endpoint in enumerate(self.endpoints):
-            while True:
-                try:
-                    if len(check_etcd(endpoint, timeout_s=2.0)) == len(self.members):
-                        break
-                except EtcdUnreachable:
-                    pass
-                if self.procs[k].poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"etcd member m{k} ({endpoint}) did not serve within {START_LIMIT_S:.0f} s; see "
-                        f"{os.path.join(self.workdir, f'etcd-m{k}.log')}"
-                    )
-                time.sleep(0.1)
+        while True:
+            try:
+                if self._members_seen(k) == len(self.members):
+                    return
+            except EtcdUnreachable:
+                pass
+            if self.procs[k].poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"etcd member m{k} ({endpoint}) did not serve within {START_LIMIT_S:.0f} s; see "
+                    f"{os.path.join(self.workdir, f'etcd-m{k}.log')}"
+                )
+            time.sleep(0.1)
+
+    def _members_seen(self, k: int) -> int:
+        """How many members member ``k`` lists, asked from where it runs (its namespace, when ``prefix`` has one)."""
+        if not self.prefix(k):
+            return len(check_etcd(self.endpoints[k], timeout_s=2.0))
+        code = (
+            "import sys; from autoloco_hf.integrations.etcd_check import check_etcd, EtcdUnreachable\n"
+            f"try: print(len(check_etcd({self.endpoints[k]!r}, timeout_s=2.0)))\n"
+            "except EtcdUnreachable: print(0)"
+        )
+        out = subprocess.run([*self.prefix(k), sys.executable, "-c", code], capture_output=True, text=True).stdout
+        return int(out.strip() or 0)
 
     def kill(self, k: int) -> None:
         """Member ``k`` loses power (SIGKILL)."""

@@ -3,7 +3,8 @@
 Usage: ``etcd_worker.py OUT_DIR``. Every attempt all-reduces its rank over gloo and appends
 ``{first_round, rank, world, sum}`` to ``OUT_DIR/attempts.jsonl``. On the first attempt rank 1 then fails while
 rank 0 still runs, so both agents must rendezvous again through etcd (rank 0's agent restarts it for the new
-round).
+round). With a file ``OUT_DIR/fail_after`` naming another file, rank 1 fails only once that file exists (the
+test loses an etcd member in between).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def main(out: str) -> int:
     dist.barrier()
     dist.destroy_process_group()
     if attempt == 0 and rank == 1:
+        gate = os.path.join(out, "fail_after")
+        if os.path.exists(gate):
+            with open(gate) as f:
+                awaited = f.read().strip()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(awaited) and time.monotonic() < deadline:
+                time.sleep(0.05)
         open(marker, "w").close()
         return 1
     if first_round:
