@@ -39,6 +39,16 @@ Rows (``--rows``):
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
   ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %).
+* ``torchft-diloco``, ``torchft-diloco-f4-delayed`` (``TORCHFT_ROWS``, optional: ``pip install torchft``):
+  torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner AdamW and link,
+  next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica group (its own
+  ``torchrun --nnodes 1``, ``REPLICA_GROUP_ID=k``), a ``torchft_lighthouse`` runs in node 0 on node 0's
+  address, and the loop is plain PyTorch (torchft hooks the inner optimizer; ``torchft_worker`` says what it
+  mirrors of the Trainer). FP32 only: torchft's ``should_quantize`` needs triton and an accelerator (without
+  triton it silently sends FP32). The fragment row (4 fragments of the project's layout, the all-reduce started
+  ``min(--overlap-steps, h_base // 4 - 1)`` steps before the merge, ``fragment_update_alpha = overlap_mix``)
+  needs ``--h-base`` divisible by 4. ``sync %`` is the time inside torchft's post-step hook; the engine
+  columns read ``-``.
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
 training wall time the engine spent blocked in synchronization; ``steady %`` the
