@@ -39,6 +39,16 @@ Rows (``--rows``):
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
   ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %).
+* ``torchft-diloco``, ``torchft-diloco-f4-delayed`` (``TORCHFT_ROWS``, optional: ``pip install torchft``):
+  torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner AdamW and link,
+  next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica group (its own
+  ``torchrun --nnodes 1``, ``REPLICA_GROUP_ID=k``), a ``torchft_lighthouse`` runs in node 0 on node 0's
+  address, and the loop is plain PyTorch (torchft hooks the inner optimizer; ``torchft_worker`` says what it
+  mirrors of the Trainer). FP32 only: torchft's ``should_quantize`` needs triton and an accelerator (without
+  triton it silently sends FP32). The fragment row (4 fragments of the project's layout, the all-reduce started
+  ``min(--overlap-steps, h_base // 4 - 1)`` steps before the merge, ``fragment_update_alpha = overlap_mix``)
+  needs ``--h-base`` divisible by 4. ``sync %`` is the time inside torchft's post-step hook; the engine
+  columns read ``-``.
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
 training wall time the engine spent blocked in synchronization; ``steady %`` the
@@ -147,10 +157,15 @@ ROWS = {
             for label, wire in WIRES.items()
             for f in (1, 4)
         ),
+        # torchft's DiLoCo on the same model, data and link (issue 36): a plain loop, one replica group per node
+        Row("torchft-diloco", "torchft"),
+        Row("torchft-diloco-f4-delayed", "torchft", overlap="delayed", fragments=4),
     )
 }
 STREAM_ROWS = [name for name, row in ROWS.items() if row.fragments and row.method == "autoloco"]
 WIRE_ROWS = [name for name in ROWS if name.startswith("wire-")]
+TORCHFT_ROWS = [name for name, row in ROWS.items() if row.method == "torchft"]
+TORCHFT_MISSING = "the torchft rows need torchft: pip install torchft"
 
 
 # ----------------------------------------------------------------------------- network namespaces
@@ -300,6 +315,29 @@ class Network:
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
         self.namespaces = []
 
+    def exec_prefix(self, k: int) -> list[str]:
+        """What runs a command in node ``k``: inside its namespace, gloo bound to its interface."""
+        return ["ip", "netns", "exec", self.names.ns(k), "env", f"GLOO_SOCKET_IFNAME={self.names.node_dev(k)}"]
+
+    def addr(self, k: int) -> str:
+        return self.names.addr(k)
+
+
+class Loopback:
+    """Every node on this machine's loopback interface: no namespaces, no rate limit, no root (the torchft test).
+
+    Only rows that give each node its own ports (the torchft rows) run on it; ``tx MB/node`` is then every
+    process's loopback traffic, both nodes' included."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+
+    def exec_prefix(self, k: int) -> list[str]:
+        return ["env", "GLOO_SOCKET_IFNAME=lo"]
+
+    def addr(self, k: int) -> str:
+        return "127.0.0.1"
+
 
 def _rate_bits(rate: str) -> int:
     units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
@@ -339,11 +377,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     """Launch one row (one torchrun agent per node namespace) and collect rank 0's result."""
     nodes = 1 if row.single else net.nodes
     out = os.path.join(workdir, f"{row.name}-{rate}")
     os.makedirs(out, exist_ok=True)
+    torchft = row.method == "torchft"
     spec = dict(
         row.__dict__,
         steps=args.steps,
@@ -356,6 +395,8 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
         vocab=args.vocab,
         threads=args.threads,
         overlap_steps=args.overlap_steps,
+        nodes=nodes,
+        barrier=f"{net.addr(0)}:{_free_port()}" if torchft else None,  # the torchft rows' cross-node barrier
     )
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
@@ -371,15 +412,31 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
     )
     procs = []
     try:
+        if torchft:  # the Lighthouse that forms torchft's quorums, in node 0 on node 0's address
+            lighthouse_port = _free_port()
+            env["TORCHFT_LIGHTHOUSE"] = f"http://{net.addr(0)}:{lighthouse_port}"
+            cmd = net.exec_prefix(0) + [
+                _lighthouse_binary(),
+                "--min_replicas",
+                str(nodes),
+                "--join_timeout_ms",
+                "60000",
+                "--quorum_tick_ms",
+                "10",
+                "--bind",
+                f"{net.addr(0)}:{lighthouse_port}",
+            ]
+            log = open(os.path.join(out, "lighthouse.log"), "w")
+            procs.append(
+                (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
+            )
+        launchers = []
         for k in range(nodes):
-            cmd = [
-                "ip",
-                "netns",
-                "exec",
-                net.names.ns(k),
-                "env",
-                f"GLOO_SOCKET_IFNAME={net.names.node_dev(k)}",
+            # torchft: every node its own replica group, a 1-rank torchrun job with its own store on its own address
+            separate = row.every_node or torchft
+            cmd = net.exec_prefix(k) + [
                 f"ALH_WAN_NODE={k}",
+                f"REPLICA_GROUP_ID={k}",
                 "nice",
                 "-n",
                 str(args.nice),
@@ -387,25 +444,25 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
                 "-m",
                 "torch.distributed.run",
                 "--nnodes",
-                str(1 if row.every_node else nodes),
+                str(1 if separate else nodes),
                 "--node_rank",
-                str(0 if row.every_node else k),
+                str(0 if separate else k),
                 "--nproc_per_node",
                 str(row.ranks_per_node),
                 "--master_addr",
-                net.names.addr(k if row.every_node else 0),  # every_node: k independent single-node jobs
+                net.addr(k if separate else 0),  # every_node: k independent single-node jobs
                 "--master_port",
-                str(port),
+                str(_free_port() if torchft else port),  # distinct ports: the loopback test runs every node on lo
                 os.path.abspath(__file__),
                 "--worker",
                 spec_path,
             ]
             log = open(os.path.join(out, f"node{k}.log"), "w")
-            procs.append(
-                (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
-            )
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append((proc, log))
+            launchers.append(proc)
         deadline = time.monotonic() + args.run_timeout
-        for proc, _ in procs:
+        for proc in launchers:
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             if rc != 0:
                 raise RuntimeError(f"row {row.name} at {rate}: a launcher exited with {rc}; see {out}/node*.log")
@@ -422,6 +479,31 @@ def run_row(net: Network, row: Row, rate: str, args: argparse.Namespace, workdir
             with open(os.path.join(out, name)) as f:
                 results.append(json.load(f))
     return summarize(row, rate, results)
+
+
+def _lighthouse_binary() -> str:
+    """torchft's ``torchft_lighthouse``, next to this interpreter (a virtual environment's bin/) or on PATH."""
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    found = shutil.which("torchft_lighthouse", path=path)
+    if found is None:
+        raise RuntimeError(TORCHFT_MISSING + " (no torchft_lighthouse next to the interpreter or on PATH)")
+    return found
+
+
+def torchft_unavailable(row: Row, h_base: int) -> str | None:
+    """Why a torchft row cannot run with these settings (one line), or None."""
+    import importlib.util
+
+    if row.method != "torchft":
+        return None
+    if importlib.util.find_spec("torchft") is None:
+        return TORCHFT_MISSING
+    if row.fragments > 1 and h_base % row.fragments:
+        return (
+            f"--h-base {h_base}: torchft's DiLoCo syncs one of {row.fragments} fragments every "
+            f"h_base/{row.fragments} steps and needs h_base divisible by {row.fragments}"
+        )
+    return None
 
 
 def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -496,12 +578,14 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
                 if r["engine_bytes_per_node"]
                 else f"{'-':>9}"
             )
+            # torchft's rows: no engine, so no engine accounting
+            engine = "-" if r["method"] == "torchft" else f"{r['engine_bytes_per_node'] / 1e6:.2f}"
             reach = time_to_target(r["losses"], r["loss_times"], target)
             vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
             print(
                 f"{rate:>9} {r['row']:<21} {r['steps_per_s']:>7.2f} {vs_single} {share} "
                 f"{100 * r['steady_share']:>8.1f} {r['syncs']:>5} "
-                f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {r['engine_bytes_per_node'] / 1e6:>14.2f} {ratio} "
+                f"{r['tx_bytes_per_node'] / 1e6:>10.2f} {engine:>14} {ratio} "
                 f"{target:>6.2f} {reach if reach is None else round(reach, 1)!s:>11} "
                 f"{r['outer_state_bytes'] / 1e6:>13.2f} {r.get('fragments') or '-':>2} "
                 f"{r.get('peak_bits_per_s', 0.0) / 1e6:>11.1f} "
@@ -554,7 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--nodes", type=int, default=2, help="network namespaces (2: one veth pair; more: a bridge)")
     parser.add_argument("--rates", nargs="+", default=list(RATES), help="tbf egress rate per node, or 'unlimited'")
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument(
+        "--rows", nargs="+", choices=list(ROWS), help="default: every row (the torchft ones where they can run)"
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--h-base", type=int, default=10, help="DiLoCo H / AutoLoCo h_base (optimizer steps)")
     parser.add_argument("--batch", type=int, default=8)
@@ -599,6 +685,19 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
+    if args.rows is None:  # every row; a torchft row that cannot run here is left out, with a line
+        args.rows = []
+        for name, row in ROWS.items():
+            why = torchft_unavailable(row, args.h_base)
+            if why:
+                print(f"{name} left out: {why}", file=sys.stderr)
+            else:
+                args.rows.append(name)
+    for name in args.rows:  # asked for by name: refused before any namespace is built
+        why = torchft_unavailable(ROWS[name], args.h_base)
+        if why:
+            print(f"{name}: {why}", file=sys.stderr)
+            return 2
     rows = [ROWS[name] for name in args.rows]
     if any(r.ranks_per_node > 1 for r in rows) and args.nodes != 2:
         parser.error("--rows diloco-2x2-*: the 2 x 2 rows need --nodes 2")
@@ -657,6 +756,8 @@ def worker(spec_path: str) -> int:
     """One rank: a tiny GPT-2 trained by ``Trainer`` (+ ``AutoLoCoCallback`` unless the row is ``single``)."""
     with open(spec_path) as f:
         spec = json.load(f)
+    if spec["method"] == "torchft":
+        return torchft_worker(spec)
     import torch
 
     torch.set_num_threads(spec["threads"])
@@ -809,6 +910,203 @@ def worker(spec_path: str) -> int:
     )
     with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    return 0
+
+
+def torchft_worker(spec: dict[str, Any]) -> int:
+    """One replica group of the torchft rows: torchft's ``DiLoCo`` around a plain PyTorch loop on the same model.
+
+    torchft's DiLoCo hooks the inner optimizer's ``step`` and needs a ``Manager`` (quorum from the Lighthouse,
+    a reconfigurable gloo group across replica groups), which the Trainer cannot host without patching its loop,
+    so this loop does by hand what the Trainer does for the other rows: the same model (seed 0), the same
+    sequences (``markov_sequences``, each node a disjoint shard, shuffled with seed 0: the order differs from the
+    Trainer's sampler), batch, fused AdamW (lr 3e-3, Trainer's defaults otherwise), linear schedule with 2 warmup
+    steps, gradient clipping at 1.0, dropout on, and the loss normalized as the Trainer does. The outer step is the project's DiLoCo defaults (Nesterov
+    SGD, ``outer_lr``, ``outer_momentum``); the delayed row merges with ``fragment_update_alpha =
+    overlap_mix``. ``sync_seconds`` is the time spent inside torchft's post-step hook (quorum, pseudo-gradients,
+    starting and waiting for the all-reduce, outer step), so it is the blocked sync time, measured directly.
+    """
+    try:
+        from torchft.local_sgd import DiLoCo
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+    except ImportError:
+        print(TORCHFT_MISSING, file=sys.stderr)
+        return 2
+    from datetime import timedelta
+
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.sync.fragments import split_fragments
+
+    node, nodes = int(os.environ["ALH_WAN_NODE"]), spec["nodes"]
+    h_base, fragments = spec["h_base"], max(spec["fragments"], 1)
+    # torchft's delay: the fragment's all-reduce starts `delay` steps before its merge, as the project's delayed
+    # rows start it `overlap_steps` steps before theirs (one fragment in flight: delay < h_base / F)
+    delay = min(spec["overlap_steps"], h_base // fragments - 1) if spec["overlap"] != "none" else 0
+    defaults = AutoLoCoConfig(method="diloco", h_base=h_base)
+    dev = os.environ.get("GLOO_SOCKET_IFNAME")
+    addr = spec["barrier"].rsplit(":", 1)[0] if node == 0 else os.environ["MASTER_ADDR"]
+
+    torch.manual_seed(0)
+    vocab, seq, batch, steps = spec["vocab"], spec["seq"], spec["batch"], spec["steps"]
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"], n_layer=spec["layers"], n_head=4)
+    )
+    model.train()
+    data = markov_sequences(vocab, steps * batch * nodes, seq)
+    shard = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[node::nodes]
+    params = list(model.parameters())
+    if fragments > 1:  # the project's layout (docs/algorithm.md §12.1): contiguous tensors, balanced by elements
+        layout = split_fragments([p.numel() for p in params], fragments)
+        pieces: list[torch.nn.Module] = []
+        for frag in layout:
+            piece = torch.nn.Module()
+            piece.params = torch.nn.ParameterList(params[frag.first : frag.last])
+            pieces.append(piece)
+        outer: Any = [
+            torch.optim.SGD(piece.parameters(), lr=defaults.outer_lr, momentum=defaults.outer_momentum, nesterov=True)
+            for piece in pieces
+        ]
+    else:
+        pieces = [model]
+        outer = torch.optim.SGD(params, lr=defaults.outer_lr, momentum=defaults.outer_momentum, nesterov=True)
+    inner = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0, fused=True)  # the Trainer's adamw_torch_fused
+    schedule = get_linear_schedule_with_warmup(inner, num_warmup_steps=2, num_training_steps=steps)
+
+    # a cross-node barrier on node 0's store (the other rows use torch.distributed's), around the measured loop
+    store = torch.distributed.TCPStore(
+        spec["barrier"].rsplit(":", 1)[0],
+        int(spec["barrier"].rsplit(":", 1)[1]),
+        is_master=node == 0,
+        timeout=timedelta(seconds=300),
+        wait_for_workers=False,
+    )
+
+    def barrier(name: str) -> None:
+        store.set(f"{name}/{node}", "1")
+        store.wait([f"{name}/{k}" for k in range(nodes)])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=120)),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=nodes,
+        use_async_quorum=False,  # DiLoCo requires it
+        replica_id=f"alh_wan_{node}",
+        hostname=addr,
+        init_sync=False,  # every node builds the same model from seed 0
+        timeout=timedelta(seconds=120),
+        quorum_timeout=timedelta(seconds=300),
+        connect_timeout=timedelta(seconds=60),
+    )
+
+    def tx_bytes() -> int:
+        if dev is None:
+            return 0
+        with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+            return int(f.read())
+
+    events: list[float] = []  # seconds blocked in each fragment's merge step (one per sync event)
+    blocked = [0.0]  # seconds inside torchft's hook, summed
+
+    class TimedDiLoCo(DiLoCo):
+        """torchft's DiLoCo, timing its post-step hook (everything it does for synchronization)."""
+
+        def _step_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+            start = time.perf_counter()
+            merged = self._local_step + 1 == self._sync_every  # this call syncs (merges) a fragment
+            super()._step_post_hook(optimizer, args, kwargs)
+            seconds = time.perf_counter() - start
+            blocked[0] += seconds
+            if merged:
+                events.append(seconds)
+
+    # the first quorum (the Lighthouse, connecting the gloo group) before the clock starts, as the other rows
+    # connect their process group before training
+    manager.start_quorum()
+    manager.wait_quorum()
+    sampler = TxSampler(tx_bytes)
+    losses: list[float] = []
+    loss_times: list[float] = []
+    step_ends: list[float] = []
+    with TimedDiLoCo(
+        manager,
+        pieces,
+        inner,
+        outer,
+        sync_every=h_base,
+        should_quantize=False,  # needs triton and an accelerator (docs/benchmarks.md)
+        fragment_sync_delay=delay,
+        fragment_update_alpha=defaults.overlap_mix if delay else 0.0,
+    ) as diloco:
+        barrier("begin")
+        tx0, t0 = tx_bytes(), time.perf_counter()
+        sampler.start()
+        for i in range(steps):
+            ids = data[shard[i * batch : (i + 1) * batch]]
+            inner.zero_grad()
+            # the loss over the labels the Trainer counts (all of them: GPT-2 sets no loss_type), so the scale matches
+            loss = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(ids.numel())).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            inner.step()  # torchft's hooks synchronize here every h_base / F steps
+            schedule.step()
+            now = time.perf_counter()
+            losses.append(float(loss.detach()))
+            step_ends.append(now)
+            loss_times.append(now - t0)
+        t1 = time.perf_counter()
+        sampler.stop()
+        barrier("end")
+        tx1 = tx_bytes()
+    commits = manager.current_step()  # one per committed fragment sync
+    if commits != len(events):
+        raise RuntimeError(f"torchft committed {commits} of {len(events)} syncs (should_commit refused the rest)")
+    backup = sum(t.numel() * t.element_size() for f in diloco._fragments for t in f.original_parameters.values())
+    momentum = sum(
+        state["momentum_buffer"].numel() * state["momentum_buffer"].element_size()
+        for opt in (outer if isinstance(outer, list) else [outer])
+        for state in opt.state.values()
+        if state.get("momentum_buffer") is not None
+    )
+    sizes = [sum(p.numel() for p in piece.parameters()) * 4 for piece in pieces]
+    result = dict(
+        rank=0,
+        node=node,
+        local_rank=0,
+        steps=len(step_ends),
+        train_seconds=t1 - t0,
+        step_seconds=[b - a for a, b in zip(step_ends, step_ends[1:])],
+        sync_seconds=blocked[0],
+        last_sync_seconds=events[-1] if events else 0.0,
+        syncs=len(events) // fragments,  # whole-model rounds, as the engine counts intervals
+        wire_bytes=0,  # no engine accounting: the kernel's bytes only
+        tx_bytes=tx1 - tx0,
+        losses=losses,
+        loss_times=loss_times,
+        outer_state_bytes=backup + momentum,  # the FP32 backup of the global parameters plus the momentum
+        peak_bits_per_s=sampler.peak_rate(PEAK_WINDOW_S) * 8,
+        tx_samples=len(sampler.samples),
+        fragments=spec["fragments"],
+        fragment_payload_bytes=sizes if fragments > 1 else [],
+        intervals=[],
+        worker_steps=None,
+        sync_events=len(events),
+        commits=commits,
+        fragment_sync_delay=delay,
+    )
+    with open(os.path.join(spec["output_dir"], f"result_node{node}_rank0.json"), "w") as f:
+        json.dump(result, f)
+    if node != 0:
+        store.set(f"left/{node}", "1")  # the last use of node 0's store
+    else:
+        store.wait([f"left/{k}" for k in range(1, nodes)])  # keep the store up until every node is done with it
+    manager.shutdown(wait=False)
     return 0
 
 
