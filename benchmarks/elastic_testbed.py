@@ -58,6 +58,9 @@ SYNC_TIMEOUT_S = 30.0
 # close a round 2 s after the minimum joined; a node silent for ~5 s is dead
 RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=120"
 ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380  # each member in its own namespace: the usual ports
+# a heartbeat is an etcd write, which waits for a new leader when the lost member led: 10 s before a silent
+# agent is dropped, so that a re-election under load does not drop a live one (docs/reliability.md)
+ETCD_RDZV_CONF = RDZV_CONF.replace("keep_alive_max_attempt=5", "keep_alive_max_attempt=10")
 EVENT_LIMIT_S = 300.0  # the longest any awaited event may take
 WRITE_HOLD_S = 30.0
 
@@ -209,7 +212,7 @@ class Run:
         if self.etcd is not None:
             return [
                 "--rdzv-backend", "etcd-v2", "--rdzv-id", "elastic-testbed",
-                "--rdzv-endpoint", self.etcd.endpoints[node], "--rdzv-conf", RDZV_CONF,
+                "--rdzv-endpoint", self.etcd.endpoints[node], "--rdzv-conf", ETCD_RDZV_CONF,
             ]  # fmt: skip
         return [
             "--rdzv-backend", "c10d", "--rdzv-id", "elastic-testbed",
@@ -461,7 +464,8 @@ def write_results(args: argparse.Namespace, runs: list[dict]) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("worker", "report_only", "out", "workdir")}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"settings": settings, "sync_timeout_s": SYNC_TIMEOUT_S, "rdzv_conf": RDZV_CONF, "runs": runs}, f)
+        rdzv = {"rdzv_conf": RDZV_CONF, "etcd_rdzv_conf": ETCD_RDZV_CONF}
+        json.dump({"settings": settings, "sync_timeout_s": SYNC_TIMEOUT_S, **rdzv, "runs": runs}, f)
 
 
 def _interrupted(signum, frame):  # SIGTERM tears the testbed down like Ctrl-C
