@@ -33,6 +33,7 @@ root (``ip netns``, ``tc``).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
@@ -61,7 +62,8 @@ ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380  # each member in its own namespac
 # a heartbeat is an etcd write, which waits for a new leader when the lost member led: 10 s before a silent
 # agent is dropped, so that a re-election under load does not drop a live one (docs/reliability.md)
 ETCD_RDZV_CONF = RDZV_CONF.replace("keep_alive_max_attempt=5", "keep_alive_max_attempt=10")
-EVENT_LIMIT_S = 300.0  # the longest any awaited event may take
+EVENT_LIMIT_S = 300.0
+LAUNCH_SPREAD_S = 5.0  # the workers of one launch begin within this many seconds of each other  # the longest any awaited event may take
 WRITE_HOLD_S = 30.0
 
 
@@ -460,6 +462,44 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def goodput(run: dict, fault_free_wall: float | None) -> tuple[float | None, float | None]:
+    """Useful steps over steps trained, and the fault-free run's wall time over this one's (``None``: no result).
+
+    Steps trained: the distinct steps of each launch (a launch's workers begin within a few seconds), so a step
+    redone after a restart counts twice; wall time: the first begin to the last end.
+    """
+    if not run["result"]:
+        return None, None
+    fields = run["event_log"]["fields"]
+    events = sorted((dict(zip(fields, row)) for row in run["event_log"]["rows"]), key=lambda e: e["t"])
+    launches: list[float] = []
+    for e in events:
+        if e["kind"] == "begin" and (not launches or e["t"] > launches[-1] + LAUNCH_SPREAD_S):
+            launches.append(e["t"])
+    trained = {(bisect.bisect_right(launches, e["t"]), e["step"]) for e in events if e["kind"] == "step"}
+    wall = events[-1]["t"] - events[0]["t"]
+    return run["result"]["global_step"] / len(trained), (fault_free_wall / wall if fault_free_wall else None)
+
+
+def goodput_table(result: dict) -> str:
+    """Per run: steps and time goodput, the time one paired with the fault-free run of the same seed."""
+    runs = result["runs"]
+    walls = {}
+    for r in runs:
+        if r["scenario"] == Scenario.FAULT_FREE.value:
+            times = [row[0] for row in r["event_log"]["rows"]]  # "t" is the first field
+            walls[r["seed"]] = max(times) - min(times)
+    lines = [
+        "| scenario | seed | goodput: useful steps / steps trained | fault-free wall time / this run's |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in runs:
+        steps, by_time = goodput(r, walls.get(r["seed"]))
+        show = [("-" if x is None else f"{x:.2f}") for x in (steps, by_time)]
+        lines.append(f"| {r['scenario']} | {r['seed']} | {show[0]} | {show[1]} |")
+    return "\n".join(lines)
+
+
 def write_results(args: argparse.Namespace, runs: list[dict]) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("worker", "report_only", "out", "workdir")}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -510,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(run_scenario(net, scenario, seed, args, workdir))
                     write_results(args, runs)  # after every run: a later failure keeps the earlier ones
     with open(args.out) as f:
-        print(table(json.load(f)))
+        result = json.load(f)
+    print(table(result))
+    print()
+    print(goodput_table(result))
     return 0
 
 

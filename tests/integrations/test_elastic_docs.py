@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMING_KEYS = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt")
 
 
-def elastic_testbed_settings() -> dict[str, str]:
+def elastic_testbed_settings(backend: str) -> dict[str, str]:
+    """The testbed's rendezvous timing for ``backend`` (its etcd agents tolerate a leader election, §etcd)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("elastic_testbed", ROOT / "benchmarks" / "elastic_testbed.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    settings = dict(item.split("=", 1) for item in module.RDZV_CONF.split(","))
+    conf = module.ETCD_RDZV_CONF if backend == "etcd-v2" else module.RDZV_CONF
+    settings = dict(item.split("=", 1) for item in conf.split(","))
     return {key: settings[key] for key in TIMING_KEYS}
 
 
@@ -47,7 +49,8 @@ def rendezvous_settings(argv: list[str]) -> dict[str, str]:
 def test_the_documented_elastic_commands_carry_the_testbeds_rendezvous_settings(doc):
     commands = documented_elastic_commands((ROOT / doc).read_text())
     assert len(commands) >= 2, f"{doc}: expected the table's and the section's elastic command"
-    expected = elastic_testbed_settings()
-    for argv in commands:
+    backends = [argv[argv.index("--rdzv-backend") + 1] for argv in commands]
+    assert "etcd-v2" in backends and "c10d" in backends, backends
+    for argv, backend in zip(commands, backends):
         got = rendezvous_settings(argv)
-        assert {key: got.get(key) for key in TIMING_KEYS} == expected, " ".join(argv)
+        assert {key: got.get(key) for key in TIMING_KEYS} == elastic_testbed_settings(backend), " ".join(argv)
