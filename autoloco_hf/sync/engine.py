@@ -754,8 +754,8 @@ class IntervalEngine:
         ``applied``: whether every outer step of the interval ran (fragments: one per fragment), default ``outer``'s.
         The pacer learns every worker's speed from the control messages here, before the next step (§13.1).
         """
-        workers, labels = aggregate.control.workers, self.comm.worker_labels()
-        pace = self.pacer.observe(*self._worker_effort(workers), labels)
+        workers, labels = self._whole_workers(aggregate.control.workers), self.comm.worker_labels()
+        pace = self.pacer.observe([w.inner_steps for w in workers], [w.busy_seconds for w in workers], labels)
         record = IntervalRecord.build(
             index=len(self.records),
             interval=closed.interval,
@@ -789,18 +789,22 @@ class IntervalEngine:
         return record
 
     # ------------------------------------------------------------- helpers
-    def _worker_effort(self, workers: Sequence[ControlMessage]) -> tuple[list[float], list[float]]:
-        """Every worker's inner steps and busy seconds, the same numbers on every rank (§13.7).
+    def _whole_workers(self, workers: Sequence[ControlMessage]) -> list[ControlMessage]:
+        """Every worker's message as the whole worker's, the same on every rank (§13.7).
 
-        A worker of several ranks that each sync a shard sees only its own rank's row of every other worker;
-        the worker's ranks take the same steps, and the seconds are the slowest rank's, so all ranks (and all
-        workers) adopt the same shares: a node is as fast as its slowest rank.
+        A worker of several ranks that each sync a shard sees only its own rank's row of every other worker.
+        Its ranks take the same steps; its tokens are the sum over its ranks and its seconds the slowest
+        rank's, so all ranks (and all workers) record the same counts and adopt the same shares: a node is
+        as fast as its slowest rank. One all-gather of a few numbers inside the worker.
         """
-        steps = [w.inner_steps for w in workers]
-        seconds = [w.busy_seconds for w in workers]
-        if self.comm.shards_per_worker == 1 or self.config.pacing == Pacing.LOCKSTEP:
-            return steps, seconds
-        return steps, self.comm.max_over_shards(torch.tensor(seconds, dtype=torch.float64)).tolist()
+        if self.comm.shards_per_worker == 1:
+            return list(workers)
+        tokens = self.comm.sum_over_shards(torch.tensor([w.tokens for w in workers], dtype=torch.float64))
+        seconds = self.comm.max_over_shards(torch.tensor([w.busy_seconds for w in workers], dtype=torch.float64))
+        return [
+            dataclasses.replace(w, tokens=t, busy_seconds=b)
+            for w, t, b in zip(workers, tokens.tolist(), seconds.tolist())
+        ]
 
     def correction(self, interval: NextInterval) -> OuterCorrection:
         """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md §4)."""

@@ -4,8 +4,9 @@ Real gloo processes. Worker 1's second rank is two times slower than the others,
 so worker 1 runs at half of worker 0's speed (a node is as fast as its slowest
 rank; the mean of its ranks would split 4:3): after the first interval the budget splits 5:2. Both ranks of a worker must
 take the same steps (their gradients are averaged every step), and the parameters
-must equal two simulated workers whose step averages the gradients of the worker's
-two ranks' batches, bit for bit, blocking and with the delayed overlap.
+and the records' per-worker tokens and seconds must equal two simulated workers whose
+step averages the gradients of the worker's two ranks' batches, bit for bit, blocking
+and with the delayed overlap.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _run_rank(topo, schedule: str) -> dict:
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "splits": [r.worker_steps for r in engine.records],
+        "tokens": [r.worker_tokens for r in engine.records],
+        "seconds": [r.worker_seconds for r in engine.records],
         "taken": taken,
     }
 
@@ -118,7 +121,14 @@ def simulate(schedule: str) -> dict:
             scheduler.step()
         seconds = [n * s for n, s in zip(due, slowest)]
         engine.after_optimizer_step(tokens, losses, lr=lr, steps=due, seconds=seconds)
-    return {"models": models, "splits": [r.worker_steps for r in engine.records], "taken": taken}
+    records = engine.records
+    return {
+        "models": models,
+        "splits": [r.worker_steps for r in records],
+        "tokens": [r.worker_tokens for r in records],
+        "seconds": [r.worker_seconds for r in records],
+        "taken": taken,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -136,5 +146,7 @@ def test_worker_groups_split_by_their_slowest_rank_and_equal_the_simulation(runs
         run = result[schedule]
         assert run["splits"] == splits, f"rank {rank}"
         assert run["taken"] == simulated["taken"][worker] == sum(s[worker] for s in splits)
+        # every rank records the whole workers: tokens summed over a worker's ranks, the slowest rank's seconds
+        assert run["tokens"] == simulated["tokens"] and run["seconds"] == simulated["seconds"], f"rank {rank}"
         for p, q in zip(run["params"], simulated["models"][worker].parameters()):
             assert torch.equal(p, q), f"rank {rank} differs from simulated worker {worker}"
