@@ -771,6 +771,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-docs", type=int, help="use only the first N documents (smoke runs)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "autoloco"))
     p.add_argument("--report-only", action="store_true", help="do not train; only write the report")
+    p.add_argument("--no-report", action="store_true", help="train only (another script reports these runs)")
     p.add_argument("--report-dir", help="where frontier.md and the plots go (default --out)")
     p.add_argument("--report-seeds", help="comma-separated: report these seeds only (default every finished seed)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -803,7 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(1)
         corpus = replicate.load_corpus(args.cache_dir, args.vocab, args.max_docs)
         run_all(args, args.points, corpus)
-    print(f"report: {write_report(args)}")
+    if not args.no_report:
+        print(f"report: {write_report(args)}")
     return 0
 
 

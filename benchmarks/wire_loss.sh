@@ -28,5 +28,5 @@ for method in "${METHODS[@]}"; do
     specs+=(--adaptive "${method%%:*}__${wire%%:*}:${method#*:},${wire#*:}")
   done
   python benchmarks/frontier.py --out "$OUT" --regimes iid,noniid --seeds "$SEEDS" \
-    --h-list '' --mu-list '' --quiet "${specs[@]}"
+    --h-list '' --mu-list '' --quiet --no-report "${specs[@]}"
 done
