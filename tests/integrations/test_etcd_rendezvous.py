@@ -61,6 +61,20 @@ def agent(endpoint: str, out: Path) -> subprocess.Popen:
     )
 
 
+def rounds_of(agents: list[subprocess.Popen], out: Path, while_running=lambda: None) -> list[dict]:
+    """Call ``while_running``, wait for both agents to exit 0 (killed in any case), return the workers' attempts."""
+    try:
+        while_running()
+        outputs = [a.communicate(timeout=WAIT_LIMIT_S)[0] for a in agents]
+    finally:
+        for a in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(a.pid, signal.SIGKILL)
+            a.wait()
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    return [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+
+
 def test_the_rendezvous_goes_on_after_an_etcd_member_is_lost(cluster, tmp_path):
     assert len(check_etcd(cluster.endpoints[1])) == 3  # one member lists the whole cluster
     out = tmp_path / "run"
@@ -69,16 +83,7 @@ def test_the_rendezvous_goes_on_after_an_etcd_member_is_lost(cluster, tmp_path):
     with pytest.raises(EtcdUnreachable, match=cluster.endpoints[0]):
         check_etcd(cluster.endpoints[0], timeout_s=1.0)
     # each agent talks to a member of its own, as each node's agent would to its local one
-    agents = [agent(cluster.endpoints[k], out) for k in (1, 2)]
-    try:
-        outputs = [a.communicate(timeout=WAIT_LIMIT_S)[0] for a in agents]
-    finally:
-        for a in agents:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(a.pid, signal.SIGKILL)
-            a.wait()
-    assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    rounds = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    rounds = rounds_of([agent(cluster.endpoints[k], out) for k in (1, 2)], out)
     got = sorted((a["first_round"], a["rank"], a["world"], a["sum"]) for a in rounds)
     assert got == [(False, 0, 2, 1.0), (False, 1, 2, 1.0), (True, 0, 2, 1.0), (True, 1, 2, 1.0)]
 
@@ -90,8 +95,8 @@ def test_the_agents_go_on_when_a_member_is_lost_while_they_run(cluster, tmp_path
     out.mkdir()
     lost = out / "member_lost"
     (out / "fail_after").write_text(str(lost))
-    agents = [agent(cluster.endpoints[k], out) for k in (1, 2)]
-    try:
+
+    def lose_a_member_once_the_first_round_trains() -> None:
         attempts = out / "attempts.jsonl"
         deadline = time.monotonic() + WAIT_LIMIT_S
         while not (attempts.exists() and len(attempts.read_text().splitlines()) >= 2):
@@ -99,14 +104,9 @@ def test_the_agents_go_on_when_a_member_is_lost_while_they_run(cluster, tmp_path
             time.sleep(0.05)
         cluster.kill(0)
         lost.touch()
-        outputs = [a.communicate(timeout=WAIT_LIMIT_S)[0] for a in agents]
-    finally:
-        for a in agents:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(a.pid, signal.SIGKILL)
-            a.wait()
-    assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    rounds = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+
+    agents = [agent(cluster.endpoints[k], out) for k in (1, 2)]
+    rounds = rounds_of(agents, out, lose_a_member_once_the_first_round_trains)
     assert sorted((a["first_round"], a["rank"], a["world"]) for a in rounds) == [
         (False, 0, 2), (False, 1, 2), (True, 0, 2), (True, 1, 2)
     ]  # fmt: skip
