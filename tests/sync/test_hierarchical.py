@@ -28,7 +28,8 @@ from autoloco_hf.sync.factory import make_engine
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")
 OVERLAPS = ("delayed", "eager")  # FP32 wire
-LOWBIT = "int2+topk+ef"
+# every lossy wire with error feedback: name -> (wire_dtype, topk_fraction)
+LOWBIT = {"int4": ("int4", None), "fp4": ("fp4", None), "int2": ("int2", None), "int2+topk": ("int2", 0.25)}
 
 
 def _run(topo, wire: str, hierarchical: bool, overlap: str = "none", h_max: int = 8, **overrides) -> dict:
@@ -93,7 +94,11 @@ def _worker(rank: int, world_size: int) -> dict:
     runs.update({("probe", hier): _run(topo, "fp32", hier, **probe) for hier in (False, True)})
     # a lossy wire with error feedback: each rank keeps the residual of its shard (docs/algorithm.md §7.2)
     runs.update(
-        {(LOWBIT, hier): _run(topo, "int2", hier, error_feedback=True, topk_fraction=0.25) for hier in (False, True)}
+        {
+            (name, hier): _run(topo, wire, hier, error_feedback=True, topk_fraction=topk)
+            for name, (wire, topk) in LOWBIT.items()
+            for hier in (False, True)
+        }
     )
     return runs
 
@@ -167,13 +172,14 @@ def test_the_start_probe_of_a_sharded_worker_cuts_where_the_unsharded_one_does(r
             assert a[2] == pytest.approx(b[2], rel=1e-5) and a[3] == pytest.approx(b[3], rel=1e-5)
 
 
-def test_error_feedback_residual_is_the_ranks_shard_and_worker_ranks_stay_identical(runs) -> None:
+@pytest.mark.parametrize("lossy", LOWBIT)
+def test_error_feedback_residual_is_the_ranks_shard_and_worker_ranks_stay_identical(runs, lossy: str) -> None:
     for rank, result in enumerate(runs):
-        flat, hier = result[LOWBIT, False], result[LOWBIT, True]
+        flat, hier = result[lossy, False], result[lossy, True]
         assert flat["residual"].numel() == flat["model_numel"]
         assert hier["residual"].numel() == hier["outer_numel"] == flat["model_numel"] // R
         assert hier["residual"].abs().max() > 0 and torch.isfinite(hier["residual"]).all()
-        partner = runs[rank ^ 1][LOWBIT, True]  # the other rank of the same worker: the other shard
+        partner = runs[rank ^ 1][lossy, True]  # the other rank of the same worker: the other shard
         assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner["params"]))
         assert not torch.equal(hier["residual"], partner["residual"])
         assert all(applied for *_, applied in hier["records"])
