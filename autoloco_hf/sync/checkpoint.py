@@ -75,7 +75,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=_json_default))
 
 
-def _config_json(config: AutoLoCoConfig) -> dict[str, Any]:
+def config_json(config: AutoLoCoConfig) -> dict[str, Any]:
     return _jsonable(config.to_dict())
 
 
@@ -148,7 +148,7 @@ def write_state(
     tree_json = json.dumps(_split(state, tensors, set()), default=_json_default)
     header = StateHeader(
         FORMAT_VERSION,
-        _config_json(config),
+        config_json(config),
         world_size,
         ranks_per_worker,
         rank,
@@ -308,19 +308,31 @@ def check_layout(
         )
 
 
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(field, saved value, current value)`` of every algorithm setting that differs (JSON forms), method first.
+
+    Fields that may change between launches (:data:`RESUMABLE_CONFIG_FIELDS`) and fields the current
+    version no longer has are not compared.
+    """
+    saved = _jsonable(saved)
+    # the method first: which other fields apply depends on it (another method's differ in fields it lacks)
+    return [
+        (name, value, current[name])
+        for name, value in sorted(saved.items(), key=lambda item: (item[0] != "method", item[0]))
+        if name not in RESUMABLE_CONFIG_FIELDS and name in current and value != current[name]
+    ]
+
+
 def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> None:
     """Refuse a state whose algorithm settings differ from this run's (the one rule for every resume path)."""
-    saved, current = _jsonable(saved), _config_json(config)
-    # the method first: which other fields apply depends on it (another method's differ in fields it lacks)
-    for name, value in sorted(saved.items(), key=lambda item: (item[0] != "method", item[0])):
-        if name in RESUMABLE_CONFIG_FIELDS or name not in current:
-            continue  # a field this version no longer has cannot change what it computes
-        if value != current[name]:
-            raise ConfigMismatchError(
-                f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
-                f"{name}={current[name]!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
-                f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
-            )
+    differences = config_differences(saved, config_json(config))
+    if differences:
+        name, value, current = differences[0]
+        raise ConfigMismatchError(
+            f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
+            f"{name}={current!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
+            f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
+        )
 
 
 def check_compatible(

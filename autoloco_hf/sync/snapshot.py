@@ -113,14 +113,14 @@ def prune_snapshots(directory: str, keep: int) -> list[str]:
     return removed
 
 
-def _host_copy(value: Any) -> Any:
+def host_copy(value: Any) -> Any:
     """``value`` with every tensor copied to host memory (the training thread goes on changing the live ones)."""
     if torch.is_tensor(value):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _host_copy(v) for k, v in value.items()}
+        return {k: host_copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_host_copy(v) for v in value)
+        return type(value)(host_copy(v) for v in value)
     return value
 
 
@@ -183,7 +183,7 @@ class BoundarySnapshot:
         state = {"engine": engine.boundary_state()}
         if self.extra_state is not None:
             state.update(self.extra_state())
-        state = _host_copy(state)
+        state = host_copy(state)
         self._pending = (engine.step, self._executor.submit(self._write, state, engine.step, engine.num_workers))
 
     def _write(self, state: dict[str, Any], step: int, workers: int) -> None:

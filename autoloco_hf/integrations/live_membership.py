@@ -1,0 +1,344 @@
+"""Survivors that do not restart: membership rounds on a shared store, a new process group in process.
+
+docs/reliability.md, "Live membership". The outer state changes only at
+boundaries, so a boundary is the only place where who trains must be agreed.
+A *round* is one membership of the run; round ``r`` is formed on the store
+under ``autoloco/round<r>/``:
+
+1. every participant takes a slot (``add(count, 1)``) and writes what it brings:
+   its id, the step of the last boundary state it holds (``-1``: none, a new
+   process), the run's configuration and a signature of its model;
+2. the round closes when the slots reach what a closer expects, or stop coming
+   for ``settle_s``. Only a member of round ``r - 1`` may close round ``r`` (the
+   initial members close round 0), so a process left out of a round cannot
+   start a group of its own: there is one line of rounds, and a store whose
+   writes are linearizable (etcd needs a majority for each) has one truth. The
+   first closer to draw ticket 1 writes the slot count; a slot beyond it waits
+   for the next round;
+3. every participant reads the same slots and computes the same result: the
+   *source* is the slot holding the newest boundary; a slot whose configuration
+   or model differs from the source's is refused (:class:`JoinRefused`, one line
+   naming the field) and the others go on without it; the ranks are the
+   remaining slots in order;
+4. the default process group is replaced (destroyed, then initialized on a
+   store prefix of the round), and the source broadcasts its boundary state:
+   ``theta_t``, outer momentum, controller and token mapper, and the caller's
+   extra state (its LR scheduler). Every member goes on from it with its own
+   AdamW state; a new process gets the outer state from a live peer, not from a file.
+
+A lost peer surfaces at a boundary as :class:`PeerLostError`; the caller then
+calls :meth:`LiveMembership.reform`, builds a new engine on the new group and
+resumes it at the agreed boundary (at most the interval the fault cut is
+redone). A process that wants in calls :meth:`LiveMembership.join`; the members
+see it at their next boundary (a one-element ``MAX`` all-reduce, so all of them
+see it at the same boundary) and reform with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.sync.checkpoint import config_differences, config_json
+from autoloco_hf.sync.communicators import peer_lost
+from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.sync.snapshot import check_snapshot_support, host_copy
+
+__all__ = ["Agreement", "JoinRefused", "LiveMembership", "RoundFailed", "etcd_store", "model_signature"]
+
+logger = logging.getLogger("autoloco_hf")
+
+PREFIX = "autoloco/"
+NO_BOUNDARY = -1  # a process that holds no boundary state (it has not trained in this run)
+
+
+class JoinRefused(RuntimeError):
+    """This process may not join the run: its configuration or model differs from the run's (one line)."""
+
+
+class RoundFailed(RuntimeError):
+    """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
+
+
+def etcd_store(endpoints: str, run_id: str, timeout: datetime.timedelta) -> Any:
+    """The store of a run on an etcd cluster (``"host:port,host:port,..."``, every member): no single point of failure.
+
+    torch's ``EtcdStore`` over a ``python-etcd`` client that fails over between the members; the run's keys
+    live under ``/autoloco-live/<run_id>``.
+    """
+    import etcd
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+    hosts = []
+    for endpoint in endpoints.split(","):
+        host, _, port = endpoint.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port, e.g. 10.0.0.1:2379")
+        hosts.append((host, int(port)))
+    client = etcd.Client(host=tuple(hosts), protocol="http", allow_reconnect=True, read_timeout=5)
+    return EtcdStore(client, f"/autoloco-live/{run_id}", timeout)
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """Names, shapes and dtypes of the parameters: two processes may only train together when these agree."""
+    layout = [(name, list(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """A formed round: this process's place in it and the boundary state every member goes on from."""
+
+    round: int
+    rank: int
+    world_size: int
+    members: list[str]
+    state: dict[str, Any] | None  # the source's boundary state (None: no member had trained yet)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    slot: int
+    member_id: str
+    boundary: int
+    config: dict[str, Any]
+    model: str
+
+
+class LiveMembership:
+    """Membership rounds for one process (one worker: ``ranks_per_worker = 1``, no overlap).
+
+    Args:
+        store: a ``torch.distributed.Store`` every process reaches and that outlives any of them: the
+            ``EtcdStore`` of an etcd cluster (no single point of failure) or a ``TCPStore`` on a host
+            that is not a worker.
+        member_id: this process's name in rounds and messages (e.g. ``"<host>-<pid>"``).
+        config: the run's configuration; a process with another one is refused.
+        model: the worker's model; a process with another layout is refused.
+        settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
+            arrive within about a second of each other; a partition's after ``sync_timeout_s``).
+        round_timeout_s: the bound on forming one round.
+        backend: the process-group backend of every round.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        member_id: str,
+        config: AutoLoCoConfig,
+        model: torch.nn.Module,
+        *,
+        settle_s: float = 2.0,
+        round_timeout_s: float = 120.0,
+        backend: str = "gloo",
+    ) -> None:
+        if config.ranks_per_worker != 1:
+            raise ValueError(
+                f"config.ranks_per_worker={config.ranks_per_worker}: live membership keeps one process per worker; "
+                "use ranks_per_worker=1 or the restart path (docs/reliability.md)"
+            )
+        if settle_s <= 0 or round_timeout_s <= settle_s:
+            raise ValueError(
+                f"settle_s={settle_s:g}, round_timeout_s={round_timeout_s:g}: need 0 < settle_s < round_timeout_s"
+            )
+        self.store = store
+        self.member_id = member_id
+        self.config = config
+        self.settle_s = settle_s
+        self.round_timeout_s = round_timeout_s
+        self.backend = backend
+        self._config_json = config_json(config)
+        self._model = model_signature(model)
+        self.round = NO_BOUNDARY  # the round this process is a member of
+        self.world_size = 0
+        self._state: dict[str, Any] | None = None  # host copy of the last boundary state
+        self._boundary = NO_BOUNDARY
+        self._extra_state: Callable[[], dict[str, Any]] | None = None
+        self.join_pending = False  # set at a boundary where every member saw a process waiting
+
+    # ------------------------------------------------------------------ entering the run
+    def start(self, world_size: int) -> Agreement:
+        """Form round 0 with the run's first ``world_size`` processes (each calls this once)."""
+        return self._form(0, may_close=True, expected=world_size)
+
+    def join(self) -> Agreement:
+        """Wait for a round that admits this process (the members take it in at their next boundary)."""
+        deadline = time.monotonic() + self.round_timeout_s
+        while True:
+            number = self._latest() + 1
+            agreement = self._form(number, may_close=False, expected=None, deadline=deadline)
+            if agreement is not None:
+                return agreement
+
+    def reform(self, lost: Sequence[int] = ()) -> Agreement:
+        """After a lost peer (``lost``: the ranks the error names) or at a boundary with ``join_pending``.
+
+        Every reachable member calls this; the new round's members go on from the agreed boundary.
+        """
+        # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
+        expected = self.world_size - 1 if len(lost) == 1 else None
+        if self.join_pending:
+            expected = self.world_size + int(self.store.add(self._key(self.round + 1, "count"), 0))
+        deadline = time.monotonic() + self.round_timeout_s
+        number = self.round + 1
+        while True:
+            agreement = self._form(number, may_close=self.round == number - 1, expected=expected, deadline=deadline)
+            if agreement is not None:
+                return agreement
+            number = self._latest() + 1  # left out (a late slot): wait to be taken in like a new process
+
+    # ------------------------------------------------------------------ while training
+    def attach(self, engine: IntervalEngine, extra_state: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Keep a host copy of ``engine``'s boundary state at every boundary and look for waiting processes.
+
+        ``extra_state`` adds the caller's shared state (its LR scheduler's ``state_dict()``), returned to
+        every member in :attr:`Agreement.state` under its own keys.
+        """
+        check_snapshot_support(engine)
+        self._extra_state = extra_state
+        self._keep(engine)
+        engine.listeners.append(lambda record: self._at_boundary(engine, record))
+
+    def _keep(self, engine: IntervalEngine) -> None:
+        state = {"engine": engine.boundary_state()}
+        if self._extra_state is not None:
+            state.update(self._extra_state())
+        self._state, self._boundary = host_copy(state), engine.step
+
+    def _at_boundary(self, engine: IntervalEngine, record: IntervalRecord) -> None:
+        import torch.distributed as dist
+
+        self._keep(engine)
+        waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+        try:  # every member must decide alike: the largest count any of them saw
+            dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
+        except RuntimeError as err:
+            others = [r for r in range(self.world_size) if r != dist.get_rank()]
+            raise peer_lost(err, "the check for joining processes", dist.get_rank(), others, None) from err
+        self.join_pending = bool(waiting.item() > 0)
+
+    # ------------------------------------------------------------------ one round
+    def _key(self, number: int, name: str) -> str:
+        return f"{PREFIX}round{number}/{name}"
+
+    def _latest(self) -> int:
+        key = f"{PREFIX}latest"
+        self.store.wait([key], datetime.timedelta(seconds=self.round_timeout_s))
+        return int(self.store.get(key))
+
+    def _form(
+        self, number: int, *, may_close: bool, expected: int | None, deadline: float | None = None
+    ) -> Agreement | None:
+        """Take part in round ``number``; ``None`` if this process was left out of it (a slot too late)."""
+        deadline = deadline if deadline is not None else time.monotonic() + self.round_timeout_s
+        me = int(self.store.add(self._key(number, "count"), 1))
+        info = {
+            "id": self.member_id,
+            "boundary": self._boundary,
+            "config": self._config_json,
+            "model": self._model,
+        }
+        self.store.set(self._key(number, f"slot{me}"), json.dumps(info))
+        closed_key = self._key(number, "closed")
+        if may_close:
+            self._close(number, me, expected, deadline)
+        size = self._wait_closed(number, closed_key, deadline)
+        if me > size:
+            return None
+        slots = [self._read_slot(number, s, deadline) for s in range(1, size + 1)]
+        return self._enter(number, me, slots)
+
+    def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
+        count_key, closed_key = self._key(number, "count"), self._key(number, "closed")
+        count, changed = me, time.monotonic()
+        while not self.store.check([closed_key]):
+            now = time.monotonic()
+            latest = int(self.store.add(count_key, 0))
+            if latest != count:
+                count, changed = latest, now
+            if (expected is not None and count >= expected) or now - changed >= self.settle_s or now > deadline:
+                if int(self.store.add(self._key(number, "ticket"), 1)) == 1:
+                    self.store.set(closed_key, str(count))
+                return
+            time.sleep(0.02)
+
+    def _wait_closed(self, number: int, key: str, deadline: float) -> int:
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+        except Exception as err:  # the store's timeout (TCPStore raises DistStoreError, EtcdStore LookupError)
+            raise RoundFailed(
+                f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
+                f"of the run reached the store ({type(err).__name__}); the run may be over"
+            ) from err
+        return int(self.store.get(key))
+
+    def _read_slot(self, number: int, slot: int, deadline: float) -> _Slot:
+        key = self._key(number, f"slot{slot}")
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+        except Exception as err:
+            raise RoundFailed(
+                f"membership round {number}: slot {slot} took its place and never said who it is (its process "
+                f"ended in between); the next lost-peer error starts another round"
+            ) from err
+        info = json.loads(self.store.get(key))
+        return _Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
+
+    def _enter(self, number: int, me: int, slots: list[_Slot]) -> Agreement:
+        import torch.distributed as dist
+
+        source = max(slots, key=lambda s: (s.boundary, -s.slot))
+        accepted = [s for s in slots if self._refusal(s, source) is None]
+        mine = next(s for s in slots if s.slot == me)
+        reason = self._refusal(mine, source)
+        if reason is not None:
+            raise JoinRefused(f"{self.member_id} may not join the run (membership round {number}): {reason}")
+        for slot in slots:
+            if slot not in accepted:
+                logger.warning(
+                    "membership round %d: %s refused: %s", number, slot.member_id, self._refusal(slot, source)
+                )
+        rank, size = accepted.index(mine), len(accepted)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        timeout = datetime.timedelta(seconds=self.config.sync_timeout_s or self.round_timeout_s)
+        store = dist.PrefixStore(self._key(number, "group/"), self.store)
+        dist.init_process_group(self.backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        state = None
+        if source.boundary != NO_BOUNDARY:
+            box = [self._state if source.slot == me else None]
+            dist.broadcast_object_list(box, src=accepted.index(source))
+            state = box[0]
+        self.round, self.world_size, self.join_pending = number, size, False
+        if rank == 0:
+            self.store.set(f"{PREFIX}latest", str(number))
+        logger.info(
+            "membership round %d: %d member(s) %s, going on from step %s",
+            number,
+            size,
+            [s.member_id for s in accepted],
+            source.boundary if state else 0,
+        )
+        return Agreement(number, rank, size, [s.member_id for s in accepted], state)
+
+    def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
+        """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""
+        differences = config_differences(source.config, slot.config)
+        if differences:
+            name, run, theirs = differences[0]
+            return (
+                f"field config.{name}={theirs!r} but the run has {name}={run!r}: start it with the run's AutoLoCoConfig"
+            )
+        if slot.model != source.model:
+            return "its model's parameters (names, shapes, dtypes) differ from the run's: start it with the run's model"
+        return None
