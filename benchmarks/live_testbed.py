@@ -1,0 +1,334 @@
+"""Live membership on loopback: faults that the survivors ride out in process (docs/reliability.md "Live membership").
+
+Not a test (``tests/integrations/test_live_membership.py`` runs the same worker). Real
+processes on one machine, gloo over loopback, the toy language model of ``tests/toy.py``,
+DiLoCo at H 4 for 60 steps (a 0.02 s pause per step stands for the step's compute), and
+the membership store on a 3-member etcd cluster (``--store tcp``: a ``TCPStore`` of this
+process). Scenarios, 3 workers at the start:
+
+* ``fault_free``: nothing happens (the loss spread over seeds is the yardstick);
+* ``node_lost``: worker 2 dies at step 10 (a closed connection);
+* ``node_back``: the same, and a new process joins after step 24;
+* ``partition``: worker 2 stops answering at step 10 (SIGSTOP: a silent partition);
+* ``two_lost``: worker 2 dies at step 10, worker 1 at step 30;
+* ``store_member_lost``: ``node_lost`` with etcd member 0 killed after the survivors reformed.
+
+Reported per scenario and seed: seconds from the fault to training again (the dead
+worker writes the time of its death to the store; the survivors the time of their first
+step after the reform), steps redone, goodput (the run's steps over the steps trained,
+summed over the workers that finished), the final held-out loss (16 batches no worker
+trains on) and its difference to the fault-free run of the same seed::
+
+    PYTHONPATH=. python benchmarks/live_testbed.py                  # writes docs/results/elastic/live_testbed.json
+    PYTHONPATH=. python benchmarks/live_testbed.py --report-only    # the table from the committed JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
+HELD_OUT_WORKER, HELD_OUT_BATCHES = 999, 16
+SCENARIOS = ("fault_free", "node_lost", "node_back", "partition", "two_lost", "store_member_lost")
+DEFAULT_OUT = ROOT / "docs" / "results" / "elastic" / "live_testbed.json"
+
+
+def run_worker(
+    name: str,
+    data_index: int,
+    port: int,
+    out: str,
+    first_world: int,
+    *,
+    seed: int = 0,
+    die_at_step: int | None = None,
+    freeze_at_step: int | None = None,
+    h_base: int = H,
+    store_kind: str = "tcp",
+    endpoints: str = "",
+    wait_for_joiner_at: tuple[int, ...] = (),
+) -> None:
+    """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
+
+    ``first_world``: the processes of round 0 (0: this process joins a running run).
+    ``wait_for_joiner_at``: before these steps, wait until a process has registered for the next round, so
+    that a run on a loaded machine does not end before the process it should take in has started.
+    """
+    import torch.distributed as dist
+    from toy import adamw, batch_for, cosine, make_model
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.algorithm.schedule import SchedulerPreview
+    from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
+    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, etcd_store
+    from autoloco_hf.sync.communicators import PeerLostError, make_communicator
+    from autoloco_hf.sync.factory import make_engine
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=60)
+    if store_kind == "tcp":
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    else:
+        store = etcd_store(endpoints, f"run-{port}", timeout)
+    config = AutoLoCoConfig(method="diloco", h_base=h_base, sync_timeout_s=SYNC_TIMEOUT_S)
+    model = make_model(seed=seed)
+    optimizer = adamw(model.parameters())
+    scheduler = cosine(STEPS, 4)(optimizer)
+    live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
+    seen: dict[str, Any] = {"name": name, "rounds": [], "steps": [], "faults": []}
+
+    def write() -> None:
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump(seen, f)
+
+    def enter(agreement) -> tuple:
+        comm = make_communicator(config, True)
+        engine = make_engine(config, [model], SchedulerPreview(scheduler, STEPS), comm, STEPS, optimizers=[optimizer])
+        step = 0
+        if agreement.state is not None:
+            engine.resume_at_boundary(agreement.state["engine"])
+            scheduler.load_state_dict(agreement.state["scheduler"])
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
+            step = engine.step
+        live.attach(engine, extra_state=lambda: {"scheduler": scheduler.state_dict()})
+        seen["rounds"].append(
+            {"round": agreement.round, "rank": agreement.rank, "members": agreement.members, "from_step": step}
+        )
+        return engine, step
+
+    try:
+        agreement = live.start(first_world) if first_world else live.join()
+    except JoinRefused as err:
+        seen["refused"] = str(err)
+        write()
+        return
+    engine, step = enter(agreement)
+    lost_at = None
+    while step < STEPS:
+        if die_at_step is not None and step == die_at_step:
+            store.set(f"test/{name}/fault_at", repr(time.time()))
+            os._exit(1)  # a closed connection for the others
+        if freeze_at_step is not None and step == freeze_at_step:
+            store.set(f"test/{name}/fault_at", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)  # a silent partition: the connection stays open, nothing answers
+        if step in wait_for_joiner_at:
+            key = f"autoloco/round{live.round + 1}/count"
+            until = time.monotonic() + 120
+            while not (store.check([key]) and store.add(key, 0) > 0) and time.monotonic() < until:
+                time.sleep(0.05)
+        try:
+            batch = batch_for(data_index + 100 * seed, step, padded=True)
+            loss = model(**batch).loss
+            loss.backward()
+            lr = float(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            engine.after_optimizer_step([count_non_padding_tokens(batch)], [float(loss.detach())], lr=lr)
+            seen["steps"].append(step)
+            step += 1
+            time.sleep(STEP_SECONDS)
+            if live.join_pending:
+                engine, step = enter(live.reform())
+            if lost_at is not None:
+                seen["faults"][-1]["training_again_s"] = time.monotonic() - lost_at
+                seen["faults"][-1]["training_again_at"] = time.time()
+                lost_at = None
+        except PeerLostError as err:
+            lost_at = time.monotonic()
+            seen["faults"].append({"at_step": step, "error": str(err)})
+            engine, step = enter(live.reform(lost=err.silent_ranks))
+    seen["theta"] = engine.outer.params.detach().tolist()
+    seen["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+    with torch.no_grad():
+        held_out = [float(model(**batch_for(HELD_OUT_WORKER, s)).loss) for s in range(HELD_OUT_BATCHES)]
+    seen["held_out_loss"] = statistics.fmean(held_out)
+    write()
+    dist.destroy_process_group()
+
+
+def spawn(ctx, out: str, port: int, name: str, data_index: int, first_world: int, **kwargs) -> Any:
+    process = ctx.Process(target=run_worker, args=(name, data_index, port, out, first_world), kwargs=kwargs)
+    process.start()
+    return process
+
+
+def wait_round(store: Any, number: int, deadline: float) -> None:
+    """Until membership round ``number`` has formed (the store's ``autoloco/latest``)."""
+    while time.monotonic() < deadline:
+        if store.check(["autoloco/latest"]) and int(store.get("autoloco/latest")) >= number:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"membership round {number} never formed")
+
+
+def collect(processes: list, out: str, names, deadline: float) -> dict[str, dict]:
+    """Join the processes (killing any left at the deadline) and read what the named ones saw."""
+    for process in processes:
+        process.join(timeout=max(1.0, deadline - time.monotonic()))
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        process.kill()
+    if alive:
+        raise TimeoutError(f"{len(alive)} worker(s) hung")
+    seen = {}
+    for name in names:
+        with open(os.path.join(out, f"{name}.json")) as f:
+            seen[name] = json.load(f)
+    return seen
+
+
+def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
+    """One scenario on a fresh store: what each finishing worker saw and the time of each fault."""
+    import torch.distributed as dist
+    from _dist import free_port
+    from etcd_cluster import EtcdCluster
+
+    from autoloco_hf.integrations.live_membership import etcd_store
+
+    out = tempfile.mkdtemp(prefix=f"live_{scenario}_")
+    port, timeout, cluster = free_port(), datetime.timedelta(seconds=60), None
+    if store_kind == "tcp":
+        store, where = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timeout), {}
+    else:
+        cluster = EtcdCluster([("127.0.0.1", free_port(), free_port()) for _ in range(3)], out)
+        cluster.start()
+        endpoints = ",".join(cluster.endpoints)
+        store, where = etcd_store(endpoints, f"run-{port}", timeout), {"store_kind": "etcd", "endpoints": endpoints}
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 240
+    common = {"seed": seed, **where}
+    faults = {
+        "fault_free": {},
+        "node_lost": {2: {"die_at_step": 10}},
+        "node_back": {2: {"die_at_step": 10}},
+        "partition": {2: {"freeze_at_step": 10}},
+        "two_lost": {2: {"die_at_step": 10}, 1: {"die_at_step": 30}},
+        "store_member_lost": {2: {"die_at_step": 10}},
+    }[scenario]
+    joins = {"wait_for_joiner_at": (24,)} if scenario == "node_back" else {}
+    try:
+        workers = {
+            f"w{i}": spawn(ctx, out, port, f"w{i}", i, 3, **common, **joins, **faults.get(i, {})) for i in range(3)
+        }
+        finishing = [f"w{i}" for i in range(3) if i not in faults]
+        if scenario == "store_member_lost":
+            wait_round(store, 1, deadline)
+            cluster.kill(0)
+        if scenario == "node_back":
+            wait_round(store, 1, deadline)
+            workers["w2b"] = spawn(ctx, out, port, "w2b", 2, 0, **common, **joins)
+            finishing.append("w2b")
+        try:
+            seen = collect([workers[name] for name in finishing], out, finishing, deadline)
+        finally:
+            for process in workers.values():
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+                process.join()
+        fault_at = {
+            f"w{i}": float(store.get(f"test/w{i}/fault_at")) for i in faults if store.check([f"test/w{i}/fault_at"])
+        }
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    return {"scenario": scenario, "seed": seed, "store": store_kind, "seen": seen, "fault_at": fault_at}
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """Seconds back to training after each fault, steps redone, goodput and held-out loss of one run."""
+    seen, fault_times = run["seen"], sorted(run["fault_at"].values())
+    back = []
+    for fault_time in fault_times:  # until the slowest survivor trains again
+        again = [
+            min((f["training_again_at"] for f in w["faults"] if f.get("training_again_at", 0) > fault_time), default=0)
+            for w in seen.values()
+            if w["faults"]
+        ]
+        if any(again):
+            back.append(max(again) - fault_time)
+    trained = sum(len(w["steps"]) for w in seen.values())
+    useful = sum(STEPS - (w["steps"][0] if w["steps"] else STEPS) for w in seen.values())
+    redone = max(len(w["steps"]) - len(set(w["steps"])) for w in seen.values())
+    losses = {w["held_out_loss"] for w in seen.values()}
+    return {
+        "back_to_training_s": [round(b, 3) for b in back],
+        "steps_redone": redone,
+        "goodput": useful / trained,
+        "held_out_loss": statistics.fmean(losses),
+        "members_agree": len({json.dumps(w["theta"]) for w in seen.values()}) == 1,
+    }
+
+
+def report(runs: list[dict[str, Any]]) -> str:
+    base = {r["seed"]: summarize(r)["held_out_loss"] for r in runs if r["scenario"] == "fault_free"}
+    spread = max(base.values()) - min(base.values()) if base else float("nan")
+    lines = [
+        "| scenario | seeds | fault to training again, s (each fault) | steps redone | goodput | held-out loss | "
+        "minus fault-free (per seed) | members agree |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for scenario in SCENARIOS:
+        mine = sorted((r for r in runs if r["scenario"] == scenario), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        rows = [summarize(r) for r in mine]
+        back = [b for row in rows for b in row["back_to_training_s"]]
+        diffs = [row["held_out_loss"] - base[r["seed"]] for row, r in zip(rows, mine) if r["seed"] in base]
+        lines.append(
+            f"| {scenario} | {','.join(str(r['seed']) for r in mine)} | "
+            + (f"{min(back):.2f}-{max(back):.2f}" if back else "-")
+            + f" | {max(row['steps_redone'] for row in rows)} | "
+            f"{min(row['goodput'] for row in rows):.3f}-{max(row['goodput'] for row in rows):.3f} | "
+            f"{statistics.fmean(row['held_out_loss'] for row in rows):.4f} | "
+            + ", ".join(f"{d:+.4f}" for d in diffs)
+            + f" | {all(row['members_agree'] for row in rows)} |"
+        )
+    lines.append("")
+    lines.append(f"Fault-free spread over seeds (max - min held-out loss): {spread:.4f}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="the raw results (JSON)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--store", choices=("etcd", "tcp"), default="etcd", help="where the membership rounds live")
+    parser.add_argument("--report-only", action="store_true", help="print the table from --out")
+    args = parser.parse_args()
+    if not args.report_only:
+        runs = []
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for scenario in args.scenarios:
+                store = "etcd" if scenario == "store_member_lost" else args.store
+                started = time.monotonic()
+                runs.append(run_scenario(scenario, seed, store))
+                print(f"{scenario} seed {seed}: {summarize(runs[-1])} ({time.monotonic() - started:.0f} s)", flush=True)
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "runs": runs}, f)
+    with open(args.out) as f:
+        print(report(json.load(f)["runs"]))
+
+
+if __name__ == "__main__":
+    main()
