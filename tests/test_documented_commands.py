@@ -129,6 +129,11 @@ RUN = {
     ),
     "PYTHONPATH=. python benchmarks/elastic_resume.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
     "PYTHONPATH=. python benchmarks/elastic_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the same, no root
+    # the live-membership scenarios: one scenario, one seed, on a TCPStore (the test runs the etcd ones)
+    "PYTHONPATH=. python benchmarks/live_testbed.py": (
+        "PYTHONPATH=. python benchmarks/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
+    ),
+    "PYTHONPATH=. python benchmarks/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
     # ... and the 3-node testbed (root): the fault-free scenario, 1 seed, 6 steps at H 2, no minimum step time
     "sudo PYTHONPATH=. python benchmarks/elastic_testbed.py": (
         "PYTHONPATH=. python benchmarks/elastic_testbed.py --seeds 1 --scenarios fault_free --steps 6 --h-base 2 "
