@@ -72,6 +72,16 @@ class WireDtype(ValueEnum):
         return self.bits <= 8
 
 
+class CodecKernel(ValueEnum):
+    """How the 4- and 2-bit wires compute their codes (docs/algorithm.md §7.1); both give the same bytes."""
+
+    EAGER = "eager"  # eager torch ops per cache-sized group: the reference
+    COMPILED = "compiled"  # one torch.compile'd kernel per group (a C++ compiler on CPU, Triton on GPU)
+
+
+GRID_WIRES = ("int4", "fp4", "int2")
+
+
 class ReferenceClip(ValueEnum):
     """How the reference EMA clips a residual before the update (docs/algorithm.md §5.1)."""
 
@@ -305,6 +315,12 @@ class AutoLoCoConfig:
         docs/algorithm.md §7.1). None: dense. Pair it with error_feedback=True, or the rest is lost.""",
         Range(0.0, 1.0, low_open=True),
     )
+    codec_kernel: CodecKernel = option(
+        CodecKernel.EAGER,
+        """How the int4, fp4 and int2 wires compute their codes: `eager` torch ops, or `compiled`, one
+        `torch.compile`d kernel per group of blocks (bit for bit the same bytes; the first sync pays the
+        compilation, seconds, cached on disk by torch). Needs a C++ compiler on CPU.""",
+    )
     error_feedback: bool = option(
         False,
         """Carry the codec's residual to the next interval (costs one FP32 model copy per worker; needs a lossy
@@ -515,6 +531,13 @@ class AutoLoCoConfig:
             )
 
     def _check_communication(self) -> None:
+        if self.codec_kernel == CodecKernel.COMPILED and self.wire_dtype.value not in GRID_WIRES:
+            _fail(
+                "codec_kernel",
+                self.codec_kernel.value,
+                f"the compiled kernel computes the codes of the {', '.join(GRID_WIRES)} wires, not "
+                f"wire_dtype={self.wire_dtype.value!r}: set codec_kernel='eager' or one of those wires",
+            )
         if self.error_feedback and self.wire_dtype == WireDtype.FP32:
             lossy = ", ".join(LOSSY_WIRES)
             _fail("error_feedback", True, f"it only applies to a lossy wire: set wire_dtype to one of {lossy}")

@@ -13,6 +13,8 @@ preallocated one.
     python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
     python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 \
         --topk 0.02 --json docs/results/codec_speed/codec_throughput.json   # the issue-36 run (docs/benchmarks.md)
+    python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 \
+        --kernels eager compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES
+from autoloco_hf.config import BLOCKWISE_WIRES, GRID_WIRES, WIRE_DTYPES, CodecKernel
 from autoloco_hf.sync.codec import WireCodec
 
 
@@ -36,6 +38,16 @@ def _parse_size(text: str) -> int:
 
 def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     return statistics.median(_seconds(fn, repeats, device))
+
+
+def _once(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> list[float]:
@@ -58,6 +70,13 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="elements, e.g. 16M")
     parser.add_argument("--wires", nargs="+", default=["bf16", "int8"], choices=WIRE_DTYPES)
     parser.add_argument("--topk", type=float, default=None, help="also each blockwise wire with this topk_fraction")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["eager"],
+        choices=[k.value for k in CodecKernel],
+        help="codec_kernel values, timed interleaved (compiled: the int4, fp4 and int2 wires only)",
+    )
     parser.add_argument("--json", default=None, help="write every repeat's times here")
     parser.add_argument("--block-size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
@@ -73,7 +92,7 @@ def main() -> None:
         f"block_size {args.block_size}, median of {args.repeats}"
     )
     header = ("wire", "elements", "encode GB/s", "decode GB/s", "enc+dec GB/s", "enc+dec fresh", "wire/fp32")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (5, 12, 12, 12, 13, 14, 10))))
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (16, 12, 12, 12, 13, 14, 10))))
     gen = torch.Generator().manual_seed(0)
     wires = [(w, None) for w in args.wires]
     wires += [(w, args.topk) for w in args.wires if args.topk is not None and w in BLOCKWISE_WIRES]
@@ -91,24 +110,31 @@ def main() -> None:
         copies = _seconds(lambda: copy.copy_(x), args.repeats, device)
         t_copy = statistics.median(copies)
         raw["rows"].append({"wire": "copy", "elements": numel, "copy_s": copies})
-        print(f"{'copy':>5} {numel:>12,} {gb / t_copy:>12.2f} {'':>12} {'':>13} {'':>14} {1.0:>10.4f}")
+        print(f"{'copy':>16} {numel:>12,} {gb / t_copy:>12.2f} {'':>12} {'':>13} {'':>14} {1.0:>10.4f}")
         for wire, topk in wires:
-            codec = WireCodec(wire, [numel], block_size=args.block_size, topk_fraction=topk)
-            wire_bufs = codec.empty_wire(0, numel, device)
-            codec.encode(x, 0, out=wire_bufs)
-            encodes = _seconds(lambda: codec.encode(x, 0, out=wire_bufs), args.repeats, device)
-            decodes = _seconds(lambda: codec.decode(wire_bufs, 0, numel, out=copy), args.repeats, device)
-            fresh = _seconds(lambda: codec.roundtrip(x, 0), args.repeats, device)
-            t_enc, t_dec, t_fresh = (statistics.median(t) for t in (encodes, decodes, fresh))
-            ratio = codec.wire_bytes(0, numel) / (4 * numel)
-            name = wire if topk is None else f"{wire}+top{topk:g}"
-            raw["rows"].append(
-                {"wire": name, "elements": numel, "encode_s": encodes, "decode_s": decodes, "fresh_s": fresh}
-            )
-            print(
-                f"{name:>5} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
-                f"{gb / t_fresh:>14.2f} {ratio:>10.4f}"
-            )
+            kernels = [k for k in args.kernels if k == "eager" or wire in GRID_WIRES]
+            codecs = {k: WireCodec(wire, [numel], args.block_size, topk, k) for k in kernels}
+            bufs = {k: codec.empty_wire(0, numel, device) for k, codec in codecs.items()}
+            for k, codec in codecs.items():  # warm-up: allocator, and the compiled kernel's compilation
+                codec.encode(x, 0, out=bufs[k])
+                codec.decode(bufs[k], 0, numel, out=copy)
+            times = {k: {"encode_s": [], "decode_s": [], "fresh_s": []} for k in kernels}
+            for _ in range(args.repeats):  # the kernels interleaved, repeat by repeat: the same moment of the machine
+                for k, codec in codecs.items():
+                    times[k]["encode_s"].append(_once(lambda: codec.encode(x, 0, out=bufs[k]), device))
+                    times[k]["decode_s"].append(_once(lambda: codec.decode(bufs[k], 0, numel, out=copy), device))
+                    times[k]["fresh_s"].append(_once(lambda: codec.roundtrip(x, 0), device))
+            for k, codec in codecs.items():
+                t_enc, t_dec, t_fresh = (
+                    statistics.median(times[k][key]) for key in ("encode_s", "decode_s", "fresh_s")
+                )
+                ratio = codec.wire_bytes(0, numel) / (4 * numel)
+                name = (wire if topk is None else f"{wire}+top{topk:g}") + ("" if k == "eager" else f" {k}")
+                raw["rows"].append({"wire": name, "kernel": k, "elements": numel, **times[k]})
+                print(
+                    f"{name:>16} {numel:>12,} {gb / t_enc:>12.2f} {gb / t_dec:>12.2f} {gb / (t_enc + t_dec):>13.2f} "
+                    f"{gb / t_fresh:>14.2f} {ratio:>10.4f}"
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

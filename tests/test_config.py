@@ -197,6 +197,8 @@ def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) 
         (dict(topk_fraction=0.02), "topk_fraction"),  # sparsifies a blockwise wire, not fp32
         (dict(wire_dtype="bf16", topk_fraction=0.02), "topk_fraction"),
         (dict(wire_dtype="int2", topk_fraction=0.02, int8_block_size=70_000), "int8_block_size"),  # 16-bit offsets
+        (dict(codec_kernel="compiled"), "codec_kernel='compiled' is invalid: the compiled kernel computes the codes"),
+        (dict(wire_dtype="int8", codec_kernel="compiled"), "codec_kernel"),  # int8 has one kernel
         # the flat worker-group layout counts tokens per outer group: groups could map them to different horizons
         (dict(ranks_per_worker=2, hierarchical_sync=False), "hierarchical_sync"),
     ],

@@ -123,6 +123,15 @@ RUN = {
         "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
         "--repeats 5 --json docs/results/codec_speed/codec_throughput.json --sizes 1M --repeats 1 --json codec.json"
     ),
+    # docs/benchmarks.md: the eager and compiled kernels side by side, on 1M elements, one repeat, int2 only
+    (
+        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
+        "compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json"
+    ): (
+        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
+        "compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json --sizes 1M --wires int2 --repeats 1 "
+        "--json codec_kernels.json"
+    ),
     # docs/reliability.md: the elastic resume on 12 steps, 1 seed (the fault inside the second interval)
     "PYTHONPATH=. python benchmarks/elastic_resume.py": (
         "PYTHONPATH=. python benchmarks/elastic_resume.py --steps 12 --fault-step 10 --seeds 1 --out elastic_resume.json"

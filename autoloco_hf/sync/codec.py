@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from autoloco_hf.config import MAX_TOPK_BLOCK, WireDtype
+from autoloco_hf.config import MAX_TOPK_BLOCK, CodecKernel, WireDtype
 from autoloco_hf.sync.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks, piece_wire_bytes
 from autoloco_hf.sync.formats import wire_format
 
@@ -65,8 +65,9 @@ class WireCodec:
         segment_sizes: Sequence[int],
         block_size: int = DEFAULT_BLOCK_SIZE,
         topk_fraction: float | None = None,
+        kernel: CodecKernel = CodecKernel.EAGER,
     ):
-        self.format = wire_format(wire_dtype, topk_fraction)
+        self.format = wire_format(wire_dtype, topk_fraction, kernel)
         _check_block_size(block_size, topk_fraction)
         sizes = [int(s) for s in segment_sizes]
         if any(s < 0 for s in sizes):

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.config import AutoLoCoConfig, WireDtype
+from autoloco_hf.config import AutoLoCoConfig, CodecKernel, WireDtype
 from autoloco_hf.sync.accounting import wire_bytes_sent
 from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_order, owner_reduce_mean
 
@@ -169,12 +169,14 @@ class Communicator(ABC):
         block_size: int = 4096,
         bucket_size_mb: float = 64.0,
         topk_fraction: float | None = None,
+        codec_kernel: CodecKernel = CodecKernel.EAGER,
     ) -> None:
         # the codec checks the names, block size and fraction once here: bad input fails at construction
-        WireCodec(wire_dtype, [], block_size, topk_fraction)
+        WireCodec(wire_dtype, [], block_size, topk_fraction, codec_kernel)
         self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
         self.topk_fraction = topk_fraction
+        self.codec_kernel = CodecKernel(codec_kernel)
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
         # one per layout and wire: the whole model, or each streaming fragment in turn (docs/algorithm.md §12)
         self._codecs: dict[tuple, WireCodec] = {}
@@ -188,7 +190,8 @@ class Communicator(ABC):
         key = (tuple(segment_sizes), wire)
         if key not in self._codecs:
             topk = self.topk_fraction if wire == self.wire_dtype else None
-            self._codecs[key] = WireCodec(wire, segment_sizes, self.block_size, topk)
+            kernel = self.codec_kernel if wire == self.wire_dtype else CodecKernel.EAGER
+            self._codecs[key] = WireCodec(wire, segment_sizes, self.block_size, topk, kernel)
         return self._codecs[key]
 
     def start_average(
@@ -755,6 +758,7 @@ def make_communicator(
         block_size=config.int8_block_size,
         bucket_size_mb=config.bucket_size_mb,
         topk_fraction=config.topk_fraction,
+        codec_kernel=config.codec_kernel,
     )
     if distributed:
         import torch.distributed as dist

@@ -85,12 +85,16 @@ def _edge_input(numel: int, seed: int, grid: Grid) -> torch.Tensor:
 SEGMENTS = [[1500], [37, 16, 300, 1, 999], [7, 7, 7, 234]]
 
 
+KERNELS = ["eager", "compiled"]  # codec_kernel: the compiled kernel must give the reference's bytes too
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("wire", list(GRIDS))
 @pytest.mark.parametrize("segments", SEGMENTS, ids=lambda s: f"{len(s)}seg")
 @pytest.mark.parametrize("block_size,threads", [(16, 1), (33, 2), (4096, 1)])
-def test_dense_grid_wire_bit_identical_to_reference(wire, segments, block_size, threads) -> None:
+def test_dense_grid_wire_bit_identical_to_reference(wire, segments, block_size, threads, kernel) -> None:
     grid = GRIDS[wire]
-    codec = WireCodec(wire, segments, block_size=block_size)
+    codec = WireCodec(wire, segments, block_size=block_size, kernel=kernel)
     x = _edge_input(codec.numel, seed=block_size, grid=grid)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -106,10 +110,11 @@ def test_dense_grid_wire_bit_identical_to_reference(wire, segments, block_size, 
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("wire", list(GRIDS))
-def test_dense_grid_wire_spans_several_cache_groups(wire) -> None:
+def test_dense_grid_wire_spans_several_cache_groups(wire, kernel) -> None:
     """A piece longer than one group of blocks (the kernel's grouping must not change the codes)."""
-    codec = WireCodec(wire, [2 * CHUNK_ELEMENTS + 100], block_size=4096)
+    codec = WireCodec(wire, [2 * CHUNK_ELEMENTS + 100], block_size=4096, kernel=kernel)
     x = torch.randn(codec.numel, generator=torch.Generator().manual_seed(1))
     x[5 * 4096 : 6 * 4096] *= 1e6
     packed, scales = codec.encode(x, 0)
@@ -137,11 +142,13 @@ def test_fp4_decodes_to_the_e2m1_values() -> None:
     assert codec.roundtrip(x, 0).tolist() == [*x[:15].tolist(), 0.5]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("wire", list(GRIDS))
-def test_non_finite_input_is_defined_and_decodes_finite(wire) -> None:
-    codec = WireCodec(wire, [8], block_size=4)
+def test_non_finite_input_is_defined_and_decodes_finite(wire, kernel) -> None:
+    codec = WireCodec(wire, [8], block_size=4, kernel=kernel)
     x = torch.tensor([math.nan, 1.0, math.inf, -2.0, 1.0, 2.0, 3.0, -math.inf])
     decoded = codec.roundtrip(x, 0)
+    assert torch.equal(decoded, WireCodec(wire, [8], block_size=4).roundtrip(x, 0))  # the same for both kernels
     assert torch.isfinite(decoded).all()
     # NaN: code 0, the smallest positive level (0 except for int2) at the upper scale
     assert decoded[0] == torch.tensor(GRIDS[wire].magnitudes[0] * _scale_max(GRIDS[wire].top), dtype=torch.float32)

@@ -153,3 +153,19 @@ def test_a_non_finite_pseudo_gradient_leaves_the_residual_untouched() -> None:
     assert torch.equal(engine.error_feedback[1].residual, before[1])  # nothing absorbed
     assert torch.isfinite(deltas[1]).all() and deltas[1].eq(0).all()  # zeroed before encoding, as today
     assert not torch.equal(engine.error_feedback[0].residual, before[0])  # the finite worker's moved
+
+
+@pytest.mark.parametrize("wire", ["int4", "fp4", "int2", "int2+topk"])
+def test_the_compiled_kernel_trains_bit_for_bit_like_eager(wire) -> None:
+    """codec_kernel="compiled" changes how the codes are computed, not one bit of the run."""
+    runs = {kernel: runner(config(wire, codec_kernel=kernel)) for kernel in ("eager", "compiled")}
+    for run in runs.values():
+        train(run, 0, STEPS)
+    eager, compiled = runs["eager"], runs["compiled"]
+    used = compiled.engine.comm.codec(compiled.engine.segment_sizes).format
+    assert getattr(used, "inner", used).compiled  # the config reached the codec
+    for w in WORKERS:
+        for p, q in zip(eager.models[w].parameters(), compiled.models[w].parameters()):
+            assert torch.equal(p, q), wire
+        assert torch.equal(eager.engine.error_feedback[w].residual, compiled.engine.error_feedback[w].residual)
+    assert records_of(eager) == records_of(compiled)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES, WireDtype
+from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES, CodecKernel, WireDtype
 from autoloco_hf.sync.formats.base import WireFormat
 from autoloco_hf.sync.formats.cast import CastFormat
 from autoloco_hf.sync.formats.grid import FP4_E2M1_GRID, INT2_GRID, INT4_GRID, GridFormat
@@ -25,11 +25,22 @@ FORMATS: dict[WireDtype, WireFormat] = {
 }
 
 
-def wire_format(wire_dtype: str, topk_fraction: float | None = None) -> WireFormat:
-    """The format called ``wire_dtype``, top-k sparsified when ``topk_fraction`` is set; one clear line on a bad name or fraction."""
+# the grid wires with codec_kernel="compiled": built on first use (each compiles its kernel at its first encode)
+_COMPILED: dict[WireDtype, GridFormat] = {}
+
+
+def wire_format(
+    wire_dtype: str, topk_fraction: float | None = None, kernel: CodecKernel = CodecKernel.EAGER
+) -> WireFormat:
+    """The format called ``wire_dtype``, top-k sparsified when ``topk_fraction`` is set; one clear line on a bad name or fraction.
+
+    ``kernel``: how a grid wire (int4, fp4, int2) computes its codes; the other wires have one way.
+    """
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype={wire_dtype!r} is not a wire format: use one of {', '.join(WIRE_DTYPES)}")
     dense = FORMATS[WireDtype(wire_dtype)]
+    if CodecKernel(kernel) == CodecKernel.COMPILED and isinstance(dense, GridFormat):
+        dense = _COMPILED.setdefault(WireDtype(wire_dtype), GridFormat(dense.grid, compiled=True))
     if topk_fraction is None:
         return dense
     if not 0.0 < topk_fraction <= 1.0:

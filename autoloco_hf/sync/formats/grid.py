@@ -26,7 +26,8 @@ finite input) with an integer table; for a grid of step 1 (``int4``) it is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +82,26 @@ FP4_E2M1_GRID = Grid(4, (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), denominator=4)
 INT2_GRID = Grid(2, (0.5, 1.5), denominator=1)
 
 
+def grid_codes(
+    xb: torch.Tensor, *, midpoints: tuple[float, ...], top: float, scale_max: float, sign_bit: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 codes and FP32 scales of the full blocks ``xb`` (rows), by the module's definition.
+
+    The body of the compiled kernel (``codec_kernel="compiled"``): ``#{mid_j < m}`` as a sum of
+    comparisons, which a compiler fuses into one pass; the eager path's ``ceil`` and table lookups give the
+    same index (NaN: no comparison holds, 0; inf: all hold, the top level), so the bytes are the same.
+    """
+    amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / top)
+    scale = torch.where(torch.isnan(scale), torch.full_like(scale, scale_max), scale).clamp(SCALE_MIN, scale_max)
+    m = (xb / scale[:, None]).abs()
+    # counted in FP32 (small integers, exact): int8 arithmetic does not vectorize in the generated CPU code (30x slower)
+    index = (m > midpoints[0]).to(torch.float32)
+    for mid in midpoints[1:]:
+        index = index + (m > mid).to(torch.float32)
+    return (index + (xb < 0).to(torch.float32) * sign_bit).to(torch.int8), scale
+
+
 def _as_lanes(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """``x`` reinterpreted as ``dtype`` (several elements per lane), or ``None`` where its offset or length does not allow it."""
     ratio = torch.empty((), dtype=dtype).element_size() // x.element_size()
@@ -101,8 +122,10 @@ class GridFormat(WireFormat):
 
     dtypes = (torch.uint8, torch.float32)
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, compiled: bool = False) -> None:
         self.grid = grid
+        self.compiled = compiled
+        self._kernel: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
         self.per_byte = 8 // grid.bits
         self.scale_max = _largest_finite_scale(grid.top)
         d = grid.denominator
@@ -148,7 +171,11 @@ class GridFormat(WireFormat):
             xg = x[lo : lo + group]
             padded = -(-xg.numel() // per_byte) * per_byte
             for xb, cb in zip(blocked(xg, block_size), blocked(codes[: xg.numel()], block_size)):
-                scale = self._codes(xb, cb, m_buf, sign_buf, pos_buf, table)
+                if self.compiled and xb.shape[1] == block_size:
+                    kernel_codes, scale = self._compiled_kernel()(xb)
+                    cb.copy_(kernel_codes)
+                else:
+                    scale = self._codes(xb, cb, m_buf, sign_buf, pos_buf, table)
                 scales[row : row + scale.numel()] = scale
                 row += scale.numel()
             codes[xg.numel() : padded] = 0
@@ -160,6 +187,25 @@ class GridFormat(WireFormat):
                 lane.bitwise_or_(torch.bitwise_right_shift(lane, 6, out=tmp))
                 lane.bitwise_or_(torch.bitwise_right_shift(lane, 12, out=tmp))
             packed[lo // per_byte : (lo + padded) // per_byte].view(torch.int8).copy_(lane)  # keeps the low byte
+
+    def _compiled_kernel(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """:func:`grid_codes` of this grid compiled once (any number of rows: the row count is dynamic)."""
+        if self._kernel is None:
+            codes = functools.partial(
+                grid_codes,
+                midpoints=self.grid.midpoints,
+                top=self.grid.top,
+                scale_max=self.scale_max,
+                sign_bit=1 << (self.grid.bits - 1),
+            )
+            compiled = torch.compile(codes, dynamic=False)
+
+            def kernel(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                torch._dynamo.maybe_mark_dynamic(xb, 0)  # one kernel for every group's row count
+                return compiled(xb)
+
+            self._kernel = kernel
+        return self._kernel
 
     def _codes(
         self,
