@@ -2,8 +2,8 @@
 
 Real processes, real gloo groups and a real store every process reaches: a ``TCPStore``
 hosted by this test process (it outlives the workers), and a 3-member etcd cluster, one of
-whose members is killed while the run goes on (skipped with the apt command when etcd is
-missing; .ci/run installs it). Three workers start; one dies mid-interval (a closed
+whose members is killed while the run goes on, between rounds (skipped with the apt command
+when etcd is missing; .ci/run installs it). Three workers start; one dies mid-interval (a closed
 connection); the two survivors reform without exiting and go on from the last boundary; a
 fourth process joins at a later boundary and gets the outer state from a live peer; a
 fifth, with another ``h_base``, is refused with one line while the others go on. Then a
@@ -27,7 +27,7 @@ from _dist import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, spawn, wait_round  # noqa: E402
+from live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round  # noqa: E402
 
 from autoloco_hf.integrations.live_membership import etcd_store  # noqa: E402
 
@@ -53,12 +53,13 @@ def outcome(request, tmp_path_factory):
     try:
         ctx = multiprocessing.get_context("spawn")
         deadline = time.monotonic() + 240
-        members = {"wait_for_joiner_at": (24, 40), **where}  # w3 joins after step 24, w4 after step 40
+        # w3 joins after step 24, w4 after step 40; with etcd, member 0 is killed while w0 and w1 wait at step 20
+        members = {"wait_for_joiner_at": (24, 40), **where, **({"pause_at": 20} if cluster is not None else {})}
         first = [spawn(ctx, out, port, f"w{i}", i, 3, die_at_step=10 if i == 2 else None, **members) for i in range(3)]
         wait_round(store, 1, deadline)  # the survivors reformed after w2's death
-        if cluster is not None:
-            cluster.kill(0)  # an etcd member is lost too: the two others keep the quorum, the run its store
-        joiner = spawn(ctx, out, port, "w3", 3, 0, **members)
+        if cluster is not None:  # an etcd member is lost too: the two others keep the quorum, the run its store
+            kill_store_member(store, cluster, ["w0", "w1"], deadline)
+        joiner = spawn(ctx, out, port, "w3", 3, 0, **{k: v for k, v in members.items() if k != "pause_at"})
         wait_round(store, 2, deadline)  # w3 is in
         refused = spawn(ctx, out, port, "w4", 4, 0, h_base=2 * H, **where)
         processes = [*first, joiner, refused]
