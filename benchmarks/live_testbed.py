@@ -9,7 +9,8 @@ process). Scenarios, 3 workers at the start unless said:
 * ``fault_free``: nothing happens (the loss spread over seeds is the yardstick);
 * ``fault_free_two``: two workers from the start, nothing happens (what a run that loses one worker tends to);
 * ``node_lost``: worker 2 dies at step 10 (a closed connection);
-* ``node_back``: the same, and a new process joins after step 24;
+* ``node_lost_exact_redo``: the same, each worker restoring its AdamW state of the boundary it goes on from;
+* ``node_back``: ``node_lost``, and a new process joins after step 24;
 * ``partition``: worker 2 stops answering at step 10 (SIGSTOP: a silent partition);
 * ``two_lost``: worker 2 dies at step 10, worker 1 at step 30;
 * ``store_member_lost``: ``node_lost`` with etcd member 0 killed after the survivors reformed.
@@ -48,7 +49,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
 HELD_OUT_WORKER, HELD_OUT_BATCHES = 999, 16
-SCENARIOS = ("fault_free", "fault_free_two", "node_lost", "node_back", "partition", "two_lost", "store_member_lost")
+SCENARIOS = (
+    "fault_free",
+    "fault_free_two",
+    "node_lost",
+    "node_lost_exact_redo",
+    "node_back",
+    "partition",
+    "two_lost",
+    "store_member_lost",
+)
 DEFAULT_OUT = ROOT / "docs" / "results" / "elastic" / "live_testbed.json"
 
 
@@ -67,12 +77,15 @@ def run_worker(
     endpoints: str = "",
     wait_for_joiner_at: tuple[int, ...] = (),
     pause_at: int | None = None,
+    exact_redo: bool = False,
 ) -> None:
     """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
 
     ``first_world``: the processes of round 0 (0: this process joins a running run).
     ``wait_for_joiner_at``: before these steps, wait until a process has registered for the next round, so
     that a run on a loaded machine does not end before the process it should take in has started.
+    ``exact_redo``: keep the optimizer's state at each boundary and restore it with the boundary
+    (``attach(local_state=...)``).
     ``pause_at``: before this step, write ``test/<name>/paused`` and wait for ``test/resume`` (the driver
     kills an etcd member while no process waits on the store: see docs/reliability.md on a member lost while a
     round forms).
@@ -111,12 +124,22 @@ def run_worker(
         if agreement.state is not None:
             engine.resume_at_boundary(agreement.state["engine"])
             scheduler.load_state_dict(agreement.state["scheduler"])
+            if agreement.local_state is not None:
+                optimizer.load_state_dict(agreement.local_state["optimizer"])
             for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
                 group["lr"] = lr
             step = engine.step
-        live.attach(engine, extra_state=lambda: {"scheduler": scheduler.state_dict()})
+        local = (lambda: {"optimizer": optimizer.state_dict()}) if exact_redo else None
+        live.attach(engine, extra_state=lambda: {"scheduler": scheduler.state_dict()}, local_state=local)
+        adam = optimizer.state_dict()["state"].get(0, {})
         seen["rounds"].append(
-            {"round": agreement.round, "rank": agreement.rank, "members": agreement.members, "from_step": step}
+            {
+                "round": agreement.round,
+                "rank": agreement.rank,
+                "members": agreement.members,
+                "from_step": step,
+                "adam_step": float(adam["step"]) if "step" in adam else 0.0,  # AdamW's own count of its steps
+            }
         )
         return engine, step
 
@@ -237,11 +260,12 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
         store, where = etcd_store(endpoints, f"run-{port}", timeout), {"store_kind": "etcd", "endpoints": endpoints}
     ctx = multiprocessing.get_context("spawn")
     deadline = time.monotonic() + 240
-    common = {"seed": seed, **where}
+    common = {"seed": seed, "exact_redo": scenario == "node_lost_exact_redo", **where}
     faults = {
         "fault_free": {},
         "fault_free_two": {},
         "node_lost": {2: {"die_at_step": 10}},
+        "node_lost_exact_redo": {2: {"die_at_step": 10}},
         "node_back": {2: {"die_at_step": 10}},
         "partition": {2: {"freeze_at_step": 10}},
         "two_lost": {2: {"die_at_step": 10}, 1: {"die_at_step": 30}},

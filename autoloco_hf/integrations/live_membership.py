@@ -104,6 +104,8 @@ class Agreement:
     world_size: int
     members: list[str]
     state: dict[str, Any] | None  # the source's boundary state (None: no member had trained yet)
+    # this process's own state at that boundary (``attach(local_state=...)``; None if it does not hold that boundary)
+    local_state: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,8 @@ class LiveMembership:
         self._state: dict[str, Any] | None = None  # host copy of the last boundary state
         self._boundary = NO_BOUNDARY
         self._extra_state: Callable[[], dict[str, Any]] | None = None
+        self._local_state: Callable[[], dict[str, Any]] | None = None
+        self._local: dict[str, Any] | None = None  # host copy of this process's own state at the last boundary
         self.join_pending = False  # set at a boundary where every member saw a process waiting
 
     # ------------------------------------------------------------------ entering the run
@@ -198,14 +202,23 @@ class LiveMembership:
             number = self._latest() + 1  # left out (a late slot): wait to be taken in like a new process
 
     # ------------------------------------------------------------------ while training
-    def attach(self, engine: IntervalEngine, extra_state: Callable[[], dict[str, Any]] | None = None) -> None:
+    def attach(
+        self,
+        engine: IntervalEngine,
+        extra_state: Callable[[], dict[str, Any]] | None = None,
+        local_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         """Keep a host copy of ``engine``'s boundary state at every boundary and look for waiting processes.
 
         ``extra_state`` adds the caller's shared state (its LR scheduler's ``state_dict()``), returned to
-        every member in :attr:`Agreement.state` under its own keys.
+        every member in :attr:`Agreement.state` under its own keys. ``local_state`` is this process's own
+        state to restore with the boundary (its optimizer's ``state_dict()``: a redone interval then starts
+        from the AdamW moments of its start, not from ones that already saw its steps), kept in host
+        memory (one more copy of it) and returned in :attr:`Agreement.local_state`, never sent.
         """
         check_snapshot_support(engine)
         self._extra_state = extra_state
+        self._local_state = local_state
         self._keep(engine)
         engine.listeners.append(lambda record: self._at_boundary(engine, record))
 
@@ -214,6 +227,7 @@ class LiveMembership:
         if self._extra_state is not None:
             state.update(self._extra_state())
         self._state, self._boundary = host_copy(state), engine.step
+        self._local = host_copy(self._local_state()) if self._local_state is not None else None
 
     def _at_boundary(self, engine: IntervalEngine, record: IntervalRecord) -> None:
         import torch.distributed as dist
@@ -329,7 +343,8 @@ class LiveMembership:
             [s.member_id for s in accepted],
             source.boundary if state else 0,
         )
-        return Agreement(number, rank, size, [s.member_id for s in accepted], state)
+        local = self._local if state is not None and mine.boundary == source.boundary else None
+        return Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
 
     def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
         """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""

@@ -54,7 +54,12 @@ def outcome(request, tmp_path_factory):
         ctx = multiprocessing.get_context("spawn")
         deadline = time.monotonic() + 240
         # w3 joins after step 24, w4 after step 40; with etcd, member 0 is killed while w0 and w1 wait at step 20
-        members = {"wait_for_joiner_at": (24, 40), **where, **({"pause_at": 20} if cluster is not None else {})}
+        members = {
+            "wait_for_joiner_at": (24, 40),
+            "exact_redo": True,  # each worker restores its AdamW state of the boundary it goes on from
+            **where,
+            **({"pause_at": 20} if cluster is not None else {}),
+        }
         first = [spawn(ctx, out, port, f"w{i}", i, 3, die_at_step=10 if i == 2 else None, **members) for i in range(3)]
         wait_round(store, 1, deadline)  # the survivors reformed after w2's death
         if cluster is not None:  # an etcd member is lost too: the two others keep the quorum, the run its store
@@ -81,6 +86,7 @@ def test_the_survivors_go_on_in_process_from_the_last_boundary(outcome) -> None:
         second = seen[name]["rounds"][1]
         assert second["round"] == 1 and sorted(second["members"]) == ["w0", "w1"]
         assert second["from_step"] == 8  # the last boundary before the fault: steps 8-11 are redone
+        assert second["adam_step"] == 8  # AdamW as it was at step 8, not after the cut steps 8-10
         back_s = fault["training_again_at"] - outcome["fault_at"]
         assert back_s < 5.0, back_s  # target: after a closed connection, training again within 5 s
         # steps 8-10 are redone (step 11 failed at its boundary): at most the interval the fault cut; joins redo none
