@@ -374,7 +374,7 @@ def main() -> None:
                 started = time.monotonic()
                 runs.append(run_scenario(scenario, seed, store))
                 print(f"{scenario} seed {seed}: {summarize(runs[-1])} ({time.monotonic() - started:.0f} s)", flush=True)
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "runs": runs}, f)
     with open(args.out) as f:
