@@ -41,6 +41,7 @@ def _median_seconds(fn: Callable[[], object], repeats: int, device: torch.device
 
 
 def _once(fn: Callable[[], object], device: torch.device) -> float:
+    """One call's wall time (a GPU's queued work included)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -53,16 +54,7 @@ def _once(fn: Callable[[], object], device: torch.device) -> float:
 def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> list[float]:
     """Every repeat's wall time after one warm-up call (allocator, kernels)."""
     fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    return [_once(fn, device) for _ in range(repeats)]
 
 
 def main() -> None:
