@@ -78,6 +78,7 @@ def run_worker(
     wait_for_joiner_at: tuple[int, ...] = (),
     pause_at: int | None = None,
     exact_redo: bool = False,
+    die_entering_round: int | None = None,
 ) -> None:
     """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
 
@@ -89,6 +90,8 @@ def run_worker(
     ``pause_at``: before this step, write ``test/<name>/paused`` and wait for ``test/resume`` (the driver
     kills an etcd member while no process waits on the store: see docs/reliability.md on a member lost while a
     round forms).
+    ``die_entering_round``: end the process after that membership round closed, when its process group is set
+    up (the others' set-up fails; they form the next round without it).
     """
     import torch.distributed as dist
     from toy import adamw, batch_for, cosine, make_model
@@ -102,6 +105,15 @@ def run_worker(
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)
+    if die_entering_round is not None:
+        init_process_group = dist.init_process_group
+
+        def init_or_die(*args, store, **kwargs):
+            if live.round == die_entering_round:  # the round this process entered as a participant
+                os._exit(1)
+            return init_process_group(*args, store=store, **kwargs)
+
+        dist.init_process_group = init_or_die
     if store_kind == "tcp":
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
     else:

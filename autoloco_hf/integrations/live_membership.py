@@ -95,6 +95,10 @@ def model_signature(model: torch.nn.Module) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 
 
+class _GroupFailed(Exception):
+    """A closed round's process group did not form (a participant ended, or the store failed meanwhile)."""
+
+
 @dataclass(frozen=True)
 class Agreement:
     """A formed round: this process's place in it and the boundary state every member goes on from."""
@@ -173,16 +177,21 @@ class LiveMembership:
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
         """Form round 0 with the run's first ``world_size`` processes (each calls this once)."""
-        return self._form(0, may_close=True, expected=world_size)
+        deadline = time.monotonic() + self.round_timeout_s
+        agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
+        if agreement is not None:
+            return agreement
+        return self.reform() if self.round == 0 else self.join()  # round 0's group failed, or a slot too many
 
     def join(self) -> Agreement:
         """Wait for a round that admits this process (the members take it in at their next boundary)."""
         deadline = time.monotonic() + self.round_timeout_s
+        number = self._latest() + 1
         while True:
-            number = self._latest() + 1
-            agreement = self._form(number, may_close=False, expected=None, deadline=deadline)
+            agreement = self._attempt(number, may_close=self.round == number - 1, expected=None, deadline=deadline)
             if agreement is not None:
                 return agreement
+            number = max(number + 1, self._latest() + 1)
 
     def reform(self, lost: Sequence[int] = ()) -> Agreement:
         """After a lost peer (``lost``: the ranks the error names) or at a boundary with ``join_pending``.
@@ -196,10 +205,11 @@ class LiveMembership:
         deadline = time.monotonic() + self.round_timeout_s
         number = self.round + 1
         while True:
-            agreement = self._form(number, may_close=self.round == number - 1, expected=expected, deadline=deadline)
+            agreement = self._attempt(number, may_close=self.round == number - 1, expected=expected, deadline=deadline)
             if agreement is not None:
                 return agreement
-            number = self._latest() + 1  # left out (a late slot): wait to be taken in like a new process
+            # left out (a late slot: wait to be taken in like a new process) or the round's group failed
+            number, expected = max(number + 1, self._latest() + 1), None
 
     # ------------------------------------------------------------------ while training
     def attach(
@@ -250,11 +260,26 @@ class LiveMembership:
         self.store.wait([key], datetime.timedelta(seconds=self.round_timeout_s))
         return int(self.store.get(key))
 
-    def _form(
-        self, number: int, *, may_close: bool, expected: int | None, deadline: float | None = None
-    ) -> Agreement | None:
+    def _attempt(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
+        """Round ``number``, or ``None``: left out of it, or its group failed to form (the caller tries the next).
+
+        A participant that ends between the round's close and its group's set-up (or an etcd member lost while
+        the group's ranks meet on the store) fails the set-up for all: each raises within the group's timeout.
+        The participants then hold a closed round, so each may close the next one, which forms without the lost.
+        """
+        try:
+            return self._form(number, may_close=may_close, expected=expected, deadline=deadline)
+        except _GroupFailed as err:
+            if time.monotonic() >= deadline:
+                raise RoundFailed(
+                    f"membership round {number}: its process group did not form ({err}) and round_timeout_s="
+                    f"{self.round_timeout_s:g} is spent; the run may be over"
+                ) from err
+            logger.warning("membership round %d: its process group did not form (%s); forming the next", number, err)
+            return None
+
+    def _form(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
         """Take part in round ``number``; ``None`` if this process was left out of it (a slot too late)."""
-        deadline = deadline if deadline is not None else time.monotonic() + self.round_timeout_s
         me = int(self.store.add(self._key(number, "count"), 1))
         info = {
             "id": self.member_id,
@@ -325,15 +350,21 @@ class LiveMembership:
         rank, size = accepted.index(mine), len(accepted)
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.round = number  # a participant of a closed round: it may close the next one if this one fails
         timeout = datetime.timedelta(seconds=self.config.sync_timeout_s or self.round_timeout_s)
         store = dist.PrefixStore(self._key(number, "group/"), self.store)
-        dist.init_process_group(self.backend, store=store, rank=rank, world_size=size, timeout=timeout)
         state = None
-        if source.boundary != NO_BOUNDARY:
-            box = [self._state if source.slot == me else None]
-            dist.broadcast_object_list(box, src=accepted.index(source))
-            state = box[0]
-        self.round, self.world_size, self.join_pending = number, size, False
+        try:
+            dist.init_process_group(self.backend, store=store, rank=rank, world_size=size, timeout=timeout)
+            if source.boundary != NO_BOUNDARY:
+                box = [self._state if source.slot == me else None]
+                dist.broadcast_object_list(box, src=accepted.index(source))
+                state = box[0]
+        except (RuntimeError, LookupError, ValueError) as err:  # gloo / the store (DistError is a RuntimeError)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise _GroupFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        self.world_size, self.join_pending = size, False
         if rank == 0:
             self.store.set(f"{PREFIX}latest", str(number))
         logger.info(

@@ -138,3 +138,25 @@ def test_after_a_silent_partition_the_other_goes_on_alone_within_the_bound(tmp_p
     back_s = fault["training_again_at"] - float(store.get("test/w1/fault_at"))
     assert SYNC_TIMEOUT_S < back_s < SYNC_TIMEOUT_S + 5.0, back_s  # target: within sync_timeout_s + 5 s
     assert seen["steps"][-1] == STEPS - 1
+
+
+def test_a_participant_lost_while_its_round_sets_up_is_left_out_of_the_next(tmp_path) -> None:
+    """w1 dies mid-interval; w2 takes part in the survivors' round 1 and dies as its group forms (a closed round
+    whose set-up fails for all): w0 forms round 2 alone and trains to the end."""
+    out, port = str(tmp_path), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 180
+    processes = [
+        spawn(ctx, out, port, "w0", 0, 3),
+        spawn(ctx, out, port, "w1", 1, 3, die_at_step=10),
+        spawn(ctx, out, port, "w2", 2, 3, die_entering_round=1),
+    ]
+    (seen,) = collect(processes, out, ("w0",), deadline).values()
+    assert [p.exitcode for p in processes] == [0, 1, 1]
+    assert [(r["round"], sorted(r["members"]), r["from_step"]) for r in seen["rounds"]] == [
+        (0, ["w0", "w1", "w2"], 0),
+        (2, ["w0"], 8),  # round 1 (w0, w2) closed but its group never formed
+    ]
+    assert int(store.get("autoloco/round1/closed")) == 2
+    assert seen["steps"][-1] == STEPS - 1
