@@ -9,7 +9,8 @@ callback and ``AutoLoCoAccelerate``), ``accelerate`` (plain Accelerate loops),
 ``arguments`` (``AutoLoCoArguments`` for ``HfArgumentParser``), ``runtime`` (one
 worker's engine, hooks and checkpoint state, shared by both), ``ddp_hooks`` (the
 DDP communication hook and the token/loss meter), ``groups`` (worker groups,
-docs/algorithm.md §8.3). Imported lazily so that ``import autoloco_hf.integrations``
+docs/algorithm.md §8.3), ``live_membership`` (survivors that do not restart: membership rounds
+on a store), ``live_trainer`` (the Trainer on those rounds, docs/reliability.md). Imported lazily so that ``import autoloco_hf.integrations``
 does not import transformers.
 """
 
@@ -25,6 +26,9 @@ _LAZY = {
     "WorkerRuntime": "autoloco_hf.integrations.runtime",
     "WorkerTopology": "autoloco_hf.integrations.groups",
     "build_topology": "autoloco_hf.integrations.groups",
+    "LiveMembership": "autoloco_hf.integrations.live_membership",
+    "etcd_store": "autoloco_hf.integrations.live_membership",
+    "train_live": "autoloco_hf.integrations.live_trainer",
 }
 
 __all__ = list(_LAZY)

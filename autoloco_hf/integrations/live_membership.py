@@ -54,7 +54,15 @@ from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import check_snapshot_support, host_copy
 
-__all__ = ["Agreement", "JoinRefused", "LiveMembership", "RoundFailed", "etcd_store", "model_signature"]
+__all__ = [
+    "Agreement",
+    "JoinRefused",
+    "LiveMembership",
+    "MembershipChange",
+    "RoundFailed",
+    "etcd_store",
+    "model_signature",
+]
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -64,6 +72,10 @@ NO_BOUNDARY = -1  # a process that holds no boundary state (it has not trained i
 
 class JoinRefused(RuntimeError):
     """This process may not join the run: its configuration or model differs from the run's (one line)."""
+
+
+class MembershipChange(RuntimeError):
+    """Raised by a training loop at a boundary where every member saw a process waiting to join: reform there."""
 
 
 class RoundFailed(RuntimeError):
@@ -173,6 +185,7 @@ class LiveMembership:
         self._local_state: Callable[[], dict[str, Any]] | None = None
         self._local: dict[str, Any] | None = None  # host copy of this process's own state at the last boundary
         self.join_pending = False  # set at a boundary where every member saw a process waiting
+        self.agreement: Agreement | None = None  # the last round this process entered
 
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
@@ -375,7 +388,8 @@ class LiveMembership:
             source.boundary if state else 0,
         )
         local = self._local if state is not None and mine.boundary == source.boundary else None
-        return Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
+        self.agreement = Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
+        return self.agreement
 
     def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
         """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""

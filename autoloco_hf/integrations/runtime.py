@@ -465,7 +465,11 @@ class WorkerRuntime:
         (zero moments), and so is setting its LR schedule to ``snapshot.step``
         and the data position there.
         """
-        self.engine.resume_at_boundary(snapshot.engine_state)
+        self.resume_at_boundary(snapshot.engine_state)
+
+    def resume_at_boundary(self, engine_state: dict[str, Any]) -> None:
+        """Go on from an engine's ``boundary_state()`` (a snapshot's, or a live peer's) with this group's workers."""
+        self.engine.resume_at_boundary(engine_state)
         self._local_replica = None
         self.pending = []
 

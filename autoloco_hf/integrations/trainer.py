@@ -81,6 +81,7 @@ from autoloco_hf.integrations.boundary_resume import (
     trainer_boundary_state,
 )
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_trainer_launch
+from autoloco_hf.integrations.live_membership import LiveMembership, MembershipChange
 from autoloco_hf.integrations.log_levels import apply_trainer_log_levels
 from autoloco_hf.integrations.resume import restore, resumed_checkpoint
 from autoloco_hf.integrations.run_log import TrainerRunLog
@@ -172,6 +173,9 @@ class AutoLoCoCallback(TrainerCallback):
             ``trainer.train(resume_from_checkpoint=...)``.
         manage_ddp_kwargs: switch off DDP's ``find_unused_parameters`` and buffer broadcast when the
             user did not set them (each adds a small collective per step).
+        membership: live membership (:class:`~autoloco_hf.integrations.live_membership.LiveMembership`):
+            survivors of a lost peer and processes that join go on in process; train with
+            :func:`~autoloco_hf.integrations.live_trainer.train_live` (docs/reliability.md).
 
     Attributes after ``on_train_begin``: ``runtime`` (:class:`WorkerRuntime`), ``engine``
     (:class:`~autoloco_hf.sync.engine.IntervalEngine`; ``engine.totals`` holds syncs and bytes).
@@ -184,8 +188,10 @@ class AutoLoCoCallback(TrainerCallback):
         log_metrics: bool = True,
         resume_from_checkpoint: str | None = None,
         manage_ddp_kwargs: bool = True,
+        membership: LiveMembership | None = None,
     ) -> None:
         self.config = _as_config(config)
+        self.membership = membership
         self.records_filename = records_filename
         self.log_metrics = log_metrics
         self.resume_from_checkpoint = resume_from_checkpoint
@@ -301,6 +307,8 @@ class AutoLoCoCallback(TrainerCallback):
         bound_trainer_collectives(trainer, self.config.sync_timeout_s, self._restart_advice)
         if state.global_step > 0:
             self._resume(args, state)
+        if self.membership is not None:  # after the resume: it keeps a copy of each boundary from this one on
+            self.membership.attach(self.engine, extra_state=lambda: trainer_boundary_state(trainer))
         if state.is_world_process_zero:
             self._announce(max_steps)
 
@@ -351,6 +359,25 @@ class AutoLoCoCallback(TrainerCallback):
         return self.resume_from_checkpoint
 
     def _resume(self, args, state) -> None:
+        agreement = self.membership.agreement if self.membership is not None else None
+        if agreement is not None and agreement.state is not None:
+            engine_state = agreement.state["engine"]
+            if int(engine_state["step"]) != state.global_step:
+                raise RuntimeError(
+                    f"live membership round {agreement.round} agreed on step {engine_state['step']} but the Trainer "
+                    f"resumes at step {state.global_step}: train with train_live(trainer, membership)"
+                )
+            self.runtime.resume_at_boundary(engine_state)
+            source = f"live membership round {agreement.round} ({agreement.world_size} workers)"
+        else:
+            source = self._resume_from_files(args, state)
+        engine = self.engine
+        if engine.records:  # the console's sync summary from the first log on, as in the uninterrupted run
+            self._last_sync = record_metrics(engine.records[-1], engine)
+        if state.is_world_process_zero:
+            logger.info("AutoLoCo: resumed step %d from %s: %s", state.global_step, source, _progress(engine))
+
+    def _resume_from_files(self, args, state) -> str:
         checkpoint = resumed_checkpoint(args, state, self.resume_from_checkpoint)
         if os.path.isfile(boundary_file(checkpoint)):
             snapshot = resume_from_boundary(self.runtime, checkpoint, state.global_step)
@@ -360,11 +387,7 @@ class AutoLoCoCallback(TrainerCallback):
         else:
             restore(self.runtime, checkpoint, state.global_step)
             source = checkpoint
-        engine = self.engine
-        if engine.records:  # the console's sync summary from the first log on, as in the uninterrupted run
-            self._last_sync = record_metrics(engine.records[-1], engine)
-        if state.is_world_process_zero:
-            logger.info("AutoLoCo: resumed step %d from %s: %s", state.global_step, source, _progress(engine))
+        return source
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # after optimizer.step(), before lr_scheduler.step(): the learning rate this step used
@@ -398,6 +421,8 @@ class AutoLoCoCallback(TrainerCallback):
                 control.should_log = self.trainer.control.should_log = should_log
         if control.should_save:  # decided by DefaultFlowCallback, which runs before user callbacks
             runtime.show_global_parameters()
+        if record is not None and self.membership is not None and self.membership.join_pending:
+            raise MembershipChange(f"AutoLoCo: a process waits to join at step {runtime.step}: the members reform")
 
     # A checkpoint's model file must be the model the workers agreed on: from the moment the Trainer decides to
     # save until on_save, the model holds theta_t and this rank's replica waits in host memory. An evaluation

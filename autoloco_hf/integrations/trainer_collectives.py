@@ -50,7 +50,6 @@ def bound_trainer_collectives(trainer: Trainer, timeout_s: float, advice: Callab
     method = getattr(trainer, GUARDED_METHOD)
     if getattr(method, "autoloco_guarded", False):  # a second train() on the same Trainer
         return
-    rank, world = dist.get_rank(), dist.get_world_size()
 
     @functools.wraps(method)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -59,6 +58,7 @@ def bound_trainer_collectives(trainer: Trainer, timeout_s: float, advice: Callab
         except RuntimeError as err:
             if isinstance(err, PeerLostError) or not raised_by_a_collective(err):
                 raise
+            rank, world = dist.get_rank(), dist.get_world_size()  # of this train(): live membership changes them
             others = [r for r in range(world) if r != rank]
             lost = peer_lost(err, "the loss gather, evaluation or checkpoint barrier", rank, others, bound)
             raise lost.at(

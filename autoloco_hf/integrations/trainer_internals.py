@@ -8,11 +8,15 @@ function to update, when a transformers upgrade changes any of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from transformers import Trainer
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -81,3 +85,45 @@ def checkpoint_dir(args: Any, state: Any) -> str:
             f"{state.trial_name!r}): run each configuration as its own job"
         )
     return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+def follow_process_group(trainer: Trainer) -> None:
+    """Make ``trainer`` train on the current default process group after live membership replaced it.
+
+    accelerate reads the world size and rank once, into its shared state, when the first
+    ``TrainingArguments`` or ``Accelerator`` is built; and ``train()`` keeps a model already wrapped in DDP,
+    whose process group is gone. So: the group's size and rank go into both shared states (``LOCAL_RANK``,
+    the device, stays), and ``free_memory`` drops the wrapper (and accelerate's other references) so that the
+    next ``train()`` wraps the model again, on the new group.
+    """
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, PartialState
+
+    size, rank = dist.get_world_size(), dist.get_rank()
+    for shared in (PartialState._shared_state, AcceleratorState._shared_state):
+        shared["num_processes"], shared["process_index"] = size, rank
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+    trainer.accelerator.free_memory()
+    trainer.model_wrapped = trainer.model
+
+
+@contextlib.contextmanager
+def resume_in_memory(
+    trainer: Trainer, trainer_state: str, load_optimizer_and_scheduler: Callable[[], None]
+) -> Iterator[str]:
+    """A ``resume_from_checkpoint`` folder for one ``train()`` call whose tensors come from memory, not files.
+
+    ``train()`` resumes (global step, data skipped, callbacks' ``on_train_begin`` at that step) only from a
+    folder. This one holds just ``trainer_state.json`` (``trainer_state``: its JSON); the Trainer's two loaders
+    are replaced meanwhile: the model's by nothing (the caller's ``on_train_begin`` puts the parameters in),
+    the optimizer's and scheduler's by ``load_optimizer_and_scheduler``.
+    """
+    with tempfile.TemporaryDirectory(prefix="autoloco-live-") as folder:
+        with open(os.path.join(folder, TRAINER_STATE_NAME), "w") as f:
+            f.write(trainer_state)
+        trainer._load_from_checkpoint = lambda *args, **kwargs: None
+        trainer._load_optimizer_and_scheduler = lambda *args, **kwargs: load_optimizer_and_scheduler()
+        try:
+            yield folder
+        finally:
+            del trainer._load_from_checkpoint, trainer._load_optimizer_and_scheduler  # the class's methods again

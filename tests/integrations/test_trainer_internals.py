@@ -3,7 +3,9 @@ beyond the callback contract. Each failure names the function to update after a 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +17,12 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 from autoloco_hf.integrations.trainer_collectives import GUARDED_METHOD
-from autoloco_hf.integrations.trainer_internals import checkpoint_dir, is_sync_only
+from autoloco_hf.integrations.trainer_internals import (
+    checkpoint_dir,
+    follow_process_group,
+    is_sync_only,
+    resume_in_memory,
+)
 
 
 def args(tmp_path, **overrides) -> TrainingArguments:
@@ -93,3 +100,41 @@ def test_the_loss_gather_of_a_logging_step_is_inside_the_guarded_method():
     assert "nested_gather(tr_loss" in inspect.getsource(method), (
         f"Trainer.{GUARDED_METHOD} no longer gathers the loss: update trainer_collectives.GUARDED_METHOD"
     )
+
+
+def test_resume_in_memory_resumes_at_the_folders_step_with_the_callers_loader(tmp_path):
+    """train() resumes from a folder holding only trainer_state.json, the loaders replaced for that call only."""
+    torch.set_num_threads(1)
+    trainer = Trainer(model=tiny_llama(), args=args(tmp_path, max_steps=6), train_dataset=Tokens())
+    trainer.train()
+    trainer.state.global_step = 4
+    state = json.dumps(dataclasses.asdict(trainer.state))  # as trainer_boundary_state writes it
+    loaded = []
+    with resume_in_memory(trainer, state, lambda: loaded.append(trainer.state.global_step)) as folder:
+        trainer.train(resume_from_checkpoint=folder)
+    assert loaded == [4] and trainer.state.global_step == 6, (
+        f"train() resumed {trainer.state.global_step - 4} steps from the in-memory folder, loader calls {loaded}: "
+        "the Trainer's resume no longer goes through _load_from_checkpoint / _load_optimizer_and_scheduler; "
+        "update resume_in_memory"
+    )
+    assert "_load_from_checkpoint" not in vars(trainer) and "_load_optimizer_and_scheduler" not in vars(trainer)
+
+
+def test_follow_process_group_drops_the_wrapper_and_takes_the_groups_size(tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState, PartialState
+
+    trainer = Trainer(model=tiny_llama(), args=args(tmp_path), train_dataset=Tokens())
+    trainer.model_wrapped = torch.nn.DataParallel(trainer.model)  # a wrapper of an earlier group
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 2)
+    for shared in (PartialState._shared_state, AcceleratorState._shared_state):
+        for key in ("num_processes", "process_index"):
+            monkeypatch.setitem(shared, key, shared[key])
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    follow_process_group(trainer)
+    assert trainer.model_wrapped is trainer.model
+    assert (trainer.accelerator.num_processes, trainer.accelerator.process_index) == (3, 2), (
+        "accelerate no longer reads its world size from the shared states: update follow_process_group"
+    )
+    assert (trainer.args.world_size, trainer.args.process_index) == (3, 2)

@@ -1,0 +1,145 @@
+"""The Trainer on live membership, measured: a worker lost and a new one joining, against fault-free runs.
+
+Real processes on loopback, gloo, a ``TCPStore`` hosted by this script: each process a
+``Trainer`` + ``AutoLoCoCallback`` on the tiny Llama of the tests
+(``tests/integrations/live_trainer_worker.py``, DiLoCo at H 4 for 28 steps, ``sync_timeout_s`` 5 s,
+``settle_s`` 1 s). Scenarios, per seed:
+
+* ``fault_free``: 3 workers throughout;
+* ``lost_and_joined``: 3 workers; one dies before step 11 (a closed connection); the two survivors
+  reform in process and go on from the boundary of step 8; a new process joins at a later boundary.
+
+For each: fault to training again (the death, written by the dying process, to the first step of the
+slowest survivor after the reform), the steps redone, goodput (useful steps over steps trained by the
+finishing members) and the held-out loss of the final model (64 sequences no worker trains on).
+Raw results: ``docs/results/elastic/live_trainer_testbed.json``.
+
+    PYTHONPATH=. python benchmarks/live_trainer_testbed.py               # about 3 minutes here
+    PYTHONPATH=. python benchmarks/live_trainer_testbed.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "integrations"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+STEPS, H = 28, 4
+SCENARIOS = ("fault_free", "lost_and_joined")
+DEFAULT_OUT = ROOT / "docs" / "results" / "elastic" / "live_trainer_testbed.json"
+
+
+def run_scenario(scenario: str, seed: int) -> dict[str, Any]:
+    """One scenario on a fresh store: what each finishing process saw, and when the lost one died."""
+    import torch.distributed as dist
+    from _dist import free_port
+    from live_testbed import collect, wait_round
+    from live_trainer_worker import run
+
+    out, port = tempfile.mkdtemp(prefix=f"live-trainer-{scenario}-{seed}-"), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 300
+
+    def spawn(name: str, first_world: int, **options: Any) -> Any:
+        process = ctx.Process(
+            target=run, args=(name, port, out, first_world, STEPS, H), kwargs={"seed": seed, **options}
+        )
+        process.start()
+        return process
+
+    if scenario == "fault_free":
+        processes = [spawn(f"w{i}", 3) for i in range(3)]
+        names = ["w0", "w1", "w2"]
+    else:
+        processes = [spawn(f"w{i}", 3, wait_for_joiner_at=(16,)) for i in range(2)] + [spawn("w2", 3, die_at=10)]
+        wait_round(store, 1, deadline)
+        processes.append(spawn("w3", 0))
+        names = ["w0", "w1", "w3"]
+    seen = collect(processes, out, names, deadline)
+    fault_at = float(store.get("test/w2/fault_at")) if store.check(["test/w2/fault_at"]) else None
+    agree = all(s["params"] == seen["w0"]["params"] and s["theta"] == seen["w0"]["theta"] for s in seen.values())
+    for s in seen.values():  # the parameters themselves are not kept: only whether the members agree
+        del s["params"], s["theta"]
+    return {"scenario": scenario, "seed": seed, "fault_at": fault_at, "exitcodes": [p.exitcode for p in processes],
+            "members_agree": agree, "seen": seen}  # fmt: skip
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    seen = run["seen"]
+    trained = sum(len(s["steps"]) for s in seen.values())
+    useful = sum(len(set(s["steps"])) for s in seen.values())
+    survivors = [s for s in seen.values() if len(s["begins"]) > 1]
+    back = None
+    if run["fault_at"] is not None:
+        back = max(s["begins"][1]["first_step_at"] for s in survivors) - run["fault_at"]
+    return {
+        "scenario": run["scenario"],
+        "seed": run["seed"],
+        "training_again_s": back,
+        "steps_redone": max((len(s["steps"]) - len(set(s["steps"])) for s in seen.values()), default=0),
+        "goodput": useful / trained,
+        "held_out_loss": statistics.fmean(s["held_out_loss"] for s in seen.values()),
+        "members_agree": run["members_agree"],
+        "surviving_exit_codes_zero": all(code == 0 for code in run["exitcodes"][:2]),
+    }
+
+
+def report(runs: list[dict[str, Any]]) -> str:
+    rows = [summarize(r) for r in runs]
+    free = {r["seed"]: r["held_out_loss"] for r in rows if r["scenario"] == "fault_free"}
+    lines = [
+        "| scenario | seeds | fault to training again, s | steps redone | goodput | held-out loss | minus fault-free "
+        "(per seed) | members agree | survivors exit 0 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for scenario in SCENARIOS:
+        mine = sorted((r for r in rows if r["scenario"] == scenario), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        back = [r["training_again_s"] for r in mine if r["training_again_s"] is not None]
+        diffs = [f"{r['held_out_loss'] - free[r['seed']]:+.4f}" for r in mine if r["seed"] in free]
+        lines.append(
+            f"| {scenario} | {','.join(str(r['seed']) for r in mine)} | "
+            f"{f'{min(back):.2f}-{max(back):.2f}' if back else '-'} | {max(r['steps_redone'] for r in mine)} | "
+            f"{min(r['goodput'] for r in mine):.3f}-{max(r['goodput'] for r in mine):.3f} | "
+            f"{statistics.fmean(r['held_out_loss'] for r in mine):.4f} | {', '.join(diffs)} | "
+            f"{all(r['members_agree'] for r in mine)} | {all(r['surviving_exit_codes_zero'] for r in mine)} |"
+        )
+    spread = [free[s] for s in sorted(free)]
+    if len(spread) > 1:
+        lines += ["", f"Fault-free held-out loss over seeds: {min(spread):.4f}-{max(spread):.4f}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="the raw results (JSON)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--report-only", action="store_true", help="print the table from --out")
+    args = parser.parse_args()
+    if not args.report_only:
+        runs = [run_scenario(s, int(seed)) for seed in args.seeds.split(",") for s in args.scenarios]
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(runs, f)
+    with open(args.out) as f:
+        print(report(json.load(f)))
+
+
+if __name__ == "__main__":
+    main()

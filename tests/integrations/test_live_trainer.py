@@ -1,0 +1,113 @@
+"""The Trainer on live membership (docs/reliability.md, "Live membership under the Trainer").
+
+Real processes, each a ``Trainer`` + ``AutoLoCoCallback`` on a tiny Llama, gloo, and a
+``TCPStore`` hosted by this test process. Three start; one dies mid-interval; the two survivors
+leave ``train()`` with ``PeerLostError``, form a new round in process and call ``train()``
+again from the last boundary on the new process group (accelerate's world size follows it,
+AdamW keeps its moments, the LR schedule is the source's); a fourth process joins at a later
+boundary, gets the outer state from a live peer, and every member ends on the same model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from _dist import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from live_testbed import collect, wait_round  # noqa: E402
+from live_trainer_worker import run  # noqa: E402
+from transformers import get_cosine_schedule_with_warmup  # noqa: E402
+
+STEPS, H = 28, 4
+
+
+def spawn(ctx, out: str, port: int, name: str, first_world: int, **options):
+    process = ctx.Process(target=run, args=(name, port, out, first_world, STEPS, H), kwargs=options)
+    process.start()
+    return process
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    out, port = str(tmp_path_factory.mktemp("live_trainer")), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 300
+    first = [spawn(ctx, out, port, f"w{i}", 3, wait_for_joiner_at=(16,)) for i in range(2)]
+    first.append(spawn(ctx, out, port, "w2", 3, die_at=10))
+    wait_round(store, 1, deadline)  # the survivors reformed after w2's death
+    joiner = spawn(ctx, out, port, "w3", 0)
+    processes = [*first, joiner]
+    seen = collect(processes, out, ("w0", "w1", "w3"), deadline)
+    return {"seen": seen, "exitcodes": [p.exitcode for p in processes]}
+
+
+def lr_at(step: int) -> float:
+    """The Trainer's schedule (cosine, 2 warm-up steps, peak 3e-3) after ``step`` steps."""
+    import torch
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=3e-3)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, 2, STEPS)
+    for _ in range(step):
+        optimizer.step()
+        scheduler.step()
+    return scheduler.get_last_lr()[0]
+
+
+def test_the_survivors_train_on_in_process_from_the_last_boundary(outcome) -> None:
+    seen = outcome["seen"]
+    assert outcome["exitcodes"] == [0, 0, 1, 0]
+    for name in ("w0", "w1"):
+        start, after_fault = seen[name]["begins"][:2]
+        assert (start["round"], start["world"], start["step"]) == (0, 3, 0)
+        assert after_fault["round"] == 1 and sorted(after_fault["members"]) == ["w0", "w1"]
+        assert after_fault["world"] == after_fault["accelerate_world"] == 2  # accelerate follows the new group
+        assert after_fault["step"] == 8  # the last boundary before the fault: steps 9-12 are redone
+        assert after_fault["pid"] == start["pid"] == seen[name]["pid"]  # the same process: no restart
+        assert after_fault["adam_step"] >= 11  # its own AdamW moments go on (not a fresh optimizer)
+        assert after_fault["lr"] == pytest.approx(lr_at(8), rel=1e-6)  # the schedule at the boundary
+        steps = seen[name]["steps"]
+        # steps 9-12 trained twice (12 failed at its boundary): only the interval the fault cut; the join redoes none
+        assert steps == list(range(1, 13)) + list(range(9, STEPS + 1))
+        assert seen[name]["global_step"] == STEPS
+
+
+def test_a_process_joins_the_trainer_run_live_and_all_end_on_one_model(outcome) -> None:
+    seen = outcome["seen"]
+    (joined,) = seen["w3"]["begins"]
+    assert joined["round"] == 2 and sorted(joined["members"]) == ["w0", "w1", "w3"]
+    assert joined["step"] in (16, 20) and joined["world"] == joined["accelerate_world"] == 3
+    assert joined["adam_step"] == 0.0  # a new process: fresh moments, the outer state from a peer
+    assert [b["step"] for b in seen["w0"]["begins"]][2] == joined["step"]
+    assert seen["w3"]["steps"] == list(range(joined["step"] + 1, STEPS + 1))
+    for name in ("w1", "w3"):
+        assert seen[name]["theta"] == seen["w0"]["theta"]
+        assert seen[name]["params"] == seen["w0"]["params"]
+
+
+def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path) -> None:
+    """w2 dies before step 6: the others fail in the Trainer's loss gather of step 6 (logging_steps 3), not at a
+    boundary, and go on from the boundary of step 4."""
+    out, port = str(tmp_path), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    processes = [
+        spawn(ctx, out, port, "w0", 3),
+        spawn(ctx, out, port, "w1", 3),
+        spawn(ctx, out, port, "w2", 3, die_at=5),
+    ]
+    seen = collect(processes, out, ("w0", "w1"), time.monotonic() + 240)
+    assert [p.exitcode for p in processes] == [0, 0, 1]
+    assert int(store.get("autoloco/latest")) == 1
+    for name in ("w0", "w1"):
+        after_fault = seen[name]["begins"][1]
+        assert (after_fault["round"], after_fault["world"], after_fault["step"]) == (1, 2, 4)
+        assert seen[name]["steps"] == list(range(1, 7)) + list(range(5, STEPS + 1))
+    assert seen["w0"]["params"] == seen["w1"]["params"]
