@@ -143,6 +143,11 @@ RUN = {
         "PYTHONPATH=. python benchmarks/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
     ),
     "PYTHONPATH=. python benchmarks/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    # the Trainer on live membership: the fault-free scenario, one seed (its test runs the lost-and-joined one)
+    "PYTHONPATH=. python benchmarks/live_trainer_testbed.py": (
+        "PYTHONPATH=. python benchmarks/live_trainer_testbed.py --seeds 0 --scenarios fault_free --out live_trainer.json"
+    ),
+    "PYTHONPATH=. python benchmarks/live_trainer_testbed.py --report-only": "COPY_OF_DOCUMENTED",
     # ... and the 3-node testbed (root): the fault-free scenario, 1 seed, 6 steps at H 2, no minimum step time
     "sudo PYTHONPATH=. python benchmarks/elastic_testbed.py": (
         "PYTHONPATH=. python benchmarks/elastic_testbed.py --seeds 1 --scenarios fault_free --steps 6 --h-base 2 "
