@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
 from autoloco_hf.sync.checkpoint import config_differences, config_json
 from autoloco_hf.sync.communicators import peer_lost
 from autoloco_hf.sync.engine import IntervalEngine
@@ -86,17 +87,26 @@ def etcd_store(endpoints: str, run_id: str, timeout: datetime.timedelta) -> Any:
     """The store of a run on an etcd cluster (``"host:port,host:port,..."``, every member): no single point of failure.
 
     torch's ``EtcdStore`` over a ``python-etcd`` client that fails over between the members; the run's keys
-    live under ``/autoloco-live/<run_id>``.
+    live under ``/autoloco-live/<run_id>``. Raises :class:`EtcdUnreachable` (one line naming every endpoint)
+    when none answers; an endpoint that does not is named in a warning.
     """
     import etcd
     from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 
-    hosts = []
+    hosts, silent = [], []
     for endpoint in endpoints.split(","):
         host, _, port = endpoint.strip().rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port, e.g. 10.0.0.1:2379")
         hosts.append((host, int(port)))
+        try:
+            check_etcd(endpoint.strip())
+        except EtcdUnreachable as err:
+            silent.append(str(err))
+    if len(silent) == len(hosts):  # one line naming every endpoint; a start fails here, not after round_timeout_s
+        raise EtcdUnreachable(f"no etcd endpoint of {endpoints!r} answers: " + "; ".join(silent))
+    for reason in silent:  # the client fails over to the others; a member lost is what the cluster is for
+        logger.warning("live membership: %s", reason)
     client = etcd.Client(host=tuple(hosts), protocol="http", allow_reconnect=True, read_timeout=5)
     return EtcdStore(client, f"/autoloco-live/{run_id}", timeout)
 

@@ -160,3 +160,17 @@ def test_a_participant_lost_while_its_round_sets_up_is_left_out_of_the_next(tmp_
     ]
     assert int(store.get("autoloco/round1/closed")) == 2
     assert seen["steps"][-1] == STEPS - 1
+
+
+def test_an_etcd_store_none_of_whose_endpoints_answers_fails_at_once_naming_them() -> None:
+    pytest.importorskip("etcd", reason="python-etcd: pip install 'autoloco-hf[elastic]'")
+    from autoloco_hf.integrations.etcd_check import EtcdUnreachable
+
+    endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(EtcdUnreachable) as raised:
+        etcd_store(",".join(endpoints), "run", datetime.timedelta(seconds=60))
+    message = str(raised.value)
+    assert "\n" not in message and all(endpoint in message for endpoint in endpoints)
+    assert message.startswith(f"no etcd endpoint of '{','.join(endpoints)}' answers: etcd endpoint {endpoints[0]}")
+    assert time.monotonic() - started < 30  # not the store's 60 s timeout
