@@ -143,6 +143,11 @@ RUN = {
         "PYTHONPATH=. python benchmarks/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
     ),
     "PYTHONPATH=. python benchmarks/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    # the cost of a change of membership, cause by cause: one seed
+    "PYTHONPATH=. python benchmarks/membership_cost.py": (
+        "PYTHONPATH=. python benchmarks/membership_cost.py --seeds 1 --out membership_cost.json"
+    ),
+    "PYTHONPATH=. python benchmarks/membership_cost.py --report-only": "COPY_OF_DOCUMENTED",
     # the Trainer on live membership: the fault-free scenario, one seed (its test runs the lost-and-joined one)
     "PYTHONPATH=. python benchmarks/live_trainer_testbed.py": (
         "PYTHONPATH=. python benchmarks/live_trainer_testbed.py --seeds 0 --scenarios fault_free --out live_trainer.json"
