@@ -20,6 +20,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from autoloco_hf.integrations.accelerate import adopt_process_group
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 
 
@@ -90,20 +91,11 @@ def checkpoint_dir(args: Any, state: Any) -> str:
 def follow_process_group(trainer: Trainer) -> None:
     """Make ``trainer`` train on the current default process group after live membership replaced it.
 
-    accelerate reads the world size and rank once, into its shared state, when the first
-    ``TrainingArguments`` or ``Accelerator`` is built; and ``train()`` keeps a model already wrapped in DDP,
-    whose process group is gone. So: the group's size and rank go into both shared states (``LOCAL_RANK``,
-    the device, stays), and ``free_memory`` drops the wrapper (and accelerate's other references) so that the
-    next ``train()`` wraps the model again, on the new group.
+    accelerate's shared state follows the group (:func:`~autoloco_hf.integrations.accelerate.adopt_process_group`);
+    and ``train()`` keeps a model already wrapped (``model_wrapped``) instead of wrapping it again, so the
+    wrapper of the old group is dropped here.
     """
-    import torch.distributed as dist
-    from accelerate.state import AcceleratorState, PartialState
-
-    size, rank = dist.get_world_size(), dist.get_rank()
-    for shared in (PartialState._shared_state, AcceleratorState._shared_state):
-        shared["num_processes"], shared["process_index"] = size, rank
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
-    trainer.accelerator.free_memory()
+    adopt_process_group(trainer.accelerator)
     trainer.model_wrapped = trainer.model
 
 
