@@ -79,6 +79,7 @@ def run_worker(
     pause_at: int | None = None,
     exact_redo: bool = False,
     die_entering_round: int | None = None,
+    start_delay_s: float = 0.0,
 ) -> None:
     """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
 
@@ -91,7 +92,8 @@ def run_worker(
     kills an etcd member while no process waits on the store: see docs/reliability.md on a member lost while a
     round forms).
     ``die_entering_round``: end the process after that membership round closed, when its process group is set
-    up (the others' set-up fails; they form the next round without it).
+    up (the others' set-up fails; they form the next round without it). ``start_delay_s``: reach round 0
+    that much later (a slow start-up).
     """
     import torch.distributed as dist
     from toy import adamw, batch_for, cosine, make_model
@@ -155,6 +157,7 @@ def run_worker(
         )
         return engine, step
 
+    time.sleep(start_delay_s)
     try:
         agreement = live.start(first_world) if first_world else live.join()
     except JoinRefused as err:

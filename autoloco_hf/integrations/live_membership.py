@@ -154,7 +154,8 @@ class LiveMembership:
         config: the run's configuration; a process with another one is refused.
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
-            arrive within about a second of each other; a partition's after ``sync_timeout_s``).
+            arrive within about a second of each other; a partition's after ``sync_timeout_s``). Round 0,
+            the launch, waits for all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
         round_timeout_s: the bound on forming one round.
         backend: the process-group backend of every round.
     """
@@ -323,12 +324,15 @@ class LiveMembership:
     def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
         count_key, closed_key = self._key(number, "count"), self._key(number, "closed")
         count, changed = me, time.monotonic()
+        # the launch's processes reach round 0 after their imports, seconds apart on a loaded machine: wait for
+        # all of them up to half of round_timeout_s, not settle_s (which is for survivors of a fault)
+        quiet_s = self.round_timeout_s / 2 if number == 0 else self.settle_s
         while not self.store.check([closed_key]):
             now = time.monotonic()
             latest = int(self.store.add(count_key, 0))
             if latest != count:
                 count, changed = latest, now
-            if (expected is not None and count >= expected) or now - changed >= self.settle_s or now > deadline:
+            if (expected is not None and count >= expected) or now - changed >= quiet_s or now > deadline:
                 if int(self.store.add(self._key(number, "ticket"), 1)) == 1:
                     self.store.set(closed_key, str(count))
                 return

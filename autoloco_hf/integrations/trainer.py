@@ -229,7 +229,9 @@ class AutoLoCoCallback(TrainerCallback):
     def _check_and_prepare(self, trainer: Trainer) -> None:
         check_trainer_launch(trainer, self.config)
         quiet_console(trainer)
-        if self.config.is_interval_method and trainer.accelerator.num_processes > 1:
+        # under live membership a run of one process may grow: no per-step collective that a new round would break
+        several = trainer.accelerator.num_processes > 1 or self.membership is not None
+        if self.config.is_interval_method and several:
             self._no_token_gather(trainer.args)
             self._no_ddp_extras(trainer.args, trainer.accelerator)
         if self.config.pacing == Pacing.BUDGET:
@@ -368,7 +370,8 @@ class AutoLoCoCallback(TrainerCallback):
                     f"resumes at step {state.global_step}: train with train_live(trainer, membership)"
                 )
             self.runtime.resume_at_boundary(engine_state)
-            source = f"live membership round {agreement.round} ({agreement.world_size} workers)"
+            workers = f"{agreement.world_size} worker{'' if agreement.world_size == 1 else 's'}"
+            source = f"live membership round {agreement.round} ({workers})"
         else:
             source = self._resume_from_files(args, state)
         engine = self.engine

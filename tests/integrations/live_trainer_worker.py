@@ -4,7 +4,9 @@ It forms or joins a round on the test's ``TCPStore``, builds its ``TrainingArgum
 ``Trainer`` on that round's process group, and trains with ``train_live``. ``die_at``: the
 process ends (a closed connection for the others) before that step; ``wait_for_joiner_at``:
 before that step, wait until a process has taken a slot of the next round (so that a loaded
-machine does not end the run before the joiner starts). What it saw goes to ``<out>/<name>.json``.
+machine does not end the run before the joiner starts); ``pause_at``: before that step, wait for
+``test/resume`` on the store; ``endpoints``: the rounds on that etcd cluster instead of the
+``TCPStore``. What it saw goes to ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership
     from autoloco_hf.integrations.live_trainer import train_live
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    timeout = datetime.timedelta(seconds=60)
+    if options.get("endpoints"):  # the membership rounds on an etcd cluster
+        from autoloco_hf.integrations.live_membership import etcd_store
+
+        store = etcd_store(options["endpoints"], f"run-{port}", timeout)
+    else:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
     config = AutoLoCoConfig(method="diloco", h_base=options.get("h_base", h), sync_timeout_s=5.0)
     seed = options.get("seed", 0)
     model = tiny_llama(seed)
@@ -65,6 +73,11 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
             if state.global_step == options.get("die_at"):
                 store.set(f"test/{name}/fault_at", repr(time.time()))
                 os._exit(1)
+            if state.global_step == options.get("pause_at"):  # the driver kills an etcd member meanwhile
+                store.set(f"test/{name}/paused", str(state.global_step))
+                until = time.monotonic() + 120
+                while not store.check(["test/resume"]) and time.monotonic() < until:
+                    time.sleep(0.05)
             if state.global_step in options.get("wait_for_joiner_at", ()):
                 key = f"autoloco/round{live.round + 1}/count"
                 until = time.monotonic() + 120

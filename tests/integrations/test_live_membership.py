@@ -174,3 +174,16 @@ def test_an_etcd_store_none_of_whose_endpoints_answers_fails_at_once_naming_them
     assert "\n" not in message and all(endpoint in message for endpoint in endpoints)
     assert message.startswith(f"no etcd endpoint of '{','.join(endpoints)}' answers: etcd endpoint {endpoints[0]}")
     assert time.monotonic() - started < 30  # not the store's 60 s timeout
+
+
+def test_the_launch_waits_for_a_process_that_starts_late(tmp_path) -> None:
+    """w1 reaches round 0 three times settle_s after w0: round 0 still has both (not w0 alone, then a join)."""
+    out, port = str(tmp_path), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    processes = [spawn(ctx, out, port, "w0", 0, 2), spawn(ctx, out, port, "w1", 1, 2, start_delay_s=3.0)]
+    seen = collect(processes, out, ("w0", "w1"), time.monotonic() + 180)
+    assert [p.exitcode for p in processes] == [0, 0]
+    for name in ("w0", "w1"):
+        assert [(r["round"], sorted(r["members"])) for r in seen[name]["rounds"]] == [(0, ["w0", "w1"])]
+    assert int(store.get("autoloco/round0/closed")) == 2

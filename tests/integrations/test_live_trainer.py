@@ -111,3 +111,24 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
         assert (after_fault["round"], after_fault["world"], after_fault["step"]) == (1, 2, 4)
         assert seen[name]["steps"] == list(range(1, 7)) + list(range(5, STEPS + 1))
     assert seen["w0"]["params"] == seen["w1"]["params"]
+
+
+def test_a_run_that_starts_alone_on_live_membership_has_no_per_step_gather(tmp_path) -> None:
+    """A later round may have more processes: the Trainer's per-step token gather, which a one-process start would
+    keep, is switched off as in any multi-process run."""
+    from tiny_llama import PaddedTokens, tiny_llama
+    from transformers import Trainer, TrainingArguments
+
+    from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
+    from autoloco_hf.integrations.live_membership import LiveMembership
+
+    store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, timeout=datetime.timedelta(seconds=10))
+    config = AutoLoCoConfig(method="diloco", h_base=H)
+    model = tiny_llama(0)
+    live = LiveMembership(store, "w0", config, model)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, max_steps=2, report_to=[])
+    assert args.average_tokens_across_devices  # the Trainer's default
+    Trainer(
+        model=model, args=args, train_dataset=PaddedTokens(8, 0), callbacks=[AutoLoCoCallback(config, membership=live)]
+    )
+    assert not args.average_tokens_across_devices
