@@ -69,7 +69,7 @@ def train_live(trainer: Trainer, membership: LiveMembership, agreement: Agreemen
             with resume_in_memory(trainer, shared["trainer_state"], load) as folder:
                 return trainer.train(resume_from_checkpoint=folder, **train_kwargs)
         except PeerLostError as err:
-            logger.warning("%s\nAutoLoCo live membership: no restart; the members form a new round", err)
+            logger.warning("%s", err)  # it names the lost rank and the boundary the members go on from
             agreement = membership.reform(lost=err.silent_ranks)
         except MembershipChange:
             agreement = membership.reform()

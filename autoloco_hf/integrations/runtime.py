@@ -141,6 +141,8 @@ class WorkerRuntime:
             there at every boundary, from the main process, and a second copy from the last rank (storage
             every node reads, docs/reliability.md).
         snapshot_state: more shared state for the snapshot, called at each boundary (the Trainer's).
+        live: the process is on live membership (docs/reliability.md): a lost peer is recovered in process,
+            and the errors say so instead of advising a restart.
     """
 
     def __init__(
@@ -158,8 +160,10 @@ class WorkerRuntime:
         topology: WorkerTopology | None = None,
         snapshot_dir: str | None = None,
         snapshot_state: Callable[[], dict[str, Any]] | None = None,
+        live: bool = False,
     ) -> None:
         self.config = config
+        self.live = live
         self.model = model
         self.optimizer = optimizer
         self.total_steps = total_steps
@@ -305,17 +309,19 @@ class WorkerRuntime:
             steps_of = f", steps {interval.start_step + 1}-{interval.start_step + interval.h_step}" if interval else ""
             raise err.at(
                 f"AutoLoCo synchronization at step {engine.step} (interval {len(engine.records)}{steps_of}) failed",
-                f"nothing of this interval was applied or saved: restart from {self.restart_source(interval)} "
-                "(docs/reliability.md)",
+                f"nothing of this interval was applied or saved: {self.recovery(interval)} (docs/reliability.md)",
             ) from None
 
-    def restart_source(self, interval: Any) -> str:
-        """What a restart goes on from when a peer is lost inside ``interval`` (the engine's current one, or None)."""
+    def recovery(self, interval: Any) -> str:
+        """What goes on when a peer is lost inside ``interval`` (the engine's current one, or None)."""
+        if self.live:
+            start = f"step {interval.start_step}" if interval is not None else "the last boundary"
+            return f"live membership goes on from {start} in process, without a restart"
         if self.config.snapshot_dir is None:
-            return "the last checkpoint"
+            return "restart from the last checkpoint"
         if interval is not None:
-            return f"the boundary snapshot of step {interval.start_step} (any number of workers)"
-        return "the last boundary snapshot (any number of workers)"
+            return f"restart from the boundary snapshot of step {interval.start_step} (any number of workers)"
+        return "restart from the last boundary snapshot (any number of workers)"
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the synchronizations since the last call (the latest wins)."""

@@ -304,6 +304,7 @@ class AutoLoCoCallback(TrainerCallback):
             is_main_process=state.is_world_process_zero,
             snapshot_dir=self.config.snapshot_dir,
             snapshot_state=lambda: trainer_boundary_state(trainer),
+            live=self.membership is not None,
         )
         check_no_newer_snapshots(self.config, state.global_step)
         bound_trainer_collectives(trainer, self.config.sync_timeout_s, self._restart_advice)
@@ -347,8 +348,8 @@ class AutoLoCoCallback(TrainerCallback):
 
     def _restart_advice(self) -> str:
         """After a peer was lost outside a synchronization: the outer state is still the last boundary's."""
-        source = self.runtime.restart_source(self.engine.current_interval)
-        return f"the outer state is the last synchronized one: restart from {source} (docs/reliability.md)"
+        recovery = self.runtime.recovery(self.engine.current_interval)
+        return f"the outer state is the last synchronized one: {recovery} (docs/reliability.md)"
 
     def resume_point(self) -> str | None:
         """What to pass to ``trainer.train(resume_from_checkpoint=...)`` in a script that a launcher restarts.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import time
 
@@ -41,7 +42,14 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     seed = options.get("seed", 0)
     model = tiny_llama(seed)
     live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
-    seen: dict = {"name": name, "pid": os.getpid(), "begins": [], "steps": []}
+    seen: dict = {"name": name, "pid": os.getpid(), "begins": [], "steps": [], "warnings": []}
+
+    class Warnings(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                seen["warnings"].append(record.getMessage())
+
+    logging.getLogger("autoloco_hf").addHandler(Warnings())
 
     def write() -> None:
         with open(os.path.join(out, f"{name}.json"), "w") as f:

@@ -77,6 +77,8 @@ def test_the_survivors_train_on_in_process_from_the_last_boundary(outcome) -> No
         # steps 9-12 trained twice (12 failed at its boundary): only the interval the fault cut; the join redoes none
         assert steps == list(range(1, 13)) + list(range(9, STEPS + 1))
         assert seen[name]["global_step"] == STEPS
+        (lost,) = [w for w in seen[name]["warnings"] if "PeerLost" in w or "synchronization at step 12" in w]
+        assert "live membership goes on from step 8 in process, without a restart" in lost  # not "restart from"
 
 
 def test_a_process_joins_the_trainer_run_live_and_all_end_on_one_model(outcome) -> None:
@@ -110,6 +112,10 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
         after_fault = seen[name]["begins"][1]
         assert (after_fault["round"], after_fault["world"], after_fault["step"]) == (1, 2, 4)
         assert seen[name]["steps"] == list(range(1, 7)) + list(range(5, STEPS + 1))
+        assert any(
+            "the Trainer's collectives at step 6 failed" in w and "live membership goes on from step 4" in w
+            for w in seen[name]["warnings"]
+        ), seen[name]["warnings"]
     assert seen["w0"]["params"] == seen["w1"]["params"]
 
 
