@@ -601,7 +601,8 @@ class TunedFrontier:
             ),
             "",
         ]
-        diff_rows = []
+        diff_rows, held_out_rows = [], []
+        chosen_on = set().union(*map(set, self.choice_seeds.values()))
         for name in adaptive:
             r = cells[name]
             seeds = common_seeds(cells, [name, *self.best.values()])
@@ -614,16 +615,31 @@ class TunedFrontier:
                 f"{own_syncs / self.syncs[h_base]:.2f}x" if h_base in self.syncs else "-",
                 fmt([r[s].val - self.at(cells, seeds, s, r[s].syncs) for s in seeds]),
             ])  # fmt: skip
-        return lines + [
-            "Each adaptive variant against the tuned frontier (the lower envelope of the table above, interpolated "
-            "at the variant's own sync count; '-' outside the grid's sync range), and its syncs against the tuned "
-            "DiLoCo at the variant's `h_base`, paired over the seeds all of them finished:",
+            if held_out := [s for s in seeds if s not in chosen_on]:
+                excess = [r[s].val - self.at(cells, held_out, s, r[s].syncs) for s in held_out]
+                held_out_rows.append([name, seed_list(held_out), fmt(excess), ", ".join(f"{e:+.3f}" for e in excess)])
+        held_out_table = [
+            "The same on the held-out seeds alone (those no horizon's choice was made on), the envelope taken "
+            "over them:",
             "",
-            replicate.markdown_table(
-                ["variant", "seeds", "syncs", "syncs vs tuned DiLoCo", "val excess over tuned frontier"], diff_rows
-            ),
+            replicate.markdown_table(["variant", "held-out seeds", "val excess over tuned frontier", "per seed"],
+                                     held_out_rows),
             "",
-        ]
+        ]  # fmt: skip
+        return (
+            lines
+            + [
+                "Each adaptive variant against the tuned frontier (the lower envelope of the table above, interpolated "
+                "at the variant's own sync count; '-' outside the grid's sync range), and its syncs against the tuned "
+                "DiLoCo at the variant's `h_base`, paired over the seeds all of them finished:",
+                "",
+                replicate.markdown_table(
+                    ["variant", "seeds", "syncs", "syncs vs tuned DiLoCo", "val excess over tuned frontier"], diff_rows
+                ),
+                "",
+            ]
+            + (held_out_table if held_out_rows else [])
+        )
 
 
 # the variants the plots single out: the paper's rule (the default) and the recommended descent setting

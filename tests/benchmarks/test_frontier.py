@@ -112,6 +112,14 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
     assert "| rule | 0-1 | 75.0 | 0.75x | -0.0150 ± 0.0150 |" in report
     assert "| 10 | 0-1 | 4.050 | 3.930 |" in report  # the grid: (LR 0.7, mu 0.7), then (LR 1, mu 0.5)
     assert frontier.TunedFrontier.of({n: r for n, r in cells.items() if "_lr" not in n}) is None
+    assert "held-out seeds" not in report  # every seed chose
+    # seed 2 ran only the chosen settings and the rule: it is held out, and paired on its own envelope
+    held = {n: {**r, 2: frontier.Result(r[0].syncs, r[0].val + 0.1, 0, 0, [], 0.7, {"h_base": 10})}
+            for n, r in cells.items() if n in tuned.best.values() or n == "rule"}  # fmt: skip
+    held["rule"][2] = frontier.Result(75, 4.2, 0, 0, [], 0.7, {"h_base": 10})
+    report = "\n".join(frontier.TunedFrontier.of({**cells, **held}).report({**cells, **held}, ["rule"]))
+    assert "| rule | 0-2 | 75.0 | 0.75x |" in report
+    assert "| rule | 2 | +0.1500 | +0.150 |" in report  # 4.2 against (4.0 + 4.1) / 2 + 0.1
     # a horizon whose piece of the grid is not complete (no LR 1 run at H 5 yet) is left out
     partial = frontier.TunedFrontier.of(
         {**cells, "diloco_mu0.7_h5": runs(200, 3.0, 3.0), "diloco_mu0.5_h5": runs(200, 3.1, 3.1)}
