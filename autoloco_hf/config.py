@@ -233,8 +233,8 @@ class AutoLoCoConfig:
     )
     h_max: int | None = option(
         None,
-        """Upper end of the domain; default `1.5 * h_base` (controller `paper`) or `4 * h_base` (controller
-        `descent`, where it is also the starting horizon), rounded down to a multiple of `q_h`.""",
+        """Upper end of the domain; default the rule's `h_max_factor` times `h_base`: 1.5 (controller `paper`)
+        or 2 (controller `descent`, where it is also the starting horizon), rounded down to a multiple of `q_h`.""",
         COUNT,
     )
 

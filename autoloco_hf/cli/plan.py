@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from autoloco_hf.algorithm.preview import preview_run, run_length
+from autoloco_hf.algorithm.rules import get_rule, rule_names
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.cli import non_negative_int, positive_int, usage_error
 from autoloco_hf.config import (
@@ -31,6 +32,8 @@ from autoloco_hf.sync.pacing import BudgetPacer
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
 # model (recipes/pretrain_c4.py, 32k vocabulary) and Llama-3.1-8B (the SFT recipe).
 RECIPE_PARAMS = {"c4": 214_983_680, "sft": 8_030_261_248}
+# the built-in rules' default H_max, from the rules themselves so that the help cannot drift from them
+RULE_H_MAX_FACTORS = ", ".join(f"{name} {get_rule(name).h_max_factor:g}" for name in rule_names())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=["cosine", "linear"], help="decay after warm-up")
     parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (steps)")
     parser.add_argument("--q-h", type=positive_int, help="horizon granularity q_H (default H_base/10)")
-    parser.add_argument("--h-max", type=positive_int, help="largest horizon (default 1.5 H_base; descent: 4 H_base)")
+    parser.add_argument(
+        "--h-max",
+        type=positive_int,
+        help="largest horizon (default: the rule's factor x H_base, " + RULE_H_MAX_FACTORS + ")",
+    )
     parser.add_argument(
         "--params",
         type=float,

@@ -202,6 +202,16 @@ def test_h_max_off_the_q_h_grid_is_refused(capsys) -> None:
     assert "--h-max 740 is not a multiple of q_H=50: use 700 or 750" in capsys.readouterr().err
 
 
+def test_h_max_help_states_each_rules_own_default(capsys) -> None:
+    """The help reads the factor from the rules: descent starts at 2 H_base since its default changed from 4."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "descent 2, paper 1.5" in help_text
+    plan = cli_json(capsys, "--controller", "descent")
+    assert plan["h_max"] == 2 * plan["h_base"]
+
+
 def test_payload_uses_the_recipe_model_size(capsys) -> None:
     """The SFT recipe trains Llama-3.1-8B: its payload is 8.03B parameters' worth, not the C4 model's 215M."""
     sft = cli_json(capsys, "--recipe", "sft")
