@@ -574,10 +574,12 @@ class TunedFrontier:
             settings = [n for n in cells if (s := parse_setting(n)) and s[2] == h]
             seeds = self.choice_seeds[h]
             runner_up = lowest_mean_val(cells, [n for n in settings if n != name], seeds)
+            # the margin on every seed both ran: a close runner-up gets more seeds than the choice was made on
+            both = common_seeds(cells, [name, runner_up])
             rows.append([
                 f"{h}", f"{self.syncs[h]:.0f}", name, seed_list(sorted(cells[name])),
                 fmt([r.val for r in cells[name].values()]).lstrip("+"), seed_list(seeds),
-                f"{fmt([cells[runner_up][s].val - cells[name][s].val for s in seeds])} ({runner_up})",
+                f"{fmt([cells[runner_up][s].val - cells[name][s].val for s in both])} ({runner_up}; {seed_list(both)})",
             ])  # fmt: skip
         grid = sorted({(lr, mu) for n in cells if (st := parse_setting(n)) for lr, mu in [st[:2]]})
         grid_rows = []
@@ -593,10 +595,19 @@ class TunedFrontier:
             replicate.markdown_table(["H", "seeds"] + [f"LR {lr:g}, mu {mu:g}" for lr, mu in grid], grid_rows),
             "",
             "The best fixed (outer LR, momentum) at each horizon, chosen by the mean val loss over the seeds every "
-            "setting at that horizon finished (column 'chosen on'), and the runner-up's paired margin:",
+            "setting at that horizon finished (column 'chosen on'), and the runner-up's margin paired over every seed "
+            "both ran:",
             "",
             replicate.markdown_table(
-                ["H", "syncs", "best setting", "its seeds", "val loss (± s.e.)", "chosen on", "runner-up minus best"],
+                [
+                    "H",
+                    "syncs",
+                    "best setting",
+                    "its seeds",
+                    "val loss (± s.e.)",
+                    "chosen on",
+                    "runner-up minus best (seeds)",
+                ],
                 rows,
             ),
             "",

@@ -120,6 +120,13 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
     report = "\n".join(frontier.TunedFrontier.of({**cells, **held}).report({**cells, **held}, ["rule"]))
     assert "| rule | 0-2 | 75.0 | 0.75x |" in report
     assert "| rule | 2 | +0.1500 | +0.150 |" in report  # 4.2 against (4.0 + 4.1) / 2 + 0.1
+    # H 40's runner-up ran seed 2 too: its margin is paired over seeds 0-2, though the choice was made on 0-1
+    more = {**cells, **held, "diloco_lr1_mu0.5_h40": runs(25, 4.40, 4.40, 4.40), "diloco_mu0.5_h40": runs(25, 4.5, 4.5)}
+    report = "\n".join(frontier.TunedFrontier.of(more).report(more, ["rule"]))
+    assert (
+        "| 40 | 25 | diloco_mu0.7_h40 | 0-2 | 4.0667 ± 0.0333 | 0-1 | +0.3333 ± 0.0333 (diloco_lr1_mu0.5_h40; 0-2) |"
+        in report
+    )
     # a horizon whose piece of the grid is not complete (no LR 1 run at H 5 yet) is left out
     partial = frontier.TunedFrontier.of(
         {**cells, "diloco_mu0.7_h5": runs(200, 3.0, 3.0), "diloco_mu0.5_h5": runs(200, 3.1, 3.1)}
