@@ -1,16 +1,23 @@
-"""The frontier of regime A (IID) on a model ~74x larger, sized to fit 8 minutes of one GPU from measured FLOPs.
+"""The frontier of regime A (IID) on a larger model, sized to a GPU's time limit from measured FLOPs.
 
 Not a test. The CPU campaign (``benchmarks/frontier.py``) uses a 197k-parameter
-tiny Llama; this one trains a 14.5M-parameter Llama (hidden 384, 6 layers)
-with 8 simulated workers on one GPU, on the same standard-library corpus and
-schedule (T steps, warm-up 2% then cosine, H_base = T/100). Before training it
+tiny Llama; this one trains a 14.5M-parameter Llama (``--model 14m``: hidden 384,
+6 layers) or a 114M-parameter one (``--model 114m``: hidden 768, 12 layers) with
+8 simulated workers on one GPU, on the same standard-library corpus and schedule
+(T steps, warm-up 2% then cosine, H_base = T/100). ``--grid base`` runs the
+first frontier's settings (momentum 0.7 at several H, the momentum axis, the
+paper's rule); ``--grid tuned`` the tuned baseline of docs/results.md (outer LR
+{0.35, 0.7, 1.0} x momentum {0.5, 0.7, 0.9} x H {5, 10, 20, 40}) with the
+default rule and the paper's, seed by seed. Finished runs are skipped, so a
+campaign longer than one call goes on in the next one. Before training it
 
 1. counts the FLOPs of one worker step (``torch.utils.flop_counter``),
 2. times a short probe of real training steps on the device, so the achieved
    FLOP/s and the seconds per run are measured, not assumed,
-3. keeps, in priority order, as many (setting, seed) runs as fit in
-   ``--budget-s`` (default 420 s) and in what is left of the 8 minutes after
-   the corpus build and the probe.
+3. keeps, in priority order, as many unfinished (setting, seed) runs as fit in
+   ``--budget-s`` (default 420 s), in what is left of ``--time-limit-s``
+   (default 480 s: one 8-minute GPU call) after the corpus build and the probe,
+   and in ``--max-runs``.
 
 It writes ``OUT/plan.json`` (FLOPs, measured rate, estimated and actual
 seconds, chosen runs), the run folders in frontier.py's layout and
@@ -18,6 +25,7 @@ seconds, chosen runs), the run folders in frontier.py's layout and
 sizes on the CPU (CI runs it)::
 
     python benchmarks/gpu_frontier.py --out gpu_frontier
+    python benchmarks/gpu_frontier.py --model 114m --grid tuned --out gpu_frontier_114m
     python benchmarks/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier
 """
 
@@ -39,6 +47,7 @@ import replicate  # noqa: E402
 
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
+from autoloco_hf.config import ValueEnum  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -54,14 +63,21 @@ class Sizes:
     max_docs: int | None
 
 
-FULL = Sizes(
-    hidden=384, layers=6, heads=6, batch_size=8, workers=8, steps=1000, probe_steps=20, val_windows=1024, max_docs=None
-)
+MODELS = {
+    "14m": Sizes(
+        hidden=384, layers=6, heads=6, batch_size=8, workers=8, steps=1000, probe_steps=20, val_windows=1024,
+        max_docs=None,
+    ),
+    "114m": Sizes(
+        hidden=768, layers=12, heads=12, batch_size=8, workers=8, steps=1000, probe_steps=10, val_windows=1024,
+        max_docs=None,
+    ),
+}  # fmt: skip
 DRY = Sizes(
     hidden=32, layers=1, heads=2, batch_size=2, workers=2, steps=30, probe_steps=3, val_windows=16, max_docs=300
 )
 
-TOTAL_LIMIT_S = 480  # one GPU call of 8 minutes, everything included
+TIME_LIMIT_S = 480  # default: one GPU call of 8 minutes, everything included
 
 # Most informative first: the two ends of the fixed-H curve, AutoLoCo, then more horizons, momenta and seeds.
 PRIORITY = [
@@ -72,10 +88,36 @@ PRIORITY = [
 ]  # fmt: skip
 
 
-def points(steps: int) -> dict[str, frontier.Point]:
+class Grid(ValueEnum):
+    BASE = "base"  # the first frontier: momentum 0.7 over H, the momentum axis, the paper's rule
+    TUNED = "tuned"  # the tuned baseline (outer LR x momentum x H), the default rule and the paper's
+
+
+DEFAULT_RULE = "default"  # AutoLoCoConfig's own controller and options: what a user gets with h_base only
+TUNED_OUTER_LRS, TUNED_MOMENTA, TUNED_HORIZONS = (0.7, 1.0, 0.35), (0.5, 0.7, 0.9), (10, 20, 5, 40)
+
+
+def points(grid: Grid, steps: int) -> dict[str, frontier.Point]:
     h_base, _ = replicate.schedule(steps)
-    fixed = frontier.grid([5, 10, 13, 20, 40], 0.7, [0.01, 0.9], [10, 20])
-    return {p.name: p for p in fixed + frontier.parse_adaptive(["autoloco"], h_base)}
+    if grid is Grid.BASE:
+        fixed = frontier.grid([5, 10, 13, 20, 40], 0.7, [0.01, 0.9], [10, 20])
+        return {p.name: p for p in fixed + frontier.parse_adaptive(["autoloco"], h_base)}
+    fixed = frontier.grid([], 0.7, [], [], frontier.tuned_grid(TUNED_OUTER_LRS, TUNED_MOMENTA, TUNED_HORIZONS))
+    return {
+        p.name: p for p in frontier.parse_adaptive([f"{DEFAULT_RULE}:controller=descent", "autoloco"], h_base) + fixed
+    }
+
+
+def queue(grid: Grid, names: dict[str, frontier.Point], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """Every run of the campaign, most informative first (``names`` is in that order for the tuned grid)."""
+    if grid is Grid.BASE:
+        return [(name, seed) for name, seed in PRIORITY if name in names]
+    # seed by seed: a whole grid on one seed chooses the best settings; more seeds then test them
+    return [(name, seed) for seed in seeds for name in names]
+
+
+def finished(out: Path, name: str, seed: int) -> bool:
+    return (out / frontier.Regime.IID.value / f"seed{seed}" / name / frontier.SUMMARY).exists()
 
 
 def flops_per_worker_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
@@ -117,23 +159,39 @@ def probe_seconds_per_step(sizes: Sizes, corpus: replicate.Corpus, device: torch
     return (time.perf_counter() - started) / sizes.probe_steps
 
 
-def plan(budget_s: float, run_s: float, names: dict[str, frontier.Point]) -> list[tuple[str, int]]:
-    """The longest prefix of ``PRIORITY`` whose estimated time fits ``budget_s`` (at least the first run)."""
-    keep = max(1, min(len(PRIORITY), int(budget_s // run_s)))
-    return [(name, seed) for name, seed in PRIORITY[:keep] if name in names]
+def plan(budget_s: float, run_s: float, todo: Sequence[tuple[str, int]], max_runs: int) -> list[tuple[str, int]]:
+    """The longest prefix of ``todo`` whose estimated time fits ``budget_s`` (at least one run), ``max_runs`` at most."""
+    return list(todo[: min(max_runs, max(1, int(budget_s // run_s)))])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="gpu_frontier", help="folder for plan.json, the run folders and frontier.md")
+    p.add_argument("--model", choices=sorted(MODELS), default="14m", help="model size (default 14m)")
+    p.add_argument("--grid", type=Grid, choices=list(Grid), default=Grid.BASE, help="which settings (default base)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds of --grid tuned, in order (default 0,1,2)")
     p.add_argument("--budget-s", type=float, default=420.0, help="seconds of training to plan for (default 420)")
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=TIME_LIMIT_S,
+        help=f"the call's whole time, corpus build and probe included (default {TIME_LIMIT_S})",
+    )
+    p.add_argument("--max-runs", type=int, default=10**6, help="runs in this call at most (a campaign in pieces)")
     p.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "autoloco"))
     args = p.parse_args(argv)
-    if args.budget_s <= 0:
-        p.exit(
-            2, f"gpu_frontier: --budget-s {args.budget_s:g}: pass a positive number of seconds, e.g. --budget-s 420\n"
-        )
+    for flag, value in (
+        ("--budget-s", args.budget_s),
+        ("--time-limit-s", args.time_limit_s),
+        ("--max-runs", args.max_runs),
+    ):
+        if value <= 0:
+            p.exit(2, f"gpu_frontier: {flag} {value:g}: pass a positive number, e.g. {flag} 420\n")
+    try:
+        args.seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        p.exit(2, f"gpu_frontier: --seeds {args.seeds!r}: pass comma-separated integers, e.g. --seeds 0,1,2\n")
     return args
 
 
@@ -150,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        sizes, device = FULL, torch.device("cuda")
+        sizes, device = MODELS[args.model], torch.device("cuda")
         torch.backends.cuda.matmul.allow_tf32 = True
     corpus = replicate.load_corpus(args.cache_dir, replicate.VOCAB_SIZE, sizes.max_docs)
     model = tiny_llama(
@@ -160,12 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker_flops = flops_per_worker_step(model, {"input_ids": window, "labels": window})
     step_s = probe_seconds_per_step(sizes, corpus, device)
     run_s = 1.05 * sizes.steps * step_s  # +5%: the syncs and the validation pass
-    names = points(sizes.steps)
-    # the 8 minutes include the corpus build and the probe: plan only what is left of them (30 s kept for the report)
-    budget = min(args.budget_s, TOTAL_LIMIT_S - 30 - (time.perf_counter() - started))
-    chosen = plan(budget, run_s, names)
+    names = points(args.grid, sizes.steps)
+    out = Path(args.out)
+    todo = [(name, seed) for name, seed in queue(args.grid, names, args.seeds) if not finished(out, name, seed)]
+    # the time limit includes the corpus build and the probe: plan only what is left of it (30 s kept for the report)
+    budget = min(args.budget_s, args.time_limit_s - 30 - (time.perf_counter() - started))
+    chosen = plan(budget, run_s, todo, args.max_runs) if todo else []
     report = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+        model=args.model,
+        grid=args.grid.value,
         sizes=asdict(sizes),
         params=sum(p.numel() for p in model.parameters()),
         flops_per_worker_step=worker_flops,
@@ -174,8 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         estimated_seconds_per_run=run_s,
         budget_s=round(budget, 1),
         runs=[f"{n} seed {s}" for n, s in chosen],
+        runs_left_after=len(todo) - len(chosen),
     )
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(report, indent=1), flush=True)
     run_args = frontier.parse_args(["--out", str(out), "--regimes", "iid", "--steps", str(sizes.steps), "--quiet"])
@@ -189,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         frontier.run_all(run_args, [names[name]], corpus)
         actual[f"{name} seed {seed}"] = round(time.perf_counter() - began, 1)
     report.update(actual_seconds=actual, total_seconds=round(time.perf_counter() - started, 1))
-    report["within_8_minutes"] = report["total_seconds"] <= TOTAL_LIMIT_S
+    report["within_time_limit"] = report["total_seconds"] <= args.time_limit_s
     (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"report: {frontier.write_report(run_args)}; total {report['total_seconds']} s", flush=True)
     return 0
