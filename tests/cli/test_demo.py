@@ -28,7 +28,7 @@ def table_rows(markdown: str) -> dict[str, list[str]]:
 
 def test_demo_writes_every_artifact(tmp_path, capsys):
     out = tmp_path / "demo"
-    methods = ["diloco", "diloco_mu07", "autoloco"]
+    methods = ["diloco", "diloco_mu07", "autoloco", "autoloco_descent"]  # the default run shows the default rule
     assert main(["demo", "--steps", "40", "--workers", "2", "--h-base", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
 
@@ -53,6 +53,8 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
     assert diloco["config"]["outer_momentum"] == 0.9 and diloco["config"]["h_base"] == 4
     mu07 = json.loads((out / "diloco_mu07" / "summary.json").read_text())
     assert mu07["config"]["outer_momentum"] == 0.7
+    default = json.loads((out / "autoloco_descent" / "summary.json").read_text())["config"]
+    assert default["controller"] == "descent" and default["outer_momentum"] == 0.5  # AutoLoCoConfig's own default
 
 
 def test_demo_baselines_and_same_data(tmp_path):
