@@ -86,8 +86,8 @@ RUN = {
     "autoloco report runs/quickstart": "autoloco report runs/quickstart",
     CPU_RECIPE: CPU_RECIPE + " --steps 10 --warmup-steps 2 --val-docs 8",
     # docs/demo/report.md: the command that made the committed demo
-    "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco --h-base 10 --seed 0 --out docs/demo": (
-        "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco --h-base 10 --seed 0 --out docs/demo"
+    "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out docs/demo": (
+        "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out docs/demo"
         " --steps 10 --workers 2 --methods diloco --out demo_report"
     ),
     # docs/controller.md: the scenario tables, one seed per row

@@ -10,12 +10,12 @@ differences in the table are the methods' own.
 The recipe is the paper's C4 recipe scaled down with the same ratios:
 ``H_base = steps / 100``, warm-up 2% of the steps then cosine decay,
 ``q_H = H_base / 10``, ``H_max = 1.5 H_base``. The default (1,000 steps,
-4 workers, 4 methods) needs about 5 minutes of CPU time on one thread
-(measured 2026-12-04: 300 s CPU, 5 min 02 s wall, 507 MB peak memory).
+4 workers, 5 methods) needs about 6 minutes of CPU time on one thread
+(measured 2026-12-04: 380 s CPU, 6 min 22 s wall, 521 MB peak memory; ``docs/demo``).
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big
-    $ autoloco demo --methods diloco_mu07,autoloco_descent              # two methods: half the time
+    $ autoloco demo --methods diloco_mu05,autoloco_descent              # the default and its comparator
 
 The run folder holds ``report.md`` (tables, command, plots), one sub-folder
 per method (``intervals.jsonl``, ``steps.jsonl``, ``summary.json``, see
@@ -41,8 +41,12 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp": ("gradient all-reduce every step", dict(method=Method.DDP)),
     "diloco": ("DiLoCo, outer Nesterov momentum 0.9 (the paper's baseline)", dict(method=Method.DILOCO)),
     "diloco_mu07": (
-        "DiLoCo at outer momentum 0.7, AutoLoCo's base momentum (the fair comparator)",
+        "DiLoCo at outer momentum 0.7, the paper rule's base momentum (its fair comparator)",
         dict(method=Method.DILOCO, outer_momentum=0.7),
+    ),
+    "diloco_mu05": (
+        "DiLoCo at outer momentum 0.5, the default rule's base momentum (its fair comparator)",
+        dict(method=Method.DILOCO, outer_momentum=0.5),
     ),
     "autoloco": (
         "AutoLoCo with the paper's horizon rule + outer correction",
@@ -55,7 +59,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method=Method.QSR)),
     "linear": ("Linear Interval: H_k = a k, model averaging", dict(method=Method.LINEAR)),
 }
-DEFAULT_METHODS = "diloco,diloco_mu07,autoloco,autoloco_descent"  # the baselines, the paper's rule and the default
+DEFAULT_METHODS = "diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent"  # each rule beside DiLoCo at its momentum
 
 # The spec's CPU prototype (section 10): batch 8 x 64 per worker, AdamW 2e-3.
 BATCH_SIZE, SEQ_LEN, PEAK_LR, WEIGHT_DECAY = 8, 64, 2e-3, 0.01
@@ -238,14 +242,15 @@ def run(args: argparse.Namespace) -> int:
     total, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 
     runs = find_runs([f"{args.out}/{m}" for m in methods])
-    autoloco = configs.get("autoloco", next(iter(configs.values())))
+    first = next(iter(configs.values()))
+    h_max = ", ".join(f"{c.h_max} ({name})" for name, c in configs.items() if c.method == Method.AUTOLOCO)
     notes = (
         f"Tiny Llama ({setup.num_params:,} parameters, {LAYERS} layers, hidden {HIDDEN}, BPE vocabulary "
         f"{len(setup.tokenizer)} trained locally) on Python's `pydoc_data.topics` "
         f"({setup.splits.train.numel():,} training / {setup.splits.val.numel():,} held-out validation tokens); "
         f"{args.workers} simulated workers, batch {BATCH_SIZE} x {SEQ_LEN} tokens per worker, {args.steps} steps, "
         f"AdamW {PEAK_LR:g} with {warmup_steps(args.steps)} warm-up steps then cosine; "
-        f"H_base {autoloco.h_base}, q_H {autoloco.q_h}, H_max {autoloco.h_max}; seed {args.seed}, same initialization "
+        f"H_base {first.h_base}, q_H {first.q_h}{f', H_max {h_max}' if h_max else ''}; seed {args.seed}, same initialization "
         f"and data order for every method. Total wall time {total:.0f} s, CPU time {cpu:.0f} s (with tokenizer training and validation; "
         "CPU time well below wall time means the machine was shared)."
     )

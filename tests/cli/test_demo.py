@@ -28,12 +28,14 @@ def table_rows(markdown: str) -> dict[str, list[str]]:
 
 def test_demo_writes_every_artifact(tmp_path, capsys):
     out = tmp_path / "demo"
-    methods = ["diloco", "diloco_mu07", "autoloco", "autoloco_descent"]  # the default run shows the default rule
+    # the default run shows each rule beside DiLoCo at that rule's own base momentum
+    methods = ["diloco", "diloco_mu07", "autoloco", "diloco_mu05", "autoloco_descent"]
     assert main(["demo", "--steps", "40", "--workers", "2", "--h-base", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
 
     report = (out / "report.md").read_text()
     assert "autoloco demo --steps 40 --workers 2" in report
+    assert "H_max 6 (autoloco), 8 (autoloco_descent);" in report  # each rule's own: 1.5 and 2 H_base
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000, name
         assert f"]({name})" in report
@@ -55,6 +57,8 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
     assert mu07["config"]["outer_momentum"] == 0.7
     default = json.loads((out / "autoloco_descent" / "summary.json").read_text())["config"]
     assert default["controller"] == "descent" and default["outer_momentum"] == 0.5  # AutoLoCoConfig's own default
+    mu05 = json.loads((out / "diloco_mu05" / "summary.json").read_text())["config"]
+    assert mu05["method"] == "diloco" and mu05["outer_momentum"] == default["outer_momentum"]
 
 
 def test_demo_baselines_and_same_data(tmp_path):
