@@ -991,8 +991,14 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
     }
 
 
-def _trainer_fsdp2_rank(rank: int, layout: Layout, port: int, steps: int, out_dir: str, device_type: str) -> None:
-    """One rank of a Trainer launch (torchrun's environment): the FSDP2 run, then the DDP reference."""
+def _trainer_fsdp2_rank(
+    rank: int, mode: FsdpMode, layout: Layout, port: int, steps: int, out_dir: str, device_type: str
+) -> None:
+    """One rank of a Trainer launch (torchrun's environment) in ``mode``.
+
+    Each mode gets processes of its own: accelerate leaves ``ACCELERATE_USE_FSDP=true`` in the environment once
+    an FSDP plugin is used, and a later ``Accelerator`` in the same process builds a default plugin (FSDP1) from it.
+    """
     workers, r = layout
     world = workers * r
     _rank_device(rank, device_type)
@@ -1004,13 +1010,13 @@ def _trainer_fsdp2_rank(rank: int, layout: Layout, port: int, steps: int, out_di
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    result = {mode.value: _trainer_run(mode, layout, steps, out_dir, device_type) for mode in FsdpMode}
+    result = _trainer_run(mode, layout, steps, out_dir, device_type)
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    _leave(os.path.join(out_dir, f"trainer_{_layout_name(layout)}_rank{rank}.pt"), result)
+    _leave(os.path.join(out_dir, f"trainer_{_layout_name(layout)}_{mode.value}_rank{rank}.pt"), result)
 
 
 def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
@@ -1030,9 +1036,16 @@ def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     for layout in layouts:
         workers, r = layout
         name = _layout_name(layout)
-        _join_ranks(_trainer_fsdp2_rank, workers * r, (layout, _free_port(), steps, ctx.workdir, ctx.device.type))
+        for mode in FsdpMode:
+            launch = (mode, layout, _free_port(), steps, ctx.workdir, ctx.device.type)
+            _join_ranks(_trainer_fsdp2_rank, workers * r, launch)
         ranks = [
-            torch.load(os.path.join(ctx.workdir, f"trainer_{name}_rank{k}.pt"), weights_only=False)
+            {
+                mode.value: torch.load(
+                    os.path.join(ctx.workdir, f"trainer_{name}_{mode.value}_rank{k}.pt"), weights_only=False
+                )
+                for mode in FsdpMode
+            }
             for k in range(workers * r)
         ]
         if not ctx.cuda:

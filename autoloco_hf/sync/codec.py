@@ -19,6 +19,7 @@ import torch
 from autoloco_hf.config import MAX_TOPK_BLOCK, CodecKernel, WireDtype
 from autoloco_hf.sync.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks, piece_wire_bytes
 from autoloco_hf.sync.formats import wire_format
+from autoloco_hf.sync.formats.base import true_divide
 
 
 def _check_block_size(block_size: int, topk_fraction: float | None) -> None:
@@ -203,7 +204,7 @@ def mean_in_worker_order(decoded_contributions: Sequence[torch.Tensor]) -> torch
     total = decoded_contributions[0].to(torch.float32, copy=True)
     for c in decoded_contributions[1:]:
         total += c
-    total /= len(decoded_contributions)
+    true_divide(total, len(decoded_contributions), out=total)
     return total
 
 

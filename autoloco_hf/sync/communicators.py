@@ -37,6 +37,7 @@ import torch
 from autoloco_hf.config import AutoLoCoConfig, CodecKernel, WireDtype
 from autoloco_hf.sync.accounting import wire_bytes_sent
 from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_order, owner_reduce_mean
+from autoloco_hf.sync.formats.base import true_divide
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -48,6 +49,18 @@ def _now(tensor: torch.Tensor) -> float:
     if tensor.is_cuda:
         torch.cuda.current_stream(tensor.device).synchronize()
     return time.perf_counter()
+
+
+def collective_device(backend: str, device: torch.device) -> torch.device:
+    """Where a collective of a group with ``backend`` (``dist.get_backend``) runs on a tensor held on ``device``.
+
+    An NCCL-only group (what ``accelerate launch`` and the recipes start on GPUs) carries GPU tensors only, so
+    a tensor in host memory (the outer state with ``outer_on_cpu=True``, the control messages) travels
+    through the current GPU and comes back; gloo (alone or in ``"cpu:gloo,cuda:nccl"``) carries it as it is.
+    """
+    if device.type == "cpu" and "gloo" not in backend.lower() and "mpi" not in backend.lower():
+        return torch.device("cuda")  # the current GPU (``torch.cuda.set_device``), as NCCL uses it
+    return device
 
 
 @dataclass
@@ -352,6 +365,9 @@ class ProcessGroupCommunicator(Communicator):
     def worker_labels(self) -> list[str]:
         return list(self._labels)
 
+    def _carrier(self, device: torch.device) -> torch.device:
+        return collective_device(str(self.dist.get_backend(self.group)), device)
+
     def global_worker(self, local: int) -> int:
         return self.rank
 
@@ -375,26 +391,26 @@ class ProcessGroupCommunicator(Communicator):
         wire = wire_dtype or self.wire_dtype
         traffic = Traffic()
         codec = self.codec(segment_sizes, wire)
+        carrier = self._carrier(flat.device)
         with self._guarded("the synchronization's control messages"):
-            gathered, _ = self._gather_scalars(scalars, flat.device, async_op=False)
+            gathered, _ = self._gather_scalars(scalars, carrier, async_op=False)
         sums, rows = _control_sums(gathered)
         if gathered and check is not None:  # every worker holds the same rows: all raise alike, before the payload
             check(sums, rows)
         if flat.numel() == 0:  # a streaming fragment outside this rank's shard (and its group's): no payload
             return AverageResult(flat.detach().clone(), sums, traffic, rows)
+        staged = flat.to(carrier)
         with self._guarded("the synchronization's pseudo-gradient exchange"):
             if wire == WireDtype.FP32:
-                mean = self._all_reduce_mean(flat, traffic)
+                mean = self._all_reduce_mean(staged, traffic)
             else:
-                mean = self._owner_reduce_mean(flat, codec, traffic)
+                mean = self._owner_reduce_mean(staged, codec, traffic)
         traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, self.rank)
-        return AverageResult(mean, sums, traffic, rows)
+        return AverageResult(mean.to(flat.device), sums, traffic, rows)
 
     def sum_over_workers(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
-        nccl = "nccl" in str(self.dist.get_backend(self.group)).lower()
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         with self._guarded("a horizon rule's shared measurement"):
-            gathered, _ = self._gather_scalars(rows, device, async_op=False)
+            gathered, _ = self._gather_scalars(rows, self._carrier(rows[0].device), async_op=False)
         return _control_sums(gathered)[0]
 
     def _all_reduce_mean(self, flat: torch.Tensor, traffic: Traffic) -> torch.Tensor:
@@ -406,7 +422,7 @@ class ProcessGroupCommunicator(Communicator):
         total = self._buffers[key].copy_(flat)
         for work in self._start_all_reduce(total):
             work.wait()
-        total /= self.num_workers
+        true_divide(total, self.num_workers, out=total)
         traffic.collective_seconds = _now(flat) - start
         return total
 
@@ -429,7 +445,7 @@ class ProcessGroupCommunicator(Communicator):
         total = codec.decode(bufs.by_worker[0], my_start, my_numel, out=bufs.total)
         for wire in bufs.by_worker[1:]:
             total += codec.decode(wire, my_start, my_numel, out=bufs.scratch)
-        total /= n
+        true_divide(total, n, out=total)
         traffic.decode_seconds += _now(flat) - tick
 
         tick = _now(flat)  # the owner's mean, encoded once, sent to every worker (itself included)
@@ -471,8 +487,11 @@ class ProcessGroupCommunicator(Communicator):
         traffic.collective_seconds += _now(send[0]) - tick
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
+        staged = tensor.to(self._carrier(tensor.device))
         with self._guarded("the start-up broadcast of rank 0's parameters"):
-            self.dist.broadcast(tensor, src=self.global_rank(0), group=self.group)
+            self.dist.broadcast(staged, src=self.global_rank(0), group=self.group)
+        if staged is not tensor:
+            tensor.copy_(staged)
 
     def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
         """Start the average; the caller trains on until :meth:`PendingAverage.wait` (docs/algorithm.md §11).
@@ -493,18 +512,19 @@ class ProcessGroupCommunicator(Communicator):
         flat = flats[0]
         traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
         start = time.perf_counter()
-        gathered, gather_work = self._gather_scalars(scalars, flat.device, async_op=True)
-        total = flat.detach().clone()  # not the blocking path's reused buffer: it may run meanwhile
+        carrier = self._carrier(flat.device)
+        gathered, gather_work = self._gather_scalars(scalars, carrier, async_op=True)
+        total = flat.detach().to(carrier, copy=True)  # not the blocking path's reused buffer: it may run meanwhile
         works = [w for w in (gather_work,) if w is not None] + (self._start_all_reduce(total) if total.numel() else [])
 
         def finish() -> AverageResult:
             with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s
                 for work in works:
                     work.wait()
-            total.div_(self.num_workers)
+            true_divide(total, self.num_workers, out=total)
             traffic.collective_seconds = _now(total) - start  # issue to completion, compute overlapped included
             sums, rows = _control_sums(gathered)
-            return AverageResult(total, sums, traffic, rows)
+            return AverageResult(total.to(flat.device), sums, traffic, rows)
 
         return PendingAverage(finish)
 
@@ -685,9 +705,7 @@ class HierarchicalCommunicator(Communicator):
 
     def _gather_in_worker(self, partial: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``partial`` of this worker, in rank order (a few float64 values)."""
-        # NCCL collectives take CUDA tensors only
-        nccl = "nccl" in str(self.dist.get_backend(self.inner_group)).lower()
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        device = collective_device(str(self.dist.get_backend(self.inner_group)), partial.device)
         local = partial.to(device=device, dtype=torch.float64).reshape(-1).contiguous()
         gathered = [torch.empty_like(local) for _ in range(self.ranks_per_worker)]
         self.dist.all_gather(gathered, local, group=self.inner_group)
@@ -698,8 +716,9 @@ class HierarchicalCommunicator(Communicator):
         parts = balanced_parts(numel, self.ranks_per_worker)
         width = parts[0][1] - parts[0][0]
         if self._full is None or self._full.numel() != numel or self._full.device != shard.device:
-            self._gather = torch.empty(width * self.ranks_per_worker, dtype=torch.float32, device=shard.device)
-            self._send = torch.zeros(width, dtype=torch.float32, device=shard.device)
+            carrier = collective_device(str(self.dist.get_backend(self.inner_group)), shard.device)
+            self._gather = torch.empty(width * self.ranks_per_worker, dtype=torch.float32, device=carrier)
+            self._send = torch.zeros(width, dtype=torch.float32, device=carrier)
             self._full = torch.empty(numel, dtype=torch.float32, device=shard.device)
         self._send[: shard.numel()].copy_(shard)
         self.dist.all_gather_single(self._gather, self._send, group=self.inner_group)
@@ -729,7 +748,10 @@ class ShardedWorkerCommunicator(HierarchicalCommunicator):
 
     def worker_tensor_sizes(self, local_sizes: Sequence[int]) -> list[int]:
         """The local shards' sizes summed over the worker's ranks: every rank then cuts fragments at the same tensors."""
-        sizes = torch.tensor(list(local_sizes), dtype=torch.int64)
+        backend = str(self.dist.get_backend(self.inner_group))
+        sizes = torch.tensor(
+            list(local_sizes), dtype=torch.int64, device=collective_device(backend, torch.device("cpu"))
+        )
         self.dist.all_reduce(sizes, group=self.inner_group)
         return sizes.tolist()
 

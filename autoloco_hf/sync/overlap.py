@@ -28,6 +28,7 @@ import torch
 from autoloco_hf.config import Overlap
 from autoloco_hf.sync.control import ControlMessage
 from autoloco_hf.sync.engine import Aggregate, ClosedInterval, InFlight, IntervalEngine, OuterStep
+from autoloco_hf.sync.formats.base import true_divide
 from autoloco_hf.sync.outer import flatten_fp32
 from autoloco_hf.sync.records import IntervalRecord
 
@@ -166,7 +167,7 @@ class EagerSchedule:
         correction = engine.correction(closed.interval)
         outer = engine.outer
         for i, (params, delta) in enumerate(zip(engine.worker_params, deltas)):
-            estimate = delta / n
+            estimate = true_divide(delta, n)
             if engine.config.uses_nesterov_outer:
                 start = outer.lookahead(estimate, correction.outer_lr, correction.momentum, correction.grad_divisor)
             else:

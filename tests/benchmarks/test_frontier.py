@@ -146,6 +146,7 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
         ("regime_search/lr8e-3", "autoloco"),  # regime B at 4x the inner LR (docs/results.md, "A regime ...")
         ("regime_search/batch1", "descent_k0.9"),
         ("frontier_d", "descent_k0.9_guard_mu0.5_hmax20"),  # regime D, the larger batch (docs/results.md)
+        ("gpu_frontier_14m", "default"),  # regime A at 14.5M parameters, the first GPU runs (docs/gpu.md)
     ],
 )
 def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch, folder, row):

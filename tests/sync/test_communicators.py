@@ -26,7 +26,13 @@ from _dist import run_gloo
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.codec import WireCodec, num_int8_blocks
-from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator, make_communicator
+from autoloco_hf.sync.communicators import (
+    ProcessGroupCommunicator,
+    SimulatedCommunicator,
+    collective_device,
+    make_communicator,
+)
+from autoloco_hf.sync.formats.base import true_divide
 
 pytestmark = pytest.mark.slow
 
@@ -336,3 +342,29 @@ def test_wire_override_uses_the_requested_codec(gloo) -> None:
     for res in ranks:
         assert torch.equal(_bits(res["hand", "fp32->int8"]["mean"]), _bits(ref.mean))
         assert res["hand", "fp32->int8"]["wire_bytes"] == res["hand", "int8"]["wire_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "held", "carried"),
+    [
+        ("nccl", "cpu", "cuda"),  # NCCL alone: host tensors go through the current GPU (outer_on_cpu=True)
+        ("NCCL", "cpu", "cuda"),
+        ("gloo", "cpu", "cpu"),
+        ("cpu:gloo,cuda:nccl", "cpu", "cpu"),  # torch's default on a GPU machine: gloo carries host tensors
+        ("nccl", "cuda:1", "cuda:1"),  # already on a GPU: stays where it is
+        ("cpu:gloo,cuda:nccl", "cuda:0", "cuda:0"),
+    ],
+)
+def test_collective_device_stages_host_tensors_through_the_gpu_for_nccl(backend, held, carried) -> None:
+    assert collective_device(backend, torch.device(held)) == torch.device(carried)
+
+
+def test_true_divide_is_the_cpu_division_not_a_reciprocal_product() -> None:
+    """The mean's division: bit for bit ``x / n`` on the CPU, which ``x * (1 / n)`` is not (CUDA's scalar path)."""
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    for n in (3, 7, 127):
+        exact = true_divide(x, n)
+        assert torch.equal(exact.view(torch.int32), (x / n).view(torch.int32))
+        assert not torch.equal(exact, x * (1.0 / n))  # the two roundings differ somewhere: the test can tell
+        inplace = x.clone()
+        assert true_divide(inplace, n, out=inplace) is inplace and torch.equal(inplace, exact)

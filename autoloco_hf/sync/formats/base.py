@@ -15,6 +15,17 @@ from collections.abc import Sequence
 import torch
 
 
+def true_divide(t: torch.Tensor, divisor: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``t / divisor`` rounded as one IEEE division on every device (in place with ``out=t``).
+
+    CUDA divides by a Python number as a product with its reciprocal, which can be one ulp off the
+    CPU's quotient; dividing by a 0-dim tensor on ``t``'s device keeps the true division, so a
+    simulated CPU run and a GPU run agree bit for bit (docs/algorithm.md §8.4). On the CPU both are
+    the same kernel.
+    """
+    return torch.div(t, torch.full((), divisor, dtype=t.dtype, device=t.device), out=out)
+
+
 def blocked(x: torch.Tensor, block_size: int) -> list[torch.Tensor]:
     """2-D views of a 1-D chunk: (full blocks, block_size) and (1, tail) if partial.
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from autoloco_hf.sync.accounting import num_int8_blocks
-from autoloco_hf.sync.formats.base import WireFormat, blocked
+from autoloco_hf.sync.formats.base import WireFormat, blocked, true_divide
 
 QMAX = 127
 SCALE_MIN = float.fromhex("0x1p-126")  # smallest normal FP32, see module docstring
@@ -75,7 +75,7 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
             # max(amax, -amin) avoids materializing |x|; two row reductions are several
             # times faster than torch.aminmax(dim=1), abs().amax() or an inf-norm on CPU. Both propagate NaN.
             amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
-            scale = (amax / QMAX).masked_fill_(amax == 0, 1.0)
+            scale = true_divide(amax, QMAX).masked_fill_(amax == 0, 1.0)
             # NaN/inf max -> SCALE_MAX (defined behaviour for non-finite input, module docstring).
             scale = torch.nan_to_num(scale, nan=SCALE_MAX).clamp_(SCALE_MIN, SCALE_MAX)
             if scratch is None or scratch.numel() < xb.numel():
