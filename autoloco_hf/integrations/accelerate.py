@@ -173,7 +173,8 @@ class AutoLoCoAccelerate:
             records_path=records,
             is_main_process=accelerator.is_main_process,
         )
-        self._hook = self.inner_optimizer.register_step_post_hook(self._post_step) if auto_step else None
+        self._step_lr: float | None = None  # manual mode: the LR of the last optimizer step, taken at the step
+        self._hook = self.inner_optimizer.register_step_post_hook(self._post_step)
         self._paced = self.config.pacing == Pacing.BUDGET
         self._pre_hook = None
         if self._paced:
@@ -224,11 +225,16 @@ class AutoLoCoAccelerate:
         return record
 
     def _post_step(self, optimizer, args, kwargs) -> None:
-        if not self.finished:
-            self._account(float(optimizer.param_groups[0]["lr"]))
+        lr = float(optimizer.param_groups[0]["lr"])
+        if not self.auto_step:  # step() accounts it, maybe after the loop has stepped the scheduler
+            self._step_lr = lr
+        elif not self.finished:
+            self._account(lr)
 
     def step(self, loss: Any = None, tokens: int | None = None):
         """Manual mode (``auto_step=False``): call after ``optimizer.step()``; returns a record at a sync.
+
+        The step is accounted at the learning rate the optimizer used, also when ``scheduler.step()`` ran in between.
 
         Calls made while gradients accumulate (``accelerator.sync_gradients`` is ``False``) or after a step
         the gradient scaler skipped are ignored, so intervals count true optimizer steps.
@@ -244,7 +250,8 @@ class AutoLoCoAccelerate:
             meter.step_plain_loss, meter.step_plain_count = float(loss), 1
         if self.finished:
             return None
-        return self._account(float(self.inner_optimizer.param_groups[0]["lr"]))
+        lr, self._step_lr = self._step_lr, None
+        return self._account(lr if lr is not None else float(self.inner_optimizer.param_groups[0]["lr"]))
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the syncs since the last call, e.g. for ``accelerator.log``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
@@ -34,16 +35,20 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLo
     fingerprints, synced = [], []
     start = len(COLLECTIVES)
     PHASE["train"] = True
-    with AutoLoCoAccelerate(
-        accelerator,
-        model,
-        optimizer,
-        scheduler,
-        config or AutoLoCoConfig(method="diloco", h_base=3),
-        total_steps=steps,
-        output_dir=os.path.join(out, mode),
-        auto_step=mode in ("auto", "budget"),
-    ) as autoloco:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        AutoLoCoAccelerate(
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            config or AutoLoCoConfig(method="diloco", h_base=3),
+            total_steps=steps,
+            output_dir=os.path.join(out, mode),
+            auto_step=mode in ("auto", "budget"),
+        ) as autoloco,
+    ):
+        warnings.simplefilter("always", RuntimeWarning)
         lrs = []
         for batch in autoloco.batches(loader) if mode == "budget" else loader:
             with accelerator.accumulate(model):
@@ -65,6 +70,8 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLo
     return {
         "fingerprints": fingerprints,
         "lrs": lrs,
+        # the engine's check that the LRs it was told match the schedule preview (docs/algorithm.md §2)
+        "lr_mass_warnings": [str(w.message) for w in caught if "schedule preview" in str(w.message)],
         "finished_at": engine.step,
         "synced": synced,
         "collectives": COLLECTIVES[start:],

@@ -32,6 +32,8 @@ def test_accelerate_loop_intervals_and_traffic(results, mode, steps):
             assert a != b
     for p0, p1 in zip(r0["params"], r1["params"]):
         assert torch.equal(p0, p1)
+    # the LR of each step is the one the optimizer used, whether the loop steps the scheduler before step() or not
+    assert r0["lr_mass_warnings"] == r1["lr_mass_warnings"] == []
     for r in (r0, r1):
         big = [c for c in r["collectives"] if c[1] >= r["model_bytes"] // 2]
         # the engine's initial broadcast of theta_0, then one all-reduce per sync
