@@ -453,10 +453,24 @@ class AutoLoCoConfig:
         A derived field's default is what it would derive (``to_dict`` -> ``from_dict`` round-trips).
         """
         for f in dataclasses.fields(self):
-            scope = FIELD_SCOPES.get(f.name)
-            if scope is not None and not scope.applies(self) and not self._is_default(f):
-                value = getattr(self, f.name)
-                _fail(f.name, value, f"it only applies with {scope.where}: remove it (here method={self.method})")
+            if not self._is_default(f):
+                self._check_scope(f.name)
+
+    def _check_scope(self, name: str) -> None:
+        scope = FIELD_SCOPES.get(name)
+        if scope is not None and not scope.applies(self):
+            _fail(
+                name, getattr(self, name), f"it only applies with {scope.where}: remove it (here method={self.method})"
+            )
+
+    def check_given(self, given: typing.Iterable[str]) -> None:
+        """Refuse the fields a user named (flags, YAML keys) where they do nothing, at their default value too.
+
+        Construction refuses only values away from the default, which is all a dataclass can tell from unset;
+        a command line knows what was typed: ``--method diloco --controller descent`` names a rule that never runs.
+        """
+        for name in given:
+            self._check_scope(name)
 
     def _is_default(self, f: dataclasses.Field) -> bool:
         """Whether field ``f`` holds its default: unset, the declared one, the derived one, or the rule's defaults."""
@@ -731,7 +745,8 @@ _INTERVALS = Scope("an interval method (method='ddp' averages gradients every st
 
 # THE table of fields that do nothing outside some methods or settings: set away from the default there,
 # they are refused at construction, naming where they apply. Defaults pass (a field set to its default is
-# indistinguishable from one left unset). Rule options need no entry: each rule's Options holds only its own.
+# indistinguishable from one left unset), except where the input says what was typed (check_given: the
+# command lines and YAML). Rule options need no entry: each rule's Options holds only its own.
 FIELD_SCOPES: dict[str, Scope] = {
     # the horizon grid: AutoLoCo's token mapper and interval lengths round to q_h; only a horizon rule reads
     # h_min and h_max (fixed DiLoCo, QSR and Linear set their horizons from h_base, qsr_* and linear_increment)

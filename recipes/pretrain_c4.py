@@ -115,8 +115,11 @@ def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     overrides = {"warmup_steps": s.warmup_steps, **a.overrides()}
     if s.ablation:
         horizon = {k: v for k, v in RECIPES["c4"].items() if k != "normalize_pseudo_grad"}
-        return AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
-    return AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
+        config = AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
+    else:
+        config = AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
+    config.check_given(a.overrides())  # a typed --autoloco_* flag that does nothing under the method is refused
+    return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[C4Settings, AutoLoCoArguments]:

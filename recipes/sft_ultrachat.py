@@ -129,7 +129,9 @@ def trainer_defaults() -> dict[str, Any]:
 def autoloco_config(s: SFTSettings, a: AutoLoCoArguments) -> AutoLoCoConfig:
     """The SFT preset (H_base 100, q_H 10, H_max 150, normalization on for AutoLoCo) plus the ``autoloco_*`` overrides."""
     overrides = {"method": s.method, **({"wire_dtype": WireDtype.INT8} if s.int8 else {}), **a.overrides()}
-    return AutoLoCoConfig.for_recipe("sft", **overrides)
+    config = AutoLoCoConfig.for_recipe("sft", **overrides)
+    config.check_given(a.overrides())  # a typed --autoloco_* flag that does nothing under the method is refused
+    return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, AutoLoCoArguments]:

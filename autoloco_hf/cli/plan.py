@@ -94,8 +94,14 @@ def run(args: argparse.Namespace) -> int:
         overrides["q_h"] = args.q_h
     if args.h_max is not None:
         overrides["h_max"] = args.h_max
+    given = [
+        name
+        for name in ("controller", "rule_options", "rule_module", "q_h", "h_max")
+        if getattr(args, name) is not None
+    ]
     try:
         config = AutoLoCoConfig.for_recipe(args.recipe, **overrides)
+        config.check_given(given)  # a flag typed under a method where it does nothing, even at its default
     except ConfigError as err:  # a field that does nothing here names its flag's field, e.g. controller
         usage_error(str(err), "autoloco plan")
     if (

@@ -103,8 +103,14 @@ def overrides(self: Any) -> dict[str, Any]:
 
 
 def to_config(self: Any, **preset: Any) -> AutoLoCoConfig:
-    """``AutoLoCoConfig(**preset)`` with the given fields on top (e.g. ``preset=RECIPES["c4"]``)."""
-    return AutoLoCoConfig(**{**preset, **self.overrides()})
+    """``AutoLoCoConfig(**preset)`` with the given fields on top (e.g. ``preset=RECIPES["c4"]``).
+
+    A given field that does nothing under the config's method is refused, at its default value too.
+    """
+    given = self.overrides()
+    config = AutoLoCoConfig(**{**preset, **given})
+    config.check_given(given)
+    return config
 
 
 def _argument_type(name: str) -> type:

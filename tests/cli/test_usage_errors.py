@@ -89,6 +89,17 @@ CASES = {
     ),
     "plan --warmup -1": ("autoloco", ["plan", "--warmup", "-1"], ["--warmup", "'-1'", ">= 0"]),
     "plan --method sgd": ("autoloco", ["plan", "--method", "sgd"], ["sgd", "diloco"]),
+    # a flag typed where it does nothing, at its default value too (the default rule is descent)
+    "plan --method diloco --controller descent": (
+        "autoloco",
+        ["plan", "--method", "diloco", "--controller", "descent"],
+        ["controller='descent'", "only applies with method='autoloco'", "remove it"],
+    ),
+    "plan --method qsr --h-max 1000": (
+        "autoloco",
+        ["plan", "--method", "qsr", "--h-max", "1000"],
+        ["h_max=1000", "only applies with method='autoloco'", "remove it"],
+    ),
     "plan --h-base 0": ("autoloco", ["plan", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),
     "plan --h-max off the grid": ("autoloco", ["plan", "--h-max", "740"], ["--h-max 740", "use 700 or 750"]),
     "plan --params 0": ("autoloco", ["plan", "--params", "0"], ["--params 0", "positive parameter count"]),
@@ -130,6 +141,16 @@ CASES = {
     "c4 --bf16 ture": ("pretrain_c4", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),  # was: False
     "c4 unknown flag": ("pretrain_c4", ["--batch-siz", "3"], ["--batch-siz", "did you mean batch_size"]),
     "c4 bad engine field": ("pretrain_c4", ["--autoloco", "q_h=3"], ["q_h=3", "it must divide h_base=500"]),
+    "c4 a rule under DiLoCo": (  # the default rule, typed: it would never run
+        "pretrain_c4",
+        ["--method", "diloco", "--autoloco", "controller=descent"],
+        ["controller='descent'", "only applies with method='autoloco'", "remove it"],
+    ),
+    "sft a rule under DiLoCo": (
+        "sft_ultrachat",
+        ["--method", "diloco", "--autoloco_controller", "descent"],
+        ["controller='descent'", "only applies with method='autoloco'", "remove it"],
+    ),
     "c4 unknown YAML key": (
         "pretrain_c4",
         ["--config", "{yaml}"],

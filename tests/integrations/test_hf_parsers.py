@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from transformers import HfArgumentParser, TrainingArguments
@@ -152,3 +153,18 @@ def test_rule_options_from_the_command_line(argv):
         HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(
             ["--autoloco_controller", "descent", "--autoloco_rule_options", "gian=0.9"]
         )[0].to_config()
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--autoloco_method", "diloco", "--autoloco_controller", "descent"], "controller='descent'"),  # the default
+        (["--autoloco", "method=qsr", "--autoloco", "outer_momentum=0.9"], "outer_momentum=0.9"),
+    ],
+)
+def test_a_given_field_that_does_nothing_is_refused_at_its_default_too(argv, named):
+    """What a user typed must act: a default value is refused when it was given (construction cannot tell)."""
+    (args,) = HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(argv)
+    with pytest.raises(ConfigError, match=f"{re.escape(named)} is invalid: it only applies with method="):
+        args.to_config()
+    assert AutoLoCoConfig(method="diloco", controller="descent").method == Method.DILOCO  # not given: accepted
