@@ -483,7 +483,12 @@ class AutoLoCoConfig:
             from autoloco_hf.algorithm.rules import rule_options
 
             try:
-                return rule_options(str(self.controller), value) == self.rule.Options()
+                options = self.rule.Options
+                if isinstance(value, str) or (
+                    isinstance(value, typing.Mapping) and set(value) != {o.name for o in dataclasses.fields(options)}
+                ):
+                    return False  # options named one by one were typed; ``to_dict`` writes them all
+                return rule_options(str(self.controller), value) == options()
             except ConfigError:
                 return False
         return False

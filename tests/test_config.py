@@ -453,6 +453,15 @@ RULE_ONLY = "it only applies with method='autoloco' and adaptive_horizon=True (a
         (dict(method="qsr", h_base=10, h_min=5), f"h_min=5 is invalid: {RULE_ONLY} (here method=qsr)"),
         (dict(method="linear", h_max=20), f"h_max=20 is invalid: {RULE_ONLY} (here method=linear)"),
         (dict(adaptive_horizon=False, h_max=1000), f"h_max=1000 is invalid: {RULE_ONLY} (here method=autoloco)"),
+        # a rule option named at its default value was typed (to_dict writes every option of the rule)
+        (
+            dict(method="diloco", rule_options={"gain": 0.9}),
+            f"rule_options={{'gain': 0.9}} is invalid: {RULE_ONLY} (here method=diloco)",
+        ),
+        (
+            dict(method="qsr", rule_options="gain=0.9"),
+            f"rule_options='gain=0.9' is invalid: {RULE_ONLY} (here method=qsr)",
+        ),
         (
             dict(method="diloco", h_base=20, q_h=1),
             "q_h=1 is invalid: it only applies with method='autoloco': remove it (here method=diloco)",
