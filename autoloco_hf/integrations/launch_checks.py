@@ -50,6 +50,21 @@ def fsdp_version(accelerator: Any) -> int:
     return int(getattr(plugin, "fsdp_version", 1) or 1) if plugin is not None else 0
 
 
+def _fsdp_from_environment() -> str:
+    """Why accelerate may have made an FSDP1 plugin nobody asked for, when the environment says so.
+
+    An ``Accelerator`` without a plugin builds one from ``ACCELERATE_USE_FSDP=true``, at ``FSDP_VERSION`` or 1;
+    an ``Accelerator`` given an FSDP plugin sets that variable and leaves it for the rest of the process.
+    """
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true" or "FSDP_VERSION" in os.environ:
+        return ""
+    return (
+        ": accelerate made this plugin from ACCELERATE_USE_FSDP=true in the environment, without FSDP_VERSION "
+        "(an earlier FSDP Accelerator in this process leaves it set): set FSDP_VERSION=2, or unset "
+        "ACCELERATE_USE_FSDP for a run without FSDP"
+    )
+
+
 def check_launch(
     world_size: int,
     distributed_type: Any = None,
@@ -81,7 +96,7 @@ def check_launch(
     if (fsdp or "FSDP" in dtype) and fsdp_version != 2:
         raise AutoLoCoConfigurationError(
             f"AutoLoCo does not support FSDP version {fsdp_version} (FSDP1 flat "
-            f"parameters); {SHARDED_ALTERNATIVE}; {SUPPORTED}."
+            f"parameters){_fsdp_from_environment()}; {SHARDED_ALTERNATIVE}; {SUPPORTED}."
         )
     if any(name in dtype for name in ("XLA", "MEGATRON")):
         raise AutoLoCoConfigurationError(f"AutoLoCo does not support distributed type {dtype} yet; {SUPPORTED}.")

@@ -37,6 +37,22 @@ def test_unsupported_setups_name_what_is_supported(monkeypatch, kwargs, match):
         assert "supported:" in str(info.value)
 
 
+@pytest.mark.parametrize("version", [None, "1"])
+def test_an_fsdp1_plugin_from_the_environment_is_named(monkeypatch, version):
+    """accelerate leaves ACCELERATE_USE_FSDP=true behind an FSDP Accelerator; the next one makes FSDP1 from it."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    if version is None:
+        monkeypatch.delenv("FSDP_VERSION", raising=False)
+    else:
+        monkeypatch.setenv("FSDP_VERSION", version)
+    with pytest.raises(AutoLoCoConfigurationError) as info:
+        check_launch(4, "FSDP", fsdp_version=1)
+    named = "from ACCELERATE_USE_FSDP=true in the environment, without FSDP_VERSION" in str(info.value)
+    assert named == (version is None)  # FSDP_VERSION=1 was asked for: nothing to explain
+    assert "\n" not in str(info.value)
+
+
 def test_supported_setups_pass(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     check_launch(4, "MULTI_CPU")
