@@ -453,15 +453,16 @@ class AutoLoCoConfig:
         A derived field's default is what it would derive (``to_dict`` -> ``from_dict`` round-trips).
         """
         for f in dataclasses.fields(self):
-            if not self._is_default(f):
-                self._check_scope(f.name)
+            if not self._in_scope(f.name) and not self._is_default(f):
+                self._refuse_out_of_scope(f.name)
 
-    def _check_scope(self, name: str) -> None:
+    def _in_scope(self, name: str) -> bool:
         scope = FIELD_SCOPES.get(name)
-        if scope is not None and not scope.applies(self):
-            _fail(
-                name, getattr(self, name), f"it only applies with {scope.where}: remove it (here method={self.method})"
-            )
+        return scope is None or scope.applies(self)
+
+    def _refuse_out_of_scope(self, name: str) -> None:
+        where = FIELD_SCOPES[name].where
+        _fail(name, getattr(self, name), f"it only applies with {where}: remove it (here method={self.method})")
 
     def check_given(self, given: typing.Iterable[str]) -> None:
         """Refuse the fields a user named (flags, YAML keys) where they do nothing, at their default value too.
@@ -470,7 +471,8 @@ class AutoLoCoConfig:
         a command line knows what was typed: ``--method diloco --controller descent`` names a rule that never runs.
         """
         for name in given:
-            self._check_scope(name)
+            if not self._in_scope(name):
+                self._refuse_out_of_scope(name)
 
     def _is_default(self, f: dataclasses.Field) -> bool:
         """Whether field ``f`` holds its default: unset, the declared one, the derived one, or the rule's defaults."""
