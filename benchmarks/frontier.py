@@ -107,8 +107,10 @@ def parse_adaptive(specs: Sequence[str], h_base: int) -> list[Point]:
     for spec in specs:
         name, _, body = spec.partition(":")
         fields = dict(replicate.parse_beyond([spec])[0][1]) if body else {}
-        # method=diloco gives a fixed-H variant with overrides (e.g. fragments), reported next to the adaptive ones
-        points.append(Point(name, str(fields.pop("method", "autoloco")), h_base, fields))
+        # method=diloco gives a fixed-H variant with overrides (e.g. fragments), reported next to the adaptive ones;
+        # h_base=N runs the variant at its own H_base (the size ladder's 2x and 4x curves)
+        method, own_h_base = str(fields.pop("method", "autoloco")), int(fields.pop("h_base", h_base))
+        points.append(Point(name, method, own_h_base, fields))
     return points
 
 
