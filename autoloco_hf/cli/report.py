@@ -32,6 +32,7 @@ import gzip
 import json
 import math
 import os
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,16 @@ PLOTS = {
     "horizon.png": "Horizon trajectory",
     "outer_mu_eta.png": "Outer momentum mu_t and outer learning rate eta_t",
     "drift_coherence.png": "Drift energy D_t and coherence C_t",
+}
+NUMBER, OPTIONAL_NUMBER = "a number", "a number or null"
+# The summary fields the report reads besides ``totals``, and what each must hold.
+SUMMARY_FIELDS = {
+    "train_loss_last": OPTIONAL_NUMBER,
+    "val_loss": OPTIONAL_NUMBER,
+    "cpu_seconds": OPTIONAL_NUMBER,
+    "wall_seconds": NUMBER,
+    "intervals_file": "a file name",
+    "steps_file": "a file name",
 }
 
 
@@ -175,17 +186,44 @@ def _read_json(path: str, lines: bool) -> Any:
         raise RunFolderError(
             f"{path}: not valid {kind} ({reason}); was the run interrupted while writing it?"
         ) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # cut short, or not gzip at all
+        raise RunFolderError(
+            f"{path}: not a complete gzip file ({err}); was the run interrupted while writing it? "
+            "Delete it to report the run without it, or re-run"
+        ) from None
 
 
-def load_run(path: str) -> Run:
-    summary_path = _summary_file(path)
-    summary = _read_json(summary_path, lines=False)
+def _holds(value: Any, kind: str) -> bool:
+    """Whether a summary field's JSON ``value`` is ``kind`` (one of :data:`SUMMARY_FIELDS`' values)."""
+    if kind == "a file name":
+        return isinstance(value, str)
+    if value is None:
+        return kind == OPTIONAL_NUMBER
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_summary(summary_path: str, summary: Any) -> None:
+    """A summary the report can read: a ``totals`` with numeric counts, and each field it reads of its type."""
     totals = summary.get("totals") if isinstance(summary, dict) else None
     if not isinstance(totals, dict) or not {"syncs", "payload_bytes"} <= set(totals):
         raise RunFolderError(
             f"{summary_path}: no 'totals' with 'syncs' and 'payload_bytes'; pass a folder written by the demo, "
             "a recipe or AutoLoCoCallback"
         )
+    fields = {f"totals.{name}": (totals[name], NUMBER) for name in ("syncs", "payload_bytes")}
+    fields.update((name, (summary[name], kind)) for name, kind in SUMMARY_FIELDS.items() if name in summary)
+    for name, (value, kind) in fields.items():
+        if not _holds(value, kind):
+            raise RunFolderError(
+                f"{summary_path}: '{name}' is {json.dumps(value)}, not {kind}; fix or remove it, or pass a folder "
+                "written by the demo, a recipe or AutoLoCoCallback"
+            )
+
+
+def load_run(path: str) -> Run:
+    summary_path = _summary_file(path)
+    summary = _read_json(summary_path, lines=False)
+    _check_summary(summary_path, summary)
     # a Trainer run names its own files; its train loss over the last 2% comes from the logged steps
     intervals_path = _existing_log(os.path.join(path, summary.get("intervals_file", INTERVALS)))
     steps_path = _existing_log(os.path.join(path, summary.get("steps_file", STEPS)))

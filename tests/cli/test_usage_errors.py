@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -58,6 +59,31 @@ CASES = {
         ["report", "{tmp}/no_totals"],
         ["no_totals/summary.json", "'totals'", "AutoLoCoCallback"],
     ),  # was: KeyError traceback
+    "report truncated .gz log": (
+        "autoloco",
+        ["report", "{tmp}/cut_gz"],
+        ["cut_gz/steps.jsonl.gz", "not a complete gzip file", "interrupted", "Delete it"],
+    ),  # was: EOFError traceback
+    "report non-gzip .gz log": (
+        "autoloco",
+        ["report", "{tmp}/plain_gz"],
+        ["plain_gz/steps.jsonl.gz", "not a complete gzip file", "Delete it"],
+    ),  # was: BadGzipFile traceback
+    "report summary with text syncs": (
+        "autoloco",
+        ["report", "{tmp}/text_syncs"],
+        ["text_syncs/summary.json", "'totals.syncs' is \"7\"", "not a number", "fix or remove it"],
+    ),  # was: TypeError traceback
+    "report summary with text wall_seconds": (
+        "autoloco",
+        ["report", "{tmp}/text_wall"],
+        ["text_wall/summary.json", "'wall_seconds' is \"1 min\"", "not a number"],
+    ),  # was: ValueError traceback
+    "report summary with a numeric steps_file": (
+        "autoloco",
+        ["report", "{tmp}/int_steps_file"],
+        ["int_steps_file/summary.json", "'steps_file' is 3", "not a file name"],
+    ),  # was: TypeError traceback
     "report --thresholds nan": (
         "autoloco",
         ["report", "{run}", "--thresholds", "nan"],
@@ -99,6 +125,26 @@ CASES = {
         "autoloco",
         ["plan", "--method", "qsr", "--h-max", "1000"],
         ["h_max=1000", "only applies with method='autoloco'", "remove it"],
+    ),
+    "plan --rule-module with a syntax error": (
+        "autoloco",
+        ["plan", "--rule-module", "rules_with_syntax_error"],
+        ["rule_module='rules_with_syntax_error'", "SyntaxError", "line 1", "fix the module"],
+    ),  # was: SyntaxError traceback
+    "plan --rule-module raising on import": (
+        "autoloco",
+        ["plan", "--rule-module", "rules_raising"],
+        ["rule_module='rules_raising'", "RuntimeError: no GPU here", "fix the module"],
+    ),  # was: RuntimeError traceback
+    "plan --rule-module importing a missing package": (
+        "autoloco",
+        ["plan", "--rule-module", "rules_needing_a_package"],
+        ["rule_module='rules_needing_a_package'", "no_such_package", "fix that import"],
+    ),
+    "plan --rule-module MISSING": (
+        "autoloco",
+        ["plan", "--rule-module", "no_such_rules"],
+        ["rule_module='no_such_rules'", "PYTHONPATH"],
     ),
     "plan --h-base 0": ("autoloco", ["plan", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),
     "plan --h-max off the grid": ("autoloco", ["plan", "--h-max", "740"], ["--h-max 740", "use 700 or 750"]),
@@ -266,7 +312,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_line_exit_2(case, tmp_path, capsys):
+def test_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
     entry, argv, expected = CASES[case]
     existing = tmp_path / "existing.txt"
     existing.write_text("not a folder")
@@ -292,6 +338,24 @@ def test_one_line_exit_2(case, tmp_path, capsys):
         (tmp_path / name / "summary.json").write_text(summary)
         if steps:
             (tmp_path / name / "steps.jsonl").write_text(steps)
+
+    intact = '{"totals": {"syncs": 7, "payload_bytes": 2}, "wall_seconds": 1.0}'
+    for name, summary in (
+        ("text_syncs", '{"totals": {"syncs": "7", "payload_bytes": 2}}'),
+        ("text_wall", '{"totals": {"syncs": 7, "payload_bytes": 2}, "wall_seconds": "1 min"}'),
+        ("int_steps_file", '{"totals": {"syncs": 7, "payload_bytes": 2}, "steps_file": 3}'),
+        ("cut_gz", intact),
+        ("plain_gz", intact),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(summary)
+    steps = "".join(f'{{"step": {i}, "loss": 3.0}}\n' for i in range(1, 200)).encode()
+    (tmp_path / "cut_gz" / "steps.jsonl.gz").write_bytes(gzip.compress(steps)[:-12])  # what a kill leaves
+    (tmp_path / "plain_gz" / "steps.jsonl.gz").write_bytes(steps)  # a plain log under the .gz name
+    (tmp_path / "rules_with_syntax_error.py").write_text("def rule(:\n")
+    (tmp_path / "rules_raising.py").write_text("raise RuntimeError('no GPU here')\n")
+    (tmp_path / "rules_needing_a_package.py").write_text("import no_such_package\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
 
     def fill(text: str) -> str:
         return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml, docs=docs, chats=chats, run=run)

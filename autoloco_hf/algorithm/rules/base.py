@@ -173,8 +173,13 @@ def import_rule_module(module: str | None) -> None:
         return
     try:
         importlib.import_module(module)
-    except ImportError as error:
+    except ModuleNotFoundError as error:
+        if error.name is None or not (module == error.name or module.startswith(error.name + ".")):
+            raise RuleError(f"rule_module={module!r} failed on import ({error}): fix that import") from None
         raise RuleError(f"rule_module={module!r} cannot be imported ({error}): put it on PYTHONPATH") from None
+    except Exception as error:  # a syntax error, or any exception its top-level code raises
+        kind = type(error).__name__
+        raise RuleError(f"rule_module={module!r} failed on import ({kind}: {error}): fix the module") from None
 
 
 def get_rule(name: str) -> type[HorizonRule]:
