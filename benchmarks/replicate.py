@@ -46,10 +46,12 @@ import json
 import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -322,11 +324,27 @@ def load_corpus(cache_dir: str, vocab_size: int, max_docs: int | None) -> Corpus
         vocab_size=len(tokenizer),
         build_seconds=round(time.perf_counter() - started, 1),
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
-    torch.save(dict(train=train, val=val, info=info), str(tokens_path) + ".tmp")
-    os.replace(str(tokens_path) + ".tmp", tokens_path)
+    write_cache(folder, tokenizer, dict(train=train, val=val, info=info))
     return Corpus(tokenizer, TokenSplits(train.long(), val.long()), info)
+
+
+def write_cache(folder: Path, tokenizer: Any, tokens: dict[str, Any]) -> None:
+    """Save the tokenizer and ``tokens.pt`` so that campaigns started together can build the same cache at once.
+
+    Each writer writes under names of its own, then renames: a reader sees a whole file or none. The tokenizer
+    goes first, since ``tokens.pt`` existing is what tells a reader the cache is complete.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=folder, prefix=".tokenizer-")
+    tokenizer.save_pretrained(staging)
+    try:
+        os.rename(staging, folder / "tokenizer")
+    except OSError:  # another writer renamed its copy first: the same tokenizer, from the same text
+        shutil.rmtree(staging)
+    handle, partial = tempfile.mkstemp(dir=folder, prefix=".tokens-", suffix=".pt")
+    os.close(handle)
+    torch.save(tokens, partial)
+    os.replace(partial, folder / "tokens.pt")
 
 
 def eval_subset(val: torch.Tensor, seq_len: int, windows: int) -> torch.Tensor:

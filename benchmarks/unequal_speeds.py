@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,8 +206,11 @@ def run_all(args: argparse.Namespace) -> None:
                         continue
                     result = run_one(workers, profile, seed, variant, args)
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.with_suffix(".tmp").write_text(json.dumps(result, indent=1))
-                    path.with_suffix(".tmp").rename(path)
+                    # a name of its own, then a rename: two campaigns writing the same result never clash
+                    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+                    with os.fdopen(handle, "w") as f:
+                        f.write(json.dumps(result, indent=1))
+                    os.replace(partial, path)
                     print(f"{path}: val {result['final_val_loss']:.4f}, {result['tokens_per_second']:.1f} tok/s")
 
 

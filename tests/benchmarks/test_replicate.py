@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -135,3 +136,38 @@ def test_refusals_exit_with_a_message(tmp_path):
                 "--quiet",
             ]
         )
+
+
+# One campaign: build (or read) the corpus cache, rewrite it many times, read it back; print the tokens' digest.
+CACHE_WRITER = """
+import hashlib, importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("replicate", sys.argv[1])
+replicate = importlib.util.module_from_spec(spec)
+sys.modules["replicate"] = replicate
+spec.loader.exec_module(replicate)
+cache, go = sys.argv[2], float(sys.argv[3])
+time.sleep(max(0.0, go - time.time()))  # both processes start writing at the same moment
+corpus = replicate.load_corpus(cache, 300, 5)
+folder = next(p for p in replicate.Path(cache).iterdir() if p.is_dir())
+tokens = dict(train=corpus.splits.train.int(), val=corpus.splits.val.int(), info=corpus.info)
+for _ in range(40):
+    replicate.write_cache(folder, corpus.tokenizer, tokens)
+again = replicate.load_corpus(cache, 300, 5)
+print(hashlib.sha256(again.splits.train.numpy().tobytes() + again.splits.val.numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_campaigns_started_together_share_the_corpus_cache(tmp_path):
+    """Two writers of one cache (was: FileNotFoundError on the shared tokens.pt.tmp) both finish and read equal tokens."""
+    import time
+
+    go = time.time() + 8  # past both imports of torch and transformers
+    argv = [sys.executable, "-c", CACHE_WRITER, str(ROOT / "benchmarks" / "replicate.py"), str(tmp_path), str(go)]
+    writers = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    done = [writer.communicate(timeout=300) for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0], [err[-2000:] for _, err in done]
+    digests = {out.strip() for out, _ in done}
+    assert len(digests) == 1 and len(digests.pop()) == 64
+    folder = next(tmp_path.iterdir())
+    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer", "tokens.pt"], "no partial files are left"
