@@ -59,3 +59,17 @@ def test_floors_meet_what_our_dependencies_require(package):
                 assert ours[req.name.lower()] >= Version(spec.version), (
                     f"setup.cfg {req.name}>={ours[req.name.lower()]} < {line}"
                 )
+
+
+def test_setup_cfg_lists_every_package():
+    """A package folder missing from setup.cfg is missing from the wheel (.ci/wheel_check installs and runs it)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = set(filter(None, cfg["options"]["packages"].split()))
+    renamed = {"evals": "autoloco_evals"}  # package_dir: evals/ installs as autoloco_evals
+    found = set()
+    for folder in ("autoloco_hf", "evals"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = list(init.parent.relative_to(ROOT).parts)
+            found.add(".".join([renamed.get(parts[0], parts[0]), *parts[1:]]))
+    assert listed == found
