@@ -14,6 +14,7 @@ from autoloco_hf.algorithm.controller import Assessment, Decision, IntervalObser
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, NextInterval, make_controller
 from autoloco_hf.algorithm.rules import Delivery, DescentController, DisplacementAt
 from autoloco_hf.algorithm.schedule import FunctionSchedule
+from autoloco_hf.algorithm.stats import drift_growth
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
 
 
@@ -246,6 +247,26 @@ def test_a_blow_up_during_calibration_restarts_it_at_the_halved_horizon() -> Non
     executed, _ = feed_stats(ctl, [HEALTHY, BLOWN, (3.0, math.e, math.e**2), (3.0, math.e, math.e**2), (1.5, 1, 9)])
     # calibrated at 20 on the two intervals after the blow-up (log 3): the halved horizon is the target there
     assert executed == [40, 40, 20, 20, 20] and ctl.h_tok == 10 and ctl.phase == Phase.MONITORING
+
+
+def test_a_drift_exactly_equal_to_its_anchors_is_blown_up() -> None:
+    """The boundary of "does not fall below the anchor's": a fall of exactly 0 halves the horizon."""
+    ctl = guarded()
+    _, step = feed_stats(ctl, [HEALTHY] * 3)
+    obs = IntervalObservation(
+        h_tok=40, start_step=step, end_step=step + 40, drift_energy=1.0, coherence=2.0, lr_mass=1.0,
+        anchor_drift_energy=0.0625, anchor_lr_mass=0.25,
+    )  # fmt: skip
+    assert drift_growth(1.0, 1.0, 0.0625, 0.25)[0] == 0.0  # d = 1 / 1**2 = 0.0625 / 0.25**2, in floats too
+    decision = ctl.observe(obs, preview=float)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
+
+
+def test_the_anchor_is_measured_only_inside_the_interval() -> None:
+    """An anchor at the interval's last step would equal its end: no measurement is asked for."""
+    ctl = guarded()
+    assert ctl.measurements(NextInterval(0, 40, 11, 10, False, 1.0, 1.0)) == (DisplacementAt(10),)
+    assert ctl.measurements(NextInterval(0, 40, 10, 10, False, 1.0, 1.0)) == ()
 
 
 def test_the_guard_judges_horizons_of_at_least_one_and_a_half_h_base_only() -> None:

@@ -226,6 +226,27 @@ def test_error_feedback_sends_everything_eventually(wire, topk) -> None:
     assert with_feedback < 0.25 * float((plain - delta * rounds).abs().max())
 
 
+@pytest.mark.parametrize("wire", list(GRIDS))
+def test_error_feedback_keeps_what_three_owners_decode_on_an_uneven_partition(wire) -> None:
+    """The residual is the contribution minus what was sent: each owner's part encoded from its own start.
+
+    100 elements over 3 workers are parts of 34, 33 and 33, none a whole number of 16-element blocks, so the
+    whole-buffer roundtrip (blocks from element 0) is not what was sent.
+    """
+    codec = WireCodec(wire, [100], block_size=16)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(100, generator=g) * torch.logspace(-3, 1, 100)
+    ef = ErrorFeedback(100)
+    for _ in range(2):  # the second round sends x plus the first round's residual
+        compensated = x + ef.residual
+        sent = torch.cat(
+            [_reference_dense(codec, compensated[a:b], a, GRIDS[wire])[2] for a, b in ((0, 34), (34, 67), (67, 100))]
+        )
+        assert not torch.equal(sent, _reference_dense(codec, compensated, 0, GRIDS[wire])[2])
+        assert torch.equal(ef.apply(codec, x, 3), compensated)
+        assert torch.equal(ef.residual, compensated - sent)
+
+
 def test_error_feedback_offset_touches_only_its_fragments_part() -> None:
     codec = WireCodec("int2", [10], block_size=10)
     ef = ErrorFeedback(30)
