@@ -17,6 +17,7 @@ import torch
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync import formats
 from autoloco_hf.sync.checkpoint import ConfigMismatchError
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.local_workers import LocalWorkers
@@ -156,11 +157,31 @@ def test_a_non_finite_pseudo_gradient_leaves_the_residual_untouched() -> None:
 
 
 @pytest.mark.parametrize("wire", ["int4", "fp4", "int2", "int2+topk"])
-def test_the_compiled_kernel_trains_bit_for_bit_like_eager(wire) -> None:
-    """codec_kernel="compiled" changes how the codes are computed, not one bit of the run."""
+def test_the_compiled_kernel_trains_bit_for_bit_like_eager(wire, monkeypatch) -> None:
+    """codec_kernel="compiled" changes how the codes are computed, not one bit of the run.
+
+    Every call of what ``torch.compile`` returned is counted: a codec that kept to the eager path would train
+    the same run, so the count is what shows the compiled kernel ran.
+    """
+    kernel_calls = []
+    real_compile = torch.compile
+
+    def counted_compile(fn, **kwargs):
+        compiled_fn = real_compile(fn, **kwargs)
+
+        def run(*args):
+            kernel_calls.append(args[0].shape)  # the blocks of one group
+            return compiled_fn(*args)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", counted_compile)
+    monkeypatch.setattr(formats, "_COMPILED", {})  # built afresh here, through the counted compile
     runs = {kernel: runner(config(wire, codec_kernel=kernel)) for kernel in ("eager", "compiled")}
-    for run in runs.values():
-        train(run, 0, STEPS)
+    train(runs["eager"], 0, STEPS)
+    assert kernel_calls == []
+    train(runs["compiled"], 0, STEPS)
+    assert len(kernel_calls) >= STEPS // 6  # at least once a sync (h_base 6)
     eager, compiled = runs["eager"], runs["compiled"]
     used = compiled.engine.comm.codec(compiled.engine.segment_sizes).format
     assert getattr(used, "inner", used).compiled  # the config reached the codec
