@@ -13,7 +13,7 @@ Example::
     >>> from autoloco_hf import AutoLoCoConfig
     >>> cfg = AutoLoCoConfig(method="autoloco", h_base=500)
     >>> cfg.q_h, cfg.h_min, cfg.h_max, cfg.outer_momentum
-    (50, 500, 750, 0.7)
+    (50, 500, 1000, 0.5)
     >>> AutoLoCoConfig.for_recipe("sft").normalize_pseudo_grad
     True
 """
@@ -461,8 +461,9 @@ class AutoLoCoConfig:
         return scope is None or scope.applies(self)
 
     def _refuse_out_of_scope(self, name: str) -> None:
-        where = FIELD_SCOPES[name].where
-        _fail(name, getattr(self, name), f"it only applies with {where}: remove it (here method={self.method})")
+        scope = FIELD_SCOPES[name]
+        here = f"{scope.setting}={getattr(self, scope.setting)}"
+        _fail(name, getattr(self, name), f"it only applies with {scope.where}: remove it (here {here})")
 
     def check_given(self, given: typing.Iterable[str]) -> None:
         """Refuse the fields a user named (flags, YAML keys) where they do nothing, at their default value too.
@@ -736,10 +737,14 @@ class AutoLoCoConfig:
 
 @dataclass(frozen=True)
 class Scope:
-    """Where a field does something: ``applies(config)``, in words ``where`` (for the refusal)."""
+    """Where a field does something: ``applies(config)``, in words ``where`` (for the refusal).
+
+    ``setting``: the field whose value the refusal quotes as the reason.
+    """
 
     where: str
     applies: typing.Callable[[AutoLoCoConfig], bool]
+    setting: str = "method"
 
 
 _AUTOLOCO = Scope("method='autoloco'", lambda c: c.method == Method.AUTOLOCO)
@@ -774,6 +779,12 @@ FIELD_SCOPES: dict[str, Scope] = {
     **dict.fromkeys(
         ("straggler_fraction", "straggler_intervals"),
         Scope("pacing='budget' (lockstep workers take equal steps)", lambda c: c.pacing == Pacing.BUDGET),
+    ),
+    # the layout of a worker's shards: a worker of one rank has none
+    "hierarchical_sync": Scope(
+        "ranks_per_worker > 1 (a worker of one rank syncs its whole model)",
+        lambda c: c.ranks_per_worker > 1,
+        setting="ranks_per_worker",
     ),
 }
 # Not in the table: int8_block_size (the communicator is built from it and checked against it whatever the

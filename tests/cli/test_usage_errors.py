@@ -192,6 +192,16 @@ CASES = {
         ["--method", "diloco", "--autoloco", "controller=descent"],
         ["controller='descent'", "only applies with method='autoloco'", "remove it"],
     ),
+    "c4 hierarchical_sync=false on one rank": (  # was: accepted, and did nothing
+        "pretrain_c4",
+        ["--autoloco", "hierarchical_sync=false"],
+        ["hierarchical_sync=False", "only applies with ranks_per_worker > 1", "remove it", "here ranks_per_worker=1"],
+    ),
+    "c4 hierarchical_sync typed on one rank": (  # its default, typed: it would do nothing either
+        "pretrain_c4",
+        ["--autoloco", "hierarchical_sync=true"],
+        ["hierarchical_sync=True", "only applies with ranks_per_worker > 1", "remove it"],
+    ),
     "sft a rule under DiLoCo": (
         "sft_ultrachat",
         ["--method", "diloco", "--autoloco_controller", "descent"],
