@@ -115,19 +115,27 @@ def test_the_descent_rules_drift_guard_leaves_a_blown_up_horizon_within_two_inte
         assert Assessment.SEVERE in guarded.assessments
 
 
-@pytest.mark.parametrize(("name", "paper_quanta"), [("sharp blow-up > 120", 10), ("soft blow-up > 110", 96)])
-def test_from_two_h_base_the_guarded_descent_spends_no_more_quanta_above_a_blow_up_than_the_paper_rule(
-    name: str, paper_quanta: int
+@pytest.mark.parametrize(
+    ("name", "paper_spends_less"),
+    [("sharp blow-up > 120", False), ("soft blow-up > 110", False), ("late blow-up > 120", True)],
+)
+def test_the_default_spends_fewer_quanta_above_a_blow_up_than_the_paper_rule_except_the_late_one(
+    name: str, paper_spends_less: bool
 ) -> None:
     """From 4 h_base one healthy-looking interval is 28 quanta above a critical 1.2 h_base; from 2 h_base (the
-    default rule: guarded, gain 0.9), 8."""
+    default rule: guarded, gain 0.9), 8. The paper rule spends 10 and about 96 on the sharp and soft blow-ups, but
+    only 5 on the late one, which starts after the default has descended: there the default spends 6-8, the
+    miss docs/controller.md states (6.3 against 5 on 10 seeds)."""
     scenario, q_h = SCENARIOS[name], recipe_config("sft")[0].q_h
     critical, since = scenario.stream.critical, scenario.since_step()
     for seed in range(3):
-        from_two = scenario.run(seed, controller="descent")
+        default = scenario.run(seed, controller="descent")
+        paper = scenario.run(seed)
         from_four = scenario.run(seed, **guard(FROM_FOUR))
-        assert from_two.above(critical, since) == 1
-        assert from_two.excess(critical, q_h, since) <= min(paper_quanta, 10) < from_four.excess(critical, q_h, since)
+        spent = default.excess(critical, q_h, since)
+        assert default.above(critical, since) == 1
+        assert spent <= 10 < from_four.excess(critical, q_h, since)
+        assert (paper.excess(critical, q_h, since) < spent) is paper_spends_less
 
 
 @pytest.mark.parametrize("name", ["noise only", "drift 4x", "student-t(3)", "NaN pair at 0"])
