@@ -262,6 +262,20 @@ def test_a_drift_exactly_equal_to_its_anchors_is_blown_up() -> None:
     assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
 
 
+def test_the_guard_does_not_judge_warm_up_or_the_hold_after_a_fault() -> None:
+    """Documented in §5.6: a blown-up interval there keeps the horizon; the same interval later halves it."""
+    ctl = DescentController(descent_config(rule_options={"drift_guard": True}), warmup_steps=100)
+    executed, step = feed_stats(ctl, [BLOWN, BLOWN])  # both end by step 80, inside the warm-up
+    assert executed == [40, 40] and ctl.h_tok == 40 and ctl.phase == Phase.WARMUP
+    ctl = guarded()
+    _, step = feed_stats(ctl, [HEALTHY] * 3)
+    observe_nan(ctl, 40, step)  # 40 -> 20, then a hold of calibration_intervals (2) intervals at 20
+    executed, step = feed_stats(ctl, [BLOWN, BLOWN], step=step + 40)
+    assert executed == [20, 20] and ctl.h_tok == 40  # not judged: back at the interrupted horizon
+    feed_stats(ctl, [BLOWN], step=step)
+    assert ctl.h_tok == 20  # judged again
+
+
 def test_the_anchor_is_measured_only_inside_the_interval() -> None:
     """An anchor at the interval's last step would equal its end: no measurement is asked for."""
     ctl = guarded()

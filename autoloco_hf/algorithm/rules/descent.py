@@ -12,7 +12,7 @@ horizon is
     H_next = min( H_t, floor_q( h_max * exp(k (s_t - r)) ) ),   clipped to [h_min, h_max]
 
 with ``s_t`` an exponential moving average of ``log C_t``, ``r`` the mean
-``log C`` of the calibration intervals and ``k`` = ``gain`` (1). Workers whose pseudo-gradients agree
+``log C`` of the calibration intervals and ``k`` = ``gain`` (0.9). Workers whose pseudo-gradients agree
 keep a long horizon; as they decorrelate (late training, heterogeneous data)
 the rule synchronizes more often.
 
@@ -22,8 +22,12 @@ every worker on the way. A healthy longer horizon lowers ``d`` (the
 displacement grows more slowly than the LR mass), so an interval of at least
 ``1.5 h_base`` whose ``d`` is not below its anchor's is blown up: the horizon
 is halved. The guard only reads, so a run it never trips is the unguarded run.
+It does not judge an interval that ends in warm-up (+ ``calibration_delay_steps``),
+the hold after a fault (until the rule is back at the interrupted horizon), a
+truncated interval or one with ``C_t <= 0``: those keep the horizon, blown up or not.
 
-Example (coherence halves: the horizon halves, and never comes back up)::
+Example (the coherence halves: the horizon about halves, ``20 * 0.5**0.9`` = 10.7 floored to 10, and never
+comes back up)::
 
     >>> from autoloco_hf.config import AutoLoCoConfig
     >>> cfg = AutoLoCoConfig(h_base=10, q_h=1, controller="descent", rule_options={"smoothing": 0.0})
@@ -36,7 +40,7 @@ Example (coherence halves: the horizon halves, and never comes back up)::
     ...     trace.append(h)
     ...     _ = ctl.observe(obs, preview=lambda h_tok: float(h_tok))
     >>> trace + [ctl.h_tok]
-    [40, 40, 40, 40, 30, 20, 20]
+    [20, 20, 20, 20, 15, 10, 10]
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ class DescentOptions:
         """Each worker also measures its displacement after the interval's first `h_ref` steps
         (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
         fall below the anchor's halves the horizon, the guard against a horizon that blows up
-        (docs/algorithm.md §5.6). Unset: on, except with the eager overlap, where the anchor is not the
-        interval's displacement.""",
+        (docs/algorithm.md §5.6). Intervals in warm-up and in the hold after a fault are not judged.
+        Unset: on, except with the eager overlap, where the anchor is not the interval's displacement.""",
     )
     start_probe: float | None = option(
         None,
@@ -230,7 +234,8 @@ class DescentController(HorizonRule):
         """``log d - log d_anchor`` of an interval the drift guard judges blown up, else ``None``.
 
         Judged only on horizons of at least ``1.5 h_base``: closer to ``h_base`` the expected fall of ``log d``
-        is within the noise.
+        is within the noise. :meth:`observe` does not ask at all in warm-up, in the hold after a fault, or for
+        a truncated interval or one with ``C_t <= 0``.
         """
         if not self.guarded or not obs.anchor_lr_mass > 0 or 2 * obs.h_tok < 3 * self.cfg.h_base:
             return None

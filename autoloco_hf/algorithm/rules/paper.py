@@ -9,7 +9,8 @@ recalibrations on deviations. Its options are :class:`PaperOptions`.
 Example (an always-supporting stream climbs one ``q_H`` at a time)::
 
     >>> from autoloco_hf.config import AutoLoCoConfig
-    >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24), warmup_steps=0)
+    >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24, controller="paper"),
+    ...                         warmup_steps=0)
     >>> step, trace = 0, []
     >>> for _ in range(12):
     ...     h = ctl.h_tok
