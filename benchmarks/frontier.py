@@ -743,22 +743,41 @@ class Comparison:
             curve, c_seeds, c, c_ratio,
         )  # fmt: skip
 
+    def a_value(self) -> str:
+        return fmt(self.a, 3) if self.a_seeds else "not measured"
+
+    def b_value(self) -> str:
+        if not self.b_seeds:
+            return "not measured"
+        return "outside the grid" if any(math.isnan(x) for x in self.b) else fmt(self.b, 3)
+
+    def c_value(self) -> str:
+        if not self.c_seeds:
+            return "not measured"
+        if any(x is None for x in self.c):
+            return "not reached"
+        mean, se = mean_se(self.c_ratio)
+        if any(x.bound for x in self.c):  # below the loss already at the curve's fewest syncs: it needs fewer
+            return f"at most {mean:.2f}x"
+        return f"{mean:.2f}x" + ("" if math.isnan(se) else f" ± {se:.2f}")
+
     def a_text(self) -> str:
         if not self.a_seeds:
             return "not measured (no tuned DiLoCo at its h_base on its seeds)"
-        return f"{fmt(self.a, 3)} ({self.tuned}; seeds {seed_list(self.a_seeds)})"
+        return f"{self.a_value()} ({self.tuned}; seeds {seed_list(self.a_seeds)})"
 
     def b_text(self) -> str:
         if not self.b_seeds:
             return "not measured (the tuned grid and the rule share no seed)"
         outside = [s for s, x in zip(self.b_seeds, self.b) if math.isnan(x)]
+        syncs = statistics.fmean(self.b_syncs)
         if outside:
             low, high = self.b_range
             return (
                 f"outside the tuned grid's {low:.0f}-{high:.0f} syncs on seeds {seed_list(outside)} "
-                f"({statistics.fmean(self.b_syncs):.1f} syncs): not extrapolated"
+                f"({syncs:.1f} syncs): not extrapolated"
             )
-        return f"{fmt(self.b, 3)} at {statistics.fmean(self.b_syncs):.1f} syncs (seeds {seed_list(self.b_seeds)})"
+        return f"{self.b_value()} at {syncs:.1f} syncs (seeds {seed_list(self.b_seeds)})"
 
     def c_text(self, cells: dict[str, dict[int, Result]]) -> str:
         if not self.c_seeds:
@@ -768,12 +787,10 @@ class Comparison:
         missed = [s for s, x in zip(self.c_seeds, self.c) if x is None]
         if missed:
             return f"not reached on seeds {seed_list(missed)} (its curve: h_base {points}, seeds {seed_list(self.c_seeds)})"
-        mean, se = mean_se(self.c_ratio)
         bounds = [s for s, x in zip(self.c_seeds, self.c) if x.bound]
-        text = f"{mean:.2f}x" + ("" if math.isnan(se) else f" ± {se:.2f}")
-        if bounds:  # the curve is below the loss already at its fewest syncs: the crossing needs fewer
-            return f"at most {text} (below at its fewest syncs on seeds {seed_list(bounds)}; h_base {points})"
-        return f"{text} (h_base {points}; seeds {seed_list(self.c_seeds)})"
+        if bounds:
+            return f"{self.c_value()} (below at its fewest syncs on seeds {seed_list(bounds)}; h_base {points})"
+        return f"{self.c_value()} (h_base {points}; seeds {seed_list(self.c_seeds)})"
 
 
 def comparisons_report(cells: dict[str, dict[int, Result]], frontier: TunedFrontier, rules: Sequence[str]) -> list[str]:

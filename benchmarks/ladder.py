@@ -14,6 +14,7 @@ A rung with no finished run is reported as not measured. The CPU campaign that f
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +115,64 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
     ]
 
 
+# the other regimes measured at the smallest rung (docs/results.md), each with the default under its 197k name
+OTHER_REGIMES = (
+    ("B (non-IID)", "docs/results/frontier", frontier.Regime.NONIID),
+    ("C (B at 4x the inner LR)", "docs/results/regime_search/lr8e-3", frontier.Regime.NONIID),
+    ("D (A: 4 workers at 8x the batch)", "docs/results/frontier_d", frontier.Regime.IID),
+)
+README_HEADERS = [
+    "regime",
+    "parameters",
+    "rule",
+    "seeds of (a)",
+    "syncs",
+    "minus tuned DiLoCo at `h_base` (a)",
+    "minus tuned frontier at its syncs (b)",
+    "syncs at equal loss (c)",
+]
+
+
+def readme_rows(
+    regime: str, params: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> list[list[str]]:
+    """The README's rows of one rung and regime: the default and the paper's rule, by the comparators (a)-(c)."""
+    tuned = frontier.TunedFrontier.of(cells) if default in cells else None
+    if tuned is None:
+        why = "not run" if not cells else "the default not finished" if default not in cells else "no tuned grid yet"
+        return [[regime, params, "the default", "-", "-", f"not measured: {why}", "-", "-"]]
+    rows = []
+    for label, name in (("the default", default), ("the paper's rule", frontier.REFERENCE)):
+        if name in cells:
+            found = frontier.Comparison.of(cells, tuned, name)
+            syncs = statistics.fmean(cells[name][s].syncs for s in found.a_seeds)
+            rows.append([
+                regime, params, label, frontier.seed_list(found.a_seeds), f"{syncs:.0f}",
+                found.a_value(), found.b_value(), found.c_value(),
+            ])  # fmt: skip
+    return rows
+
+
+def readme_table(out: Path, base: Path) -> str:
+    """The README's results table, by rung in regime A, then the other regimes at the smallest rung."""
+    found: dict[Path, dict[frontier.Regime, dict[str, dict[int, frontier.Result]]]] = {}
+
+    def cells_of(folder: Path, regime: frontier.Regime) -> dict[str, dict[int, frontier.Result]]:
+        if folder not in found:
+            found[folder] = frontier.collect(str(folder)) if folder.is_dir() else {}
+        return found[folder].get(regime, {})
+
+    rows = []
+    ladder = rungs(out, base)
+    for rung in ladder:
+        params = parameters_text(rung.planned_parameters())
+        rows += readme_rows("A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default)
+    for regime, folder, kind in OTHER_REGIMES:
+        rows += readme_rows(regime, parameters_text(ladder[0].planned_parameters()), cells_of(Path(folder), kind),
+                            BASE_DEFAULT)  # fmt: skip
+    return replicate.markdown_table(README_HEADERS, rows)
+
+
 def write_report(args: argparse.Namespace) -> Path:
     rows, missing_lines = [], []
     for rung in rungs(Path(args.out), Path(args.base)):
@@ -169,11 +228,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)")
     p.add_argument("--base", default="docs/results/frontier", help="the 197k rung (default docs/results/frontier)")
     p.add_argument("--report", default=REPORT, help=f"where the report goes (default {REPORT})")
+    p.add_argument("--readme", action="store_true", help="print the README's results table instead")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    print(f"report: {write_report(parse_args(argv))}")
+    args = parse_args(argv)
+    if args.readme:
+        print(readme_table(Path(args.out), Path(args.base)))
+    else:
+        print(f"report: {write_report(args)}")
     return 0
 
 

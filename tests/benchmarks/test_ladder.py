@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "docs" / "results" / "frontier"
+README_MARKER = "<!-- generated: python benchmarks/ladder.py --readme"
 
 
 def load(name: str):
@@ -71,3 +72,15 @@ def test_a_rung_is_read_from_its_folder_and_says_what_is_missing(tmp_path, monke
 @pytest.mark.parametrize(("count", "text"), [(196_928, "197k"), (1_179_776, "1.18M"), (14_550_000, "14.55M")])
 def test_parameter_counts_read_as_a_reader_writes_them(count, text):
     assert load("ladder").parameters_text(count) == text
+
+
+def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs(monkeypatch):
+    """The README's table is `python benchmarks/ladder.py --readme` over the committed runs, row for row."""
+    ladder = load("ladder")
+    monkeypatch.chdir(ROOT)
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(README_MARKER)) + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    expected = ladder.readme_table(Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base))
+    assert "\n".join(lines[start:end]) == expected, "rerun: python benchmarks/ladder.py --readme"
+    assert "| A (IID) | 197k | the default |" in expected
