@@ -732,9 +732,7 @@ class Comparison:
             - log_interpolate([(frontier.syncs[h], cells[n][s].val) for h, n in envelope.items()], cells[rule][s].syncs)
             for s in b_seeds
         ]
-        family = [n for n in cells if n == rule or n.removeprefix(rule + HB_SUFFIX).isdigit()]
-        curve = sorted(family, key=lambda n: h_base_of(cells[n]))
-        c_seeds = common_seeds(cells, [*curve, tuned]) if tuned else []
+        curve, c_seeds = cls.curve_of(cells, rule, a_seeds)
         c = [syncs_at_loss([(cells[n][s].syncs, cells[n][s].val) for n in curve], cells[tuned][s].val) for s in c_seeds]
         c_ratio = [x.syncs / cells[tuned][s].syncs if x else math.nan for x, s in zip(c, c_seeds)]
         return cls(
@@ -742,6 +740,21 @@ class Comparison:
             [cells[rule][s].syncs for s in b_seeds], (min(frontier.syncs.values()), max(frontier.syncs.values())),
             curve, c_seeds, c, c_ratio,
         )  # fmt: skip
+
+    @staticmethod
+    def curve_of(cells: dict[str, dict[int, Result]], rule: str, seeds: list[int]) -> tuple[list[str], list[int]]:
+        """The rule's runs over h_base (``<rule>_hb<N>``), most syncs first, and the seeds they share with
+        ``seeds``: the second point joins on the seeds it ran, a later one only if it ran on all of those (a
+        point still running does not cut the seeds)."""
+        others = sorted(
+            (n for n in cells if n.removeprefix(rule + HB_SUFFIX).isdigit()), key=lambda n: h_base_of(cells[n])
+        )
+        curve = [rule]
+        for name in others:
+            shared = [s for s in seeds if s in cells[name]]
+            if shared and (len(curve) == 1 or shared == seeds):
+                curve, seeds = curve + [name], shared
+        return curve, seeds
 
     def a_value(self) -> str:
         return fmt(self.a, 3) if self.a_seeds else "not measured"

@@ -201,6 +201,20 @@ def test_the_comparators_pair_the_rule_with_the_tuned_diloco_per_seed():
     assert "| rule | 10 | -0.020 ± 0.020 (diloco_mu0.5_h10; seeds 0-1) |" in report
 
 
+def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():
+    frontier = load("frontier")
+
+    def runs(h_base: int, *seeds: int) -> dict:
+        return {s: frontier.Result(100 / h_base, 4.0, 4.0, 4.0, [], 0.5, {"h_base": h_base}) for s in seeds}
+
+    cells = {"rule": runs(10, 0, 1, 2), "rule_hb40": runs(40, 0), "rule_hb20": runs(20, 0, 1), "rules": runs(20, 0)}
+    # 4x still running on seed 1: it would cut the curve to seed 0, so it waits
+    assert frontier.Comparison.curve_of(cells, "rule", [0, 1, 2]) == (["rule", "rule_hb20"], [0, 1])
+    cells["rule_hb40"] = runs(40, 0, 1)
+    assert frontier.Comparison.curve_of(cells, "rule", [0, 1, 2]) == (["rule", "rule_hb20", "rule_hb40"], [0, 1])
+    assert frontier.Comparison.curve_of(cells, "rule", [2]) == (["rule"], [2])  # no other point ran seed 2
+
+
 @pytest.mark.parametrize(
     ("folder", "row"),
     [
