@@ -75,12 +75,14 @@ def test_parameter_counts_read_as_a_reader_writes_them(count, text):
 
 
 def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs(monkeypatch):
-    """The README's table is `python benchmarks/ladder.py --readme` over the committed runs, row for row."""
+    """The results table of the README and of docs/results.md is `python benchmarks/ladder.py --readme` over the
+    committed runs, row for row."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(README_MARKER)) + 1
-    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
     expected = ladder.readme_table(Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base))
-    assert "\n".join(lines[start:end]) == expected, "rerun: python benchmarks/ladder.py --readme"
     assert "| A (IID) | 197k | the default |" in expected
+    for doc in ("README.md", "docs/results.md"):
+        lines = (ROOT / doc).read_text().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(README_MARKER)) + 1
+        end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+        assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/ladder.py --readme"
