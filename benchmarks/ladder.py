@@ -173,6 +173,25 @@ def readme_table(out: Path, base: Path) -> str:
     return replicate.markdown_table(README_HEADERS, rows)
 
 
+TABLE_MARKER = "<!-- generated: python benchmarks/ladder.py --readme"  # the line above the table in each doc
+TABLE_DOCS = ("README.md", "docs/results.md")
+
+
+def table_span(lines: Sequence[str]) -> tuple[int, int]:
+    """The lines of a document's generated table: those after the marker that start with ``|``."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_MARKER)) + 1
+    return start, next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+
+
+def update_docs(table: str) -> None:
+    """Writes the generated table into README.md and docs/results.md, in place of the one there."""
+    for doc in map(Path, TABLE_DOCS):
+        lines = doc.read_text().split("\n")
+        start, end = table_span(lines)
+        doc.write_text("\n".join(lines[:start] + table.split("\n") + lines[end:]))
+        print(f"updated: {doc}")
+
+
 def write_report(args: argparse.Namespace) -> Path:
     rows, missing_lines = [], []
     for rung in rungs(Path(args.out), Path(args.base)):
@@ -228,14 +247,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)")
     p.add_argument("--base", default="docs/results/frontier", help="the 197k rung (default docs/results/frontier)")
     p.add_argument("--report", default=REPORT, help=f"where the report goes (default {REPORT})")
-    p.add_argument("--readme", action="store_true", help="print the README's results table instead")
+    p.add_argument(
+        "--readme", action="store_true", help="write the results table into README.md and docs/results.md instead"
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme:
-        print(readme_table(Path(args.out), Path(args.base)))
+        update_docs(readme_table(Path(args.out), Path(args.base)))
     else:
         print(f"report: {write_report(args)}")
     return 0

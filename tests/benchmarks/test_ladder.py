@@ -13,7 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "docs" / "results" / "frontier"
-README_MARKER = "<!-- generated: python benchmarks/ladder.py --readme"
 
 
 def load(name: str):
@@ -81,8 +80,7 @@ def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs
     monkeypatch.chdir(ROOT)
     expected = ladder.readme_table(Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base))
     assert "| A (IID) | 197k | the default |" in expected
-    for doc in ("README.md", "docs/results.md"):
+    for doc in ladder.TABLE_DOCS:
         lines = (ROOT / doc).read_text().splitlines()
-        start = next(i for i, line in enumerate(lines) if line.startswith(README_MARKER)) + 1
-        end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+        start, end = ladder.table_span(lines)
         assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/ladder.py --readme"
