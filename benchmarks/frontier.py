@@ -17,7 +17,9 @@ runs and several copies of the command share the work through lock files::
     nohup nice -n 10 python benchmarks/frontier.py --out docs/results/frontier &
     python benchmarks/frontier.py --out docs/results/frontier --report-only
 
-The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, the
+The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, first the comparators a
+reader assumes (:class:`Comparison`: each rule against the tuned DiLoCo at its ``h_base``, against the
+tuned frontier at its own sync count, and its syncs at equal loss), then the
 fixed-H curve at each momentum (mean ± standard error over paired seeds),
 each AutoLoCo variant's excess over the curve at its own sync count, and
 over the best fixed setting of any momentum.
