@@ -17,7 +17,9 @@ runs and several copies of the command share the work through lock files::
     nohup nice -n 10 python benchmarks/frontier.py --out docs/results/frontier &
     python benchmarks/frontier.py --out docs/results/frontier --report-only
 
-The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, the
+The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, first the comparators a
+reader assumes (:class:`Comparison`: each rule against the tuned DiLoCo at its ``h_base``, against the
+tuned frontier at its own sync count, and its syncs at equal loss), then the
 fixed-H curve at each momentum (mean ± standard error over paired seeds),
 each AutoLoCo variant's excess over the curve at its own sync count, and
 over the best fixed setting of any momentum.
@@ -432,6 +434,9 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
         "table lists every setting over all of its seeds.",
         "",
     ]
+    frontier = TunedFrontier.of(cells)
+    if frontier:
+        lines += comparisons_report(cells, frontier, adaptive)
     rows = []
     for name, runs in sorted(cells.items(), key=lambda kv: (kv[0] not in fixed, fixed.get(kv[0]) or (0, 0), kv[0])):
         r = list(runs.values())
@@ -513,7 +518,6 @@ def regime_report(regime: Regime, cells: dict[str, dict[int, Result]], base_mu: 
             "",
         ]
     lines += fragment_pairs({n: cells[n] for n in adaptive}) + start_probes({n: cells[n] for n in adaptive})
-    frontier = TunedFrontier.of(cells)
     if frontier:
         lines += frontier.report(cells, adaptive)
     plot_path = plot_dir / f"frontier_{regime.value}.png"
@@ -653,6 +657,184 @@ class TunedFrontier:
             ]
             + (held_out_table if held_out_rows else [])
         )
+
+
+# ------------------------------------------------------------------ the comparators a reader assumes
+# the default rule's run names: the ladder's and the GPU campaign's, then the 197k campaigns' (docs/results.md)
+DEFAULT_NAMES = ("default", "descent_k0.9_guard_mu0.5_hmax20")
+HB_SUFFIX = "_hb"  # default_hb20: the default at h_base 20, one point of its loss-against-syncs curve
+
+
+def log_interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """y at ``x`` on the line through the ``(x, y)`` points, linear in log(x) between neighbours; NaN outside
+    their range (no extrapolation)."""
+    points = sorted(points)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return next((y for px, y in points if px == x), math.nan)
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """Where a loss-against-syncs curve reaches a loss: at ``syncs``, or at most there when ``bound``."""
+
+    syncs: float
+    bound: bool = False
+
+
+def syncs_at_loss(curve: Sequence[tuple[float, float]], loss: float) -> Crossing | None:
+    """The fewest syncs at which the curve of ``(syncs, loss)`` points reaches ``loss``, linear in log(syncs)
+    between neighbours. A bound when its fewest-syncs point is already at or below ``loss`` (the crossing lies
+    beyond what was measured); None when no point reaches it."""
+    points = sorted(curve)
+    if points[0][1] <= loss:
+        return Crossing(points[0][0], bound=True)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y1 <= loss:  # and y0 > loss: the curve crosses between the two
+            return Crossing(x0 * math.exp((loss - y0) / (y1 - y0) * math.log(x1 / x0)))
+    return None
+
+
+def h_base_of(runs: dict[int, Result]) -> int:
+    return next(iter(runs.values())).config["h_base"]
+
+
+@dataclass
+class Comparison:
+    """One rule against the tuned DiLoCo of its regime, each comparator paired over the seeds it can use.
+
+    (a) the rule minus the tuned DiLoCo at the rule's ``h_base``; (b) the rule minus the tuned frontier (its lower
+    envelope) interpolated in log(syncs) at the rule's own sync count, NaN outside the grid's range; (c) the syncs
+    at which the rule's curve over ``h_base`` (its ``_hbN`` variants) reaches the loss of (a)'s DiLoCo, per seed as
+    a ratio to that DiLoCo's syncs.
+    """
+
+    rule: str
+    tuned: str | None  # the tuned DiLoCo at the rule's h_base: (a)'s and (c)'s comparator
+    a_seeds: list[int]
+    a: list[float]
+    b_seeds: list[int]
+    b: list[float]
+    b_syncs: list[float]  # the rule's syncs on b_seeds
+    b_range: tuple[float, float]  # the tuned grid's range of syncs
+    curve: list[str]  # the rule's runs over h_base, most syncs first: (c)'s curve
+    c_seeds: list[int]
+    c: list[Crossing | None]
+    c_ratio: list[float]  # crossing syncs / the DiLoCo's syncs (NaN where not reached)
+
+    @classmethod
+    def of(cls, cells: dict[str, dict[int, Result]], frontier: TunedFrontier, rule: str) -> Comparison:
+        tuned = frontier.best.get(h_base_of(cells[rule]))
+        a_seeds = common_seeds(cells, [rule, tuned]) if tuned else []
+        b_seeds = common_seeds(cells, [rule, *frontier.best.values()])
+        envelope = frontier.envelope(cells, b_seeds) if b_seeds else {}
+        b = [
+            cells[rule][s].val
+            - log_interpolate([(frontier.syncs[h], cells[n][s].val) for h, n in envelope.items()], cells[rule][s].syncs)
+            for s in b_seeds
+        ]
+        curve, c_seeds = cls.curve_of(cells, rule, a_seeds)
+        c = [syncs_at_loss([(cells[n][s].syncs, cells[n][s].val) for n in curve], cells[tuned][s].val) for s in c_seeds]
+        c_ratio = [x.syncs / cells[tuned][s].syncs if x else math.nan for x, s in zip(c, c_seeds)]
+        return cls(
+            rule, tuned, a_seeds, [cells[rule][s].val - cells[tuned][s].val for s in a_seeds], b_seeds, b,
+            [cells[rule][s].syncs for s in b_seeds], (min(frontier.syncs.values()), max(frontier.syncs.values())),
+            curve, c_seeds, c, c_ratio,
+        )  # fmt: skip
+
+    @staticmethod
+    def curve_of(cells: dict[str, dict[int, Result]], rule: str, seeds: list[int]) -> tuple[list[str], list[int]]:
+        """The rule's runs over h_base (``<rule>_hb<N>``), most syncs first, and the seeds they share with
+        ``seeds``: the second point joins on the seeds it ran, a later one only if it ran on all of those (a
+        point still running does not cut the seeds)."""
+        others = sorted(
+            (n for n in cells if n.removeprefix(rule + HB_SUFFIX).isdigit()), key=lambda n: h_base_of(cells[n])
+        )
+        curve = [rule]
+        for name in others:
+            shared = [s for s in seeds if s in cells[name]]
+            if shared and (len(curve) == 1 or shared == seeds):
+                curve, seeds = curve + [name], shared
+        return curve, seeds
+
+    def a_value(self) -> str:
+        return fmt(self.a, 3) if self.a_seeds else "not measured"
+
+    def b_value(self) -> str:
+        if not self.b_seeds:
+            return "not measured"
+        return "outside the grid" if any(math.isnan(x) for x in self.b) else fmt(self.b, 3)
+
+    def c_value(self) -> str:
+        if not self.c_seeds:
+            return "not measured"
+        if any(x is None for x in self.c):
+            return "not reached"
+        mean, se = mean_se(self.c_ratio)
+        if any(x.bound for x in self.c):  # below the loss already at the curve's fewest syncs: it needs fewer
+            return f"at most {mean:.2f}x"
+        return f"{mean:.2f}x" + ("" if math.isnan(se) else f" ± {se:.2f}")
+
+    def a_text(self) -> str:
+        if not self.a_seeds:
+            return "not measured (no tuned DiLoCo at its h_base on its seeds)"
+        return f"{self.a_value()} ({self.tuned}; seeds {seed_list(self.a_seeds)})"
+
+    def b_text(self) -> str:
+        if not self.b_seeds:
+            return "not measured (the tuned grid and the rule share no seed)"
+        outside = [s for s, x in zip(self.b_seeds, self.b) if math.isnan(x)]
+        syncs = statistics.fmean(self.b_syncs)
+        if outside:
+            low, high = self.b_range
+            return (
+                f"outside the tuned grid's {low:.0f}-{high:.0f} syncs on seeds {seed_list(outside)} "
+                f"({syncs:.1f} syncs): not extrapolated"
+            )
+        return f"{self.b_value()} at {syncs:.1f} syncs (seeds {seed_list(self.b_seeds)})"
+
+    def c_text(self, cells: dict[str, dict[int, Result]]) -> str:
+        if not self.c_seeds:
+            return "not measured (no tuned DiLoCo at its h_base on its seeds)"
+        base = h_base_of(cells[self.rule])
+        points = ", ".join(f"{h_base_of(cells[n]) / base:g}x" for n in self.curve)
+        missed = [s for s, x in zip(self.c_seeds, self.c) if x is None]
+        if missed:
+            return f"not reached on seeds {seed_list(missed)} (its curve: h_base {points}, seeds {seed_list(self.c_seeds)})"
+        bounds = [s for s, x in zip(self.c_seeds, self.c) if x.bound]
+        if bounds:
+            return f"{self.c_value()} (below at its fewest syncs on seeds {seed_list(bounds)}; h_base {points})"
+        return f"{self.c_value()} (h_base {points}; seeds {seed_list(self.c_seeds)})"
+
+
+def comparisons_report(cells: dict[str, dict[int, Result]], frontier: TunedFrontier, rules: Sequence[str]) -> list[str]:
+    rows = []
+    for rule in rules:
+        found = Comparison.of(cells, frontier, rule)
+        rows.append([rule, str(h_base_of(cells[rule])), found.a_text(), found.b_text(), found.c_text(cells)])
+    return [
+        "### The comparators a reader assumes",
+        "",
+        "Each rule (a) minus the tuned DiLoCo at its own `h_base` (the best outer LR and momentum at that H, chosen "
+        "on the tuning seeds); (b) minus the tuned frontier at its own sync count (the lower envelope of the best "
+        "setting at each H, linear in log(syncs) between the measured horizons; no extrapolation); (c) the syncs at "
+        "which its loss-against-syncs curve (its runs at 1x, 2x, 4x `h_base`, named `<rule>_hb<N>`) reaches the loss "
+        "of (a)'s DiLoCo, as a ratio to that DiLoCo's syncs. Validation loss, paired per seed, mean ± standard "
+        "error; negative is better in (a) and (b), below 1 is fewer syncs in (c).",
+        "",
+        replicate.markdown_table(
+            [
+                "rule",
+                "h_base",
+                "(a) minus tuned DiLoCo at h_base",
+                "(b) minus tuned frontier at its syncs",
+                "(c) syncs at equal loss / DiLoCo's",
+            ],
+            rows,
+        ),  # fmt: skip
+        "",
+    ]
 
 
 # the variants the plots single out: the paper's rule (the default) and the recommended descent setting

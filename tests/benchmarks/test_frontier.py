@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -136,6 +137,82 @@ def test_the_tuned_frontier_is_the_lower_envelope_of_each_horizons_best_setting(
     one_seed = {s: r for s, r in runs(200, 3.0).items()}
     fewer = frontier.TunedFrontier.of({**cells, "diloco_mu0.7_h5": one_seed, "diloco_lr1_mu0.5_h5": one_seed})
     assert set(fewer.best) == {10, 20, 40}
+
+
+def test_log_interpolation_is_linear_in_log_syncs_and_never_extrapolates():
+    frontier = load("frontier")
+    points = [(100.0, 4.0), (25.0, 4.2)]
+    assert frontier.log_interpolate(points, 50.0) == pytest.approx(4.1)  # halfway in log(syncs); in syncs: 4.133
+    assert frontier.log_interpolate(points, 25.0) == pytest.approx(4.2)
+    assert math.isnan(frontier.log_interpolate(points, 120.0)) and math.isnan(frontier.log_interpolate(points, 20.0))
+    assert frontier.log_interpolate([(50.0, 3.0)], 50.0) == 3.0 and math.isnan(
+        frontier.log_interpolate([(50.0, 3.0)], 51.0)
+    )
+
+
+def test_syncs_at_equal_loss_is_the_fewest_syncs_that_reach_the_loss():
+    frontier = load("frontier")
+    curve = [(100.0, 3.9), (50.0, 4.0), (25.0, 4.2)]  # the rule at 1x, 2x, 4x h_base
+    assert frontier.syncs_at_loss(curve, 3.95).syncs == pytest.approx(50 * math.sqrt(2))  # halfway in log(syncs)
+    assert not frontier.syncs_at_loss(curve, 3.95).bound
+    assert frontier.syncs_at_loss(curve, 4.0) == frontier.Crossing(50.0)
+    assert frontier.syncs_at_loss(curve, 4.3) == frontier.Crossing(25.0, bound=True)  # below at its fewest syncs
+    assert frontier.syncs_at_loss(curve, 3.8) is None  # no point reaches it: no extrapolation
+    # a curve that is not monotone: the crossing with the fewest syncs
+    bumpy = [(25.0, 4.2), (50.0, 3.9), (100.0, 4.0)]
+    assert frontier.syncs_at_loss(bumpy, 3.95).syncs == pytest.approx(25 * 2 ** (25 / 30))
+
+
+def test_the_comparators_pair_the_rule_with_the_tuned_diloco_per_seed():
+    frontier = load("frontier")
+
+    def runs(syncs: float, h_base: int, *vals: float) -> dict:
+        return {s: frontier.Result(syncs, v, v, v, [], 0.5, {"h_base": h_base}) for s, v in enumerate(vals)}
+
+    one_x = 50 * math.sqrt(2)  # the rule's syncs: halfway between H 20 and H 10 in log(syncs)
+    cells = {
+        "diloco_mu0.5_h10": runs(100, 10, 4.00, 4.10),  # the tuned DiLoCo at h_base 10
+        "diloco_lr1_mu0.5_h10": runs(100, 10, 4.10, 4.20),
+        "diloco_mu0.5_h20": runs(50, 20, 4.10, 4.20),
+        "diloco_lr1_mu0.5_h20": runs(50, 20, 4.20, 4.30),
+        "diloco_mu0.5_h40": runs(25, 40, 4.30, 4.40),
+        "diloco_lr1_mu0.5_h40": runs(25, 40, 4.20, 4.30),
+        "rule": runs(one_x, 10, 4.00, 4.06),
+        "rule_hb20": runs(one_x / 2, 20, 4.10, 4.14),
+        "paper": runs(120, 10, 4.30, 4.30),  # more syncs than the grid's H 10: outside the frontier
+    }
+    tuned = frontier.TunedFrontier.of(cells)
+    found = frontier.Comparison.of(cells, tuned, "rule")
+    assert found.tuned == "diloco_mu0.5_h10" and found.curve == ["rule", "rule_hb20"]
+    assert found.a == pytest.approx([0.0, -0.04])
+    assert found.b == pytest.approx([4.00 - 4.05, 4.06 - 4.15])  # the frontier at one_x: 4.05 and 4.15
+    # seed 0 reaches DiLoCo's 4.00 at 1x (70.7 syncs), seed 1 its 4.10 halfway between 2x and 1x (50 syncs)
+    assert found.c_ratio == pytest.approx([one_x / 100, 0.5])
+    assert found.a_text() == "-0.020 ± 0.020 (diloco_mu0.5_h10; seeds 0-1)"
+    assert found.b_text() == "-0.070 ± 0.020 at 70.7 syncs (seeds 0-1)"
+    assert found.c_text(cells) == "0.60x ± 0.10 (h_base 1x, 2x; seeds 0-1)"
+    paper = frontier.Comparison.of(cells, tuned, "paper")
+    assert paper.b_text() == "outside the tuned grid's 25-100 syncs on seeds 0-1 (120.0 syncs): not extrapolated"
+    assert paper.c_text(cells) == "not reached on seeds 0-1 (its curve: h_base 1x, seeds 0-1)"
+    # a rule below the DiLoCo's loss at its fewest syncs: the crossing is beyond the curve, an upper bound
+    low = {**cells, "rule_hb20": runs(one_x / 2, 20, 3.90, 4.00)}
+    assert frontier.Comparison.of(low, tuned, "rule").c_text(low).startswith("at most 0.35x (below at")
+    report = "\n".join(frontier.comparisons_report(cells, tuned, ["rule", "paper"]))
+    assert "| rule | 10 | -0.020 ± 0.020 (diloco_mu0.5_h10; seeds 0-1) |" in report
+
+
+def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():
+    frontier = load("frontier")
+
+    def runs(h_base: int, *seeds: int) -> dict:
+        return {s: frontier.Result(100 / h_base, 4.0, 4.0, 4.0, [], 0.5, {"h_base": h_base}) for s in seeds}
+
+    cells = {"rule": runs(10, 0, 1, 2), "rule_hb40": runs(40, 0), "rule_hb20": runs(20, 0, 1), "rules": runs(20, 0)}
+    # 4x still running on seed 1: it would cut the curve to seed 0, so it waits
+    assert frontier.Comparison.curve_of(cells, "rule", [0, 1, 2]) == (["rule", "rule_hb20"], [0, 1])
+    cells["rule_hb40"] = runs(40, 0, 1)
+    assert frontier.Comparison.curve_of(cells, "rule", [0, 1, 2]) == (["rule", "rule_hb20", "rule_hb40"], [0, 1])
+    assert frontier.Comparison.curve_of(cells, "rule", [2]) == (["rule"], [2])  # no other point ran seed 2
 
 
 @pytest.mark.parametrize(

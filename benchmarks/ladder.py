@@ -1,0 +1,266 @@
+"""The model-size ladder: the default rule against the tuned DiLoCo, rung by rung, in regime A (IID).
+
+Not a test. Reads the run folders that ``benchmarks/frontier.py`` writes: the 197k rung from
+``docs/results/frontier`` (``--base``), the CPU rungs from ``OUT/<rung>/`` (``results/ladder/h128_l4`` ...) and
+the GPU rungs from their committed folders. Writes one table by rung with the comparators every report uses
+(``frontier.Comparison``) and, per rung, the planned runs that have not finished::
+
+    python benchmarks/ladder.py --out results/ladder
+
+A rung with no finished run is reported as not measured. The CPU campaign that fills the ladder runs
+``benchmarks/frontier.py`` with the variants of :data:`CPU_PLAN`, seed by seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import frontier  # noqa: E402  (the runs, the tuned frontier and the comparators are frontier.py's)
+import gpu_frontier  # noqa: E402  (the GPU rungs' sizes and planned grid)
+import replicate  # noqa: E402
+
+from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
+
+DEFAULT = "default"  # the default rule's name on the ladder's rungs
+BASE_DEFAULT = "descent_k0.9_guard_mu0.5_hmax20"  # ... and in the 197k campaign (docs/results.md)
+REPORT = "docs/results/ladder.md"
+SEEDS = (0, 1, 2)  # the tuning seeds of every rung
+# the CPU rungs' runs per seed: the default at 1x, 2x, 4x h_base, the paper's rule, and the tuned grid
+TUNED = frontier.tuned_grid([0.7, 1.0], [0.5], [10, 20, 5, 40])
+CURVE = tuple(f"{DEFAULT}{frontier.HB_SUFFIX}{h}" for h in (20, 40))  # the default at 2x, 4x h_base: (c)'s curve
+CPU_PLAN = (DEFAULT, *CURVE, frontier.REFERENCE, *(frontier.fixed_name(mu, h, lr) for lr, mu, h in TUNED))
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One model size: where its runs are, what its default is called there and what its campaign plans."""
+
+    folder: Path
+    hidden: int
+    layers: int
+    heads: int
+    device: str
+    default: str = DEFAULT
+    plan: tuple[str, ...] = CPU_PLAN
+
+    def planned_parameters(self) -> int:
+        with torch.device("meta"):
+            model = tiny_llama(replicate.VOCAB_SIZE, self.hidden, self.layers, self.heads, max_position_embeddings=64)
+        return sum(p.numel() for p in model.parameters())
+
+    def run_name(self, planned: str) -> str:
+        """The planned name as this rung's campaign calls it (the 197k campaign names its default otherwise)."""
+        return self.default + planned.removeprefix(DEFAULT) if planned.startswith(DEFAULT) else planned
+
+
+def rungs(out: Path, base: Path) -> list[Rung]:
+    # the GPU campaign's tuned grid, and the default's 2x and 4x h_base that (c) needs (not in that grid yet)
+    gpu_plan = (*gpu_frontier.points(gpu_frontier.Grid.TUNED, 1000), *CURVE)
+    gpu = {
+        name: Rung(Path(folder), sizes.hidden, sizes.layers, sizes.heads, "GPU", plan=gpu_plan)
+        for name, folder in (("14m", "docs/results/gpu_frontier_14m"), ("114m", "docs/results/gpu_frontier_114m"))
+        for sizes in [gpu_frontier.MODELS[name]]
+    }
+    return [
+        Rung(base, replicate.HIDDEN, replicate.LAYERS, replicate.HEADS, "CPU", default=BASE_DEFAULT),
+        Rung(out / "h128_l4", 128, 4, replicate.HEADS, "CPU"),
+        Rung(out / "h192_l4", 192, 4, replicate.HEADS, "CPU"),
+        gpu["14m"],
+        gpu["114m"],
+    ]
+
+
+def parameters_text(count: int) -> str:
+    """196928 -> 197k; 1179776 -> 1.18M."""
+    return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
+
+
+def missing(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[str]:
+    """Per tuning seed, the planned runs not finished (all of them: the seed not started)."""
+    lines = []
+    for seed in SEEDS:
+        left = [rung.run_name(n) for n in rung.plan if seed not in cells.get(rung.run_name(n), {})]
+        if len(left) == len(rung.plan):
+            lines.append(f"seed {seed}: not started ({len(left)} runs)")
+        elif left:
+            lines.append(f"seed {seed}: {len(left)} of {len(rung.plan)} runs not finished: {', '.join(left)}")
+    return lines
+
+
+def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[str]:
+    """Parameters, seeds and the comparators of one rung (not measured where its runs do not allow them)."""
+    head = [frontier.seed_list(sorted(cells.get(rung.default, {}))) or "none"]
+    complete = [s for s in SEEDS if all(s in cells.get(rung.run_name(n), {}) for n in rung.plan)]
+    head.append(frontier.seed_list(complete) or "none")
+    if rung.default not in cells:
+        return head + [f"not measured ({'not run' if not cells else 'the default has not finished'})"] + ["-"] * 3
+    tuned = frontier.TunedFrontier.of(cells)
+    if tuned is None:
+        return head + ["not measured (no tuned grid yet: two outer LRs at two horizons or more)"] + ["-"] * 3
+    default = frontier.Comparison.of(cells, tuned, rung.default)
+    paper = frontier.REFERENCE in cells and frontier.Comparison.of(cells, tuned, frontier.REFERENCE)
+    return head + [
+        default.a_text(),
+        default.b_text(),
+        default.c_text(cells),
+        paper.b_text() if paper else "not measured",
+    ]
+
+
+# the other regimes measured at the smallest rung (docs/results.md), each with the default under its 197k name
+OTHER_REGIMES = (
+    ("B (non-IID)", "docs/results/frontier", frontier.Regime.NONIID),
+    ("C (B at 4x the inner LR)", "docs/results/regime_search/lr8e-3", frontier.Regime.NONIID),
+    ("D (A: 4 workers at 8x the batch)", "docs/results/frontier_d", frontier.Regime.IID),
+)
+README_HEADERS = [
+    "regime",
+    "parameters",
+    "rule",
+    "seeds of (a)",
+    "syncs",
+    "minus tuned DiLoCo at `h_base` (a)",
+    "minus tuned frontier at its syncs (b)",
+    "syncs at equal loss (c)",
+]
+
+
+def readme_rows(
+    regime: str, params: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> list[list[str]]:
+    """The README's rows of one rung and regime: the default and the paper's rule, by the comparators (a)-(c)."""
+    tuned = frontier.TunedFrontier.of(cells) if default in cells else None
+    if tuned is None:
+        why = "not run" if not cells else "the default not finished" if default not in cells else "no tuned grid yet"
+        return [[regime, params, "the default", "-", "-", f"not measured: {why}", "-", "-"]]
+    rows = []
+    for label, name in (("the default", default), ("the paper's rule", frontier.REFERENCE)):
+        if name in cells:
+            found = frontier.Comparison.of(cells, tuned, name)
+            syncs = statistics.fmean(cells[name][s].syncs for s in found.a_seeds)
+            rows.append([
+                regime, params, label, frontier.seed_list(found.a_seeds), f"{syncs:.0f}",
+                found.a_value(), found.b_value(), found.c_value(),
+            ])  # fmt: skip
+    return rows
+
+
+def readme_table(out: Path, base: Path) -> str:
+    """The README's results table, by rung in regime A, then the other regimes at the smallest rung."""
+    found: dict[Path, dict[frontier.Regime, dict[str, dict[int, frontier.Result]]]] = {}
+
+    def cells_of(folder: Path, regime: frontier.Regime) -> dict[str, dict[int, frontier.Result]]:
+        if folder not in found:
+            found[folder] = frontier.collect(str(folder)) if folder.is_dir() else {}
+        return found[folder].get(regime, {})
+
+    rows = []
+    ladder = rungs(out, base)
+    for rung in ladder:
+        params = parameters_text(rung.planned_parameters())
+        rows += readme_rows("A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default)
+    for regime, folder, kind in OTHER_REGIMES:
+        rows += readme_rows(regime, parameters_text(ladder[0].planned_parameters()), cells_of(Path(folder), kind),
+                            BASE_DEFAULT)  # fmt: skip
+    return replicate.markdown_table(README_HEADERS, rows)
+
+
+TABLE_MARKER = "<!-- generated: python benchmarks/ladder.py --readme"  # the line above the table in each doc
+TABLE_DOCS = ("README.md", "docs/results.md")
+
+
+def table_span(lines: Sequence[str]) -> tuple[int, int]:
+    """The lines of a document's generated table: those after the marker that start with ``|``."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_MARKER)) + 1
+    return start, next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+
+
+def update_docs(table: str) -> None:
+    """Writes the generated table into README.md and docs/results.md, in place of the one there."""
+    for doc in map(Path, TABLE_DOCS):
+        lines = doc.read_text().split("\n")
+        start, end = table_span(lines)
+        doc.write_text("\n".join(lines[:start] + table.split("\n") + lines[end:]))
+        print(f"updated: {doc}")
+
+
+def write_report(args: argparse.Namespace) -> Path:
+    rows, missing_lines = [], []
+    for rung in rungs(Path(args.out), Path(args.base)):
+        cells = frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {}) if rung.folder.is_dir() else {}
+        label = f"{parameters_text(rung.planned_parameters())} (`{rung.folder}`)"
+        rows.append([label, f"hidden {rung.hidden}, {rung.layers} layers", rung.device, *rung_row(rung, cells)])
+        left = missing(rung, cells)
+        missing_lines += [f"* {label}: " + ("nothing" if not left else "; ".join(left))]
+    lines = [
+        "# The size ladder, regime A (generated by benchmarks/ladder.py)",
+        "",
+        f"Regenerate with `python benchmarks/ladder.py --out {args.out} --base {args.base}`. "
+        "Regime A (IID), 8 workers, T = 1,000, the default rule at `h_base` 10 (named "
+        f"`{BASE_DEFAULT}` in the 197k campaign, `{DEFAULT}` elsewhere). The comparators, as in every "
+        "generated report (`benchmarks/frontier.py`, `Comparison`): (a) the default minus the tuned DiLoCo at "
+        "`h_base` (the best outer LR and momentum at H 10, chosen on the tuning seeds); (b) the default minus the "
+        "tuned frontier at its own sync count (the lower envelope of the best setting at each H, linear in "
+        "log(syncs) between the measured horizons, never extrapolated); (c) the syncs at which the default's "
+        "loss-against-syncs curve (`h_base` 10, 20, 40) reaches the loss of (a)'s DiLoCo, as a ratio to that "
+        "DiLoCo's syncs ('at most' where the default is already below it at its fewest syncs measured). "
+        "Validation loss, paired per seed, mean ± standard error. The tuned grid: outer LR 0.7 and 1.0 at "
+        "momentum 0.5, H 5, 10, 20, 40 on the CPU rungs (the 197k campaign also has LR 0.35 and momenta 0.7 and "
+        "0.9); the GPU campaign's grid is `benchmarks/gpu_frontier.py --grid tuned`.",
+        "",
+        replicate.markdown_table(
+            [
+                "parameters (runs)",
+                "model",
+                "device",
+                "seeds: default",
+                "seeds: every planned run",
+                "(a) minus tuned DiLoCo at h_base",
+                "(b) minus tuned frontier at its syncs",
+                "(c) syncs at equal loss / DiLoCo's",
+                "paper's rule: (b)",
+            ],
+            rows,
+        ),
+        "",
+        f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each rung's planned campaign:",
+        "",
+        *missing_lines,
+        "",
+    ]
+    path = Path(args.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)")
+    p.add_argument("--base", default="docs/results/frontier", help="the 197k rung (default docs/results/frontier)")
+    p.add_argument("--report", default=REPORT, help=f"where the report goes (default {REPORT})")
+    p.add_argument(
+        "--readme", action="store_true", help="write the results table into README.md and docs/results.md instead"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.readme:
+        update_docs(readme_table(Path(args.out), Path(args.base)))
+    else:
+        print(f"report: {write_report(args)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

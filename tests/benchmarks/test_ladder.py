@@ -1,0 +1,86 @@
+"""benchmarks/ladder.py: the size ladder's report, regenerated from the committed runs, and a rung read end to end."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "docs" / "results" / "frontier"
+
+
+def load(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module(name)
+
+
+def test_the_committed_ladder_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
+    """Every number of docs/results/ladder.md comes from the run folders: the 197k rung and results/ladder."""
+    ladder = load("ladder")
+    monkeypatch.chdir(ROOT)
+    regenerated = ladder.write_report(ladder.parse_args(["--report", str(tmp_path / "ladder.md")])).read_text()
+    assert regenerated == (ROOT / ladder.REPORT).read_text()
+    assert "| 197k (`docs/results/frontier`) |" in regenerated
+
+
+def copy_run(source: Path, target: Path) -> None:
+    shutil.copytree(source, target)
+    summary = json.loads((target / "summary.json").read_text())
+    (target / "summary.json").write_text(json.dumps({**summary, "variant": target.name}))
+
+
+def test_a_rung_is_read_from_its_folder_and_says_what_is_missing(tmp_path, monkeypatch):
+    """A CPU rung made of the 197k runs of two seeds, renamed as the ladder names them: its comparators are the
+    default minus the tuned DiLoCo, and the runs the plan has that are not there are listed by seed."""
+    ladder = load("ladder")
+    monkeypatch.chdir(ROOT)
+    rung = tmp_path / "ladder" / "h128_l4" / "iid"
+    for seed in (0, 1):
+        for name in ladder.CPU_PLAN:
+            source = BASE / "iid" / f"seed{seed}" / (ladder.BASE_DEFAULT if name == ladder.DEFAULT else name)
+            if source.exists():
+                copy_run(source, rung / f"seed{seed}" / name)
+    (tmp_path / "ladder" / "h192_l4").mkdir()  # started, nothing finished
+    report = tmp_path / "ladder.md"
+    ladder.main(["--out", str(tmp_path / "ladder"), "--base", str(tmp_path / "none"), "--report", str(report)])
+    text = report.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 1.18M"))
+    vals = {
+        name: [json.loads((rung / f"seed{s}" / name / "summary.json").read_text())["val_loss"] for s in (0, 1)]
+        for name in ("default", "diloco_mu0.5_h10", "diloco_lr1_mu0.5_h10")
+    }
+    tuned = min(("diloco_mu0.5_h10", "diloco_lr1_mu0.5_h10"), key=lambda n: statistics.fmean(vals[n]))
+    a = statistics.fmean(d - t for d, t in zip(vals["default"], vals[tuned]))
+    assert f"| {a:+.3f} ± " in row and f"({tuned}; seeds 0-1)" in row
+    assert "| 0-1 | none |" in row  # the default's seeds; no seed has every planned run
+    assert "at most" in row  # (c): 1x only, already below the tuned DiLoCo
+    assert "| 197k (" in text and "not measured (not run)" in text  # the 197k folder given is empty
+    assert "| 2.56M (" in text
+    missing = next(line for line in text.splitlines() if line.startswith("* 1.18M"))
+    assert "seed 0: 2 of 12 runs not finished: default_hb20, default_hb40" in missing
+    assert "seed 2: not started (12 runs)" in missing
+    assert "* 114.05M" in text and "seed 0: not started (40 runs)" in text  # the GPU rung not run
+
+
+@pytest.mark.parametrize(("count", "text"), [(196_928, "197k"), (1_179_776, "1.18M"), (14_550_000, "14.55M")])
+def test_parameter_counts_read_as_a_reader_writes_them(count, text):
+    assert load("ladder").parameters_text(count) == text
+
+
+def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs(monkeypatch):
+    """The results table of the README and of docs/results.md is `python benchmarks/ladder.py --readme` over the
+    committed runs, row for row."""
+    ladder = load("ladder")
+    monkeypatch.chdir(ROOT)
+    expected = ladder.readme_table(Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base))
+    assert "| A (IID) | 197k | the default |" in expected
+    for doc in ladder.TABLE_DOCS:
+        lines = (ROOT / doc).read_text().splitlines()
+        start, end = ladder.table_span(lines)
+        assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/ladder.py --readme"
