@@ -4,7 +4,8 @@
     sudo python benchmarks/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
     sudo python benchmarks/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
 
-Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24).
+Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24; another prefix with
+``--netns-prefix``, so that two testbeds on one machine never meet).
 Two nodes are joined by one veth pair (``alhl0`` <-> ``alhl1``); more nodes hang
 off a bridge ``alhlbr0`` in its own namespace ``alh-lp-br`` through veth pairs
 ``alhl<k>`` (in the node) / ``alhlp<k>`` (at the bridge). Each node's interface
@@ -38,7 +39,9 @@ Rows (``--rows``):
   ones merge ``min(--overlap-steps, h_base // F - 1)`` steps after each fragment's sync.
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
-  ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %).
+  ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %). A lossy wire's
+  overlapped average is the all-gather of the encoded buffers; ``wire-<format>-f{1,4}-delayed-thread``
+  runs the earlier owner-reduce on a background thread (``overlap_aggregation="owner_reduce"``) beside it.
 * ``torchft-diloco``, ``torchft-diloco-f4-delayed`` (``TORCHFT_ROWS``, optional: ``pip install torchft``):
   torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner AdamW and link,
   next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica group (its own
