@@ -7,7 +7,9 @@ layout (a few hundred tensors):
 * ``all_reduce``: a bare ``dist.all_reduce`` of the same buffer (the reference);
 * ``average <wire>``: :meth:`ProcessGroupCommunicator.average` with that
   wire (FP32: bucketed all-reduce; every lossy wire: owner-reduce over all_to_all_single),
-  including the float64 scalar vector the engine sends with it.
+  including the float64 scalar vector the engine sends with it;
+* ``gathered <wire>``: a lossy wire's overlapped average (``start_average``: the all-gather of the
+  encoded buffers, decoded and summed at the merge) waited for at once.
 
 Median of ``--repeats`` runs after one warm-up, rank 0's clock, a barrier before each
 run; the methods take turns within each repeat (interleaved), and ``x bare`` is the
@@ -121,6 +123,8 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
         fns: dict[str, Callable[[], Any]] = {"all_reduce fp32": bare}
         for wire, comm in comms.items():
             fns[f"average {wire}"] = lambda comm=comm: comm.average([x], [scalars], segments)
+        for wire, comm in list(comms.items())[1:]:  # the overlapped lossy average's all-gather, waited for at once
+            fns[f"gathered {wire}"] = lambda comm=comm: comm.start_average([x], [scalars], segments).wait()
         times, results = _timed_interleaved(fns, repeats)
         reference = times["all_reduce fp32"]
         for name, seconds in times.items():

@@ -6,9 +6,9 @@
 Checks, in order (each one passes, fails or is skipped with a reason):
 
 * ``environment``: torch, CUDA, the device and its bf16 support;
-* ``codec_bit_identity``: BF16 and INT8 wire tensors, decoded values and the
-  owner-reduce mean (N = 3 and 4) computed on the device are bit-identical to
-  the CPU codec on the same input;
+* ``codec_bit_identity``: BF16, INT8, INT4, FP4 and INT2 wire tensors, decoded values,
+  the owner-reduce mean and the overlapped all-gather's mean (N = 3 and 4) computed on
+  the device are bit-identical to the CPU codec on the same input;
 * ``codec_throughput``: encode+decode GB/s of FP32 input next to the device's
   copy bandwidth (same convention: FP32 bytes in per second);
 * ``simulated_workers``: a tiny Llama, 4 simulated workers (2 in the dry run), bf16 autocast,
@@ -245,6 +245,9 @@ def check_environment(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     return Status.PASS, f"{props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}", details
 
 
+LOSSY_IDENTITY_WIRES = ("int8", "int4", "fp4", "int2")  # every blockwise wire
+
+
 def identity_input(scale: int) -> tuple[Any, list[int]]:
     """A flat FP32 buffer over tensors of awkward sizes, with the codec's edge cases in it."""
     import torch
@@ -264,11 +267,12 @@ def identity_input(scale: int) -> tuple[Any, list[int]]:
 def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     import torch
 
-    from autoloco_hf.sync.codec import WireCodec, owner_reduce_mean
+    from autoloco_hf.sync.codec import WireCodec, gathered_mean, owner_reduce_mean
 
     flat, sizes = identity_input(ctx.sizes.identity_scale)
-    int8_only = flat.clone()
-    int8_only[-5:] = torch.tensor([math.nan, math.inf, -math.inf, 1.0, -1.0])  # defined non-finite behaviour (INT8)
+    # defined non-finite behaviour of the blockwise wires (NaN a zero code, inf the largest)
+    non_finite = flat.clone()
+    non_finite[-5:] = torch.tensor([math.nan, math.inf, -math.inf, 1.0, -1.0])
     gen = torch.Generator().manual_seed(1)
     # finite contributions: an overflow to inf could make NaN, whose bit pattern differs between CPU and CUDA
     contributions = [
@@ -276,7 +280,7 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
     ]
     details: dict[str, Any] = {"elements": flat.numel(), "segments": sizes}
     bad = []
-    for wire, x in (("bf16", flat), ("int8", int8_only)):
+    for wire, x in (("bf16", flat), *((w, non_finite) for w in LOSSY_IDENTITY_WIRES)):
         codec = WireCodec(wire, sizes)
         cpu_wire, dev_wire = codec.encode(x, 0), codec.encode(x.to(ctx.device), 0)
         counts = {f"wire{k}": bit_mismatches(c, d) for k, (c, d) in enumerate(zip(cpu_wire, dev_wire))}
@@ -285,13 +289,16 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
             cpu_mean = owner_reduce_mean(codec, contributions[:n])
             dev_mean = owner_reduce_mean(codec, [c.to(ctx.device) for c in contributions[:n]])
             counts[f"owner_mean_n{n}"] = bit_mismatches(cpu_mean, dev_mean)
+            dev_gathered = gathered_mean(codec, [c.to(ctx.device) for c in contributions[:n]])
+            counts[f"gathered_mean_n{n}"] = bit_mismatches(gathered_mean(codec, contributions[:n]), dev_gathered)
         details[wire] = counts
         bad += [f"{wire}.{k}={v}" for k, v in counts.items() if v != 0]
     if bad:
         return Status.FAIL, "device differs from CPU: " + ", ".join(bad), details
     return (
         Status.PASS,
-        f"bf16 and int8 bit-identical on {flat.numel():,} elements (wire, decode, owner mean N=3,4)",
+        f"bf16, {', '.join(LOSSY_IDENTITY_WIRES)} bit-identical on {flat.numel():,} elements "
+        "(wire, decode, owner and gathered mean N=3,4)",
         details,
     )
 

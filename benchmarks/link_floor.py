@@ -34,6 +34,11 @@ def overlap_steps(fragments: int, h: int, tau: int) -> int:
     return min(tau, h // fragments - 1) if fragments > 1 else tau
 
 
+def event_blocked_seconds(fixed_s: float, event_bytes: float, bits_per_s: float, hidden_s: float) -> float:
+    """Seconds one sync event blocks: its fixed cost plus the part of its transfer not hidden behind ``hidden_s``."""
+    return fixed_s + max(0.0, 8 * event_bytes / bits_per_s - hidden_s)
+
+
 def mbit(bits_per_s: float) -> str:
     return "never" if bits_per_s == float("inf") else f"{bits_per_s / 1e6:.1f}"
 
@@ -49,7 +54,7 @@ def floors(free: dict[str, Any], limited: dict[str, Any], h: int, tau: int, step
     budget = TARGET * h * t / f
 
     def share(bits_per_s: float) -> float:
-        return f * (c + max(0.0, 8 * e / bits_per_s - delay * t)) / (h * t)
+        return f * event_blocked_seconds(c, e, bits_per_s, delay * t) / (h * t)
 
     def needed(window: float) -> float:
         return 8 * e / window if window > 0 else float("inf")

@@ -4,7 +4,8 @@
     sudo python benchmarks/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
     sudo python benchmarks/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
 
-Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24).
+Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24; another prefix with
+``--netns-prefix``, so that two testbeds on one machine never meet).
 Two nodes are joined by one veth pair (``alhl0`` <-> ``alhl1``); more nodes hang
 off a bridge ``alhlbr0`` in its own namespace ``alh-lp-br`` through veth pairs
 ``alhl<k>`` (in the node) / ``alhlp<k>`` (at the bridge). Each node's interface
@@ -38,7 +39,9 @@ Rows (``--rows``):
   ones merge ``min(--overlap-steps, h_base // F - 1)`` steps after each fragment's sync.
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
-  ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %).
+  ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %). A lossy wire's
+  overlapped average is the all-gather of the encoded buffers; ``wire-<format>-f{1,4}-delayed-thread``
+  runs the earlier owner-reduce on a background thread (``overlap_aggregation="owner_reduce"``) beside it.
 * ``torchft-diloco``, ``torchft-diloco-f4-delayed`` (``TORCHFT_ROWS``, optional: ``pip install torchft``):
   torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner AdamW and link,
   next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica group (its own
@@ -107,6 +110,8 @@ class Row:
     slow: bool = False  # the last node runs at half speed: after each step's work it sleeps as long again
     topk_fraction: float | None = None  # top-k sparsification of the wire (docs/algorithm.md §7)
     error_feedback: bool = False
+    # an overlapped lossy average: "all_gather" (the default) or "owner_reduce" on the background thread
+    overlap_aggregation: str = "all_gather"
 
     @property
     def single(self) -> bool:
@@ -121,6 +126,8 @@ WIRES: dict[str, dict[str, Any]] = {
     "int2-ef": dict(wire_dtype="int2", error_feedback=True),
     "int2-top2-ef": dict(wire_dtype="int2", topk_fraction=0.02, error_feedback=True),
 }
+
+THREAD = dict(overlap_aggregation="owner_reduce")
 
 ROWS = {
     r.name: r
@@ -155,6 +162,13 @@ ROWS = {
         *(
             Row(f"wire-{label}-f{f}-delayed", "diloco", overlap="delayed", fragments=f, **wire)
             for label, wire in WIRES.items()
+            for f in (1, 4)
+        ),
+        # the lossy wires' earlier overlapped average (owner-reduce on a Python thread), beside the all-gather
+        *(
+            Row(f"wire-{label}-f{f}-delayed-thread", "diloco", overlap="delayed", fragments=f, **wire, **THREAD)
+            for label, wire in WIRES.items()
+            if label != "fp32"
             for f in (1, 4)
         ),
         # torchft's DiLoCo on the same model, data and link (issue 36): a plain loop, one replica group per node
@@ -201,6 +215,11 @@ class Names:
 
 
 WAN = Names("alh-lp-", "alhl", "10.232.0")
+
+
+def names_with_prefix(prefix: str) -> Names:
+    """The testbed's names under another namespace prefix, so two engineers' runs never meet."""
+    return Names(prefix, WAN.dev, WAN.subnet)  # interfaces and addresses live inside the namespaces
 
 
 class Network:
@@ -542,6 +561,7 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
         train_seconds=wall,
         intervals=rank0.get("intervals", []),
         worker_steps=rank0.get("worker_steps"),
+        aggregations=rank0.get("aggregations", {}),
     )
 
 
@@ -655,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="delayed rows: inner steps between a boundary and the merge of its average (below AutoLoCo's h_min)",
     )
+    parser.add_argument(
+        "--netns-prefix", default=WAN.prefix, help="namespace names <prefix><k> (one prefix per concurrent testbed)"
+    )
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--target-loss", type=float, default=None)
@@ -714,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     workdir = tempfile.mkdtemp(prefix="alh-wan-")
     try:
-        with Network(args.nodes, args.mtu) as net:
+        with Network(args.nodes, args.mtu, names_with_prefix(args.netns_prefix)) as net:
             for rate in args.rates:  # rows interleaved within each rate, so load swings hit them alike
                 net.set_rate(rate)
                 for row in rows:
@@ -806,6 +829,8 @@ def worker(spec_path: str) -> int:
         def on_train_begin(self, args, state, control, **kwargs):
             if dist.is_initialized():
                 dist.barrier()
+            if autoloco is not None:  # the engine exists now: pick the row's overlapped lossy aggregation
+                autoloco.engine.comm.overlap_aggregation = spec["overlap_aggregation"]
             marks["tx0"], marks["t0"] = tx_bytes(), time.perf_counter()
             sampler.start()
 
@@ -907,6 +932,7 @@ def worker(spec_path: str) -> int:
         fragment_payload_bytes=list(getattr(autoloco.engine, "fragment_payload_bytes", [])) if autoloco else [],
         intervals=intervals,
         worker_steps=autoloco.engine.records[-1].worker_steps if autoloco and autoloco.engine.records else None,
+        aggregations=dict(getattr(autoloco.engine.comm, "aggregations", {})) if autoloco else {},
     )
     with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
         json.dump(result, f)

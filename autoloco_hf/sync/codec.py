@@ -253,6 +253,19 @@ def roundtrip_as_sent(codec: WireCodec, flat: torch.Tensor, num_parts: int) -> t
     return out
 
 
+def gathered_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The all-gather aggregation of an overlapped lossy average (docs/algorithm.md §11), simulated in one process.
+
+    Every worker sends its whole contribution encoded as it would send it to the owners
+    (:func:`roundtrip_as_sent`: the same parts, so error feedback subtracts exactly what
+    was sent) and every worker decodes all ``N`` buffers and averages them in worker
+    order (:func:`mean_in_worker_order`). No mean is encoded again: one rounding fewer
+    than :func:`owner_reduce_mean`, hence other bits.
+    """
+    n = len(contributions)
+    return mean_in_worker_order([roundtrip_as_sent(codec, c, n) for c in contributions])
+
+
 class ErrorFeedback:
     """Error feedback for a lossy wire (docs/algorithm.md §7.2; off by default, not in the paper).
 

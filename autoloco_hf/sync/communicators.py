@@ -26,6 +26,7 @@ import re
 import socket
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -36,7 +37,13 @@ import torch
 
 from autoloco_hf.config import AutoLoCoConfig, CodecKernel, WireDtype
 from autoloco_hf.sync.accounting import wire_bytes_sent
-from autoloco_hf.sync.codec import WireCodec, balanced_parts, mean_in_worker_order, owner_reduce_mean
+from autoloco_hf.sync.codec import (
+    WireCodec,
+    balanced_parts,
+    gathered_mean,
+    mean_in_worker_order,
+    owner_reduce_mean,
+)
 from autoloco_hf.sync.formats.base import true_divide
 
 
@@ -122,6 +129,27 @@ def peer_lost(
     return PeerLostError(f"{operation} on rank {rank}: {who} {what} ({detail})", others)
 
 
+# How an overlapped average of a lossy wire aggregates (docs/algorithm.md §11). ALL_GATHER, the default:
+# every worker's encoded buffer reaches every worker through asynchronous all-gathers started by the
+# training thread, decoded and summed in worker order at the merge, with no Python work between the
+# exchanges. OWNER_REDUCE: the blocking average's owner-reduce (two exchanges with a decode and an encode
+# between them) on a background thread; it rounds the mean once more, so its bits differ.
+ALL_GATHER = "all_gather"
+OWNER_REDUCE = "owner_reduce"
+OVERLAP_AGGREGATIONS = (ALL_GATHER, OWNER_REDUCE)
+
+
+def gathered_bytes_sent(codec: WireCodec, num_workers: int) -> int:
+    """Bytes one worker sends in the all-gather of the encoded buffers: ``N - 1`` whole buffers (a ring).
+
+    Every worker's buffer has the same size (the owner parts' layout), and each receives the
+    ``N - 1`` others' as many bytes. Owner-reduce sends about ``2 (N-1)/N`` buffers instead: the same
+    for two workers, fewer for more (:func:`~autoloco_hf.sync.accounting.wire_bytes_sent`).
+    """
+    whole = sum(codec.wire_bytes(s, e - s) for s, e in codec.partition(num_workers))
+    return (num_workers - 1) * whole
+
+
 # check(sums, rows) run on the gathered scalars before the payload is exchanged (see Communicator.average)
 ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -183,9 +211,16 @@ class Communicator(ABC):
         bucket_size_mb: float = 64.0,
         topk_fraction: float | None = None,
         codec_kernel: CodecKernel = CodecKernel.EAGER,
+        overlap_aggregation: str = ALL_GATHER,
     ) -> None:
         # the codec checks the names, block size and fraction once here: bad input fails at construction
         WireCodec(wire_dtype, [], block_size, topk_fraction, codec_kernel)
+        if overlap_aggregation not in OVERLAP_AGGREGATIONS:
+            raise ValueError(
+                f"overlap_aggregation={overlap_aggregation!r} is not an aggregation: "
+                f"use {ALL_GATHER!r} (the default) or {OWNER_REDUCE!r}"
+            )
+        self.overlap_aggregation = overlap_aggregation
         self.wire_dtype = WireDtype(wire_dtype)
         self.block_size = block_size
         self.topk_fraction = topk_fraction
@@ -296,6 +331,14 @@ class SimulatedCommunicator(Communicator):
         self.local_workers = num_workers
 
     def average(self, flats, scalars, segment_sizes, wire_dtype=None, check=None) -> AverageResult:
+        return self._average(flats, scalars, segment_sizes, wire_dtype, check, OWNER_REDUCE)
+
+    def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
+        """At once, with the aggregation of an overlapped average (``overlap_aggregation``) as N processes run it."""
+        result = self._average(flats, scalars, segment_sizes, wire_dtype, None, self.overlap_aggregation)
+        return PendingAverage.completed(result)
+
+    def _average(self, flats, scalars, segment_sizes, wire_dtype, check, aggregation: str) -> AverageResult:
         if len(flats) != self.num_workers:
             raise ValueError(f"expected {self.num_workers} contributions, got {len(flats)}")
         if scalars and check is not None:
@@ -304,8 +347,15 @@ class SimulatedCommunicator(Communicator):
         traffic = Traffic()
         start = _now(flats[0])
         codec = self.codec(segment_sizes, wire)
-        mean = mean_in_worker_order(flats) if wire == WireDtype.FP32 else owner_reduce_mean(codec, flats)
-        traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, worker=0)
+        if wire == WireDtype.FP32:
+            mean = mean_in_worker_order(flats)
+            traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, worker=0)
+        elif aggregation == ALL_GATHER:
+            mean = gathered_mean(codec, flats)
+            traffic.wire_bytes = gathered_bytes_sent(codec, self.num_workers)
+        else:
+            mean = owner_reduce_mean(codec, flats)
+            traffic.wire_bytes = wire_bytes_sent(codec, self.num_workers, worker=0)
         traffic.collective_seconds = _now(flats[0]) - start
         if not scalars:
             return AverageResult(mean, torch.zeros(0, dtype=torch.float64), traffic)
@@ -356,6 +406,9 @@ class ProcessGroupCommunicator(Communicator):
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._owners: dict[tuple, _OwnerReduceBuffers] = {}
         self._background: ThreadPoolExecutor | None = None  # runs an overlapped owner-reduce of a lossy wire
+        self._gathers: dict[tuple, _GatherBuffers] = {}  # an overlapped all-gather's buffers, one per layout
+        # the aggregations started, by name: evidence for tests and benchmarks of which path ran
+        self.aggregations: Counter[str] = Counter()
         identities: list[Any] = [None] * self.num_workers
         with self._guarded("the start-up exchange of ranks and host names"):
             me = dist.get_rank() if worker_rank is None else worker_rank
@@ -497,18 +550,26 @@ class ProcessGroupCommunicator(Communicator):
         """Start the average; the caller trains on until :meth:`PendingAverage.wait` (docs/algorithm.md §11).
 
         FP32: the control all-gather and the bucketed all-reduce run as
-        ``async_op=True`` work handles. A lossy wire: the owner-reduce needs its two
+        ``async_op=True`` work handles. A lossy wire with ``overlap_aggregation="all_gather"``
+        (the default): this worker's buffer is encoded here and all-gathered by
+        ``async_op=True`` work handles; the decode and the sum wait for the merge
+        (:meth:`_start_all_gather`). With ``"owner_reduce"``: the owner-reduce needs its two
         exchanges with a decode in between, so the whole blocking :meth:`average`
         runs on one background thread (the collectives and codec kernels release the
-        GIL; on CUDA on a side stream of its own). Either way the inputs are copied
-        first, so they may be reused once this returns, and every collective stays
-        bounded by the group's ``sync_timeout_s``.
+        GIL; on CUDA on a side stream of its own). Either way the inputs are copied or
+        encoded first, so they may be reused once this returns, and every collective
+        stays bounded by the group's ``sync_timeout_s``.
         """
         wire = WireDtype(wire_dtype or self.wire_dtype)
         if len(flats) != 1:
             raise ValueError("a process-group worker contributes exactly one buffer")
-        if wire != WireDtype.FP32:
+        if wire != WireDtype.FP32 and self.overlap_aggregation == OWNER_REDUCE:
+            self.aggregations[OWNER_REDUCE] += 1
             return self._start_in_background(flats[0], scalars, segment_sizes, wire)
+        if wire != WireDtype.FP32:
+            self.aggregations[ALL_GATHER] += 1
+            return self._start_all_gather(flats[0], scalars, self.codec(segment_sizes, wire))
+        self.aggregations["all_reduce"] += 1
         flat = flats[0]
         traffic = Traffic(wire_bytes=wire_bytes_sent(self.codec(segment_sizes, wire), self.num_workers, self.rank))
         start = time.perf_counter()
@@ -527,6 +588,63 @@ class ProcessGroupCommunicator(Communicator):
             return AverageResult(total.to(flat.device), sums, traffic, rows)
 
         return PendingAverage(finish)
+
+    def _start_all_gather(
+        self, flat: torch.Tensor, scalars: Sequence[torch.Tensor], codec: WireCodec
+    ) -> PendingAverage:
+        """Encode this worker's buffer, start the all-gathers; the merge decodes all ``N`` in worker order.
+
+        The buffer is encoded by the owner parts (:func:`~autoloco_hf.sync.codec.roundtrip_as_sent`'s
+        layout), so error feedback keeps what this worker sent. At the merge every worker decodes the
+        same ``N`` buffers and adds them in worker order, as :func:`~autoloco_hf.sync.codec.gathered_mean`
+        does: bit-identical on every worker and in the simulation.
+        """
+        traffic = Traffic(wire_bytes=gathered_bytes_sent(codec, self.num_workers))
+        start = time.perf_counter()
+        carrier = self._carrier(flat.device)
+        gathered, gather_work = self._gather_scalars(scalars, carrier, async_op=True)
+        works = [w for w in (gather_work,) if w is not None]
+        if flat.numel() == 0:  # a streaming fragment outside this rank's shard: no payload
+            mean = flat.detach().clone()
+        else:
+            bufs = self._gather_buffers(codec, carrier)
+            staged = flat.detach().to(carrier)
+            tick = _now(staged)
+            for (s, e), wire in zip(bufs.parts, bufs.sent):
+                codec.encode(staged[s:e], s, out=wire)
+            traffic.encode_seconds = _now(staged) - tick
+            works += [
+                self.dist.all_gather_single(received, sent, group=self.group, async_op=True)
+                for received, sent in zip(bufs.received_flat, bufs.sent_flat)
+            ]
+
+        def finish() -> AverageResult:
+            with self._guarded("the overlapped synchronization"):  # bounded by the group's sync_timeout_s
+                for work in works:
+                    work.wait()
+            traffic.collective_seconds = time.perf_counter() - start  # issue to completion, overlap included
+            sums, rows = _control_sums(gathered)
+            if flat.numel() == 0:
+                return AverageResult(mean, sums, traffic, rows)
+            tick = _now(bufs.total)
+            for worker, wires in enumerate(bufs.received):  # worker 0's into the total, then add in worker order
+                decoded = bufs.scratch if worker else bufs.total
+                for (s, e), wire in zip(bufs.parts, wires):
+                    codec.decode(wire, s, e - s, out=decoded[s:e])
+                if worker:
+                    bufs.total += decoded
+            true_divide(bufs.total, self.num_workers, out=bufs.total)
+            traffic.decode_seconds = _now(bufs.total) - tick
+            return AverageResult(bufs.total.to(flat.device), sums, traffic, rows)
+
+        return PendingAverage(finish)
+
+    def _gather_buffers(self, codec: WireCodec, device: torch.device) -> _GatherBuffers:
+        """Persistent buffers of the all-gather (one average of a layout is in flight at a time)."""
+        key = (codec.segment_sizes, codec.wire_dtype, codec.block_size, codec.topk_fraction, self.num_workers, device)
+        if key not in self._gathers:
+            self._gathers[key] = _GatherBuffers(codec, self.num_workers, device)
+        return self._gathers[key]
 
     def _gather_scalars(
         self, scalars: Sequence[torch.Tensor], device: torch.device, async_op: bool
@@ -583,6 +701,44 @@ def _control_sums(gathered: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
     if not gathered:
         return torch.zeros(0, dtype=torch.float64), torch.zeros(0, 0, dtype=torch.float64)
     return sum_in_worker_order(gathered).cpu(), torch.stack(gathered).cpu()
+
+
+class _GatherBuffers:
+    """Wire and FP32 buffers of one all-gather layout, allocated once and reused by every overlapped average.
+
+    ``sent_flat``: this worker's encoded buffer, one contiguous tensor per wire tensor kind, its owner
+    parts in order; ``sent``: per part, its views of them (what :meth:`WireCodec.encode` writes).
+    ``received_flat``: the ``N`` workers' buffers, worker ``j``'s at ``j`` times a buffer's length;
+    ``received[j]``: worker ``j``'s per-part views. ``total`` / ``scratch``: FP32 accumulators of the
+    whole buffer (``total`` holds the mean the merge returns, reused by the next average).
+    """
+
+    def __init__(self, codec: WireCodec, n: int, device: torch.device) -> None:
+        self.parts = codec.partition(n)
+        part_wires = [codec.empty_wire(s, e - s, "meta") for s, e in self.parts]
+        sizes = [[wires[k].numel() for wires in part_wires] for k in range(len(part_wires[0]))]
+        self.sent_flat = [
+            torch.empty(sum(counts), dtype=w.dtype, device=device) for counts, w in zip(sizes, part_wires[0])
+        ]
+        self.received_flat = [torch.empty(n * sent.numel(), dtype=sent.dtype, device=device) for sent in self.sent_flat]
+        self.sent = self._per_part(self.sent_flat, sizes)
+        self.received = [
+            self._per_part(
+                [
+                    buf[j * sent.numel() : (j + 1) * sent.numel()]
+                    for buf, sent in zip(self.received_flat, self.sent_flat)
+                ],
+                sizes,
+            )
+            for j in range(n)
+        ]
+        self.total = torch.empty(codec.numel, dtype=torch.float32, device=device)
+        self.scratch = torch.empty(codec.numel, dtype=torch.float32, device=device)
+
+    @staticmethod
+    def _per_part(flat_by_kind: list[torch.Tensor], sizes: list[list[int]]) -> list[list[torch.Tensor]]:
+        """Per owner part, its views of the per-kind buffers (``sizes[kind][part]`` elements each)."""
+        return [list(ws) for ws in zip(*(torch.split(buf, counts) for buf, counts in zip(flat_by_kind, sizes)))]
 
 
 class _OwnerReduceBuffers:

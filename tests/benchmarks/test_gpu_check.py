@@ -63,8 +63,10 @@ def test_cpu_dry_run(tmp_path):
     assert fsdp["intervals"] >= 4 and max(fsdp["worst"].values()) < 1e-4
     assert "peak memory: CUDA only" in checks["outer_state"]["summary"]
     identity = checks["codec_bit_identity"]["details"]
-    assert set(identity["int8"]) == {"wire0", "wire1", "decoded", "owner_mean_n3", "owner_mean_n4"}
-    assert all(v == 0 for wire in ("bf16", "int8") for v in identity[wire].values())
+    means = {f"{kind}_mean_n{n}" for kind in ("owner", "gathered") for n in (3, 4)}
+    for wire in ("int8", "int4", "fp4", "int2"):  # every blockwise wire, the 4- and 2-bit ones included
+        assert set(identity[wire]) == {"wire0", "wire1", "decoded"} | means
+    assert all(v == 0 for wire in ("bf16", "int8", "int4", "fp4", "int2") for v in identity[wire].values())
     simulated = checks["simulated_workers"]["details"]
     for name in ("diloco_fp32", "autoloco_fp32", "autoloco_int8"):
         assert simulated[name]["same_trajectory"] and simulated[name]["syncs"] >= 2

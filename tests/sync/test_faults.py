@@ -102,7 +102,7 @@ def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str
     """Rank 1 builds its communicator (a collective) and then never joins the synchronization.
 
     ``overlapped_wire``: rank 0 starts an overlapped average on that wire and waits for it later (the
-    FP32 async work handles, or the BF16/INT8 background thread); ``None``: the blocking average.
+    FP32 all-reduce's or the INT8 all-gather's async work handles); ``None``: the blocking average.
     """
     import time
 
@@ -130,7 +130,7 @@ def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str
     [
         (None, "the synchronization's control messages"),
         ("fp32", "the overlapped synchronization"),
-        ("int8", "the synchronization's control messages"),  # the blocking owner-reduce, on the sync thread
+        ("int8", "the overlapped synchronization"),  # the all-gather's work handles, waited for like FP32's
     ],
 )
 def test_a_silent_peer_is_named_after_sync_timeout_s(overlapped_wire, operation):

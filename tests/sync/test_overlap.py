@@ -237,10 +237,11 @@ def test_eager_autoloco_decides_one_interval_late():
 
 # ------------------------------------------------------------------- resume
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
-def test_resume_in_the_middle_of_an_overlapped_collective(overlap):
-    cfg = config(h_base=8, q_h=4, h_max=12, overlap=overlap, overlap_steps=3)
+@pytest.mark.parametrize("wire", [{}, {"wire_dtype": "int4", "error_feedback": True}])  # FP32; the all-gather's
+def test_resume_in_the_middle_of_an_overlapped_collective(overlap, wire):
+    cfg = config(h_base=8, q_h=4, h_max=12, overlap=overlap, overlap_steps=3, **wire)
     workers = (0, 1)
-    full = runner_for(cfg, SimulatedCommunicator(2))
+    full = runner_for(cfg, SimulatedCommunicator(2, wire_dtype=cfg.wire_dtype))
     cut = None
     for step in range(STEPS):
         full.train_step([batch_for(w, step, padded=True) for w in workers])
@@ -255,13 +256,13 @@ def test_resume_in_the_middle_of_an_overlapped_collective(overlap):
                 cut = full.step
     assert cut is not None
 
-    first = runner_for(cfg, SimulatedCommunicator(2))
+    first = runner_for(cfg, SimulatedCommunicator(2, wire_dtype=cfg.wire_dtype))
     train(first, 0, cut, workers)
     assert first.engine.in_flight is not None
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
-    resumed = runner_for(cfg, SimulatedCommunicator(2), seed=1)
+    resumed = runner_for(cfg, SimulatedCommunicator(2, wire_dtype=cfg.wire_dtype), seed=1)
     resumed.load_state_dict(torch.load(buffer, weights_only=False))
     train(resumed, cut, STEPS, workers)
     for w in workers:

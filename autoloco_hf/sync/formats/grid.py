@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autoloco_hf.sync.accounting import num_int8_blocks, packed_bytes
-from autoloco_hf.sync.formats.base import WireFormat, blocked
+from autoloco_hf.sync.formats.base import WireFormat, blocked, true_divide
 from autoloco_hf.sync.formats.int8 import SCALE_MIN, chunk_rows
 
 
@@ -92,7 +92,7 @@ def grid_codes(
     same index (NaN: no comparison holds, 0; inf: all hold, the top level), so the bytes are the same.
     """
     amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / top)
+    scale = torch.where(amax == 0, torch.ones_like(amax), true_divide(amax, top))
     scale = torch.where(torch.isnan(scale), torch.full_like(scale, scale_max), scale).clamp(SCALE_MIN, scale_max)
     m = (xb / scale[:, None]).abs()
     # counted in FP32 (small integers, exact): int8 arithmetic does not vectorize in the generated CPU code (30x slower)
@@ -219,7 +219,8 @@ class GridFormat(WireFormat):
         """Write the int8 codes of the blocks ``xb`` (rows) into ``cb``; return their scales."""
         grid = self.grid
         amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
-        scale = (amax / grid.top).masked_fill_(amax == 0, 1.0)
+        # a 0-dim tensor divisor: CUDA would multiply by the reciprocal of a Python number (INT8's reason)
+        scale = true_divide(amax, grid.top).masked_fill_(amax == 0, 1.0)
         scale = torch.nan_to_num(scale, nan=self.scale_max).clamp_(SCALE_MIN, self.scale_max)
         m = torch.div(xb, scale[:, None], out=m_buf[: xb.numel()].view_as(xb))
         m.abs_()

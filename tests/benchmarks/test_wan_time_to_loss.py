@@ -1,0 +1,100 @@
+"""benchmarks/wan_time_to_loss.py: wall = steps * step time + syncs * blocked seconds per sync, to a target loss."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "wan_time_to_loss.py")
+
+
+@pytest.fixture(scope="module")
+def ttl():
+    spec = importlib.util.spec_from_file_location("wan_time_to_loss", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wan_time_to_loss"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def curve(ttl, losses: list[float], every: int):
+    """A run that syncs every ``every`` steps (after steps every, 2 every, ...)."""
+    return ttl.Curve(losses, [(i + 1) // every for i in range(len(losses))])
+
+
+def test_the_wall_to_a_target_counts_the_steps_and_the_syncs_made_by_then(ttl):
+    run = curve(ttl, [10.0 - 0.1 * i for i in range(60)], every=10)  # step s has loss 10.1 - 0.1 s
+    assert run.first_step_at(6.55) == 36  # 10.1 - 3.6 = 6.5 is the first loss at or below 6.55
+    assert run.wall_to(6.55, step_s=0.2, blocked_s=0.5) == pytest.approx(36 * 0.2 + 3 * 0.5)
+    assert run.wall_to(0.0, step_s=0.2, blocked_s=0.5) is None
+
+
+def test_a_delayed_sync_hides_its_transfer_behind_the_steps_before_the_merge(ttl):
+    megabyte_per_event = 1e6  # 80 ms at 100 Mbit/s
+    blocking = ttl.SyncCost("blocking", 1, 0.01, megabyte_per_event, hidden_s=0.0)
+    delayed = ttl.SyncCost("delayed", 1, 0.01, megabyte_per_event, hidden_s=0.05)
+    fragments = ttl.SyncCost("f4", 4, 0.01, megabyte_per_event / 4, hidden_s=0.05)
+    assert blocking.blocked(100e6) == pytest.approx(0.01 + 0.08)
+    assert delayed.blocked(100e6) == pytest.approx(0.01 + 0.03)
+    assert delayed.blocked(1e9) == pytest.approx(0.01)  # 8 ms hidden behind 50
+    assert fragments.blocked(100e6) == pytest.approx(4 * 0.01)  # 20 ms each, hidden
+
+
+def test_time_to_loss_picks_the_cheapest_wire_and_divides_by_the_blocking_baseline(ttl):
+    default = {0: curve(ttl, [5.0 - 0.01 * i for i in range(200)], every=20)}  # fewer syncs, same losses
+    diloco = {0: curve(ttl, [5.0 - 0.01 * i for i in range(200)], every=10)}
+    costs = {
+        "diloco": ttl.SyncCost("diloco", 1, 0.0, 1e6, hidden_s=0.0),  # 80 ms at 100 Mbit/s, 400 ms at 20
+        "lossy": ttl.SyncCost("lossy", 1, 0.0, 1e5, hidden_s=0.0),  # 8 ms and 40 ms
+    }
+    [slow, fast] = ttl.time_to_loss(default, diloco, costs, "diloco", ["20mbit", "1gbit"], step_s=0.1)
+    # target: the final loss (5 - 1.99), reached at step 200 by both: 10 and 20 syncs
+    assert slow["best"] == "lossy"
+    assert slow["default_s"] == pytest.approx(200 * 0.1 + 10 * 0.04)
+    assert slow["diloco_baseline_s"] == pytest.approx(200 * 0.1 + 20 * 0.4)
+    assert slow["ratio_to_same"] == pytest.approx((20 + 10 * 0.04) / (20 + 20 * 0.04))
+    assert slow["floor_s"] == pytest.approx(20.0)
+    assert slow["ratio_to_baseline"] < fast["ratio_to_baseline"] < 1.0  # the slower the link, the larger the gain
+
+
+def _write_run(folder, losses: list[float], every: int) -> None:
+    os.makedirs(folder)
+    with gzip.open(os.path.join(folder, "steps.jsonl.gz"), "wt") as f:
+        for i, loss in enumerate(losses):
+            f.write(json.dumps({"step": i + 1, "loss": loss, "syncs": (i + 1) // every}) + "\n")
+
+
+def _wan_row(row: str, rate: str, **extra) -> dict:
+    base = dict(row=row, rate=rate, method="diloco", fragments=0, sync_events=8, syncs=8, steady_share=0.1)
+    return {**base, "train_seconds": 16.0, "tx_bytes_per_event": 5e5, "step_seconds": 0.2, **extra}
+
+
+def test_the_command_writes_the_table_and_refuses_a_run_without_the_compute_only_row(ttl, tmp_path, capsys):
+    for seed in (0, 1):
+        _write_run(tmp_path / "iid" / f"seed{seed}" / "default", [4.0 - 0.01 * i for i in range(100)], every=20)
+        _write_run(tmp_path / "iid" / f"seed{seed}" / "dil", [4.0 - 0.01 * i for i in range(100)], every=10)
+    rows = [
+        _wan_row("local", "unlimited", method="none", sync_events=0, syncs=0, steady_share=0.0),
+        _wan_row("diloco", "unlimited"),
+        _wan_row("diloco", "100mbit", steady_share=0.2),
+        _wan_row("wire-int4-ef-f1-delayed", "unlimited", steady_share=0.01),
+    ]
+    wan = tmp_path / "wan.json"
+    wan.write_text(json.dumps(rows))
+    out = tmp_path / "ttl.json"
+    argv = [str(wan), "--frontier", str(tmp_path / "iid"), "--default", "default", "--diloco", "dil"]
+    assert ttl.main([*argv, "--json", str(out)]) == 0
+    table = json.loads(out.read_text())["table"]
+    assert [t["rate"] for t in table] == ["20mbit", "100mbit", "1gbit"] and table[0]["seeds"] == [0, 1]
+    assert table[0]["best"] == "wire-int4-ef-f1-delayed" and table[0]["ratio_to_baseline"] < 1.0
+    assert "| 20mbit | wire-int4-ef-f1-delayed" in capsys.readouterr().out
+    wan.write_text(json.dumps(rows[1:]))
+    with pytest.raises(SystemExit) as refused:
+        ttl.main(argv)
+    assert refused.value.code == 2
+    assert "no `local` row at unlimited" in capsys.readouterr().err
