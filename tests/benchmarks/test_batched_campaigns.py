@@ -1,9 +1,10 @@
 """The campaigns' batched workers reproduce their per-worker loop: frontier.py's switch, the GPU dry run.
 
-Tolerances: a run's summary (final training loss, validation loss) after every step of a
-tiny run. The batched step matches the loop within float rounding
-(tests/sync/test_batched_workers.py); the measured differences here were at most
-4e-6 (see ``LOSS_TOL``), the sync counts equal.
+Tolerance: the batched step matches the loop within float rounding
+(tests/sync/test_batched_workers.py). Measured here (2 runs of frontier.py, 3 of the GPU
+dry run): the validation losses identical, the final training losses (mean of the last
+2 % of steps) within 4.8e-7, the sync counts equal. ``LOSS_TOL`` sits a margin above.
+The break tried: every run of a batched group logged run 0's losses (6.60 against 6.39).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOSS_TOL = 1e-4  # a margin above the measured 4e-6 (rounding summed over the run's steps)
+LOSS_TOL = 1e-5  # a margin above the measured 4.8e-7
 TINY = ["--steps", "20", "--workers", "2", "--max-docs", "300", "--vocab", "300", "--val-windows", "16",
         "--hidden", "32", "--layers", "1", "--heads", "2", "--quiet", "--no-report"]  # fmt: skip
 
