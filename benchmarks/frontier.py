@@ -241,6 +241,7 @@ def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate
                             peak_lr=args.lr, variant=point.name, seed=seed, batch_size=args.batch_size,
                             seq_len=demo.SEQ_LEN, inner_lr=args.lr,
                             corpus=corpus.info, git_commit=commit, command=args.command,
+                            batched_workers=args.batched_workers,
                         )  # fmt: skip
                     replicate.compress_logs(folder)
                     print(
@@ -986,6 +987,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report-dir", help="where frontier.md and the plots go (default --out)")
     p.add_argument("--report-seeds", help="comma-separated: report these seeds only (default every finished seed)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--batched-workers",
+        action="store_true",
+        help="step the workers as one batched computation (same results within float rounding; "
+        "default: the per-worker loop that made the committed runs)",
+    )
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "benchmarks/frontier.py", *(argv if argv is not None else sys.argv[1:])])
     try:

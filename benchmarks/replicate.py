@@ -472,6 +472,7 @@ def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corp
                             corpus=corpus.info,
                             git_commit=commit,
                             command=args.command,
+                            batched_workers=args.batched_workers,
                         )
                     compress_logs(folder)
                     print(
@@ -904,6 +905,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--report-only", action="store_true", help="do not train; only write the report of the finished runs"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--batched-workers",
+        action="store_true",
+        help="step the workers as one batched computation (same results within float rounding; "
+        "default: the per-worker loop that made the committed runs)",
+    )
     args = parser.parse_args(argv)
     args.command = shlex.join(["python", "benchmarks/replicate.py", *(argv if argv is not None else sys.argv[1:])])
     try:

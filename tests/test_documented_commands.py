@@ -235,6 +235,15 @@ TESTBED_TABLES = "python benchmarks/wan.py --from-json " + " ".join(
     f"docs/results/unequal_speeds/testbed/run{k}.json" for k in (1, 2, 3)
 )
 RUN[TESTBED_TABLES] = TESTBED_TABLES
+# docs/benchmarks.md: the batched workers' timing at one tiny size, and its table from the committed JSON
+BATCHED = "python benchmarks/bench_batched_workers.py"
+RUN[BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json docs/results/batched_workers/cpu.json"] = (
+    BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json docs/results/batched_workers/cpu.json"
+    " --sizes 32x1 --repeats 1 --workers 2 --json bench_batched.json"
+)
+RUN[BATCHED + " --from-json docs/results/batched_workers/cpu.json"] = (
+    BATCHED + " --from-json docs/results/batched_workers/cpu.json"
+)
 ELSEWHERE = {
     "python -m pytest -q": ".ci/run runs the README's test command",
     "pytest tests/recipes -q": ".ci/run runs the whole suite (python -m pytest -q)",

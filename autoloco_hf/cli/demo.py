@@ -121,23 +121,27 @@ def train_method(
     bar: Any,
     sampler: Any = None,
     peak_lr: float = PEAK_LR,
+    batched_workers: bool = False,
     **extra: Any,
 ) -> dict[str, Any]:
     """Train one method from the shared initialization; write its run folder; return its summary.
 
     ``sampler`` (anything with ``next_batches()``) replaces the demo's random
-    windows; ``peak_lr`` is the inner AdamW's peak learning rate; ``extra`` goes
-    into ``summary.json`` (the replication benchmark passes its own sampler,
-    description and provenance).
+    windows; ``peak_lr`` is the inner AdamW's peak learning rate;
+    ``batched_workers`` steps the workers as one batched computation
+    (:class:`~autoloco_hf.sync.batched_workers.BatchedWorkers`, recorded in the
+    summary); ``extra`` goes into ``summary.json`` (the replication benchmark
+    passes its own sampler, description and provenance).
     """
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss
+    from autoloco_hf.sync.batched_workers import BatchedWorkers
     from autoloco_hf.sync.communicators import make_communicator
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     writer = RunWriter(f"{args.out}/{name}", name)
-    workers = LocalWorkers(
+    workers = (BatchedWorkers if batched_workers else LocalWorkers)(
         config,
         setup.model,
         make_communicator(config, distributed=False, simulated_workers=args.workers),
@@ -171,6 +175,7 @@ def train_method(
         cpu_seconds=cpu,
         workers=args.workers,
         params=setup.num_params,
+        **({"batched_workers": True} if batched_workers else {}),  # the loop's summaries stay as they were
         **{"description": METHODS[name][0] if name in METHODS else name, **extra},
     )
 

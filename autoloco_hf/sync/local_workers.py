@@ -50,6 +50,16 @@ def causal_lm_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     return model(**batch).loss
 
 
+def batch_tokens(batch: Any) -> int:
+    """The non-padding tokens of one worker's batch (docs/algorithm.md §3)."""
+    count = count_non_padding_tokens(batch)
+    if count is None:
+        raise ValueError(
+            "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
+        )
+    return int(count)
+
+
 def constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
@@ -92,9 +102,9 @@ class LocalWorkers:
         policy_factory: PolicyFactory = make_policy,
     ) -> None:
         self.config = config
-        self.models = [copy.deepcopy(model) for _ in range(communicator.local_workers)]
-        self.optimizers = [optimizer_factory(m.parameters()) for m in self.models]
-        self.schedulers = [scheduler_factory(o) for o in self.optimizers]
+        self.models, self.optimizers, self.schedulers = self._replicas(
+            model, communicator.local_workers, optimizer_factory, scheduler_factory
+        )
         self.loss_fn = loss_fn
         self.max_grad_norm = max_grad_norm
         self.last_losses: list[float] = []
@@ -116,6 +126,18 @@ class LocalWorkers:
             self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)
             self.engine.listeners.append(self.snapshot)
 
+    def _replicas(
+        self,
+        model: torch.nn.Module,
+        count: int,
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
+        scheduler_factory: Callable[[torch.optim.Optimizer], Any],
+    ) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[Any]]:
+        """Each local worker's model, inner optimizer and LR scheduler (a batched subclass overrides)."""
+        models = [copy.deepcopy(model) for _ in range(count)]
+        optimizers = [optimizer_factory(m.parameters()) for m in models]
+        return models, optimizers, [scheduler_factory(o) for o in optimizers]
+
     def _shared_schedule_state(self) -> dict[str, Any]:
         """Every worker's LR scheduler is at the same step: one copy is shared state."""
         return {"scheduler": self.schedulers[0].state_dict()}
@@ -129,12 +151,7 @@ class LocalWorkers:
         model.train()
         loss = self.loss_fn(model, batch)
         loss.backward()
-        count = count_non_padding_tokens(batch)
-        if count is None:
-            raise ValueError(
-                "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
-            )
-        return float(loss.detach()), int(count)
+        return float(loss.detach()), batch_tokens(batch)
 
     def _seconds(self, steps: Sequence[int], measured: Sequence[float]) -> list[float]:
         """Each worker's time on its steps: the virtual clock's when speeds are simulated, else ``measured``."""
