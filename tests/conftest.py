@@ -1,6 +1,29 @@
-"""Put ``tests/`` on ``sys.path`` so that test modules in sub-folders share its helpers (``toy``, ``_dist``)."""
+"""Shared test set-up: ``tests/`` on ``sys.path``, and the ``slow`` mark given by cause.
+
+``tests/`` goes on ``sys.path`` so that test modules in sub-folders share its helpers (``toy``, ``_dist``).
+
+The quick tier, for use before every commit, is ``python -m pytest -q -m "not slow"``. A test is ``slow``
+when it is marked so, or when it, a fixture it requests or a test helper they call spawns processes or
+trains a Trainer (``slow_causes.SLOW_CAUSES``): a new test of that kind joins the slow tier with no mark to
+remember. A test slow for another reason (a long in-process run, such as the demo) is marked by hand.
+"""
 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slow_causes import slow_cause  # noqa: E402  (found through the line above)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test whose code or fixtures reach one of ``SLOW_CAUSES``."""
+    seen: dict = {}
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
+            continue
+        fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        if any(slow_cause(func, seen) for func in (item.function, *fixtures)):
+            item.add_marker(pytest.mark.slow)

@@ -53,6 +53,7 @@ def test_torchft_rows_are_refused_in_one_line_where_they_cannot_run(monkeypatch)
     assert "pip install torchft" in wan.TORCHFT_MISSING
 
 
+@pytest.mark.slow  # run_row launches torchrun and a Lighthouse (benchmarks/wan.py: the conftest rule cannot see it)
 @pytest.mark.skipif(not TORCHFT, reason="torchft is not installed (pip install torchft)")
 @pytest.mark.parametrize("name", ["torchft-diloco", "torchft-diloco-f4-delayed"])
 def test_torchft_row_on_loopback(tmp_path, name) -> None:

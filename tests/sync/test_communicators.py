@@ -34,8 +34,6 @@ from autoloco_hf.sync.communicators import (
 )
 from autoloco_hf.sync.formats.base import true_divide
 
-pytestmark = pytest.mark.slow
-
 BS = 4096  # the default INT8 block size, used by both communicators below
 
 # A hand-checkable layout: a segment longer than one block, a short one, one exactly a

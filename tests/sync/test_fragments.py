@@ -246,7 +246,7 @@ def test_resume_refuses_a_checkpoint_with_another_number_of_fragments():
 
 
 # ------------------------------------------------------------------ simulation == gloo processes
-def _process_worker(rank: int, world_size: int, overlap: str, wire: str, controller: str) -> dict:
+def _run_case(rank: int, overlap: str, wire: str, controller: str) -> dict:
     outer = []
     runner = runner_for(
         config(overlap=overlap, overlap_steps=1, wire_dtype=wire, controller=controller),
@@ -262,11 +262,21 @@ def _process_worker(rank: int, world_size: int, overlap: str, wire: str, control
 
 
 # the paper's rule, and the default rule (descent, its drift guard's anchors measured per fragment round)
-@pytest.mark.parametrize(
-    ("overlap", "wire", "controller"),
-    [("none", "fp32", "paper"), ("delayed", "int8", "paper"), ("delayed", "fp32", "descent")],
-)
-def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire, controller):
+GLOO_CASES = [("none", "fp32", "paper"), ("delayed", "int8", "paper"), ("delayed", "fp32", "descent")]
+
+
+def _process_worker(rank: int, world_size: int) -> dict:
+    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    return {case: _run_case(rank, *case) for case in GLOO_CASES}
+
+
+@pytest.fixture(scope="module")
+def gloo_runs() -> list[dict]:
+    return run_gloo(_process_worker, 2, timeout=600)
+
+
+@pytest.mark.parametrize(("overlap", "wire", "controller"), GLOO_CASES)
+def test_two_gloo_processes_equal_two_simulated_workers(gloo_runs, overlap, wire, controller):
     outer_sim = []
     cfg = config(overlap=overlap, overlap_steps=1, wire_dtype=wire, controller=controller)
     sim = runner_for(
@@ -277,7 +287,7 @@ def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire, controlle
         ),
     )
     train(sim, 0, STEPS, (0, 1))
-    results = run_gloo(_process_worker, 2, overlap, wire, controller)
+    results = [run[(overlap, wire, controller)] for run in gloo_runs]
 
     def strip(rows):
         return [{k: v for k, v in r.items() if k != "wire_bytes"} for r in rows]

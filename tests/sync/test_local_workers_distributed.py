@@ -22,6 +22,7 @@ RULES = {
     # syncs, and an interval cut short
     "descent_probe": dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0}),
 }
+CASES = [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard"), ("fp32", "descent_probe")]
 
 
 def config(wire_dtype: str, rule: str = "paper") -> AutoLoCoConfig:
@@ -32,7 +33,7 @@ def records_of(runner: LocalWorkers) -> list[dict]:
     return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
 
 
-def _process_worker(rank: int, world_size: int, wire_dtype: str, rule: str) -> dict:
+def _run_case(rank: int, wire_dtype: str, rule: str) -> dict:
     runner = LocalWorkers(
         config(wire_dtype, rule),
         make_model(seed=rank),  # different inits: the engine broadcasts rank 0's
@@ -47,10 +48,18 @@ def _process_worker(rank: int, world_size: int, wire_dtype: str, rule: str) -> d
     return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
 
 
-@pytest.mark.parametrize(
-    ("wire_dtype", "rule"), [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard"), ("fp32", "descent_probe")]
-)
-def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
+def _process_worker(rank: int, world_size: int) -> dict:
+    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    return {case: _run_case(rank, *case) for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def gloo_runs() -> list[dict]:
+    return run_gloo(_process_worker, 2, timeout=600)
+
+
+@pytest.mark.parametrize(("wire_dtype", "rule"), CASES)
+def test_two_gloo_processes_equal_two_simulated_workers(gloo_runs, wire_dtype, rule):
     simulated = LocalWorkers(
         config(wire_dtype, rule),
         make_model(seed=0),
@@ -63,7 +72,7 @@ def test_two_gloo_processes_equal_two_simulated_workers(wire_dtype, rule):
     for step in range(STEPS):
         simulated.train_step([batch_for(w, step, padded=True) for w in range(2)])
 
-    results = run_gloo(_process_worker, 2, wire_dtype, rule)
+    results = [run[(wire_dtype, rule)] for run in gloo_runs]
     assert len(simulated.engine.records) >= (8 if rule == "paper" else 4)
     assert len({r["h_step"] for r in results[0]["records"]}) > 1, "the run should adapt its horizon"
     if rule == "descent_guard":

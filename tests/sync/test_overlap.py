@@ -283,7 +283,7 @@ def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
 
 
 # ------------------------------------------------- simulation == gloo processes
-def _process_worker(rank: int, world_size: int, overlap: str, wire: str, controller: str) -> dict:
+def _run_case(rank: int, overlap: str, wire: str, controller: str) -> dict:
     outer_after_each_step = []
     runner = runner_for(
         config(overlap=overlap, wire_dtype=wire, controller=controller),
@@ -298,12 +298,24 @@ def _process_worker(rank: int, world_size: int, overlap: str, wire: str, control
 
 
 # the paper's rule, and the default rule (descent: guarded with the delayed overlap, unguarded with the eager one)
-@pytest.mark.parametrize(
-    ("overlap", "wire", "controller"),
-    [(o, w, "paper") for o in ("delayed", "eager") for w in ("fp32", "int8")]
-    + [("delayed", "fp32", "descent"), ("eager", "fp32", "descent")],
-)
-def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire, controller):
+GLOO_CASES = [(o, w, "paper") for o in ("delayed", "eager") for w in ("fp32", "int8")] + [
+    ("delayed", "fp32", "descent"),
+    ("eager", "fp32", "descent"),
+]
+
+
+def _process_worker(rank: int, world_size: int) -> dict:
+    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    return {case: _run_case(rank, *case) for case in GLOO_CASES}
+
+
+@pytest.fixture(scope="module")
+def gloo_runs() -> list[dict]:
+    return run_gloo(_process_worker, 2, timeout=600)
+
+
+@pytest.mark.parametrize(("overlap", "wire", "controller"), GLOO_CASES)
+def test_two_gloo_processes_equal_two_simulated_workers(gloo_runs, overlap, wire, controller):
     outer_sim = []
     cfg = config(overlap=overlap, wire_dtype=wire, controller=controller)
     sim = runner_for(
@@ -314,7 +326,7 @@ def test_two_gloo_processes_equal_two_simulated_workers(overlap, wire, controlle
         ),
     )
     train(sim, 0, STEPS, (0, 1))
-    results = run_gloo(_process_worker, 2, overlap, wire, controller)
+    results = [run[(overlap, wire, controller)] for run in gloo_runs]
     sim_records = records_of(sim)
 
     def strip(rows):
