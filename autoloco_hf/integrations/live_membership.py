@@ -154,9 +154,12 @@ class LiveMembership:
         config: the run's configuration; a process with another one is refused.
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
-            arrive within about a second of each other; a partition's after ``sync_timeout_s``). Round 0,
-            the launch, waits for all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
-        round_timeout_s: the bound on forming one round.
+            arrive within about a second of each other; a partition's after ``sync_timeout_s``), and this long
+            after the close for each slot to say it is alive. Round 0, the launch, waits for all
+            ``world_size`` processes up to ``round_timeout_s / 2`` instead.
+        round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up fails
+            (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 4 * settle_s``,
+            and that (at least 120 s) when not given.
         backend: the process-group backend of every round.
     """
 
@@ -168,7 +171,7 @@ class LiveMembership:
         model: torch.nn.Module,
         *,
         settle_s: float = 2.0,
-        round_timeout_s: float = 120.0,
+        round_timeout_s: float | None = None,
         backend: str = "gloo",
     ) -> None:
         if config.ranks_per_worker != 1:
@@ -176,9 +179,17 @@ class LiveMembership:
                 f"config.ranks_per_worker={config.ranks_per_worker}: live membership keeps one process per worker; "
                 "use ranks_per_worker=1 or the restart path (docs/reliability.md)"
             )
-        if settle_s <= 0 or round_timeout_s <= settle_s:
+        if settle_s <= 0:
+            raise ValueError(f"settle_s={settle_s:g}: must be above 0 (the default is 2 s)")
+        # a failed group set-up takes up to sync_timeout_s; the retry closes and confirms in 2 settle_s each
+        needed = 2 * config.sync_timeout_s + 4 * settle_s
+        if round_timeout_s is None:
+            round_timeout_s = max(120.0, needed)
+        elif round_timeout_s < needed:
             raise ValueError(
-                f"settle_s={settle_s:g}, round_timeout_s={round_timeout_s:g}: need 0 < settle_s < round_timeout_s"
+                f"round_timeout_s={round_timeout_s:g} with config.sync_timeout_s={config.sync_timeout_s:g} and "
+                f"settle_s={settle_s:g}: a round must outlast a failed group set-up and its retry; "
+                f"give round_timeout_s >= {needed:g} (2 * sync_timeout_s + 4 * settle_s), or leave it out"
             )
         self.store = store
         self.member_id = member_id
@@ -190,6 +201,7 @@ class LiveMembership:
         self._model = model_signature(model)
         self.round = NO_BOUNDARY  # the round this process is a member of
         self.world_size = 0
+        self._launch_size = 0  # start()'s world_size: at the launch, a majority of it decides the run
         self._state: dict[str, Any] | None = None  # host copy of the last boundary state
         self._boundary = NO_BOUNDARY
         self._extra_state: Callable[[], dict[str, Any]] | None = None
@@ -201,6 +213,7 @@ class LiveMembership:
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
         """Form round 0 with the run's first ``world_size`` processes (each calls this once)."""
+        self._launch_size = world_size
         deadline = time.monotonic() + self.round_timeout_s
         agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
         if agreement is not None:
@@ -318,7 +331,13 @@ class LiveMembership:
         size = self._wait_closed(number, closed_key, deadline)
         if me > size:
             return None
-        slots = [self._read_slot(number, s, deadline) for s in range(1, size + 1)]
+        self.store.set(self._key(number, f"ready{me}"), "1")  # alive after the close: this slot counts
+        if may_close:
+            self._confirm(number, size)
+        confirmed = self._wait_confirmed(number, deadline)
+        if me not in confirmed:  # too slow to confirm: taken in at a later round like a new process
+            return None
+        slots = [self._read_slot(number, s, deadline) for s in confirmed]
         return self._enter(number, me, slots)
 
     def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
@@ -338,6 +357,32 @@ class LiveMembership:
                 return
             time.sleep(0.02)
 
+    def _confirm(self, number: int, size: int) -> None:
+        """Write which closed slots are alive: those that said so within ``settle_s`` of the close.
+
+        A slot whose process died or hung after taking it (a joiner waits a whole interval for the close)
+        does not count, so it costs the others one ``settle_s``, not a failed group set-up or a round's
+        timeout. The first closer to draw ticket 1 writes the list, so every participant reads the same one.
+        """
+        ready = [self._key(number, f"ready{slot}") for slot in range(1, size + 1)]
+        until = time.monotonic() + self.settle_s
+        while time.monotonic() < until and not all(self.store.check([key]) for key in ready):
+            time.sleep(0.02)
+        alive = [slot for slot, key in enumerate(ready, start=1) if self.store.check([key])]
+        if int(self.store.add(self._key(number, "confirm_ticket"), 1)) == 1:
+            self.store.set(self._key(number, "confirmed"), json.dumps(alive))
+
+    def _wait_confirmed(self, number: int, deadline: float) -> list[int]:
+        key = self._key(number, "confirmed")
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+        except Exception as err:  # the store's timeout (TCPStore raises DistStoreError, EtcdStore LookupError)
+            raise RoundFailed(
+                f"membership round {number} closed but no closer said which slots are alive within "
+                f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
+            ) from err
+        return json.loads(self.store.get(key))
+
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
@@ -354,8 +399,8 @@ class LiveMembership:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
         except Exception as err:
             raise RoundFailed(
-                f"membership round {number}: slot {slot} took its place and never said who it is (its process "
-                f"ended in between); the next lost-peer error starts another round"
+                f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
+                f"though it confirmed; the run may be over"
             ) from err
         info = json.loads(self.store.get(key))
         return _Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
@@ -363,9 +408,9 @@ class LiveMembership:
     def _enter(self, number: int, me: int, slots: list[_Slot]) -> Agreement:
         import torch.distributed as dist
 
-        source = max(slots, key=lambda s: (s.boundary, -s.slot))
-        accepted = [s for s in slots if self._refusal(s, source) is None]
         mine = next(s for s in slots if s.slot == me)
+        source = self._source(number, mine, slots)
+        accepted = [s for s in slots if self._refusal(s, source) is None]
         reason = self._refusal(mine, source)
         if reason is not None:
             raise JoinRefused(f"{self.member_id} may not join the run (membership round {number}): {reason}")
@@ -404,6 +449,40 @@ class LiveMembership:
         local = self._local if state is not None and mine.boundary == source.boundary else None
         self.agreement = Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
         return self.agreement
+
+    def _source(self, number: int, mine: _Slot, slots: list[_Slot]) -> _Slot:
+        """The slot every member goes on from: the newest boundary; at a launch, the first of those who agree.
+
+        Before anyone trained, every boundary is the same, so arrival order would decide whose configuration is
+        the run's: one misconfigured process that starts early would train alone and refuse the others. Instead
+        the largest group of slots that agree decides, and only when it is a majority of ``world_size``.
+        """
+        trained = [s for s in slots if s.boundary != NO_BOUNDARY]
+        if trained:
+            return max(trained, key=lambda s: (s.boundary, -s.slot))
+        groups: list[list[_Slot]] = []
+        for slot in slots:
+            group = next((g for g in groups if self._refusal(slot, g[0]) is None), None)
+            if group is None:
+                groups.append([slot])
+            else:
+                group.append(slot)
+        largest = max(groups, key=len)  # the first of equal size: the same for every participant
+        world_size = self._launch_size or len(slots)
+        if 2 * len(largest) <= world_size:
+            one, other = largest[0], next(g for g in groups if g is not largest)[0]
+            differences = config_differences(one.config, other.config)
+            if differences:
+                name, ours, theirs = differences[0]
+                what = f"field config.{name} is {ours!r} at {one.member_id}, {theirs!r} at {other.member_id}"
+            else:
+                what = f"the models of {one.member_id} and {other.member_id} differ (names, shapes, dtypes)"
+            raise JoinRefused(
+                f"{self.member_id} may not start the run (membership round {number}): no majority of "
+                f"world_size={world_size} agrees ({len(largest)} of {len(slots)} process(es) do): {what}; "
+                "start every process with the same AutoLoCoConfig and model"
+            )
+        return largest[0]
 
     def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
         """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""
