@@ -104,7 +104,7 @@ def run_worker(
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import SchedulerPreview
     from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
-    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, etcd_store
+    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, RoundFailed, etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
     from autoloco_hf.sync.factory import make_engine
 
@@ -167,6 +167,10 @@ def run_worker(
         agreement = live.start(first_world) if first_world else live.join()
     except JoinRefused as err:
         seen["refused"] = str(err)
+        write()
+        return
+    except RoundFailed as err:
+        seen["failed"] = str(err)
         write()
         return
     engine, step = enter(agreement)

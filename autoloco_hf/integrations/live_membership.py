@@ -155,10 +155,10 @@ class LiveMembership:
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
             arrive within about a second of each other; a partition's after ``sync_timeout_s``), and this long
-            after the close for each slot to say it is alive. Round 0, the launch, waits for all
+            twice this long after the close for each slot to say it is alive. Round 0, the launch, waits for all
             ``world_size`` processes up to ``round_timeout_s / 2`` instead.
         round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up fails
-            (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 4 * settle_s``,
+            (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 6 * settle_s``,
             and that (at least 120 s) when not given.
         backend: the process-group backend of every round.
     """
@@ -181,15 +181,15 @@ class LiveMembership:
             )
         if settle_s <= 0:
             raise ValueError(f"settle_s={settle_s:g}: must be above 0 (the default is 2 s)")
-        # a failed group set-up takes up to sync_timeout_s; the retry closes and confirms in 2 settle_s each
-        needed = 2 * config.sync_timeout_s + 4 * settle_s
+        # each try closes (settle_s), confirms (2 settle_s) and sets up its group (up to sync_timeout_s)
+        needed = 2 * config.sync_timeout_s + 6 * settle_s
         if round_timeout_s is None:
             round_timeout_s = max(120.0, needed)
         elif round_timeout_s < needed:
             raise ValueError(
                 f"round_timeout_s={round_timeout_s:g} with config.sync_timeout_s={config.sync_timeout_s:g} and "
                 f"settle_s={settle_s:g}: a round must outlast a failed group set-up and its retry; "
-                f"give round_timeout_s >= {needed:g} (2 * sync_timeout_s + 4 * settle_s), or leave it out"
+                f"give round_timeout_s >= {needed:g} (2 * sync_timeout_s + 6 * settle_s), or leave it out"
             )
         self.store = store
         self.member_id = member_id
@@ -216,9 +216,7 @@ class LiveMembership:
         self._launch_size = world_size
         deadline = time.monotonic() + self.round_timeout_s
         agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
-        if agreement is not None:
-            return agreement
-        return self.reform() if self.round == 0 else self.join()  # round 0's group failed, or a slot too many
+        return agreement if agreement is not None else self.join()  # a slot too many: the run takes it in later
 
     def join(self) -> Agreement:
         """Wait for a round that admits this process (the members take it in at their next boundary)."""
@@ -307,6 +305,18 @@ class LiveMembership:
         try:
             return self._form(number, may_close=may_close, expected=expected, deadline=deadline)
         except _GroupFailed as err:
+            if number == 0:  # a launch whose group fails must not end as fewer workers training on
+                cause = "a process ended while it set up"
+                if self.backend == "gloo":
+                    cause += (
+                        ", or gloo picked an interface the other hosts cannot reach (in namespaces and containers "
+                        "the host name often resolves to 127.0.0.1): set GLOO_SOCKET_IFNAME to the interface the "
+                        "hosts share"
+                    )
+                raise RoundFailed(
+                    f"membership round 0 (the launch): its process group did not form ({err}); likely {cause}; "
+                    "launch again"
+                ) from err
             if time.monotonic() >= deadline:
                 raise RoundFailed(
                     f"membership round {number}: its process group did not form ({err}) and round_timeout_s="
@@ -337,6 +347,12 @@ class LiveMembership:
         confirmed = self._wait_confirmed(number, deadline)
         if me not in confirmed:  # too slow to confirm: taken in at a later round like a new process
             return None
+        if number == 0 and len(confirmed) < self._launch_size:
+            raise RoundFailed(
+                f"membership round 0 (the launch) has {len(confirmed)} of world_size={self._launch_size} "
+                f"processes after waiting {self._quiet_s(0):g} s (round_timeout_s / 2): start the missing ones, "
+                f"or launch all with world_size={len(confirmed)}; none trains as if the launch had worked"
+            )
         slots = [self._read_slot(number, s, deadline) for s in confirmed]
         return self._enter(number, me, slots)
 
@@ -345,7 +361,7 @@ class LiveMembership:
         count, changed = me, time.monotonic()
         # the launch's processes reach round 0 after their imports, seconds apart on a loaded machine: wait for
         # all of them up to half of round_timeout_s, not settle_s (which is for survivors of a fault)
-        quiet_s = self.round_timeout_s / 2 if number == 0 else self.settle_s
+        quiet_s = self._quiet_s(number)
         while not self.store.check([closed_key]):
             now = time.monotonic()
             latest = int(self.store.add(count_key, 0))
@@ -357,18 +373,29 @@ class LiveMembership:
                 return
             time.sleep(0.02)
 
+    def _quiet_s(self, number: int) -> float:
+        """How long a closer waits for slots that stop coming."""
+        return self.round_timeout_s / 2 if number == 0 else self.settle_s
+
     def _confirm(self, number: int, size: int) -> None:
-        """Write which closed slots are alive: those that said so within ``settle_s`` of the close.
+        """Write which closed slots are alive: those that said so before none did for ``2 * settle_s``.
 
         A slot whose process died or hung after taking it (a joiner waits a whole interval for the close)
-        does not count, so it costs the others one ``settle_s``, not a failed group set-up or a round's
-        timeout. The first closer to draw ticket 1 writes the list, so every participant reads the same one.
+        does not count, so it costs the others ``2 * settle_s`` after the last confirmation (at the launch, the
+        launch then fails), not a failed group set-up or a round's timeout. A live
+        participant too slow to confirm is taken in at the next boundary like a new process. The first closer to draw ticket 1 writes the list, so every participant reads the same one.
         """
         ready = [self._key(number, f"ready{slot}") for slot in range(1, size + 1)]
-        until = time.monotonic() + self.settle_s
-        while time.monotonic() < until and not all(self.store.check([key]) for key in ready):
+        # a loaded machine delays a live participant by seconds: the window starts again at each confirmation
+        window_s = 2 * self.settle_s
+        alive, changed = [], time.monotonic()
+        while True:
+            now_alive = [slot for slot, key in enumerate(ready, start=1) if self.store.check([key])]
+            if now_alive != alive:
+                alive, changed = now_alive, time.monotonic()
+            if len(alive) == size or time.monotonic() - changed >= window_s:
+                break
             time.sleep(0.02)
-        alive = [slot for slot, key in enumerate(ready, start=1) if self.store.check([key])]
         if int(self.store.add(self._key(number, "confirm_ticket"), 1)) == 1:
             self.store.set(self._key(number, "confirmed"), json.dumps(alive))
 
