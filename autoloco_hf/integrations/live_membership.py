@@ -61,6 +61,7 @@ __all__ = [
     "LiveMembership",
     "MembershipChange",
     "RoundFailed",
+    "StoreLost",
     "etcd_store",
     "model_signature",
 ]
@@ -81,6 +82,33 @@ class MembershipChange(RuntimeError):
 
 class RoundFailed(RuntimeError):
     """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
+
+
+class StoreLost(RoundFailed):
+    """The run's store failed a request (not a timeout): this process is cut off from the run (one line)."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a store raises when it cannot be reached: python-etcd's errors, torch's network errors, sockets."""
+    errors: tuple[type[BaseException], ...] = (torch.distributed.DistNetworkError, OSError)
+    try:
+        import etcd
+    except ImportError:  # a TCPStore run needs no python-etcd
+        return errors
+    return (*errors, etcd.EtcdException)
+
+
+# a wait that ran out: TCPStore raises DistStoreError, torch's EtcdStore LookupError
+_STORE_TIMEOUTS = (torch.distributed.DistStoreError, LookupError)
+
+
+def _cut_off(doing: str, err: BaseException) -> StoreLost:
+    first = str(err).splitlines()[0] if str(err) else ""
+    return StoreLost(
+        f"live membership: the run's store failed while {doing} ({type(err).__name__}: {first[:200]}); "
+        "this process is cut off from the run and stops; the members that reach the store go on "
+        "without it from their last boundary, and the same command takes it in again later"
+    )
 
 
 def etcd_store(endpoints: str, run_id: str, timeout: datetime.timedelta) -> Any:
@@ -212,14 +240,27 @@ class LiveMembership:
 
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
-        """Form round 0 with the run's first ``world_size`` processes (each calls this once)."""
+        """Form round 0 with the run's first ``world_size`` processes (each calls this once).
+
+        A process started after round 0 closed is taken in at the members' next boundary, as by
+        :meth:`join`: the launch and later processes run the same command.
+        """
         self._launch_size = world_size
-        deadline = time.monotonic() + self.round_timeout_s
-        agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
+        try:
+            deadline = time.monotonic() + self.round_timeout_s
+            agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
+        except _store_errors() as err:
+            raise _cut_off("forming membership round 0", err) from None
         return agreement if agreement is not None else self.join()  # a slot too many: the run takes it in later
 
     def join(self) -> Agreement:
         """Wait for a round that admits this process (the members take it in at their next boundary)."""
+        try:
+            return self._join()
+        except _store_errors() as err:
+            raise _cut_off("waiting to join", err) from None
+
+    def _join(self) -> Agreement:
         deadline = time.monotonic() + self.round_timeout_s
         number = self._latest() + 1
         while True:
@@ -233,6 +274,12 @@ class LiveMembership:
 
         Every reachable member calls this; the new round's members go on from the agreed boundary.
         """
+        try:
+            return self._reform(lost)
+        except _store_errors() as err:
+            raise _cut_off(f"forming membership round {self.round + 1}", err) from None
+
+    def _reform(self, lost: Sequence[int]) -> Agreement:
         # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
         expected = self.world_size - 1 if len(lost) == 1 else None
         if self.join_pending:
@@ -278,7 +325,10 @@ class LiveMembership:
         import torch.distributed as dist
 
         self._keep(engine)
-        waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+        try:
+            waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+        except _store_errors() as err:
+            raise _cut_off(f"looking for joining processes at step {engine.step}", err) from None
         try:  # every member must decide alike: the largest count any of them saw
             dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
         except RuntimeError as err:
@@ -380,10 +430,12 @@ class LiveMembership:
     def _confirm(self, number: int, size: int) -> None:
         """Write which closed slots are alive: those that said so before none did for ``2 * settle_s``.
 
-        A slot whose process died or hung after taking it (a joiner waits a whole interval for the close)
-        does not count, so it costs the others ``2 * settle_s`` after the last confirmation (at the launch, the
-        launch then fails), not a failed group set-up or a round's timeout. A live
-        participant too slow to confirm is taken in at the next boundary like a new process. The first closer to draw ticket 1 writes the list, so every participant reads the same one.
+        A slot whose process died or hung after taking it (a joiner waits a whole interval for
+        the close) does not count, so it costs the others ``2 * settle_s`` after the last
+        confirmation (at the launch, the launch then fails), not a failed group set-up or a
+        round's timeout. A live participant too slow to confirm is taken in at the next boundary
+        like a new process. The first closer to draw ticket 1 writes the list, so every
+        participant reads the same one.
         """
         ready = [self._key(number, f"ready{slot}") for slot in range(1, size + 1)]
         # a loaded machine delays a live participant by seconds: the window starts again at each confirmation
@@ -403,7 +455,7 @@ class LiveMembership:
         key = self._key(number, "confirmed")
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except Exception as err:  # the store's timeout (TCPStore raises DistStoreError, EtcdStore LookupError)
+        except _STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} closed but no closer said which slots are alive within "
                 f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
@@ -413,7 +465,7 @@ class LiveMembership:
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except Exception as err:  # the store's timeout (TCPStore raises DistStoreError, EtcdStore LookupError)
+        except _STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
                 f"of the run reached the store ({type(err).__name__}); the run may be over"
@@ -424,7 +476,7 @@ class LiveMembership:
         key = self._key(number, f"slot{slot}")
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except Exception as err:
+        except _STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
                 f"though it confirmed; the run may be over"

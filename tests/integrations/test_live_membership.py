@@ -289,3 +289,38 @@ def test_a_launch_whose_group_does_not_form_fails_for_all_naming_the_likely_caus
         assert message.startswith("membership round 0 (the launch): its process group did not form (")
         assert "set GLOO_SOCKET_IFNAME to the interface the hosts share" in message
     assert not store.check(["autoloco/latest"])  # no round formed
+
+
+class _CutOffStore:
+    """A store whose every request fails as python-etcd's client does when no member answers."""
+
+    def __getattr__(self, name: str):
+        import etcd
+
+        def fail(*args, **kwargs):
+            raise etcd.EtcdConnectionFailed("Connection to etcd failed due to MaxRetryError(...)")
+
+        return fail
+
+
+@pytest.mark.parametrize("entry", ["start", "join", "reform"])
+def test_a_store_that_fails_is_reported_in_one_line_as_a_store_error_not_a_timeout(entry) -> None:
+    """Before, reform's add raised python-etcd's exception with its chain; start and join too."""
+    pytest.importorskip("etcd", reason="python-etcd: pip install 'autoloco-hf[elastic]'")
+    from toy import make_model
+
+    from autoloco_hf import AutoLoCoConfig
+    from autoloco_hf.integrations.live_membership import LiveMembership, StoreLost
+
+    config = AutoLoCoConfig(method="diloco", h_base=4, sync_timeout_s=5.0)
+    live = LiveMembership(_CutOffStore(), "w0", config, make_model())
+    with pytest.raises(StoreLost) as raised:
+        {"start": lambda: live.start(2), "join": live.join, "reform": lambda: live.reform(lost=[1])}[entry]()
+    message = str(raised.value)
+    assert "\n" not in message and raised.value.__suppress_context__  # no python-etcd chain under it
+    assert message.startswith("live membership: the run's store failed while ")
+    assert "(EtcdConnectionFailed: Connection to etcd failed" in message
+    assert message.endswith(
+        "the members that reach the store go on without it from their last boundary, "
+        "and the same command takes it in again later"
+    )
