@@ -80,6 +80,7 @@ def run_worker(
     exact_redo: bool = False,
     die_entering_round: int | None = None,
     start_delay_s: float = 0.0,
+    joiner_fault: str | None = None,
 ) -> None:
     """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
 
@@ -93,7 +94,9 @@ def run_worker(
     round forms).
     ``die_entering_round``: end the process after that membership round closed, when its process group is set
     up (the others' set-up fails; they form the next round without it). ``start_delay_s``: reach round 0
-    that much later (a slow start-up).
+    that much later (a slow start-up). ``joiner_fault`` (a joiner): ``"dies_before_saying_who"`` ends the
+    process between taking its slot and writing who it is; ``"hangs_after_its_slot"`` stops it (SIGSTOP)
+    right after it wrote its slot: a slot whose owner is gone or silent.
     """
     import torch.distributed as dist
     from toy import adamw, batch_for, cosine, make_model
@@ -101,7 +104,7 @@ def run_worker(
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import SchedulerPreview
     from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
-    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, etcd_store
+    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, RoundFailed, etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
     from autoloco_hf.sync.factory import make_engine
 
@@ -125,6 +128,8 @@ def run_worker(
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, 4)(optimizer)
     live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
+    if joiner_fault is not None:
+        live.store = _FaultAfterSlot(store, joiner_fault)
     seen: dict[str, Any] = {"name": name, "rounds": [], "steps": [], "faults": []}
 
     def write() -> None:
@@ -162,6 +167,10 @@ def run_worker(
         agreement = live.start(first_world) if first_world else live.join()
     except JoinRefused as err:
         seen["refused"] = str(err)
+        write()
+        return
+    except RoundFailed as err:
+        seen["failed"] = str(err)
         write()
         return
     engine, step = enter(agreement)
@@ -212,6 +221,24 @@ def run_worker(
     seen["held_out_loss"] = statistics.fmean(held_out)
     write()
     dist.destroy_process_group()
+
+
+class _FaultAfterSlot:
+    """A store proxy for a joiner that fails right around writing its slot (``run_worker``'s ``joiner_fault``)."""
+
+    def __init__(self, store: Any, fault: str) -> None:
+        self._store, self._fault = store, fault
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def set(self, key: str, value: str) -> None:
+        is_slot = "/slot" in key
+        if is_slot and self._fault == "dies_before_saying_who":
+            os._exit(1)
+        self._store.set(key, value)
+        if is_slot and self._fault == "hangs_after_its_slot":
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def spawn(ctx, out: str, port: int, name: str, data_index: int, first_world: int, **kwargs) -> Any:

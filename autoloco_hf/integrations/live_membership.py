@@ -61,6 +61,7 @@ __all__ = [
     "LiveMembership",
     "MembershipChange",
     "RoundFailed",
+    "StoreLost",
     "etcd_store",
     "model_signature",
 ]
@@ -81,6 +82,33 @@ class MembershipChange(RuntimeError):
 
 class RoundFailed(RuntimeError):
     """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
+
+
+class StoreLost(RoundFailed):
+    """The run's store failed a request (not a timeout): this process is cut off from the run (one line)."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a store raises when it cannot be reached: python-etcd's errors, torch's network errors, sockets."""
+    errors: tuple[type[BaseException], ...] = (torch.distributed.DistNetworkError, OSError)
+    try:
+        import etcd
+    except ImportError:  # a TCPStore run needs no python-etcd
+        return errors
+    return (*errors, etcd.EtcdException)
+
+
+# a wait that ran out: TCPStore raises DistStoreError, torch's EtcdStore LookupError
+_STORE_TIMEOUTS = (torch.distributed.DistStoreError, LookupError)
+
+
+def _cut_off(doing: str, err: BaseException) -> StoreLost:
+    first = str(err).splitlines()[0] if str(err) else ""
+    return StoreLost(
+        f"live membership: the run's store failed while {doing} ({type(err).__name__}: {first[:200]}); "
+        "this process is cut off from the run and stops; the members that reach the store go on "
+        "without it from their last boundary, and the same command takes it in again later"
+    )
 
 
 def etcd_store(endpoints: str, run_id: str, timeout: datetime.timedelta) -> Any:
@@ -154,9 +182,12 @@ class LiveMembership:
         config: the run's configuration; a process with another one is refused.
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
-            arrive within about a second of each other; a partition's after ``sync_timeout_s``). Round 0,
-            the launch, waits for all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
-        round_timeout_s: the bound on forming one round.
+            arrive within about a second of each other; a partition's after ``sync_timeout_s``), and this long
+            twice this long after the close for each slot to say it is alive. Round 0, the launch, waits for all
+            ``world_size`` processes up to ``round_timeout_s / 2`` instead.
+        round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up fails
+            (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 6 * settle_s``,
+            and that (at least 120 s) when not given.
         backend: the process-group backend of every round.
     """
 
@@ -168,7 +199,7 @@ class LiveMembership:
         model: torch.nn.Module,
         *,
         settle_s: float = 2.0,
-        round_timeout_s: float = 120.0,
+        round_timeout_s: float | None = None,
         backend: str = "gloo",
     ) -> None:
         if config.ranks_per_worker != 1:
@@ -176,9 +207,17 @@ class LiveMembership:
                 f"config.ranks_per_worker={config.ranks_per_worker}: live membership keeps one process per worker; "
                 "use ranks_per_worker=1 or the restart path (docs/reliability.md)"
             )
-        if settle_s <= 0 or round_timeout_s <= settle_s:
+        if settle_s <= 0:
+            raise ValueError(f"settle_s={settle_s:g}: must be above 0 (the default is 2 s)")
+        # each try closes (settle_s), confirms (2 settle_s) and sets up its group (up to sync_timeout_s)
+        needed = 2 * config.sync_timeout_s + 6 * settle_s
+        if round_timeout_s is None:
+            round_timeout_s = max(120.0, needed)
+        elif round_timeout_s < needed:
             raise ValueError(
-                f"settle_s={settle_s:g}, round_timeout_s={round_timeout_s:g}: need 0 < settle_s < round_timeout_s"
+                f"round_timeout_s={round_timeout_s:g} with config.sync_timeout_s={config.sync_timeout_s:g} and "
+                f"settle_s={settle_s:g}: a round must outlast a failed group set-up and its retry; "
+                f"give round_timeout_s >= {needed:g} (2 * sync_timeout_s + 6 * settle_s), or leave it out"
             )
         self.store = store
         self.member_id = member_id
@@ -190,6 +229,7 @@ class LiveMembership:
         self._model = model_signature(model)
         self.round = NO_BOUNDARY  # the round this process is a member of
         self.world_size = 0
+        self._launch_size = 0  # start()'s world_size: at the launch, a majority of it decides the run
         self._state: dict[str, Any] | None = None  # host copy of the last boundary state
         self._boundary = NO_BOUNDARY
         self._extra_state: Callable[[], dict[str, Any]] | None = None
@@ -200,15 +240,27 @@ class LiveMembership:
 
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
-        """Form round 0 with the run's first ``world_size`` processes (each calls this once)."""
-        deadline = time.monotonic() + self.round_timeout_s
-        agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
-        if agreement is not None:
-            return agreement
-        return self.reform() if self.round == 0 else self.join()  # round 0's group failed, or a slot too many
+        """Form round 0 with the run's first ``world_size`` processes (each calls this once).
+
+        A process started after round 0 closed is taken in at the members' next boundary, as by
+        :meth:`join`: the launch and later processes run the same command.
+        """
+        self._launch_size = world_size
+        try:
+            deadline = time.monotonic() + self.round_timeout_s
+            agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
+        except _store_errors() as err:
+            raise _cut_off("forming membership round 0", err) from None
+        return agreement if agreement is not None else self.join()  # a slot too many: the run takes it in later
 
     def join(self) -> Agreement:
         """Wait for a round that admits this process (the members take it in at their next boundary)."""
+        try:
+            return self._join()
+        except _store_errors() as err:
+            raise _cut_off("waiting to join", err) from None
+
+    def _join(self) -> Agreement:
         deadline = time.monotonic() + self.round_timeout_s
         number = self._latest() + 1
         while True:
@@ -222,6 +274,12 @@ class LiveMembership:
 
         Every reachable member calls this; the new round's members go on from the agreed boundary.
         """
+        try:
+            return self._reform(lost)
+        except _store_errors() as err:
+            raise _cut_off(f"forming membership round {self.round + 1}", err) from None
+
+    def _reform(self, lost: Sequence[int]) -> Agreement:
         # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
         expected = self.world_size - 1 if len(lost) == 1 else None
         if self.join_pending:
@@ -267,7 +325,10 @@ class LiveMembership:
         import torch.distributed as dist
 
         self._keep(engine)
-        waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+        try:
+            waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+        except _store_errors() as err:
+            raise _cut_off(f"looking for joining processes at step {engine.step}", err) from None
         try:  # every member must decide alike: the largest count any of them saw
             dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
         except RuntimeError as err:
@@ -294,6 +355,18 @@ class LiveMembership:
         try:
             return self._form(number, may_close=may_close, expected=expected, deadline=deadline)
         except _GroupFailed as err:
+            if number == 0:  # a launch whose group fails must not end as fewer workers training on
+                cause = "a process ended while it set up"
+                if self.backend == "gloo":
+                    cause += (
+                        ", or gloo picked an interface the other hosts cannot reach (in namespaces and containers "
+                        "the host name often resolves to 127.0.0.1): set GLOO_SOCKET_IFNAME to the interface the "
+                        "hosts share"
+                    )
+                raise RoundFailed(
+                    f"membership round 0 (the launch): its process group did not form ({err}); likely {cause}; "
+                    "launch again"
+                ) from err
             if time.monotonic() >= deadline:
                 raise RoundFailed(
                     f"membership round {number}: its process group did not form ({err}) and round_timeout_s="
@@ -318,7 +391,19 @@ class LiveMembership:
         size = self._wait_closed(number, closed_key, deadline)
         if me > size:
             return None
-        slots = [self._read_slot(number, s, deadline) for s in range(1, size + 1)]
+        self.store.set(self._key(number, f"ready{me}"), "1")  # alive after the close: this slot counts
+        if may_close:
+            self._confirm(number, size)
+        confirmed = self._wait_confirmed(number, deadline)
+        if me not in confirmed:  # too slow to confirm: taken in at a later round like a new process
+            return None
+        if number == 0 and len(confirmed) < self._launch_size:
+            raise RoundFailed(
+                f"membership round 0 (the launch) has {len(confirmed)} of world_size={self._launch_size} "
+                f"processes after waiting {self._quiet_s(0):g} s (round_timeout_s / 2): start the missing ones, "
+                f"or launch all with world_size={len(confirmed)}; none trains as if the launch had worked"
+            )
+        slots = [self._read_slot(number, s, deadline) for s in confirmed]
         return self._enter(number, me, slots)
 
     def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
@@ -326,7 +411,7 @@ class LiveMembership:
         count, changed = me, time.monotonic()
         # the launch's processes reach round 0 after their imports, seconds apart on a loaded machine: wait for
         # all of them up to half of round_timeout_s, not settle_s (which is for survivors of a fault)
-        quiet_s = self.round_timeout_s / 2 if number == 0 else self.settle_s
+        quiet_s = self._quiet_s(number)
         while not self.store.check([closed_key]):
             now = time.monotonic()
             latest = int(self.store.add(count_key, 0))
@@ -338,10 +423,49 @@ class LiveMembership:
                 return
             time.sleep(0.02)
 
+    def _quiet_s(self, number: int) -> float:
+        """How long a closer waits for slots that stop coming."""
+        return self.round_timeout_s / 2 if number == 0 else self.settle_s
+
+    def _confirm(self, number: int, size: int) -> None:
+        """Write which closed slots are alive: those that said so before none did for ``2 * settle_s``.
+
+        A slot whose process died or hung after taking it (a joiner waits a whole interval for
+        the close) does not count, so it costs the others ``2 * settle_s`` after the last
+        confirmation (at the launch, the launch then fails), not a failed group set-up or a
+        round's timeout. A live participant too slow to confirm is taken in at the next boundary
+        like a new process. The first closer to draw ticket 1 writes the list, so every
+        participant reads the same one.
+        """
+        ready = [self._key(number, f"ready{slot}") for slot in range(1, size + 1)]
+        # a loaded machine delays a live participant by seconds: the window starts again at each confirmation
+        window_s = 2 * self.settle_s
+        alive, changed = [], time.monotonic()
+        while True:
+            now_alive = [slot for slot, key in enumerate(ready, start=1) if self.store.check([key])]
+            if now_alive != alive:
+                alive, changed = now_alive, time.monotonic()
+            if len(alive) == size or time.monotonic() - changed >= window_s:
+                break
+            time.sleep(0.02)
+        if int(self.store.add(self._key(number, "confirm_ticket"), 1)) == 1:
+            self.store.set(self._key(number, "confirmed"), json.dumps(alive))
+
+    def _wait_confirmed(self, number: int, deadline: float) -> list[int]:
+        key = self._key(number, "confirmed")
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+        except _STORE_TIMEOUTS as err:
+            raise RoundFailed(
+                f"membership round {number} closed but no closer said which slots are alive within "
+                f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
+            ) from err
+        return json.loads(self.store.get(key))
+
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except Exception as err:  # the store's timeout (TCPStore raises DistStoreError, EtcdStore LookupError)
+        except _STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
                 f"of the run reached the store ({type(err).__name__}); the run may be over"
@@ -352,10 +476,10 @@ class LiveMembership:
         key = self._key(number, f"slot{slot}")
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except Exception as err:
+        except _STORE_TIMEOUTS as err:
             raise RoundFailed(
-                f"membership round {number}: slot {slot} took its place and never said who it is (its process "
-                f"ended in between); the next lost-peer error starts another round"
+                f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
+                f"though it confirmed; the run may be over"
             ) from err
         info = json.loads(self.store.get(key))
         return _Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
@@ -363,9 +487,9 @@ class LiveMembership:
     def _enter(self, number: int, me: int, slots: list[_Slot]) -> Agreement:
         import torch.distributed as dist
 
-        source = max(slots, key=lambda s: (s.boundary, -s.slot))
-        accepted = [s for s in slots if self._refusal(s, source) is None]
         mine = next(s for s in slots if s.slot == me)
+        source = self._source(number, mine, slots)
+        accepted = [s for s in slots if self._refusal(s, source) is None]
         reason = self._refusal(mine, source)
         if reason is not None:
             raise JoinRefused(f"{self.member_id} may not join the run (membership round {number}): {reason}")
@@ -404,6 +528,40 @@ class LiveMembership:
         local = self._local if state is not None and mine.boundary == source.boundary else None
         self.agreement = Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
         return self.agreement
+
+    def _source(self, number: int, mine: _Slot, slots: list[_Slot]) -> _Slot:
+        """The slot every member goes on from: the newest boundary; at a launch, the first of those who agree.
+
+        Before anyone trained, every boundary is the same, so arrival order would decide whose configuration is
+        the run's: one misconfigured process that starts early would train alone and refuse the others. Instead
+        the largest group of slots that agree decides, and only when it is a majority of ``world_size``.
+        """
+        trained = [s for s in slots if s.boundary != NO_BOUNDARY]
+        if trained:
+            return max(trained, key=lambda s: (s.boundary, -s.slot))
+        groups: list[list[_Slot]] = []
+        for slot in slots:
+            group = next((g for g in groups if self._refusal(slot, g[0]) is None), None)
+            if group is None:
+                groups.append([slot])
+            else:
+                group.append(slot)
+        largest = max(groups, key=len)  # the first of equal size: the same for every participant
+        world_size = self._launch_size or len(slots)
+        if 2 * len(largest) <= world_size:
+            one, other = largest[0], next(g for g in groups if g is not largest)[0]
+            differences = config_differences(one.config, other.config)
+            if differences:
+                name, ours, theirs = differences[0]
+                what = f"field config.{name} is {ours!r} at {one.member_id}, {theirs!r} at {other.member_id}"
+            else:
+                what = f"the models of {one.member_id} and {other.member_id} differ (names, shapes, dtypes)"
+            raise JoinRefused(
+                f"{self.member_id} may not start the run (membership round {number}): no majority of "
+                f"world_size={world_size} agrees ({len(largest)} of {len(slots)} process(es) do): {what}; "
+                "start every process with the same AutoLoCoConfig and model"
+            )
+        return largest[0]
 
     def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
         """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""

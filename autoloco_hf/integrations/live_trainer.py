@@ -53,8 +53,8 @@ def _load_boundary(trainer: Trainer, shared: dict[str, Any]) -> None:
 def train_live(trainer: Trainer, membership: LiveMembership, agreement: Agreement, **train_kwargs: Any) -> Any:
     """``trainer.train(**train_kwargs)`` through every change of membership; returns the last call's output.
 
-    ``agreement``: this process's first round (``membership.start(world_size)`` for the processes of the
-    launch, ``membership.join()`` for one joining a running run), formed before the ``TrainingArguments``
+    ``agreement``: this process's first round (``membership.start(world_size)``, the same call for the
+    launch's processes and for one started later, taken in at a boundary), formed before the ``TrainingArguments``
     so that accelerate sees its process group. A ``PeerLostError`` or ``MembershipChange`` reforms the run;
     any other error ends it as before (the restart path is the fallback: docs/reliability.md).
     """

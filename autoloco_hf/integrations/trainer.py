@@ -425,8 +425,6 @@ class AutoLoCoCallback(TrainerCallback):
                 control.should_log = self.trainer.control.should_log = should_log
         if control.should_save:  # decided by DefaultFlowCallback, which runs before user callbacks
             runtime.show_global_parameters()
-        if record is not None and self.membership is not None and self.membership.join_pending:
-            raise MembershipChange(f"AutoLoCo: a process waits to join at step {runtime.step}: the members reform")
 
     # A checkpoint's model file must be the model the workers agreed on: from the moment the Trainer decides to
     # save until on_save, the model holds theta_t and this rank's replica waits in host memory. An evaluation
@@ -435,6 +433,12 @@ class AutoLoCoCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.runtime is not None:  # save_strategy="best" evaluated theta_t but found no new best
             self.runtime.restore_local_parameters()
+            if self.membership is not None and self.membership.join_pending:
+                # seen at the last boundary; taken in only now, after the Trainer logged, evaluated and saved
+                # that step as it would without the join (the members go on from that boundary)
+                raise MembershipChange(
+                    f"AutoLoCo: a process waits to join at step {self.runtime.step}: the members reform"
+                )
             if self.budget is not None:  # this rank's next step belongs to the run's step after the catch-up
                 self.runtime.catch_up()
                 set_schedule_step(self.trainer.lr_scheduler, self.runtime.step)

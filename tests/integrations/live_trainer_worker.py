@@ -94,6 +94,13 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
             seen["steps"].append(state.global_step + 1)  # the step this process trains now
             seen["begins"][-1].setdefault("first_step_at", time.time())
 
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                seen.setdefault("logged", []).append(state.global_step)
+
+        def on_save(self, args, state, control, **kwargs):
+            seen.setdefault("saved", []).append(state.global_step)
+
     args = TrainingArguments(
         output_dir=os.path.join(out, name),
         use_cpu=True,
@@ -102,8 +109,9 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
         learning_rate=3e-3,
         lr_scheduler_type="cosine",
         warmup_steps=2,
-        logging_steps=3,  # the Trainer's own loss gather runs between boundaries
-        save_strategy="no",
+        logging_steps=options.get("logging_steps", 3),  # 3: the Trainer's own loss gather between boundaries
+        save_strategy="steps" if options.get("save_steps") else "no",
+        save_steps=options.get("save_steps", 500),
         report_to=[],
         disable_tqdm=True,
         seed=seed,

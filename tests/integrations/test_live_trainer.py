@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -138,3 +139,31 @@ def test_a_run_that_starts_alone_on_live_membership_has_no_per_step_gather(tmp_p
         model=model, args=args, train_dataset=PaddedTokens(8, 0), callbacks=[AutoLoCoCallback(config, membership=live)]
     )
     assert not args.average_tokens_across_devices
+
+
+def test_the_step_a_join_is_taken_in_at_is_saved_and_logged_as_without_the_join(tmp_path) -> None:
+    """save_steps and logging_steps equal to H: every boundary is saved and logged, the join's included (before,
+    MembershipChange left train() in on_step_end, before the Trainer's log and save of that step). The joiner is
+    started like the members, with start(2): a process after the launch is taken in at the next boundary."""
+    out, port = str(tmp_path), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 240
+    every_boundary = {"save_steps": H, "logging_steps": H}
+    members = [spawn(ctx, out, port, f"w{i}", 2, wait_for_joiner_at=(8,), **every_boundary) for i in range(2)]
+    wait_round(store, 0, deadline)
+    joiner = spawn(ctx, out, port, "w2", 2, **every_boundary)  # the members' command: start() takes it in later
+    seen = collect([*members, joiner], out, ("w0", "w1", "w2"), deadline)
+    assert [p.exitcode for p in (*members, joiner)] == [0, 0, 0]
+    (joined,) = seen["w2"]["begins"]
+    assert joined["round"] == 1 and joined["step"] in (8, 12)
+    boundaries = list(range(H, STEPS + 1, H))
+    for name in ("w0", "w1"):
+        assert [b["step"] for b in seen[name]["begins"]] == [0, joined["step"]]
+        assert seen[name]["saved"] == boundaries  # the join's step too, once
+        assert seen[name]["logged"] == boundaries
+        assert seen[name]["steps"] == list(range(1, STEPS + 1))  # a join redoes nothing
+    checkpoints = sorted(int(d.split("-")[1]) for d in os.listdir(os.path.join(out, "w0")) if d.startswith("check"))
+    assert checkpoints == boundaries
+    assert seen["w2"]["saved"] == [s for s in boundaries if s > joined["step"]]
+    assert seen["w2"]["params"] == seen["w0"]["params"]
