@@ -38,6 +38,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from link_floor import _rate_bits, event_blocked_seconds, overlap_steps  # noqa: E402
 
+from autoloco_hf.cli.report import moving_average  # noqa: E402
+
 SMOOTHING_STEPS = 50  # trailing mean of the per-step training loss (one step's loss is noisy)
 
 
@@ -73,21 +75,10 @@ class Curve:
         return None if step is None else step * step_s + self.syncs[step - 1] * blocked_s
 
 
-def smoothed(values: list[float], window: int) -> list[float]:
-    """Trailing mean over up to ``window`` values (shorter at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def load_curve(run_dir: str, window: int = SMOOTHING_STEPS) -> Curve:
     with gzip.open(os.path.join(run_dir, "steps.jsonl.gz"), "rt") as f:
         steps = [json.loads(line) for line in f]
-    return Curve(smoothed([s["loss"] for s in steps], window), [int(s["syncs"]) for s in steps])
+    return Curve(moving_average([s["loss"] for s in steps], window), [int(s["syncs"]) for s in steps])
 
 
 def sync_costs(rows: list[dict[str, Any]], h_base: int, tau: int, step_s: float) -> dict[str, SyncCost]:
