@@ -498,7 +498,8 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
         xscale="log", xlabel="payload communicated per worker (MiB, log scale)", ylabel="training loss (moving average)"
     )
     _zoom_on_tail(ax, runs)
-    ax.legend()
+    if ax.lines:  # a one-worker run sends nothing: no curve, so no legend (matplotlib warns on an empty one)
+        ax.legend()
     save(fig, "loss_vs_bytes.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
