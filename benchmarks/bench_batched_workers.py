@@ -8,8 +8,8 @@ worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
 variants alternate block by block (one block = one interval of 10 steps), so a shared
 machine's load hits all of them alike; the JSON keeps every block's seconds per step::
 
-    python benchmarks/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 --compile --json docs/results/batched_workers/cpu.json
-    python benchmarks/bench_batched_workers.py --from-json docs/results/batched_workers/cpu.json
+    python benchmarks/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json
+    python benchmarks/bench_batched_workers.py --from-json results/batched_workers/cpu.json
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ preallocated one.
 
     python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
     python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 \
-        --topk 0.02 --json docs/results/codec_speed/codec_throughput.json   # the issue-36 run (docs/benchmarks.md)
+        --topk 0.02 --json results/codec_speed/codec_throughput.json   # the issue-36 run (docs/benchmarks.md)
     python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 \
-        --kernels eager compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json
+        --kernels eager compiled --repeats 7 --json results/codec_speed/codec_kernels.json
 """
 
 from __future__ import annotations

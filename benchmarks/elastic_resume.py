@@ -11,7 +11,7 @@ over model seeds is the yardstick) and against uninterrupted runs with the new
 number of workers from the start. Writes the raw losses as JSON (``--out``) and
 prints the table of docs/reliability.md from it::
 
-    PYTHONPATH=. python benchmarks/elastic_resume.py                 # runs, writes docs/results/elastic/elastic_resume.json
+    PYTHONPATH=. python benchmarks/elastic_resume.py                 # runs, writes results/elastic/elastic_resume.json
     PYTHONPATH=. python benchmarks/elastic_resume.py --report-only   # the table from the committed JSON
 """
 
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=STEPS, help=f"steps of every run (default {STEPS}; fewer: a smoke run)"
     )
-    parser.add_argument("--out", default="docs/results/elastic/elastic_resume.json", help="raw results (JSON)")
+    parser.add_argument("--out", default="results/elastic/elastic_resume.json", help="raw results (JSON)")
     parser.add_argument("--report-only", action="store_true", help="print the table of --out, run nothing")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a toy model: more threads only wait on each other (7x the CPU time on 2 loaded cores)

@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=0.5, help="each step lasts at least this long")
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("--workdir", help="keep every run's logs and events here (default: a temporary folder)")
-    parser.add_argument("--out", default="docs/results/elastic/testbed.json")
+    parser.add_argument("--out", default="results/elastic/testbed.json")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if args.worker:

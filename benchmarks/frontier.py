@@ -14,8 +14,8 @@ Each finished run is one folder ``OUT/<regime>/seed<k>/<variant>/`` with
 ``summary.json`` and gzipped interval and step logs; a rerun skips finished
 runs and several copies of the command share the work through lock files::
 
-    nohup nice -n 10 python benchmarks/frontier.py --out docs/results/frontier &
-    python benchmarks/frontier.py --out docs/results/frontier --report-only
+    nohup nice -n 10 python benchmarks/frontier.py --out results/frontier &
+    python benchmarks/frontier.py --out results/frontier --report-only
 
 The report (``OUT/frontier.md`` + one plot per regime) gives, per regime, first the comparators a
 reader assumes (:class:`Comparison`: each rule against the tuned DiLoCo at its ``h_base``, against the
@@ -949,7 +949,7 @@ def float_list(text: str) -> list[float]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="docs/results/frontier", help="folder of the run folders")
+    p.add_argument("--out", default="results/frontier", help="folder of the run folders")
     p.add_argument("--regimes", default="iid,noniid", help="comma-separated, from iid, noniid (default both)")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps T (default 1000: H_base 10)")

@@ -1,7 +1,7 @@
 """The model-size ladder: the default rule against the tuned DiLoCo, rung by rung, in regime A (IID).
 
 Not a test. Reads the run folders that ``benchmarks/frontier.py`` writes: the 197k rung from
-``docs/results/frontier`` (``--base``), the CPU rungs from ``OUT/<rung>/`` (``results/ladder/h128_l4`` ...) and
+``results/frontier`` (``--base``), the CPU rungs from ``OUT/<rung>/`` (``results/ladder/h128_l4`` ...) and
 the GPU rungs from their committed folders. Writes one table by rung with the comparators every report uses
 (``frontier.Comparison``) and, per rung, the planned runs that have not finished::
 
@@ -31,7 +31,7 @@ from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
 
 DEFAULT = "default"  # the default rule's name on the ladder's rungs
 BASE_DEFAULT = "descent_k0.9_guard_mu0.5_hmax20"  # ... and in the 197k campaign (docs/results.md)
-REPORT = "docs/results/ladder.md"
+REPORT = "results/ladder.md"
 SEEDS = (0, 1, 2)  # the tuning seeds of every rung
 # the CPU rungs' runs per seed: the default at 1x, 2x, 4x h_base, the paper's rule, and the tuned grid
 TUNED = frontier.tuned_grid([0.7, 1.0], [0.5], [10, 20, 5, 40])
@@ -66,7 +66,7 @@ def rungs(out: Path, base: Path) -> list[Rung]:
     gpu_plan = (*gpu_frontier.points(gpu_frontier.Grid.TUNED, 1000), *CURVE)
     gpu = {
         name: Rung(Path(folder), sizes.hidden, sizes.layers, sizes.heads, "GPU", plan=gpu_plan)
-        for name, folder in (("14m", "docs/results/gpu_frontier_14m"), ("114m", "docs/results/gpu_frontier_114m"))
+        for name, folder in (("14m", "results/gpu_frontier_14m"), ("114m", "results/gpu_frontier_114m"))
         for sizes in [gpu_frontier.MODELS[name]]
     }
     return [
@@ -117,9 +117,9 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
 
 # the other regimes measured at the smallest rung (docs/results.md), each with the default under its 197k name
 OTHER_REGIMES = (
-    ("B (non-IID)", "docs/results/frontier", frontier.Regime.NONIID),
-    ("C (B at 4x the inner LR)", "docs/results/regime_search/lr8e-3", frontier.Regime.NONIID),
-    ("D (A: 4 workers at 8x the batch)", "docs/results/frontier_d", frontier.Regime.IID),
+    ("B (non-IID)", "results/frontier", frontier.Regime.NONIID),
+    ("C (B at 4x the inner LR)", "results/regime_search/lr8e-3", frontier.Regime.NONIID),
+    ("D (A: 4 workers at 8x the batch)", "results/frontier_d", frontier.Regime.IID),
 )
 README_HEADERS = [
     "regime",
@@ -245,7 +245,7 @@ def write_report(args: argparse.Namespace) -> Path:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)")
-    p.add_argument("--base", default="docs/results/frontier", help="the 197k rung (default docs/results/frontier)")
+    p.add_argument("--base", default="results/frontier", help="the 197k rung (default results/frontier)")
     p.add_argument("--report", default=REPORT, help=f"where the report goes (default {REPORT})")
     p.add_argument(
         "--readme", action="store_true", help="write the results table into README.md and docs/results.md instead"

@@ -1,6 +1,6 @@
 """The link speed at which each wire's blocked share reaches 2 %, from a ``benchmarks/wan.py --json`` run (not a test).
 
-    python benchmarks/link_floor.py docs/results/wan_wires/h10.json [--step-seconds 0.02]
+    python benchmarks/link_floor.py results/wan_wires/h10.json [--step-seconds 0.02]
 
 The run must hold each row at ``unlimited`` and at one limited rate. Per row (a wire format at ``F``
 fragments, a delayed merge ``tau`` steps after each fragment's sync, ``H`` steps per interval):

@@ -21,7 +21,7 @@ step after the reform), steps redone, goodput (the run's steps over the steps tr
 summed over the workers that finished), the final held-out loss (16 batches no worker
 trains on) and its difference to the fault-free run of the same seed::
 
-    PYTHONPATH=. python benchmarks/live_testbed.py                  # writes docs/results/elastic/live_testbed.json
+    PYTHONPATH=. python benchmarks/live_testbed.py                  # writes results/elastic/live_testbed.json
     PYTHONPATH=. python benchmarks/live_testbed.py --report-only    # the table from the committed JSON
 """
 
@@ -59,7 +59,7 @@ SCENARIOS = (
     "two_lost",
     "store_member_lost",
 )
-DEFAULT_OUT = ROOT / "docs" / "results" / "elastic" / "live_testbed.json"
+DEFAULT_OUT = ROOT / "results" / "elastic" / "live_testbed.json"
 
 
 def run_worker(

@@ -15,7 +15,7 @@ Real processes on loopback, gloo, a ``TCPStore`` hosted by this script: each pro
 For each: fault to training again (the death, written by the dying process, to the first step of the
 slowest survivor after the reform), the steps redone, goodput (useful steps over steps trained by the
 finishing members) and the held-out loss of the final model (64 sequences no worker trains on).
-Raw results: ``docs/results/elastic/live_trainer_testbed.json``.
+Raw results: ``results/elastic/live_trainer_testbed.json``.
 
     PYTHONPATH=. python benchmarks/live_trainer_testbed.py               # about 3 minutes here
     PYTHONPATH=. python benchmarks/live_trainer_testbed.py --report-only
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 STEPS, H = 28, 4
 SCENARIOS = ("fault_free", "lost_and_joined", "two_lost", "store_member_lost")
-DEFAULT_OUT = ROOT / "docs" / "results" / "elastic" / "live_trainer_testbed.json"
+DEFAULT_OUT = ROOT / "results" / "elastic" / "live_trainer_testbed.json"
 
 
 def run_scenario(scenario: str, seed: int) -> dict[str, Any]:

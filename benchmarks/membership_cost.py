@@ -14,7 +14,7 @@ uninterrupted run) and differs in one thing at a time:
 
 Each variant's final held-out loss (16 batches no worker trains on) is paired per seed with the
 uninterrupted 4-worker run; the seed spread of that run is the yardstick. Raw losses:
-``docs/results/elastic/membership_cost.json``::
+``results/elastic/membership_cost.json``::
 
     PYTHONPATH=. python benchmarks/membership_cost.py
     PYTHONPATH=. python benchmarks/membership_cost.py --report-only
@@ -45,7 +45,7 @@ STEPS, WARMUP, WORKERS, FAULT_STEP = 160, 10, 4, 61
 CONFIG = AutoLoCoConfig(method="diloco", h_base=8)
 EVAL_BATCHES = [batch_for(10_000 + k, 0) for k in range(16)]  # workers no run trains on
 ADAMW = ("exact", "after_cut", "fresh")  # the AdamW state each worker goes on with
-DEFAULT_OUT = "docs/results/elastic/membership_cost.json"
+DEFAULT_OUT = "results/elastic/membership_cost.json"
 
 
 def tiny_llama(seed: int) -> torch.nn.Module:

@@ -7,9 +7,9 @@ initialization and reads the same batches, so differences are paired. The
 simulation applies each average at the step it is due, so the loss numbers are
 the ones a real overlapped run gets; wall time on a link is not measured here.
 
-    python benchmarks/overlap_quality.py --seeds 0,1,2 --out docs/results/overlap --report docs/results_overlap.md
+    python benchmarks/overlap_quality.py --seeds 0,1,2 --out results/overlap --report docs/results_overlap.md
 
-Each finished run is one JSON file in ``--out`` (committed under docs/results/overlap); a rerun reuses
+Each finished run is one JSON file in ``--out`` (committed under results/overlap); a rerun reuses
 them, so the report regenerates without training.
 """
 
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--q-h", type=int, default=2, help="2 so that the delayed merge (tau 1 < q_H) is admissible")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--out", default="docs/results/overlap")
+    parser.add_argument("--out", default="results/overlap")
     parser.add_argument("--report", help="markdown file for the table (default: print only)")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]

@@ -24,7 +24,7 @@ Each finished run is one folder ``OUT/<table>/seed<k>/<variant>/`` with
 and a lock file lets several copies of the command share the work::
 
     nohup nice -n 10 python benchmarks/replicate.py --out runs/replicate &
-    python benchmarks/replicate.py --out runs/replicate --report-only --report-dir docs/results
+    python benchmarks/replicate.py --out runs/replicate --report-only --report-dir results
 
 Tables (``--only``): ``table1`` (``--workers`` workers: DDP, DiLoCo mu 0.9 and
 0.7, AutoLoCo, QSR, Linear Interval), ``table14`` (BF16 / INT8 wire, INT8 +

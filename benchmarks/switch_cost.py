@@ -294,8 +294,8 @@ def report(args: argparse.Namespace) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="docs/results/switch_cost")
-    p.add_argument("--frontier", default="docs/results/frontier", help="the frontier runs (fixed-H references)")
+    p.add_argument("--out", default="results/switch_cost")
+    p.add_argument("--frontier", default="results/frontier", help="the frontier runs (fixed-H references)")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--workers", type=int, default=8)

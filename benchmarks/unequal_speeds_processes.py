@@ -8,7 +8,7 @@ step, standing for a step's compute), and the last rank sleeps twice as long: it
 runs at half speed. Budget pacing measures every worker's speed with the wall
 clock (no virtual clock), so this checks the mechanism end to end::
 
-    python benchmarks/unequal_speeds_processes.py --out docs/results/unequal_speeds/processes.json
+    python benchmarks/unequal_speeds_processes.py --out results/unequal_speeds/processes.json
 
 Writes one JSON object (one entry per pacing: wall seconds, tokens, tokens per
 second, final validation loss, the last interval's steps per worker) and prints a table.
@@ -113,7 +113,7 @@ def run(pacing: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="docs/results/unequal_speeds/processes.json")
+    parser.add_argument("--out", default="results/unequal_speeds/processes.json")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--h-base", type=int, default=10)

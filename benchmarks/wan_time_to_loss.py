@@ -1,9 +1,9 @@
 """Wall-clock time to a target loss on a slow link: loss-per-sync curves joined with measured sync costs.
 
-    python benchmarks/wan_time_to_loss.py docs/results/wan_overlap/h52_unlimited.json \\
-        docs/results/wan_overlap/h52_100mbit.json --json docs/results/wan_time_to_loss/h52.json
+    python benchmarks/wan_time_to_loss.py results/wan_overlap/h52_unlimited.json \\
+        results/wan_overlap/h52_100mbit.json --json results/wan_time_to_loss/h52.json
 
-The loss campaigns (``docs/results/frontier``) measure the training loss after every step and the syncs
+The loss campaigns (``results/frontier``) measure the training loss after every step and the syncs
 made so far, at no link cost; the link testbed (``benchmarks/wan.py --json``) measures what a sync
 costs. A run of a variant reaches the target at step ``s`` after ``k(s)`` syncs, so on a link of
 ``B`` bit/s with a wire ``w`` and an overlap mode::
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "wan", nargs="+", help="benchmarks/wan.py --json files: the rows at unlimited and limited rates"
     )
-    parser.add_argument("--frontier", default="docs/results/frontier/iid", help="the campaign's seed folders")
+    parser.add_argument("--frontier", default="results/frontier/iid", help="the campaign's seed folders")
     parser.add_argument("--default", default="descent_k0.9_guard_mu0.5_hmax20", help="the default rule's variant")
     parser.add_argument("--diloco", default="diloco_mu0.5_h10", help="DiLoCo at h_base, the default's momentum")
     parser.add_argument("--baseline-row", default="diloco", help="the testbed row of FP32 blocking syncs")

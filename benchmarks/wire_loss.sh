@@ -5,7 +5,7 @@
 # the work through lock files. Report: python benchmarks/wire_loss_report.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-docs/results/wire_loss}
+OUT=${OUT:-results/wire_loss}
 SEEDS=${SEEDS:-0,1,2,3,4}
 # name suffix -> AutoLoCoConfig fields of the wire
 WIRES=(

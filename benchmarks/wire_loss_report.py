@@ -5,7 +5,7 @@ Not a test. Every run folder ``OUT/<regime>/seed<k>/<method>__<wire>/summary.jso
 same method, regime and seed, and the table gives the mean paired difference of the
 held-out loss with its standard error, next to the targets of issue 36::
 
-    python benchmarks/wire_loss_report.py --out docs/results/wire_loss
+    python benchmarks/wire_loss_report.py --out results/wire_loss
 
 The yardstick of "within one standard error of FP32" is the standard error of the
 FP32 runs' own held-out loss over the same seeds (the seed-to-seed spread of the
@@ -103,7 +103,7 @@ def report(out: Path, shown: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/wire_loss", help="the runs' folder (report.md goes there)")
+    parser.add_argument("--out", default="results/wire_loss", help="the runs' folder (report.md goes there)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if not out.is_dir():

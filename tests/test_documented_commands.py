@@ -1,4 +1,4 @@
-"""Every command documented in README.md, recipes/README.md and docs/ runs as written, or says why it cannot here.
+"""Every command documented in README.md, recipes/README.md, docs/ and results/ runs as written, or says why it cannot here.
 
 The commands are extracted from ``bash`` / ``sh`` / ``console`` / ``shell`` code blocks, from unlabelled
 fences that open with a command (other unlabelled fences are output or tables), and from indented blocks,
@@ -20,7 +20,7 @@ order:
 * in :data:`SHORTENED`: every command that starts with one of its prefixes (past ``nohup`` / ``nice``)
   runs with its flags appended.
 
-Shortened runs write into the scratch folder (a later ``--out`` / ``--json``), never under docs/.
+Shortened runs write into the scratch folder (a later ``--out`` / ``--json``), never under results/.
 Commands of :data:`ROOT_ONLY` scripts need root (network namespaces) and are skipped, with a line, without
 it. Commands of :data:`IN_ONE_PROCESS` scripts (the loss campaigns) run one after the other in one Python
 process (``runpy``, each with its own argv and as ``__main__``), so that their imports are paid once; a
@@ -43,7 +43,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ["README.md", "recipes/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+DOCS = [
+    "README.md",
+    "recipes/README.md",
+    *sorted(str(p.relative_to(ROOT)) for folder in ("docs", "results") for p in (ROOT / folder).rglob("*.md")),
+]
 PROGRAMS = "python|python3|autoloco|torchrun|accelerate|pip|pytest|sudo|nohup|nice|mkdir|git"
 # a command: environment assignments, then a program; or a one-line ``for`` loop
 COMMAND = re.compile(rf"^(\w+=\S+ )*({PROGRAMS})\b(?!\s*=)|^for \w+ in [^;]*; do ")
@@ -66,9 +70,7 @@ SHORT_FRONTIER = (
     " --out frontier_short --seeds 0 --steps 20 --workers 2 --max-docs 60 --val-windows 8"
     " --tuned-outer-lrs 0.7 --tuned-momenta 0.5 --tuned-h-list 5 --quiet"
 )
-TUNED_PIECE = (
-    'python benchmarks/frontier.py --out docs/results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
-)
+TUNED_PIECE = 'python benchmarks/frontier.py --out results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
 # wan.py on two namespaces: 8 steps of a tiny GPT-2 at H 4, no rate limit, one row of the documented ones
 SHORT_WAN = (
     " --steps 8 --h-base 4 --overlap-steps 1 --rates unlimited --hidden 32 --layers 1 --vocab 128 --seq 16"
@@ -76,7 +78,7 @@ SHORT_WAN = (
 )
 RUN = {
     "autoloco demo": "autoloco demo" + SHORT_DEMO + " --out demo",
-    "autoloco demo --out docs/demo": "autoloco demo --out docs/demo" + SHORT_DEMO,
+    "autoloco demo --out results/demo": "autoloco demo --out results/demo" + SHORT_DEMO,
     "autoloco plan --recipe c4": "autoloco plan --recipe c4",
     "autoloco plan --recipe sft --json": "autoloco plan --recipe sft --json",
     "autoloco plan --recipe c4 --steps 20000 --warmup 400 --h-base 200 --method qsr": (
@@ -85,9 +87,9 @@ RUN = {
     "torchrun --nproc_per_node 2 train.py": "torchrun --nproc_per_node 2 train.py --max_steps 10",
     "autoloco report runs/quickstart": "autoloco report runs/quickstart",
     CPU_RECIPE: CPU_RECIPE + " --steps 10 --warmup-steps 2 --val-docs 8",
-    # docs/demo/report.md: the command that made the committed demo
-    "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out docs/demo": (
-        "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out docs/demo"
+    # results/demo/report.md: the command that made the committed demo
+    "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out results/demo": (
+        "autoloco demo --steps 1000 --workers 4 --methods diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent --h-base 10 --seed 0 --out results/demo"
         " --steps 10 --workers 2 --methods diloco --out demo_report"
     ),
     # docs/controller.md: the scenario tables, one seed per row
@@ -109,27 +111,27 @@ RUN = {
     ),
     # docs/benchmarks.md: gloo and codec timings, 6M / 1M elements, one repeat, into the scratch folder
     "python benchmarks/bench_sync.py": "python benchmarks/bench_sync.py --sizes 6M --repeats 1",
-    "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json docs/results/bench_sync/lowbit_16M_run2.json": (
+    "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json results/bench_sync/lowbit_16M_run2.json": (
         "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json "
-        "docs/results/bench_sync/lowbit_16M_run2.json --sizes 6M --repeats 1 --json bench_sync.json"
+        "results/bench_sync/lowbit_16M_run2.json --sizes 6M --repeats 1 --json bench_sync.json"
     ),
     "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5": (
         "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5 --sizes 1M --repeats 1"
     ),
     (
         "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
-        "--repeats 5 --json docs/results/codec_speed/codec_throughput.json"
+        "--repeats 5 --json results/codec_speed/codec_throughput.json"
     ): (
         "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
-        "--repeats 5 --json docs/results/codec_speed/codec_throughput.json --sizes 1M --repeats 1 --json codec.json"
+        "--repeats 5 --json results/codec_speed/codec_throughput.json --sizes 1M --repeats 1 --json codec.json"
     ),
     # docs/benchmarks.md: the eager and compiled kernels side by side, on 1M elements, one repeat, int2 only
     (
         "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
-        "compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json"
+        "compiled --repeats 7 --json results/codec_speed/codec_kernels.json"
     ): (
         "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
-        "compiled --repeats 7 --json docs/results/codec_speed/codec_kernels.json --sizes 1M --wires int2 --repeats 1 "
+        "compiled --repeats 7 --json results/codec_speed/codec_kernels.json --sizes 1M --wires int2 --repeats 1 "
         "--json codec_kernels.json"
     ),
     # docs/reliability.md: the elastic resume on 12 steps, 1 seed (the fault inside the second interval)
@@ -166,7 +168,7 @@ for piece in (
 ):
     RUN[piece] = piece + SHORT_FRONTIER
 REGIME_D = (
-    "python benchmarks/frontier.py --out docs/results/frontier_d --batch-size 16 --workers 4 --regimes iid "
+    "python benchmarks/frontier.py --out results/frontier_d --batch-size 16 --workers 4 --regimes iid "
     '--seeds 0,1,2 --h-list "" --mu-list "" --adaptive autoloco --adaptive descent_k0.9_guard_mu0.5_hmax20:'
     "controller=descent,descent_gain=0.9,descent_drift_guard=true,h_max=20,outer_momentum=0.5 "
     "--tuned-outer-lrs 0.7 --tuned-momenta 0.5,0.7 --tuned-h-list 10,20"
@@ -176,10 +178,10 @@ RUN[REGIME_D] = REGIME_D + SHORT_FRONTIER
 for runs in ("int8_16M_run", "int8_16M_quiet_run"):
     RUN[
         "for k in 1 2 3 4 5; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
-        f"--json docs/results/bench_sync/{runs}$k.json; done"
+        f"--json results/bench_sync/{runs}$k.json; done"
     ] = (
         "for k in 1; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
-        f"--json docs/results/bench_sync/{runs}$k.json --sizes 6M --repeats 1 --json bench_sync_$k.json; done"
+        f"--json results/bench_sync/{runs}$k.json --sizes 6M --repeats 1 --json bench_sync_$k.json; done"
     )
 # docs/benchmarks.md's first link runs (root: network namespaces), each with one of its rows, SHORT_WAN (the
 # later blocks are marked in the document: ~25 s a row here, each block would add about a minute)
@@ -211,7 +213,7 @@ SHORTENED = {
         " --variants autoloco,autoloco_int8_ef,autoloco_norm"
     ),
     "python benchmarks/controller_scenarios.py --columns": " --seeds 1 --student-seeds 1",
-    # one-liners that read the committed results (docs/demo, docs/results: copies in the scratch folder), as written
+    # one-liners that read the committed results (results: a copy in the scratch folder), as written
     "python -c ": "",
 }
 # network namespaces: their runs (not --report-only) are skipped, with a line, unless root
@@ -221,28 +223,28 @@ BEFORE = ("tar -x -C before", "PYTHONPATH=before ")  # the commands of that colu
 # the loss campaigns' scripts share one Python process (runpy, one argv each): their imports are paid once
 IN_ONE_PROCESS = ("benchmarks/frontier.py", "benchmarks/switch_cost.py", "benchmarks/replicate.py")
 # the unequal-speeds campaign: 2 workers, profile (a), 2 seeds, 20 steps, into a scratch folder; then its report
-UNEQUAL = "python benchmarks/unequal_speeds.py --out docs/results/unequal_speeds"
+UNEQUAL = "python benchmarks/unequal_speeds.py --out results/unequal_speeds"
 RUN[UNEQUAL] = (
     UNEQUAL + " --out unequal_short --workers 2 --profiles a --seeds 0 1 --steps 20 --h-base 5 --val-sequences 8"
 )
 RUN[UNEQUAL + " --report-only"] = UNEQUAL + " --report-only --out unequal_short"
-UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out docs/results/unequal_speeds/processes.json"
+UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out results/unequal_speeds/processes.json"
 RUN[UNEQUAL_PROCESSES] = (
     UNEQUAL_PROCESSES + " --out processes_short.json --workers 2 --steps 10 --h-base 5 --delay-ms 1"
 )
 # the unequal-speed testbed's tables, from its committed JSON (no namespaces), as written
 TESTBED_TABLES = "python benchmarks/wan.py --from-json " + " ".join(
-    f"docs/results/unequal_speeds/testbed/run{k}.json" for k in (1, 2, 3)
+    f"results/unequal_speeds/testbed/run{k}.json" for k in (1, 2, 3)
 )
 RUN[TESTBED_TABLES] = TESTBED_TABLES
 # docs/benchmarks.md: the batched workers' timing at one tiny size, and its table from the committed JSON
 BATCHED = "python benchmarks/bench_batched_workers.py"
-RUN[BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json docs/results/batched_workers/cpu.json"] = (
-    BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json docs/results/batched_workers/cpu.json"
+RUN[BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json"] = (
+    BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json"
     " --sizes 32x1 --repeats 1 --workers 2 --json bench_batched.json"
 )
-RUN[BATCHED + " --from-json docs/results/batched_workers/cpu.json"] = (
-    BATCHED + " --from-json docs/results/batched_workers/cpu.json"
+RUN[BATCHED + " --from-json results/batched_workers/cpu.json"] = (
+    BATCHED + " --from-json results/batched_workers/cpu.json"
 )
 ELSEWHERE = {
     "python -m pytest -q": ".ci/run runs the README's test command, as its two tiers (-m 'not slow', -m slow)",
@@ -258,16 +260,16 @@ ELSEWHERE = {
     ),
     "sudo python benchmarks/wan.py --smoke": "tests/benchmarks/test_wan_smoke.py::test_smoke_run_on_two_namespaces",
     # the reports of the committed runs, regenerated and compared (into a temporary folder)
-    "python benchmarks/frontier.py --out docs/results/frontier --report-only": (
+    "python benchmarks/frontier.py --out results/frontier --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/frontier.py --out docs/results/fragments --report-only": (
+    "python benchmarks/frontier.py --out results/fragments --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/switch_cost.py --out docs/results/switch_cost --frontier docs/results/frontier --report-only": (
+    "python benchmarks/switch_cost.py --out results/switch_cost --frontier results/frontier --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_switch_cost_table_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/replicate.py --out docs/results/replicate --report-dir docs/results --report-only": (
+    "python benchmarks/replicate.py --out results/replicate --report-dir results --report-only": (
         "tests/benchmarks/test_replicate.py::test_the_committed_tables_regenerate_from_the_committed_runs"
     ),
 }
@@ -448,15 +450,14 @@ def scratch(tmp: Path) -> None:
     """What the documented commands expect beside them, "from the repository root".
 
     Links to the code (``autoloco_hf``, ``recipes``, ``benchmarks``, ``tests``: nothing there is written),
-    copies of ``docs/demo`` and ``docs/results`` (the committed runs some commands read, and where an unshortened
+    a copy of ``results`` (the committed runs some commands read, and where an unshortened
     ``--out`` would write), the README's Trainer example and the CPU recipe's inputs.
     """
     from autoloco_hf.cli.demo_data import corpus_text, train_tokenizer
 
     for folder in ("autoloco_hf", "recipes", "benchmarks", "tests"):
         (tmp / folder).symlink_to(ROOT / folder)
-    for folder in ("demo", "results"):
-        shutil.copytree(ROOT / "docs" / folder, tmp / "docs" / folder)
+    shutil.copytree(ROOT / "results", tmp / "results")
     (tmp / TRAIN_PY).write_text(readme_trainer_example())
     text = corpus_text()
     docs = [text[k : k + 250] for k in range(0, len(text), 250)]  # 1,861 rows: the documented 200 steps x 4 x 2

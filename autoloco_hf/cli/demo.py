@@ -11,7 +11,7 @@ The recipe is the paper's C4 recipe scaled down with the same ratios:
 ``H_base = steps / 100``, warm-up 2% of the steps then cosine decay,
 ``q_H = H_base / 10``, ``H_max = 1.5 H_base``. The default (1,000 steps,
 4 workers, 5 methods) needs about 6 minutes of CPU time on one thread
-(measured 2026-12-04: 380 s CPU, 6 min 22 s wall, 521 MB peak memory; ``docs/demo``).
+(measured 2026-12-04: 380 s CPU, 6 min 22 s wall, 521 MB peak memory; ``results/demo``).
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big

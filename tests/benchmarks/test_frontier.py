@@ -14,8 +14,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "docs" / "results" / "frontier"
-SWITCH = ROOT / "docs" / "results" / "switch_cost"
+COMMITTED = ROOT / "results" / "frontier"
+SWITCH = ROOT / "results" / "switch_cost"
 
 
 def load(name: str):
@@ -227,10 +227,10 @@ def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():
     ],
 )
 def test_the_committed_frontier_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch, folder, row):
-    """Every number in docs/results/<folder>/frontier.md comes from the run folders next to it."""
+    """Every number in results/<folder>/frontier.md comes from the run folders next to it."""
     frontier = load("frontier")
     monkeypatch.chdir(ROOT)
-    out = f"docs/results/{folder}"
+    out = f"results/{folder}"
     args = frontier.parse_args(["--out", out, "--report-only", "--report-dir", str(tmp_path)])
     regenerated = frontier.write_report(args).read_text()
     assert regenerated == (ROOT / out / "frontier.md").read_text()
@@ -244,9 +244,9 @@ def test_the_committed_switch_cost_table_regenerates_from_the_committed_runs(tmp
     out = tmp_path / "switch_cost"
     shutil.copytree(SWITCH, out)  # the report is written next to the runs
     (out / "switch_cost.md").unlink()
-    args = ["--out", str(out), "--frontier", "docs/results/frontier", "--report-only"]
+    args = ["--out", str(out), "--frontier", "results/frontier", "--report-only"]
     switch_cost.main(args)
-    expected = (SWITCH / "switch_cost.md").read_text().replace("docs/results/switch_cost", str(out))
+    expected = (SWITCH / "switch_cost.md").read_text().replace("results/switch_cost", str(out))
     assert (out / "switch_cost.md").read_text() == expected
     assert "| 10to15_at130 |" in expected  # the table has rows
 

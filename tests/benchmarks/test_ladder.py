@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ROOT / "docs" / "results" / "frontier"
+BASE = ROOT / "results" / "frontier"
 
 
 def load(name: str):
@@ -21,12 +21,12 @@ def load(name: str):
 
 
 def test_the_committed_ladder_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
-    """Every number of docs/results/ladder.md comes from the run folders: the 197k rung and results/ladder."""
+    """Every number of results/ladder.md comes from the run folders: the 197k rung and results/ladder."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
     regenerated = ladder.write_report(ladder.parse_args(["--report", str(tmp_path / "ladder.md")])).read_text()
     assert regenerated == (ROOT / ladder.REPORT).read_text()
-    assert "| 197k (`docs/results/frontier`) |" in regenerated
+    assert "| 197k (`results/frontier`) |" in regenerated
 
 
 def copy_run(source: Path, target: Path) -> None:

@@ -48,21 +48,22 @@ def test_report_pairs_each_variant_with_blocking_autoloco_of_the_same_seed():
 
 
 COMMITTED = os.path.join(REPO, "docs", "results_overlap.md")
-RUNS = os.path.join(REPO, "docs", "results", "overlap")
+RUNS = os.path.join(REPO, "results", "overlap")
 
 
 def test_the_committed_overlap_table_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
-    """docs/results_overlap.md's generated part (above its reading) comes from docs/results/overlap/*.json."""
+    """docs/results_overlap.md's generated part (above its reading) comes from results/overlap/*.json."""
     script = load_script()
     committed = open(COMMITTED).read()
     generated, reading = committed.split("\n## Reading", 1)
     command = next(line for line in committed.splitlines() if line.startswith("Command: "))
     argv = command.removeprefix("Command: `python benchmarks/overlap_quality.py ").removesuffix("`").split()
     out = argv.index("--out") + 1
-    assert argv[out] == "docs/results/overlap" and len(os.listdir(RUNS)) >= 27
-    # the command as committed, run where docs/results/overlap is the committed folder and the report lands in tmp
-    (tmp_path / "docs" / "results").mkdir(parents=True)
-    os.symlink(RUNS, tmp_path / "docs" / "results" / "overlap")
+    assert argv[out] == "results/overlap" and len(os.listdir(RUNS)) >= 27
+    # the command as committed, run where results/overlap is the committed folder and the report lands in tmp
+    (tmp_path / "results").mkdir()
+    (tmp_path / "docs").mkdir()
+    os.symlink(RUNS, tmp_path / "results" / "overlap")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(script, "run_variant", None)  # nothing may train: every run is committed
     script.main(argv)

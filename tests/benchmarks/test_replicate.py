@@ -103,13 +103,13 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
 
 
 def test_the_committed_tables_regenerate_from_the_committed_runs(tmp_path, monkeypatch):
-    """Every number in docs/results/tables.md comes from the run folders under docs/results/replicate."""
+    """Every number in results/tables.md comes from the run folders under results/replicate."""
     replicate = load_replicate()
     monkeypatch.chdir(ROOT)
-    argv = ["--out", "docs/results/replicate", "--report-only", "--report-dir", str(tmp_path)]
+    argv = ["--out", "results/replicate", "--report-only", "--report-dir", str(tmp_path)]
     replicate.write_report(replicate.parse_args(argv))
     regenerated = (tmp_path / "tables.md").read_text()
-    assert regenerated == (ROOT / "docs" / "results" / "tables.md").read_text()
+    assert regenerated == (ROOT / "results" / "tables.md").read_text()
     assert "| autoloco | 8 |" in regenerated  # the tables have rows
 
 

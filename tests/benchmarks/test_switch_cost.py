@@ -32,7 +32,7 @@ def test_a_treatment_fires_once_on_the_first_interval_from_the_switch_step(befor
 
 def test_a_replay_executes_the_recorded_runs_horizons_interval_for_interval():
     switch_cost = load("switch_cost")
-    recorded = switch_cost.Replay("autoloco").for_seed(0, str(ROOT / "docs" / "results" / "frontier"))
+    recorded = switch_cost.Replay("autoloco").for_seed(0, str(ROOT / "results" / "frontier"))
     steps = recorded.horizons[-1][0] + recorded.horizons[-1][1]
     assert len(set(h for _, h in recorded.horizons)) > 3  # the paper rule's run climbed
     policy = switch_cost.ScheduledPolicy(FunctionSchedule(lambda s: 1e-3, steps), steps, 10, recorded)

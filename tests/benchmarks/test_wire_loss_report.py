@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "docs" / "results" / "wire_loss"
+COMMITTED = ROOT / "results" / "wire_loss"
 
 
 def load():
@@ -27,7 +27,7 @@ def write_run(out: Path, seed: int, wire: str, val: float) -> None:
 
 
 def test_the_committed_report_is_regenerated_from_the_committed_runs():
-    assert load().report(COMMITTED, "docs/results/wire_loss") == (COMMITTED / "report.md").read_text()
+    assert load().report(COMMITTED, "results/wire_loss") == (COMMITTED / "report.md").read_text()
 
 
 def test_targets_are_one_sided_and_paired_by_seed(tmp_path):

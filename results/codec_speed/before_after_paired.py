@@ -7,8 +7,8 @@ speed-up is per round. The base package is imported under another name:
 
     git archive 47ecdaa autoloco_hf | tar -x -C /tmp/old && mv /tmp/old/autoloco_hf /tmp/old/autoloco_old
     grep -rl autoloco_hf /tmp/old/autoloco_old | xargs sed -i s/autoloco_hf/autoloco_old/g
-    OLD_PKG_DIR=/tmp/old PYTHONPATH=$PWD python docs/results/codec_speed/before_after_paired.py 7 \
-        docs/results/codec_speed/before_after_paired.json
+    OLD_PKG_DIR=/tmp/old PYTHONPATH=$PWD python results/codec_speed/before_after_paired.py 7 \
+        results/codec_speed/before_after_paired.json
 """
 
 import json
