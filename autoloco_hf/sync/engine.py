@@ -89,7 +89,7 @@ BoundaryListener = Callable[[IntervalRecord], None]
 OuterStepHook = Callable[[NextInterval, torch.Tensor, OuterOptimizer], None]
 """Called with the interval, its mean pseudo-gradient and the outer optimizer right before each outer step that
 runs (streaming fragments: each fragment's, with its part of the mean); it may change the outer state, as the
-ablations of ``benchmarks/switch_cost.py`` do to the momentum."""
+ablations of ``benchmarks/campaigns/switch_cost.py`` do to the momentum."""
 
 
 class TooManyInvalidIntervals(RuntimeError):

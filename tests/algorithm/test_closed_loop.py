@@ -1,7 +1,7 @@
 """Closed loop: ``AutoLoCoPolicy`` driven through synthetic statistic streams as the engine drives it.
 
 The streams and the loop live in ``controller_streams.py`` (model in its
-docstring); ``benchmarks/controller_scenarios.py`` runs the same scenarios on
+docstring); ``benchmarks/campaigns/controller_scenarios.py`` runs the same scenarios on
 10 seeds for docs/controller.md. Here a few seeds per scenario assert bounds
 that the pre-fix controller, or a regression, breaks.
 """

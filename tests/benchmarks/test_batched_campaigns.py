@@ -36,7 +36,7 @@ def assert_same_runs(batched: dict[str, dict], loop: dict[str, dict]) -> None:
 
 
 def run_frontier(out: Path, cache: Path, *extra: str) -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "frontier.py"), "--out", str(out), "--cache-dir", str(cache),
+    command = [sys.executable, str(ROOT / "benchmarks" / "campaigns" / "frontier.py"), "--out", str(out), "--cache-dir", str(cache),
                "--regimes", "iid", "--seeds", "0", "--h-list", "4", "--mu-list", "", "--mu-h-list", "",
                "--h-base", "2", *TINY, *extra]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
@@ -54,7 +54,7 @@ def test_frontier_batched_workers_switch_reproduces_the_loop(tmp_path: Path) -> 
 
 
 def run_gpu_dry(out: Path, cache: Path, *extra: str) -> dict:
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--cpu-dry-run", "--grid", "tuned",
+    command = [sys.executable, str(ROOT / "benchmarks" / "campaigns" / "gpu_frontier.py"), "--cpu-dry-run", "--grid", "tuned",
                "--max-runs", "3", "--out", str(out), "--cache-dir", str(cache), *extra]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

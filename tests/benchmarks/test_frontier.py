@@ -1,4 +1,4 @@
-"""benchmarks/frontier.py: the non-IID shards, the report regenerated from the committed runs, and the GPU campaign's dry run."""
+"""benchmarks/campaigns/frontier.py: the non-IID shards, the report regenerated from the committed runs, and the GPU campaign's dry run."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ COMMITTED = ROOT / "results" / "frontier"
 SWITCH = ROOT / "results" / "switch_cost"
 
 
+KINDS = {p.stem: p.parent.name for p in (ROOT / "benchmarks").glob("*/*.py")}  # frontier -> campaigns ...
+
+
 def load(name: str):
+    """A fresh copy of ``benchmarks/<kind>/<name>.py``, as ``<kind>.<name>`` (the name its neighbours import)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"{KINDS[name]}.{name}", ROOT / "benchmarks" / KINDS[name] / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
@@ -254,7 +260,7 @@ def test_the_committed_switch_cost_table_regenerates_from_the_committed_runs(tmp
 def test_gpu_campaign_dry_run_measures_plans_and_reports(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--cpu-dry-run", "--budget-s", "60",
+        [sys.executable, str(ROOT / "benchmarks" / "campaigns" / "gpu_frontier.py"), "--cpu-dry-run", "--budget-s", "60",
          "--out", str(out), "--cache-dir", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -276,7 +282,7 @@ def test_gpu_campaign_runs_the_tuned_grid_in_pieces_that_resume(tmp_path):
     assert len(names) == 2 + 3 * 3 * 4 and list(names)[:3] == ["default", "autoloco", "diloco_mu0.5_h10"]
     assert names["default"].overrides == {"controller": "descent"}  # the config's own rule and options
     out = tmp_path / "out"
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--cpu-dry-run", "--grid", "tuned",
+    command = [sys.executable, str(ROOT / "benchmarks" / "campaigns" / "gpu_frontier.py"), "--cpu-dry-run", "--grid", "tuned",
                "--max-runs", "2", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
     pieces = []
     for _ in range(2):
@@ -300,7 +306,7 @@ def test_the_gpu_campaigns_large_model_has_over_100m_parameters():
 
 def test_gpu_campaign_without_a_gpu_says_how_to_dry_run(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_frontier.py"), "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / "campaigns" / "gpu_frontier.py"), "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     if torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: its CPU dry run stays green, and a failing check makes it exit non-zero."""
+"""benchmarks/testbeds/gpu_check.py: its CPU dry run stays green, and a failing check makes it exit non-zero."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
+SCRIPT = os.path.join(REPO, "benchmarks", "testbeds", "gpu_check.py")
 CHECKS = [
     "environment",
     "codec_bit_identity",

@@ -1,4 +1,4 @@
-"""benchmarks/ladder.py: the size ladder's report, regenerated from the committed runs, and a rung read end to end."""
+"""benchmarks/campaigns/ladder.py: the size ladder's report, regenerated from the committed runs, and a rung read end to end."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ BASE = ROOT / "results" / "frontier"
 
 def load(name: str):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module(name)
+    return importlib.import_module(f"campaigns.{name}")
 
 
 def test_the_committed_ladder_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
@@ -74,7 +74,7 @@ def test_parameter_counts_read_as_a_reader_writes_them(count, text):
 
 
 def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs(monkeypatch):
-    """The results table of the README and of docs/results.md is `python benchmarks/ladder.py --readme` over the
+    """The results table of the README and of docs/results.md is `python benchmarks/campaigns/ladder.py --readme` over the
     committed runs, row for row."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
@@ -83,4 +83,4 @@ def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs
     for doc in ladder.TABLE_DOCS:
         lines = (ROOT / doc).read_text().splitlines()
         start, end = ladder.table_span(lines)
-        assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/ladder.py --readme"
+        assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/campaigns/ladder.py --readme"

@@ -1,4 +1,4 @@
-"""benchmarks/link_floor.py: the 2 % link speed of a wire from its measured bytes, step time and fixed cost."""
+"""benchmarks/testbeds/link_floor.py: the 2 % link speed of a wire from its measured bytes, step time and fixed cost."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("link_floor", ROOT / "benchmarks" / "link_floor.py")
+    spec = importlib.util.spec_from_file_location("link_floor", ROOT / "benchmarks" / "testbeds" / "link_floor.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

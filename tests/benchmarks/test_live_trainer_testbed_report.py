@@ -1,4 +1,4 @@
-"""docs/reliability.md's table of the Trainer on live membership is what benchmarks/live_trainer_testbed.py reports
+"""docs/reliability.md's table of the Trainer on live membership is what benchmarks/testbeds/live_trainer_testbed.py reports
 from the committed runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from live_trainer_testbed import DEFAULT_OUT, STEPS, report  # noqa: E402
+from testbeds.live_trainer_testbed import DEFAULT_OUT, STEPS, report  # noqa: E402
 
 
 def test_the_documented_table_is_the_report_of_the_committed_runs() -> None:

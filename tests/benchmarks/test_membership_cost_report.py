@@ -1,4 +1,4 @@
-"""docs/reliability.md's table of what a change of membership costs is what benchmarks/membership_cost.py reports
+"""docs/reliability.md's table of what a change of membership costs is what benchmarks/campaigns/membership_cost.py reports
 from the committed losses, and the exact resume in it costs nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from membership_cost import DEFAULT_OUT, report  # noqa: E402
+from campaigns.membership_cost import DEFAULT_OUT, report  # noqa: E402
 
 
 def test_the_documented_table_is_the_report_of_the_committed_losses() -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/overlap_quality.py: the paired differences of its report (the training itself is not run in CI)."""
+"""benchmarks/campaigns/overlap_quality.py: the paired differences of its report (the training itself is not run in CI)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "benchmarks", "overlap_quality.py")
+SCRIPT = os.path.join(REPO, "benchmarks", "campaigns", "overlap_quality.py")
 
 
 def load_script():
@@ -40,11 +40,13 @@ def test_report_pairs_each_variant_with_blocking_autoloco_of_the_same_seed():
         row("autoloco_eager", 1, 4.3),
     ]
     args = argparse.Namespace(workers=2, steps=10, h_base=4, q_h=2)
-    text = script.report(results, ["autoloco", "autoloco_eager"], "python benchmarks/overlap_quality.py", args)
+    text = script.report(
+        results, ["autoloco", "autoloco_eager"], "python benchmarks/campaigns/overlap_quality.py", args
+    )
     eager = next(line for line in text.splitlines() if line.startswith("| autoloco_eager ("))
     # losses 3.1, 4.3: mean 3.7; paired diffs 0.1, 0.3: mean +0.2, std 0.1414
     assert "3.7000 ± 0.8485" in eager and "+0.2000 ± 0.1414" in eager and eager.endswith("| 1.0 |")
-    assert "python benchmarks/overlap_quality.py" in text
+    assert "python benchmarks/campaigns/overlap_quality.py" in text
 
 
 COMMITTED = os.path.join(REPO, "docs", "results_overlap.md")
@@ -57,7 +59,7 @@ def test_the_committed_overlap_table_regenerates_from_the_committed_runs(tmp_pat
     committed = open(COMMITTED).read()
     generated, reading = committed.split("\n## Reading", 1)
     command = next(line for line in committed.splitlines() if line.startswith("Command: "))
-    argv = command.removeprefix("Command: `python benchmarks/overlap_quality.py ").removesuffix("`").split()
+    argv = command.removeprefix("Command: `python benchmarks/campaigns/overlap_quality.py ").removesuffix("`").split()
     out = argv.index("--out") + 1
     assert argv[out] == "results/overlap" and len(os.listdir(RUNS)) >= 27
     # the command as committed, run where results/overlap is the committed folder and the report lands in tmp

@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/replicate.py at a tiny scale: run folders, resume, report, refusals; and the no-repeat sampler."""
+"""Smoke run of benchmarks/campaigns/replicate.py at a tiny scale: run folders, resume, report, refusals; and the no-repeat sampler."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_replicate():
-    spec = importlib.util.spec_from_file_location("replicate", ROOT / "benchmarks" / "replicate.py")
+    spec = importlib.util.spec_from_file_location("replicate", ROOT / "benchmarks" / "campaigns" / "replicate.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
@@ -163,7 +163,14 @@ def test_campaigns_started_together_share_the_corpus_cache(tmp_path):
     import time
 
     go = time.time() + 8  # past both imports of torch and transformers
-    argv = [sys.executable, "-c", CACHE_WRITER, str(ROOT / "benchmarks" / "replicate.py"), str(tmp_path), str(go)]
+    argv = [
+        sys.executable,
+        "-c",
+        CACHE_WRITER,
+        str(ROOT / "benchmarks" / "campaigns" / "replicate.py"),
+        str(tmp_path),
+        str(go),
+    ]
     writers = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     done = [writer.communicate(timeout=300) for writer in writers]
     assert [writer.returncode for writer in writers] == [0, 0], [err[-2000:] for _, err in done]

@@ -1,4 +1,4 @@
-"""benchmarks/switch_cost.py: when a treatment fires (the first interval from the switch step on, with or without a
+"""benchmarks/campaigns/switch_cost.py: when a treatment fires (the first interval from the switch step on, with or without a
 change of horizon)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``benchmarks/wan.py`` keeps working: a few steps on 2 network namespaces (root only), and its one-line refusal otherwise."""
+"""``benchmarks/testbeds/wan.py`` keeps working: a few steps on 2 network namespaces (root only), and its one-line refusal otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WAN = ROOT / "benchmarks" / "wan.py"
+WAN = ROOT / "benchmarks" / "testbeds" / "wan.py"
 
 
 def _load_wan():

@@ -1,4 +1,4 @@
-"""benchmarks/wan_time_to_loss.py: wall = steps * step time + syncs * blocked seconds per sync, to a target loss."""
+"""benchmarks/campaigns/wan_time_to_loss.py: wall = steps * step time + syncs * blocked seconds per sync, to a target loss."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "wan_time_to_loss.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "campaigns", "wan_time_to_loss.py")
 
 
 @pytest.fixture(scope="module")

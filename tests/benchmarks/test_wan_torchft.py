@@ -1,4 +1,4 @@
-"""``benchmarks/wan.py``'s torchft rows run end to end on loopback: a Lighthouse and two 1-rank replica groups.
+"""``benchmarks/testbeds/wan.py``'s torchft rows run end to end on loopback: a Lighthouse and two 1-rank replica groups.
 
 No namespaces and no root (``wan.Loopback``): the same ``run_row`` the link benchmark calls, so the launch,
 the quorum, torchft's syncs, the timing and the bytes are the ones a link run gets. Skipped without torchft.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WAN = ROOT / "benchmarks" / "wan.py"
+WAN = ROOT / "benchmarks" / "testbeds" / "wan.py"
 TORCHFT = importlib.util.find_spec("torchft") is not None
 
 
@@ -53,7 +53,7 @@ def test_torchft_rows_are_refused_in_one_line_where_they_cannot_run(monkeypatch)
     assert "pip install torchft" in wan.TORCHFT_MISSING
 
 
-@pytest.mark.slow  # run_row launches torchrun and a Lighthouse (benchmarks/wan.py: the conftest rule cannot see it)
+@pytest.mark.slow  # run_row launches torchrun and a Lighthouse (benchmarks/testbeds/wan.py: the conftest rule cannot see it)
 @pytest.mark.skipif(not TORCHFT, reason="torchft is not installed (pip install torchft)")
 @pytest.mark.parametrize("name", ["torchft-diloco", "torchft-diloco-f4-delayed"])
 def test_torchft_row_on_loopback(tmp_path, name) -> None:

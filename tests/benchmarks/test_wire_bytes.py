@@ -1,4 +1,4 @@
-"""benchmarks/wire_bytes.py: the committed bytes-per-sync data is what the package counts today, and
+"""benchmarks/campaigns/wire_bytes.py: the committed bytes-per-sync data is what the package counts today, and
 docs/benchmarks.md shows the table generated from it."""
 
 from __future__ import annotations

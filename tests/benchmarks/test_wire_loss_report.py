@@ -1,4 +1,4 @@
-"""benchmarks/wire_loss_report.py: the committed report regenerates from the committed runs; one-sided targets."""
+"""benchmarks/campaigns/wire_loss_report.py: the committed report regenerates from the committed runs; one-sided targets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ COMMITTED = ROOT / "results" / "wire_loss"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("wire_loss_report", ROOT / "benchmarks" / "wire_loss_report.py")
+    spec = importlib.util.spec_from_file_location(
+        "wire_loss_report", ROOT / "benchmarks" / "campaigns" / "wire_loss_report.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

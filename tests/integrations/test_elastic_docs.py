@@ -1,7 +1,7 @@
 """The elastic command users copy from docs/hf.md recovers as fast as the testbed measured (docs/reliability.md).
 
 Every ``torchrun --nnodes MIN:MAX`` command in docs/hf.md is parsed by torchrun's own argument parser and
-launch configuration; its rendezvous settings must be those of ``benchmarks/elastic_testbed.py``, where the
+launch configuration; its rendezvous settings must be those of ``benchmarks/testbeds/elastic_testbed.py``, where the
 recovery times in docs/reliability.md come from.
 """
 
@@ -23,7 +23,9 @@ TIMING_KEYS = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attem
 def elastic_testbed_settings(backend: str) -> dict[str, str]:
     """The testbed's rendezvous timing for ``backend`` (its etcd agents tolerate a leader election, §etcd)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("elastic_testbed", ROOT / "benchmarks" / "elastic_testbed.py")
+    spec = importlib.util.spec_from_file_location(
+        "elastic_testbed", ROOT / "benchmarks" / "testbeds" / "elastic_testbed.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     conf = module.ETCD_RDZV_CONF if backend == "etcd-v2" else module.RDZV_CONF

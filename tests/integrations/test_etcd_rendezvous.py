@@ -25,7 +25,7 @@ from launch import free_port, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 
 from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd  # noqa: E402
 

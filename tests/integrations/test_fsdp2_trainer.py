@@ -2,7 +2,7 @@
 
 Accelerate enables FSDP for GPU-like devices only (``AcceleratorState`` sets the FSDP distributed type for
 the ``MULTI_GPU``-like types, never ``MULTI_CPU``), so the Trainer's FSDP2 run itself is a step of
-``benchmarks/gpu_check.py``. Here, 2 workers x 2 ranks:
+``benchmarks/testbeds/gpu_check.py``. Here, 2 workers x 2 ranks:
 
 * :func:`~autoloco_hf.integrations.groups.shard_worker` (what ``recipes/sft_ultrachat.py`` calls) shards a
   Llama over each worker's own ranks, FP32, every decoder layer and the root: the layout accelerate's FSDP2

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from _dist import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round  # noqa: E402
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
+from testbeds.live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round  # noqa: E402
 
 from autoloco_hf.integrations.live_membership import etcd_store  # noqa: E402
 

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from _dist import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from live_testbed import collect, wait_round  # noqa: E402
 from live_trainer_worker import run  # noqa: E402
+from testbeds.live_testbed import collect, wait_round  # noqa: E402
 from transformers import get_cosine_schedule_with_warmup  # noqa: E402
 
 STEPS, H = 28, 4

@@ -117,7 +117,7 @@ def run_with_hook(hook, steps: int = 20) -> LocalWorkers:
 
 
 def test_an_experiment_sets_the_policy_and_sees_each_outer_step_without_patching_the_engine():
-    """The seam of benchmarks/switch_cost.py: the factory's policy runs, and a hook that only reads changes nothing."""
+    """The seam of benchmarks/campaigns/switch_cost.py: the factory's policy runs, and a hook that only reads changes nothing."""
     seen = []
     runner = run_with_hook(
         lambda interval, mean, outer: seen.append((interval.start_step, mean.numel() == outer.numel))

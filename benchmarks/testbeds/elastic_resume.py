@@ -11,8 +11,8 @@ over model seeds is the yardstick) and against uninterrupted runs with the new
 number of workers from the start. Writes the raw losses as JSON (``--out``) and
 prints the table of docs/reliability.md from it::
 
-    PYTHONPATH=. python benchmarks/elastic_resume.py                 # runs, writes results/elastic/elastic_resume.json
-    PYTHONPATH=. python benchmarks/elastic_resume.py --report-only   # the table from the committed JSON
+    PYTHONPATH=. python benchmarks/testbeds/elastic_resume.py                 # runs, writes results/elastic/elastic_resume.json
+    PYTHONPATH=. python benchmarks/testbeds/elastic_resume.py --report-only   # the table from the committed JSON
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from toy import adamw, batch_for, cosine, make_model  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402

@@ -2,7 +2,7 @@
 # The loss of the lossy wires (docs/results.md "Loss of the low-bit wires"): DiLoCo at H 10 (outer momentum 0.7)
 # and the default rule, each in FP32 and in every lossy wire with and without error feedback, regimes A (iid)
 # and B (noniid), seeds 0-4, on the frontier harness. Resumable: a finished run is skipped, several copies share
-# the work through lock files. Report: python benchmarks/wire_loss_report.py
+# the work through lock files. Report: python benchmarks/campaigns/wire_loss_report.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/wire_loss}
@@ -27,6 +27,6 @@ for method in "${METHODS[@]}"; do
   for wire in "${WIRES[@]}"; do
     specs+=(--adaptive "${method%%:*}__${wire%%:*}:${method#*:},${wire#*:}")
   done
-  python benchmarks/frontier.py --out "$OUT" --regimes iid,noniid --seeds "$SEEDS" \
+  python benchmarks/campaigns/frontier.py --out "$OUT" --regimes iid,noniid --seeds "$SEEDS" \
     --h-list '' --mu-list '' --quiet --no-report "${specs[@]}"
 done

@@ -17,8 +17,8 @@ slowest survivor after the reform), the steps redone, goodput (useful steps over
 finishing members) and the held-out loss of the final model (64 sequences no worker trains on).
 Raw results: ``results/elastic/live_trainer_testbed.json``.
 
-    PYTHONPATH=. python benchmarks/live_trainer_testbed.py               # about 3 minutes here
-    PYTHONPATH=. python benchmarks/live_trainer_testbed.py --report-only
+    PYTHONPATH=. python benchmarks/testbeds/live_trainer_testbed.py               # about 3 minutes here
+    PYTHONPATH=. python benchmarks/testbeds/live_trainer_testbed.py --report-only
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H = 28, 4
 SCENARIOS = ("fault_free", "lost_and_joined", "two_lost", "store_member_lost")
@@ -49,9 +49,9 @@ def run_scenario(scenario: str, seed: int) -> dict[str, Any]:
     """One scenario on a fresh store: what each finishing process saw, and when each lost one died."""
     import torch.distributed as dist
     from _dist import free_port
-    from etcd_cluster import EtcdCluster
-    from live_testbed import collect, kill_store_member, wait_round
     from live_trainer_worker import run
+    from testbeds.etcd_cluster import EtcdCluster
+    from testbeds.live_testbed import collect, kill_store_member, wait_round
 
     from autoloco_hf.integrations.live_membership import etcd_store
 

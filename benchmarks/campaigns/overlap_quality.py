@@ -7,7 +7,7 @@ initialization and reads the same batches, so differences are paired. The
 simulation applies each average at the step it is due, so the loss numbers are
 the ones a real overlapped run gets; wall time on a link is not measured here.
 
-    python benchmarks/overlap_quality.py --seeds 0,1,2 --out results/overlap --report docs/results_overlap.md
+    python benchmarks/campaigns/overlap_quality.py --seeds 0,1,2 --out results/overlap --report docs/results_overlap.md
 
 Each finished run is one JSON file in ``--out`` (committed under results/overlap); a rerun reuses
 them, so the report regenerates without training.
@@ -127,7 +127,7 @@ def report(results: list[dict[str, Any]], variants: list[str], command: str, arg
         "initialization and batches for every variant). Paired difference = variant minus blocking AutoLoCo of the "
         "same seed; 'paired std' is the standard deviation of those differences over seeds. The simulation "
         "applies every average at the step it is due, so these losses are those of a real overlapped run; "
-        "wall time on a bandwidth-limited link is measured by benchmarks/wan.py (docs/benchmarks.md).",
+        "wall time on a bandwidth-limited link is measured by benchmarks/testbeds/wan.py (docs/benchmarks.md).",
         "",
         "| variant | val loss (mean ± std) | paired diff vs AutoLoCo (mean ± std) | syncs | mean H_step | stale intervals |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
             path.write_text(json.dumps(result))
             results.append(result)
             print(json.dumps(result), flush=True)
-    command = shlex.join(["python", "benchmarks/overlap_quality.py", *argv])
+    command = shlex.join(["python", "benchmarks/campaigns/overlap_quality.py", *argv])
     text = report(results, variants, command, args)
     print(text)
     if args.report:

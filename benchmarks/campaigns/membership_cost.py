@@ -16,8 +16,8 @@ Each variant's final held-out loss (16 batches no worker trains on) is paired pe
 uninterrupted 4-worker run; the seed spread of that run is the yardstick. Raw losses:
 ``results/elastic/membership_cost.json``::
 
-    PYTHONPATH=. python benchmarks/membership_cost.py
-    PYTHONPATH=. python benchmarks/membership_cost.py --report-only
+    PYTHONPATH=. python benchmarks/campaigns/membership_cost.py
+    PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --report-only
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from toy import VOCAB, batch_for, cosine  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402

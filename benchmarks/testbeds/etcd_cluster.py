@@ -9,7 +9,7 @@
 One ``etcd`` process per member (the distribution's ``etcd-server`` 3.4, with the v2 API that torch elastic's
 ``etcd-v2`` backend speaks switched on), optionally inside a network namespace (``prefix``). A cluster of 3
 keeps its quorum, and so the rendezvous, when one member is lost. Used by tests/integrations/test_etcd_rendezvous.py
-and benchmarks/elastic_testbed.py; docs/hf.md shows the same command for users.
+and benchmarks/testbeds/elastic_testbed.py; docs/hf.md shows the same command for users.
 """
 
 from __future__ import annotations

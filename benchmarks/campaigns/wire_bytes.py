@@ -11,8 +11,8 @@ all-gather still sends fewer bytes than the FP32 ring.
 The model is a decoder-only transformer layout (tensor sizes below, ~58M
 parameters), so blocks are cut at tensor boundaries as in training.
 
-    python benchmarks/wire_bytes.py                    # writes results/wire_bytes/wire_bytes.json
-    python benchmarks/wire_bytes.py --table            # prints the markdown table of the committed JSON
+    python benchmarks/campaigns/wire_bytes.py                    # writes results/wire_bytes/wire_bytes.json
+    python benchmarks/campaigns/wire_bytes.py --table            # prints the markdown table of the committed JSON
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-RESULT = Path(__file__).resolve().parent.parent / "results" / "wire_bytes" / "wire_bytes.json"
+RESULT = Path(__file__).resolve().parents[2] / "results" / "wire_bytes" / "wire_bytes.json"
 WORKERS = (2, 4, 8)
 FORMATS = (
     ("fp32", None),

@@ -1,10 +1,10 @@
 """Wall-clock time to a target loss on a slow link: loss-per-sync curves joined with measured sync costs.
 
-    python benchmarks/wan_time_to_loss.py results/wan_overlap/h52_unlimited.json \\
+    python benchmarks/campaigns/wan_time_to_loss.py results/wan_overlap/h52_unlimited.json \\
         results/wan_overlap/h52_100mbit.json --json results/wan_time_to_loss/h52.json
 
 The loss campaigns (``results/frontier``) measure the training loss after every step and the syncs
-made so far, at no link cost; the link testbed (``benchmarks/wan.py --json``) measures what a sync
+made so far, at no link cost; the link testbed (``benchmarks/testbeds/wan.py --json``) measures what a sync
 costs. A run of a variant reaches the target at step ``s`` after ``k(s)`` syncs, so on a link of
 ``B`` bit/s with a wire ``w`` and an overlap mode::
 
@@ -35,8 +35,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from link_floor import _rate_bits, event_blocked_seconds, overlap_steps  # noqa: E402
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # benchmarks/: its kinds import as packages
+from testbeds.link_floor import _rate_bits, event_blocked_seconds, overlap_steps  # noqa: E402
 
 from autoloco_hf.cli.report import moving_average  # noqa: E402
 
@@ -170,7 +172,7 @@ def time_to_loss(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "wan", nargs="+", help="benchmarks/wan.py --json files: the rows at unlimited and limited rates"
+        "wan", nargs="+", help="benchmarks/testbeds/wan.py --json files: the rows at unlimited and limited rates"
     )
     parser.add_argument("--frontier", default="results/frontier/iid", help="the campaign's seed folders")
     parser.add_argument("--default", default="descent_k0.9_guard_mu0.5_hmax20", help="the default rule's variant")

@@ -19,7 +19,7 @@ exact all_to_all splits for owner-reduce), the encode / collective / decode spli
 the communicator reports, and the codec's encode+decode throughput on the whole buffer
 into persistent wire buffers (``_median_seconds`` of ``bench_codec_throughput.py``).
 
-    python benchmarks/bench_sync.py [--sizes 16M 64M] [--world-size 2] [--repeats 5]
+    python benchmarks/throughput/bench_sync.py [--sizes 16M 64M] [--world-size 2] [--repeats 5]
 
 Processes on one machine talk over loopback, so "collective" is memory bandwidth and
 gloo overhead, not a network: on a real cluster the wire bytes matter far more.
@@ -43,8 +43,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # benchmarks/: its kinds import as packages
+from throughput.bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
 
 from autoloco_hf.sync.codec import WireCodec  # noqa: E402
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402

@@ -21,8 +21,8 @@ step after the reform), steps redone, goodput (the run's steps over the steps tr
 summed over the workers that finished), the final held-out loss (16 batches no worker
 trains on) and its difference to the fault-free run of the same seed::
 
-    PYTHONPATH=. python benchmarks/live_testbed.py                  # writes results/elastic/live_testbed.json
-    PYTHONPATH=. python benchmarks/live_testbed.py --report-only    # the table from the committed JSON
+    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py                  # writes results/elastic/live_testbed.json
+    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --report-only    # the table from the committed JSON
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
 HELD_OUT_WORKER, HELD_OUT_BATCHES = 999, 16
@@ -287,7 +287,7 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
     """One scenario on a fresh store: what each finishing worker saw and the time of each fault."""
     import torch.distributed as dist
     from _dist import free_port
-    from etcd_cluster import EtcdCluster
+    from testbeds.etcd_cluster import EtcdCluster
 
     from autoloco_hf.integrations.live_membership import etcd_store
 

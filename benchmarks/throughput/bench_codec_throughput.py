@@ -10,10 +10,10 @@ does); ``enc+dec fresh`` allocates the outputs on every call. The ``copy`` row i
 the physical limit: a plain ``torch`` copy of the same FP32 buffer into a
 preallocated one.
 
-    python benchmarks/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
-    python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 \
+    python benchmarks/throughput/bench_codec_throughput.py [--sizes 16M 64M] [--device cuda] [--threads 8]
+    python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int8 int4 fp4 int2 \
         --topk 0.02 --json results/codec_speed/codec_throughput.json   # the issue-36 run (docs/benchmarks.md)
-    python benchmarks/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 \
+    python benchmarks/throughput/bench_codec_throughput.py --threads 1 --sizes 16M --wires int4 fp4 int2 \
         --kernels eager compiled --repeats 7 --json results/codec_speed/codec_kernels.json
 """
 

@@ -1,8 +1,8 @@
 """Bandwidth-limited multi-node benchmark: Trainer + AutoLoCoCallback across network namespaces (not a test).
 
-    sudo python benchmarks/wan.py                      # all rows at 100mbit, 1gbit, unlimited
-    sudo python benchmarks/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
-    sudo python benchmarks/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
+    sudo python benchmarks/testbeds/wan.py                      # all rows at 100mbit, 1gbit, unlimited
+    sudo python benchmarks/testbeds/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
+    sudo python benchmarks/testbeds/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
 
 Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24; another prefix with
 ``--netns-prefix``, so that two testbeds on one machine never meet).
@@ -86,7 +86,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RATES = ("100mbit", "1gbit", "unlimited")
 LOSS_WINDOW = 5
 SAMPLE_PERIOD_S = 0.01  # kernel tx_bytes sampled this often during training
@@ -382,10 +382,10 @@ def _kill_namespace_processes(ns: str) -> None:
 def check_root() -> str | None:
     """Why this machine cannot run the benchmark (one line), or None."""
     if os.geteuid() != 0:
-        return "benchmarks/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
+        return "benchmarks/testbeds/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            return f"benchmarks/wan.py needs `{tool}` (iproute2): install it"
+            return f"benchmarks/testbeds/wan.py needs `{tool}` (iproute2): install it"
     return None
 
 

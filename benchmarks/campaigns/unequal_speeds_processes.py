@@ -2,13 +2,13 @@
 
 Not a test. ``--workers`` processes (one worker each, ``LocalWorkers`` on a
 ``ProcessGroupCommunicator`` over loopback gloo) train the tiny model of
-``benchmarks/unequal_speeds.py`` with DiLoCo, in lockstep and with
+``benchmarks/campaigns/unequal_speeds.py`` with DiLoCo, in lockstep and with
 ``pacing="budget"``. Every inner step sleeps ``--delay-ms`` (an injected delay per
 step, standing for a step's compute), and the last rank sleeps twice as long: it
 runs at half speed. Budget pacing measures every worker's speed with the wall
 clock (no virtual clock), so this checks the mechanism end to end::
 
-    python benchmarks/unequal_speeds_processes.py --out results/unequal_speeds/processes.json
+    python benchmarks/campaigns/unequal_speeds_processes.py --out results/unequal_speeds/processes.json
 
 Writes one JSON object (one entry per pacing: wall seconds, tokens, tokens per
 second, final validation loss, the last interval's steps per worker) and prints a table.
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import unequal_speeds  # noqa: E402  (the source, the model and the batches are that benchmark's)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
+from campaigns import unequal_speeds  # noqa: E402  (the source, the model and the batches are that benchmark's)
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.algorithm.schedule import warmup_cosine  # noqa: E402

@@ -14,10 +14,10 @@ table (docs/controller.md):
 * NaN: intervals from the last non-finite interval to the next proposal
   (worst seed), syncs.
 
-    python benchmarks/controller_scenarios.py [--seeds 10] [--student-seeds 50] [--columns default zero ...]
+    python benchmarks/campaigns/controller_scenarios.py [--seeds 10] [--student-seeds 50] [--columns default zero ...]
 
 Column ``default`` passes no override, so running this file against an older
-checkout (``PYTHONPATH=<old tree> python benchmarks/controller_scenarios.py
+checkout (``PYTHONPATH=<old tree> python benchmarks/campaigns/controller_scenarios.py
 --columns default``) measures that checkout's behaviour.
 """
 
@@ -30,10 +30,10 @@ import sys
 import time
 from typing import Any
 
-BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: its kinds import as packages
 sys.path[:0] = [BENCHMARKS, os.path.join(os.path.dirname(BENCHMARKS), "tests", "algorithm")]
+from campaigns.rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
 from controller_streams import SCENARIOS, Kind, Scenario  # noqa: E402
-from rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
 
 from autoloco_hf.config import RECIPES, AutoLoCoConfig  # noqa: E402
 

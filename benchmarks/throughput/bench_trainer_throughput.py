@@ -1,6 +1,6 @@
 """Throughput between syncs: AutoLoCo Trainer workers vs a plain single-process Trainer (not a test).
 
-    python benchmarks/bench_trainer_throughput.py [ROUNDS]   # runs all three ROUNDS times (default 2), prints the ratios
+    python benchmarks/throughput/bench_trainer_throughput.py [ROUNDS]   # runs all three ROUNDS times (default 2), prints the ratios
 
 * ``plain``: one process, ``Trainer`` without the callback;
 * ``autoloco1``: one process, ``Trainer`` + ``AutoLoCoCallback`` (the callback's own cost between syncs);

@@ -1,6 +1,6 @@
 """Seconds per optimizer step of N simulated workers: the per-worker loop against the batched step.
 
-Not a test. Trains the tiny Llama of ``benchmarks/replicate.py`` (batch 2 x 64 tokens per
+Not a test. Trains the tiny Llama of ``benchmarks/campaigns/replicate.py`` (batch 2 x 64 tokens per
 worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
 :class:`~autoloco_hf.sync.local_workers.LocalWorkers` (``loop``),
 :class:`~autoloco_hf.sync.batched_workers.BatchedWorkers` (``batched``) and, with
@@ -8,8 +8,8 @@ worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
 variants alternate block by block (one block = one interval of 10 steps), so a shared
 machine's load hits all of them alike; the JSON keeps every block's seconds per step::
 
-    python benchmarks/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json
-    python benchmarks/bench_batched_workers.py --from-json results/batched_workers/cpu.json
+    python benchmarks/throughput/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json
+    python benchmarks/throughput/bench_batched_workers.py --from-json results/batched_workers/cpu.json
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*batching rule.*")  # SDPA falls back to a loop under vmap
-    measure(args, " ".join(["python", "benchmarks/bench_batched_workers.py", *(argv or sys.argv[1:])]))
+    measure(args, " ".join(["python", "benchmarks/throughput/bench_batched_workers.py", *(argv or sys.argv[1:])]))
     return 0
 
 

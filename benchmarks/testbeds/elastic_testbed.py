@@ -1,10 +1,10 @@
 """Elastic workers on a 3-node network-namespace testbed: nodes leave and join, the run goes on by itself (not a test).
 
-    sudo PYTHONPATH=. python benchmarks/elastic_testbed.py                 # every scenario; writes --out
-    sudo PYTHONPATH=. python benchmarks/elastic_testbed.py --seeds 1 --scenarios leave_join
-    PYTHONPATH=. python benchmarks/elastic_testbed.py --report-only        # the docs/reliability.md table from --out
+    sudo PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py                 # every scenario; writes --out
+    sudo PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py --seeds 1 --scenarios leave_join
+    PYTHONPATH=. python benchmarks/testbeds/elastic_testbed.py --report-only        # the docs/reliability.md table from --out
 
-Three network namespaces ``alh-el-<k>`` (10.233.0.<k+1>/24) on a bridge (``benchmarks/wan.py``'s
+Three network namespaces ``alh-el-<k>`` (10.233.0.<k+1>/24) on a bridge (``benchmarks/testbeds/wan.py``'s
 ``Network``), one ``torchrun --nnodes 2:3 --max-restarts 3 --rdzv-backend c10d`` agent per node, the
 rendezvous hosted by node 0's agent. Each agent runs one worker: this file with ``--worker``, a user-style
 ``Trainer`` + ``AutoLoCoCallback`` script on a tiny Llama (a random Markov chain to learn) with
@@ -20,7 +20,7 @@ Scenarios (``--scenarios``), each seed paired with the fault-free run of the sam
   main process) is killed during the write (the write is held for 30 s to land the kill in it);
 * ``host_lost``: node 0, whose agent hosts the c10d rendezvous store, loses power;
 * ``host_lost_etcd``: the same on the ``etcd-v2`` rendezvous, a 3-member etcd cluster with one member in each
-  node's namespace and each agent pointed at its own node's member (``benchmarks/etcd_cluster.py``): node 0 loses
+  node's namespace and each agent pointed at its own node's member (``benchmarks/testbeds/etcd_cluster.py``): node 0 loses
   power with its member, the two survivors train on, then node 0 (member and agent) starts again and rejoins.
 
 Measured per event from the workers' event log (wall-clock stamps of every step, launch and resume): seconds
@@ -48,11 +48,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from wan import Names, Network, _kill_namespace_processes, check_root, markov_sequences  # noqa: E402
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # benchmarks/: its kinds import as packages
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
+from testbeds.wan import Names, Network, _kill_namespace_processes, check_root, markov_sequences  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = Names("alh-el-", "alhe", "10.233.0")
 NODES, VOCAB, SEQ, BATCH = 3, 128, 32, 8
 SYNC_TIMEOUT_S = 30.0
@@ -534,10 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         reason = check_root()
         if reason:
-            print(reason.replace("benchmarks/wan.py", "benchmarks/elastic_testbed.py"), file=sys.stderr)
+            print(
+                reason.replace("benchmarks/testbeds/wan.py", "benchmarks/testbeds/elastic_testbed.py"), file=sys.stderr
+            )
             return 2
         if Scenario.HOST_LOST_ETCD.value in args.scenarios and etcd_missing():
-            print(f"benchmarks/elastic_testbed.py: {Scenario.HOST_LOST_ETCD.value} {etcd_missing()}", file=sys.stderr)
+            print(
+                f"benchmarks/testbeds/elastic_testbed.py: {Scenario.HOST_LOST_ETCD.value} {etcd_missing()}",
+                file=sys.stderr,
+            )
             return 2
         signal.signal(signal.SIGTERM, _interrupted)
         runs = []

@@ -1,6 +1,6 @@
 """The frontier of regime A (IID) on a larger model, sized to a GPU's time limit from measured FLOPs.
 
-Not a test. The CPU campaign (``benchmarks/frontier.py``) uses a 197k-parameter
+Not a test. The CPU campaign (``benchmarks/campaigns/frontier.py``) uses a 197k-parameter
 tiny Llama; this one trains a 14.5M-parameter Llama (``--model 14m``: hidden 384,
 6 layers) or a 114M-parameter one (``--model 114m``: hidden 768, 12 layers) with
 8 simulated workers on one GPU, on the same standard-library corpus and schedule
@@ -34,9 +34,9 @@ frontier.py's layout and ``OUT/frontier.md`` with the plot. ``--cpu-dry-run``
 runs every stage at tiny sizes on the CPU, batched groups included (CI runs
 it)::
 
-    python benchmarks/gpu_frontier.py --grid tuned --seeds 0,1,2 --out gpu_frontier_tuned
-    python benchmarks/gpu_frontier.py --model 114m --grid tuned --out gpu_frontier_114m
-    python benchmarks/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier
+    python benchmarks/campaigns/gpu_frontier.py --grid tuned --seeds 0,1,2 --out gpu_frontier_tuned
+    python benchmarks/campaigns/gpu_frontier.py --model 114m --grid tuned --out gpu_frontier_114m
+    python benchmarks/campaigns/gpu_frontier.py --cpu-dry-run --out /tmp/gpu_frontier
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import frontier  # noqa: E402
-import replicate  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
+from campaigns import frontier, replicate  # noqa: E402
 
 from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU readiness: one command that exercises every CUDA path of autoloco-hf (docs/gpu.md).
 
-    python benchmarks/gpu_check.py --out gpu_check.json            # on a GPU: every check, a few minutes
-    python benchmarks/gpu_check.py --cpu-dry-run --out /tmp/r.json  # on CPU: every step at tiny sizes
+    python benchmarks/testbeds/gpu_check.py --out gpu_check.json            # on a GPU: every check, a few minutes
+    python benchmarks/testbeds/gpu_check.py --cpu-dry-run --out /tmp/r.json  # on CPU: every step at tiny sizes
 
 Checks, in order (each one passes, fails or is skipped with a reason):
 
@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOSS_RTOL = 0.02  # bf16 autocast on CUDA vs CPU: mean training loss over the last quarter of the steps
 TIME_BUDGET_S = 480  # the whole GPU run must fit in 8 minutes
 

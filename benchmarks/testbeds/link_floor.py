@@ -1,6 +1,6 @@
-"""The link speed at which each wire's blocked share reaches 2 %, from a ``benchmarks/wan.py --json`` run (not a test).
+"""The link speed at which each wire's blocked share reaches 2 %, from a ``benchmarks/testbeds/wan.py --json`` run (not a test).
 
-    python benchmarks/link_floor.py results/wan_wires/h10.json [--step-seconds 0.02]
+    python benchmarks/testbeds/link_floor.py results/wan_wires/h10.json [--step-seconds 0.02]
 
 The run must hold each row at ``unlimited`` and at one limited rate. Per row (a wire format at ``F``
 fragments, a delayed merge ``tau`` steps after each fragment's sync, ``H`` steps per interval):
@@ -106,7 +106,7 @@ def table(rows: list[dict[str, Any]], h: int, tau: int, step: float | None) -> s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", help="a benchmarks/wan.py --json file with unlimited and one limited rate")
+    parser.add_argument("json", help="a benchmarks/testbeds/wan.py --json file with unlimited and one limited rate")
     parser.add_argument("--h-base", type=int, default=10, help="the run's --h-base (H of the DiLoCo rows)")
     parser.add_argument("--overlap-steps", type=int, default=3, help="the run's --overlap-steps")
     parser.add_argument("--step-seconds", type=float, help="a stated step time instead of the measured one")
