@@ -265,8 +265,8 @@ def warn_if_not_previewed(interval: NextInterval, measured: float) -> bool:
 
     The outer correction and candidate selection rely on the preview
     (docs/algorithm.md §2); the caller warns once per run. Called from
-    ``IntervalEngine.close_interval``: ``stacklevel`` points at the engine's
-    ``after_optimizer_step``, through the schedule's ``after_step``.
+    ``IntervalEngine.close_interval`` inside a schedule's ``after_step``:
+    ``stacklevel`` counts those frames.
     """
     previewed = interval.lr_mass
     if math.isclose(measured, previewed, rel_tol=1e-6, abs_tol=1e-12):
