@@ -10,6 +10,7 @@ from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.sync.communicators import Communicator
+from autoloco_hf.sync.contract import Engine
 from autoloco_hf.sync.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
 from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
 from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
@@ -17,14 +18,19 @@ from autoloco_hf.sync.streaming import FragmentSchedule
 
 __all__ = ["Engine", "make_engine", "make_sync_schedule"]
 
-Engine = IntervalEngine | GradientAveragingEngine
-
 
 def make_sync_schedule(config: AutoLoCoConfig) -> SyncSchedule:
-    """The schedule of ``config.overlap``; streaming fragments (``fragments > 1``) have their own (§12)."""
+    """The schedule of ``config.overlap``; streaming fragments (``fragments > 1``) have their own.
+
+    See docs/algorithm.md §11-12.
+    """
     if config.fragments > 1:
         return FragmentSchedule(config.overlap)
-    schedules = {Overlap.NONE: BlockingSchedule, Overlap.DELAYED: DelayedSchedule, Overlap.EAGER: EagerSchedule}
+    schedules = {
+        Overlap.NONE: BlockingSchedule,
+        Overlap.DELAYED: DelayedSchedule,
+        Overlap.EAGER: EagerSchedule,
+    }
     return schedules[Overlap(config.overlap)]()
 
 
@@ -40,9 +46,11 @@ def make_engine(
     on_record: BoundaryListener | None = None,
     policy_factory: PolicyFactory = make_policy,
 ) -> Engine:
-    """The engine of ``config.method``: gradient averaging for DDP, else intervals under ``config.overlap``'s schedule.
+    """The engine of ``config.method``: gradient averaging for DDP, else intervals.
 
-    Arguments as :class:`~autoloco_hf.sync.engine.IntervalEngine` (the DDP engine ignores the interval ones).
+    An interval engine runs under ``config.overlap``'s schedule. Arguments as
+    :class:`~autoloco_hf.sync.engine.IntervalEngine` (the DDP engine ignores the
+    interval ones). Either engine satisfies :class:`~autoloco_hf.sync.contract.Engine`.
     """
     if not config.is_interval_method:
         return GradientAveragingEngine(config, models, communicator, total_steps)
