@@ -53,10 +53,10 @@ from typing import Any, Protocol
 
 import torch
 
-from autoloco_hf.algorithm.controller import ControllerDecision
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval, PolicyFactory, make_policy
 from autoloco_hf.algorithm.rules import Delivery, Measured
+from autoloco_hf.algorithm.rules.decisions import RuleDecision
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth, interval_statistics
 from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing, WireDtype
@@ -732,7 +732,7 @@ class IntervalEngine:
 
     def decide(
         self, closed: ClosedInterval, aggregate: Aggregate, next_start: int | None = None
-    ) -> tuple[ControllerDecision | None, float]:
+    ) -> tuple[RuleDecision | None, float]:
         """The policy's decision on the closed interval (``next_start``: the interval it sets, when lagged) and its time."""
         started = time.perf_counter()
         decision = self.policy.complete(aggregate.outcome(closed), next_start)
@@ -743,7 +743,7 @@ class IntervalEngine:
         closed: ClosedInterval,
         aggregate: Aggregate,
         outer: OuterStep,
-        decision: ControllerDecision | None,
+        decision: RuleDecision | None,
         seconds: float,
         sync_seconds: float,
         controller_seconds: float,
