@@ -445,7 +445,7 @@ class AutoLoCoConfig:
         self._check_fragments()
         self._check_pacing()
         if self.runs_horizon_rule:
-            self.rule.check_config(self)
+            self.rule_class.check_config(self)
 
     def _check_scopes(self) -> None:
         """Refuse a field set away from its default where it does nothing (:data:`FIELD_SCOPES`).
@@ -486,7 +486,7 @@ class AutoLoCoConfig:
             from autoloco_hf.algorithm.rules import rule_options
 
             try:
-                options = self.rule.Options
+                options = self.rule_class.Options
                 if isinstance(value, str) or (
                     isinstance(value, typing.Mapping) and set(value) != {o.name for o in dataclasses.fields(options)}
                 ):
@@ -514,11 +514,11 @@ class AutoLoCoConfig:
             return self.h_base
         if name == "h_max":
             q_h = self.q_h if self.q_h is not None else self._derived_default("q_h")
-            factor = self.rule.h_max_factor if self._rule_runs else 1.5
+            factor = self.rule_class.h_max_factor if self._rule_runs else 1.5
             return max(self.h_base, (int(factor * self.h_base) // q_h) * q_h)
         assert name == "outer_momentum"
         if self._rule_runs:
-            return self.rule.base_outer_momentum
+            return self.rule_class.base_outer_momentum
         return 0.9 if self.method == Method.DILOCO else 0.7
 
     @property
@@ -660,7 +660,7 @@ class AutoLoCoConfig:
         return self.method == Method.AUTOLOCO and self.adaptive_horizon
 
     @property
-    def rule(self) -> Any:
+    def rule_class(self) -> Any:
         """The registered class of ``controller`` (a :class:`~autoloco_hf.algorithm.rules.HorizonRule`)."""
         from autoloco_hf.algorithm.rules import get_rule
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autoloco_hf.algorithm.controller import (
+from autoloco_hf.algorithm.rules import DisplacementAt, HorizonRule, Measured
+from autoloco_hf.algorithm.rules.decisions import (
     Assessment,
-    ControllerDecision,
     Decision,
     IntervalObservation,
+    RuleDecision,
 )
-from autoloco_hf.algorithm.rules import DisplacementAt, HorizonRule, Measured
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass
 from autoloco_hf.algorithm.token_mapper import TokenMapper
 from autoloco_hf.config import AutoLoCoConfig, Method
@@ -62,7 +62,7 @@ class IntervalOutcome:
     anchor_lr_mass: float = math.nan
 
     def observation(self, end_step: int) -> IntervalObservation:
-        """What the controller sees of it; ``end_step``: where the interval its decision sets starts."""
+        """What the rule sees of it; ``end_step``: where the interval its decision sets starts."""
         interval = self.interval
         return IntervalObservation(
             h_tok=interval.h_tok,
@@ -121,7 +121,7 @@ class IntervalPolicy(ABC):
         """The interval to run on once the shared measurements are in (docs/algorithm.md §5.7); unchanged by default."""
         return interval
 
-    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
+    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> RuleDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
 
         ``next_start``: the start of the interval the decision sets, when that is
@@ -201,13 +201,13 @@ class LinearIntervalPolicy(IntervalPolicy):
 
 
 class AutoLoCoPolicy(IntervalPolicy):
-    """AutoLoCo: controller (docs/algorithm.md §5) over token-equivalent horizons, token mapper (docs/algorithm.md §3)."""
+    """AutoLoCo: the horizon rule (docs/algorithm.md §5) over token-equivalent horizons, token mapper (docs/algorithm.md §3)."""
 
     def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
         super().__init__(schedule, total_steps, config.h_base)
         self.config = config
         self.quantum = config.q_h
-        self.controller = make_controller(config, warmup_steps)
+        self.rule = make_rule(config, warmup_steps)
         self.mapper = TokenMapper(
             config.h_base,
             config.q_h,
@@ -217,23 +217,23 @@ class AutoLoCoPolicy(IntervalPolicy):
         )
 
     def _length(self, start_step: int) -> tuple[int, int]:
-        h_tok = self.controller.h_tok if self.config.adaptive_horizon else self.h_base
+        h_tok = self.rule.h_tok if self.config.adaptive_horizon else self.h_base
         return h_tok, self.mapper.map(h_tok)
 
     def _reference_steps(self) -> int:
         return self.mapper.map(self.h_base)
 
     def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
-        return self.controller.measurements(interval) if self.config.adaptive_horizon else ()
+        return self.rule.measurements(interval) if self.config.adaptive_horizon else ()
 
     def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
         """The rule's answer; an interval it shortened gets the LR mass of its new length."""
-        answer = self.controller.on_measurement(interval, results)
+        answer = self.rule.on_measurement(interval, results)
         if answer.h_step != interval.h_step:
             answer = replace(answer, lr_mass=lr_mass(self.schedule, interval.start_step, answer.h_step))
         return answer
 
-    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> ControllerDecision | None:
+    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> RuleDecision | None:
         """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.
 
         With the eager overlap the statistics of interval ``t`` arrive when
@@ -247,7 +247,7 @@ class AutoLoCoPolicy(IntervalPolicy):
         interval = outcome.interval
         full = not interval.truncated
         # a rule that starts away from h_base calibrates the base token count on its first full intervals
-        calibrates = interval.h_tok == self.h_base or self.controller.calibrates_tokens_at_any_horizon
+        calibrates = interval.h_tok == self.h_base or self.rule.calibrates_tokens_at_any_horizon
         self.mapper.observe(outcome.global_tokens, interval.h_step, calibrates=full and calibrates)
         if not self.config.adaptive_horizon:
             return None
@@ -255,22 +255,23 @@ class AutoLoCoPolicy(IntervalPolicy):
         if next_start is None:
             next_start = interval.start_step + interval.h_step
         observation = outcome.observation(next_start)
-        if lagged and observation.finite and interval.h_tok != self.controller.h_tok:
-            return ControllerDecision(self.controller.phase, Assessment.STALE, Decision.KEEP, self.controller.h_tok)
+        if lagged and observation.finite and interval.h_tok != self.rule.h_tok:
+            return RuleDecision(self.rule.phase, Assessment.STALE, Decision.KEEP, self.rule.h_tok)
         # candidate previews use the mapper updated with this interval (docs/algorithm.md §3, last bullets)
-        return self.controller.observe(
+        return self.rule.observe(
             observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
         )
 
     def rescale_workers(self, old_workers: int, new_workers: int) -> None:
         self.mapper.rescale_workers(old_workers, new_workers)
-        self.controller.recalibrate_for_new_workers()
+        self.rule.recalibrate_for_new_workers()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"controller": self.controller.state_dict(), "mapper": self.mapper.state_dict()}
+        # "controller": the key of checkpoints written before the horizon rule had its name
+        return {"controller": self.rule.state_dict(), "mapper": self.mapper.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.controller.load_state_dict(state["controller"])
+        self.rule.load_state_dict(state["controller"])
         self.mapper.load_state_dict(state["mapper"])
 
 
@@ -279,9 +280,9 @@ PolicyFactory = Callable[[AutoLoCoConfig, LRSchedule, int, int], IntervalPolicy]
 (:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of ``benchmarks/campaigns/switch_cost.py``)."""
 
 
-def make_controller(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
+def make_rule(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
     """The horizon rule registered as ``config.controller`` (docs/algorithm.md §5.7)."""
-    return config.rule(config, warmup_steps=warmup_steps)
+    return config.rule_class(config, warmup_steps=warmup_steps)
 
 
 def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from autoloco_hf.algorithm.controller import Assessment
+from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology

@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.algorithm.controller import ControllerDecision
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import NextInterval, PolicyFactory, make_policy
+from autoloco_hf.algorithm.rules.decisions import RuleDecision
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing
 from autoloco_hf.sync.aggregation import Aggregation
@@ -401,7 +401,7 @@ class IntervalEngine:
 
     def decide(
         self, closed: ClosedInterval, aggregate: Aggregate, next_start: int | None = None
-    ) -> tuple[ControllerDecision | None, float]:
+    ) -> tuple[RuleDecision | None, float]:
         """The policy's decision on ``closed`` and its time (``next_start``: set, when lagged)."""
         started = time.perf_counter()
         decision = self.policy.complete(aggregate.outcome(closed), next_start)
@@ -412,7 +412,7 @@ class IntervalEngine:
         closed: ClosedInterval,
         aggregate: Aggregate,
         outer: OuterStep,
-        decision: ControllerDecision | None,
+        decision: RuleDecision | None,
         seconds: float,
         sync_seconds: float,
         controller_seconds: float,

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autoloco_hf.algorithm.controller import Assessment, Decision, Phase
+from autoloco_hf.algorithm.rules.decisions import Assessment, Decision, Phase
 
 if TYPE_CHECKING:
-    from autoloco_hf.algorithm.controller import ControllerDecision
     from autoloco_hf.algorithm.correction import OuterCorrection
     from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.algorithm.rules.decisions import RuleDecision
     from autoloco_hf.algorithm.stats import IntervalStatistics
     from autoloco_hf.sync.pacing import PaceReport
 
@@ -88,7 +88,7 @@ class IntervalRecord:
         tokens: float,
         correction: OuterCorrection,
         applied: bool,
-        decision: ControllerDecision | None,
+        decision: RuleDecision | None,
         following: NextInterval | None,
         seconds: float,
         sync_seconds: float,

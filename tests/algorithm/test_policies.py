@@ -8,7 +8,6 @@ import statistics
 
 import pytest
 
-from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.algorithm.policies import (
     AutoLoCoPolicy,
     FixedPolicy,
@@ -18,6 +17,7 @@ from autoloco_hf.algorithm.policies import (
     QSRPolicy,
     make_policy,
 )
+from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.algorithm.schedule import FunctionSchedule, lr_mass, warmup_cosine
 from autoloco_hf.config import AutoLoCoConfig
 
@@ -242,7 +242,7 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
     p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
     p.complete(outcome(p.next_interval(0), tokens_per_step=1000))
     d = p.complete(outcome(p.next_interval(100), tokens_per_step=1000, pseudo_grad_finite=False))
-    assert d.decision == "reduce" and p.controller.h_tok == 70  # 100 / 1.5 -> 70
+    assert d.decision == "reduce" and p.rule.h_tok == 70  # 100 / 1.5 -> 70
     step = 200
     for _ in range(4):
         interval = p.next_interval(step)
@@ -272,7 +272,7 @@ def test_autoloco_candidate_previews_use_mapped_steps() -> None:
     assert [p.mapper.map(h) for h in (100, 110, 120, 130)] == [50, 50, 50, 60]
     intervals = execute(p, 6 * 50, tokens_per_step=density)
     assert [x.h_step for x in intervals] == [50] * 6
-    assert p.controller.h_tok == 120  # previews 50, 50, 50 <= 1.15 x 50; 130 -> 60 is over budget
+    assert p.rule.h_tok == 120  # previews 50, 50, 50 <= 1.15 x 50; 130 -> 60 is over budget
     assert p.next_interval(300).h_step == 50
 
 

@@ -13,7 +13,7 @@ PURE_MODULES = [
     "autoloco_hf.algorithm.schedule",
     "autoloco_hf.algorithm.stats",
     "autoloco_hf.algorithm.token_mapper",
-    "autoloco_hf.algorithm.controller",
+    "autoloco_hf.algorithm.rules.decisions",
     "autoloco_hf.algorithm.correction",
     "autoloco_hf.algorithm.policies",
     "autoloco_hf.algorithm.preview",

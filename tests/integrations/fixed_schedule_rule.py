@@ -11,8 +11,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from autoloco_hf.algorithm.controller import Assessment, ControllerDecision, Decision, Phase
 from autoloco_hf.algorithm.rules import Delivery, DisplacementAt, HorizonRule, register_rule
+from autoloco_hf.algorithm.rules.decisions import Assessment, Decision, Phase, RuleDecision
 
 
 @dataclass
@@ -40,10 +40,10 @@ class FixedSchedule(HorizonRule):
     def phase(self) -> Phase:
         return Phase.MONITORING
 
-    def observe(self, obs, preview) -> ControllerDecision:
+    def observe(self, obs, preview) -> RuleDecision:
         q = self.cfg.q_h
         self.h = max(self.cfg.h_min, q * math.floor(self.h * self.options.factor / q))
-        return ControllerDecision(Phase.MONITORING, Assessment.CONSISTENT, Decision.REDUCE, self.h)
+        return RuleDecision(Phase.MONITORING, Assessment.CONSISTENT, Decision.REDUCE, self.h)
 
     def measurements(self, interval) -> tuple[DisplacementAt, ...]:
         if interval.h_step < 3:

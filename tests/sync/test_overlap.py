@@ -13,8 +13,8 @@ from _dist import run_gloo
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
-from autoloco_hf.algorithm.controller import Assessment
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, IntervalOutcome
+from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.engine import BlockingSchedule
@@ -212,14 +212,14 @@ def test_a_finite_interval_run_at_a_replaced_horizon_is_stale_and_not_fed_to_the
     cfg = config(h_base=4, q_h=2, h_max=8)
     policy = AutoLoCoPolicy(cfg, FunctionSchedule(lambda s: 1e-2, 100), 100, warmup_steps=0)
     interval = policy.next_interval(0)
-    policy.controller.state.h_tok = interval.h_tok + cfg.q_h  # a decision since this interval was planned
-    before = policy.controller.state_dict()
+    policy.rule.state.h_tok = interval.h_tok + cfg.q_h  # a decision since this interval was planned
+    before = policy.rule.state_dict()
     outcome = IntervalOutcome(
         interval, 32, drift_energy=1.0, coherence=2.0, lr_mass=0.04, mean_loss=1.0, pseudo_grad_finite=True
     )
     decision = policy.complete(outcome, next_start=8)
     assert decision.assessment == Assessment.STALE and decision.next_h_tok == interval.h_tok + cfg.q_h
-    assert policy.controller.state_dict() == before
+    assert policy.rule.state_dict() == before
     # not lagged, or non-finite: the controller sees it
     assert policy.complete(outcome).assessment != Assessment.STALE
     nan = IntervalOutcome(interval, 32, math.nan, math.nan, 0.04, math.nan, pseudo_grad_finite=False)

@@ -259,7 +259,7 @@ def test_another_number_of_workers_goes_on_from_exactly_the_shared_state(tmp_pat
     # token mapper: global token counts follow the new N; controller: recalibrates at the accepted horizon
     mapper, before = engine.policy.mapper, snapshot.engine_state["policy"]["mapper"]
     assert mapper.tokens_per_step == pytest.approx(before["tokens_per_step"] * new_workers / 2, rel=1e-12)
-    assert engine.policy.controller.phase == "calibration"
+    assert engine.policy.rule.phase == "calibration"
     advance(resumed, 40)  # and it trains on
     assert engine.records[-1].start_step + engine.records[-1].h_step == 40
 

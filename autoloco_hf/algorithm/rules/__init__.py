@@ -16,15 +16,15 @@ from autoloco_hf.algorithm.rules.base import (
     rule_names,
     rule_options,
 )
-from autoloco_hf.algorithm.rules.descent import DescentController, DescentOptions
-from autoloco_hf.algorithm.rules.paper import HorizonController, PaperOptions
+from autoloco_hf.algorithm.rules.descent import DescentOptions, DescentRule
+from autoloco_hf.algorithm.rules.paper import PaperOptions, PaperRule
 
 __all__ = [
     "Delivery",
-    "DescentController",
+    "DescentRule",
     "DescentOptions",
     "DisplacementAt",
-    "HorizonController",
+    "PaperRule",
     "HorizonRule",
     "Measured",
     "PaperOptions",

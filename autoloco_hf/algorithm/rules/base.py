@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from autoloco_hf.config import ConfigError
 
 if TYPE_CHECKING:
-    from autoloco_hf.algorithm.controller import ControllerDecision, IntervalObservation, Phase
     from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.algorithm.rules.decisions import IntervalObservation, Phase, RuleDecision
     from autoloco_hf.config import AutoLoCoConfig
 
 
@@ -118,7 +118,7 @@ class HorizonRule(ABC):
     def phase(self) -> Phase: ...
 
     @abstractmethod
-    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
+    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> RuleDecision:
         """Assess a completed interval and choose the next horizon.
 
         ``preview(h_tok)``: the LR mass the next interval would carry at ``h_tok``.

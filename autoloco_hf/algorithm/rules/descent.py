@@ -31,7 +31,7 @@ comes back up)::
 
     >>> from autoloco_hf.config import AutoLoCoConfig
     >>> cfg = AutoLoCoConfig(h_base=10, q_h=1, controller="descent", rule_options={"smoothing": 0.0})
-    >>> ctl, step, trace = DescentController(cfg), 0, []
+    >>> ctl, step, trace = DescentRule(cfg), 0, []
     >>> for coherence in (2.0, 2.0, 2.0, 1.5, 1.0, 2.0):
     ...     h = ctl.h_tok
     ...     obs = IntervalObservation(h_tok=h, start_step=step, end_step=step + h,
@@ -50,13 +50,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autoloco_hf.algorithm.controller import (
-    Assessment,
-    ControllerDecision,
-    Decision,
-    IntervalObservation,
-    Phase,
-)
 from autoloco_hf.algorithm.rules.base import (
     Delivery,
     DisplacementAt,
@@ -64,6 +57,13 @@ from autoloco_hf.algorithm.rules.base import (
     Measured,
     RuleError,
     register_rule,
+)
+from autoloco_hf.algorithm.rules.decisions import (
+    Assessment,
+    Decision,
+    IntervalObservation,
+    Phase,
+    RuleDecision,
 )
 from autoloco_hf.algorithm.stats import drift_exponent, drift_growth
 from autoloco_hf.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, AutoLoCoConfig, Overlap, Range, option
@@ -126,7 +126,7 @@ class _DescentState:
 
 
 @register_rule
-class DescentController(HorizonRule):
+class DescentRule(HorizonRule):
     """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md §5.6)."""
 
     name = "descent"
@@ -198,7 +198,7 @@ class DescentController(HorizonRule):
     def phase(self) -> Phase:
         return self.state.phase
 
-    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
+    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> RuleDecision:
         """Assess a completed interval and choose the next horizon (``preview`` is unused: the rule does not look ahead)."""
         st, cfg, options = self.state, self.cfg, self.options
         in_warmup = st.phase == Phase.WARMUP and obs.end_step < self.warmup_steps + options.calibration_delay_steps
@@ -242,7 +242,7 @@ class DescentController(HorizonRule):
         fall, _ = drift_growth(obs.drift_energy, obs.lr_mass, obs.anchor_drift_energy, obs.anchor_lr_mass)
         return None if math.isnan(fall) or fall < 0 else fall
 
-    def _halve(self, rise: float) -> ControllerDecision:
+    def _halve(self, rise: float) -> RuleDecision:
         """A blown-up interval halves the horizon and tells nothing about the coherence: calibrate afresh if calibrating."""
         st, cfg = self.state, self.cfg
         shorter = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h))
@@ -250,9 +250,9 @@ class DescentController(HorizonRule):
         st.h_tok = shorter
         if st.phase in (Phase.WARMUP, Phase.CALIBRATION):
             st.calibration_logs = []
-        return ControllerDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
+        return RuleDecision(st.phase, Assessment.SEVERE, decision, st.h_tok, residual_drift=rise)
 
-    def _shorten_start(self, obs: IntervalObservation) -> ControllerDecision:
+    def _shorten_start(self, obs: IntervalObservation) -> RuleDecision:
         """The start probe cut the run's first interval at ``2 h_ref``: that is the horizon now, unless the guard halves it.
 
         The cut interval's coherence does not calibrate: it was measured over a shorter interval than the one planned.
@@ -262,7 +262,7 @@ class DescentController(HorizonRule):
         blown_up = self._drift_rise(obs)  # 2 h_base may be blown up too
         return self._halve(blown_up) if blown_up is not None else self._decision(Assessment.BENT, Decision.REDUCE)
 
-    def _fall_back(self) -> ControllerDecision:
+    def _fall_back(self) -> RuleDecision:
         """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""
         st, cfg = self.state, self.cfg
         if st.restored:  # the restored horizon failed again: restore only half of it next time
@@ -275,7 +275,7 @@ class DescentController(HorizonRule):
         st.h_tok = shorter
         return self._decision(Assessment.INVALID, decision)
 
-    def _hold_after_fallback(self) -> ControllerDecision:
+    def _hold_after_fallback(self) -> RuleDecision:
         """After ``calibration_intervals`` finite intervals, return to the interrupted horizon and calibrate there.
 
         A fault is not a coherence signal, so the shorter horizon it forced is not kept (the only lengthening the
@@ -291,7 +291,7 @@ class DescentController(HorizonRule):
             st.phase, st.calibration_logs = Phase.CALIBRATION, []
         return self._decision(Assessment.UNUSED, Decision.ADOPT)
 
-    def _calibrate(self, log_coherence: float) -> ControllerDecision:
+    def _calibrate(self, log_coherence: float) -> RuleDecision:
         st = self.state
         st.phase = Phase.CALIBRATION
         st.calibration_logs.append(log_coherence)
@@ -305,10 +305,8 @@ class DescentController(HorizonRule):
             st.restored = False
         return self._decision(Assessment.CONSISTENT, Decision.KEEP)
 
-    def _decision(
-        self, assessment: Assessment, decision: Decision, residual: float | None = None
-    ) -> ControllerDecision:
-        return ControllerDecision(self.state.phase, assessment, decision, self.state.h_tok, residual_coherence=residual)
+    def _decision(self, assessment: Assessment, decision: Decision, residual: float | None = None) -> RuleDecision:
+        return RuleDecision(self.state.phase, assessment, decision, self.state.h_tok, residual_coherence=residual)
 
     def recalibrate_for_new_workers(self) -> None:
         """``C_t``'s level depends on N: calibrate again at the horizon in force (docs/algorithm.md §8.5)."""

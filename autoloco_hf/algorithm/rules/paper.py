@@ -9,7 +9,7 @@ recalibrations on deviations. Its options are :class:`PaperOptions`.
 Example (an always-supporting stream climbs one ``q_H`` at a time)::
 
     >>> from autoloco_hf.config import AutoLoCoConfig
-    >>> ctl = HorizonController(AutoLoCoConfig(h_base=20, q_h=2, h_max=24, controller="paper"),
+    >>> ctl = PaperRule(AutoLoCoConfig(h_base=20, q_h=2, h_max=24, controller="paper"),
     ...                         warmup_steps=0)
     >>> step, trace = 0, []
     >>> for _ in range(12):
@@ -31,14 +31,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoloco_hf.algorithm.controller import (
+from autoloco_hf.algorithm.rules.base import HorizonRule, check_range, register_rule
+from autoloco_hf.algorithm.rules.decisions import (
     Assessment,
-    ControllerDecision,
     Decision,
     IntervalObservation,
     Phase,
+    RuleDecision,
 )
-from autoloco_hf.algorithm.rules.base import HorizonRule, check_range, register_rule
 from autoloco_hf.algorithm.stats import log_normalized_drift
 from autoloco_hf.config import (
     ABOVE_ONE,
@@ -207,7 +207,7 @@ def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float
 
 
 @register_rule
-class HorizonController(HorizonRule):
+class PaperRule(HorizonRule):
     """docs/algorithm.md §5 state machine over token-equivalent horizons: the rule ``controller="paper"``.
 
     Args:
@@ -243,7 +243,7 @@ class HorizonController(HorizonRule):
     def phase(self) -> str:
         return self.state.phase
 
-    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> ControllerDecision:
+    def observe(self, obs: IntervalObservation, preview: Callable[[int], float]) -> RuleDecision:
         """Assess a completed interval and choose the next horizon.
 
         ``preview(h_tok)`` must return ``Lambda(s_next, map(h_tok))``, the LR
@@ -287,7 +287,7 @@ class HorizonController(HorizonRule):
         return decision
 
     # --------------------------------------------------------------- phases
-    def _calibrate(self, log_drift: float, log_coherence: float) -> ControllerDecision:
+    def _calibrate(self, log_drift: float, log_coherence: float) -> RuleDecision:
         st = self.state
         st.calibration_logs.append((log_drift, log_coherence))
         st.bad_event_pending = False  # a finite calibration interval counts as consistent
@@ -306,7 +306,7 @@ class HorizonController(HorizonRule):
         st.phase = Phase.VARIABILITY if st.variability_left > 0 else Phase.MONITORING
         st.monitored_ok = 0
 
-    def _variability(self, log_drift: float, log_coherence: float) -> ControllerDecision:
+    def _variability(self, log_drift: float, log_coherence: float) -> RuleDecision:
         st, _cfg = self.state, self.cfg
         decision = self._assess(Phase.VARIABILITY, log_drift, log_coherence)
         self._update_reference(decision)
@@ -322,7 +322,7 @@ class HorizonController(HorizonRule):
         decision.decision = Decision.KEEP
         return decision
 
-    def _monitor(self, log_drift: float, log_coherence: float, preview: Callable[[int], float]) -> ControllerDecision:
+    def _monitor(self, log_drift: float, log_coherence: float, preview: Callable[[int], float]) -> RuleDecision:
         st, _cfg = self.state, self.cfg
         decision = self._assess(Phase.MONITORING, log_drift, log_coherence)
         if decision.assessment == Assessment.SEVERE:
@@ -352,7 +352,7 @@ class HorizonController(HorizonRule):
             decision.decision = Decision.PROPOSE
         return decision
 
-    def _candidate(self, log_drift: float, log_coherence: float, lr_mass: float) -> ControllerDecision:
+    def _candidate(self, log_drift: float, log_coherence: float, lr_mass: float) -> RuleDecision:
         st = self.state
         decision = self._assess(Phase.CANDIDATE, log_drift, log_coherence)
         st.candidate_intervals += 1
@@ -376,7 +376,7 @@ class HorizonController(HorizonRule):
             decision.decision = Decision.CONTINUE
         return decision
 
-    def _climb_ladder(self, decision: ControllerDecision) -> bool:
+    def _climb_ladder(self, decision: RuleDecision) -> bool:
         """Opt-in cumulative check at an adoption; True when the candidate must be rejected.
 
         Each adoption adds the candidate's standardized scores to a ladder of
@@ -407,7 +407,7 @@ class HorizonController(HorizonRule):
         return True
 
     # ------------------------------------------------------------ transitions
-    def _reject(self, decision: ControllerDecision, lr_mass: float) -> ControllerDecision:
+    def _reject(self, decision: RuleDecision, lr_mass: float) -> RuleDecision:
         st = self.state
         st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
         if decision.assessment in (Assessment.SEVERE, Assessment.INVALID):
@@ -417,9 +417,7 @@ class HorizonController(HorizonRule):
         decision.decision = Decision.REJECT
         return decision
 
-    def _on_invalid_or_severe(
-        self, phase: str, assessment: str, decision: ControllerDecision | None
-    ) -> ControllerDecision:
+    def _on_invalid_or_severe(self, phase: str, assessment: str, decision: RuleDecision | None) -> RuleDecision:
         """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
         st, cfg = self.state, self.cfg
         decision = decision or self._decision(phase, assessment, Decision.NONE)
@@ -434,7 +432,7 @@ class HorizonController(HorizonRule):
         st.bad_event_pending = True
         return self._reduce(decision, self.options.reduce_severe)
 
-    def _reduce(self, decision: ControllerDecision, factor: float) -> ControllerDecision:
+    def _reduce(self, decision: RuleDecision, factor: float) -> RuleDecision:
         """docs/algorithm.md §5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
         st = self.state
         target = st.h_accepted / factor
@@ -506,7 +504,7 @@ class HorizonController(HorizonRule):
             return None, None
         return log_drift, math.log(obs.coherence + self.cfg.eps)
 
-    def _assess(self, phase: str, log_drift: float, log_coherence: float) -> ControllerDecision:
+    def _assess(self, phase: str, log_drift: float, log_coherence: float) -> RuleDecision:
         """Residuals, standardized scores and the docs/algorithm.md §5.2 assessment of a finite interval."""
         st, _cfg = self.state, self.cfg
         r_drift = log_drift - st.ref_log_drift
@@ -525,9 +523,9 @@ class HorizonController(HorizonRule):
             assessment = Assessment.SUPPORTING
         else:
             assessment = Assessment.CONSISTENT
-        return ControllerDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
+        return RuleDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
 
-    def _update_reference(self, decision: ControllerDecision) -> None:
+    def _update_reference(self, decision: RuleDecision) -> None:
         """Log-space EMA of the reference with a clipped residual (docs/algorithm.md §5.1)."""
         st, _cfg = self.state, self.cfg
         st.ref_log_drift += self.options.ref_ema_alpha * self._clipped_residual(
@@ -558,8 +556,8 @@ class HorizonController(HorizonRule):
         st.history_drift = st.history_drift[-size:]
         st.history_coherence = st.history_coherence[-size:]
 
-    def _decision(self, phase: Phase, assessment: Assessment, decision: Decision) -> ControllerDecision:
-        return ControllerDecision(phase, assessment, decision, self.state.h_tok)
+    def _decision(self, phase: Phase, assessment: Assessment, decision: Decision) -> RuleDecision:
+        return RuleDecision(phase, assessment, decision, self.state.h_tok)
 
     def recalibrate_for_new_workers(self) -> None:
         """Another number of workers from here on: re-estimate the reference at the accepted horizon.

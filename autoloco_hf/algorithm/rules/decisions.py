@@ -15,7 +15,7 @@ from autoloco_hf.config import ValueEnum
 
 
 class Phase(ValueEnum):
-    """Controller phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a controller."""
+    """Rule phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a rule."""
 
     WARMUP = "warmup"
     CALIBRATION = "calibration"
@@ -39,7 +39,7 @@ class Assessment(ValueEnum):
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
     BENT = "bent"  # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md §5.6)
-    STALE = "stale"  # eager overlap: ran a horizon the controller has since replaced; not fed to it (docs/algorithm.md §11.3)
+    STALE = "stale"  # eager overlap: ran a horizon the rule has since replaced; not fed to it (docs/algorithm.md §11.3)
 
     @property
     def code(self) -> float:
@@ -48,7 +48,7 @@ class Assessment(ValueEnum):
 
 
 class Decision(ValueEnum):
-    """What the controller did with the horizon after an interval (docs/algorithm.md §5.3)."""
+    """What the rule did with the horizon after an interval (docs/algorithm.md §5.3)."""
 
     KEEP = "keep"
     PROPOSE = "propose"
@@ -64,7 +64,7 @@ class Decision(ValueEnum):
 
 @dataclass
 class IntervalObservation:
-    """What the controller needs to know about a completed interval."""
+    """What the rule needs to know about a completed interval."""
 
     h_tok: int
     start_step: int
@@ -88,8 +88,8 @@ class IntervalObservation:
 
 
 @dataclass
-class ControllerDecision:
-    """The controller's reading of an interval and what it does next (logged per interval)."""
+class RuleDecision:
+    """The rule's reading of an interval and what it does next (logged per interval)."""
 
     phase: Phase
     assessment: Assessment

@@ -34,9 +34,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoloco_hf.algorithm.controller import Decision
 from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPolicy, NextInterval, make_policy
 from autoloco_hf.algorithm.rules import Delivery, Measured
+from autoloco_hf.algorithm.rules.decisions import Decision
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass, warmup_cosine
 from autoloco_hf.config import RECIPE_SCHEDULES, AutoLoCoConfig, ValueEnum
 

@@ -18,16 +18,16 @@ from collections.abc import Callable
 
 import pytest
 
-from autoloco_hf.algorithm.controller import (
+from autoloco_hf.algorithm.rules import PaperRule
+from autoloco_hf.algorithm.rules.decisions import (
     Assessment,
-    ControllerDecision,
     IntervalObservation,
     Phase,
+    RuleDecision,
 )
-from autoloco_hf.algorithm.rules import HorizonController
 from autoloco_hf.config import AutoLoCoConfig, Controller
 
-# the paper's rule, which these tests are about (the default rule is descent: test_descent.py)
+# the paper's rule, which these tests are about (the default rule is descent: test_descent_rule.py)
 PaperConfig = functools.partial(AutoLoCoConfig, controller=Controller.PAPER)
 
 MODERATE_R, SEVERE_R, CONSISTENT_R = 0.3, 0.6, 0.1
@@ -53,10 +53,10 @@ class Driver:
         preview: Callable[[int], float] = proportional,
     ) -> None:
         self.cfg = cfg or PaperConfig(h_base=500, q_h=50, h_max=750)
-        self.ctl = HorizonController(self.cfg, warmup_steps=warmup_steps)
+        self.ctl = PaperRule(self.cfg, warmup_steps=warmup_steps)
         self.preview = preview
         self.step = 0
-        self.log: list[ControllerDecision] = []
+        self.log: list[RuleDecision] = []
 
     def obs(self, log_d: float = 0.0, log_c: float = 0.0, **kw) -> IntervalObservation:
         h = self.ctl.h_tok
@@ -71,7 +71,7 @@ class Driver:
         values.update(kw)
         return IntervalObservation(**values)
 
-    def feed(self, log_d: float = 0.0, log_c: float = 0.0, **kw) -> ControllerDecision:
+    def feed(self, log_d: float = 0.0, log_c: float = 0.0, **kw) -> RuleDecision:
         obs = self.obs(log_d, log_c, **kw)
         self.step = obs.end_step
         decision = self.ctl.observe(obs, self.preview)
@@ -79,7 +79,7 @@ class Driver:
         self.log.append(decision)
         return decision
 
-    def feed_many(self, n: int, log_d: float = 0.0, log_c: float = 0.0) -> list[ControllerDecision]:
+    def feed_many(self, n: int, log_d: float = 0.0, log_c: float = 0.0) -> list[RuleDecision]:
         return [self.feed(log_d, log_c) for _ in range(n)]
 
     def to_monitoring(self) -> None:
@@ -100,7 +100,7 @@ class Driver:
         assert self.ctl.phase == Phase.MONITORING and self.ctl.h_accepted == self.cfg.h_max
 
 
-def decisions(log: list[ControllerDecision]) -> list[str]:
+def decisions(log: list[RuleDecision]) -> list[str]:
     return [d.decision for d in log]
 
 
@@ -649,7 +649,7 @@ def test_state_dict_with_rejected_bound_is_json_serializable() -> None:
     d.feed(log_d=MODERATE_R)
     state = d.ctl.state_dict()
     assert state["rejected"] == {"h_tok": 550, "lr_mass": 1.0, "age": 0}
-    copy = HorizonController(d.cfg)
+    copy = PaperRule(d.cfg)
     copy.load_state_dict(json.loads(json.dumps(state)))
     assert copy.state == d.ctl.state
 

@@ -1,6 +1,6 @@
 """Controller robustness (issue 11): centred reference clip, warm-up faults, h_min on the grid, opt-ins.
 
-Scripted streams as in ``test_controller.py`` (``lr_mass = 1``, so a residual
+Scripted streams as in ``test_paper_rule.py`` (``lr_mass = 1``, so a residual
 ``r`` against a flat history scores ``z = 10 r``).
 """
 
@@ -10,10 +10,10 @@ import json
 import math
 
 import pytest
-from test_controller import MODERATE_R, Driver, PaperConfig, flat
+from test_paper_rule import MODERATE_R, Driver, PaperConfig, flat
 
-from autoloco_hf.algorithm.controller import Assessment, Phase
-from autoloco_hf.algorithm.rules import HorizonController
+from autoloco_hf.algorithm.rules import PaperRule
+from autoloco_hf.algorithm.rules.decisions import Assessment, Phase
 from autoloco_hf.algorithm.stats import interval_statistics, log_normalized_drift
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, ReferenceClip
 
@@ -169,7 +169,7 @@ def test_cumulative_ladder_survives_a_checkpoint_and_resets_on_reduction() -> No
     cfg = PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"cumulative_check": True})
     d = _climb(cfg, 0.05)
     assert [rung[0] for rung in d.ctl.state.ladder] == [500, 550, 600]
-    copy = HorizonController(cfg)
+    copy = PaperRule(cfg)
     copy.load_state_dict(json.loads(json.dumps(d.ctl.state_dict())))
     assert copy.state == d.ctl.state
     d.feed(log_d=10.0)  # severe at the accepted horizon: reduce

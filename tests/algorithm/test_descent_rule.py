@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 from test_policies import outcome
 
-from autoloco_hf.algorithm.controller import Assessment, Decision, IntervalObservation, Phase
-from autoloco_hf.algorithm.policies import AutoLoCoPolicy, NextInterval, make_controller
-from autoloco_hf.algorithm.rules import Delivery, DescentController, DisplacementAt
+from autoloco_hf.algorithm.policies import AutoLoCoPolicy, NextInterval, make_rule
+from autoloco_hf.algorithm.rules import Delivery, DescentRule, DisplacementAt
+from autoloco_hf.algorithm.rules.decisions import Assessment, Decision, IntervalObservation, Phase
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.algorithm.stats import drift_growth
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
@@ -26,7 +26,7 @@ def descent_config(**kw) -> AutoLoCoConfig:
     )
 
 
-def feed(ctl: DescentController, coherences, step: int = 0, **kw) -> tuple[list[int], int]:
+def feed(ctl: DescentRule, coherences, step: int = 0, **kw) -> tuple[list[int], int]:
     """Run ``ctl`` over a coherence stream; the horizons it executed and the next start."""
     executed = []
     for c in coherences:
@@ -46,7 +46,7 @@ def test_the_default_rule_is_descent_from_two_h_base_at_momentum_half_with_the_g
     assert default.controller is Controller.DESCENT
     assert (default.q_h, default.h_min, default.h_max, default.outer_momentum) == (1, 10, 20, 0.5)
     assert (default.rule_options.gain, default.rule_options.drift_guard) == (0.9, None)
-    assert DescentController(default).guarded and DescentController(default).h_tok == 20
+    assert DescentRule(default).guarded and DescentRule(default).h_tok == 20
     assert AutoLoCoConfig(h_base=500).h_max == 1000
     paper = AutoLoCoConfig(h_base=10, controller="paper")  # the paper rule keeps 1.5 h_base and momentum 0.7
     assert (paper.h_max, paper.outer_momentum) == (15, 0.7)
@@ -54,9 +54,9 @@ def test_the_default_rule_is_descent_from_two_h_base_at_momentum_half_with_the_g
 
 
 def test_the_guard_is_on_unless_set_off_or_the_overlap_is_eager() -> None:
-    assert DescentController(AutoLoCoConfig(h_base=10, overlap="delayed")).guarded
-    assert not DescentController(AutoLoCoConfig(h_base=10, overlap="eager")).guarded  # no anchor there, not refused
-    assert not DescentController(AutoLoCoConfig(h_base=10, rule_options={"drift_guard": False})).guarded
+    assert DescentRule(AutoLoCoConfig(h_base=10, overlap="delayed")).guarded
+    assert not DescentRule(AutoLoCoConfig(h_base=10, overlap="eager")).guarded  # no anchor there, not refused
+    assert not DescentRule(AutoLoCoConfig(h_base=10, rule_options={"drift_guard": False})).guarded
 
 
 def test_an_unknown_controller_is_refused_naming_the_field() -> None:
@@ -65,7 +65,7 @@ def test_an_unknown_controller_is_refused_naming_the_field() -> None:
 
 
 def test_the_horizon_follows_the_coherence_ratio_to_the_calibration() -> None:
-    ctl = DescentController(descent_config())
+    ctl = DescentRule(descent_config())
     executed, _ = feed(ctl, [3.0, 3.0, 3.0, 2.25, 1.5, 0.75])
     # calibrated at log 3; then h_max * C / 3, floored to q_h
     assert executed == [40, 40, 40, 40, 30, 20]
@@ -73,7 +73,7 @@ def test_the_horizon_follows_the_coherence_ratio_to_the_calibration() -> None:
 
 
 def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
-    ctl = DescentController(descent_config(rule_options={"gain": 0.5}))
+    ctl = DescentRule(descent_config(rule_options={"gain": 0.5}))
     executed, _ = feed(ctl, [3.0, 3.0, 3.0, 0.75])
     # calibrated at log 3, re-based so that h_max stays the target; then 40 * (0.75 / 3) ** 0.5 = 20
     assert executed == [40, 40, 40, 40]
@@ -90,7 +90,7 @@ def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
 def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
     rng = random.Random(0)
     cfg = descent_config(rule_options={"smoothing": 0.5}, h_min=5)
-    ctl = DescentController(cfg)
+    ctl = DescentRule(cfg)
     executed, _ = feed(ctl, [math.exp(rng.gauss(0.0, 0.7)) for _ in range(200)])
     assert all(later <= earlier for earlier, later in zip(executed, executed[1:]))
     assert all(cfg.h_min <= h <= cfg.h_max for h in executed)
@@ -98,14 +98,14 @@ def test_the_horizon_never_lengthens_and_stays_in_the_domain() -> None:
 
 
 def test_smoothing_is_an_ema_of_log_coherence() -> None:
-    ctl = DescentController(descent_config(rule_options={"smoothing": 0.5}))
+    ctl = DescentRule(descent_config(rule_options={"smoothing": 0.5}))
     feed(ctl, [4.0, 4.0, 1.0])
     # s = 0.5 log 4 + 0.5 log 1 = log 2: target 40 * 2 / 4 = 20
     assert ctl.h_tok == 20
 
 
 def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> None:
-    ctl = DescentController(descent_config(), warmup_steps=50)
+    ctl = DescentRule(descent_config(), warmup_steps=50)
     executed, step = feed(ctl, [9.0])  # ends at 40 < 50: warm-up
     assert ctl.phase == Phase.WARMUP and executed == [40]
     obs = IntervalObservation(
@@ -116,7 +116,7 @@ def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> No
 
 
 def test_a_non_finite_interval_halves_the_horizon() -> None:
-    ctl = DescentController(descent_config())
+    ctl = DescentRule(descent_config())
     feed(ctl, [2.0, 2.0])
     obs = IntervalObservation(h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0)
     decision = ctl.observe(obs, preview=float)
@@ -126,7 +126,7 @@ def test_a_non_finite_interval_halves_the_horizon() -> None:
     assert ctl.h_tok == 10  # never below h_min
 
 
-def observe_nan(ctl: DescentController, h: int, step: int) -> None:
+def observe_nan(ctl: DescentRule, h: int, step: int) -> None:
     ctl.observe(
         IntervalObservation(
             h_tok=h, start_step=step, end_step=step + h, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
@@ -136,7 +136,7 @@ def observe_nan(ctl: DescentController, h: int, step: int) -> None:
 
 
 def test_after_a_fault_the_rule_returns_to_the_interrupted_horizon_and_calibrates_there() -> None:
-    ctl = DescentController(descent_config())
+    ctl = DescentRule(descent_config())
     _, step = feed(ctl, [2.0, 2.0, 1.5])  # calibrated at log 2, then 40 * 0.75 = 30
     assert ctl.h_tok == 30
     observe_nan(ctl, 30, step)
@@ -149,7 +149,7 @@ def test_after_a_fault_the_rule_returns_to_the_interrupted_horizon_and_calibrate
 
 
 def test_a_fault_right_after_a_restore_halves_what_the_rule_restores_to() -> None:
-    ctl = DescentController(descent_config())
+    ctl = DescentRule(descent_config())
     _, step = feed(ctl, [2.0, 2.0])
     observe_nan(ctl, 40, step)  # 40 -> 20
     _, step = feed(ctl, [2.0, 2.0], step=step + 40)  # back at 40
@@ -162,11 +162,11 @@ def test_a_fault_right_after_a_restore_halves_what_the_rule_restores_to() -> Non
 def test_resume_equals_uninterrupted() -> None:
     rng = random.Random(1)
     stream = [math.exp(rng.gauss(0.0, 0.5)) for _ in range(30)]
-    whole = DescentController(descent_config(rule_options={"smoothing": 0.3}))
+    whole = DescentRule(descent_config(rule_options={"smoothing": 0.3}))
     full, _ = feed(whole, stream)
-    first = DescentController(descent_config(rule_options={"smoothing": 0.3}))
+    first = DescentRule(descent_config(rule_options={"smoothing": 0.3}))
     head, step = feed(first, stream[:11])
-    resumed = DescentController(descent_config(rule_options={"smoothing": 0.3}))
+    resumed = DescentRule(descent_config(rule_options={"smoothing": 0.3}))
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     tail, _ = feed(resumed, stream[11:], step=step)
     assert head + tail == full
@@ -174,7 +174,7 @@ def test_resume_equals_uninterrupted() -> None:
 
 
 def test_new_workers_recalibrate_at_the_horizon_in_force() -> None:
-    ctl = DescentController(descent_config())
+    ctl = DescentRule(descent_config())
     feed(ctl, [4.0, 4.0, 2.0])
     assert ctl.h_tok == 20
     ctl.recalibrate_for_new_workers()
@@ -184,7 +184,7 @@ def test_new_workers_recalibrate_at_the_horizon_in_force() -> None:
 
 
 def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_max() -> None:
-    assert isinstance(make_controller(descent_config(), 0), DescentController)
+    assert isinstance(make_rule(descent_config(), 0), DescentRule)
     sched = FunctionSchedule(lambda s: 1.0, 10_000)
     policy = AutoLoCoPolicy(descent_config(token_calibration_intervals=2), sched, 10_000, warmup_steps=0)
     first = policy.next_interval(0)
@@ -197,7 +197,7 @@ def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_ma
 
 
 # ------------------------------------------------------------------ the drift guard
-def feed_stats(ctl: DescentController, stats, step: int = 0) -> tuple[list[int], int]:
+def feed_stats(ctl: DescentRule, stats, step: int = 0) -> tuple[list[int], int]:
     """Like ``feed`` over ``(C_t, d_t, anchor d)`` triples (``lr_mass`` 1, the anchor's 0.25: ``d = D / mass^2``)."""
     executed = []
     for coherence, drift, anchor in stats:
@@ -212,9 +212,9 @@ def feed_stats(ctl: DescentController, stats, step: int = 0) -> tuple[list[int],
     return executed, step
 
 
-def guarded(**kw) -> DescentController:
+def guarded(**kw) -> DescentRule:
     options = {"drift_guard": True, **kw.pop("rule_options", {})}
-    return DescentController(descent_config(rule_options=options, **kw))
+    return DescentRule(descent_config(rule_options=options, **kw))
 
 
 HEALTHY = (2.0, math.e, math.e**2)  # d falls from its anchor's over the interval
@@ -222,7 +222,7 @@ BLOWN = (2.0, math.e**3, math.e**2)  # d rises over the interval
 
 
 def test_the_guard_leaves_a_run_whose_drift_falls_as_it_was() -> None:
-    plain, guard = DescentController(descent_config()), guarded()
+    plain, guard = DescentRule(descent_config()), guarded()
     stream = [HEALTHY] * 3 + [(1.5, math.e, math.e**2), (1.0, math.e, math.e**2)]
     assert feed_stats(guard, stream)[0] == feed_stats(plain, stream)[0] == [40, 40, 40, 40, 30]
     assert guard.state == plain.state
@@ -264,7 +264,7 @@ def test_a_drift_exactly_equal_to_its_anchors_is_blown_up() -> None:
 
 def test_the_guard_does_not_judge_warm_up_or_the_hold_after_a_fault() -> None:
     """Documented in §5.6: a blown-up interval there keeps the horizon; the same interval later halves it."""
-    ctl = DescentController(descent_config(rule_options={"drift_guard": True}), warmup_steps=100)
+    ctl = DescentRule(descent_config(rule_options={"drift_guard": True}), warmup_steps=100)
     executed, step = feed_stats(ctl, [BLOWN, BLOWN])  # both end by step 80, inside the warm-up
     assert executed == [40, 40] and ctl.h_tok == 40 and ctl.phase == Phase.WARMUP
     ctl = guarded()
@@ -296,7 +296,7 @@ def test_the_guard_judges_horizons_of_at_least_one_and_a_half_h_base_only() -> N
 
 
 def test_without_the_guard_the_anchor_is_not_read() -> None:
-    plain = DescentController(descent_config())
+    plain = DescentRule(descent_config())
     assert feed_stats(plain, [BLOWN] * 5)[0] == [40] * 5
 
 
@@ -318,7 +318,7 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
 def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"rule_options\['drift_guard'\]=True of rule 'descent'.*overlap='delayed'"):
         descent_config(rule_options={"drift_guard": True}, overlap="eager")
-    delayed = DescentController(descent_config(rule_options={"drift_guard": True}, overlap="delayed"))
+    delayed = DescentRule(descent_config(rule_options={"drift_guard": True}, overlap="delayed"))
     assert delayed.measurements(NextInterval(0, 40, 40, 10, False, 1.0, 1.0)) == (DisplacementAt(10),)
     with pytest.raises(ConfigError, match="not an option of rule 'paper'.*option of rule 'descent'"):
         AutoLoCoConfig(h_base=10, controller="paper", rule_options={"drift_guard": True})
@@ -326,7 +326,7 @@ def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
 
 # ------------------------------------------------------------------ the start probe (§5.6)
 def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calibration() -> None:
-    ctl = DescentController(descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1}))
+    ctl = DescentRule(descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1}))
     cut = IntervalObservation(
         h_tok=20, start_step=0, end_step=20, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
     )
@@ -354,16 +354,16 @@ def test_the_start_probe_is_refused_where_an_interval_cannot_end_early_naming_th
 
 def test_only_the_descent_rule_probes_its_start() -> None:
     first = NextInterval(0, 40, 40, 10, False, 1.0, 1.0)
-    probing = DescentController(descent_config(rule_options={"start_probe": 1.85}))
+    probing = DescentRule(descent_config(rule_options={"start_probe": 1.85}))
     assert probing.measurements(first) == (DisplacementAt(15, Delivery.SHARED), DisplacementAt(20, Delivery.SHARED))
     assert probing.measurements(replace(first, start_step=40)) == ()  # the run's first interval only
-    assert DescentController(descent_config()).measurements(first) == ()
+    assert DescentRule(descent_config()).measurements(first) == ()
     with pytest.raises(ConfigError, match="not an option of rule 'paper'"):
         AutoLoCoConfig(h_base=10, controller="paper", rule_options={"start_probe": 1.85})
 
 
 def test_the_drift_guard_still_judges_an_interval_the_start_probe_cut() -> None:
-    ctl = DescentController(descent_config(rule_options={"start_probe": 1.85, "drift_guard": True}))
+    ctl = DescentRule(descent_config(rule_options={"start_probe": 1.85, "drift_guard": True}))
     cut = IntervalObservation(
         h_tok=20, start_step=0, end_step=20, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
         anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.5, cut_short=True,
