@@ -40,6 +40,7 @@ import datetime
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,8 +85,21 @@ class RoundFailed(RuntimeError):
     """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
 
 
-class StoreLost(RoundFailed):
-    """The run's store failed a request (not a timeout): this process is cut off from the run (one line)."""
+class StoreLost(RoundFailed, SystemExit):
+    """The run's store failed or did not answer a request: this process is cut off (one line).
+
+    Also a ``SystemExit``: left uncaught it ends the process with its one line on stderr and
+    exit status 1, no traceback (docs/reliability.md, "Cut off from the store"). It is a
+    ``RoundFailed`` for code that catches that.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = message  # what the interpreter prints when it ends the process with it
+
+
+class _NoAnswer(TimeoutError):
+    """A store request not done within ``store_timeout_s`` (a store error, not a round timeout)."""
 
 
 def _store_errors() -> tuple[type[BaseException], ...]:
@@ -104,8 +118,9 @@ _STORE_TIMEOUTS = (torch.distributed.DistStoreError, LookupError)
 
 def _cut_off(doing: str, err: BaseException) -> StoreLost:
     first = str(err).splitlines()[0] if str(err) else ""
+    cause = first if isinstance(err, _NoAnswer) else f"{type(err).__name__}: {first[:200]}"
     return StoreLost(
-        f"live membership: the run's store failed while {doing} ({type(err).__name__}: {first[:200]}); "
+        f"live membership: the run's store failed while {doing} ({cause}); "
         "this process is cut off from the run and stops; the members that reach the store go on "
         "without it from their last boundary, and the same command takes it in again later"
     )
@@ -189,6 +204,14 @@ class LiveMembership:
             (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 6 * settle_s``,
             and that (at least 120 s) when not given.
         backend: the process-group backend of every round.
+        store_timeout_s: the bound on one store request (``add``, ``set``, ``check``, ``get``;
+            not a wait, which its round's deadline bounds). A request that fails or does not
+            complete within it raises :class:`StoreLost`: a process cut off from the store's
+            majority (its etcd client tries the other endpoints in turn, and its own minority
+            member cannot commit a write) ends within ``sync_timeout_s + store_timeout_s`` of
+            the first boundary it reaches (docs/reliability.md). It must outlast a healthy
+            client's failover from a lost member to a live one (default 30 s; ``etcd_store``
+            waits 5 s for a member before it tries the next).
     """
 
     def __init__(
@@ -201,6 +224,7 @@ class LiveMembership:
         settle_s: float = 2.0,
         round_timeout_s: float | None = None,
         backend: str = "gloo",
+        store_timeout_s: float = 30.0,
     ) -> None:
         if config.ranks_per_worker != 1:
             raise ValueError(
@@ -209,6 +233,9 @@ class LiveMembership:
             )
         if settle_s <= 0:
             raise ValueError(f"settle_s={settle_s:g}: must be above 0 (the default is 2 s)")
+        if store_timeout_s <= 0:
+            why = "must be above 0 (the default is 30 s)"
+            raise ValueError(f"store_timeout_s={store_timeout_s:g}: {why}")
         # each try closes (settle_s), confirms (2 settle_s) and sets up its group (up to sync_timeout_s)
         needed = 2 * config.sync_timeout_s + 6 * settle_s
         if round_timeout_s is None:
@@ -225,6 +252,7 @@ class LiveMembership:
         self.settle_s = settle_s
         self.round_timeout_s = round_timeout_s
         self.backend = backend
+        self.store_timeout_s = store_timeout_s
         self._config_json = config_json(config)
         self._model = model_signature(model)
         self.round = NO_BOUNDARY  # the round this process is a member of
@@ -283,7 +311,8 @@ class LiveMembership:
         # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
         expected = self.world_size - 1 if len(lost) == 1 else None
         if self.join_pending:
-            expected = self.world_size + int(self.store.add(self._key(self.round + 1, "count"), 0))
+            waiting = int(self._ask("add", self._key(self.round + 1, "count"), 0))
+            expected = self.world_size + waiting
         deadline = time.monotonic() + self.round_timeout_s
         number = self.round + 1
         while True:
@@ -326,7 +355,7 @@ class LiveMembership:
 
         self._keep(engine)
         try:
-            waiting = torch.tensor([float(self.store.add(self._key(self.round + 1, "count"), 0))])
+            waiting = torch.tensor([float(self._ask("add", self._key(self.round + 1, "count"), 0))])
         except _store_errors() as err:
             raise _cut_off(f"looking for joining processes at step {engine.step}", err) from None
         try:  # every member must decide alike: the largest count any of them saw
@@ -337,13 +366,39 @@ class LiveMembership:
         self.join_pending = bool(waiting.item() > 0)
 
     # ------------------------------------------------------------------ one round
+    def _ask(self, request: str, *args: Any) -> Any:
+        """``self.store.<request>(*args)`` within ``store_timeout_s`` (else :class:`_NoAnswer`).
+
+        A client cut off from the store's majority does not fail at once: python-etcd waits
+        for each endpoint in turn, and a minority member holds a write until its own timeout.
+        The request runs in a daemon thread; one that does not return in time is left behind
+        (the process is about to end with :class:`StoreLost`).
+        """
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = getattr(self.store, request)(*args)
+            except BaseException as err:  # handed to the caller's thread as it is
+                outcome["error"] = err
+
+        thread = threading.Thread(target=run, name=f"autoloco-store-{request}", daemon=True)
+        thread.start()
+        thread.join(self.store_timeout_s)
+        if thread.is_alive():
+            bound = f"store_timeout_s={self.store_timeout_s:g}"
+            raise _NoAnswer(f"no answer to {request} within {bound}")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
     def _key(self, number: int, name: str) -> str:
         return f"{PREFIX}round{number}/{name}"
 
     def _latest(self) -> int:
         key = f"{PREFIX}latest"
         self.store.wait([key], datetime.timedelta(seconds=self.round_timeout_s))
-        return int(self.store.get(key))
+        return int(self._ask("get", key))
 
     def _attempt(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
         """Round ``number``, or ``None``: left out of it, or its group failed to form (the caller tries the next).
@@ -377,21 +432,22 @@ class LiveMembership:
 
     def _form(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
         """Take part in round ``number``; ``None`` if this process was left out of it (a slot too late)."""
-        me = int(self.store.add(self._key(number, "count"), 1))
+        me = int(self._ask("add", self._key(number, "count"), 1))
         info = {
             "id": self.member_id,
             "boundary": self._boundary,
             "config": self._config_json,
             "model": self._model,
         }
-        self.store.set(self._key(number, f"slot{me}"), json.dumps(info))
+        self._ask("set", self._key(number, f"slot{me}"), json.dumps(info))
         closed_key = self._key(number, "closed")
         if may_close:
             self._close(number, me, expected, deadline)
         size = self._wait_closed(number, closed_key, deadline)
         if me > size:
             return None
-        self.store.set(self._key(number, f"ready{me}"), "1")  # alive after the close: this slot counts
+        # alive after the close: this slot counts
+        self._ask("set", self._key(number, f"ready{me}"), "1")
         if may_close:
             self._confirm(number, size)
         confirmed = self._wait_confirmed(number, deadline)
@@ -412,14 +468,14 @@ class LiveMembership:
         # the launch's processes reach round 0 after their imports, seconds apart on a loaded machine: wait for
         # all of them up to half of round_timeout_s, not settle_s (which is for survivors of a fault)
         quiet_s = self._quiet_s(number)
-        while not self.store.check([closed_key]):
+        while not self._ask("check", [closed_key]):
             now = time.monotonic()
-            latest = int(self.store.add(count_key, 0))
+            latest = int(self._ask("add", count_key, 0))
             if latest != count:
                 count, changed = latest, now
             if (expected is not None and count >= expected) or now - changed >= quiet_s or now > deadline:
-                if int(self.store.add(self._key(number, "ticket"), 1)) == 1:
-                    self.store.set(closed_key, str(count))
+                if int(self._ask("add", self._key(number, "ticket"), 1)) == 1:
+                    self._ask("set", closed_key, str(count))
                 return
             time.sleep(0.02)
 
@@ -442,14 +498,15 @@ class LiveMembership:
         window_s = 2 * self.settle_s
         alive, changed = [], time.monotonic()
         while True:
-            now_alive = [slot for slot, key in enumerate(ready, start=1) if self.store.check([key])]
+            slots = enumerate(ready, start=1)
+            now_alive = [slot for slot, key in slots if self._ask("check", [key])]
             if now_alive != alive:
                 alive, changed = now_alive, time.monotonic()
             if len(alive) == size or time.monotonic() - changed >= window_s:
                 break
             time.sleep(0.02)
-        if int(self.store.add(self._key(number, "confirm_ticket"), 1)) == 1:
-            self.store.set(self._key(number, "confirmed"), json.dumps(alive))
+        if int(self._ask("add", self._key(number, "confirm_ticket"), 1)) == 1:
+            self._ask("set", self._key(number, "confirmed"), json.dumps(alive))
 
     def _wait_confirmed(self, number: int, deadline: float) -> list[int]:
         key = self._key(number, "confirmed")
@@ -460,7 +517,7 @@ class LiveMembership:
                 f"membership round {number} closed but no closer said which slots are alive within "
                 f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
             ) from err
-        return json.loads(self.store.get(key))
+        return json.loads(self._ask("get", key))
 
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
@@ -470,7 +527,7 @@ class LiveMembership:
                 f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
                 f"of the run reached the store ({type(err).__name__}); the run may be over"
             ) from err
-        return int(self.store.get(key))
+        return int(self._ask("get", key))
 
     def _read_slot(self, number: int, slot: int, deadline: float) -> _Slot:
         key = self._key(number, f"slot{slot}")
@@ -481,7 +538,7 @@ class LiveMembership:
                 f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
                 f"though it confirmed; the run may be over"
             ) from err
-        info = json.loads(self.store.get(key))
+        info = json.loads(self._ask("get", key))
         return _Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
 
     def _enter(self, number: int, me: int, slots: list[_Slot]) -> Agreement:
@@ -517,7 +574,7 @@ class LiveMembership:
             raise _GroupFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
         self.world_size, self.join_pending = size, False
         if rank == 0:
-            self.store.set(f"{PREFIX}latest", str(number))
+            self._ask("set", f"{PREFIX}latest", str(number))
         logger.info(
             "membership round %d: %d member(s) %s, going on from step %s",
             number,

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
+STORE_TIMEOUT_S = 10.0  # a store request unanswered this long: cut off (a failover to a live member takes ~0-5 s)
 HELD_OUT_WORKER, HELD_OUT_BATCHES = 999, 16
 SCENARIOS = (
     "fault_free",
@@ -77,6 +78,7 @@ def run_worker(
     endpoints: str = "",
     wait_for_joiner_at: tuple[int, ...] = (),
     pause_at: int | None = None,
+    resume_file: str | None = None,
     exact_redo: bool = False,
     die_entering_round: int | None = None,
     start_delay_s: float = 0.0,
@@ -91,7 +93,7 @@ def run_worker(
     (``attach(local_state=...)``).
     ``pause_at``: before this step, write ``test/<name>/paused`` and wait for ``test/resume`` (the driver
     kills an etcd member while no process waits on the store: see docs/reliability.md on a member lost while a
-    round forms).
+    round forms); with ``resume_file``, write ``<out>/<name>.paused`` and wait until that file exists instead.
     ``die_entering_round``: end the process after that membership round closed, when its process group is set
     up (the others' set-up fails; they form the next round without it). ``start_delay_s``: reach round 0
     that much later (a slow start-up). ``joiner_fault`` (a joiner): ``"dies_before_saying_who"`` ends the
@@ -127,7 +129,9 @@ def run_worker(
     model = make_model(seed=seed)
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, 4)(optimizer)
-    live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
+    live = LiveMembership(
+        store, name, config, model, settle_s=1.0, round_timeout_s=60.0, store_timeout_s=STORE_TIMEOUT_S
+    )
     if joiner_fault is not None:
         live.store = _FaultAfterSlot(store, joiner_fault)
     seen: dict[str, Any] = {"name": name, "rounds": [], "steps": [], "faults": []}
@@ -182,7 +186,12 @@ def run_worker(
         if freeze_at_step is not None and step == freeze_at_step:
             store.set(f"test/{name}/fault_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGSTOP)  # a silent partition: the connection stays open, nothing answers
-        if step == pause_at:
+        if step == pause_at and resume_file:  # a driver that cannot reach the store (another network namespace)
+            Path(out, f"{name}.paused").write_text(str(step))
+            until = time.monotonic() + 120
+            while not os.path.exists(resume_file) and time.monotonic() < until:
+                time.sleep(0.05)
+        elif step == pause_at:
             store.set(f"test/{name}/paused", str(step))
             until = time.monotonic() + 120
             while not store.check(["test/resume"]) and time.monotonic() < until:
