@@ -2,7 +2,7 @@
 
 Two network namespaces joined by a veth pair (``netns.py``): node A holds two of the three members of a real
 etcd cluster and workers w0 and w1; node B the third member and w2. The three train the toy LM of
-``benchmarks/live_testbed.py`` over gloo; mid-interval the link goes down (``ip link set ... down`` on A's end:
+``benchmarks/testbeds/live_testbed.py`` over gloo; mid-interval the link goes down (``ip link set ... down`` on A's end:
 no connection is reset, B's packets vanish). A keeps the store's majority and its two workers go on; w2 is cut
 off from the majority of the store (it still reaches its own member, which can no longer commit a write) and
 must end within the documented bound with the project's one line on stderr, no traceback.
@@ -25,7 +25,7 @@ from netns import TwoNodes, netns_skip_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S  # noqa: E402
+from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 NODE = 40  # namespaces alh-faults-40-{0,1}, 10.231.0.161/162: apart from the other namespace tests
