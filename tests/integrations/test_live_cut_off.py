@@ -24,7 +24,7 @@ from launch import worker_env
 from netns import TwoNodes, netns_skip_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
