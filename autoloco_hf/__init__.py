@@ -36,6 +36,7 @@ Glossary (one name per concept):
 from typing import Any
 
 from autoloco_hf.config import AutoLoCoConfig, ConfigError
+from autoloco_hf.errors import AutoLoCoError
 
 __version__ = "0.1.0"
 
@@ -50,7 +51,7 @@ _LAZY = {
     "ProcessGroupCommunicator": "autoloco_hf.sync.communicators",
 }
 
-__all__ = ["AutoLoCoConfig", "ConfigError", *_LAZY]
+__all__ = ["AutoLoCoConfig", "AutoLoCoError", "ConfigError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

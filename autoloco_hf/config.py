@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from autoloco_hf import rule_registry
+from autoloco_hf.errors import ConfigError
+
 
 class ValueEnum(str, Enum):
     """A ``str`` enum that prints as its value, so records, JSON and messages show ``"diloco"``."""
@@ -129,10 +132,6 @@ RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
     "c4": dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine"),
     "sft": dict(total_steps=6_490, warmup_steps=65, schedule="cosine"),
 }
-
-
-class ConfigError(ValueError):
-    """A configuration field has an invalid value; the message names field and fix."""
 
 
 def _fail(name: str, value: Any, fix: str) -> typing.NoReturn:
@@ -483,27 +482,23 @@ class AutoLoCoConfig:
         if f.name in _DERIVED:
             return value == self._derived_default(f.name)
         if f.name == "rule_options":
-            from autoloco_hf.algorithm.rules import rule_options
-
             try:
                 options = self.rule_class.Options
                 if isinstance(value, str) or (
                     isinstance(value, typing.Mapping) and set(value) != {o.name for o in dataclasses.fields(options)}
                 ):
                     return False  # options named one by one were typed; ``to_dict`` writes them all
-                return rule_options(str(self.controller), value) == options()
+                return rule_registry.rule_options(str(self.controller), value) == options()
             except ConfigError:
                 return False
         return False
 
     def _resolve_rule(self) -> None:
         """``controller`` as a registered rule (after importing ``rule_module``), ``rule_options`` as its Options."""
-        from autoloco_hf.algorithm import rules  # registers the built-in rules; imports the config module
-
-        rules.import_rule_module(self.rule_module)
+        rule_registry.import_rule_module(self.rule_module)
         name = str(self.controller)
         self.controller = Controller(name) if name in {c.value for c in Controller} else name
-        self.rule_options = rules.rule_options(self.controller, self.rule_options)
+        self.rule_options = rule_registry.rule_options(self.controller, self.rule_options)
 
     # -- defaults that depend on other fields, then the rules that relate fields ---------------------
     def _derived_default(self, name: str) -> Any:
@@ -662,9 +657,7 @@ class AutoLoCoConfig:
     @property
     def rule_class(self) -> Any:
         """The registered class of ``controller`` (a :class:`~autoloco_hf.algorithm.rules.HorizonRule`)."""
-        from autoloco_hf.algorithm.rules import get_rule
-
-        return get_rule(self.controller)
+        return rule_registry.get_rule(self.controller)
 
     @property
     def is_interval_method(self) -> bool:
@@ -842,10 +835,8 @@ def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
     ``gain``), ``k_severe=5`` (the paper rule's). The benchmarks' ``NAME:field=value`` specs and committed
     commands still use them; this is their one translation (docs/algorithm.md §5.7).
     """
-    from autoloco_hf.algorithm.rules import get_rule
-
     controller = str(values.get("controller", AutoLoCoConfig.controller))
-    options = {f.name for f in dataclasses.fields(get_rule(controller).Options)}
+    options = {f.name for f in dataclasses.fields(rule_registry.get_rule(controller).Options)}
     nested, rest = dict(values.get("rule_options") or {}), {}
     for key, value in values.items():
         option = key.removeprefix(f"{controller}_")

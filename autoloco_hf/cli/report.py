@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoloco_hf.config import Method
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl, worker_shares
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
@@ -167,7 +168,7 @@ def _summary_file(path: str) -> str | None:
     return None
 
 
-class RunFolderError(ValueError):
+class RunFolderError(AutoLoCoError, ValueError):
     """A run folder that cannot be read: the message is one line naming the folder or file and the fix."""
 
 

@@ -15,10 +15,12 @@ import sys
 import urllib.error
 import urllib.request
 
+from autoloco_hf.errors import AutoLoCoError
+
 __all__ = ["EtcdUnreachable", "check_etcd"]
 
 
-class EtcdUnreachable(RuntimeError):
+class EtcdUnreachable(AutoLoCoError, RuntimeError):
     """The etcd endpoint does not answer, or not with the v2 API (one line naming it)."""
 
 

@@ -15,6 +15,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.integrations.groups import check_worker_layout
 from autoloco_hf.integrations.runtime import fsdp2_mesh
 
@@ -33,7 +34,7 @@ SHARDED_ALTERNATIVE = (
 )
 
 
-class AutoLoCoConfigurationError(RuntimeError):
+class AutoLoCoConfigurationError(AutoLoCoError, RuntimeError):
     """The Trainer or Accelerate launch is set up in a way AutoLoCo cannot run correctly."""
 
 

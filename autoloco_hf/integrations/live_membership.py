@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
 from autoloco_hf.sync.checkpoint import config_differences, config_json
 from autoloco_hf.sync.communicators import peer_lost
@@ -73,15 +74,15 @@ PREFIX = "autoloco/"
 NO_BOUNDARY = -1  # a process that holds no boundary state (it has not trained in this run)
 
 
-class JoinRefused(RuntimeError):
+class JoinRefused(AutoLoCoError, RuntimeError):
     """This process may not join the run: its configuration or model differs from the run's (one line)."""
 
 
-class MembershipChange(RuntimeError):
+class MembershipChange(AutoLoCoError, RuntimeError):
     """Raised by a training loop at a boundary where every member saw a process waiting to join: reform there."""
 
 
-class RoundFailed(RuntimeError):
+class RoundFailed(AutoLoCoError, RuntimeError):
     """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
 
 
@@ -98,7 +99,7 @@ class StoreLost(RoundFailed, SystemExit):
         self.code = message  # what the interpreter prints when it ends the process with it
 
 
-class _NoAnswer(TimeoutError):
+class _NoAnswer(AutoLoCoError, TimeoutError):
     """A store request not done within ``store_timeout_s`` (a store error, not a round timeout)."""
 
 
@@ -160,7 +161,7 @@ def model_signature(model: torch.nn.Module) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 
 
-class _GroupFailed(Exception):
+class _GroupFailed(AutoLoCoError):
     """A closed round's process group did not form (a participant ended, or the store failed meanwhile)."""
 
 

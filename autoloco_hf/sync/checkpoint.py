@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.errors import AutoLoCoError
 
 FORMAT_VERSION = 3
 FORMAT = "autoloco-state"
@@ -44,7 +45,7 @@ RESUMABLE_CONFIG_FIELDS = frozenset({"outer_on_cpu", "bucket_size_mb", "sync_tim
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AutoLoCoError, ValueError):
     """An AutoLoCo state file cannot be used by this run; the message names the file and the field."""
 
 

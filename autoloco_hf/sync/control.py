@@ -42,6 +42,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from autoloco_hf.errors import AutoLoCoError
+
 _REDUCE = "reduce"
 _SUM = "sum"
 _AGREE = "agree"
@@ -57,7 +59,7 @@ def agreed(default: float = 0.0) -> Any:
     return dataclasses.field(default=default, metadata={_REDUCE: _AGREE})
 
 
-class WorkerDisagreement(RuntimeError):
+class WorkerDisagreement(AutoLoCoError, RuntimeError):
     """Workers executed different intervals: their controllers diverged (docs/algorithm.md §5.3, last paragraph)."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from autoloco_hf.algorithm.policies import NextInterval
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.sync.control import ControlRound
 from autoloco_hf.sync.records import IntervalRecord
 
@@ -22,7 +23,7 @@ __all__ = ["TooManyInvalidIntervals", "report_invalid", "reset_nonfinite_state"]
 logger = logging.getLogger("autoloco_hf")
 
 
-class TooManyInvalidIntervals(RuntimeError):
+class TooManyInvalidIntervals(AutoLoCoError, RuntimeError):
     """``config.max_consecutive_invalid`` intervals in a row had a non-finite loss or
     pseudo-gradient.
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autoloco_hf.config import AutoLoCoConfig, Pacing
+from autoloco_hf.errors import AutoLoCoError
 
 logger = logging.getLogger("autoloco_hf")
 
@@ -43,7 +44,7 @@ SHARE_RESOLUTION = 1_000_000  # a measured speed becomes an integer share of thi
 TOKENS_PER_STEP_SPREAD = 4.0  # a worker's tokens per step may differ from the others' median by this factor
 
 
-class InconsistentCounts(RuntimeError):
+class InconsistentCounts(AutoLoCoError, RuntimeError):
     """A worker's token count disagrees with its step count: its weight would be wrong (docs/algorithm.md §13.4)."""
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig, Overlap
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.sync import checkpoint
 from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError, read_shared_state
 from autoloco_hf.sync.engine import IntervalEngine
@@ -55,7 +56,7 @@ PREFIX = "boundary-"
 SUFFIX = ".safetensors"
 
 
-class SnapshotWriteError(RuntimeError):
+class SnapshotWriteError(AutoLoCoError, RuntimeError):
     """A boundary snapshot could not be written (raised at the next boundary or at close)."""
 
 

@@ -24,7 +24,7 @@ RULE = dict(method="autoloco", controller="fixed_schedule", rule_module="fixed_s
 
 def test_the_rule_is_found_by_name_once_its_module_is_named() -> None:
     cfg = AutoLoCoConfig(h_base=10, q_h=5, rule_options={"start": 40}, **RULE)
-    assert (cfg.rule.__name__, cfg.rule_options.start, cfg.h_max) == ("FixedSchedule", 40, 40)
+    assert (cfg.rule_class.__name__, cfg.rule_options.start, cfg.h_max) == ("FixedSchedule", 40, 40)
     with pytest.raises(ConfigError, match=r"rule_options\['gain'\] is not an option of rule 'fixed_schedule'"):
         AutoLoCoConfig(h_base=10, rule_options={"gain": 0.9}, **RULE)
     with pytest.raises(ConfigError, match="rule_module='no_such_rules' cannot be imported"):

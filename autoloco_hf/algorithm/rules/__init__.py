@@ -4,11 +4,10 @@ Importing this package registers ``paper`` (:mod:`.paper`) and ``descent`` (:mod
 """
 
 from autoloco_hf.algorithm.rules import descent, paper
-from autoloco_hf.algorithm.rules.base import (
-    Delivery,
-    DisplacementAt,
-    HorizonRule,
-    Measured,
+from autoloco_hf.algorithm.rules.base import Delivery, DisplacementAt, HorizonRule, Measured
+from autoloco_hf.algorithm.rules.descent import DescentOptions, DescentRule
+from autoloco_hf.algorithm.rules.paper import PaperOptions, PaperRule
+from autoloco_hf.rule_registry import (
     RuleError,
     get_rule,
     import_rule_module,
@@ -16,8 +15,6 @@ from autoloco_hf.algorithm.rules.base import (
     rule_names,
     rule_options,
 )
-from autoloco_hf.algorithm.rules.descent import DescentOptions, DescentRule
-from autoloco_hf.algorithm.rules.paper import PaperOptions, PaperRule
 
 __all__ = [
     "Delivery",

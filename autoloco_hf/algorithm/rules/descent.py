@@ -55,8 +55,6 @@ from autoloco_hf.algorithm.rules.base import (
     DisplacementAt,
     HorizonRule,
     Measured,
-    RuleError,
-    register_rule,
 )
 from autoloco_hf.algorithm.rules.decisions import (
     Assessment,
@@ -67,6 +65,7 @@ from autoloco_hf.algorithm.rules.decisions import (
 )
 from autoloco_hf.algorithm.stats import drift_exponent, drift_growth
 from autoloco_hf.config import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, AutoLoCoConfig, Overlap, Range, option
+from autoloco_hf.rule_registry import RuleError, register_rule
 
 if TYPE_CHECKING:
     from autoloco_hf.algorithm.policies import NextInterval

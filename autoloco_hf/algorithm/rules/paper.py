@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoloco_hf.algorithm.rules.base import HorizonRule, check_range, register_rule
+from autoloco_hf.algorithm.rules.base import HorizonRule
 from autoloco_hf.algorithm.rules.decisions import (
     Assessment,
     Decision,
@@ -51,6 +51,7 @@ from autoloco_hf.config import (
     ReferenceClip,
     option,
 )
+from autoloco_hf.rule_registry import check_range, register_rule
 
 
 @dataclass

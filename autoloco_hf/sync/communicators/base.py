@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autoloco_hf.config import CodecKernel, WireDtype
+from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.sync.codec import WireCodec
 
 
@@ -78,7 +79,7 @@ class AverageResult:
     scalar_rows: torch.Tensor = field(default_factory=lambda: _no_rows())
 
 
-class PeerLostError(RuntimeError):
+class PeerLostError(AutoLoCoError, RuntimeError):
     """A collective did not complete: a peer died, was partitioned away, or did not answer within
     the timeout.
 

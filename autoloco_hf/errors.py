@@ -1,0 +1,11 @@
+"""The one base of the package's exceptions, so that a caller can catch all of them at once."""
+
+from __future__ import annotations
+
+
+class AutoLoCoError(Exception):
+    """Raised by autoloco_hf; each subclass also keeps the built-in base it had (ValueError, RuntimeError)."""
+
+
+class ConfigError(AutoLoCoError, ValueError):
+    """A configuration field has an invalid value; the message names the field and the fix."""
