@@ -21,187 +21,44 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import math
 import textwrap
 import typing
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from autoloco_hf import rule_registry
+from autoloco_hf.config.choices import (
+    BLOCKWISE_WIRES,
+    GRID_WIRES,
+    LOSSY_WIRES,
+    MAX_TOPK_BLOCK,
+    RECIPES,
+    CodecKernel,
+    Controller,
+    Method,
+    Overlap,
+    Pacing,
+    WireDtype,
+)
+from autoloco_hf.config.fields import (
+    AT_LEAST_ONE,
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    Range,
+    _checked,
+    _fail,
+    _speed_changes,
+    _speed_list,
+    field_types,
+    option,
+    suggest,
+)
+from autoloco_hf.config.scopes import FIELD_SCOPES
 from autoloco_hf.errors import ConfigError
 
-
-class ValueEnum(str, Enum):
-    """A ``str`` enum that prints as its value, so records, JSON and messages show ``"diloco"``."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-class Method(ValueEnum):
-    """How workers synchronize: every step (DDP) or at interval boundaries chosen by a policy."""
-
-    DDP = "ddp"
-    DILOCO = "diloco"
-    AUTOLOCO = "autoloco"
-    QSR = "qsr"
-    LINEAR = "linear"
-
-
-class WireDtype(ValueEnum):
-    """Format of the pseudo-gradient on the wire."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    INT8 = "int8"
-    INT4 = "int4"  # uniform grid -7..7 times a scale per block
-    FP4 = "fp4"  # the FP4 E2M1 grid (0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives) times a scale per block
-    INT2 = "int2"  # uniform grid -1.5, -0.5, 0.5, 1.5 times a scale per block
-
-    @property
-    def bits(self) -> int:
-        """Bits of one element's code (blockwise wires add an FP32 scale per block)."""
-        return {"fp32": 32, "bf16": 16, "int8": 8, "int4": 4, "fp4": 4, "int2": 2}[self.value]
-
-    @property
-    def blockwise(self) -> bool:
-        """Whether the wire carries codes and a scale per block (and may be sparsified by ``topk_fraction``)."""
-        return self.bits <= 8
-
-
-class CodecKernel(ValueEnum):
-    """How the 4- and 2-bit wires compute their codes (docs/algorithm.md §7.1); both give the same bytes."""
-
-    EAGER = "eager"  # eager torch ops per cache-sized group: the reference
-    COMPILED = "compiled"  # one torch.compile'd kernel per group (a C++ compiler on CPU, Triton on GPU)
-
-
-GRID_WIRES = ("int4", "fp4", "int2")
-
-
-class ReferenceClip(ValueEnum):
-    """How the reference EMA clips a residual before the update (docs/algorithm.md §5.1)."""
-
-    CENTRE = "centre"  # clip r - c around the history's robust centre c: follows drift of any speed
-    ZERO = "zero"  # clip r around 0 (the paper's literal rule): follows drift by <= alpha * k_moderate * sigma
-
-
-class Controller(ValueEnum):
-    """The built-in horizon rules of ``method="autoloco"`` (docs/algorithm.md §5); more register by name (§5.7)."""
-
-    PAPER = "paper"  # the paper's state machine: probes longer horizons from h_base, reduces on deviations
-    DESCENT = "descent"  # starts at h_max and only shortens, following the coherence C_t (docs/algorithm.md §5.6)
-
-
-class Overlap(ValueEnum):
-    """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md §11)."""
-
-    NONE = "none"  # blocking: every worker waits for the average at each boundary
-    DELAYED = "delayed"  # Streaming-DiLoCo merge of the outer result overlap_steps inner steps later
-    EAGER = "eager"  # eager update from each worker's own fresh pseudo-gradient; the average lands one interval later
-
-
-class Pacing(ValueEnum):
-    """When an interval ends for each worker (docs/algorithm.md §13)."""
-
-    LOCKSTEP = "lockstep"  # every worker takes the interval's H steps: the slowest sets the pace
-    BUDGET = "budget"  # the interval's N*H steps are split by the speeds measured at the last sync
-
-
-METHODS = tuple(m.value for m in Method)
-WIRE_DTYPES = tuple(w.value for w in WireDtype)
-LOSSY_WIRES = tuple(w.value for w in WireDtype if w != WireDtype.FP32)
-BLOCKWISE_WIRES = tuple(w.value for w in WireDtype if w.blockwise)
-MAX_TOPK_BLOCK = 1 << 16  # top-k offsets in a block are 16-bit (docs/algorithm.md §7.1)
-OVERLAPS = tuple(o.value for o in Overlap)
-
-# Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4), with the paper's rule, so that the
-# recipes reproduce the paper (the library's default rule is `descent`). Budgets are what the `plan` command
-# previews; training code reads the budget from the trainer.
-RECIPES: dict[str, dict[str, Any]] = {
-    "c4": dict(h_base=500, controller=Controller.PAPER),  # q_h 50 and h_max 750 are the paper rule's defaults
-    "sft": dict(h_base=100, normalize_pseudo_grad=True, controller=Controller.PAPER),
-}
-RECIPE_SCHEDULES: dict[str, dict[str, Any]] = {
-    "c4": dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine"),
-    "sft": dict(total_steps=6_490, warmup_steps=65, schedule="cosine"),
-}
-
-
-def _fail(name: str, value: Any, fix: str) -> typing.NoReturn:
-    raise ConfigError(f"AutoLoCoConfig.{name}={value!r} is invalid: {fix}")
-
-
-# ---------------------------------------------------------------- field metadata
-@dataclass(frozen=True)
-class Range:
-    """The admissible values of a numeric field: from ``low`` to ``high``, either end open."""
-
-    low: float
-    high: float = math.inf
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def __str__(self) -> str:
-        if self.high == math.inf:
-            return f"{'>' if self.low_open else '>='} {self.low}"
-        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
-
-
-COUNT = Range(1)  # an integer count of one or more
-NON_NEGATIVE = Range(0)
-POSITIVE = Range(0.0, low_open=True)
-ABOVE_ONE = Range(1.0, low_open=True)
-AT_LEAST_ONE = Range(1.0)
-FRACTION = Range(0.0, 1.0, high_open=True)  # a momentum, an EMA factor, a mixing weight
-
-
 _DERIVED = ("q_h", "h_min", "h_max", "outer_momentum")  # None: derived from the other fields
-
-
-def option(default: Any, help: str, within: Range | None = None) -> Any:
-    """A config field with its ``--help`` text and, for numbers, its admissible range (checked on construction)."""
-    return dataclasses.field(default=default, metadata={"help": " ".join(help.split()), "range": within})
-
-
-@functools.cache
-def field_types(cls: type) -> dict[str, tuple[type, bool]]:
-    """``{name: (type, accepts None)}`` of a dataclass's fields: ``int | None`` -> ``(int, True)``."""
-    types = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        types[name] = (args[0] if optional else hint, optional)
-    return types
-
-
-def _checked(name: str, value: Any, kind: type, within: Range | None) -> Any:
-    """``value`` if it has the field's type and lies in its range (an enum's text as the enum); else ConfigError."""
-    if issubclass(kind, Enum):
-        choices = [c.value for c in kind]
-        if value not in choices:
-            _fail(name, value, f"use one of {', '.join(choices)}")
-        return kind(value)
-    if kind is bool and not isinstance(value, bool):  # "false" or 0 would otherwise decide a switch by truthiness
-        _fail(name, value, "pass True or False")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        _fail(name, value, "pass an integer")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        _fail(name, value, "pass a finite number")
-    if within is not None and value not in within:
-        _fail(name, value, f"it must be {within}")
-    return value
 
 
 @dataclass
@@ -728,106 +585,6 @@ class AutoLoCoConfig:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class Scope:
-    """Where a field does something: ``applies(config)``, in words ``where`` (for the refusal).
-
-    ``setting``: the field whose value the refusal quotes as the reason.
-    """
-
-    where: str
-    applies: typing.Callable[[AutoLoCoConfig], bool]
-    setting: str = "method"
-
-
-_AUTOLOCO = Scope("method='autoloco'", lambda c: c.method == Method.AUTOLOCO)
-_NESTEROV = Scope(
-    "method='diloco' or 'autoloco' (QSR and Linear average models, DDP has no outer step)",
-    lambda c: c.uses_nesterov_outer,
-)
-_RULE = Scope("method='autoloco' and adaptive_horizon=True (a horizon rule runs)", lambda c: c.runs_horizon_rule)
-_INTERVALS = Scope("an interval method (method='ddp' averages gradients every step)", lambda c: c.is_interval_method)
-
-# THE table of fields that do nothing outside some methods or settings: set away from the default there,
-# they are refused at construction, naming where they apply. Defaults pass (a field set to its default is
-# indistinguishable from one left unset), except where the input says what was typed (check_given: the
-# command lines and YAML). Rule options need no entry: each rule's Options holds only its own.
-FIELD_SCOPES: dict[str, Scope] = {
-    # the horizon grid: AutoLoCo's token mapper and interval lengths round to q_h; only a horizon rule reads
-    # h_min and h_max (fixed DiLoCo, QSR and Linear set their horizons from h_base, qsr_* and linear_increment)
-    "q_h": _AUTOLOCO,
-    **dict.fromkeys(("h_min", "h_max"), _RULE),
-    "adaptive_horizon": _AUTOLOCO,
-    **dict.fromkeys(("map_tokens", "token_calibration_intervals", "token_ema_beta"), _AUTOLOCO),
-    # the outer correction (docs/algorithm.md §4) runs for AutoLoCo only
-    **dict.fromkeys(
-        ("mu_min", "mu_max", "kappa_max", "adjust_momentum", "scale_outer_lr", "normalize_pseudo_grad"), _AUTOLOCO
-    ),
-    **dict.fromkeys(("outer_lr", "outer_momentum"), _NESTEROV),
-    **dict.fromkeys(("controller", "rule_options", "rule_module"), _RULE),
-    **dict.fromkeys(("qsr_alpha", "qsr_gamma"), Scope("method='qsr'", lambda c: c.method == Method.QSR)),
-    "linear_increment": Scope("method='linear'", lambda c: c.method == Method.LINEAR),
-    **dict.fromkeys(("wire_dtype", "error_feedback", "max_consecutive_invalid"), _INTERVALS),
-    **dict.fromkeys(("pacing", "worker_speeds", "speed_changes"), _INTERVALS),
-    **dict.fromkeys(
-        ("straggler_fraction", "straggler_intervals"),
-        Scope("pacing='budget' (lockstep workers take equal steps)", lambda c: c.pacing == Pacing.BUDGET),
-    ),
-    # the layout of a worker's shards: a worker of one rank has none
-    "hierarchical_sync": Scope(
-        "ranks_per_worker > 1 (a worker of one rank syncs its whole model)",
-        lambda c: c.ranks_per_worker > 1,
-        setting="ranks_per_worker",
-    ),
-}
-# Not in the table: int8_block_size (the communicator is built from it and checked against it whatever the
-# wire) and overlap_steps / overlap_mix (one overlap setting is shared across the overlap modes in tests).
-
-
-def _numbers(name: str, value: Any) -> list[Any]:
-    """``value`` as a list: a sequence as it is, text split at commas (the command line's form)."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    _fail(name, value, "pass a list or comma-separated text")
-
-
-def _speed(name: str, value: Any, text: Any) -> float:
-    try:
-        speed = float(value)
-    except (TypeError, ValueError):
-        _fail(name, text, f"{value!r} is not a number")
-    if not (math.isfinite(speed) and speed > 0):
-        _fail(name, text, f"every speed must be a finite number > 0, got {value!r}")
-    return speed
-
-
-def _speed_list(value: Any) -> list[float]:
-    """``worker_speeds`` as floats, each finite and positive."""
-    speeds = [_speed("worker_speeds", v, value) for v in _numbers("worker_speeds", value)]
-    if not speeds:
-        _fail("worker_speeds", value, "give one speed per worker, e.g. 1,1,1,0.5")
-    return speeds
-
-
-def _speed_changes(value: Any, workers: int) -> list[list[Any]]:
-    """``speed_changes`` as ``[step, worker, speed]`` triples, sorted by step."""
-    changes = []
-    for entry in _numbers("speed_changes", value):
-        parts = entry.split(":") if isinstance(entry, str) else list(entry) if isinstance(entry, (list, tuple)) else []
-        if len(parts) != 3:
-            _fail("speed_changes", value, f"{entry!r} is not step:worker:speed")
-        try:
-            step, worker = int(parts[0]), int(parts[1])
-        except (TypeError, ValueError):
-            _fail("speed_changes", value, f"{entry!r}: step and worker must be integers")
-        if step < 0 or not 0 <= worker < workers:
-            _fail("speed_changes", value, f"{entry!r}: step >= 0 and worker in 0..{workers - 1} (worker_speeds)")
-        changes.append([step, worker, _speed("speed_changes", parts[2], value)])
-    return sorted(changes)
-
-
 def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with the old flat spellings of rule options moved into ``rule_options``.
 
@@ -845,12 +602,6 @@ def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
         else:
             rest[key] = value
     return {**rest, "rule_options": nested} if nested else rest
-
-
-def suggest(name: str, known: typing.Iterable[str]) -> str:
-    """``did you mean h_base?`` for a misspelt field, else where the names are listed."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"did you mean {close[0]}?" if close else "help(AutoLoCoConfig) lists the fields"
 
 
 AutoLoCoConfig.__doc__ += "\n\n    Args:\n" + "".join(  # help(AutoLoCoConfig) lists every field with its help
