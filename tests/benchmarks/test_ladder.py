@@ -63,8 +63,8 @@ def test_a_rung_is_read_from_its_folder_and_says_what_is_missing(tmp_path, monke
     assert "| 197k (" in text and "not measured (not run)" in text  # the 197k folder given is empty
     assert "| 2.56M (" in text
     missing = next(line for line in text.splitlines() if line.startswith("* 1.18M"))
-    assert "seed 0: 2 of 12 runs not finished: default_hb20, default_hb40" in missing
-    assert "seed 2: not started (12 runs)" in missing
+    assert "seed 0: 2 of 16 runs not finished: default_hb20, default_hb40" in missing
+    assert "seed 2: not started (16 runs)" in missing
     assert "* 114.05M" in text and "seed 0: not started (40 runs)" in text  # the GPU rung not run
 
 
