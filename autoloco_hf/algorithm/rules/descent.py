@@ -130,7 +130,7 @@ class DescentRule(HorizonRule):
 
     name = "descent"
     Options = DescentOptions
-    h_max_factor = 2  # it starts there (4 saves more syncs in regimes A and B and costs in C: docs/results.md)
+    h_max_factor = 2  # it starts there (4 saves more syncs in regimes A and B and costs in C: docs/changelog.md)
     base_outer_momentum = 0.5  # the best fixed outer momentum of the tuned baseline (docs/results.md)
     calibrates_tokens_at_any_horizon = True  # its first full intervals, at h_max, calibrate the token mapper
 
