@@ -315,7 +315,7 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.report import RunWriter
-    from autoloco_hf.sync.checkpoint import read_state, write_state
+    from autoloco_hf.state.checkpoint import read_state, write_state
     from autoloco_hf.sync.local_workers import LocalWorkers
 
     launch = Launch(s)

@@ -30,7 +30,7 @@ def test_every_exception_of_the_package_is_an_autoloco_error() -> None:
 
 def test_each_keeps_the_built_in_base_callers_already_catch() -> None:
     from autoloco_hf.config import ConfigError
-    from autoloco_hf.sync.checkpoint import CheckpointError
+    from autoloco_hf.state.checkpoint import CheckpointError
     from autoloco_hf.sync.control import WorkerDisagreement
 
     assert issubclass(ConfigError, ValueError) and issubclass(CheckpointError, ValueError)

@@ -26,8 +26,8 @@ from autoloco_hf.config import (
     Method,
     WireDtype,
 )
-from autoloco_hf.sync.accounting import outer_state_bytes_per_rank, payload_bytes
 from autoloco_hf.sync.pacing import BudgetPacer
+from autoloco_hf.wire.accounting import outer_state_bytes_per_rank, payload_bytes
 
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style
 # model (recipes/pretrain_c4.py, 32k vocabulary) and Llama-3.1-8B (the SFT recipe).

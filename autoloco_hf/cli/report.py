@@ -3,11 +3,11 @@
 A *run folder* is what one training run of one method leaves behind, written
 by :class:`RunWriter` (the demo and the C4 recipe use it):
 
-* ``intervals.jsonl``: one :class:`~autoloco_hf.sync.records.IntervalRecord` per sync;
+* ``intervals.jsonl``: one :class:`~autoloco_hf.state.records.IntervalRecord` per sync;
 * ``steps.jsonl``: per optimizer step, the mean training loss over workers,
   the inner LR, and the cumulative syncs, payload bytes and wall time
   (what the loss-vs-step and loss-vs-bytes plots need);
-* ``summary.json``: the run's totals (:class:`~autoloco_hf.sync.records.RunTotals`),
+* ``summary.json``: the run's totals (:class:`~autoloco_hf.state.records.RunTotals`),
   its configuration and its final losses.
 
 A Trainer's ``output_dir`` with :class:`~autoloco_hf.AutoLoCoCallback` is a
@@ -39,7 +39,7 @@ from typing import Any
 
 from autoloco_hf.config import Method
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.sync.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl, worker_shares
+from autoloco_hf.state.records import TRAINER_SUMMARY_FILENAME, RunTotals, read_jsonl, worker_shares
 
 SUMMARY, INTERVALS, STEPS = "summary.json", "intervals.jsonl", "steps.jsonl"
 LAST_FRACTION = 0.02  # the paper reports train loss over the last 2% of steps (1k of 50k)

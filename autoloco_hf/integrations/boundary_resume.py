@@ -39,7 +39,7 @@ from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 from autoloco_hf.integrations.resume import last_complete_checkpoint
 from autoloco_hf.integrations.runtime import STATE_DIRNAME, TrainableParameters, WorkerRuntime, state_path
-from autoloco_hf.sync.checkpoint import CheckpointError, peek_header
+from autoloco_hf.state.checkpoint import CheckpointError, peek_header
 from autoloco_hf.sync.snapshot import Snapshot, latest_snapshot, read_snapshot, snapshot_paths, step_of
 
 TRAINER_KEY = "trainer"

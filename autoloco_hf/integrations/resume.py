@@ -11,7 +11,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from autoloco_hf.integrations.runtime import WorkerRuntime, state_path
 from autoloco_hf.integrations.trainer_internals import checkpoint_dir
-from autoloco_hf.sync.checkpoint import peek_header
+from autoloco_hf.state.checkpoint import peek_header
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:

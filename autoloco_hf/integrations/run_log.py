@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.sync.records import TRAINER_STEPS_FILENAME, TRAINER_SUMMARY_FILENAME, RunTotals
+from autoloco_hf.state.records import TRAINER_STEPS_FILENAME, TRAINER_SUMMARY_FILENAME, RunTotals
 
 
 class TrainerRunLog:

@@ -8,7 +8,7 @@ of :func:`~autoloco_hf.sync.factory.make_engine` once per true optimizer step.
 While a checkpoint is written the model holds ``theta_t``
 (:meth:`WorkerRuntime.show_global_parameters`), so the framework's model file is
 the model every worker agreed on; this rank's own replica goes into its state
-file (:mod:`autoloco_hf.sync.checkpoint`).
+file (:mod:`autoloco_hf.state.checkpoint`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
 from autoloco_hf.integrations.groups import WorkerTopology, build_topology
-from autoloco_hf.sync.checkpoint import check_layout, read_state, write_state
+from autoloco_hf.state.checkpoint import check_layout, read_state, write_state
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
 from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.pacing import VirtualClock
-from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot, check_snapshot_support
 
 logger = hf_logging.get_logger(__name__)

@@ -44,7 +44,7 @@ callback does:
   engine (outer parameters, momentum, controller, token mapper, interval in
   flight, accounting) plus this rank's local replica and inner optimizer
   state, which differ between ranks mid-interval while the Trainer saves only
-  rank 0's (an atomic, versioned, checksummed file: ``autoloco_hf.sync.checkpoint``).
+  rank 0's (an atomic, versioned, checksummed file: ``autoloco_hf.state.checkpoint``).
 * resume: ``trainer.train(resume_from_checkpoint=True)`` (the last checkpoint
   in ``output_dir``, e.g. after ``torchrun --max-restarts``) or a path; the
   callback loads the AutoLoCo state of the checkpoint at the restored

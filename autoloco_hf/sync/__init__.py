@@ -1,3 +1,4 @@
-"""Where bytes move: the wire codec and its accounting, communicators (simulated, process group, shard by
-shard), the control message, the FP32 outer optimizer, the interval engine and its records, checkpoints, and the
-plain loop over local workers. Imports the algorithm and torch, never transformers."""
+"""Where bytes move: the communicators (simulated, process group, shard by shard), the control message, the
+FP32 outer optimizer, the interval engine and its schedules, snapshots, and the loops over local workers.
+The wire formats live in ``autoloco_hf.wire``, the state file and records in ``autoloco_hf.state``.
+Imports the algorithm and torch, never transformers."""

@@ -18,7 +18,6 @@ import torch
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.algorithm.stats import interval_statistics
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.sync.codec import ErrorFeedback
 from autoloco_hf.sync.communicators import AverageResult, Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, config_fingerprint
 from autoloco_hf.sync.fragments import Fragment
@@ -26,6 +25,7 @@ from autoloco_hf.sync.interval_state import Aggregate, Collected, IntervalCounte
 from autoloco_hf.sync.layout import SyncLayout
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 from autoloco_hf.sync.pacing import Pacer
+from autoloco_hf.wire.codec import ErrorFeedback
 
 __all__ = ["Aggregation", "sum_collected"]
 

@@ -32,6 +32,7 @@ from torch.func import functional_call
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig, Pacing
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import Communicator, SimulatedCommunicator
 from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.local_workers import (
@@ -41,7 +42,6 @@ from autoloco_hf.sync.local_workers import (
     causal_lm_loss,
     constant_schedule,
 )
-from autoloco_hf.sync.records import IntervalRecord
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: max_norm / (norm + eps)
 

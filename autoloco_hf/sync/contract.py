@@ -18,10 +18,10 @@ import torch
 
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import AutoLoCoConfig, Overlap
+from autoloco_hf.state.records import IntervalRecord, RunTotals
 from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.interval_state import InFlight
 from autoloco_hf.sync.outer import OuterOptimizer
-from autoloco_hf.sync.records import IntervalRecord, RunTotals
 
 if TYPE_CHECKING:
     from autoloco_hf.sync.engine import IntervalEngine

@@ -62,8 +62,9 @@ from autoloco_hf.algorithm.policies import NextInterval, PolicyFactory, make_pol
 from autoloco_hf.algorithm.rules.decisions import RuleDecision
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing
+from autoloco_hf.state.checkpoint import check_config
+from autoloco_hf.state.records import IntervalRecord, JsonlWriter, RunTotals
 from autoloco_hf.sync.aggregation import Aggregation
-from autoloco_hf.sync.checkpoint import check_config
 from autoloco_hf.sync.communicators import AverageResult, Communicator
 from autoloco_hf.sync.contract import SyncSchedule, check_workers
 from autoloco_hf.sync.control import WorkerDisagreement
@@ -88,7 +89,6 @@ from autoloco_hf.sync.layout import SyncLayout, build_outer_state
 from autoloco_hf.sync.measurements import DisplacementMeasurements
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters
 from autoloco_hf.sync.pacing import make_pacer
-from autoloco_hf.sync.records import IntervalRecord, JsonlWriter, RunTotals
 
 __all__ = [
     "Aggregate",

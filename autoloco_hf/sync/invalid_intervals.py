@@ -15,8 +15,8 @@ import torch
 
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.errors import AutoLoCoError
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.control import ControlRound
-from autoloco_hf.sync.records import IntervalRecord
 
 __all__ = ["TooManyInvalidIntervals", "report_invalid", "reset_nonfinite_state"]
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
-from autoloco_hf.sync.accounting import payload_bytes
-from autoloco_hf.sync.codec import ErrorFeedback, WireCodec
 from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.fragments import Fragment, on_local_tensors, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer
+from autoloco_hf.wire.accounting import payload_bytes
+from autoloco_hf.wire.codec import ErrorFeedback, WireCodec
 
 __all__ = ["SyncLayout", "build_outer_state"]
 

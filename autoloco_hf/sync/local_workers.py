@@ -36,10 +36,10 @@ from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.config import AutoLoCoConfig
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.pacing import VirtualClock
-from autoloco_hf.sync.records import IntervalRecord
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from autoloco_hf.config import Overlap
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.control import ControlMessage
 from autoloco_hf.sync.engine import Aggregate, ClosedInterval, InFlight, IntervalEngine, OuterStep
-from autoloco_hf.sync.formats.base import true_divide
 from autoloco_hf.sync.outer import flatten_fp32
-from autoloco_hf.sync.records import IntervalRecord
+from autoloco_hf.wire.formats.base import true_divide
 
 __all__ = ["DelayedSchedule", "EagerSchedule"]
 

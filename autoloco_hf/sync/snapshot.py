@@ -5,7 +5,7 @@ controller and token-mapper state and totals, so any number of workers can go
 on from them. :class:`BoundarySnapshot` is a boundary listener that writes that
 state once per writer (attach it on one process, or on two with ``copy=0`` and
 ``copy=1``: a node lost during one write leaves the other) as an AutoLoCo state file
-(:mod:`autoloco_hf.sync.checkpoint`: safetensors, SHA-256, temporary file, fsync,
+(:mod:`autoloco_hf.state.checkpoint`: safetensors, SHA-256, temporary file, fsync,
 rename): ``<directory>/boundary-<step>.safetensors``, the last ``keep`` of them.
 
 The training thread only copies the tensors to host memory; serialization,
@@ -16,7 +16,7 @@ at the next boundary or at :meth:`BoundarySnapshot.close`.
 :func:`latest_snapshot` returns the newest snapshot that verifies; a truncated or
 corrupted one is refused in one logged line and the one before it is used. A
 snapshot written with other algorithm settings is refused
-(:class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`), whatever its age.
+(:class:`~autoloco_hf.state.checkpoint.ConfigMismatchError`), whatever its age.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import torch
 
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.sync import checkpoint
-from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError, read_shared_state
+from autoloco_hf.state import checkpoint
+from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError, read_shared_state
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.engine import IntervalEngine
-from autoloco_hf.sync.records import IntervalRecord
 
 __all__ = [
     "BoundarySnapshot",
@@ -94,7 +94,7 @@ def prune_snapshots(directory: str, keep: int) -> list[str]:
     Every launch writes into the same folder, so each writer prunes every file, not only its own: older
     boundaries' files (both copies), and the temporary files (``.tmp-<machine>-<pid>``) of writers that died
     during a write. A temporary file is removed when its writer is certainly gone (this machine, pid ended:
-    :func:`~autoloco_hf.sync.checkpoint.writer_is_gone`), or when its boundary is older than the kept ones: a
+    :func:`~autoloco_hf.state.checkpoint.writer_is_gone`), or when its boundary is older than the kept ones: a
     live writer of this run never writes there (each writer finishes a write before its next boundary, and
     a boundary needs every worker), and a folder with another run's newer snapshots is refused at start.
     """
@@ -228,7 +228,7 @@ def latest_snapshot(directory: str, config: AutoLoCoConfig) -> Snapshot | None:
     A truncated or corrupted file is refused in one logged line and the one
     before it is tried; when every one is refused, :class:`CheckpointError`
     (a run must not silently start afresh); a sound file written with other
-    settings raises :class:`~autoloco_hf.sync.checkpoint.ConfigMismatchError`.
+    settings raises :class:`~autoloco_hf.state.checkpoint.ConfigMismatchError`.
     """
     paths = snapshot_paths(directory)
     for path in paths:

@@ -28,6 +28,7 @@ import torch
 
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import Overlap
+from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import PendingAverage
 from autoloco_hf.sync.engine import (
     ClosedInterval,
@@ -38,7 +39,6 @@ from autoloco_hf.sync.engine import (
     pending_state,
 )
 from autoloco_hf.sync.fragments import Fragment, fragment_event_offset
-from autoloco_hf.sync.records import IntervalRecord
 
 __all__ = ["FragmentFlight", "FragmentSchedule"]
 

@@ -1,7 +1,7 @@
 """Bytes one worker sends per synchronization, per wire format, at N = 2, 4 and 8 workers (docs/algorithm.md §7.3).
 
 Not a timing: exact byte counts from the package's accounting
-(``autoloco_hf.sync.accounting.wire_bytes_sent``: the owner-reduce's ``all_to_all``
+(``autoloco_hf.wire.accounting.wire_bytes_sent``: the owner-reduce's ``all_to_all``
 splits leaving the worker, which tests/sync/test_communicators.py checks against
 what gloo is handed; the FP32 ring all-reduce's ``2 (N-1)/N`` times the buffer).
 Next to it, what an all-gather of each worker's whole compressed buffer would
@@ -49,8 +49,8 @@ def label(wire: str, topk: float | None) -> str:
 
 
 def measure(block_size: int = 4096) -> dict:
-    from autoloco_hf.sync.accounting import wire_bytes_sent
-    from autoloco_hf.sync.codec import WireCodec
+    from autoloco_hf.wire.accounting import wire_bytes_sent
+    from autoloco_hf.wire.codec import WireCodec
 
     sizes = model_layout()
     numel = sum(sizes)

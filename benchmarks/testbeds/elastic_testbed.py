@@ -88,7 +88,7 @@ def worker(spec_path: str) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.sync import checkpoint
+    from autoloco_hf.state import checkpoint
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = int(os.environ["ALH_EL_NODE"])

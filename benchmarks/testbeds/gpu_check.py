@@ -267,7 +267,7 @@ def identity_input(scale: int) -> tuple[Any, list[int]]:
 def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     import torch
 
-    from autoloco_hf.sync.codec import WireCodec, gathered_mean, owner_reduce_mean
+    from autoloco_hf.wire.codec import WireCodec, gathered_mean, owner_reduce_mean
 
     flat, sizes = identity_input(ctx.sizes.identity_scale)
     # defined non-finite behaviour of the blockwise wires (NaN a zero code, inf the largest)
@@ -306,7 +306,7 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
 def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     import torch
 
-    from autoloco_hf.sync.codec import WireCodec
+    from autoloco_hf.wire.codec import WireCodec
 
     numel, repeats = ctx.sizes.codec_numel, ctx.sizes.codec_repeats
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(ctx.device)

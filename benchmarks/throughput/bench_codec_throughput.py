@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from autoloco_hf.config import BLOCKWISE_WIRES, GRID_WIRES, WIRE_DTYPES, CodecKernel
-from autoloco_hf.sync.codec import WireCodec
+from autoloco_hf.wire.codec import WireCodec
 
 
 def _parse_size(text: str) -> int:

@@ -48,8 +48,8 @@ sys.path.insert(
 )  # benchmarks/: its kinds import as packages
 from throughput.bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
 
-from autoloco_hf.sync.codec import WireCodec  # noqa: E402
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402
+from autoloco_hf.wire.codec import WireCodec  # noqa: E402
 
 WIRES = ("fp32", "bf16", "int8", "int4", "fp4", "int2")
 

@@ -17,7 +17,7 @@ PURE_MODULES = [
     "autoloco_hf.algorithm.correction",
     "autoloco_hf.algorithm.policies",
     "autoloco_hf.algorithm.preview",
-    "autoloco_hf.sync.accounting",
+    "autoloco_hf.wire.accounting",
     "autoloco_hf.cli.plan",
 ]
 HEAVY = ["torch", "torch.distributed", "transformers", "accelerate"]

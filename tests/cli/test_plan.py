@@ -14,7 +14,7 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
 from autoloco_hf.cli import main
-from autoloco_hf.sync.accounting import payload_bytes
+from autoloco_hf.wire.accounting import payload_bytes
 
 C4_TRAJECTORY = "500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1"
 SFT_TRAJECTORY = "100x6, 110x5, 120x5, 130x5, 140x5, 150x22, 90x1"

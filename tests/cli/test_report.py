@@ -28,9 +28,9 @@ from autoloco_hf.cli.report import (
     table2,
     workers_table,
 )
+from autoloco_hf.state.records import RunTotals, read_jsonl
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.records import RunTotals, read_jsonl
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:

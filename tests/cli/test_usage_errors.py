@@ -11,7 +11,7 @@ import pytest
 
 from autoloco_hf.cli import main
 from autoloco_hf.cli.report import RunWriter
-from autoloco_hf.sync.records import RunTotals
+from autoloco_hf.state.records import RunTotals
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 

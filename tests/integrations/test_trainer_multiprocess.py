@@ -239,7 +239,7 @@ def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.sync.checkpoint import read_state
+    from autoloco_hf.state.checkpoint import read_state
 
     checkpoint = str(autoloco["split_dir"] / "checkpoint-10")
     saved = load_file(os.path.join(checkpoint, "model.safetensors"))
@@ -299,7 +299,7 @@ def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.sync.checkpoint import read_state
+    from autoloco_hf.state.checkpoint import read_state
 
     fields = {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1, "h_max": 6, "ranks_per_worker": 2}
     base = {"steps": 8, "batch": 2, "save_steps": 6, "autoloco": fields}

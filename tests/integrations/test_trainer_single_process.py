@@ -85,7 +85,7 @@ def theta_and_replica(checkpoint: str, config: dict, params):
     """The synchronized parameters theta_t and this rank's local replica stored in a checkpoint's AutoLoCo state."""
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.sync.checkpoint import read_state
+    from autoloco_hf.state.checkpoint import read_state
 
     _, state = read_state(
         state_path(checkpoint, 0), config=AutoLoCoConfig(**config), world_size=1, ranks_per_worker=1, rank=0
@@ -172,7 +172,7 @@ def test_a_resume_prints_one_line_and_the_first_log_shows_the_syncs(saved_run, t
 
 
 def test_resume_refuses_a_truncated_state(saved_run, tmp_path):
-    from autoloco_hf.sync.checkpoint import CheckpointError
+    from autoloco_hf.state.checkpoint import CheckpointError
 
     out = tmp_path / "truncated"
     shutil.copytree(saved_run["out"], out, ignore=shutil.ignore_patterns("checkpoint-6", "nosave"))
@@ -283,7 +283,7 @@ def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.resume import last_complete_checkpoint
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.sync.checkpoint import write_state
+    from autoloco_hf.state.checkpoint import write_state
 
     config = AutoLoCoConfig(**CONFIG)
     assert (

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.integrations import AutoLoCoConfigurationError
-from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
+from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_path
 
 pytestmark = pytest.mark.slow

@@ -143,7 +143,7 @@ def test_show_global_is_a_no_op_at_a_boundary():
 def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
-    from autoloco_hf.sync.checkpoint import CheckpointError, write_state
+    from autoloco_hf.state.checkpoint import CheckpointError, write_state
 
     config = AutoLoCoConfig(method="diloco", h_base=3)
     runtime, _, _ = _runtime(config)

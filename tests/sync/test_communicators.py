@@ -25,14 +25,14 @@ import torch
 from _dist import run_gloo
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.sync.codec import WireCodec, num_int8_blocks
 from autoloco_hf.sync.communicators import (
     ProcessGroupCommunicator,
     SimulatedCommunicator,
     collective_device,
     make_communicator,
 )
-from autoloco_hf.sync.formats.base import true_divide
+from autoloco_hf.wire.codec import WireCodec, num_int8_blocks
+from autoloco_hf.wire.formats.base import true_divide
 
 BS = 4096  # the default INT8 block size, used by both communicators below
 

@@ -238,7 +238,7 @@ def test_autoloco_adapts_and_records_every_field(tmp_path):
         padded=True,
         records_path=str(path),
     )
-    from autoloco_hf.sync.records import read_jsonl
+    from autoloco_hf.state.records import read_jsonl
 
     rows = read_jsonl(str(path))
     assert len(rows) == runner.engine.totals.syncs == len(runner.engine.records)
@@ -327,7 +327,7 @@ def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used(
 
 def test_resume_in_a_new_process_keeps_the_records_of_the_checkpoint(tmp_path):
     """The JSONL ends up with the checkpoint's history plus what the resumed run adds, nothing twice."""
-    from autoloco_hf.sync.records import read_jsonl
+    from autoloco_hf.state.records import read_jsonl
 
     path = str(tmp_path / "intervals.jsonl")
     config = AutoLoCoConfig(method="diloco", h_base=4)

@@ -17,10 +17,10 @@ import torch
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.sync import formats
-from autoloco_hf.sync.checkpoint import ConfigMismatchError
+from autoloco_hf.state.checkpoint import ConfigMismatchError
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.wire import formats
 
 STEPS, WARMUP, WORKERS = 36, 4, (0, 1)
 FORMATS = {"int4": {}, "fp4": {}, "int2": {}, "int2+topk": {"topk_fraction": 0.05}}

@@ -15,7 +15,6 @@ import torch
 from _dist import run_gloo
 from test_overlap import STEPS, config, params_of, records_of, runner_for, train
 
-from autoloco_hf.sync.codec import ErrorFeedback, gathered_mean, owner_reduce_mean, roundtrip_as_sent
 from autoloco_hf.sync.communicators import (
     ALL_GATHER,
     OWNER_REDUCE,
@@ -23,6 +22,7 @@ from autoloco_hf.sync.communicators import (
     SimulatedCommunicator,
     gathered_bytes_sent,
 )
+from autoloco_hf.wire.codec import ErrorFeedback, gathered_mean, owner_reduce_mean, roundtrip_as_sent
 
 LOSSY = dict(error_feedback=True, int8_block_size=64)  # small blocks: several per tensor of the toy model
 

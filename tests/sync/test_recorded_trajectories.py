@@ -45,9 +45,9 @@ import pytest
 import torch
 
 from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.state.records import read_jsonl
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.records import read_jsonl
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REGENERATE = "python tests/sync/test_recorded_trajectories.py --regenerate"

@@ -14,8 +14,8 @@ import torch
 from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.sync import checkpoint
-from autoloco_hf.sync.checkpoint import CheckpointError, ConfigMismatchError
+from autoloco_hf.state import checkpoint
+from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of

@@ -24,7 +24,7 @@ import torch
 
 from autoloco_hf.config import CodecKernel, WireDtype
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.sync.codec import WireCodec
+from autoloco_hf.wire.codec import WireCodec
 
 
 def _now(tensor: torch.Tensor) -> float:
@@ -148,7 +148,7 @@ def gathered_bytes_sent(codec: WireCodec, num_workers: int) -> int:
 
     Every worker's buffer has the same size (the owner parts' layout), and each receives the ``N -
     1`` others' as many bytes. Owner-reduce sends about ``2 (N-1)/N`` buffers instead: the same for
-    two workers, fewer for more (:func:`~autoloco_hf.sync.accounting.wire_bytes_sent`).
+    two workers, fewer for more (:func:`~autoloco_hf.wire.accounting.wire_bytes_sent`).
     """
     whole = sum(codec.wire_bytes(s, e - s) for s, e in codec.partition(num_workers))
     return (num_workers - 1) * whole

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.sync.codec import WireCodec, balanced_parts
 from autoloco_hf.sync.communicators.base import (
     AverageResult,
     Communicator,
@@ -20,6 +19,7 @@ from autoloco_hf.sync.communicators.base import (
     collective_device,
     sum_in_worker_order,
 )
+from autoloco_hf.wire.codec import WireCodec, balanced_parts
 
 __all__ = ["HierarchicalCommunicator", "ShardedWorkerCommunicator"]
 

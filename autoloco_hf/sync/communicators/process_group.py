@@ -21,8 +21,6 @@ from typing import Any
 import torch
 
 from autoloco_hf.config import WireDtype
-from autoloco_hf.sync.accounting import wire_bytes_sent
-from autoloco_hf.sync.codec import WireCodec
 from autoloco_hf.sync.communicators.base import (
     ALL_GATHER,
     OWNER_REDUCE,
@@ -37,7 +35,9 @@ from autoloco_hf.sync.communicators.base import (
     sum_in_worker_order,
     worker_label,
 )
-from autoloco_hf.sync.formats.base import true_divide
+from autoloco_hf.wire.accounting import wire_bytes_sent
+from autoloco_hf.wire.codec import WireCodec
+from autoloco_hf.wire.formats.base import true_divide
 
 __all__ = ["ProcessGroupCommunicator"]
 
@@ -321,9 +321,9 @@ class ProcessGroupCommunicator(Communicator):
         order.
 
         The buffer is encoded by the owner parts
-        (:func:`~autoloco_hf.sync.codec.roundtrip_as_sent`'s layout), so error feedback keeps what
+        (:func:`~autoloco_hf.wire.codec.roundtrip_as_sent`'s layout), so error feedback keeps what
         this worker sent. At the merge every worker decodes the same ``N`` buffers and adds them in
-        worker order, as :func:`~autoloco_hf.sync.codec.gathered_mean` does: bit-identical on every
+        worker order, as :func:`~autoloco_hf.wire.codec.gathered_mean` does: bit-identical on every
         worker and in the simulation.
         """
         traffic = Traffic(wire_bytes=gathered_bytes_sent(codec, self.num_workers))

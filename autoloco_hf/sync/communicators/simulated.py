@@ -11,8 +11,6 @@ from __future__ import annotations
 import torch
 
 from autoloco_hf.config import WireDtype
-from autoloco_hf.sync.accounting import wire_bytes_sent
-from autoloco_hf.sync.codec import gathered_mean, mean_in_worker_order, owner_reduce_mean
 from autoloco_hf.sync.communicators.base import (
     ALL_GATHER,
     OWNER_REDUCE,
@@ -24,6 +22,8 @@ from autoloco_hf.sync.communicators.base import (
     gathered_bytes_sent,
     sum_in_worker_order,
 )
+from autoloco_hf.wire.accounting import wire_bytes_sent
+from autoloco_hf.wire.codec import gathered_mean, mean_in_worker_order, owner_reduce_mean
 
 __all__ = ["SimulatedCommunicator"]
 

@@ -1,6 +1,6 @@
 """Tests for the wire codecs and the owner-reduce aggregation (docs/algorithm.md §7, paper Appendix G.1).
 
-Error bound used throughout (see autoloco_hf/sync/codec.py): per element
+Error bound used throughout (see autoloco_hf/wire/codec.py): per element
 ``|x - decode(encode(x))| <= scale * (1/2 + 2**-16)``. The ``2**-16`` slack covers
 the two FP32 roundings, of ``x / scale`` (|x / scale| <= 127 (1 + 2**-24), so at most
 ``128 * 2**-24`` before rounding to an integer) and of ``q * scale`` (at most
@@ -19,8 +19,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES, WireDtype
-from autoloco_hf.sync.accounting import num_int8_blocks
-from autoloco_hf.sync.codec import (
+from autoloco_hf.wire.accounting import num_int8_blocks
+from autoloco_hf.wire.codec import (
     ErrorFeedback,
     WireCodec,
     mean_in_worker_order,
@@ -28,7 +28,7 @@ from autoloco_hf.sync.codec import (
     owner_reduce_part,
     roundtrip_as_sent,
 )
-from autoloco_hf.sync.formats.int8 import CHUNK_ELEMENTS, SCALE_MAX, SCALE_MIN
+from autoloco_hf.wire.formats.int8 import CHUNK_ELEMENTS, SCALE_MAX, SCALE_MIN
 
 SLACK = 2.0**-16
 FMAX = torch.finfo(torch.float32).max

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from autoloco_hf.config import BLOCKWISE_WIRES, WIRE_DTYPES, CodecKernel, WireDtype
-from autoloco_hf.sync.formats.base import WireFormat
-from autoloco_hf.sync.formats.cast import CastFormat
-from autoloco_hf.sync.formats.grid import FP4_E2M1_GRID, INT2_GRID, INT4_GRID, GridFormat
-from autoloco_hf.sync.formats.int8 import Int8Format
-from autoloco_hf.sync.formats.topk import TopKFormat
+from autoloco_hf.wire.formats.base import WireFormat
+from autoloco_hf.wire.formats.cast import CastFormat
+from autoloco_hf.wire.formats.grid import FP4_E2M1_GRID, INT2_GRID, INT4_GRID, GridFormat
+from autoloco_hf.wire.formats.int8 import Int8Format
+from autoloco_hf.wire.formats.topk import TopKFormat
 
 FORMATS: dict[WireDtype, WireFormat] = {
     WireDtype.FP32: CastFormat(torch.float32),

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from autoloco_hf.sync.accounting import INDEX_BYTES, topk_keep, topk_kept
-from autoloco_hf.sync.formats.base import WireFormat, blocked
-from autoloco_hf.sync.formats.int8 import chunk_rows
+from autoloco_hf.wire.accounting import INDEX_BYTES, topk_keep, topk_kept
+from autoloco_hf.wire.formats.base import WireFormat, blocked
+from autoloco_hf.wire.formats.int8 import chunk_rows
 
 
 class TopKFormat(WireFormat):

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from autoloco_hf.sync.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
-from autoloco_hf.sync.formats.grid import FP4_E2M1_GRID, INT2_GRID, INT4_GRID, Grid
-from autoloco_hf.sync.formats.int8 import CHUNK_ELEMENTS, SCALE_MIN
+from autoloco_hf.wire.codec import ErrorFeedback, WireCodec, roundtrip_as_sent
+from autoloco_hf.wire.formats.grid import FP4_E2M1_GRID, INT2_GRID, INT4_GRID, Grid
+from autoloco_hf.wire.formats.int8 import CHUNK_ELEMENTS, SCALE_MIN
 
 GRIDS = {"int4": INT4_GRID, "fp4": FP4_E2M1_GRID, "int2": INT2_GRID}
 LOSSY = ["bf16", "int8", "int4", "fp4", "int2"]

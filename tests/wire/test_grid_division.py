@@ -12,7 +12,7 @@ import hashlib
 import pytest
 import torch
 
-from autoloco_hf.sync.codec import WireCodec
+from autoloco_hf.wire.codec import WireCodec
 
 # SHA-256 (first 16 hex digits) of [packed codes, scales] of sample() in blocks of 64, recorded at 1bcdf92
 RECORDED = {

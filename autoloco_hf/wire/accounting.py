@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from autoloco_hf.config import WireDtype
 
 if TYPE_CHECKING:
-    from autoloco_hf.sync.codec import WireCodec
+    from autoloco_hf.wire.codec import WireCodec
 
 DEFAULT_BLOCK_SIZE = 4096  # elements per FP32 scale of a blockwise wire (docs/algorithm.md §7)
 FP32_BYTES = 4

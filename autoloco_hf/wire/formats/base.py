@@ -1,6 +1,6 @@
 """The interface of a wire format: how one contiguous piece of a tensor travels (docs/algorithm.md §7).
 
-A :class:`~autoloco_hf.sync.codec.WireCodec` cuts a slice of the flat buffer into
+A :class:`~autoloco_hf.wire.codec.WireCodec` cuts a slice of the flat buffer into
 pieces that each lie inside one tensor and hands every piece to its format, so a
 block never spans two tensors. A format says how many elements each of its wire
 tensors takes for a piece (:meth:`WireFormat.numels`) and encodes / decodes a piece
@@ -43,7 +43,7 @@ def blocked(x: torch.Tensor, block_size: int) -> list[torch.Tensor]:
 
 
 class WireFormat(ABC):
-    """One wire format, found by name in :data:`autoloco_hf.sync.formats.FORMATS`."""
+    """One wire format, found by name in :data:`autoloco_hf.wire.formats.FORMATS`."""
 
     #: dtype of each wire tensor, in order
     dtypes: tuple[torch.dtype, ...]

@@ -6,7 +6,7 @@ wire and the reference arithmetic of the owner-reduce aggregation, so that the
 single-process simulation (docs/algorithm.md §8.4) and the torch.distributed path produce
 bit-identical results by calling the same functions. The formats themselves
 (``fp32``, ``bf16``, ``int8``, ``int4``, ``fp4``, ``int2``, top-k) live in
-:mod:`autoloco_hf.sync.formats`, one strategy object each, found by name.
+:mod:`autoloco_hf.wire.formats`, one strategy object each, found by name.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from autoloco_hf.config import MAX_TOPK_BLOCK, CodecKernel, WireDtype
-from autoloco_hf.sync.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks, piece_wire_bytes
-from autoloco_hf.sync.formats import wire_format
-from autoloco_hf.sync.formats.base import true_divide
+from autoloco_hf.wire.accounting import DEFAULT_BLOCK_SIZE, num_int8_blocks, piece_wire_bytes
+from autoloco_hf.wire.formats import wire_format
+from autoloco_hf.wire.formats.base import true_divide
 
 
 def _check_block_size(block_size: int, topk_fraction: float | None) -> None:

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 
 import torch
 
-from autoloco_hf.sync.accounting import num_int8_blocks
-from autoloco_hf.sync.formats.base import WireFormat, blocked, true_divide
+from autoloco_hf.wire.accounting import num_int8_blocks
+from autoloco_hf.wire.formats.base import WireFormat, blocked, true_divide
 
 QMAX = 127
 SCALE_MIN = float.fromhex("0x1p-126")  # smallest normal FP32, see module docstring

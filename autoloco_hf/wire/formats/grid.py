@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autoloco_hf.sync.accounting import num_int8_blocks, packed_bytes
-from autoloco_hf.sync.formats.base import WireFormat, blocked, true_divide
-from autoloco_hf.sync.formats.int8 import SCALE_MIN, chunk_rows
+from autoloco_hf.wire.accounting import num_int8_blocks, packed_bytes
+from autoloco_hf.wire.formats.base import WireFormat, blocked, true_divide
+from autoloco_hf.wire.formats.int8 import SCALE_MIN, chunk_rows
 
 
 def _largest_finite_scale(top: float) -> float:

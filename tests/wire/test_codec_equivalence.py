@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoloco_hf.sync.codec import WireCodec
-from autoloco_hf.sync.formats.int8 import CHUNK_ELEMENTS, QMAX, SCALE_MAX, SCALE_MIN
+from autoloco_hf.wire.codec import WireCodec
+from autoloco_hf.wire.formats.int8 import CHUNK_ELEMENTS, QMAX, SCALE_MAX, SCALE_MIN
 
 
 def _reference_blocked(x: torch.Tensor, block_size: int) -> list[torch.Tensor]:

@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from toy import adamw, batch_for, make_model
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.sync import checkpoint
-from autoloco_hf.sync.checkpoint import CheckpointError, read_state, write_state
+from autoloco_hf.state import checkpoint
+from autoloco_hf.state.checkpoint import CheckpointError, read_state, write_state
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.local_workers import LocalWorkers
 

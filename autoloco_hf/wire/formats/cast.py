@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from autoloco_hf.sync.formats.base import WireFormat
+from autoloco_hf.wire.formats.base import WireFormat
 
 
 class CastFormat(WireFormat):

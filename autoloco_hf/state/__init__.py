@@ -1,0 +1,1 @@
+"""What a run keeps: the safetensors state file of the outer state, and the per-interval records (docs/algorithm.md §8, §9)."""
