@@ -41,9 +41,9 @@ from autoloco_hf.errors import AutoLoCoError
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AutoLoCoCallback": "autoloco_hf.integrations.trainer",
+    "AutoLoCoCallback": "autoloco_hf.integrations.trainer.callback",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
-    "AutoLoCoArguments": "autoloco_hf.integrations.arguments",
+    "AutoLoCoArguments": "autoloco_hf.integrations.trainer.arguments",
     "IntervalEngine": "autoloco_hf.sync.engine",
     "make_engine": "autoloco_hf.sync.factory",
     "LocalWorkers": "autoloco_hf.sync.local_workers",

@@ -54,7 +54,7 @@ from recipe_config import (  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import RECIPES, ConfigError, Method  # noqa: E402
-from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
+from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments  # noqa: E402
 
 # LLaMA-style, 214.96M parameters with a 32k vocabulary (untied embeddings).
 MODEL_215M = dict(

@@ -2,7 +2,7 @@
 
 A recipe lists its dataclasses (its own settings; TRL's ``SFTConfig`` for the
 SFT recipe, so that every ``TrainingArguments`` field is settable;
-:class:`~autoloco_hf.integrations.arguments.AutoLoCoArguments` for the engine).
+:class:`~autoloco_hf.integrations.trainer.arguments.AutoLoCoArguments` for the engine).
 Every field is a flag (``--batch_size`` or ``--batch-size``) and a YAML key.
 A YAML file may name a ``base:`` file (relative to itself) whose values it
 extends, so the method configs under ``recipes/configs/`` only state what
@@ -34,7 +34,7 @@ import yaml
 from autoloco_evals.data_files import DataFileError, inspect_files, load_rows
 from autoloco_hf.cli import usage_error
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.integrations.arguments import PREFIX
+from autoloco_hf.integrations.trainer.arguments import PREFIX
 
 AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
 

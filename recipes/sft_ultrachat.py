@@ -58,7 +58,7 @@ from recipe_config import (  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.config import ConfigError, Method, WireDtype  # noqa: E402
-from autoloco_hf.integrations.arguments import AutoLoCoArguments  # noqa: E402
+from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments  # noqa: E402
 
 ROLES = ("system", "user", "assistant")
 

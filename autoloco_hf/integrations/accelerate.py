@@ -48,7 +48,7 @@ from autoloco_hf.algorithm.schedule import FunctionSchedule, LRMassMixin, Schedu
 from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.launch_checks import check_launch, fsdp_version
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime
-from autoloco_hf.integrations.trainer_pacing import set_schedule_step
+from autoloco_hf.sync.pacing import set_schedule_step
 
 logger = hf_logging.get_logger(__name__)
 
@@ -97,25 +97,6 @@ def _budget_schedule(scheduler: Any, num_processes: int) -> tuple[Any, int] | No
             "step runs at the run's step of the schedule, which needs a LambdaLR (transformers' get_*_schedule)"
         )
     return scheduler, stride
-
-
-def adopt_process_group(accelerator: Any) -> None:
-    """Make ``accelerator`` work on the current default process group after live membership replaced it.
-
-    accelerate reads the world size and rank once, into its shared state, when the first ``Accelerator`` or
-    ``TrainingArguments`` is built, and its prepared model is wrapped in DDP on the old group. So: the
-    group's size and rank go into both shared states (``LOCAL_RANK``, the device, stays; ``RANK`` and
-    ``WORLD_SIZE`` in the environment follow), and ``free_memory`` drops accelerate's references to what
-    it prepared, so that the next ``prepare`` wraps the model again, on the new group (docs/reliability.md).
-    """
-    import torch.distributed as dist
-    from accelerate.state import AcceleratorState, PartialState
-
-    size, rank = dist.get_world_size(), dist.get_rank()
-    for shared in (PartialState._shared_state, AcceleratorState._shared_state):
-        shared["num_processes"], shared["process_index"] = size, rank
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
-    accelerator.free_memory()
 
 
 class AutoLoCoAccelerate:

@@ -146,3 +146,16 @@ def shard_worker(
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def fsdp2_mesh(model: Any) -> Any:
+    """The device mesh an FSDP2 (``fully_shard``) model is sharded over, or ``None`` for a model held whole."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    if len(meshes) > 1:
+        raise ValueError(
+            "the model's parameters are sharded over several device meshes: AutoLoCo needs one "
+            "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)"
+        )
+    return next(iter(meshes.values()), None)

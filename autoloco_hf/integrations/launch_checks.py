@@ -16,8 +16,7 @@ from transformers.utils import logging as hf_logging
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.integrations.groups import check_worker_layout
-from autoloco_hf.integrations.runtime import fsdp2_mesh
+from autoloco_hf.integrations.groups import check_worker_layout, fsdp2_mesh
 
 logger = hf_logging.get_logger(__name__)
 

@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.integrations.ddp_hooks import BatchMeter, GradientTraffic, find_ddp, install_gradient_hook
-from autoloco_hf.integrations.groups import WorkerTopology, build_topology
+from autoloco_hf.integrations.groups import WorkerTopology, build_topology, fsdp2_mesh
 from autoloco_hf.state.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
@@ -69,19 +69,6 @@ def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autolo
         for worker, (steps, tokens) in enumerate(zip(record.worker_steps or (), record.worker_tokens or ())):
             values[f"worker{worker}_steps"], values[f"worker{worker}_tokens"] = steps, tokens
     return {prefix + k: float(v) for k, v in values.items()}
-
-
-def fsdp2_mesh(model: torch.nn.Module) -> Any:
-    """The device mesh an FSDP2 (``fully_shard``) model is sharded over, or ``None`` for a model held whole."""
-    from torch.distributed.tensor import DTensor
-
-    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
-    if len(meshes) > 1:
-        raise ValueError(
-            "the model's parameters are sharded over several device meshes: AutoLoCo needs one "
-            "fully_shard mesh per worker (see autoloco_hf.integrations.groups.worker_mesh)"
-        )
-    return next(iter(meshes.values()), None)
 
 
 def check_fsdp2_worker(mesh: Any, topology: WorkerTopology) -> None:

@@ -12,7 +12,8 @@ A :class:`Pacer` is the engine's strategy for workers of unequal speed:
 
 The run's step counter stays the cluster's: one step of the run is ``N`` inner
 steps of the cluster, whoever takes them, so ``total_steps``, the LR schedule and
-the horizon rule read the same budget as in lockstep. :class:`VirtualClock` times
+the horizon rule read the same budget as in lockstep (:func:`set_schedule_step`
+puts a rank's ``LambdaLR`` at the run's step). :class:`VirtualClock` times
 simulated workers of given speeds, so both pacings run and are compared on 2 CPU cores.
 
 Example (one worker at half speed: after the first interval it takes a third of the steps)::
@@ -237,6 +238,15 @@ def make_pacer(config: AutoLoCoConfig, comm: Any) -> Pacer:
         return LockstepPacer(comm.local_workers)
     local = [comm.global_worker(i) for i in range(comm.local_workers)]
     return BudgetPacer(comm.num_workers, local, config.straggler_fraction, config.straggler_intervals)
+
+
+def set_schedule_step(scheduler: Any, step: int) -> None:
+    """Put a ``LambdaLR`` at ``step``: the next optimizer step uses that step's learning rate (as the engine's)."""
+    groups = scheduler.optimizer.param_groups
+    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(step)
+    scheduler.last_epoch = step
+    scheduler._last_lr = [group["lr"] for group in groups]
 
 
 class VirtualClock:

@@ -8,8 +8,8 @@
 
 One ``etcd`` process per member (the distribution's ``etcd-server`` 3.4, with the v2 API that torch elastic's
 ``etcd-v2`` backend speaks switched on), optionally inside a network namespace (``prefix``). A cluster of 3
-keeps its quorum, and so the rendezvous, when one member is lost. Used by tests/integrations/test_etcd_rendezvous.py
-and benchmarks/testbeds/elastic_testbed.py; docs/hf.md shows the same command for users.
+keeps its quorum, and so the rendezvous, when one member is lost. Used by
+tests/integrations/elastic/test_etcd_rendezvous.py and benchmarks/testbeds/elastic_testbed.py; docs/hf.md shows the same command for users.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
+from autoloco_hf.integrations.elastic.etcd_check import EtcdUnreachable, check_etcd
 
 INSTALL = "apt-get install -y etcd-server"
 START_LIMIT_S = 60.0
@@ -113,7 +113,7 @@ class EtcdCluster:
         if not self.prefix(k):
             return len(check_etcd(self.endpoints[k], timeout_s=2.0))
         code = (
-            "import sys; from autoloco_hf.integrations.etcd_check import check_etcd, EtcdUnreachable\n"
+            "import sys; from autoloco_hf.integrations.elastic.etcd_check import check_etcd, EtcdUnreachable\n"
             f"try: print(len(check_etcd({self.endpoints[k]!r}, timeout_s=2.0)))\n"
             "except EtcdUnreachable: print(0)"
         )

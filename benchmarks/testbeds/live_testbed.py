@@ -1,6 +1,6 @@
 """Live membership on loopback: faults that the survivors ride out in process (docs/reliability.md "Live membership").
 
-Not a test (``tests/integrations/test_live_membership.py`` runs the same worker). Real
+Not a test (``tests/integrations/elastic/test_membership.py`` runs the same worker). Real
 processes on one machine, gloo over loopback, the toy language model of ``tests/toy.py``,
 DiLoCo at H 4 for 60 steps (a 0.02 s pause per step stands for the step's compute), and
 the membership store on a 3-member etcd cluster (``--store tcp``: a ``TCPStore`` of this
@@ -106,7 +106,9 @@ def run_worker(
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import SchedulerPreview
     from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
-    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, RoundFailed, etcd_store
+    from autoloco_hf.integrations.elastic.errors import JoinRefused, RoundFailed
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.integrations.elastic.store import etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
     from autoloco_hf.sync.factory import make_engine
 
@@ -298,7 +300,7 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
     from _dist import free_port
     from testbeds.etcd_cluster import EtcdCluster
 
-    from autoloco_hf.integrations.live_membership import etcd_store
+    from autoloco_hf.integrations.elastic.store import etcd_store
 
     out = tempfile.mkdtemp(prefix=f"live_{scenario}_")
     port, timeout, cluster = free_port(), datetime.timedelta(seconds=60), None

@@ -53,7 +53,7 @@ def run_scenario(scenario: str, seed: int) -> dict[str, Any]:
     from testbeds.etcd_cluster import EtcdCluster
     from testbeds.live_testbed import collect, kill_store_member, wait_round
 
-    from autoloco_hf.integrations.live_membership import etcd_store
+    from autoloco_hf.integrations.elastic.store import etcd_store
 
     out, port = tempfile.mkdtemp(prefix=f"live-trainer-{scenario}-{seed}-"), free_port()
     timeout, cluster, where = datetime.timedelta(seconds=60), None, {}

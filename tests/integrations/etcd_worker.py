@@ -1,4 +1,4 @@
-"""One rank under ``torchrun --rdzv-backend etcd-v2`` (tests/integrations/test_etcd_rendezvous.py).
+"""One rank under ``torchrun --rdzv-backend etcd-v2`` (tests/integrations/elastic/test_etcd_rendezvous.py).
 
 Usage: ``etcd_worker.py OUT_DIR``. Every attempt all-reduces its rank over gloo and appends
 ``{first_round, rank, world, sum}`` to ``OUT_DIR/attempts.jsonl``. On the first attempt rank 1 then fails while

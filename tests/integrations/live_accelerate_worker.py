@@ -25,8 +25,9 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig
-    from autoloco_hf.integrations.accelerate import adopt_process_group
-    from autoloco_hf.integrations.live_membership import LiveMembership, MembershipChange
+    from autoloco_hf.integrations.elastic.errors import MembershipChange
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.integrations.elastic.process_group import adopt_process_group
     from autoloco_hf.sync.communicators import PeerLostError
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))

@@ -28,12 +28,13 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership
-    from autoloco_hf.integrations.live_trainer import train_live
+    from autoloco_hf.integrations.elastic.errors import JoinRefused
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.integrations.trainer.live import train_live
 
     timeout = datetime.timedelta(seconds=60)
     if options.get("endpoints"):  # the membership rounds on an etcd cluster
-        from autoloco_hf.integrations.live_membership import etcd_store
+        from autoloco_hf.integrations.elastic.store import etcd_store
 
         store = etcd_store(options["endpoints"], f"run-{port}", timeout)
     else:

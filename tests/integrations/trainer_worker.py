@@ -85,7 +85,7 @@ from tiny_llama import PaddedTokens, tiny_llama  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
-from autoloco_hf.integrations.resume import last_complete_checkpoint  # noqa: E402
+from autoloco_hf.integrations.trainer.resume import last_complete_checkpoint  # noqa: E402
 
 
 def simulated_twin(config: AutoLoCoConfig, steps: int):

@@ -1,7 +1,8 @@
 """Data edge cases at the engine (issue 10 item 6): zero-token intervals, short runs, runs shorter than warm-up.
 
 The Trainer-level cases (no attention_mask, all-padding batches, a dataset shorter than one interval,
-gradient accumulation that does not divide the dataset) are in tests/integrations/test_trainer_single_process.py.
+gradient accumulation that does not divide the dataset) are in
+tests/integrations/trainer/test_trainer_single_process.py.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from transformers import Trainer
 from autoloco_hf.sync.communicators import PeerLostError, peer_lost
 
 GUARDED_METHOD = (
-    "_maybe_log_save_evaluate"  # Trainer's log / evaluate / save step (tests/integrations/test_trainer_internals.py)
+    "_maybe_log_save_evaluate"  # Trainer's log / evaluate / save step (tests/integrations/trainer/test_internals.py)
 )
 
 

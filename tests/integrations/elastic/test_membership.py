@@ -26,11 +26,11 @@ import pytest
 import torch.distributed as dist
 from _dist import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from testbeds.live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round  # noqa: E402
 
-from autoloco_hf.integrations.live_membership import etcd_store  # noqa: E402
+from autoloco_hf.integrations.elastic.store import etcd_store  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["tcp", "etcd"])
@@ -165,7 +165,7 @@ def test_a_participant_lost_while_its_round_sets_up_is_left_out_of_the_next(tmp_
 
 def test_an_etcd_store_none_of_whose_endpoints_answers_fails_at_once_naming_them() -> None:
     pytest.importorskip("etcd", reason="python-etcd: pip install 'autoloco-hf[elastic]'")
-    from autoloco_hf.integrations.etcd_check import EtcdUnreachable
+    from autoloco_hf.integrations.elastic.etcd_check import EtcdUnreachable
 
     endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens there
     started = time.monotonic()
@@ -222,7 +222,7 @@ def test_timeouts_that_leave_no_room_for_a_retried_round_are_refused_in_one_line
     from toy import make_model
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import LiveMembership
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
 
     store = dist.HashStore()
     model = make_model()
@@ -312,7 +312,8 @@ def test_a_store_that_fails_is_reported_in_one_line_as_a_store_error_not_a_timeo
     from toy import make_model
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import LiveMembership, StoreLost
+    from autoloco_hf.integrations.elastic.errors import StoreLost
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
 
     config = AutoLoCoConfig(method="diloco", h_base=4, sync_timeout_s=5.0)
     live = LiveMembership(_CutOffStore(), "w0", config, make_model())

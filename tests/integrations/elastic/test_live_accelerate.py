@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 from _dist import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from live_accelerate_worker import run  # noqa: E402
 from testbeds.live_testbed import collect, wait_round  # noqa: E402
 

@@ -57,7 +57,7 @@ callback does:
   and ``trainer.train(resume_from_checkpoint=callback.resume_point())`` resumes
   the last boundary with any number of processes when it is newer than the
   last Trainer checkpoint or the layout changed
-  (:mod:`autoloco_hf.integrations.boundary_resume`, docs/hf.md).
+  (:mod:`autoloco_hf.integrations.trainer.resume`, docs/hf.md).
 """
 
 from __future__ import annotations
@@ -72,28 +72,31 @@ from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig, Method, Pacing
-from autoloco_hf.integrations.arguments import AutoLoCoArguments
-from autoloco_hf.integrations.boundary_resume import (
-    boundary_file,
-    check_no_newer_snapshots,
-    resume_from_boundary,
-    resume_point,
-    trainer_boundary_state,
-)
+from autoloco_hf.integrations.elastic.errors import MembershipChange
+from autoloco_hf.integrations.elastic.membership import LiveMembership
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_trainer_launch
-from autoloco_hf.integrations.live_membership import LiveMembership, MembershipChange
-from autoloco_hf.integrations.log_levels import apply_trainer_log_levels
-from autoloco_hf.integrations.resume import restore, resumed_checkpoint
-from autoloco_hf.integrations.run_log import TrainerRunLog
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, record_metrics
-from autoloco_hf.integrations.trainer_collectives import bound_trainer_collectives
-from autoloco_hf.integrations.trainer_internals import (
+from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments
+from autoloco_hf.integrations.trainer.collectives import bound_trainer_collectives
+from autoloco_hf.integrations.trainer.internals import (
     built_from_the_class_by_the_trainer,
     checkpoint_dir,
     quiet_console,
     trainer_being_built,
 )
-from autoloco_hf.integrations.trainer_pacing import BudgetTrainerSteps, set_schedule_step
+from autoloco_hf.integrations.trainer.log_levels import apply_trainer_log_levels
+from autoloco_hf.integrations.trainer.pacing import BudgetTrainerSteps
+from autoloco_hf.integrations.trainer.resume import (
+    boundary_file,
+    check_no_newer_snapshots,
+    restore,
+    resume_from_boundary,
+    resume_point,
+    resumed_checkpoint,
+    trainer_boundary_state,
+)
+from autoloco_hf.integrations.trainer.run_log import TrainerRunLog
+from autoloco_hf.sync.pacing import set_schedule_step
 
 logger = hf_logging.get_logger(__name__)
 
@@ -165,7 +168,8 @@ class AutoLoCoCallback(TrainerCallback):
 
     Args:
         config: the :class:`AutoLoCoConfig`, a dict of its fields, or parsed
-            :class:`~autoloco_hf.integrations.arguments.AutoLoCoArguments` (default: AutoLoCo with its defaults).
+            :class:`~autoloco_hf.integrations.trainer.arguments.AutoLoCoArguments`
+            (default: AutoLoCo with its defaults).
         records_filename: per-interval JSONL, written in ``args.output_dir`` by the main process.
         log_metrics: send ``autoloco/*`` to the ``report_to`` trackers at every synchronization (the
             console shows a short summary on the Trainer's ``logging_steps`` cadence either way).
@@ -173,9 +177,9 @@ class AutoLoCoCallback(TrainerCallback):
             ``trainer.train(resume_from_checkpoint=...)``.
         manage_ddp_kwargs: switch off DDP's ``find_unused_parameters`` and buffer broadcast when the
             user did not set them (each adds a small collective per step).
-        membership: live membership (:class:`~autoloco_hf.integrations.live_membership.LiveMembership`):
+        membership: live membership (:class:`~autoloco_hf.integrations.elastic.membership.LiveMembership`):
             survivors of a lost peer and processes that join go on in process; train with
-            :func:`~autoloco_hf.integrations.live_trainer.train_live` (docs/reliability.md).
+            :func:`~autoloco_hf.integrations.trainer.live.train_live` (docs/reliability.md).
 
     Attributes after ``on_train_begin``: ``runtime`` (:class:`WorkerRuntime`), ``engine``
     (:class:`~autoloco_hf.sync.engine.IntervalEngine`; ``engine.totals`` holds syncs and bytes).
@@ -356,7 +360,7 @@ class AutoLoCoCallback(TrainerCallback):
 
         ``None`` on the first attempt; after a restart, the last complete Trainer checkpoint, or, with
         ``snapshot_dir`` set, the last boundary when it is newer or the launch layout changed
-        (:mod:`autoloco_hf.integrations.boundary_resume`): any number of workers goes on from there.
+        (:mod:`autoloco_hf.integrations.trainer.resume`): any number of workers goes on from there.
         """
         self.resume_from_checkpoint = resume_point(self._trainer(), self.config) or self.resume_from_checkpoint
         return self.resume_from_checkpoint

@@ -2,7 +2,7 @@
 
 The callback contract hands callbacks no Trainer, and says nothing about the
 console callbacks or where checkpoints go. Each function here reads one such
-behaviour; tests/integrations/test_trainer_internals.py fails loudly, naming the
+behaviour; tests/integrations/trainer/test_internals.py fails loudly, naming the
 function to update, when a transformers upgrade changes any of them.
 """
 
@@ -20,7 +20,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from autoloco_hf.integrations.accelerate import adopt_process_group
+from autoloco_hf.integrations.elastic.process_group import adopt_process_group
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 
 
@@ -91,8 +91,8 @@ def checkpoint_dir(args: Any, state: Any) -> str:
 def follow_process_group(trainer: Trainer) -> None:
     """Make ``trainer`` train on the current default process group after live membership replaced it.
 
-    accelerate's shared state follows the group (:func:`~autoloco_hf.integrations.accelerate.adopt_process_group`);
-    and ``train()`` keeps a model already wrapped (``model_wrapped``) instead of wrapping it again, so the
+    accelerate's shared state follows the group
+    (:func:`~autoloco_hf.integrations.elastic.process_group.adopt_process_group`); and ``train()`` keeps a model already wrapped (``model_wrapped``) instead of wrapping it again, so the
     wrapper of the old group is dropped here.
     """
     adopt_process_group(trainer.accelerator)

@@ -9,7 +9,7 @@ import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
 from autoloco_hf.config import AutoLoCoConfig, ConfigError, Method, WireDtype
-from autoloco_hf.integrations.arguments import PREFIX, SHORT_FORM, AutoLoCoArguments
+from autoloco_hf.integrations.trainer.arguments import PREFIX, SHORT_FORM, AutoLoCoArguments
 
 
 def test_every_config_field_has_a_prefixed_argument_with_help():

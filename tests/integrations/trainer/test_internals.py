@@ -1,4 +1,4 @@
-"""The contract tests of autoloco_hf/integrations/trainer_internals.py: the Trainer behaviour AutoLoCo relies on
+"""The contract tests of autoloco_hf/integrations/trainer/internals.py: the Trainer behaviour AutoLoCo relies on
 beyond the callback contract. Each failure names the function to update after a transformers upgrade."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
-from autoloco_hf.integrations.trainer_collectives import GUARDED_METHOD
-from autoloco_hf.integrations.trainer_internals import (
+from autoloco_hf.integrations.trainer.collectives import GUARDED_METHOD
+from autoloco_hf.integrations.trainer.internals import (
     checkpoint_dir,
     follow_process_group,
     is_sync_only,
@@ -95,10 +95,10 @@ def test_the_loss_gather_of_a_logging_step_is_inside_the_guarded_method():
     """bound_trainer_collectives wraps this method: it must still be where the Trainer gathers the loss."""
     method = getattr(Trainer, GUARDED_METHOD, None)
     assert method is not None, (
-        f"Trainer.{GUARDED_METHOD} is gone: update autoloco_hf/integrations/trainer_collectives.py"
+        f"Trainer.{GUARDED_METHOD} is gone: update autoloco_hf/integrations/trainer/collectives.py"
     )
     assert "nested_gather(tr_loss" in inspect.getsource(method), (
-        f"Trainer.{GUARDED_METHOD} no longer gathers the loss: update trainer_collectives.GUARDED_METHOD"
+        f"Trainer.{GUARDED_METHOD} no longer gathers the loss: update trainer.collectives.GUARDED_METHOD"
     )
 
 

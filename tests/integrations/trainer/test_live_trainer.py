@@ -21,7 +21,7 @@ import pytest
 import torch.distributed as dist
 from _dist import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from live_trainer_worker import run  # noqa: E402
 from testbeds.live_testbed import collect, wait_round  # noqa: E402
 from transformers import get_cosine_schedule_with_warmup  # noqa: E402
@@ -120,14 +120,14 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
     assert seen["w0"]["params"] == seen["w1"]["params"]
 
 
-def test_a_run_that_starts_alone_on_live_membership_has_no_per_step_gather(tmp_path) -> None:
+def test_a_run_that_starts_alone_in_a_membership_round_has_no_per_step_gather(tmp_path) -> None:
     """A later round may have more processes: the Trainer's per-step token gather, which a one-process start would
     keep, is switched off as in any multi-process run."""
     from tiny_llama import PaddedTokens, tiny_llama
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import LiveMembership
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
 
     store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, timeout=datetime.timedelta(seconds=10))
     config = AutoLoCoConfig(method="diloco", h_base=H)

@@ -1,6 +1,7 @@
 """Does an etcd endpoint answer, with the v2 API torch elastic's ``etcd-v2`` rendezvous needs? One line if not.
 
-    python -m autoloco_hf.integrations.etcd_check ETCD1:2379 && torchrun --rdzv-backend etcd-v2 --rdzv-endpoint ETCD1:2379 ...
+    python -m autoloco_hf.integrations.elastic.etcd_check ETCD1:2379 && \\
+        torchrun --rdzv-backend etcd-v2 --rdzv-endpoint ETCD1:2379 ...
 
 torchrun's own error for an etcd that does not answer is a traceback ending in "The connection to etcd has
 failed. See inner exception for details.", without the endpoint; this check names it, and says whether
@@ -46,7 +47,7 @@ def check_etcd(endpoint: str, timeout_s: float = 5.0) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m autoloco_hf.integrations.etcd_check HOST:PORT [HOST:PORT ...]", file=sys.stderr)
+        print("usage: python -m autoloco_hf.integrations.elastic.etcd_check HOST:PORT [HOST:PORT ...]", file=sys.stderr)
         return 2
     try:
         for endpoint in argv:

@@ -2,7 +2,7 @@
 
 docs/reliability.md, "Live membership under the Trainer". :func:`train_live` runs
 ``trainer.train()`` inside the membership rounds of
-:class:`~autoloco_hf.integrations.live_membership.LiveMembership`. When a peer is
+:class:`~autoloco_hf.integrations.elastic.membership.LiveMembership`. When a peer is
 lost (``PeerLostError`` at a boundary or in the Trainer's own gathers) or a
 process waits to join (``MembershipChange`` at a boundary), ``train()`` ends
 with that error; the members form the next round, and ``train()`` is called
@@ -21,10 +21,12 @@ from typing import Any
 
 from transformers import Trainer
 
-from autoloco_hf.integrations.boundary_resume import TRAINER_KEY
-from autoloco_hf.integrations.live_membership import Agreement, LiveMembership, MembershipChange
-from autoloco_hf.integrations.trainer import AutoLoCoCallback
-from autoloco_hf.integrations.trainer_internals import follow_process_group, resume_in_memory
+from autoloco_hf.integrations.elastic.agreement import Agreement
+from autoloco_hf.integrations.elastic.errors import MembershipChange
+from autoloco_hf.integrations.elastic.membership import LiveMembership
+from autoloco_hf.integrations.trainer.callback import AutoLoCoCallback
+from autoloco_hf.integrations.trainer.internals import follow_process_group, resume_in_memory
+from autoloco_hf.integrations.trainer.resume import TRAINER_KEY
 from autoloco_hf.sync.communicators import PeerLostError
 
 __all__ = ["train_live"]

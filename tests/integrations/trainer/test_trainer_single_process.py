@@ -281,8 +281,8 @@ def test_gradient_accumulation_that_does_not_divide_the_dataset(tmp_path):
 def test_last_complete_checkpoint_skips_half_written_folders(tmp_path):
     """What a restarted script resumes from: the newest folder with trainer_state.json and every rank's state."""
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.integrations.resume import last_complete_checkpoint
     from autoloco_hf.integrations.runtime import state_path
+    from autoloco_hf.integrations.trainer.resume import last_complete_checkpoint
     from autoloco_hf.state.checkpoint import write_state
 
     config = AutoLoCoConfig(**CONFIG)

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from launch import free_port, worker_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 
-from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd  # noqa: E402
+from autoloco_hf.integrations.elastic.etcd_check import EtcdUnreachable, check_etcd  # noqa: E402
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts
 WAIT_LIMIT_S = 120.0
 # a heartbeat is an etcd write: when the lost member led the cluster, writes wait for a new leader, which under
 # load took longer than 3 missed heartbeats: the survivors then dropped a live agent from the round, and the
@@ -54,7 +54,7 @@ def agent(endpoint: str, out: Path) -> subprocess.Popen:
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
         "--max-restarts", "1", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", endpoint,
         "--rdzv-id", f"etcd-test-{out.name}", "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.2",
-        "--local-addr", "127.0.0.1", str(HERE / "etcd_worker.py"), str(out),
+        "--local-addr", "127.0.0.1", str(HELPERS / "etcd_worker.py"), str(out),
     ]  # fmt: skip
     return subprocess.Popen(  # its own session: a failed test ends the agent's workers too
         cmd, env=worker_env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -117,7 +117,7 @@ def test_an_etcd_endpoint_that_does_not_answer_is_named_in_one_line():
     with pytest.raises(EtcdUnreachable, match=rf"^etcd endpoint {endpoint} did not answer within 1 s"):
         check_etcd(endpoint, timeout_s=1.0)
     run = subprocess.run(
-        [sys.executable, "-m", "autoloco_hf.integrations.etcd_check", endpoint],
+        [sys.executable, "-m", "autoloco_hf.integrations.elastic.etcd_check", endpoint],
         capture_output=True, text=True, timeout=60, env=worker_env(),
     )  # fmt: skip
     assert run.returncode == 1 and run.stdout == ""

@@ -23,11 +23,11 @@ import pytest
 from launch import worker_env
 from netns import TwoNodes, netns_skip_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts
 NODE = 40  # namespaces alh-faults-40-{0,1}, 10.231.0.161/162: apart from the other namespace tests
 PAUSE_AT = 6  # mid-interval (H 4): the next boundary, step 8, is the first the link's loss can show at
 WAIT_LIMIT_S = 150.0  # start-up of 3 processes and 3 etcd members on a loaded 2-core machine, then the run
@@ -66,7 +66,7 @@ def _start_worker(nodes: TwoNodes, node: int, out: Path, name: str, index: int, 
     }
     spec_path = out / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    command = [*_in_ns(nodes, node), sys.executable, str(HERE / "live_netns_worker.py"), str(spec_path)]
+    command = [*_in_ns(nodes, node), sys.executable, str(HELPERS / "live_netns_worker.py"), str(spec_path)]
     with open(out / f"{name}.stdout", "w") as stdout, open(out / f"{name}.stderr", "w") as stderr:
         proc = subprocess.Popen(
             command,
@@ -164,7 +164,8 @@ def test_a_store_that_does_not_answer_ends_the_process_in_one_line_within_store_
     from toy import make_model
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import LiveMembership, RoundFailed, StoreLost
+    from autoloco_hf.integrations.elastic.errors import RoundFailed, StoreLost
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
 
     config = AutoLoCoConfig(method="diloco", h_base=4, sync_timeout_s=5.0)
     live = LiveMembership(_SilentStore(), "w0", config, make_model(), store_timeout_s=0.5)
@@ -184,7 +185,7 @@ def test_store_timeout_s_must_be_positive() -> None:
     from toy import make_model
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.integrations.live_membership import LiveMembership
+    from autoloco_hf.integrations.elastic.membership import LiveMembership
 
     with pytest.raises(ValueError, match=r"^store_timeout_s=0: must be above 0 \(the default is 30 s\)$"):
         LiveMembership(

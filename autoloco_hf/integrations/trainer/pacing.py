@@ -25,15 +25,6 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 
 
-def set_schedule_step(scheduler: Any, step: int) -> None:
-    """Put a ``LambdaLR`` at ``step``: the next optimizer step uses that step's learning rate (as the engine's)."""
-    groups = scheduler.optimizer.param_groups
-    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * factor(step)
-    scheduler.last_epoch = step
-    scheduler._last_lr = [group["lr"] for group in groups]
-
-
 def _refuse(field: str, value: Any, fix: str) -> None:
     raise AutoLoCoConfigurationError(
         f"TrainingArguments.{field}={value!r} does not work with AutoLoCoConfig.pacing='budget' "

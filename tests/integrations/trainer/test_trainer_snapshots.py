@@ -2,7 +2,7 @@
 
 The Trainer's own resume path (``global_step``, LR scheduler, ``skip_first_batches``) brings the run to the
 boundary; what fails to verify is refused in one line naming the field. Other numbers of workers:
-tests/integrations/test_trainer_elastic.py.
+tests/integrations/trainer/test_trainer_elastic.py.
 """
 
 from __future__ import annotations

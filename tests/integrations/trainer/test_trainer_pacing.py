@@ -11,7 +11,8 @@ from transformers import TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
 from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
-from autoloco_hf.integrations.trainer_pacing import BudgetTrainerSteps, set_schedule_step
+from autoloco_hf.integrations.trainer.pacing import BudgetTrainerSteps
+from autoloco_hf.sync.pacing import set_schedule_step
 
 STEPS = 12
 BUDGET = {"method": "diloco", "h_base": 4, "pacing": "budget"}

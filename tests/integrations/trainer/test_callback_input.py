@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.config import ConfigError
-from autoloco_hf.integrations.arguments import AutoLoCoArguments
+from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments
 
 STEPS = 8
 

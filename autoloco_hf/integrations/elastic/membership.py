@@ -15,11 +15,12 @@ under ``autoloco/round<r>/``:
    writes are linearizable (etcd needs a majority for each) has one truth. The
    first closer to draw ticket 1 writes the slot count; a slot beyond it waits
    for the next round;
-3. every participant reads the same slots and computes the same result: the
-   *source* is the slot holding the newest boundary; a slot whose configuration
-   or model differs from the source's is refused (:class:`JoinRefused`, one line
-   naming the field) and the others go on without it; the ranks are the
-   remaining slots in order;
+3. every participant reads the same slots and computes the same result
+   (:mod:`autoloco_hf.integrations.elastic.agreement`): the *source* is the
+   slot holding the newest boundary; a slot whose configuration or model
+   differs from the source's is refused (:class:`JoinRefused`, one line naming
+   the field) and the others go on without it; the ranks are the remaining
+   slots in order;
 4. the default process group is replaced (destroyed, then initialized on a
    store prefix of the round), and the source broadcasts its boundary state:
    ``theta_t``, outer momentum, controller and token mapper, and the caller's
@@ -37,154 +38,41 @@ see it at the same boundary) and reform with it.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
-from autoloco_hf.state.checkpoint import config_differences, config_json
+from autoloco_hf.integrations.elastic.agreement import (
+    NO_BOUNDARY,
+    Agreement,
+    Slot,
+    choose_source,
+    model_signature,
+    refusal,
+)
+from autoloco_hf.integrations.elastic.errors import JoinRefused, RoundFailed
+from autoloco_hf.integrations.elastic.store import STORE_TIMEOUTS, ask, cut_off, store_errors
+from autoloco_hf.state.checkpoint import config_json
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import peer_lost
 from autoloco_hf.sync.engine import IntervalEngine
 from autoloco_hf.sync.snapshot import check_snapshot_support, host_copy
 
-__all__ = [
-    "Agreement",
-    "JoinRefused",
-    "LiveMembership",
-    "MembershipChange",
-    "RoundFailed",
-    "StoreLost",
-    "etcd_store",
-    "model_signature",
-]
+__all__ = ["LiveMembership"]
 
 logger = logging.getLogger("autoloco_hf")
 
 PREFIX = "autoloco/"
-NO_BOUNDARY = -1  # a process that holds no boundary state (it has not trained in this run)
-
-
-class JoinRefused(AutoLoCoError, RuntimeError):
-    """This process may not join the run: its configuration or model differs from the run's (one line)."""
-
-
-class MembershipChange(AutoLoCoError, RuntimeError):
-    """Raised by a training loop at a boundary where every member saw a process waiting to join: reform there."""
-
-
-class RoundFailed(AutoLoCoError, RuntimeError):
-    """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
-
-
-class StoreLost(RoundFailed, SystemExit):
-    """The run's store failed or did not answer a request: this process is cut off (one line).
-
-    Also a ``SystemExit``: left uncaught it ends the process with its one line on stderr and
-    exit status 1, no traceback (docs/reliability.md, "Cut off from the store"). It is a
-    ``RoundFailed`` for code that catches that.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.code = message  # what the interpreter prints when it ends the process with it
-
-
-class _NoAnswer(AutoLoCoError, TimeoutError):
-    """A store request not done within ``store_timeout_s`` (a store error, not a round timeout)."""
-
-
-def _store_errors() -> tuple[type[BaseException], ...]:
-    """What a store raises when it cannot be reached: python-etcd's errors, torch's network errors, sockets."""
-    errors: tuple[type[BaseException], ...] = (torch.distributed.DistNetworkError, OSError)
-    try:
-        import etcd
-    except ImportError:  # a TCPStore run needs no python-etcd
-        return errors
-    return (*errors, etcd.EtcdException)
-
-
-# a wait that ran out: TCPStore raises DistStoreError, torch's EtcdStore LookupError
-_STORE_TIMEOUTS = (torch.distributed.DistStoreError, LookupError)
-
-
-def _cut_off(doing: str, err: BaseException) -> StoreLost:
-    first = str(err).splitlines()[0] if str(err) else ""
-    cause = first if isinstance(err, _NoAnswer) else f"{type(err).__name__}: {first[:200]}"
-    return StoreLost(
-        f"live membership: the run's store failed while {doing} ({cause}); "
-        "this process is cut off from the run and stops; the members that reach the store go on "
-        "without it from their last boundary, and the same command takes it in again later"
-    )
-
-
-def etcd_store(endpoints: str, run_id: str, timeout: datetime.timedelta) -> Any:
-    """The store of a run on an etcd cluster (``"host:port,host:port,..."``, every member): no single point of failure.
-
-    torch's ``EtcdStore`` over a ``python-etcd`` client that fails over between the members; the run's keys
-    live under ``/autoloco-live/<run_id>``. Raises :class:`EtcdUnreachable` (one line naming every endpoint)
-    when none answers; an endpoint that does not is named in a warning.
-    """
-    import etcd
-    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
-
-    hosts, silent = [], []
-    for endpoint in endpoints.split(","):
-        host, _, port = endpoint.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port, e.g. 10.0.0.1:2379")
-        hosts.append((host, int(port)))
-        try:
-            check_etcd(endpoint.strip())
-        except EtcdUnreachable as err:
-            silent.append(str(err))
-    if len(silent) == len(hosts):  # one line naming every endpoint; a start fails here, not after round_timeout_s
-        raise EtcdUnreachable(f"no etcd endpoint of {endpoints!r} answers: " + "; ".join(silent))
-    for reason in silent:  # the client fails over to the others; a member lost is what the cluster is for
-        logger.warning("live membership: %s", reason)
-    client = etcd.Client(host=tuple(hosts), protocol="http", allow_reconnect=True, read_timeout=5)
-    return EtcdStore(client, f"/autoloco-live/{run_id}", timeout)
-
-
-def model_signature(model: torch.nn.Module) -> str:
-    """Names, shapes and dtypes of the parameters: two processes may only train together when these agree."""
-    layout = [(name, list(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
-    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 
 
 class _GroupFailed(AutoLoCoError):
     """A closed round's process group did not form (a participant ended, or the store failed meanwhile)."""
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """A formed round: this process's place in it and the boundary state every member goes on from."""
-
-    round: int
-    rank: int
-    world_size: int
-    members: list[str]
-    state: dict[str, Any] | None  # the source's boundary state (None: no member had trained yet)
-    # this process's own state at that boundary (``attach(local_state=...)``; None if it does not hold that boundary)
-    local_state: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class _Slot:
-    slot: int
-    member_id: str
-    boundary: int
-    config: dict[str, Any]
-    model: str
 
 
 class LiveMembership:
@@ -278,16 +166,16 @@ class LiveMembership:
         try:
             deadline = time.monotonic() + self.round_timeout_s
             agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
-        except _store_errors() as err:
-            raise _cut_off("forming membership round 0", err) from None
+        except store_errors() as err:
+            raise cut_off("forming membership round 0", err) from None
         return agreement if agreement is not None else self.join()  # a slot too many: the run takes it in later
 
     def join(self) -> Agreement:
         """Wait for a round that admits this process (the members take it in at their next boundary)."""
         try:
             return self._join()
-        except _store_errors() as err:
-            raise _cut_off("waiting to join", err) from None
+        except store_errors() as err:
+            raise cut_off("waiting to join", err) from None
 
     def _join(self) -> Agreement:
         deadline = time.monotonic() + self.round_timeout_s
@@ -305,8 +193,8 @@ class LiveMembership:
         """
         try:
             return self._reform(lost)
-        except _store_errors() as err:
-            raise _cut_off(f"forming membership round {self.round + 1}", err) from None
+        except store_errors() as err:
+            raise cut_off(f"forming membership round {self.round + 1}", err) from None
 
     def _reform(self, lost: Sequence[int]) -> Agreement:
         # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
@@ -357,8 +245,8 @@ class LiveMembership:
         self._keep(engine)
         try:
             waiting = torch.tensor([float(self._ask("add", self._key(self.round + 1, "count"), 0))])
-        except _store_errors() as err:
-            raise _cut_off(f"looking for joining processes at step {engine.step}", err) from None
+        except store_errors() as err:
+            raise cut_off(f"looking for joining processes at step {engine.step}", err) from None
         try:  # every member must decide alike: the largest count any of them saw
             dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
         except RuntimeError as err:
@@ -368,30 +256,8 @@ class LiveMembership:
 
     # ------------------------------------------------------------------ one round
     def _ask(self, request: str, *args: Any) -> Any:
-        """``self.store.<request>(*args)`` within ``store_timeout_s`` (else :class:`_NoAnswer`).
-
-        A client cut off from the store's majority does not fail at once: python-etcd waits
-        for each endpoint in turn, and a minority member holds a write until its own timeout.
-        The request runs in a daemon thread; one that does not return in time is left behind
-        (the process is about to end with :class:`StoreLost`).
-        """
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["value"] = getattr(self.store, request)(*args)
-            except BaseException as err:  # handed to the caller's thread as it is
-                outcome["error"] = err
-
-        thread = threading.Thread(target=run, name=f"autoloco-store-{request}", daemon=True)
-        thread.start()
-        thread.join(self.store_timeout_s)
-        if thread.is_alive():
-            bound = f"store_timeout_s={self.store_timeout_s:g}"
-            raise _NoAnswer(f"no answer to {request} within {bound}")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
+        """``self.store.<request>(*args)`` within ``store_timeout_s`` (:func:`~.store.ask`)."""
+        return ask(self.store, self.store_timeout_s, request, *args)
 
     def _key(self, number: int, name: str) -> str:
         return f"{PREFIX}round{number}/{name}"
@@ -513,7 +379,7 @@ class LiveMembership:
         key = self._key(number, "confirmed")
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except _STORE_TIMEOUTS as err:
+        except STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} closed but no closer said which slots are alive within "
                 f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
@@ -523,39 +389,37 @@ class LiveMembership:
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except _STORE_TIMEOUTS as err:
+        except STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
                 f"of the run reached the store ({type(err).__name__}); the run may be over"
             ) from err
         return int(self._ask("get", key))
 
-    def _read_slot(self, number: int, slot: int, deadline: float) -> _Slot:
+    def _read_slot(self, number: int, slot: int, deadline: float) -> Slot:
         key = self._key(number, f"slot{slot}")
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
-        except _STORE_TIMEOUTS as err:
+        except STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
                 f"though it confirmed; the run may be over"
             ) from err
         info = json.loads(self._ask("get", key))
-        return _Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
+        return Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
 
-    def _enter(self, number: int, me: int, slots: list[_Slot]) -> Agreement:
+    def _enter(self, number: int, me: int, slots: list[Slot]) -> Agreement:
         import torch.distributed as dist
 
         mine = next(s for s in slots if s.slot == me)
-        source = self._source(number, mine, slots)
-        accepted = [s for s in slots if self._refusal(s, source) is None]
-        reason = self._refusal(mine, source)
+        source = choose_source(slots, number, self._launch_size, self.member_id)
+        accepted = [s for s in slots if refusal(s, source) is None]
+        reason = refusal(mine, source)
         if reason is not None:
             raise JoinRefused(f"{self.member_id} may not join the run (membership round {number}): {reason}")
         for slot in slots:
             if slot not in accepted:
-                logger.warning(
-                    "membership round %d: %s refused: %s", number, slot.member_id, self._refusal(slot, source)
-                )
+                logger.warning("membership round %d: %s refused: %s", number, slot.member_id, refusal(slot, source))
         rank, size = accepted.index(mine), len(accepted)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -586,49 +450,3 @@ class LiveMembership:
         local = self._local if state is not None and mine.boundary == source.boundary else None
         self.agreement = Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
         return self.agreement
-
-    def _source(self, number: int, mine: _Slot, slots: list[_Slot]) -> _Slot:
-        """The slot every member goes on from: the newest boundary; at a launch, the first of those who agree.
-
-        Before anyone trained, every boundary is the same, so arrival order would decide whose configuration is
-        the run's: one misconfigured process that starts early would train alone and refuse the others. Instead
-        the largest group of slots that agree decides, and only when it is a majority of ``world_size``.
-        """
-        trained = [s for s in slots if s.boundary != NO_BOUNDARY]
-        if trained:
-            return max(trained, key=lambda s: (s.boundary, -s.slot))
-        groups: list[list[_Slot]] = []
-        for slot in slots:
-            group = next((g for g in groups if self._refusal(slot, g[0]) is None), None)
-            if group is None:
-                groups.append([slot])
-            else:
-                group.append(slot)
-        largest = max(groups, key=len)  # the first of equal size: the same for every participant
-        world_size = self._launch_size or len(slots)
-        if 2 * len(largest) <= world_size:
-            one, other = largest[0], next(g for g in groups if g is not largest)[0]
-            differences = config_differences(one.config, other.config)
-            if differences:
-                name, ours, theirs = differences[0]
-                what = f"field config.{name} is {ours!r} at {one.member_id}, {theirs!r} at {other.member_id}"
-            else:
-                what = f"the models of {one.member_id} and {other.member_id} differ (names, shapes, dtypes)"
-            raise JoinRefused(
-                f"{self.member_id} may not start the run (membership round {number}): no majority of "
-                f"world_size={world_size} agrees ({len(largest)} of {len(slots)} process(es) do): {what}; "
-                "start every process with the same AutoLoCoConfig and model"
-            )
-        return largest[0]
-
-    def _refusal(self, slot: _Slot, source: _Slot) -> str | None:
-        """Why ``slot`` may not train with the ``source`` (one clause naming the field), or ``None``."""
-        differences = config_differences(source.config, slot.config)
-        if differences:
-            name, run, theirs = differences[0]
-            return (
-                f"field config.{name}={theirs!r} but the run has {name}={run!r}: start it with the run's AutoLoCoConfig"
-            )
-        if slot.model != source.model:
-            return "its model's parameters (names, shapes, dtypes) differ from the run's: start it with the run's model"
-        return None
