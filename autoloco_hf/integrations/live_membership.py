@@ -54,7 +54,7 @@ from autoloco_hf.integrations.etcd_check import EtcdUnreachable, check_etcd
 from autoloco_hf.state.checkpoint import config_differences, config_json
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import peer_lost
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.engine.engine import IntervalEngine
 from autoloco_hf.sync.snapshot import check_snapshot_support, host_copy
 
 __all__ = [

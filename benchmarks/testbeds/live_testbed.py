@@ -108,7 +108,7 @@ def run_worker(
     from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
     from autoloco_hf.integrations.live_membership import JoinRefused, LiveMembership, RoundFailed, etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.schedules.factory import make_engine
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)
