@@ -14,7 +14,7 @@ Glossary (one name per concept):
   (``ranks_per_worker``, mapped by ``integrations.groups.WorkerTopology``), or
   one of ``N`` replicas simulated inside one process.
 * local workers: the workers this process holds (``N`` simulated, else 1):
-  ``Communicator.local_workers``; ``sync.local_workers.LocalWorkers`` is the
+  ``Communicator.local_workers``; ``sync.workers.local_workers.LocalWorkers`` is the
   plain PyTorch training loop over them.
 * ``integrations.runtime.WorkerRuntime``: what one process needs under the
   Trainer or Accelerate (engine, DDP hook, token meter, checkpoint state).
@@ -30,7 +30,7 @@ Glossary (one name per concept):
 * control message: the float64 scalars each worker sends next to its
   pseudo-gradient (``sync.control.ControlMessage``).
 * payload bytes (the paper's logical count) and wire bytes (what a worker
-  really sends): ``sync.accounting``.
+  really sends): ``wire.accounting``.
 """
 
 from typing import Any
@@ -44,9 +44,9 @@ _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer.callback",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",
     "AutoLoCoArguments": "autoloco_hf.integrations.trainer.arguments",
-    "IntervalEngine": "autoloco_hf.sync.engine",
-    "make_engine": "autoloco_hf.sync.factory",
-    "LocalWorkers": "autoloco_hf.sync.local_workers",
+    "IntervalEngine": "autoloco_hf.sync.engine.engine",
+    "make_engine": "autoloco_hf.sync.schedules.factory",
+    "LocalWorkers": "autoloco_hf.sync.workers.local_workers",
     "SimulatedCommunicator": "autoloco_hf.sync.communicators",
     "ProcessGroupCommunicator": "autoloco_hf.sync.communicators",
 }

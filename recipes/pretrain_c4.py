@@ -5,7 +5,7 @@ truncated or padded to 1,024 tokens without packing, batch 128 per worker,
 8 workers (4 for the ablation), 50k steps, AdamW with a 1,000-step warm-up
 then cosine decay, validation on 4,096 C4 validation documents.
 
-Two modes, one training loop (:class:`~autoloco_hf.sync.local_workers.LocalWorkers`):
+Two modes, one training loop (:class:`~autoloco_hf.sync.workers.local_workers.LocalWorkers`):
 
 * ``simulated`` (the paper's main results): all ``--workers`` replicas in one
   process on one device, averaged by ``SimulatedCommunicator``;
@@ -316,7 +316,7 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
 
     from autoloco_hf.cli.report import RunWriter
     from autoloco_hf.state.checkpoint import read_state, write_state
-    from autoloco_hf.sync.local_workers import LocalWorkers
+    from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     launch = Launch(s)
     config = autoloco_config(s, a)

@@ -2,7 +2,7 @@
 
 Trains a tiny Llama (built from a config) on Python's own documentation text
 (``pydoc_data.topics``) with a BPE tokenizer trained on the spot, once per
-method, with ``N`` simulated workers (:class:`~autoloco_hf.sync.local_workers.LocalWorkers`
+method, with ``N`` simulated workers (:class:`~autoloco_hf.sync.workers.local_workers.LocalWorkers`
 + :class:`~autoloco_hf.sync.communicators.SimulatedCommunicator`). Every method starts from
 the same initialization and sees the same batches in the same order, so the
 differences in the table are the methods' own.
@@ -129,16 +129,16 @@ def train_method(
     ``sampler`` (anything with ``next_batches()``) replaces the demo's random
     windows; ``peak_lr`` is the inner AdamW's peak learning rate;
     ``batched_workers`` steps the workers as one batched computation
-    (:class:`~autoloco_hf.sync.batched_workers.BatchedWorkers`, recorded in the
+    (:class:`~autoloco_hf.sync.workers.batched_workers.BatchedWorkers`, recorded in the
     summary); ``extra`` goes into ``summary.json`` (the replication benchmark
     passes its own sampler, description and provenance).
     """
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss
-    from autoloco_hf.sync.batched_workers import BatchedWorkers
     from autoloco_hf.sync.communicators import make_communicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
+    from autoloco_hf.sync.workers.batched_workers import BatchedWorkers
+    from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     writer = RunWriter(f"{args.out}/{name}", name)
     workers = (BatchedWorkers if batched_workers else LocalWorkers)(

@@ -28,10 +28,6 @@ from typing import Any
 
 from autoloco_hf import rule_registry
 from autoloco_hf.config.choices import (
-    BLOCKWISE_WIRES,
-    GRID_WIRES,
-    LOSSY_WIRES,
-    MAX_TOPK_BLOCK,
     RECIPES,
     CodecKernel,
     Controller,
@@ -49,12 +45,11 @@ from autoloco_hf.config.fields import (
     Range,
     _checked,
     _fail,
-    _speed_changes,
-    _speed_list,
     field_types,
     option,
     suggest,
 )
+from autoloco_hf.config.relations import check_relations
 from autoloco_hf.config.scopes import FIELD_SCOPES
 from autoloco_hf.errors import ConfigError
 
@@ -294,12 +289,7 @@ class AutoLoCoConfig:
         self._check_scopes()  # before defaults are derived: only what the caller set is refused
         self._resolve_rule()
         self._derive_defaults()
-        self._check_horizon_domain()
-        self._check_outer_step()
-        self._check_communication()
-        self._check_overlap()
-        self._check_fragments()
-        self._check_pacing()
+        check_relations(self)
         if self.runs_horizon_rule:
             self.rule_class.check_config(self)
 
@@ -357,7 +347,7 @@ class AutoLoCoConfig:
         self.controller = Controller(name) if name in {c.value for c in Controller} else name
         self.rule_options = rule_registry.rule_options(self.controller, self.rule_options)
 
-    # -- defaults that depend on other fields, then the rules that relate fields ---------------------
+    # -- defaults that depend on other fields (the rules that relate them: relations.py) ------------
     def _derived_default(self, name: str) -> Any:
         """The value an unset (``None``) field of :data:`_DERIVED` takes, from the other fields (docs/algorithm.md §1, 4)."""
         if name == "q_h":  # h_base / 10, or the largest divisor of h_base below it
@@ -381,124 +371,6 @@ class AutoLoCoConfig:
         for name in _DERIVED:
             if getattr(self, name) is None:
                 setattr(self, name, self._derived_default(name))
-
-    def _check_horizon_domain(self) -> None:
-        if self.h_base % self.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
-            divisor = next(q for q in range(min(self.q_h, self.h_base), 0, -1) if self.h_base % q == 0)
-            _fail("q_h", self.q_h, f"it must divide h_base={self.h_base} (e.g. q_h={divisor})")
-        if self.h_min % self.q_h:  # else a reduction or fallback executes a horizon off the grid
-            nearest = max(self.h_min // self.q_h, 1) * self.q_h
-            _fail("h_min", self.h_min, f"it must be a multiple of q_h={self.q_h} (e.g. h_min={nearest})")
-        if self.h_min > self.h_base:
-            _fail("h_min", self.h_min, f"it must not exceed h_base={self.h_base} (h_min <= h_base <= h_max)")
-        if self.h_max < self.h_base:
-            _fail("h_max", self.h_max, f"it must be at least h_base={self.h_base} (h_min <= h_base <= h_max)")
-
-    def _check_outer_step(self) -> None:
-        if self.mu_min > self.mu_max:
-            _fail("mu_min", self.mu_min, f"it must not exceed mu_max={self.mu_max}")
-        if self.method == Method.AUTOLOCO and not self.mu_min <= self.outer_momentum <= self.mu_max:
-            _fail(
-                "outer_momentum",
-                self.outer_momentum,
-                f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{self.mu_min}, {self.mu_max}] (docs/algorithm.md §4)",
-            )
-
-    def _check_communication(self) -> None:
-        if self.codec_kernel == CodecKernel.COMPILED and self.wire_dtype.value not in GRID_WIRES:
-            _fail(
-                "codec_kernel",
-                self.codec_kernel.value,
-                f"the compiled kernel computes the codes of the {', '.join(GRID_WIRES)} wires, not "
-                f"wire_dtype={self.wire_dtype.value!r}: set codec_kernel='eager' or one of those wires",
-            )
-        if self.error_feedback and self.wire_dtype == WireDtype.FP32:
-            lossy = ", ".join(LOSSY_WIRES)
-            _fail("error_feedback", True, f"it only applies to a lossy wire: set wire_dtype to one of {lossy}")
-        if self.topk_fraction is not None and not self.wire_dtype.blockwise:
-            _fail(
-                "topk_fraction",
-                self.topk_fraction,
-                f"it sparsifies a blockwise wire: set wire_dtype to one of {BLOCKWISE_WIRES}, or topk_fraction=None",
-            )
-        if self.topk_fraction is not None and self.int8_block_size > MAX_TOPK_BLOCK:
-            _fail(
-                "int8_block_size",
-                self.int8_block_size,
-                f"with topk_fraction the offsets in a block travel as 16 bits: use int8_block_size <= {MAX_TOPK_BLOCK}",
-            )
-        if (
-            self.ranks_per_worker > 1
-            and not self.hierarchical_sync
-            and self.map_tokens
-            and self.method == Method.AUTOLOCO
-        ):
-            # each outer group would count only its own ranks' tokens and could map them to another horizon
-            # than the worker's other groups, splitting the worker (docs/algorithm.md §8.3)
-            _fail(
-                "hierarchical_sync",
-                False,
-                "with ranks_per_worker > 1 only the hierarchical layout sums the token counts over the worker: "
-                "keep hierarchical_sync=True or set map_tokens=False",
-            )
-
-    def _check_overlap(self) -> None:
-        """Overlap needs intervals and a merge due before the next boundary."""
-        if self.overlap == Overlap.NONE:
-            return
-        if not self.is_interval_method:
-            _fail(
-                "overlap", self.overlap, "DDP averages gradients every step: use overlap='none' or an interval method"
-            )
-        if self.overlap == Overlap.DELAYED and self.overlap_steps >= self.min_interval_steps:
-            _fail(
-                "overlap_steps",
-                self.overlap_steps,
-                f"the merge must land inside the next interval, whose shortest length for method={self.method} "
-                f"is {self.min_interval_steps} steps: use overlap_steps < {self.min_interval_steps}",
-            )
-
-    def _check_fragments(self) -> None:
-        """Fragments need intervals, one whole-model start point, and room for every fragment's sync (and merge)."""
-        if self.fragments == 1:
-            return
-        if not self.is_interval_method:
-            _fail("fragments", self.fragments, "DDP averages gradients every step: use fragments=1")
-        refusals = {
-            "overlap": (
-                self.overlap == Overlap.EAGER,
-                "eager overlap does not combine with fragments > 1: use overlap='delayed'",
-            ),
-        }
-        for name, (refused, fix) in refusals.items():
-            if refused:
-                _fail(name, getattr(self, name), f"with fragments={self.fragments}, {fix}")
-        needed = self.fragments * (self.fragment_delay + 1)
-        if self.min_interval_steps < needed:
-            _fail(
-                "fragments",
-                self.fragments,
-                f"each of the {self.fragments} fragments needs {self.fragment_delay + 1} step(s) of the interval "
-                f"(its sync{' and its merge' if self.fragment_delay else ''}), so intervals must be at least "
-                f"{needed} steps but method={self.method} plans {self.min_interval_steps}: use fragments <= "
-                f"{max(self.min_interval_steps // (self.fragment_delay + 1), 1)} or longer intervals",
-            )
-
-    def _check_pacing(self) -> None:
-        """Speeds as positive numbers, one list, and the speed changes of those workers (docs/algorithm.md §13)."""
-        if self.worker_speeds is not None:
-            self.worker_speeds = _speed_list(self.worker_speeds)
-        if self.speed_changes is not None:
-            if self.worker_speeds is None:
-                _fail("speed_changes", self.speed_changes, "it changes worker_speeds: set worker_speeds too")
-            self.speed_changes = _speed_changes(self.speed_changes, len(self.worker_speeds))
-        if self.pacing == Pacing.BUDGET and self.ranks_per_worker > 1 and not self.hierarchical_sync:
-            _fail(
-                "hierarchical_sync",
-                self.hierarchical_sync,
-                "pacing='budget' with ranks_per_worker > 1 agrees a worker's speed over its ranks in the "
-                "hierarchical sync: use hierarchical_sync=True (the default)",
-            )
 
     # -- derived properties -------------------------------------------------
     @property

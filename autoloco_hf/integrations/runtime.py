@@ -4,7 +4,7 @@
 (DDP or FSDP2) and the optimizer exists. It takes over DDP's per-step gradient
 all-reduce (nothing, or an average inside the worker group, docs/algorithm.md
 §8.3), counts tokens and losses from the model's forward, and feeds the engine
-of :func:`~autoloco_hf.sync.factory.make_engine` once per true optimizer step.
+of :func:`~autoloco_hf.sync.schedules.factory.make_engine` once per true optimizer step.
 While a checkpoint is written the model holds ``theta_t``
 (:meth:`WorkerRuntime.show_global_parameters`), so the framework's model file is
 the model every worker agreed on; this rank's own replica goes into its state
@@ -27,8 +27,8 @@ from autoloco_hf.integrations.groups import WorkerTopology, build_topology, fsdp
 from autoloco_hf.state.checkpoint import check_layout, read_state, write_state
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-from autoloco_hf.sync.factory import Engine, make_engine
 from autoloco_hf.sync.pacing import VirtualClock
+from autoloco_hf.sync.schedules.factory import Engine, make_engine
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot, check_snapshot_support
 
 logger = hf_logging.get_logger(__name__)

@@ -36,7 +36,7 @@ from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.state import checkpoint
 from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError, read_shared_state
 from autoloco_hf.state.records import IntervalRecord
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.engine.engine import IntervalEngine
 
 __all__ = [
     "BoundarySnapshot",

@@ -13,7 +13,7 @@ campaign longer than one call goes on in the next one.
 
 The runs of one seed share the initialization, the batches and the inner
 schedule, so up to ``--runs-per-group`` of them train as one batched
-computation (:class:`~autoloco_hf.sync.batched_workers.BatchedRuns`: one
+computation (:class:`~autoloco_hf.sync.workers.batched_workers.BatchedRuns`: one
 vmapped forward/backward and one AdamW over ``runs x workers`` stacked
 replicas, each run with its own sync engine); ``--per-worker-loop`` trains
 them one by one with the loop of ``LocalWorkers`` instead. Before training it
@@ -151,9 +151,9 @@ def probe_seconds_per_step(
     sizes: Sizes, corpus: replicate.Corpus, device: torch.device, runs: int, per_worker_loop: bool
 ) -> float:
     """Seconds of one optimizer step of every worker of ``runs`` runs (DiLoCo H_base), after a warm-up."""
-    from autoloco_hf.sync.batched_workers import BatchedRuns
     from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
+    from autoloco_hf.sync.workers.batched_workers import BatchedRuns
+    from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     model = tiny_llama(
         len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
@@ -213,7 +213,7 @@ def train_group(
 
     from autoloco_hf.cli.demo_data import eval_windows, mean_loss
     from autoloco_hf.cli.report import RunWriter
-    from autoloco_hf.sync.batched_workers import BatchedRuns
+    from autoloco_hf.sync.workers.batched_workers import BatchedRuns
 
     folders = [frontier.run_dir(args.out, frontier.Regime.IID, seed, p) for p in points]
     writers = [RunWriter(str(folder), p.name) for folder, p in zip(folders, points)]

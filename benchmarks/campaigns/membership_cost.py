@@ -38,8 +38,8 @@ from toy import VOCAB, batch_for, cosine  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.sync.communicators import SimulatedCommunicator  # noqa: E402
-from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
 from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
+from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
 
 STEPS, WARMUP, WORKERS, FAULT_STEP = 160, 10, 4, 61
 CONFIG = AutoLoCoConfig(method="diloco", h_base=8)

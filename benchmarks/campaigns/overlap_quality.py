@@ -79,7 +79,7 @@ EVAL_BATCH = 32
 def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> dict[str, Any]:
     from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss, tiny_llama
     from autoloco_hf.sync.communicators import make_communicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
+    from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     warmup = max(1, round(0.02 * args.steps))
     fields = VARIANTS[name][1]

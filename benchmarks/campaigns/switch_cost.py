@@ -44,8 +44,8 @@ from autoloco_hf.cli import demo  # noqa: E402
 from autoloco_hf.cli.demo_data import eval_windows, mean_loss, tiny_llama  # noqa: E402
 from autoloco_hf.cli.report import RunWriter  # noqa: E402
 from autoloco_hf.config import AutoLoCoConfig, ValueEnum  # noqa: E402
-from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
 from autoloco_hf.sync.outer import OuterOptimizer  # noqa: E402
+from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
 
 
 class Treatment(ValueEnum):

@@ -45,7 +45,7 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.config import Pacing, ValueEnum
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 VOCAB, SEQ, BATCH, HIDDEN, SUCCESSORS = 32, 32, 8, 32, 4
 PEAK_LR = 1e-2

@@ -38,7 +38,7 @@ from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.algorithm.schedule import warmup_cosine  # noqa: E402
 from autoloco_hf.config import Pacing  # noqa: E402
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402
-from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
 
 
 def free_port() -> int:

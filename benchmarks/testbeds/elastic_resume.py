@@ -33,8 +33,8 @@ from toy import adamw, batch_for, cosine, make_model  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.sync.communicators import SimulatedCommunicator  # noqa: E402
-from autoloco_hf.sync.local_workers import LocalWorkers  # noqa: E402
 from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
+from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
 
 STEPS, WARMUP, WORKERS = 160, 10, 4
 CONFIGS = {

@@ -834,7 +834,7 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import FunctionSchedule
     from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.schedules.factory import make_engine
 
     workers, r = layout
     world, name = workers * r, _layout_name(layout)

@@ -110,7 +110,7 @@ def run_worker(
     from autoloco_hf.integrations.elastic.membership import LiveMembership
     from autoloco_hf.integrations.elastic.store import etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
-    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.schedules.factory import make_engine
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)

@@ -967,7 +967,7 @@ def torchft_worker(spec: dict[str, Any]) -> int:
     from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.sync.fragments import split_fragments
+    from autoloco_hf.sync.engine.fragments import split_fragments
 
     node, nodes = int(os.environ["ALH_WAN_NODE"]), spec["nodes"]
     h_base, fragments = spec["h_base"], max(spec["fragments"], 1)

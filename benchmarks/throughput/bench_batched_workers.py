@@ -2,8 +2,8 @@
 
 Not a test. Trains the tiny Llama of ``benchmarks/campaigns/replicate.py`` (batch 2 x 64 tokens per
 worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
-:class:`~autoloco_hf.sync.local_workers.LocalWorkers` (``loop``),
-:class:`~autoloco_hf.sync.batched_workers.BatchedWorkers` (``batched``) and, with
+:class:`~autoloco_hf.sync.workers.local_workers.LocalWorkers` (``loop``),
+:class:`~autoloco_hf.sync.workers.batched_workers.BatchedWorkers` (``batched``) and, with
 ``--compile``, the batched step's vmapped loss under ``torch.compile`` (``compiled``). The
 variants alternate block by block (one block = one interval of 10 steps), so a shared
 machine's load hits all of them alike; the JSON keeps every block's seconds per step::
@@ -29,9 +29,9 @@ import torch
 
 from autoloco_hf.cli.demo import PEAK_LR, SEQ_LEN, WEIGHT_DECAY, scaled_config
 from autoloco_hf.cli.demo_data import tiny_llama
-from autoloco_hf.sync.batched_workers import BatchedWorkers
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.batched_workers import BatchedWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 VOCAB, HEADS, BATCH, H = 1024, 4, 2, 10  # replicate.py's model and batch; DiLoCo at H_base 10
 VARIANTS = ("loop", "batched", "compiled")

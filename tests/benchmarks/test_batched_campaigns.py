@@ -1,7 +1,7 @@
 """The campaigns' batched workers reproduce their per-worker loop: frontier.py's switch, the GPU dry run.
 
 Tolerance: the batched step matches the loop within float rounding
-(tests/sync/test_batched_workers.py). Measured here (2 runs of frontier.py, 3 of the GPU
+(tests/sync/workers/test_batched_workers.py). Measured here (2 runs of frontier.py, 3 of the GPU
 dry run): the validation losses identical, the final training losses (mean of the last
 2 % of steps) within 4.8e-7, the sync counts equal. ``LOSS_TOL`` sits a margin above.
 The break tried: every run of a batched group logged run 0's losses (6.60 against 6.39).

@@ -30,7 +30,7 @@ from autoloco_hf.cli.report import (
 )
 from autoloco_hf.state.records import RunTotals, read_jsonl
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:

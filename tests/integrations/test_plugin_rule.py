@@ -16,7 +16,7 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.config import ConfigError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.schedules.factory import make_engine
 
 HERE = Path(__file__).parent
 RULE = dict(method="autoloco", controller="fixed_schedule", rule_module="fixed_schedule_rule")

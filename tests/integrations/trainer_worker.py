@@ -97,7 +97,7 @@ def simulated_twin(config: AutoLoCoConfig, steps: int):
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.sync.communicators import SimulatedCommunicator
-    from autoloco_hf.sync.local_workers import LocalWorkers
+    from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     torch.set_num_threads(1)
     return LocalWorkers(

@@ -23,7 +23,7 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
 from autoloco_hf.sync.communicators import HierarchicalCommunicator, ProcessGroupCommunicator, make_communicator
-from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.schedules.factory import make_engine
 
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")

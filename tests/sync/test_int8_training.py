@@ -39,7 +39,7 @@ import torch
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 pytestmark = pytest.mark.slow
 

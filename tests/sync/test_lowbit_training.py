@@ -19,7 +19,7 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state.checkpoint import ConfigMismatchError
 from autoloco_hf.sync.communicators import make_communicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.wire import formats
 
 STEPS, WARMUP, WORKERS = 36, 4, (0, 1)

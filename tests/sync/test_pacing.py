@@ -15,9 +15,9 @@ from toy import adamw, batch_for, cosine, make_model
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import SimulatedCommunicator, worker_label
-from autoloco_hf.sync.factory import make_engine
-from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.pacing import BudgetPacer, InconsistentCounts
+from autoloco_hf.sync.schedules.factory import make_engine
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 HOST = socket.gethostname()  # simulated workers live in this process: worker i is rank i on this host
 STATISTICS = ("drift_energy", "coherence", "normalized_drift", "lr_mass", "mean_loss", "mu", "eta", "tokens")

@@ -11,7 +11,7 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import Communicator, ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 STEPS = 24
 # rank 1 at half speed, then at a quarter from step 12: each process reads its own entry of the shared lists

@@ -22,7 +22,7 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
 from autoloco_hf.sync.communicators import SimulatedCommunicator, make_communicator
-from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.schedules.factory import make_engine
 
 STEPS, R, WORKERS = 24, 2, 2
 SECONDS_PER_STEP = [[1.0, 1.0], [1.0, 2.0]]  # [worker][rank in worker]

@@ -47,7 +47,7 @@ import torch
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state.records import read_jsonl
 from autoloco_hf.sync.communicators import make_communicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REGENERATE = "python tests/sync/test_recorded_trajectories.py --regenerate"

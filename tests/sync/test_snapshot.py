@@ -17,8 +17,8 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state import checkpoint
 from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
 AUTOLOCO = AutoLoCoConfig(

@@ -15,8 +15,8 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 CONFIG = AutoLoCoConfig(
     method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}

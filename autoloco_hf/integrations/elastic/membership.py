@@ -61,7 +61,7 @@ from autoloco_hf.integrations.elastic.store import STORE_TIMEOUTS, ask, cut_off,
 from autoloco_hf.state.checkpoint import config_json
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import peer_lost
-from autoloco_hf.sync.engine import IntervalEngine
+from autoloco_hf.sync.engine.engine import IntervalEngine
 from autoloco_hf.sync.snapshot import check_snapshot_support, host_copy
 
 __all__ = ["LiveMembership"]

@@ -182,7 +182,8 @@ class AutoLoCoCallback(TrainerCallback):
             :func:`~autoloco_hf.integrations.trainer.live.train_live` (docs/reliability.md).
 
     Attributes after ``on_train_begin``: ``runtime`` (:class:`WorkerRuntime`), ``engine``
-    (:class:`~autoloco_hf.sync.engine.IntervalEngine`; ``engine.totals`` holds syncs and bytes).
+    (:class:`~autoloco_hf.sync.engine.engine.IntervalEngine`; ``engine.totals`` holds syncs
+    and bytes).
     """
 
     def __init__(

@@ -22,8 +22,8 @@ from transformers import get_cosine_schedule_with_warmup
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
 from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_paths, step_of
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from test_overlap import config as overlap_config
 from test_overlap import runner_for  # the same toy run (STEPS 40, warm-up 4)
 from toy import TIMING_FIELDS, batch_for
 
-import autoloco_hf.sync.factory as factory
+import autoloco_hf.sync.schedules.factory as factory
 from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.fragments import fragment_event_offset, on_local_tensors, split_fragments
-from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.streaming import FragmentSchedule
+from autoloco_hf.sync.engine.fragments import fragment_event_offset, on_local_tensors, split_fragments
+from autoloco_hf.sync.schedules.streaming import FragmentSchedule
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.wire.accounting import payload_bytes
 
 STEPS, WARMUP = 40, 4

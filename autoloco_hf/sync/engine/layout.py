@@ -13,7 +13,7 @@ import torch
 
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.fragments import Fragment, on_local_tensors, split_fragments
+from autoloco_hf.sync.engine.fragments import Fragment, on_local_tensors, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer
 from autoloco_hf.wire.accounting import payload_bytes
 from autoloco_hf.wire.codec import ErrorFeedback, WireCodec

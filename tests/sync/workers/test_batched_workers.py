@@ -1,4 +1,4 @@
-"""Batched simulated workers reproduce the per-worker loop (autoloco_hf/sync/batched_workers.py).
+"""Batched simulated workers reproduce the per-worker loop (sync/workers/batched_workers.py).
 
 Tolerances: vmap batches the matmuls and the loss reductions, so bit-identity is not
 promised. Measured on this test's model (torch 2.13, CPU): the parameters came out
@@ -19,9 +19,9 @@ from transformers import get_cosine_schedule_with_warmup
 from autoloco_hf.cli.demo import scaled_config
 from autoloco_hf.cli.demo_data import tiny_llama
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.sync.batched_workers import BatchedRuns, BatchedWorkers
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.batched_workers import BatchedRuns, BatchedWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 WORKERS, STEPS, H_BASE, VOCAB, SEQ = 4, 16, 4, 128, 16
 LOSS_TOL, PARAM_TOL = 1e-5, 1e-5

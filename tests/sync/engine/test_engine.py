@@ -14,7 +14,7 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.policies import FixedPolicy
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 
 def train(
@@ -280,7 +280,7 @@ def test_ddp_averages_gradients_every_step():
 def test_engine_rejects_mismatched_worker_count():
     with pytest.raises(ValueError, match="SimulatedCommunicator"):
         from autoloco_hf.algorithm.schedule import FunctionSchedule
-        from autoloco_hf.sync.factory import make_engine
+        from autoloco_hf.sync.schedules.factory import make_engine
 
         make_engine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
 
@@ -311,7 +311,7 @@ def test_int8_error_feedback_carries_the_residual_and_resumes():
 
 def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.schedules.factory import make_engine
 
     engine = make_engine(
         AutoLoCoConfig(method="diloco", h_base=2),
@@ -356,7 +356,7 @@ def test_gradient_clipping_and_last_losses():
 
 def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.factory import make_engine
+    from autoloco_hf.sync.schedules.factory import make_engine
 
     with pytest.raises(ValueError, match="wire_dtype='int8'"):
         make_engine(
@@ -370,9 +370,9 @@ def test_engine_rejects_a_communicator_with_another_wire_than_the_config():
 
 def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
     from autoloco_hf.algorithm.schedule import FunctionSchedule
-    from autoloco_hf.sync.engine import BlockingSchedule, IntervalEngine
-    from autoloco_hf.sync.factory import make_engine
-    from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
+    from autoloco_hf.sync.engine.engine import BlockingSchedule, IntervalEngine
+    from autoloco_hf.sync.schedules.factory import make_engine
+    from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
 
     schedule = FunctionSchedule(lambda s: 1e-2, 4)
     engine = make_engine(AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4)

@@ -12,7 +12,7 @@ from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.state.checkpoint import check_config
 from autoloco_hf.state.records import IntervalRecord, RunTotals
 from autoloco_hf.sync.communicators import Communicator, Traffic
-from autoloco_hf.sync.engine import check_workers
+from autoloco_hf.sync.engine.engine import check_workers
 from autoloco_hf.sync.outer import broadcast_initial_parameters
 from autoloco_hf.wire.accounting import payload_bytes, wire_bytes_sent
 
@@ -22,7 +22,7 @@ __all__ = ["GradientAveragingEngine"]
 class GradientAveragingEngine:
     """Counts the steps and the per-step FP32 gradient all-reduce of the DDP baseline.
 
-    It has the read side of :class:`~autoloco_hf.sync.engine.IntervalEngine` (``step``,
+    It has the read side of :class:`~autoloco_hf.sync.engine.engine.IntervalEngine` (``step``,
     ``totals``, ``records``, ``current_interval``, ``state_dict``), so callers need no branch
     beyond :attr:`averages_gradients`.
     """

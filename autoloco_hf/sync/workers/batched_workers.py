@@ -1,6 +1,6 @@
 """Simulated workers stepped as one batched computation, for the campaigns on one device.
 
-:class:`~autoloco_hf.sync.local_workers.LocalWorkers` steps its ``N`` replicas one after
+:class:`~autoloco_hf.sync.workers.local_workers.LocalWorkers` steps its ``N`` replicas one after
 the other: ``N`` forward/backward passes and ``N`` AdamW steps per optimizer step, each a
 Python round trip (on a GPU, a string of small kernel launches). Here each parameter is
 stacked across the replicas into one ``[R, ...]`` leaf tensor. One ``torch.vmap`` of
@@ -12,7 +12,7 @@ the same learning rate, weight decay, eps and step count (bias correction).
 Each replica's ``nn.Module`` keeps parameters that are views into the stacked tensors,
 so the sync engine reads and writes them in place as it does ``LocalWorkers``'. Results
 match the per-worker loop within float rounding, not bit for bit: batched kernels may
-reduce in another order (tests/sync/test_batched_workers.py measures the difference).
+reduce in another order (tests/sync/workers/test_batched_workers.py measures the difference).
 
 :class:`BatchedWorkers` is ``LocalWorkers`` with that step (one run).
 :class:`BatchedRuns` steps several runs that share the initial model, the batches, the
@@ -34,8 +34,8 @@ from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig, Pacing
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import Communicator, SimulatedCommunicator
-from autoloco_hf.sync.factory import make_engine
-from autoloco_hf.sync.local_workers import (
+from autoloco_hf.sync.schedules.factory import make_engine
+from autoloco_hf.sync.workers.local_workers import (
     LocalWorkers,
     LossFn,
     batch_tokens,

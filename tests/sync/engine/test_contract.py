@@ -10,11 +10,11 @@ import torch
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
-from autoloco_hf.sync import factory
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.contract import Engine
-from autoloco_hf.sync.engine import IntervalEngine
-from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
+from autoloco_hf.sync.engine.contract import Engine
+from autoloco_hf.sync.engine.engine import IntervalEngine
+from autoloco_hf.sync.schedules import factory
+from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
 
 
 def engine_of(method: str) -> Engine:
@@ -55,7 +55,7 @@ def test_factory_engine_is_the_protocol() -> None:
             "make_communicator peer_lost sum_in_worker_order worker_label",
         ),
         (
-            "autoloco_hf.sync.engine",
+            "autoloco_hf.sync.engine.engine",
             "Aggregate BlockingSchedule BoundaryListener ClosedInterval Collected InFlight "
             "IntervalCounters IntervalEngine OuterStep OuterStepHook SyncSchedule "
             "TooManyInvalidIntervals WorkerDisagreement check_workers pending_from_state "

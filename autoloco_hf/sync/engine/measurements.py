@@ -14,7 +14,7 @@ import torch
 from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval
 from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.interval_state import IntervalCounters
+from autoloco_hf.sync.engine.interval_state import IntervalCounters
 from autoloco_hf.sync.outer import OuterOptimizer
 
 __all__ = ["DisplacementMeasurements"]

@@ -17,10 +17,10 @@ from autoloco_hf.algorithm.policies import AutoLoCoPolicy, IntervalOutcome
 from autoloco_hf.algorithm.rules.decisions import Assessment
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.engine import BlockingSchedule
-from autoloco_hf.sync.factory import make_engine
-from autoloco_hf.sync.local_workers import LocalWorkers
-from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
+from autoloco_hf.sync.engine.engine import BlockingSchedule
+from autoloco_hf.sync.schedules.factory import make_engine
+from autoloco_hf.sync.schedules.overlap import DelayedSchedule, EagerSchedule
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 STEPS, WARMUP = 40, 4
 
@@ -368,7 +368,7 @@ def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
 def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
     """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (§5.2)."""
-    from autoloco_hf.sync.engine import TooManyInvalidIntervals
+    from autoloco_hf.sync.engine.engine import TooManyInvalidIntervals
 
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap=overlap, max_consecutive_invalid=2)
     models = [torch.nn.Linear(3, 1) for _ in range(2)]

@@ -14,22 +14,22 @@ methods:
 5. :meth:`~IntervalEngine.record`: the record, the totals, the boundary listeners.
 
 The engine delegates to small collaborators it owns: the layout of this rank's
-part of the model (:mod:`~autoloco_hf.sync.layout`), the aggregation
-(:mod:`~autoloco_hf.sync.aggregation`), the rule's measurements
-(:mod:`~autoloco_hf.sync.measurements`); the interval's state types live in
-:mod:`~autoloco_hf.sync.interval_state`. *When* the stages run is a
+part of the model (:mod:`~autoloco_hf.sync.engine.layout`), the aggregation
+(:mod:`~autoloco_hf.sync.engine.aggregation`), the rule's measurements
+(:mod:`~autoloco_hf.sync.engine.measurements`); the interval's state types live in
+:mod:`~autoloco_hf.sync.engine.interval_state`. *When* the stages run is a
 :class:`SyncSchedule` strategy: :class:`BlockingSchedule` here, the delayed and
-eager ones in :mod:`autoloco_hf.sync.overlap`, streaming fragments in
-:mod:`autoloco_hf.sync.streaming`. Build an engine with
-:func:`autoloco_hf.sync.factory.make_engine`, which also picks the DDP baseline;
-both engines implement :class:`autoloco_hf.sync.contract.Engine`.
+eager ones in :mod:`autoloco_hf.sync.schedules.overlap`, streaming fragments in
+:mod:`autoloco_hf.sync.schedules.streaming`. Build an engine with
+:func:`autoloco_hf.sync.schedules.factory.make_engine`, which also picks the DDP baseline;
+both engines implement :class:`autoloco_hf.sync.engine.contract.Engine`.
 
 Example (two simulated workers on a toy regression)::
 
     >>> import torch
     >>> from autoloco_hf import AutoLoCoConfig
     >>> from autoloco_hf.sync.communicators import SimulatedCommunicator
-    >>> from autoloco_hf.sync.factory import make_engine
+    >>> from autoloco_hf.sync.schedules.factory import make_engine
     >>> from autoloco_hf.algorithm.schedule import FunctionSchedule
     >>> torch.manual_seed(0) and None
     >>> models = [torch.nn.Linear(4, 1) for _ in range(2)]
@@ -64,12 +64,12 @@ from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing
 from autoloco_hf.state.checkpoint import check_config
 from autoloco_hf.state.records import IntervalRecord, JsonlWriter, RunTotals
-from autoloco_hf.sync.aggregation import Aggregation
 from autoloco_hf.sync.communicators import AverageResult, Communicator
-from autoloco_hf.sync.contract import SyncSchedule, check_workers
 from autoloco_hf.sync.control import WorkerDisagreement
-from autoloco_hf.sync.fragments import Fragment
-from autoloco_hf.sync.interval_state import (
+from autoloco_hf.sync.engine.aggregation import Aggregation
+from autoloco_hf.sync.engine.contract import SyncSchedule, check_workers
+from autoloco_hf.sync.engine.fragments import Fragment
+from autoloco_hf.sync.engine.interval_state import (
     Aggregate,
     ClosedInterval,
     Collected,
@@ -80,13 +80,13 @@ from autoloco_hf.sync.interval_state import (
     pending_state,
     warn_if_not_previewed,
 )
-from autoloco_hf.sync.invalid_intervals import (
+from autoloco_hf.sync.engine.invalid_intervals import (
     TooManyInvalidIntervals,
     report_invalid,
     reset_nonfinite_state,
 )
-from autoloco_hf.sync.layout import SyncLayout, build_outer_state
-from autoloco_hf.sync.measurements import DisplacementMeasurements
+from autoloco_hf.sync.engine.layout import SyncLayout, build_outer_state
+from autoloco_hf.sync.engine.measurements import DisplacementMeasurements
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters
 from autoloco_hf.sync.pacing import make_pacer
 
@@ -269,7 +269,7 @@ class IntervalEngine:
         steps: Sequence[int] | None = None,
         seconds: Sequence[float] | None = None,
     ) -> IntervalRecord | None:
-        """See :meth:`autoloco_hf.sync.contract.Engine.after_optimizer_step`; the schedule syncs."""
+        """See :meth:`autoloco_hf.sync.engine.contract.Engine.after_optimizer_step`; the schedule syncs."""
         if self.step >= self.total_steps:
             budget = self.total_steps
             raise RuntimeError(f"step {self.step} is past the training budget of {budget} steps")

@@ -15,7 +15,7 @@ import torch
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.factory import make_engine
+from autoloco_hf.sync.schedules.factory import make_engine
 
 
 def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: int = 0, workers: int = 2):

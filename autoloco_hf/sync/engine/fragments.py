@@ -1,6 +1,6 @@
 """Streaming fragments: the flat model in ``F`` contiguous pieces, each synchronized at its own step (docs/algorithm.md §12).
 
-Pure layout and timing rules; :class:`~autoloco_hf.sync.fragment_schedule.FragmentSchedule`
+Pure layout and timing rules; :class:`~autoloco_hf.sync.schedules.streaming.FragmentSchedule`
 runs the engine's stages on them.
 
 Example::

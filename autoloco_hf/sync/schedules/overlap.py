@@ -28,7 +28,7 @@ import torch
 from autoloco_hf.config import Overlap
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.control import ControlMessage
-from autoloco_hf.sync.engine import Aggregate, ClosedInterval, InFlight, IntervalEngine, OuterStep
+from autoloco_hf.sync.engine.engine import Aggregate, ClosedInterval, InFlight, IntervalEngine, OuterStep
 from autoloco_hf.sync.outer import flatten_fp32
 from autoloco_hf.wire.formats.base import true_divide
 

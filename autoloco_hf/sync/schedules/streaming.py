@@ -1,7 +1,7 @@
 """The streaming schedule: fragment ``f`` of every interval synchronized at its own step (docs/algorithm.md §12).
 
 With ``fragments = F`` the flat model is split into ``F`` pieces
-(:func:`~autoloco_hf.sync.fragments.split_fragments`). Inside an interval of
+(:func:`~autoloco_hf.sync.engine.fragments.split_fragments`). Inside an interval of
 ``H`` steps starting at ``s``, fragment ``f`` is synchronized at step
 ``s + ceil((f + 1) H / F)`` (in the budget's last interval: every fragment at its
 end), so the last one closes the interval at its boundary. At its step a
@@ -30,7 +30,7 @@ from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import Overlap
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import PendingAverage
-from autoloco_hf.sync.engine import (
+from autoloco_hf.sync.engine.engine import (
     ClosedInterval,
     Collected,
     IntervalEngine,
@@ -38,7 +38,7 @@ from autoloco_hf.sync.engine import (
     pending_from_state,
     pending_state,
 )
-from autoloco_hf.sync.fragments import Fragment, fragment_event_offset
+from autoloco_hf.sync.engine.fragments import Fragment, fragment_event_offset
 
 __all__ = ["FragmentFlight", "FragmentSchedule"]
 

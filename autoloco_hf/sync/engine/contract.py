@@ -1,8 +1,8 @@
 """The contracts of the sync layer, each written once: engines and sync schedules.
 
 :class:`Engine` is what the integrations may call on any engine. Two implement
-it: :class:`~autoloco_hf.sync.engine.IntervalEngine` (DiLoCo-style intervals)
-and :class:`~autoloco_hf.sync.gradient_averaging.GradientAveragingEngine` (the
+it: :class:`~autoloco_hf.sync.engine.engine.IntervalEngine` (DiLoCo-style intervals)
+and :class:`~autoloco_hf.sync.schedules.gradient_averaging.GradientAveragingEngine` (the
 DDP baseline); a caller typed against it needs no branch beyond
 :attr:`Engine.averages_gradients`. :class:`SyncSchedule` is what the interval
 engine asks of a schedule. :func:`check_workers` is the precondition both
@@ -20,11 +20,11 @@ from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.state.records import IntervalRecord, RunTotals
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.interval_state import InFlight
+from autoloco_hf.sync.engine.interval_state import InFlight
 from autoloco_hf.sync.outer import OuterOptimizer
 
 if TYPE_CHECKING:
-    from autoloco_hf.sync.engine import IntervalEngine
+    from autoloco_hf.sync.engine.engine import IntervalEngine
 
 __all__ = ["Engine", "SyncSchedule", "check_workers"]
 
@@ -94,7 +94,7 @@ class SyncSchedule(Protocol):
     A schedule calls the engine's public stages only, and keeps its own state
     (what is in flight, per-worker start points) in :meth:`state_dict`. A new
     schedule is one more class with these members and one more branch in
-    ``make_engine``, as the streaming fragments' (:mod:`autoloco_hf.sync.streaming`).
+    ``make_engine``, as the streaming fragments' (:mod:`autoloco_hf.sync.schedules.streaming`).
     """
 
     mode: Overlap

@@ -9,7 +9,7 @@ from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.local_workers import LocalWorkers
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 STEPS, WARMUP = 70, 6
 

@@ -1,8 +1,8 @@
 """A plain PyTorch training loop for the workers of one process (docs/algorithm.md §8.4).
 
 :class:`LocalWorkers` owns the process's worker replicas, each with its own
-inner optimizer and LR scheduler, and the engine (:func:`~autoloco_hf.sync.factory.make_engine`)
-that synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
+inner optimizer and LR scheduler, and the engine
+(:func:`~autoloco_hf.sync.schedules.factory.make_engine`) that synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
 replicas (the paper's simulation on one device); with
 :class:`ProcessGroupCommunicator` it holds the one worker of this process.
 Both run the same code, so the two modes give the same parameters.
@@ -38,8 +38,8 @@ from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.factory import make_engine
 from autoloco_hf.sync.pacing import VirtualClock
+from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -76,7 +76,8 @@ class LocalWorkers:
         total_steps: training budget in optimizer steps.
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
         max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
-        warmup_steps, records_path, on_record, policy_factory: passed to :func:`~autoloco_hf.sync.factory.make_engine`.
+        warmup_steps, records_path, on_record, policy_factory: passed to
+            :func:`~autoloco_hf.sync.schedules.factory.make_engine`.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
             boundary (pass it on one process only); :meth:`close` waits for the last one.
 

@@ -10,11 +10,11 @@ from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.contract import Engine
-from autoloco_hf.sync.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
-from autoloco_hf.sync.gradient_averaging import GradientAveragingEngine
-from autoloco_hf.sync.overlap import DelayedSchedule, EagerSchedule
-from autoloco_hf.sync.streaming import FragmentSchedule
+from autoloco_hf.sync.engine.contract import Engine
+from autoloco_hf.sync.engine.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
+from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
+from autoloco_hf.sync.schedules.overlap import DelayedSchedule, EagerSchedule
+from autoloco_hf.sync.schedules.streaming import FragmentSchedule
 
 __all__ = ["Engine", "make_engine", "make_sync_schedule"]
 
@@ -49,8 +49,8 @@ def make_engine(
     """The engine of ``config.method``: gradient averaging for DDP, else intervals.
 
     An interval engine runs under ``config.overlap``'s schedule. Arguments as
-    :class:`~autoloco_hf.sync.engine.IntervalEngine` (the DDP engine ignores the
-    interval ones). Either engine satisfies :class:`~autoloco_hf.sync.contract.Engine`.
+    :class:`~autoloco_hf.sync.engine.engine.IntervalEngine` (the DDP engine ignores the
+    interval ones). Either engine satisfies :class:`~autoloco_hf.sync.engine.contract.Engine`.
     """
     if not config.is_interval_method:
         return GradientAveragingEngine(config, models, communicator, total_steps)
