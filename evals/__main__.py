@@ -2,7 +2,7 @@
 
 import sys
 
-from autoloco_hf.cli import OneLineParser
+from autoloco_hf.usage import OneLineParser
 
 from .cli import add_arguments, run
 

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from autoloco_hf.cli import existing_file, new_file_path, positive_int, usage_error
+from autoloco_hf.usage import existing_file, new_file_path, positive_int, usage_error
 
 from .errors import EvalInputError
 from .report import load_records, scores_table

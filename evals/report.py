@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoloco_hf.cli.report import markdown_table
+from autoloco_hf.usage import markdown_table
 
 # (score key, header, is a percentage); NLL stays in nats per token.
 COLUMNS = (

@@ -270,7 +270,7 @@ def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: A
     """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
     import itertools
 
-    from autoloco_hf.cli.demo_data import loss_sums
+    from autoloco_hf.toy.text import loss_sums
 
     total, count = 0.0, 0
     for shard in launch.worker_ids:  # one validation shard per worker, as for training data
@@ -314,8 +314,8 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     """Run the recipe; returns the run summary (rank 0) or an empty dict (other ranks)."""
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
-    from autoloco_hf.cli.report import RunWriter
     from autoloco_hf.state.checkpoint import read_state, write_state
+    from autoloco_hf.state.run_folder import RunWriter
     from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     launch = Launch(s)

@@ -32,9 +32,9 @@ from typing import Any
 import yaml
 
 from autoloco_evals.data_files import DataFileError, inspect_files, load_rows
-from autoloco_hf.cli import usage_error
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.integrations.trainer.arguments import PREFIX
+from autoloco_hf.usage import usage_error
 
 AUTOLOCO_FIELDS = tuple(f.name for f in dataclasses.fields(AutoLoCoConfig))
 

@@ -280,7 +280,7 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
 
     from autoloco_evals.nll import chat_example, masked_nll
     from autoloco_hf import AutoLoCoCallback
-    from autoloco_hf.cli.report import extend_trainer_summary
+    from autoloco_hf.state.run_folder import extend_trainer_summary
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.per_device_train_batch_size * world

@@ -1,6 +1,8 @@
-"""Shared test set-up: ``tests/`` on ``sys.path``, and the ``slow`` mark given by cause.
+"""Shared test set-up: the ``slow`` mark given by cause.
 
-``tests/`` goes on ``sys.path`` so that test modules in sub-folders share its helpers (``toy``, ``_dist``).
+``tests/`` and ``benchmarks/`` are on ``sys.path`` (``pythonpath`` in setup.cfg): test modules in
+sub-folders share the helpers of ``tests/`` (``_dist``, ``slow_causes``) and import the benchmarks by
+kind (``from campaigns import replicate``).
 
 The quick tier, for use before every commit, is ``python -m pytest -q -m "not slow"``. A test is ``slow``
 when it is marked so, or when it, a fixture it requests or a test helper they call spawns processes or
@@ -8,14 +10,8 @@ trains a Trainer (``slow_causes.SLOW_CAUSES``): a new test of that kind joins th
 remember. A test slow for another reason (a long in-process run, such as the demo) is marked by hand.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from slow_causes import slow_cause  # noqa: E402  (found through the line above)
+from slow_causes import slow_cause
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

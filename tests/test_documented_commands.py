@@ -467,7 +467,7 @@ def scratch(tmp: Path) -> None:
     a copy of ``results`` (the committed runs some commands read, and where an unshortened
     ``--out`` would write), the README's Trainer example and the CPU recipe's inputs.
     """
-    from autoloco_hf.cli.demo_data import corpus_text, train_tokenizer
+    from autoloco_hf.toy.text import corpus_text, train_tokenizer
 
     for folder in ("autoloco_hf", "recipes", "benchmarks", "tests"):
         (tmp / folder).symlink_to(ROOT / folder)

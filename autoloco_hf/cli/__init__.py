@@ -6,8 +6,8 @@ importing each lazily so that ``autoloco plan`` starts in well under a second.
 
 Usage errors (a bad flag value, a missing input file, an output path that is
 a file) print one line, ``autoloco CMD: error: FLAG VALUE: fix``, and exit
-with code 2; :func:`usage_error` and :func:`positive_int` are shared by the
-sub-commands (and the recipes) so that they all behave alike.
+with code 2: the sub-commands, the recipes and the evals share the helpers of
+:mod:`autoloco_hf.usage`, so they all behave alike.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+
+from autoloco_hf.usage import OneLineParser
 
 COMMANDS = {
     "plan": ("autoloco_hf.cli.plan", "preview the horizons, syncs and payload of a recipe before training"),
@@ -27,62 +28,7 @@ COMMANDS = {
 }
 
 
-USAGE_ERROR = 2  # argparse's exit code for a usage error
-
-
 BROKEN_PIPE = 128 + 13  # the status of a process killed by SIGPIPE
-
-
-def usage_error(message: str, prog: str | None = None) -> NoReturn:
-    """Print ``<prog>: error: <message>`` (one line) and exit with code 2."""
-    print(f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr)
-    raise SystemExit(USAGE_ERROR)
-
-
-def _at_least(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3`` would otherwise mean "default" or "drop the last 3")."""
-    return _at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 0 (a warm-up of 0 steps is none)."""
-    return _at_least(text, 0)
-
-
-def new_file_path(text: str) -> str:
-    """An ``argparse`` type for an output folder: anything but an existing file, or a path inside one."""
-    if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text} is an existing file: pass a folder (new or existing)")
-    parent = os.path.dirname(os.path.abspath(text))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text} is inside {parent}, an existing file: pass a folder elsewhere")
-    return text
-
-
-def existing_file(text: str) -> str:
-    """An ``argparse`` type for an input file that must exist."""
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"{text}: no such file")
-    return text
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line (not the usage block), exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        usage_error(f"{message} (see {self.prog} --help)", self.prog)
 
 
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

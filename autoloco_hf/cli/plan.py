@@ -15,7 +15,6 @@ from typing import Any
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.rules import get_rule, rule_names
 from autoloco_hf.algorithm.schedule import warmup_cosine, warmup_linear
-from autoloco_hf.cli import non_negative_int, positive_int, usage_error
 from autoloco_hf.config import (
     METHODS,
     RECIPE_SCHEDULES,
@@ -27,6 +26,7 @@ from autoloco_hf.config import (
     WireDtype,
 )
 from autoloco_hf.sync.pacing import BudgetPacer
+from autoloco_hf.usage import non_negative_int, positive_int, usage_error
 from autoloco_hf.wire.accounting import outer_state_bytes_per_rank, payload_bytes
 
 # Trainable parameters of each recipe's model, for the payload estimate: the C4 recipe's LLaMA-style

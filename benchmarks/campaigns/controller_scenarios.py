@@ -2,7 +2,7 @@
 
 Not a test (``tests/algorithm/test_closed_loop.py`` asserts bounds on a few
 seeds). Drives ``AutoLoCoPolicy`` on the SFT recipe through the synthetic
-statistic streams of ``tests/algorithm/rule_streams.py`` (pure Python,
+statistic streams of ``benchmarks/campaigns/rule_streams.py`` (pure Python,
 seeded) for every scenario and configuration column, and prints a Markdown
 table (docs/controller.md):
 
@@ -31,9 +31,9 @@ import time
 from typing import Any
 
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: its kinds import as packages
-sys.path[:0] = [BENCHMARKS, os.path.join(os.path.dirname(BENCHMARKS), "tests", "algorithm")]
+sys.path.insert(0, BENCHMARKS)
 from campaigns.rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
-from rule_streams import SCENARIOS, Kind, Scenario  # noqa: E402
+from campaigns.rule_streams import SCENARIOS, Kind, Scenario  # noqa: E402
 
 from autoloco_hf.config import RECIPES, AutoLoCoConfig  # noqa: E402
 

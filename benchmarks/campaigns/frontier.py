@@ -46,9 +46,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
 from campaigns import replicate  # noqa: E402  (the corpus, the model and the run machinery are replicate.py's)
 
-from autoloco_hf.cli import demo  # noqa: E402
-from autoloco_hf.cli.demo_data import DisjointWindowSampler, TokenSplits, tiny_llama  # noqa: E402
 from autoloco_hf.config import Method, ValueEnum  # noqa: E402
+from autoloco_hf.toy import demo  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
+from autoloco_hf.toy.text import DisjointWindowSampler, TokenSplits  # noqa: E402
 
 SUMMARY, STEPS_GZ, INTERVALS_GZ = replicate.SUMMARY, replicate.STEPS_GZ, replicate.INTERVALS_GZ
 REFERENCE = "autoloco"  # the variant the others are paired against (the paper's rule at its defaults)

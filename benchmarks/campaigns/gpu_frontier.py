@@ -55,9 +55,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
 from campaigns import frontier, replicate  # noqa: E402
 
-from autoloco_hf.cli import demo  # noqa: E402
-from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
 from autoloco_hf.config import ValueEnum  # noqa: E402
+from autoloco_hf.toy import demo  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -211,9 +211,9 @@ def train_group(
     """Train ``points`` on ``seed`` as one :class:`BatchedRuns`; write each run's folder as frontier.py does."""
     from transformers import get_cosine_schedule_with_warmup
 
-    from autoloco_hf.cli.demo_data import eval_windows, mean_loss
-    from autoloco_hf.cli.report import RunWriter
+    from autoloco_hf.state.run_folder import RunWriter
     from autoloco_hf.sync.workers.batched_workers import BatchedRuns
+    from autoloco_hf.toy.text import eval_windows, mean_loss
 
     folders = [frontier.run_dir(args.out, frontier.Regime.IID, seed, p) for p in points]
     writers = [RunWriter(str(folder), p.name) for folder, p in zip(folders, points)]

@@ -29,7 +29,7 @@ from campaigns import (
     replicate,  # noqa: E402
 )
 
-from autoloco_hf.cli.demo_data import tiny_llama  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
 
 DEFAULT = "default"  # the default rule's name on the ladder's rungs
 BASE_DEFAULT = "descent_k0.9_guard_mu0.5_hmax20"  # ... and in the 197k campaign (docs/results.md)

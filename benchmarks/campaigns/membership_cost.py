@@ -1,7 +1,7 @@
 """What a change of membership costs in final loss, cause by cause: the redo, AdamW's state, a worker fewer.
 
 Not a test. ``LocalWorkers`` + ``SimulatedCommunicator`` (CPU, a few minutes) on a tiny Llama
-(2 layers, hidden 32, the 32-token pattern data of ``tests/toy.py``), DiLoCo at H 8, 4 workers,
+(2 layers, hidden 32, the 32-token pattern data of ``autoloco_hf.toy.pattern``), DiLoCo at H 8, 4 workers,
 160 steps, cosine LR 1e-2 with 10 warm-up steps. A fault after step 61 cuts the interval that
 began at the boundary of step 56; every variant goes on from that boundary (``theta_t``, outer
 momentum, LR schedule, the data of step 56 on: each worker reads the same batches as in the
@@ -27,19 +27,16 @@ import copy
 import json
 import os
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from toy import VOCAB, batch_for, cosine  # noqa: E402
-
-from autoloco_hf import AutoLoCoConfig  # noqa: E402
-from autoloco_hf.sync.communicators import SimulatedCommunicator  # noqa: E402
-from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
-from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.llama import tiny_llama
+from autoloco_hf.toy.pattern import VOCAB, batch_for, cosine
 
 STEPS, WARMUP, WORKERS, FAULT_STEP = 160, 10, 4, 61
 CONFIG = AutoLoCoConfig(method="diloco", h_base=8)
@@ -48,26 +45,10 @@ ADAMW = ("exact", "after_cut", "fresh")  # the AdamW state each worker goes on w
 DEFAULT_OUT = "results/elastic/membership_cost.json"
 
 
-def tiny_llama(seed: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=32,
-    )
-    return LlamaForCausalLM(config)
-
-
 def runner(workers: int, seed: int, **kwargs) -> LocalWorkers:
     return LocalWorkers(
         CONFIG,
-        tiny_llama(seed),
+        tiny_llama(VOCAB, 32, 2, 4, 64, max_position_embeddings=32, seed=seed, tie_word_embeddings=False),
         SimulatedCommunicator(workers),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
         scheduler_factory=cosine(STEPS, WARMUP),

@@ -1,6 +1,6 @@
 """Validation loss of the overlapped variants (docs/algorithm.md §11) vs blocking AutoLoCo and DiLoCo, paired seeds.
 
-Not a test. Trains the demo's tiny Llama (``autoloco_hf.cli.demo_data``) on
+Not a test. Trains the demo's tiny Llama (``autoloco_hf.toy``) on
 Python's ``pydoc_data.topics`` with ``LocalWorkers`` + ``SimulatedCommunicator``
 (nothing downloaded). Every variant of a seed starts from the same
 initialization and reads the same batches, so differences are paired. The
@@ -77,9 +77,10 @@ EVAL_BATCH = 32
 
 
 def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> dict[str, Any]:
-    from autoloco_hf.cli.demo_data import WindowSampler, eval_windows, mean_loss, tiny_llama
     from autoloco_hf.sync.communicators import make_communicator
     from autoloco_hf.sync.workers.local_workers import LocalWorkers
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.text import WindowSampler, eval_windows, mean_loss
 
     warmup = max(1, round(0.02 * args.steps))
     fields = VARIANTS[name][1]
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
                 results.append(json.loads(path.read_text()))
                 continue
             if data is None:  # built only when something is left to train: a report of finished runs needs none
-                from autoloco_hf.cli.demo_data import corpus_documents, split_tokens, train_tokenizer
+                from autoloco_hf.toy.text import corpus_documents, split_tokens, train_tokenizer
 
                 documents = corpus_documents()
                 data = split_tokens(train_tokenizer("\n\n".join(documents), VOCAB), documents)

@@ -1,13 +1,13 @@
 """Replicate the paper's Tables 1, 2, 7, 8 and 14 at CPU scale, with seeds, on a corpus that never repeats.
 
-Not a test. Trains the demo's tiny Llama (``autoloco_hf.cli.demo``) with
+Not a test. Trains the demo's tiny Llama (``autoloco_hf.toy.demo``) with
 ``LocalWorkers`` + ``SimulatedCommunicator`` on the Python standard library's
 own sources and documentation (every ``.py`` file under the stdlib folder,
 site-packages excluded, plus ``pydoc_data.topics``): nothing is downloaded.
 Documents are split into training and held-out validation text by whole
 file; a byte-level BPE is trained on the training documents once and cached
 with the token ids (``--cache-dir``). Workers read disjoint windows
-(:class:`~autoloco_hf.cli.demo_data.DisjointWindowSampler`), so no token is
+(:class:`~autoloco_hf.toy.text.DisjointWindowSampler`), so no token is
 seen twice in a run, and the script refuses to start when the corpus holds
 less than 4x what the largest selected run consumes.
 
@@ -61,17 +61,13 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.cli import demo
-from autoloco_hf.cli.demo_data import TokenSplits, tiny_llama
-from autoloco_hf.cli.report import (
-    SUMMARY,
-    Run,
-    load_run,
-    markdown_table,
-    moving_average,
-    write_plots,
-)
 from autoloco_hf.config import Controller, Method
+from autoloco_hf.state.run_folder import SUMMARY, Run, load_run, moving_average
+from autoloco_hf.state.run_plots import write_plots
+from autoloco_hf.toy import demo
+from autoloco_hf.toy.llama import tiny_llama
+from autoloco_hf.toy.text import TokenSplits
+from autoloco_hf.usage import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
 from campaigns.rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
@@ -106,7 +102,7 @@ class Variant:
 
     table: Table
     name: str
-    method: str  # a key of autoloco_hf.cli.demo.METHODS
+    method: str  # a key of autoloco_hf.toy.demo.METHODS
     description: str
     workers_factor: float = 1.0  # x --workers
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -288,7 +284,7 @@ def load_corpus(cache_dir: str, vocab_size: int, max_docs: int | None) -> Corpus
     """The tokenizer and token splits, built once and cached under ``cache_dir`` (keyed by the corpus and settings)."""
     from transformers import PreTrainedTokenizerFast
 
-    from autoloco_hf.cli.demo_data import train_tokenizer
+    from autoloco_hf.toy.text import train_tokenizer
 
     docs = stdlib_documents(max_docs)
     key_text = json.dumps(
@@ -424,7 +420,7 @@ def variant_config(variant: Variant, steps: int) -> Any:
 def run_campaign(args: argparse.Namespace, selected: list[Variant], corpus: Corpus) -> None:
     from tqdm.auto import tqdm
 
-    from autoloco_hf.cli.demo_data import DisjointWindowSampler
+    from autoloco_hf.toy.text import DisjointWindowSampler
 
     commit = git_commit()
     val = eval_subset(corpus.splits.val, demo.SEQ_LEN, args.val_windows)

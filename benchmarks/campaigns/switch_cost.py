@@ -40,12 +40,13 @@ from campaigns import frontier, replicate  # noqa: E402
 
 from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval, PolicyFactory  # noqa: E402
 from autoloco_hf.algorithm.schedule import LRSchedule  # noqa: E402
-from autoloco_hf.cli import demo  # noqa: E402
-from autoloco_hf.cli.demo_data import eval_windows, mean_loss, tiny_llama  # noqa: E402
-from autoloco_hf.cli.report import RunWriter  # noqa: E402
 from autoloco_hf.config import AutoLoCoConfig, ValueEnum  # noqa: E402
+from autoloco_hf.state.run_folder import RunWriter  # noqa: E402
 from autoloco_hf.sync.outer import OuterOptimizer  # noqa: E402
 from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf.toy import demo  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
+from autoloco_hf.toy.text import eval_windows, mean_loss  # noqa: E402
 
 
 class Treatment(ValueEnum):

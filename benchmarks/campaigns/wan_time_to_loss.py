@@ -40,7 +40,7 @@ sys.path.insert(
 )  # benchmarks/: its kinds import as packages
 from testbeds.link_floor import _rate_bits, event_blocked_seconds, overlap_steps  # noqa: E402
 
-from autoloco_hf.cli.report import moving_average  # noqa: E402
+from autoloco_hf.state.run_folder import moving_average  # noqa: E402
 
 SMOOTHING_STEPS = 50  # trailing mean of the per-step training loss (one step's loss is noisy)
 

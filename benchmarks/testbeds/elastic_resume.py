@@ -1,7 +1,7 @@
 """Elastic resume at the library level: 4 workers, a fault mid-interval, the run resumed from the last boundary snapshot.
 
 Not a test. ``LocalWorkers`` + ``SimulatedCommunicator`` on the toy language model
-of ``tests/toy.py`` (CPU, a minute). A 4-worker run is stopped inside an
+of ``autoloco_hf.toy.pattern`` (CPU, a minute). A 4-worker run is stopped inside an
 interval; the newest :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` is at
 the boundary before it, and 3, 4 or 5 workers go on from there with fresh inner
 state (AdamW moments zero, LR schedule at the boundary step, the boundary step
@@ -22,19 +22,15 @@ import copy
 import json
 import os
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from toy import adamw, batch_for, cosine, make_model  # noqa: E402
-
-from autoloco_hf import AutoLoCoConfig  # noqa: E402
-from autoloco_hf.sync.communicators import SimulatedCommunicator  # noqa: E402
-from autoloco_hf.sync.snapshot import latest_snapshot  # noqa: E402
-from autoloco_hf.sync.workers.local_workers import LocalWorkers  # noqa: E402
+from autoloco_hf import AutoLoCoConfig
+from autoloco_hf.sync.communicators import SimulatedCommunicator
+from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS, WARMUP, WORKERS = 160, 10, 4
 CONFIGS = {

@@ -85,10 +85,11 @@ def worker(spec_path: str) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
     from autoloco_hf.state import checkpoint
+    from autoloco_hf.toy.llama import tiny_llama
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = int(os.environ["ALH_EL_NODE"])
@@ -99,18 +100,7 @@ def worker(spec_path: str) -> int:
         events.write(json.dumps({"t": time.time(), "kind": kind, "rank": rank, "world": world, "node": node, **fields}))
         events.write("\n")
 
-    torch.manual_seed(spec["seed"])
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=SEQ,
-        )
-    )
+    model = tiny_llama(VOCAB, 64, 2, 4, 128, max_position_embeddings=SEQ, seed=spec["seed"], tie_word_embeddings=False)
     # one dataset for any number of workers, so the step of a boundary is a data position for every layout
     train = markov_sequences(VOCAB, spec["steps"] * BATCH * NODES, SEQ, draw_seed=spec["seed"])
     held_out = markov_sequences(VOCAB, 64, SEQ, draw_seed=10_000 + spec["seed"])

@@ -175,24 +175,13 @@ def bit_mismatches(a: Any, b: Any) -> int:
     return int((a != b).sum())
 
 
-def tiny_llama(vocab: int, seed: int) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def check_llama(vocab: int, seed: int) -> Any:
+    """The checks' tiny Llama: hidden 64, 2 layers, 4 heads, padding id 0."""
+    from autoloco_hf.toy.llama import tiny_llama
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
+    return tiny_llama(
+        vocab, 64, 2, 4, 128, max_position_embeddings=64, seed=seed, tie_word_embeddings=False, pad_token_id=0
     )
-    return LlamaForCausalLM(config)
 
 
 def padded_batches(count: int, batch: int, seq: int, vocab: int, seed: int) -> list[dict[str, Any]]:
@@ -384,7 +373,7 @@ def check_simulated_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     import torch
 
     workers, vocab = ctx.sizes.sim_workers, 128
-    model = tiny_llama(vocab, seed=0)
+    model = check_llama(vocab, seed=0)
     batches = padded_batches(ctx.sizes.sim_steps * workers, batch=8, seq=32, vocab=vocab, seed=1)
     details: dict[str, Any] = {
         "workers": workers,
@@ -451,7 +440,7 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = Trainer(model=tiny_llama(vocab, seed=0), args=args, train_dataset=data, callbacks=[callback])
+    trainer = Trainer(model=check_llama(vocab, seed=0), args=args, train_dataset=data, callbacks=[callback])
     for noisy in (PrinterCallback, ProgressCallback):  # the losses are in the report; keep the output a table
         trainer.remove_callback(noisy)
     trainer.train()
@@ -489,11 +478,11 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
 
 def sft_inputs(root: str) -> tuple[str, str, str]:
     """A tiny Llama saved like a hub checkpoint with a tokenizer trained here, and train/test chat JSONL."""
-    from autoloco_hf.cli.demo_data import corpus_documents, corpus_text, train_tokenizer
-    from autoloco_hf.cli.demo_data import tiny_llama as demo_llama
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.text import corpus_documents, corpus_text, train_tokenizer
 
     tokenizer = train_tokenizer(corpus_text()[:60_000], vocab_size=320)
-    model = demo_llama(len(tokenizer), 32, 2, 2, max_position_embeddings=128)
+    model = tiny_llama(len(tokenizer), 32, 2, 2, max_position_embeddings=128)
     model_dir = os.path.join(root, "model")
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -969,7 +958,7 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
         **fsdp,
     )
     _ = args.device  # the process group and this rank's device, before the worker mesh is built
-    model = tiny_llama(128, seed=0)
+    model = check_llama(128, seed=0)
     if mode is FsdpMode.FSDP2 and workers > 1:  # several workers: each sharded over its own ranks first
         model = shard_worker(model, r, device_type)
     callback = AutoLoCoCallback(

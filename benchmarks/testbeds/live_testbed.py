@@ -1,7 +1,7 @@
 """Live membership on loopback: faults that the survivors ride out in process (docs/reliability.md "Live membership").
 
 Not a test (``tests/integrations/elastic/test_membership.py`` runs the same worker). Real
-processes on one machine, gloo over loopback, the toy language model of ``tests/toy.py``,
+processes on one machine, gloo over loopback, the toy language model of ``autoloco_hf.toy.pattern``,
 DiLoCo at H 4 for 60 steps (a 0.02 s pause per step stands for the step's compute), and
 the membership store on a 3-member etcd cluster (``--store tcp``: a ``TCPStore`` of this
 process). Scenarios, 3 workers at the start unless said:
@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -44,7 +45,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
@@ -101,7 +101,6 @@ def run_worker(
     right after it wrote its slot: a slot whose owner is gone or silent.
     """
     import torch.distributed as dist
-    from toy import adamw, batch_for, cosine, make_model
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.algorithm.schedule import SchedulerPreview
@@ -111,6 +110,7 @@ def run_worker(
     from autoloco_hf.integrations.elastic.store import etcd_store
     from autoloco_hf.sync.communicators import PeerLostError, make_communicator
     from autoloco_hf.sync.schedules.factory import make_engine
+    from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)
@@ -258,6 +258,13 @@ def spawn(ctx, out: str, port: int, name: str, data_index: int, first_world: int
     return process
 
 
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and let the OS choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_round(store: Any, number: int, deadline: float) -> None:
     """Until membership round ``number`` has formed (the store's ``autoloco/latest``)."""
     while time.monotonic() < deadline:
@@ -297,7 +304,6 @@ def collect(processes: list, out: str, names, deadline: float) -> dict[str, dict
 def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
     """One scenario on a fresh store: what each finishing worker saw and the time of each fault."""
     import torch.distributed as dist
-    from _dist import free_port
     from testbeds.etcd_cluster import EtcdCluster
 
     from autoloco_hf.integrations.elastic.store import etcd_store

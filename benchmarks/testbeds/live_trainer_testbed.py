@@ -2,7 +2,7 @@
 
 Real processes on loopback, gloo, a ``TCPStore`` hosted by this script: each process a
 ``Trainer`` + ``AutoLoCoCallback`` on the tiny Llama of the tests
-(``tests/integrations/live_trainer_worker.py``, DiLoCo at H 4 for 28 steps, ``sync_timeout_s`` 5 s,
+(``benchmarks/testbeds/live_trainer_worker.py``, DiLoCo at H 4 for 28 steps, ``sync_timeout_s`` 5 s,
 ``settle_s`` 1 s). Scenarios, per seed:
 
 * ``fault_free``: 3 workers throughout;
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H = 28, 4
@@ -48,10 +46,9 @@ DEFAULT_OUT = ROOT / "results" / "elastic" / "live_trainer_testbed.json"
 def run_scenario(scenario: str, seed: int) -> dict[str, Any]:
     """One scenario on a fresh store: what each finishing process saw, and when each lost one died."""
     import torch.distributed as dist
-    from _dist import free_port
-    from live_trainer_worker import run
     from testbeds.etcd_cluster import EtcdCluster
-    from testbeds.live_testbed import collect, kill_store_member, wait_round
+    from testbeds.live_testbed import collect, free_port, kill_store_member, wait_round
+    from testbeds.live_trainer_worker import run
 
     from autoloco_hf.integrations.elastic.store import etcd_store
 

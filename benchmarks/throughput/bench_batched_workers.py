@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from autoloco_hf.cli.demo import PEAK_LR, SEQ_LEN, WEIGHT_DECAY, scaled_config
-from autoloco_hf.cli.demo_data import tiny_llama
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.batched_workers import BatchedWorkers
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.demo import PEAK_LR, SEQ_LEN, WEIGHT_DECAY, scaled_config
+from autoloco_hf.toy.llama import tiny_llama
 
 VOCAB, HEADS, BATCH, H = 1024, 4, 2, 10  # replicate.py's model and batch; DiLoCo at H_base 10
 VARIANTS = ("loop", "batched", "compiled")

@@ -32,22 +32,12 @@ STEPS, H = 60, 20
 
 def worker(mode: str, out: str) -> None:
     torch.set_num_threads(1)
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
+    from autoloco_hf.toy.llama import tiny_llama
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=2048,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=256,
-        )
-    )
+    model = tiny_llama(2048, 128, 3, 4, 256, max_position_embeddings=256, seed=0, tie_word_embeddings=False)
     g = torch.Generator().manual_seed(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 2048, (STEPS * 8 * world, 128), generator=g)]

@@ -1,6 +1,6 @@
 """Closed loop: ``AutoLoCoPolicy`` driven through synthetic statistic streams as the engine drives it.
 
-The streams and the loop live in ``rule_streams.py`` (model in its
+The streams and the loop live in ``benchmarks/campaigns/rule_streams.py`` (model in its
 docstring); ``benchmarks/campaigns/controller_scenarios.py`` runs the same scenarios on
 10 seeds for docs/controller.md. Here a few seeds per scenario assert bounds
 that the pre-fix controller, or a regression, breaks.
@@ -9,7 +9,7 @@ that the pre-fix controller, or a regression, breaks.
 from __future__ import annotations
 
 import pytest
-from rule_streams import SCENARIOS, Kind, Noise, Stream, Trace, recipe_config, run_closed_loop
+from campaigns.rule_streams import SCENARIOS, Kind, Noise, Stream, Trace, recipe_config, run_closed_loop
 
 from autoloco_hf.algorithm.preview import preview_run, run_length
 from autoloco_hf.algorithm.rules.decisions import Assessment, Decision

@@ -19,6 +19,7 @@ PURE_MODULES = [
     "autoloco_hf.algorithm.preview",
     "autoloco_hf.wire.accounting",
     "autoloco_hf.cli.plan",
+    "autoloco_hf.usage",
 ]
 HEAVY = ["torch", "torch.distributed", "transformers", "accelerate"]
 

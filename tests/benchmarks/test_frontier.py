@@ -23,7 +23,6 @@ KINDS = {p.stem: p.parent.name for p in (ROOT / "benchmarks").glob("*/*.py")}  #
 
 def load(name: str):
     """A fresh copy of ``benchmarks/<kind>/<name>.py``, as ``<kind>.<name>`` (the name its neighbours import)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(
         f"{KINDS[name]}.{name}", ROOT / "benchmarks" / KINDS[name] / f"{name}.py"
     )
@@ -296,7 +295,7 @@ def test_gpu_campaign_runs_the_tuned_grid_in_pieces_that_resume(tmp_path):
 
 def test_the_gpu_campaigns_large_model_has_over_100m_parameters():
     gpu = load("gpu_frontier")
-    from autoloco_hf.cli.demo_data import tiny_llama
+    from autoloco_hf.toy.llama import tiny_llama
 
     sizes = gpu.MODELS["114m"]
     with torch.device("meta"):

@@ -6,7 +6,6 @@ import importlib
 import json
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ BASE = ROOT / "results" / "frontier"
 
 
 def load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     return importlib.import_module(f"campaigns.{name}")
 
 

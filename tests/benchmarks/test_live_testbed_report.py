@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from testbeds.live_testbed import DEFAULT_OUT, STEPS, report
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from testbeds.live_testbed import DEFAULT_OUT, STEPS, report  # noqa: E402
 
 
 def test_the_documented_table_is_the_report_of_the_committed_runs() -> None:

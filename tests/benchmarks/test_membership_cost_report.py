@@ -4,12 +4,11 @@ from the committed losses, and the exact resume in it costs nothing."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from campaigns.membership_cost import DEFAULT_OUT, report
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from campaigns.membership_cost import DEFAULT_OUT, report  # noqa: E402
 
 
 def test_the_documented_table_is_the_report_of_the_committed_losses() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoloco_hf.cli.demo_data import DisjointWindowSampler
+from autoloco_hf.toy.text import DisjointWindowSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 

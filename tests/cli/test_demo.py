@@ -8,7 +8,7 @@ import re
 import pytest
 
 from autoloco_hf.cli import main
-from autoloco_hf.cli.report import PLOTS
+from autoloco_hf.state.run_plots import PLOTS
 
 pytestmark = pytest.mark.slow
 

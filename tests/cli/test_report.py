@@ -7,21 +7,12 @@ import math
 import socket
 
 import pytest
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.cli import main
 from autoloco_hf.cli.report import (
-    PLOTS,
-    Run,
-    RunWriter,
-    _zoom_on_tail,
     default_thresholds,
-    find_runs,
-    horizon_series,
     interval_tokens_table,
-    last_fraction_mean,
-    moving_average,
     reach,
     render,
     table1,
@@ -29,8 +20,11 @@ from autoloco_hf.cli.report import (
     workers_table,
 )
 from autoloco_hf.state.records import RunTotals, read_jsonl
+from autoloco_hf.state.run_folder import Run, RunWriter, find_runs, last_fraction_mean, load_run, moving_average
+from autoloco_hf.state.run_plots import PLOTS, _zoom_on_tail, horizon_series
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:
@@ -149,8 +143,6 @@ def test_a_committed_benchmark_run_with_a_thinned_gzipped_step_log_reports(tmp_p
     """benchmarks/ commit runs with gzipped logs and steps of (step, loss) only: syncs and payload come from the intervals."""
     import gzip
     import json
-
-    from autoloco_hf.cli.report import load_run
 
     folder = tmp_path / "run"
     folder.mkdir()

@@ -10,18 +10,15 @@ import sys
 import pytest
 
 from autoloco_hf.cli import main
-from autoloco_hf.cli.report import RunWriter
 from autoloco_hf.state.records import RunTotals
+from autoloco_hf.state.run_folder import RunWriter
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 
 
 def recipe(name: str):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes"))
-    try:
-        from recipe_helpers import load_recipe
-    finally:
-        sys.path.pop(0)
+    from recipe_helpers import load_recipe
+
     return load_recipe(name)
 
 

@@ -14,7 +14,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationMixin,
-    LlamaConfig,
     LlamaForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
@@ -23,6 +22,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from autoloco_evals.runner import FIXTURES_DIR
+from autoloco_hf.toy.llama import tiny_llama as build
 
 # ChatML with generation markers, so tests can get the assistant mask from transformers itself.
 CHAT_TEMPLATE = (
@@ -111,14 +111,7 @@ def scripted_model(script: dict[str, str], chat: bool = True) -> tuple[ScriptedL
 def tiny_llama() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """A randomly initialised 2-layer Llama with the fixture tokenizer (chat template included)."""
     tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+    model = build(
+        len(tokenizer), 32, 2, 4, 64, max_position_embeddings=512, num_key_value_heads=2, tie_word_embeddings=False
     )
-    return LlamaForCausalLM(config).eval(), tokenizer
+    return model.eval(), tokenizer

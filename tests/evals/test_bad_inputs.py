@@ -153,7 +153,7 @@ def test_missing_model_dir_imports_nothing_heavy(tmp_path):
 def test_lm_eval_spellings_are_accepted(tmp_path):
     """lm-eval users type --output_path, --batch_size and comma-separated --tasks."""
     from autoloco_evals.cli import add_arguments
-    from autoloco_hf.cli import OneLineParser
+    from autoloco_hf.usage import OneLineParser
 
     parser = OneLineParser(prog="autoloco eval")
     add_arguments(parser)

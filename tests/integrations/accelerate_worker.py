@@ -15,18 +15,18 @@ from accelerate import Accelerator  # noqa: E402
 from trainer_worker import (  # installs the counter
     COLLECTIVES,
     PHASE,
-    PaddedTokens,
     exit_after_a_clean_run,
     fingerprint,
-    tiny_llama,
 )
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama
+from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
 
 def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLoCoConfig | None = None) -> dict:
-    model = tiny_llama(0)
+    model = tiny_llama(**LLAMA, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = get_linear_schedule_with_warmup(optimizer, 1, steps * accelerator.num_processes)
     data = PaddedTokens(steps * accum * 2 * accelerator.num_processes, seed=3)

@@ -21,7 +21,6 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     torch.set_num_threads(1)
     import torch.distributed as dist
     from accelerate import Accelerator
-    from tiny_llama import PaddedTokens, tiny_llama
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig
@@ -29,10 +28,12 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     from autoloco_hf.integrations.elastic.membership import LiveMembership
     from autoloco_hf.integrations.elastic.process_group import adopt_process_group
     from autoloco_hf.sync.communicators import PeerLostError
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     config = AutoLoCoConfig(method="diloco", h_base=h, sync_timeout_s=5.0)
-    model = tiny_llama(0)
+    model = tiny_llama(**LLAMA, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = get_cosine_schedule_with_warmup(optimizer, 2, steps)
     live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ TIMING_KEYS = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attem
 
 def elastic_testbed_settings(backend: str) -> dict[str, str]:
     """The testbed's rendezvous timing for ``backend`` (its etcd agents tolerate a leader election, §etcd)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(
         "elastic_testbed", ROOT / "benchmarks" / "testbeds" / "elastic_testbed.py"
     )

@@ -26,7 +26,7 @@ VOCAB = 64
 
 
 def tiny_llama():
-    from autoloco_hf.cli.demo_data import tiny_llama as build
+    from autoloco_hf.toy.llama import tiny_llama as build
 
     return build(VOCAB, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_position_embeddings=32)
 

@@ -14,12 +14,12 @@ import math
 
 import torch
 from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 R, WORKERS = 2, 2
 STEPS, WARMUP, SAVE_AT = 64, 6, 30  # SAVE_AT falls inside an interval (checked below)

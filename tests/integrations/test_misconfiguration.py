@@ -66,20 +66,12 @@ def test_supported_setups_pass(monkeypatch):
 @pytest.mark.slow
 def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
     """A real Trainer built with WORLD_SIZE=2 in the environment but no process group: fails at construction."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback
+    from autoloco_hf.toy.llama import tiny_llama
 
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-        )
-    )
+    model = tiny_llama(32, 16, 1, 2, 32, max_position_embeddings=2048, tie_word_embeddings=False)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2)
     monkeypatch.setenv("WORLD_SIZE", "2")
     data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}] * 4
@@ -90,21 +82,12 @@ def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_single_process_trainer_runs_one_worker(tmp_path):
     """One process (bf16 autocast, accumulation 2): the outer loop runs on one worker; metrics reach TensorBoard."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback
+    from autoloco_hf.toy.llama import tiny_llama
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-        )
-    )
+    model = tiny_llama(32, 16, 1, 2, 32, max_position_embeddings=2048, seed=0, tie_word_embeddings=False)
     try:
         import tensorboard  # noqa: F401
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import batch_for, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.integrations.runtime import WorkerRuntime
 from autoloco_hf.sync.snapshot import latest_snapshot
+from autoloco_hf.toy.pattern import batch_for, make_model
 
 CONFIG = AutoLoCoConfig(method="diloco", h_base=3)
 STEPS = 12

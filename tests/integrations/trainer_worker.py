@@ -81,11 +81,12 @@ for _name in _NAMES:
 torch.set_num_threads(1)
 
 from fault_injection import fault_callbacks  # noqa: E402
-from tiny_llama import PaddedTokens, tiny_llama  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.integrations.trainer.resume import last_complete_checkpoint  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
+from autoloco_hf.toy.padded import LLAMA, PaddedTokens  # noqa: E402
 
 
 def simulated_twin(config: AutoLoCoConfig, steps: int):
@@ -102,7 +103,7 @@ def simulated_twin(config: AutoLoCoConfig, steps: int):
     torch.set_num_threads(1)
     return LocalWorkers(
         config,
-        tiny_llama(0),
+        tiny_llama(**LLAMA, seed=0),
         SimulatedCommunicator(2),
         optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0, fused=True),
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, 2, steps),
@@ -198,7 +199,7 @@ def main(spec_path: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     steps, accum, batch = spec["steps"], spec.get("accum", 1), spec.get("batch", 4)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model = tiny_llama(spec.get("model_seed", 0))
+    model = tiny_llama(**LLAMA, seed=spec.get("model_seed", 0))
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
     # "autoloco_rank": per-rank overrides, to force workers to disagree (a misconfigured launch)
     config = AutoLoCoConfig(**{**spec["autoloco"], **spec.get("autoloco_rank", {}).get(str(rank), {})})

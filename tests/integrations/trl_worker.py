@@ -10,10 +10,11 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from trainer_worker import COLLECTIVES, Probe, exit_after_a_clean_run, fingerprint  # installs the collective counter
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
+from autoloco_hf.toy.llama import tiny_llama
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
@@ -67,20 +68,18 @@ def main(spec_path: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     data = chats(96, seed=5)
     tokenizer = chat_tokenizer([m["content"] for c in data for m in c["messages"]] + ["user: assistant:"])
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=128,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+    model = tiny_llama(
+        len(tokenizer),
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        seed=0,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     callback = AutoLoCoCallback(AutoLoCoConfig(**spec["autoloco"]))
     probe = Probe(callback, None, record_batches=True)

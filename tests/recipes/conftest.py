@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> str:
-    from autoloco_hf.cli.demo_data import corpus_text, train_tokenizer
+    from autoloco_hf.toy.text import corpus_text, train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer(corpus_text()[:60_000], vocab_size=320).save_pretrained(str(path))
@@ -39,7 +39,7 @@ def tiny_llama_config(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def text_files(tmp_path_factory) -> tuple[str, str]:
     """``train.jsonl`` / ``val.jsonl`` with a ``text`` field, cut from pydoc topics (documents of varied length)."""
-    from autoloco_hf.cli.demo_data import corpus_documents
+    from autoloco_hf.toy.text import corpus_documents
 
     docs = [d[: 40 + (i * 97) % 560] for i, d in enumerate(corpus_documents())]  # some shorter than seq_len
     root = tmp_path_factory.mktemp("c4")

@@ -208,7 +208,7 @@ def test_multiprocess_mode_matches_simulated(tmp_path, tokenizer_dir, tiny_llama
 def test_micro_batches_give_the_full_batch_gradient():
     import torch
 
-    from autoloco_hf.cli.demo_data import tiny_llama
+    from autoloco_hf.toy.llama import tiny_llama
 
     c4 = load_recipe("pretrain_c4")
     ids = torch.randint(0, 50, (4, 12))

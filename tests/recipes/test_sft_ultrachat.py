@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def chats(n: int, offset: int = 0) -> list[dict]:
-    from autoloco_hf.cli.demo_data import corpus_documents
+    from autoloco_hf.toy.text import corpus_documents
 
     docs = corpus_documents()[offset:]
     return [
@@ -34,7 +34,7 @@ def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
     """A tiny Llama saved like a hub checkpoint, and train/test JSONL with invalid conversations mixed in."""
     from transformers import AutoTokenizer
 
-    from autoloco_hf.cli.demo_data import tiny_llama
+    from autoloco_hf.toy.llama import tiny_llama
 
     root = tmp_path_factory.mktemp("sft")
     config = json.loads(open(tiny_llama_config).read())
@@ -177,7 +177,7 @@ def test_sft_smoke(tmp_path, sft_files, monkeypatch):
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
     assert 0 < summary["test_nll"] < 10
     # `autoloco report` reads the run: its test NLL as the validation loss, the steps and intervals
-    from autoloco_hf.cli.report import find_runs
+    from autoloco_hf.state.run_folder import find_runs
 
     (read,) = find_runs([str(run)])
     assert (read.name, read.summary["val_loss"], len(read.steps)) == ("sft_autoloco_int8", summary["test_nll"], 6)
@@ -279,8 +279,8 @@ def _shard_worker_rank(rank: int, world_size: int) -> dict:
     from torch.distributed.tensor import DTensor
 
     from autoloco_hf import AutoLoCoConfig
-    from autoloco_hf.cli.demo_data import tiny_llama
     from autoloco_hf.integrations.launch_checks import check_fsdp2_workers
+    from autoloco_hf.toy.llama import tiny_llama
 
     def llama() -> torch.nn.Module:
         return tiny_llama(

@@ -10,13 +10,13 @@ import struct
 import pytest
 import torch
 from safetensors.torch import save_file
-from toy import adamw, batch_for, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state import checkpoint
 from autoloco_hf.state.checkpoint import CheckpointError, read_state, write_state
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, make_model
 
 CONFIG = AutoLoCoConfig(method="autoloco", h_base=4)
 LAYOUT = {"world_size": 2, "ranks_per_worker": 1, "rank": 1}

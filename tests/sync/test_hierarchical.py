@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
@@ -24,6 +23,7 @@ from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
 from autoloco_hf.sync.communicators import HierarchicalCommunicator, ProcessGroupCommunicator, make_communicator
 from autoloco_hf.sync.schedules.factory import make_engine
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS, WARMUP, R = 48, 6, 2
 WIRES = ("fp32", "int8")

@@ -62,20 +62,9 @@ def _windows(data: torch.Tensor, gen: torch.Generator, count: int) -> torch.Tens
 
 
 def _model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from autoloco_hf.toy.llama import tiny_llama
 
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=172,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=SEQ,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return tiny_llama(256, 64, 2, 4, 172, max_position_embeddings=SEQ, seed=0, tie_word_embeddings=False)
 
 
 def _schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:

@@ -14,12 +14,13 @@ import math
 
 import pytest
 import torch
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state.checkpoint import ConfigMismatchError
 from autoloco_hf.sync.communicators import make_communicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 from autoloco_hf.wire import formats
 
 STEPS, WARMUP, WORKERS = 36, 4, (0, 1)

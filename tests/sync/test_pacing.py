@@ -10,7 +10,6 @@ import socket
 
 import pytest
 import torch
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
@@ -18,6 +17,7 @@ from autoloco_hf.sync.communicators import SimulatedCommunicator, worker_label
 from autoloco_hf.sync.pacing import BudgetPacer, InconsistentCounts
 from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 HOST = socket.gethostname()  # simulated workers live in this process: worker i is rank i on this host
 STATISTICS = ("drift_energy", "coherence", "normalized_drift", "lr_mass", "mean_loss", "mu", "eta", "tokens")

@@ -7,11 +7,12 @@ import socket
 
 import torch
 from _dist import run_gloo
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import Communicator, ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS = 24
 # rank 1 at half speed, then at a quarter from step 12: each process reads its own entry of the shared lists

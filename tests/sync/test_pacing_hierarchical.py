@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_gloo
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import SchedulerPreview
@@ -23,6 +22,7 @@ from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.integrations.groups import build_topology
 from autoloco_hf.sync.communicators import SimulatedCommunicator, make_communicator
 from autoloco_hf.sync.schedules.factory import make_engine
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS, R, WORKERS = 24, 2, 2
 SECONDS_PER_STEP = [[1.0, 1.0], [1.0, 2.0]]  # [worker][rank in worker]

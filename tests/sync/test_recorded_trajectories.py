@@ -1,7 +1,7 @@
 """Recorded-trajectory regression tests: today's interval records and final parameters, per method.
 
 Each scenario is a short deterministic simulated run (:class:`LocalWorkers` +
-:class:`SimulatedCommunicator`, the toy model of ``tests/toy.py``). Its interval
+:class:`SimulatedCommunicator`, the toy model of ``autoloco_hf.toy.pattern``). Its interval
 records are committed as ``tests/sync/fixtures/<name>.jsonl`` and its run totals
 and final outer parameters as ``<name>.final.json``; the test reruns the
 scenario and fails on the first interval and field that differ. Any change of
@@ -36,7 +36,6 @@ import hashlib
 import json
 import math
 import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,7 @@ class Scenario:
     pins: str
     warmup_steps: int = 0
     workers: int = 2
-    padded: bool = False  # token density varies over time (tests/toy.py: batch_for)
+    padded: bool = False  # token density varies over time (autoloco_hf.toy.pattern: batch_for)
 
 
 SCENARIOS = (
@@ -145,7 +144,7 @@ def kernel_fingerprint() -> str:
     Two machines with the same torch build and CPU capability can still round differently (another CPU model's
     matmul blocking); this tells them apart where the three fields above cannot.
     """
-    from toy import adamw, batch_for, make_model
+    from autoloco_hf.toy.pattern import adamw, batch_for, make_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -164,7 +163,7 @@ def kernel_fingerprint() -> str:
 
 def run(scenario: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train the scenario; returns its records (timing fields dropped) and its final summary."""
-    from toy import adamw, batch_for, cosine, make_model  # tests/ is on sys.path (conftest, or __main__ below)
+    from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
     runner = LocalWorkers(
         scenario.config,
@@ -328,5 +327,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for toy.py, as conftest.py does
     main()

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.state import checkpoint
@@ -19,6 +19,7 @@ from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.snapshot import BoundarySnapshot, SnapshotWriteError, latest_snapshot, snapshot_path, step_of
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 DILOCO = AutoLoCoConfig(method="diloco", h_base=4)
 AUTOLOCO = AutoLoCoConfig(

@@ -11,12 +11,13 @@ import os
 
 import torch
 from _dist import run_gloo
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.snapshot import latest_snapshot
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 CONFIG = AutoLoCoConfig(
     method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}

@@ -22,12 +22,9 @@ from pathlib import Path
 
 import pytest
 from launch import free_port, worker_env
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-
-from autoloco_hf.integrations.elastic.etcd_check import EtcdUnreachable, check_etcd  # noqa: E402
+from autoloco_hf.integrations.elastic.etcd_check import EtcdUnreachable, check_etcd
 
 pytestmark = pytest.mark.slow
 HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
-import sys
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 from _dist import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from live_accelerate_worker import run  # noqa: E402
-from testbeds.live_testbed import collect, wait_round  # noqa: E402
+from live_accelerate_worker import run
+from testbeds.live_testbed import collect, wait_round
 
 STEPS, H = 28, 4
 

@@ -22,10 +22,8 @@ from pathlib import Path
 import pytest
 from launch import worker_env
 from netns import TwoNodes, netns_skip_reason
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S  # noqa: E402
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing
+from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S
 
 HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts
 NODE = 40  # namespaces alh-faults-40-{0,1}, 10.231.0.161/162: apart from the other namespace tests
@@ -161,11 +159,10 @@ class _SilentStore:
 @pytest.mark.parametrize("entry", ["start", "reform"])  # join waits first: round_timeout_s bounds it
 def test_a_store_that_does_not_answer_ends_the_process_in_one_line_within_store_timeout_s(entry) -> None:
     """Before, a request to a store that does not answer blocked for as long as the client retried."""
-    from toy import make_model
-
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.elastic.errors import RoundFailed, StoreLost
     from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.toy.pattern import make_model
 
     config = AutoLoCoConfig(method="diloco", h_base=4, sync_timeout_s=5.0)
     live = LiveMembership(_SilentStore(), "w0", config, make_model(), store_timeout_s=0.5)
@@ -182,10 +179,10 @@ def test_a_store_that_does_not_answer_ends_the_process_in_one_line_within_store_
 
 def test_store_timeout_s_must_be_positive() -> None:
     import torch.distributed as dist
-    from toy import make_model
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.toy.pattern import make_model
 
     with pytest.raises(ValueError, match=r"^store_timeout_s=0: must be above 0 \(the default is 30 s\)$"):
         LiveMembership(

@@ -18,19 +18,15 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 from _dist import free_port
+from testbeds.etcd_cluster import EtcdCluster, etcd_missing
+from testbeds.live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
-from testbeds.live_testbed import STEPS, SYNC_TIMEOUT_S, H, collect, kill_store_member, spawn, wait_round  # noqa: E402
-
-from autoloco_hf.integrations.elastic.store import etcd_store  # noqa: E402
+from autoloco_hf.integrations.elastic.store import etcd_store
 
 
 @pytest.fixture(scope="module", params=["tcp", "etcd"])
@@ -219,10 +215,9 @@ def test_a_joiner_that_dies_or_hangs_in_its_slot_costs_the_members_two_settles(t
 def test_timeouts_that_leave_no_room_for_a_retried_round_are_refused_in_one_line() -> None:
     """The defaults before: sync_timeout_s 600 against round_timeout_s 120, so a round whose group set-up failed was
     never retried. Left out, round_timeout_s is derived; given too short, it is refused naming the fields."""
-    from toy import make_model
-
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.toy.pattern import make_model
 
     store = dist.HashStore()
     model = make_model()
@@ -309,11 +304,10 @@ class _CutOffStore:
 def test_a_store_that_fails_is_reported_in_one_line_as_a_store_error_not_a_timeout(entry) -> None:
     """Before, reform's add raised python-etcd's exception with its chain; start and join too."""
     pytest.importorskip("etcd", reason="python-etcd: pip install 'autoloco-hf[elastic]'")
-    from toy import make_model
-
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.elastic.errors import StoreLost
     from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.toy.pattern import make_model
 
     config = AutoLoCoConfig(method="diloco", h_base=4, sync_timeout_s=5.0)
     live = LiveMembership(_CutOffStore(), "w0", config, make_model())

@@ -8,11 +8,12 @@ import logging
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 from autoloco_hf.config import ConfigError
 from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments
+from autoloco_hf.toy.llama import tiny_llama as build
 
 STEPS = 8
 
@@ -27,18 +28,7 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=48,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-        )
-    )
+    return build(48, 16, 1, 2, 32, max_position_embeddings=32, seed=0, tie_word_embeddings=False)
 
 
 def training_args(tmp_path, **overrides) -> TrainingArguments:

@@ -13,18 +13,14 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 from _dist import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from live_trainer_worker import run  # noqa: E402
-from testbeds.live_testbed import collect, wait_round  # noqa: E402
-from transformers import get_cosine_schedule_with_warmup  # noqa: E402
+from testbeds.live_testbed import collect, wait_round
+from testbeds.live_trainer_worker import run
+from transformers import get_cosine_schedule_with_warmup
 
 STEPS, H = 28, 4
 
@@ -123,15 +119,16 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
 def test_a_run_that_starts_alone_in_a_membership_round_has_no_per_step_gather(tmp_path) -> None:
     """A later round may have more processes: the Trainer's per-step token gather, which a one-process start would
     keep, is switched off as in any multi-process run."""
-    from tiny_llama import PaddedTokens, tiny_llama
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
     from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
     store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, timeout=datetime.timedelta(seconds=10))
     config = AutoLoCoConfig(method="diloco", h_base=H)
-    model = tiny_llama(0)
+    model = tiny_llama(**LLAMA, seed=0)
     live = LiveMembership(store, "w0", config, model)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, max_steps=2, report_to=[])
     assert args.average_tokens_across_devices  # the Trainer's default

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from launch import torchrun, torchrun_failing
-from tiny_llama import tiny_llama
 from toy import TIMING_FIELDS
 from transformers import get_cosine_schedule_with_warmup
 
@@ -24,6 +23,8 @@ from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.snapshot import latest_snapshot, snapshot_paths, step_of
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.llama import tiny_llama
+from autoloco_hf.toy.padded import LLAMA
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def library_resume(snapshot, workers: int) -> dict:
     """The library-level resume of ``snapshot`` on ``workers`` simulated workers, over the Trainer's LR schedule."""
     runner = LocalWorkers(
         AutoLoCoConfig(**AUTOLOCO),
-        tiny_llama(0),
+        tiny_llama(**LLAMA, seed=0),
         SimulatedCommunicator(workers),
         lambda params: torch.optim.AdamW(params, lr=LR),
         scheduler_factory=lambda optimizer: get_cosine_schedule_with_warmup(optimizer, WARMUP, STEPS),

@@ -235,15 +235,16 @@ def test_resume_mid_interval_continues_the_same_trajectory(autoloco):
 def test_mid_interval_checkpoint_model_is_the_synchronized_model(autoloco):
     """checkpoint-10's model file is theta_t (what the workers agreed on); each rank's replica is in its state."""
     from safetensors.torch import load_file
-    from trainer_worker import tiny_llama
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
     from autoloco_hf.state.checkpoint import read_state
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.padded import LLAMA
 
     checkpoint = str(autoloco["split_dir"] / "checkpoint-10")
     saved = load_file(os.path.join(checkpoint, "model.safetensors"))
-    weights = [saved[name] for name, _ in tiny_llama(0).named_parameters()]
+    weights = [saved[name] for name, _ in tiny_llama(**LLAMA, seed=0).named_parameters()]
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1, h_max=6)
     replicas = []
     for rank in range(2):
@@ -295,18 +296,19 @@ def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
     import shutil
 
     from safetensors.torch import load_file
-    from trainer_worker import tiny_llama
 
     from autoloco_hf import AutoLoCoConfig
     from autoloco_hf.integrations.runtime import state_path
     from autoloco_hf.state.checkpoint import read_state
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.padded import LLAMA
 
     fields = {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1, "h_max": 6, "ranks_per_worker": 2}
     base = {"steps": 8, "batch": 2, "save_steps": 6, "autoloco": fields}
     full = torchrun("trainer_worker.py", {**base, "output_dir": str(tmp_path / "full")}, nproc=4, timeout=400)
     checkpoint = tmp_path / "full" / "checkpoint-6"
     saved = load_file(str(checkpoint / "model.safetensors"))
-    weights = torch.cat([saved[name].reshape(-1).float() for name, _ in tiny_llama(0).named_parameters()])
+    weights = torch.cat([saved[name].reshape(-1).float() for name, _ in tiny_llama(**LLAMA, seed=0).named_parameters()])
     config = AutoLoCoConfig(**fields)
     halves = []
     for rank in range(4):

@@ -20,20 +20,9 @@ SEQ = 8
 
 
 def tiny_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from autoloco_hf.toy.llama import tiny_llama
 
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            pad_token_id=0,
-        )
-    )
+    return tiny_llama(32, 16, 1, 2, 32, max_position_embeddings=2048, seed=0, tie_word_embeddings=False, pad_token_id=0)
 
 
 def item(i: int, padding: bool = False) -> dict:

@@ -8,13 +8,14 @@ import math
 
 import pytest
 import torch
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.policies import FixedPolicy
 from autoloco_hf.algorithm.schedule import warmup_cosine
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 
 def train(

@@ -8,13 +8,13 @@ import socket
 
 import pytest
 import torch
-from toy import adamw, batch_for, cosine, make_model
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator, worker_label
 from autoloco_hf.sync.control import WorkerDisagreement
 from autoloco_hf.sync.engine.engine import TooManyInvalidIntervals
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS = 24
 WORKER = [worker_label(i, i, socket.gethostname()) for i in range(2)]  # how the messages name each worker

@@ -12,7 +12,7 @@ import torch
 from _dist import run_gloo
 from test_overlap import config as overlap_config
 from test_overlap import runner_for  # the same toy run (STEPS 40, warm-up 4)
-from toy import TIMING_FIELDS, batch_for
+from toy import TIMING_FIELDS
 
 import autoloco_hf.sync.schedules.factory as factory
 from autoloco_hf import AutoLoCoConfig, ConfigError
@@ -21,6 +21,7 @@ from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCo
 from autoloco_hf.sync.engine.fragments import fragment_event_offset, on_local_tensors, split_fragments
 from autoloco_hf.sync.schedules.streaming import FragmentSchedule
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import batch_for
 from autoloco_hf.wire.accounting import payload_bytes
 
 STEPS, WARMUP = 40, 4

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 from _dist import run_gloo
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.policies import AutoLoCoPolicy, IntervalOutcome
@@ -21,6 +21,7 @@ from autoloco_hf.sync.engine.engine import BlockingSchedule
 from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.schedules.overlap import DelayedSchedule, EagerSchedule
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS, WARMUP = 40, 4
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
-from autoloco_hf.cli.demo import scaled_config
-from autoloco_hf.cli.demo_data import tiny_llama
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.batched_workers import BatchedRuns, BatchedWorkers
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.demo import scaled_config
+from autoloco_hf.toy.llama import tiny_llama
 
 WORKERS, STEPS, H_BASE, VOCAB, SEQ = 4, 16, 4, 128, 16
 LOSS_TOL, PARAM_TOL = 1e-5, 1e-5

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from _dist import run_gloo
-from toy import TIMING_FIELDS, adamw, batch_for, cosine, make_model
+from toy import TIMING_FIELDS
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
+from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS, WARMUP = 70, 6
 

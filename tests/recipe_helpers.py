@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
+RECIPES = os.path.join(os.path.dirname(__file__), "..", "recipes")
 
 
 def load_recipe(name: str):

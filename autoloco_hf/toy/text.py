@@ -1,11 +1,10 @@
-"""Offline text, a locally trained tokenizer and tiny Llama models (demo and smoke tests).
+"""Offline text, a locally trained tokenizer, and the batches and losses of a causal LM on it.
 
 Everything here works on a machine with nothing downloaded: the text is
 Python's own ``pydoc_data.topics`` (English prose about the language, on
-every Python installation), the tokenizer is a byte-level BPE trained on it
-in well under a second, and the model is a ``LlamaForCausalLM`` built from a
-config. The demo and the recipes' smoke tests share these builders, so a
-smoke test trains the same kind of model the README shows.
+every Python installation), and the tokenizer is a byte-level BPE trained on
+it in well under a second. The demo, the benchmarks and the recipes' smoke
+tests share these builders, so a smoke test trains on the text the README shows.
 
 Example::
 
@@ -74,32 +73,6 @@ def train_tokenizer(text: str, vocab_size: int = 1024) -> Any:
     )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
-
-
-def tiny_llama(
-    vocab_size: int,
-    hidden_size: int = 64,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    intermediate_size: int | None = None,
-    max_position_embeddings: int = 256,
-    seed: int = 0,
-) -> Any:
-    """A ``LlamaForCausalLM`` built from a config (no download), initialized from ``seed``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size or 4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
 
 
 @dataclass

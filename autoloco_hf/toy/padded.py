@@ -1,28 +1,25 @@
-"""The tiny Llama and its padded token data that the torchrun worker scripts train (no side effects on import)."""
+"""Right-padded token data with a learnable pattern, and the tiny Llama the Trainer workers train on it.
+
+The sequences' lengths vary, so the padding is real: the token counts the engine weighs by differ
+from worker to worker. Build the model with ``tiny_llama(**LLAMA, seed=seed)``.
+"""
 
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 VOCAB, SEQ, PAD = 96, 16, 0
-
-
-def tiny_llama(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return LlamaForCausalLM(cfg)
+# the tiny Llama of this data, as the arguments of autoloco_hf.toy.llama.tiny_llama
+LLAMA = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    pad_token_id=PAD,
+)
 
 
 class PaddedTokens(torch.utils.data.Dataset):

@@ -1,6 +1,8 @@
-"""One process of a Trainer + AutoLoCoCallback run on live membership (spawned by test_live_trainer.py).
+"""One process of a Trainer + AutoLoCoCallback run on live membership.
 
-It forms or joins a round on the test's ``TCPStore``, builds its ``TrainingArguments`` and
+Spawned by ``live_trainer_testbed.py`` and by ``tests/integrations/trainer/test_live_trainer.py``.
+
+It forms or joins a round on the driver's ``TCPStore``, builds its ``TrainingArguments`` and
 ``Trainer`` on that round's process group, and trains with ``train_live``. ``die_at``: the
 process ends (a closed connection for the others) before that step; ``wait_for_joiner_at``:
 before that step, wait until a process has taken a slot of the next round (so that a loaded
@@ -24,13 +26,13 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     os.environ.setdefault("LOCAL_RANK", "0")  # accelerate: a distributed CPU process (one per worker)
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from tiny_llama import PaddedTokens, tiny_llama
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.elastic.errors import JoinRefused
-    from autoloco_hf.integrations.elastic.membership import LiveMembership
+    from autoloco_hf.integrations.elastic.membership import JoinRefused, LiveMembership
     from autoloco_hf.integrations.trainer.live import train_live
+    from autoloco_hf.toy.llama import tiny_llama
+    from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
     timeout = datetime.timedelta(seconds=60)
     if options.get("endpoints"):  # the membership rounds on an etcd cluster
@@ -41,7 +43,7 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
     config = AutoLoCoConfig(method="diloco", h_base=options.get("h_base", h), sync_timeout_s=5.0)
     seed = options.get("seed", 0)
-    model = tiny_llama(seed)
+    model = tiny_llama(**LLAMA, seed=seed)
     live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
     seen: dict = {"name": name, "pid": os.getpid(), "begins": [], "steps": [], "warnings": []}
 
