@@ -15,6 +15,7 @@ tests/integrations/elastic/test_etcd_rendezvous.py and benchmarks/testbeds/elast
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -119,6 +120,43 @@ class EtcdCluster:
         )
         out = subprocess.run([*self.prefix(k), sys.executable, "-c", code], capture_output=True, text=True).stdout
         return int(out.strip() or 0)
+
+    def leader(self) -> int | None:
+        """The member that leads now, from each member's own view (``None``: no member says it leads)."""
+        for k, (host, client, _) in enumerate(self.members):
+            if self.procs.get(k) is not None and self.procs[k].poll() is None:
+                stats = self._http(k, f"http://{host}:{client}/v2/stats/self")
+                if json.loads(stats or "{}").get("state") == "StateLeader":
+                    return k
+        return None
+
+    def make_leader(self, k: int) -> None:
+        """Move the leadership to member ``k`` (etcd's v3 move-leader, asked of the leader), within 10 s."""
+        deadline = time.monotonic() + 10.0
+        while (current := self.leader()) != k:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd member m{k} did not become the leader within 10 s (leader: m{current})")
+            if current is not None:
+                host, client, _ = self.members[current]
+                members = json.loads(self._http(current, f"http://{host}:{client}/v2/members"))["members"]
+                target = next(int(m["id"], 16) for m in members if m["name"] == f"m{k}")
+                body = json.dumps({"targetID": str(target)})
+                self._http(current, f"http://{host}:{client}/v3/maintenance/transfer-leadership", body)
+            time.sleep(0.2)
+
+    def _http(self, k: int, url: str, body: str | None = None) -> str:
+        """One HTTP request to ``url`` from where member ``k`` runs (its namespace); '' when it fails."""
+        code = (
+            "import sys, urllib.request\n"
+            "data = sys.argv[2].encode() if len(sys.argv) > 2 else None\n"
+            "try: print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=data), timeout=3)"
+            ".read().decode())\n"
+            "except OSError: pass"
+        )
+        args = [url] if body is None else [url, body]
+        return subprocess.run(
+            [*self.prefix(k), sys.executable, "-c", code, *args], capture_output=True, text=True
+        ).stdout
 
     def kill(self, k: int) -> None:
         """Member ``k`` loses power (SIGKILL)."""

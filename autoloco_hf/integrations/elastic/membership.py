@@ -100,7 +100,7 @@ class LiveMembership:
             member cannot commit a write) ends within ``sync_timeout_s + store_timeout_s`` of
             the first boundary it reaches (docs/reliability.md). It must outlast a healthy
             client's failover from a lost member to a live one (default 30 s; ``etcd_store``
-            waits 5 s for a member before it tries the next).
+            waits ``request_timeout_s``, 2 s, for a member before it tries the next).
     """
 
     def __init__(

@@ -12,6 +12,7 @@ Skipped without root and ``ip netns``, or without the etcd server and python-etc
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -188,3 +189,10 @@ def test_store_timeout_s_must_be_positive() -> None:
         LiveMembership(
             dist.HashStore(), "w0", AutoLoCoConfig(method="diloco", h_base=4), make_model(), store_timeout_s=0
         )
+
+
+def test_etcd_store_refuses_a_request_timeout_that_is_not_positive() -> None:
+    from autoloco_hf.integrations.elastic.store import etcd_store
+
+    with pytest.raises(ValueError, match=r"^request_timeout_s=0: must be above 0 \(the default is 2 s\)$"):
+        etcd_store("127.0.0.1:2379", "run", datetime.timedelta(seconds=5), request_timeout_s=0)
