@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from launch import worker_env
 from netns import TwoNodes, netns_skip_reason
-
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 from testbeds.live_testbed import STEPS
 
