@@ -8,7 +8,7 @@ process ends (a closed connection for the others) before that step; ``wait_for_j
 before that step, wait until a process has taken a slot of the next round (so that a loaded
 machine does not end the run before the joiner starts); ``pause_at``: before that step, wait for
 ``test/resume`` on the store; ``endpoints``: the rounds on that etcd cluster instead of the
-``TCPStore``. What it saw goes to ``<out>/<name>.json``.
+``TCPStore``; ``batch_size``: another ``per_device_train_batch_size`` than the run's 4. What it saw goes to ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
         output_dir=os.path.join(out, name),
         use_cpu=True,
         max_steps=steps,
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=options.get("batch_size", 4),
         learning_rate=3e-3,
         lr_scheduler_type="cosine",
         warmup_steps=2,
@@ -123,7 +123,12 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     trainer = Trainer(
         model=model, args=args, train_dataset=PaddedTokens(512, seed=1 + seed), callbacks=[autoloco, Probe()]
     )
-    train_live(trainer, live, agreement)
+    try:
+        train_live(trainer, live, agreement)
+    except JoinRefused as err:  # its TrainingArguments differ from the run's
+        seen["refused"] = str(err)
+        write()
+        return
     engine = autoloco.engine
     seen["theta"] = engine.outer.params.detach().tolist()
     seen["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()

@@ -28,6 +28,7 @@ class Agreement:
     state: dict[str, Any] | None  # the source's boundary state (None: no member had trained yet)
     # this process's own state at that boundary (``attach(local_state=...)``; None if it does not hold that boundary)
     local_state: dict[str, Any] | None = None
+    source_rank: int = 0  # the member whose boundary every member goes on from (its settings are the run's)
 
 
 @dataclass(frozen=True)

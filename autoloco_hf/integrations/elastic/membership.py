@@ -448,5 +448,6 @@ class LiveMembership:
             source.boundary if state else 0,
         )
         local = self._local if state is not None and mine.boundary == source.boundary else None
-        self.agreement = Agreement(number, rank, size, [s.member_id for s in accepted], state, local)
+        members = [s.member_id for s in accepted]
+        self.agreement = Agreement(number, rank, size, members, state, local, source_rank=accepted.index(source))
         return self.agreement

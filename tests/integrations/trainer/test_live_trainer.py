@@ -164,3 +164,33 @@ def test_the_step_a_join_is_taken_in_at_is_saved_and_logged_as_without_the_join(
     assert checkpoints == boundaries
     assert seen["w2"]["saved"] == [s for s in boundaries if s > joined["step"]]
     assert seen["w2"]["params"] == seen["w0"]["params"]
+
+
+@pytest.mark.parametrize("when", ["launch", "join"])
+def test_a_process_with_other_training_arguments_is_refused_and_the_run_goes_on(tmp_path, when) -> None:
+    """A process whose per_device_train_batch_size differs is refused in one line, at the launch (the majority
+    decides, not the order of arrival: it starts first) or when it joins; the others train to the end."""
+    out, port = str(tmp_path), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
+    ctx = multiprocessing.get_context("spawn")
+    deadline = time.monotonic() + 240
+    if when == "launch":
+        odd = spawn(ctx, out, port, "w2", 3, batch_size=8)
+        members = [spawn(ctx, out, port, f"w{i}", 3) for i in range(2)]
+    else:
+        members = [spawn(ctx, out, port, f"w{i}", 2, wait_for_joiner_at=(8,)) for i in range(2)]
+        wait_round(store, 0, deadline)
+        odd = spawn(ctx, out, port, "w2", 2, batch_size=8)  # the members' command, another batch size
+    seen = collect([*members, odd], out, ("w0", "w1", "w2"), deadline)
+    assert [p.exitcode for p in (*members, odd)] == [0, 0, 0]
+    round_ = 0 if when == "launch" else 1
+    assert seen["w2"]["refused"] == (
+        f"w2 may not join the run (membership round {round_}): field TrainingArguments.per_device_train_batch_size=8 "
+        "but the run has per_device_train_batch_size=4: start it with the run's TrainingArguments"
+    )
+    assert seen["w2"]["steps"] == []  # it trained nothing
+    for name in ("w0", "w1"):
+        assert seen[name]["steps"][-1] == STEPS
+        assert sorted(seen[name]["begins"][-1]["members"]) == ["w0", "w1"]
+        assert any("['w2'] refused: its TrainingArguments differ" in w for w in seen[name]["warnings"])
+    assert seen["w1"]["params"] == seen["w0"]["params"]
