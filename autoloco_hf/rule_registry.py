@@ -1,4 +1,4 @@
-"""The registry of horizon rules: a name in the config, a class in the algorithm (docs/algorithm.md §5.7).
+"""The registry of horizon rules: a name in the config, a class in the algorithm (docs/algorithm.md#rule-plugins).
 
 It sits on the ground floor, beside the config, because the config checks
 ``controller`` and ``rule_options`` when it is built. The rules themselves live

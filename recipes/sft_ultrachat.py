@@ -68,7 +68,7 @@ class SFTSettings:
     """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`), the engine's ``autoloco_*``."""
 
     method: Method = setting(Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)")
-    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (docs/algorithm.md §7)")
+    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (docs/algorithm.md#wire-codecs)")
     model_name_or_path: str = setting("meta-llama/Llama-3.1-8B", "hub id or local folder of the model")
     tokenizer: str | None = setting(None, "hub id or local folder; default: the model's")
     chat_template: str | None = setting(
@@ -261,7 +261,7 @@ def check_fsdp2_workers_setup(s: SFTSettings, config: AutoLoCoConfig, cuda: bool
 
 
 def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: str = "cuda") -> Any:
-    """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root; docs/algorithm.md §8.3).
+    """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root; docs/algorithm.md#worker-groups).
 
     Accelerate's FSDP2 plugin would shard over all ranks, one worker; it keeps a model sharded already. The
     master weights, gradients and AdamW states stay FP32; with ``bf16`` the layers are gathered in bf16.

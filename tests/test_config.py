@@ -1,4 +1,4 @@
-"""Configuration: defaults, validation, presets (docs/algorithm.md §1, 4, 5, 6, 7)."""
+"""Configuration: defaults, validation, presets (docs/algorithm.md#notation, 4, 5, 6, 7)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_spec_defaults() -> None:
 )
 def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
     """q_H = H_base / 10 (the largest divisor of H_base up to that); H_min = H_base;
-    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md §1), for the paper rule; the
+    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md#notation), for the paper rule; the
     default rule's is 2 H_base."""
     c = AutoLoCoConfig(h_base=h_base, controller="paper")
     assert (c.q_h, c.h_min, c.h_max) == (q_h, h_base, h_max)
@@ -62,7 +62,7 @@ def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
 
 
 def test_default_q_h_always_divides_h_base() -> None:
-    """H_base must be an admissible horizon (a multiple of q_H), or the token mapper rounds it away (docs/algorithm.md §3)."""
+    """H_base must be an admissible horizon (a multiple of q_H), or the token mapper rounds it away (docs/algorithm.md#token-mapper)."""
     for h_base in range(1, 1001):
         c = AutoLoCoConfig(h_base=h_base)
         assert h_base % c.q_h == 0 and 10 * c.q_h <= max(10, h_base)
@@ -84,7 +84,7 @@ def test_explicit_horizon_fields_are_kept() -> None:
     "method, momentum", [("diloco", 0.9), ("autoloco", 0.5), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)]
 )
 def test_outer_momentum_default_depends_on_method(method: str, momentum: float) -> None:
-    """docs/algorithm.md §4, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base its rule's (descent: 0.5)."""
+    """docs/algorithm.md#outer-correction, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base its rule's (descent: 0.5)."""
     assert AutoLoCoConfig(method=method).outer_momentum == momentum
     assert (
         AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7
@@ -347,7 +347,7 @@ def test_from_dict_validates() -> None:
 
 # ------------------------------------------------------------------ presets
 def test_recipes() -> None:
-    """docs/algorithm.md §1, 5.4: C4 (H_base 500, q_H 50, H_max 750); SFT (100, 10, 150, normalization on)."""
+    """docs/algorithm.md#notation, 5.4: C4 (H_base 500, q_H 50, H_max 750); SFT (100, 10, 150, normalization on)."""
     c4 = AutoLoCoConfig.for_recipe("c4")
     assert (c4.h_base, c4.q_h, c4.h_max, c4.normalize_pseudo_grad, c4.method) == (500, 50, 750, False, "autoloco")
     sft = AutoLoCoConfig.for_recipe("sft")
@@ -381,7 +381,7 @@ def test_unknown_recipe() -> None:
     ],
 )
 def test_ablation_variants(variant: str, switches: tuple) -> None:
-    """The paper's Table 7 ablation: switches on one by one (docs/algorithm.md §4)."""
+    """The paper's Table 7 ablation: switches on one by one (docs/algorithm.md#outer-correction)."""
     c = AutoLoCoConfig.ablation(variant, h_base=100)
     assert c.method == "autoloco" and c.adaptive_horizon and c.h_base == 100
     assert (c.adjust_momentum, c.scale_outer_lr, c.normalize_pseudo_grad) == switches
@@ -403,7 +403,7 @@ def test_unknown_ablation() -> None:
     ],
 )
 def test_method_properties(method: str, interval: bool, nesterov: bool, corrected: bool) -> None:
-    """docs/algorithm.md §6: DiLoCo/AutoLoCo take a Nesterov outer step, QSR/Linear average, DDP has no intervals."""
+    """docs/algorithm.md#baselines: DiLoCo/AutoLoCo take a Nesterov outer step, QSR/Linear average, DDP has no intervals."""
     c = AutoLoCoConfig(method=method)
     assert (c.is_interval_method, c.uses_nesterov_outer, c.outer_correction_enabled) == (interval, nesterov, corrected)
 
@@ -437,7 +437,7 @@ def test_method_properties(method: str, interval: bool, nesterov: bool, correcte
     ],
 )
 def test_unequal_speed_settings_are_refused_naming_the_option(kwargs: dict, message: str) -> None:
-    """docs/algorithm.md §13.4: one line naming the option and the fix."""
+    """docs/algorithm.md#pacing-bad-input: one line naming the option and the fix."""
     with pytest.raises(ConfigError, match=message) as caught:
         AutoLoCoConfig(**kwargs)
     assert "\n" not in str(caught.value)

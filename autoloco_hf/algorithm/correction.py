@@ -1,11 +1,11 @@
-"""Outer-optimizer correction for the learning-rate mass of an interval (docs/algorithm.md §4).
+"""Outer-optimizer correction for the learning-rate mass of an interval (docs/algorithm.md#outer-correction).
 
 A longer interval carries more inner learning rate than the base interval at
 the same schedule position. The ratio ``rho_t`` of the two masses drives three
 independent switches: pseudo-gradient normalization, momentum retention and
 bounded outer-step scaling.
 
-Example (docs/algorithm.md §4: ``H = 1.5 H_base`` near peak LR)::
+Example (docs/algorithm.md#outer-correction: ``H = 1.5 H_base`` near peak LR)::
 
     >>> c = outer_correction(lr_mass=1.49, lr_mass_base=1.0, mu_base=0.7, outer_lr=0.7)
     >>> round(c.rho, 2), round(c.momentum, 3), round(c.outer_lr, 2)
@@ -33,7 +33,7 @@ class OuterCorrection:
 
 
 def interval_ratio(lr_mass: float, lr_mass_base: float, eps: float = 1e-8) -> float:
-    """``rho_t = max(Lambda_t / (Lambda_t^base + eps), 1)``: never below 1 (docs/algorithm.md §4)."""
+    """``rho_t = max(Lambda_t / (Lambda_t^base + eps), 1)``: never below 1 (docs/algorithm.md#outer-correction)."""
     return max(lr_mass / (lr_mass_base + eps), 1.0)
 
 
@@ -51,7 +51,7 @@ def outer_correction(
     scale_outer_lr: bool = True,
     normalize_pseudo_grad: bool = False,
 ) -> OuterCorrection:
-    """docs/algorithm.md §4: ``mu_t = clip(mu_base**rho_t, mu_min, mu_max)``,
+    """docs/algorithm.md#outer-correction: ``mu_t = clip(mu_base**rho_t, mu_min, mu_max)``,
     ``kappa_t = min(kappa_max, (1 - mu_t) / (1 - mu_base))``, ``eta_t = outer_lr * kappa_t``.
 
     With a switch off its quantity stays at the base value (``mu_base``,

@@ -1,4 +1,4 @@
-"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (docs/algorithm.md §6).
+"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (docs/algorithm.md#baselines).
 
 A policy answers two questions: how long is the interval that starts at step
 ``s`` (:meth:`IntervalPolicy.next_interval`), and what does a completed interval teach
@@ -33,7 +33,7 @@ from autoloco_hf.config import AutoLoCoConfig, Method
 
 @dataclass
 class NextInterval:
-    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (docs/algorithm.md §5.3)."""
+    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (docs/algorithm.md#phases)."""
 
     start_step: int
     h_tok: int  # token-equivalent horizon
@@ -43,8 +43,9 @@ class NextInterval:
     lr_mass: float  # preview Lambda(s, h_step)
     lr_mass_base: float  # preview Lambda(s, h_ref)
     stretched: bool = False  # lengthened so that a delayed merge lands inside it: takes no decision either
-    cut_short: bool = False  # ended early by the rule's on_measurement (docs/algorithm.md §5.7)
-    probe_exponent: float | None = None  # what the rule's in-interval probe measured, for the record (§5.6, 5.7)
+    cut_short: bool = False  # ended early by the rule's on_measurement (docs/algorithm.md#rule-plugins)
+    # what the rule's in-interval probe measured, for the record (docs/algorithm.md#descent-rule, #rule-plugins)
+    probe_exponent: float | None = None
 
 
 @dataclass
@@ -58,7 +59,8 @@ class IntervalOutcome:
     lr_mass: float  # measured Lambda_t
     mean_loss: float
     pseudo_grad_finite: bool
-    anchor_drift_energy: float = math.nan  # D at the rule's BOUNDARY displacement request (docs/algorithm.md §5.7)
+    # D at the rule's BOUNDARY displacement request (docs/algorithm.md#rule-plugins)
+    anchor_drift_energy: float = math.nan
     anchor_lr_mass: float = math.nan
 
     def observation(self, end_step: int) -> IntervalObservation:
@@ -92,7 +94,7 @@ class IntervalPolicy(ABC):
         """The interval from ``start_step``; at least ``min_steps`` long (in whole quanta) unless the budget ends first.
 
         ``min_steps`` > 1 comes from a delayed merge due ``min_steps - 1`` steps
-        into this interval (docs/algorithm.md §11.1).
+        into this interval (docs/algorithm.md#delayed-merge).
         """
         h_tok, wanted = self._length(start_step)
         stretched = wanted < min_steps
@@ -114,23 +116,23 @@ class IntervalPolicy(ABC):
     quantum = 1  # executable lengths are multiples of this (AutoLoCo: q_h)
 
     def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
-        """What the engine measures inside ``interval`` for the horizon rule (docs/algorithm.md §5.7); none by default."""
+        """What the engine measures inside ``interval`` for the horizon rule (docs/algorithm.md#rule-plugins); none by default."""
         return ()
 
     def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
-        """The interval to run on once the shared measurements are in (docs/algorithm.md §5.7); unchanged by default."""
+        """The interval to run on once the shared measurements are in (docs/algorithm.md#rule-plugins); unchanged by default."""
         return interval
 
     def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> RuleDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
 
         ``next_start``: the start of the interval the decision sets, when that is
-        not the one right after ``outcome`` (eager overlap, docs/algorithm.md §11.3).
+        not the one right after ``outcome`` (eager overlap, docs/algorithm.md#overlap-checkpoints).
         """
         return None
 
     def rescale_workers(self, old_workers: int, new_workers: int) -> None:  # noqa: B027 (N-independent policies)
-        """Another number of workers continues the run (elastic resume, docs/algorithm.md §8.5)."""
+        """Another number of workers continues the run (elastic resume, docs/algorithm.md#boundary-snapshots)."""
 
     @abstractmethod
     def _length(self, start_step: int) -> tuple[int, int]:
@@ -154,7 +156,7 @@ class FixedPolicy(IntervalPolicy):
 
 
 class QSRPolicy(IntervalPolicy):
-    """Quadratic Synchronization Rule (Gu et al., 2024; docs/algorithm.md §6).
+    """Quadratic Synchronization Rule (Gu et al., 2024; docs/algorithm.md#baselines).
 
     ``H = max(H_base, floor((alpha / eta_in(s))**gamma))`` at the interval
     start; intervals starting inside the warm-up keep ``H_base``.
@@ -179,7 +181,7 @@ class QSRPolicy(IntervalPolicy):
 
 
 class LinearIntervalPolicy(IntervalPolicy):
-    """Linear Interval: the k-th interval has ``increment * k`` steps (docs/algorithm.md §6)."""
+    """Linear Interval: the k-th interval has ``increment * k`` steps (docs/algorithm.md#baselines)."""
 
     def __init__(self, increment: int, total_steps: int, schedule: LRSchedule | None = None) -> None:
         from autoloco_hf.algorithm.schedule import FunctionSchedule
@@ -201,7 +203,7 @@ class LinearIntervalPolicy(IntervalPolicy):
 
 
 class AutoLoCoPolicy(IntervalPolicy):
-    """AutoLoCo: the horizon rule (docs/algorithm.md §5) over token-equivalent horizons, token mapper (docs/algorithm.md §3)."""
+    """AutoLoCo: the horizon rule (docs/algorithm.md#horizon-rule) over token-equivalent horizons, token mapper (docs/algorithm.md#token-mapper)."""
 
     def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
         super().__init__(schedule, total_steps, config.h_base)
@@ -242,7 +244,7 @@ class AutoLoCoPolicy(IntervalPolicy):
         controller has replaced since it was planned says nothing about the
         current horizon: if finite it is marked ``stale`` and not fed to the
         controller; a non-finite one still takes the invalid path
-        (docs/algorithm.md §11.3).
+        (docs/algorithm.md#overlap-checkpoints).
         """
         interval = outcome.interval
         full = not interval.truncated
@@ -257,7 +259,7 @@ class AutoLoCoPolicy(IntervalPolicy):
         observation = outcome.observation(next_start)
         if lagged and observation.finite and interval.h_tok != self.rule.h_tok:
             return RuleDecision(self.rule.phase, Assessment.STALE, Decision.KEEP, self.rule.h_tok)
-        # candidate previews use the mapper updated with this interval (docs/algorithm.md §3, last bullets)
+        # candidate previews use the mapper updated with this interval (docs/algorithm.md#token-mapper, last bullets)
         return self.rule.observe(
             observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
         )
@@ -281,7 +283,7 @@ PolicyFactory = Callable[[AutoLoCoConfig, LRSchedule, int, int], IntervalPolicy]
 
 
 def make_rule(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
-    """The horizon rule registered as ``config.controller`` (docs/algorithm.md §5.7)."""
+    """The horizon rule registered as ``config.controller`` (docs/algorithm.md#rule-plugins)."""
     return config.rule_class(config, warmup_steps=warmup_steps)
 
 

@@ -3,7 +3,7 @@
 Runs the real interval policy against the recipe's LR schedule with an
 always-increase-supporting statistic stream (``d_t`` and ``C_t`` constant,
 so every residual is 0; the schedule still drives candidate previews) and constant token density: the upper bound of what
-AutoLoCo can save, and exactly the trajectory of docs/algorithm.md §5.4.
+AutoLoCo can save, and exactly the trajectory of docs/algorithm.md#paper-trajectory.
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Exact learning-rate-mass previews (docs/algorithm.md §2).
+"""Exact learning-rate-mass previews (docs/algorithm.md#interval-statistics).
 
 AutoLoCo compares intervals by their accumulated inner learning rate
 ``Lambda(s, h) = sum_{k<h} eta_in(s + k)``. The preview must be exact and must
@@ -31,7 +31,7 @@ class LRSchedule(Protocol):
 
 
 def lr_mass(schedule: LRSchedule, start: int, num_steps: int) -> float:
-    """``Lambda(start, num_steps)`` in float64, clamped to the budget (docs/algorithm.md §2)."""
+    """``Lambda(start, num_steps)`` in float64, clamped to the budget (docs/algorithm.md#interval-statistics)."""
     end = min(start + max(num_steps, 0), schedule.total_steps)
     return math.fsum(schedule.lr_at(step) for step in range(max(start, 0), end))
 
@@ -95,7 +95,7 @@ class _ShadowOptimizer:
 
 
 class SchedulerPreview(LRMassMixin):
-    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (docs/algorithm.md §2).
+    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (docs/algorithm.md#interval-statistics).
 
     ``LambdaLR`` (all of transformers' ``get_*_schedule_with_warmup``) is
     evaluated in closed form, ``base_lr * lr_lambda(step)``. Any other
@@ -117,7 +117,7 @@ class SchedulerPreview(LRMassMixin):
         if isinstance(scheduler, ReduceLROnPlateau):
             raise TypeError(
                 "ReduceLROnPlateau depends on future metrics, so its learning-rate mass cannot be "
-                "previewed (docs/algorithm.md §2): use a deterministic schedule (e.g. cosine with warm-up)"
+                "previewed (docs/algorithm.md#interval-statistics): use a deterministic schedule (e.g. cosine with warm-up)"
             )
         self.total_steps = int(total_steps)
         self.param_group = param_group

@@ -1,4 +1,4 @@
-"""Per-interval statistics from all-reduced scalars (docs/algorithm.md §2).
+"""Per-interval statistics from all-reduced scalars (docs/algorithm.md#interval-statistics).
 
 Plain floats in, plain floats out: every worker computes the same numbers from
 the same all-reduced sums, so these functions decide nothing on their own.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 
 def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
-    """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md §5.1); NaN when undefined.
+    """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md#references-and-residuals); NaN when undefined.
 
     Undefined means non-finite, ``D_t <= 0`` or ``Lambda_t <= 0``: such an
     interval takes no decision (the controller treats it like truncation).
@@ -30,7 +30,7 @@ def log_normalized_drift(drift_energy: float, lr_mass: float) -> float:
 def drift_growth(
     drift_energy: float, lr_mass: float, anchor_drift_energy: float, anchor_lr_mass: float
 ) -> tuple[float, float]:
-    """``(log d - log d_anchor, log Lambda - log Lambda_anchor)`` from an interval's anchor to its end (§5.6).
+    """``(log d - log d_anchor, log Lambda - log Lambda_anchor)`` from an interval's anchor to its end (docs/algorithm.md#descent-rule).
 
     NaNs when either ``d`` is undefined or the interval did not run past its anchor. Their ratio gives the
     drift exponent (:func:`drift_exponent`); sums of both pool several intervals.
@@ -42,7 +42,7 @@ def drift_growth(
 
 
 def drift_exponent(fall: float, growth: float) -> float:
-    """``p`` in ``D ~ Lambda^p`` between anchor and end (docs/algorithm.md §5.6); NaN when undefined.
+    """``p`` in ``D ~ Lambda^p`` between anchor and end (docs/algorithm.md#descent-rule); NaN when undefined.
 
     ``p = 2`` is ballistic (every step adds in the same direction), ``p = 1`` diffusive (the steps add like
     noise); ``D = s Lambda^2 + n Lambda`` has ``p = 1 + f`` locally, ``f`` the ballistic share of ``D``.
@@ -52,7 +52,7 @@ def drift_exponent(fall: float, growth: float) -> float:
 
 @dataclass(frozen=True)
 class IntervalStatistics:
-    """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (docs/algorithm.md §2)."""
+    """``D_t``, ``C_t``, ``d_t`` and ``V_t`` of one interval (docs/algorithm.md#interval-statistics)."""
 
     drift_energy: float  # D_t = mean_i ||Delta_i||^2
     coherence: float  # C_t = N ||Delta_bar||^2 / (D_t + eps), in [0, N]
@@ -66,7 +66,7 @@ class IntervalStatistics:
 
     @property
     def log_normalized_drift(self) -> float:
-        """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md §5.1); NaN when undefined."""
+        """``log d_t = log D_t - 2 log Lambda_t`` in float64 (docs/algorithm.md#references-and-residuals); NaN when undefined."""
         return log_normalized_drift(self.drift_energy, self.lr_mass) if self.finite else math.nan
 
 
@@ -84,7 +84,7 @@ def interval_statistics(
         mean_sq_norm: ``||Delta_bar_t||^2`` of the averaged (decoded) pseudo-gradient.
         num_workers: ``N``.
         lr_mass: ``Lambda_t``, the interval's accumulated inner learning rate.
-        eps: ratio epsilon (docs/algorithm.md §4 defaults).
+        eps: ratio epsilon (docs/algorithm.md#outer-correction defaults).
     """
     drift = sum_local_sq_norms / num_workers
     coherence = num_workers * mean_sq_norm / (drift + eps)

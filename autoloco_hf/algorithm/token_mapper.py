@@ -1,4 +1,4 @@
-"""Token-equivalent horizons to executable steps (docs/algorithm.md §3).
+"""Token-equivalent horizons to executable steps (docs/algorithm.md#token-mapper).
 
 The controller reasons in token-equivalent horizons ``H_tok`` (steps at the
 base token density). With padded batches a step consumes a varying number of
@@ -25,7 +25,7 @@ from typing import Any
 
 
 def round_to_multiple(value: float, multiple: int) -> int:
-    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (docs/algorithm.md §3, 5.3)."""
+    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (docs/algorithm.md#token-mapper, #phases)."""
     return max(multiple, multiple * math.floor(value / multiple + 0.5))
 
 
@@ -34,7 +34,7 @@ def _is_tensor(value: Any) -> bool:
 
 
 def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
-    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (docs/algorithm.md §3).
+    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (docs/algorithm.md#token-mapper).
 
     A 2-D ``attention_mask`` is summed; without one every ``input_ids``
     position counts (also a tensor passed positionally), else every position of
@@ -65,7 +65,7 @@ def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
 
 
 class TokenMapper:
-    """docs/algorithm.md §3 mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
+    """docs/algorithm.md#token-mapper mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
 
     Args:
         h_base: recipe horizon in steps.
@@ -129,7 +129,7 @@ class TokenMapper:
         ``M_base`` and ``n_hat`` are global (all workers') token counts; both are
         scaled by ``new / old``, so that the same per-worker token density maps a
         horizon to the same steps, and the EMA then follows the new rate as
-        intervals are observed (docs/algorithm.md §8.5).
+        intervals are observed (docs/algorithm.md#boundary-snapshots).
         """
         factor = new_workers / old_workers
         self.base_counts = [int(round(c * factor)) for c in self.base_counts]

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controller",
         help="AutoLoCo's horizon rule by registered name: paper (default), descent, or one --rule-module registers "
-        "(docs/algorithm.md §5.7)",
+        "(docs/algorithm.md#rule-plugins)",
     )
     parser.add_argument("--rule-options", help="the rule's options as NAME=VALUE,... or JSON, e.g. gain=0.9")
     parser.add_argument("--rule-module", help="module to import first: it registers rules by name (@register_rule)")
@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speeds",
         help="the workers' relative speeds, comma-separated (e.g. 1,1,1,0.5): preview pacing='budget' against "
-        "lockstep, each worker's inner steps per interval and the run's time (docs/algorithm.md §13)",
+        "lockstep, each worker's inner steps per interval and the run's time (docs/algorithm.md#pacing)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of text")
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         usage_error(str(err), "autoloco plan")
     if (
         config.h_max % config.q_h
-    ):  # the controller's horizons live on the q_H grid (docs/algorithm.md §1): H_max would never be reached
+    ):  # the controller's horizons live on the q_H grid (docs/algorithm.md#notation): H_max would never be reached
         below = config.h_max // config.q_h * config.q_h
         usage_error(
             f"--h-max {config.h_max} is not a multiple of q_H={config.q_h}: use {below} or {below + config.q_h}",
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def pacing_preview(speeds: list[float], intervals: list[int]) -> dict[str, Any]:
-    """Budget pacing against lockstep at constant ``speeds`` over the planned ``intervals`` (docs/algorithm.md §13.1).
+    """Budget pacing against lockstep at constant ``speeds`` over the planned ``intervals`` (docs/algorithm.md#pacing-mechanism).
 
     The first interval runs in lockstep (no speed measured yet); times are in steps of a speed-1 worker.
     """

@@ -5,7 +5,7 @@ or folders of run folders (a demo's output), and writes the paper's Table 1 (met
 payload, train loss over the last 2% of steps, validation loss) and Table 2
 (steps, time and bytes to reach loss thresholds) with the plots, to the
 terminal and to ``report.md``. A run that timed its workers (budget pacing or
-a virtual clock, docs/algorithm.md §13) adds each worker's tokens, steps,
+a virtual clock, docs/algorithm.md#pacing) adds each worker's tokens, steps,
 speed and straggler intervals, and its tokens in every interval (the
 terminal shows the first and last few intervals, ``report.md`` all of them).
 """
@@ -200,7 +200,7 @@ def workers_section(runs: Sequence[Run], limit: int | None = None) -> str:
         "\n### Workers: tokens, steps and speed\n\n"
         "Speed is inner steps per second of a worker's own time on them (virtual seconds on a simulated clock). "
         "A straggler interval: the worker was below `straggler_fraction` of the median speed for "
-        "`straggler_intervals` syncs in a row; an idle one: it took no step (docs/algorithm.md §13.3).\n\n"
+        "`straggler_intervals` syncs in a row; an idle one: it took no step (docs/algorithm.md#stragglers).\n\n"
         + "\n".join(parts)
     )
 

@@ -1,4 +1,4 @@
-"""Typed configuration of every AutoLoCo constant (docs/algorithm.md §1-8); the names the package imports."""
+"""Typed configuration of every AutoLoCo constant (docs/algorithm.md, sections 1 to 8: #notation to #engineering); the names the package imports."""
 
 from autoloco_hf.config.autoloco_config import AutoLoCoConfig, nest_rule_options
 from autoloco_hf.config.choices import (

@@ -1,4 +1,4 @@
-"""Typed configuration of every AutoLoCo constant (docs/algorithm.md §1-8).
+"""Typed configuration of every AutoLoCo constant (docs/algorithm.md, sections 1 to 8: #notation to #engineering).
 
 One dataclass, :class:`AutoLoCoConfig`, holds the method, the horizon domain, the
 outer optimizer, the controller thresholds and the communication settings. Each
@@ -65,18 +65,18 @@ class AutoLoCoConfig:
         Method.AUTOLOCO,
         """One of `ddp` (gradient all-reduce every step), `diloco` (fixed horizon, Nesterov outer step),
         `autoloco` (adaptive horizon and corrected outer step), `qsr` and `linear` (interval baselines with
-        direct model averaging). docs/algorithm.md §6.""",
+        direct model averaging). docs/algorithm.md#baselines.""",
     )
     h_base: int = option(
         500,
         """Recipe horizon in optimizer steps: DiLoCo's fixed `H`, AutoLoCo's starting and reference horizon
-        (docs/algorithm.md §1).""",
+        (docs/algorithm.md#notation).""",
         COUNT,
     )
     q_h: int | None = option(
         None,
         """Horizon granularity in steps; `h_base` must be a multiple of it. Default: `h_base // 10`, or the
-        largest divisor of `h_base` below that (docs/algorithm.md §1).""",
+        largest divisor of `h_base` below that (docs/algorithm.md#notation).""",
         COUNT,
     )
     h_min: int | None = option(
@@ -89,13 +89,15 @@ class AutoLoCoConfig:
         COUNT,
     )
 
-    # ------------------------------------------------------------ outer step (docs/algorithm.md §4)
-    outer_lr: float = option(0.7, "Base outer learning rate `eta_base^out` (docs/algorithm.md §4, 6).", POSITIVE)
+    # ------------------------------------------------------------ outer step (docs/algorithm.md#outer-correction)
+    outer_lr: float = option(
+        0.7, "Base outer learning rate `eta_base^out` (docs/algorithm.md#outer-correction, 6).", POSITIVE
+    )
     outer_momentum: float | None = option(
         None,
         """Base Nesterov momentum `mu_base`. Default 0.9 for `diloco` (the paper's baseline); for `autoloco` the
         rule's own (0.5 for `descent`, 0.7 for `paper`), else 0.7; 0.7 with `diloco` is the fair comparator of
-        docs/algorithm.md §6. AutoLoCo needs it within [mu_min, mu_max].""",
+        docs/algorithm.md#baselines. AutoLoCo needs it within [mu_min, mu_max].""",
         FRACTION,
     )
     mu_min: float = option(0.5, "Lower end of the clip range of the retained momentum `mu_base ** rho_t`.", FRACTION)
@@ -108,37 +110,37 @@ class AutoLoCoConfig:
     scale_outer_lr: bool = option(True, "Bounded outer-step scaling; off gives `eta_t = outer_lr`.")
     normalize_pseudo_grad: bool = option(False, "Divide the mean pseudo-gradient by `rho_t`; on for SFT.")
 
-    # ------------------------------------------------------------ horizon controller (docs/algorithm.md §5)
+    # ------------------------------------------------------------ horizon controller (docs/algorithm.md#horizon-rule)
     adaptive_horizon: bool = option(
         True,
         """For `autoloco`, run the horizon controller; off keeps `h_base` (with the three outer-step switches
-        off too this is DiLoCo, docs/algorithm.md §4).""",
+        off too this is DiLoCo, docs/algorithm.md#outer-correction).""",
     )
     controller: str = option(
         Controller.DESCENT,
         """Horizon rule, by its registered name: `descent` (the default: start at `h_max` = 2 `h_base`, shorten
-        as the coherence falls; docs/algorithm.md §5.6), `paper` (the paper's state machine, docs/algorithm.md
-        §5.3), or a rule registered by `rule_module` (docs/algorithm.md §5.7).""",
+        as the coherence falls; docs/algorithm.md#descent-rule), `paper` (the paper's state machine, docs/algorithm.md
+        docs/algorithm.md#phases), or a rule registered by `rule_module` (docs/algorithm.md#rule-plugins).""",
     )
     rule_options: Any = option(
         None,
         """Options of the chosen horizon rule: a dict, `name=value,...` text, JSON, or the rule's options
         dataclass (e.g. `gain=0.9,start_probe=1.85` for `descent`); unset: the rule's defaults. Checked
-        against the rule's options dataclass; after construction it is that dataclass (docs/algorithm.md §5.7).""",
+        against the rule's options dataclass; after construction it is that dataclass (docs/algorithm.md#rule-plugins).""",
     )
     rule_module: str | None = option(
         None,
         """Python module imported before the rule is looked up, so that its `@register_rule` classes can be
-        named in `controller` (a rule written outside the package, docs/algorithm.md §5.7).""",
+        named in `controller` (a rule written outside the package, docs/algorithm.md#rule-plugins).""",
     )
     warmup_steps: int | None = option(
         None,
-        """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md §5.3.1).
+        """Inner-LR warm-up length; the controller keeps `h_base` until it ends (docs/algorithm.md#warm-up).
         The integrations read it from the trainer when unset.""",
         NON_NEGATIVE,
     )
 
-    # ------------------------------------------------------------ token mapping (docs/algorithm.md §3)
+    # ------------------------------------------------------------ token mapping (docs/algorithm.md#token-mapper)
     map_tokens: bool = option(
         True,
         """For `autoloco`, map token-equivalent horizons to steps with the observed token density; off executes
@@ -149,13 +151,13 @@ class AutoLoCoConfig:
     )
     token_ema_beta: float = option(0.9, "EMA factor of the tokens-per-step estimate.", FRACTION)
 
-    # ------------------------------------------------------------ interval baselines (docs/algorithm.md §6)
+    # ------------------------------------------------------------ interval baselines (docs/algorithm.md#baselines)
     qsr_alpha: float | None = option(None, "QSR's `alpha`; default `sqrt(h_base) * eta_peak`.", POSITIVE)
-    qsr_gamma: float = option(2.0, "QSR's exponent `gamma` (docs/algorithm.md §6).", POSITIVE)
+    qsr_gamma: float = option(2.0, "QSR's exponent `gamma` (docs/algorithm.md#baselines).", POSITIVE)
     linear_increment: int = option(10, "Linear Interval's `a` in `H_k = a * k`.", COUNT)
 
-    # ------------------------------------------------------------ communication (docs/algorithm.md §7, 8)
-    wire_dtype: WireDtype = option(WireDtype.FP32, "Pseudo-gradient wire format (docs/algorithm.md §7).")
+    # ------------------------------------------------------------ communication (docs/algorithm.md#wire-codecs, 8)
+    wire_dtype: WireDtype = option(WireDtype.FP32, "Pseudo-gradient wire format (docs/algorithm.md#wire-codecs).")
     int8_block_size: int = option(
         4096, "Elements per block of a blockwise wire (int8, int4, fp4, int2), each with an FP32 scale.", COUNT
     )
@@ -163,7 +165,7 @@ class AutoLoCoConfig:
         None,
         """Send only the largest `ceil(topk_fraction * n)` entries (by magnitude) of every block of `n` elements,
         with their offsets in the block as 16-bit indices, the values in `wire_dtype` (int8, int4, fp4 or int2;
-        docs/algorithm.md §7.1). None: dense. Pair it with error_feedback=True, or the rest is lost.""",
+        docs/algorithm.md#low-bit-wires). None: dense. Pair it with error_feedback=True, or the rest is lost.""",
         Range(0.0, 1.0, low_open=True),
     )
     codec_kernel: CodecKernel = option(
@@ -179,7 +181,9 @@ class AutoLoCoConfig:
     )
     outer_on_cpu: bool = option(False, "Keep the FP32 outer parameters and momentum in host memory.")
     bucket_size_mb: float = option(64.0, "Size of one all-reduce bucket of the flat pseudo-gradient.", POSITIVE)
-    ranks_per_worker: int = option(1, "Ranks forming one worker (inner DDP inside, docs/algorithm.md §8.3).", COUNT)
+    ranks_per_worker: int = option(
+        1, "Ranks forming one worker (inner DDP inside, docs/algorithm.md#worker-groups).", COUNT
+    )
     hierarchical_sync: bool = option(
         True,
         """With `ranks_per_worker = R > 1`, rank `r` of a worker owns shard `r` of the flat model: it syncs
@@ -209,11 +213,11 @@ class AutoLoCoConfig:
         3,
         """Consecutive intervals with a non-finite loss or pseudo-gradient on any worker after which the run
         stops with an error (each one skips the outer step and restarts from the last synchronized parameters,
-        docs/algorithm.md §5.2); the last checkpoint written before them stays intact.""",
+        docs/algorithm.md#interval-assessment); the last checkpoint written before them stays intact.""",
         COUNT,
     )
 
-    # ------------------------------------------------------------ overlap (docs/algorithm.md §11, not in the paper)
+    # ------------------------------------------------------------ overlap (docs/algorithm.md#overlap, not in the paper)
     overlap: Overlap = option(
         Overlap.NONE,
         """`none` blocks every worker at a boundary until the average arrives (the paper). `delayed` starts the
@@ -246,22 +250,22 @@ class AutoLoCoConfig:
         steps (the last at the boundary), each with its own slice of the outer parameters and momentum, so a
         sync event sends about `1/F` of the model and the link is busy all interval. The controller decides
         `H` once per interval from the fragments' summed statistics. 1: the whole model at the boundary
-        (docs/algorithm.md §12).""",
+        (docs/algorithm.md#fragments).""",
         COUNT,
     )
 
-    # ------------------------------------------------------------ unequal speeds (docs/algorithm.md §13)
+    # ------------------------------------------------------------ unequal speeds (docs/algorithm.md#pacing)
     pacing: Pacing = option(
         Pacing.LOCKSTEP,
         """`lockstep`: every worker takes the interval's `H` steps, so the slowest sets the pace. `budget`: the
         interval's `N * H` inner steps are split among the workers in proportion to the speeds (steps per second)
         measured over the previous interval and agreed at its sync, so that all of them end together; the
-        average weighs each worker by the steps it took (docs/algorithm.md §13).""",
+        average weighs each worker by the steps it took (docs/algorithm.md#pacing).""",
     )
     worker_speeds: Any = option(
         None,
         """Each worker's relative speed (steps per virtual second) on a virtual clock that times the workers
-        instead of the wall clock (simulations, reproducible tests; docs/algorithm.md §13.5), as a list or
+        instead of the wall clock (simulations, reproducible tests; docs/algorithm.md#virtual-clock), as a list or
         comma-separated text, one positive number per worker (e.g. `1,1,1,0.5`). Unset: the wall clock.""",
     )
     speed_changes: Any = option(
@@ -349,7 +353,7 @@ class AutoLoCoConfig:
 
     # -- defaults that depend on other fields (the rules that relate them: relations.py) ------------
     def _derived_default(self, name: str) -> Any:
-        """The value an unset (``None``) field of :data:`_DERIVED` takes, from the other fields (docs/algorithm.md §1, 4)."""
+        """The value an unset (``None``) field of :data:`_DERIVED` takes, from the other fields (docs/algorithm.md#notation, 4)."""
         if name == "q_h":  # h_base / 10, or the largest divisor of h_base below it
             return next(q for q in range(max(1, self.h_base // 10), 0, -1) if self.h_base % q == 0)
         if name == "h_min":
@@ -395,7 +399,7 @@ class AutoLoCoConfig:
 
     @property
     def uses_nesterov_outer(self) -> bool:
-        """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (docs/algorithm.md §6)."""
+        """DiLoCo and AutoLoCo use a Nesterov outer step; QSR and Linear average models (docs/algorithm.md#baselines)."""
         return self.method in (Method.DILOCO, Method.AUTOLOCO)
 
     @property
@@ -409,7 +413,7 @@ class AutoLoCoConfig:
 
     @property
     def outer_correction_enabled(self) -> bool:
-        """The docs/algorithm.md §4 correction runs only for AutoLoCo."""
+        """The docs/algorithm.md#outer-correction correction runs only for AutoLoCo."""
         return self.method == Method.AUTOLOCO
 
     # -- construction helpers -------------------------------------------------
@@ -462,7 +466,7 @@ def nest_rule_options(values: dict[str, Any]) -> dict[str, Any]:
 
     Before rules were plug-ins their options were config fields: ``descent_gain=0.9`` (the descent rule's
     ``gain``), ``k_severe=5`` (the paper rule's). The benchmarks' ``NAME:field=value`` specs and committed
-    commands still use them; this is their one translation (docs/algorithm.md §5.7).
+    commands still use them; this is their one translation (docs/algorithm.md#rule-plugins).
     """
     controller = str(values.get("controller", AutoLoCoConfig.controller))
     options = {f.name for f in dataclasses.fields(rule_registry.get_rule(controller).Options)}

@@ -48,7 +48,7 @@ class WireDtype(ValueEnum):
 
 
 class CodecKernel(ValueEnum):
-    """How the 4- and 2-bit wires compute their codes (docs/algorithm.md §7.1); both give the same bytes."""
+    """How the 4- and 2-bit wires compute their codes (docs/algorithm.md#low-bit-wires); both give the same bytes."""
 
     EAGER = "eager"  # eager torch ops per cache-sized group: the reference
     COMPILED = "compiled"  # one torch.compile'd kernel per group (a C++ compiler on CPU, Triton on GPU)
@@ -58,21 +58,22 @@ GRID_WIRES = ("int4", "fp4", "int2")
 
 
 class ReferenceClip(ValueEnum):
-    """How the reference EMA clips a residual before the update (docs/algorithm.md §5.1)."""
+    """How the reference EMA clips a residual before the update (docs/algorithm.md#references-and-residuals)."""
 
     CENTRE = "centre"  # clip r - c around the history's robust centre c: follows drift of any speed
     ZERO = "zero"  # clip r around 0 (the paper's literal rule): follows drift by <= alpha * k_moderate * sigma
 
 
 class Controller(ValueEnum):
-    """The built-in horizon rules of ``method="autoloco"`` (docs/algorithm.md §5); more register by name (§5.7)."""
+    """The built-in horizon rules of ``method="autoloco"`` (docs/algorithm.md#horizon-rule); more register by name (docs/algorithm.md#rule-plugins)."""
 
     PAPER = "paper"  # the paper's state machine: probes longer horizons from h_base, reduces on deviations
-    DESCENT = "descent"  # starts at h_max and only shortens, following the coherence C_t (docs/algorithm.md §5.6)
+    # starts at h_max and only shortens, following the coherence C_t (docs/algorithm.md#descent-rule)
+    DESCENT = "descent"
 
 
 class Overlap(ValueEnum):
-    """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md §11)."""
+    """Whether the outer collective blocks the workers or runs behind the next inner steps (docs/algorithm.md#overlap)."""
 
     NONE = "none"  # blocking: every worker waits for the average at each boundary
     DELAYED = "delayed"  # Streaming-DiLoCo merge of the outer result overlap_steps inner steps later
@@ -80,7 +81,7 @@ class Overlap(ValueEnum):
 
 
 class Pacing(ValueEnum):
-    """When an interval ends for each worker (docs/algorithm.md §13)."""
+    """When an interval ends for each worker (docs/algorithm.md#pacing)."""
 
     LOCKSTEP = "lockstep"  # every worker takes the interval's H steps: the slowest sets the pace
     BUDGET = "budget"  # the interval's N*H steps are split by the speeds measured at the last sync
@@ -90,10 +91,10 @@ METHODS = tuple(m.value for m in Method)
 WIRE_DTYPES = tuple(w.value for w in WireDtype)
 LOSSY_WIRES = tuple(w.value for w in WireDtype if w != WireDtype.FP32)
 BLOCKWISE_WIRES = tuple(w.value for w in WireDtype if w.blockwise)
-MAX_TOPK_BLOCK = 1 << 16  # top-k offsets in a block are 16-bit (docs/algorithm.md §7.1)
+MAX_TOPK_BLOCK = 1 << 16  # top-k offsets in a block are 16-bit (docs/algorithm.md#low-bit-wires)
 OVERLAPS = tuple(o.value for o in Overlap)
 
-# Recipe presets: the paper's two settings (docs/algorithm.md §1, 5.4), with the paper's rule, so that the
+# Recipe presets: the paper's two settings (docs/algorithm.md#notation, #paper-trajectory), with the paper's rule, so that the
 # recipes reproduce the paper (the library's default rule is `descent`). Budgets are what the `plan` command
 # previews; training code reads the budget from the trainer.
 RECIPES: dict[str, dict[str, Any]] = {

@@ -36,7 +36,7 @@ def check_relations(config: AutoLoCoConfig) -> None:
 
 
 def check_horizon_domain(config: AutoLoCoConfig) -> None:
-    if config.h_base % config.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md §3)
+    if config.h_base % config.q_h:  # else the token mapper rounds H_base itself away (docs/algorithm.md#token-mapper)
         divisor = next(q for q in range(min(config.q_h, config.h_base), 0, -1) if config.h_base % q == 0)
         _fail("q_h", config.q_h, f"it must divide h_base={config.h_base} (e.g. q_h={divisor})")
     if config.h_min % config.q_h:  # else a reduction or fallback executes a horizon off the grid
@@ -56,7 +56,7 @@ def check_outer_step(config: AutoLoCoConfig) -> None:
             "outer_momentum",
             config.outer_momentum,
             f"AutoLoCo needs mu_min <= outer_momentum <= mu_max = [{config.mu_min}, {config.mu_max}] "
-            "(docs/algorithm.md §4)",
+            "(docs/algorithm.md#outer-correction)",
         )
 
 
@@ -90,7 +90,7 @@ def check_communication(config: AutoLoCoConfig) -> None:
         and config.method == Method.AUTOLOCO
     ):
         # each outer group would count only its own ranks' tokens and could map them to another horizon
-        # than the worker's other groups, splitting the worker (docs/algorithm.md §8.3)
+        # than the worker's other groups, splitting the worker (docs/algorithm.md#worker-groups)
         _fail(
             "hierarchical_sync",
             False,
@@ -142,7 +142,7 @@ def check_fragments(config: AutoLoCoConfig) -> None:
 
 
 def check_pacing(config: AutoLoCoConfig) -> None:
-    """Speeds as positive numbers, one list, and the speed changes of those workers (docs/algorithm.md §13)."""
+    """Speeds as positive numbers, one list, and the speed changes of those workers (docs/algorithm.md#pacing)."""
     if config.worker_speeds is not None:
         config.worker_speeds = _speed_list(config.worker_speeds)
     if config.speed_changes is not None:

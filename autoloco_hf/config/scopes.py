@@ -42,7 +42,7 @@ FIELD_SCOPES: dict[str, Scope] = {
     **dict.fromkeys(("h_min", "h_max"), _RULE),
     "adaptive_horizon": _AUTOLOCO,
     **dict.fromkeys(("map_tokens", "token_calibration_intervals", "token_ema_beta"), _AUTOLOCO),
-    # the outer correction (docs/algorithm.md §4) runs for AutoLoCo only
+    # the outer correction (docs/algorithm.md#outer-correction) runs for AutoLoCo only
     **dict.fromkeys(
         ("mu_min", "mu_max", "kappa_max", "adjust_momentum", "scale_outer_lr", "normalize_pseudo_grad"), _AUTOLOCO
     ),

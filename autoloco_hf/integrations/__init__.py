@@ -15,7 +15,7 @@ See docs/hf.md. Modules, top floor first:
 * ``runtime`` (one worker's engine, hooks and checkpoint state, shared by
   both) and ``launch_checks`` (supported launches, for both);
 * ``ddp_hooks`` (the DDP communication hook and the token/loss meter) and
-  ``groups`` (worker groups and FSDP2 meshes, docs/algorithm.md §8.3).
+  ``groups`` (worker groups and FSDP2 meshes, docs/algorithm.md#worker-groups).
 
 Imported lazily so that ``import autoloco_hf.integrations`` does not import transformers.
 """

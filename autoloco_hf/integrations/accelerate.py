@@ -110,7 +110,7 @@ class AutoLoCoAccelerate:
         config: the :class:`AutoLoCoConfig`.
         total_steps: the budget in true optimizer steps; the last interval ends there. With
             ``pacing="budget"`` it counts the run's steps (``N`` inner steps of the cluster each): loop over
-            :meth:`batches` until :attr:`finished` (docs/algorithm.md §13.6).
+            :meth:`batches` until :attr:`finished` (docs/algorithm.md#pacing-under-the-trainer).
         warmup_steps: inner-LR warm-up (default ``config.warmup_steps`` or 0).
         output_dir: where the main process writes ``autoloco_intervals.jsonl`` (optional).
         auto_step: count optimizer steps with a post-step hook (default); ``False``: call :meth:`step`.
@@ -177,7 +177,7 @@ class AutoLoCoAccelerate:
         """``loader``'s batches, epoch after epoch, until the run is :attr:`finished`.
 
         The loop for ``pacing="budget"``, where a fast rank takes more steps than ``total_steps`` and a slow
-        one fewer (docs/algorithm.md §13.6); with lockstep it yields what ``total_steps`` needs.
+        one fewer (docs/algorithm.md#pacing-under-the-trainer); with lockstep it yields what ``total_steps`` needs.
         """
         while not self.finished:
             empty = True

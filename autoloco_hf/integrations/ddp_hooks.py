@@ -3,12 +3,12 @@
 * :func:`install_gradient_hook` registers a DDP communication hook on the
   wrapped model. For single-rank workers it is a no-op: every rank keeps its
   own gradient and **no byte leaves the process** in backward. For worker
-  groups (docs/algorithm.md §8.3) it averages the bucket inside the worker's group only.
+  groups (docs/algorithm.md#worker-groups) it averages the bucket inside the worker's group only.
   Each hook call is counted in :class:`GradientTraffic`, so a test (or a
   user) can check that per-step gradient traffic is zero.
 * :class:`BatchMeter` puts a forward pre-hook and a forward hook on the
   unwrapped model: it counts non-padding input tokens (``attention_mask``
-  sum, else every ``input_ids`` position, docs/algorithm.md §3) and reads ``outputs.loss``
+  sum, else every ``input_ids`` position, docs/algorithm.md#token-mapper) and reads ``outputs.loss``
   of every training forward, without a special collator. Values stay on the
   device until the engine needs them (at the end of an interval), so the meter
   adds no host synchronization per step.
@@ -48,7 +48,7 @@ def _keep_local_gradients(state: GradientTraffic, bucket):  # no return annotati
 
 
 def _average_in_worker_group(state: GradientTraffic, bucket):
-    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of docs/algorithm.md §8.3)."""
+    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of docs/algorithm.md#worker-groups)."""
     import torch.distributed as dist
 
     buffer = bucket.buffer()

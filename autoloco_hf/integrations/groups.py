@@ -1,4 +1,4 @@
-"""Worker topology: which ranks form one worker, which ranks talk at a sync (docs/algorithm.md §8.3).
+"""Worker topology: which ranks form one worker, which ranks talk at a sync (docs/algorithm.md#worker-groups).
 
 With ``WORLD_SIZE = W`` processes and ``ranks_per_worker = R`` (``W % R == 0``)
 there are ``N = W / R`` workers. Worker ``g`` is the ranks
@@ -124,7 +124,7 @@ def shard_worker(
     what FSDP gathers them in for the forward and backward, with gradients reduced in FP32. Blocks are the
     modules whose class is named in ``block_classes`` (default: a transformers model's ``_no_split_modules``,
     its decoder layers); the root module keeps what is left (embeddings, final norm, LM head, tied or not).
-    A model sharded this way is one Accelerate's FSDP2 plugin keeps as it is (docs/algorithm.md §8.3).
+    A model sharded this way is one Accelerate's FSDP2 plugin keeps as it is (docs/algorithm.md#worker-groups).
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -77,7 +77,7 @@ def check_launch(
 ) -> None:
     """Raise :class:`AutoLoCoConfigurationError` for launches AutoLoCo does not support.
 
-    FSDP is accepted in version 2 (``fully_shard``: the engine syncs each rank's local shards, docs/algorithm.md §8.3);
+    FSDP is accepted in version 2 (``fully_shard``: the engine syncs each rank's local shards, docs/algorithm.md#worker-groups);
     FSDP1 and DeepSpeed ZeRO are refused with the supported alternatives named.
     """
     env_world = _env_world_size()
@@ -112,7 +112,7 @@ def check_launch(
 
 
 def check_fsdp2_workers(model: torch.nn.Module, world_size: int, ranks_per_worker: int) -> None:
-    """Whether accelerate's FSDP2 plugin leaves every worker sharded over its own ranks (docs/algorithm.md §8.3).
+    """Whether accelerate's FSDP2 plugin leaves every worker sharded over its own ranks (docs/algorithm.md#worker-groups).
 
     The plugin shards an unsharded model over the whole world (one worker of every rank) and keeps a model
     whose root module is already ``fully_shard``-ed (``accelerate.utils.fsdp_utils.fsdp2_prepare_model``).

@@ -3,7 +3,7 @@
 :class:`WorkerRuntime` is built once per process, after the model is wrapped
 (DDP or FSDP2) and the optimizer exists. It takes over DDP's per-step gradient
 all-reduce (nothing, or an average inside the worker group, docs/algorithm.md
-§8.3), counts tokens and losses from the model's forward, and feeds the engine
+docs/algorithm.md#worker-groups), counts tokens and losses from the model's forward, and feeds the engine
 of :func:`~autoloco_hf.sync.schedules.factory.make_engine` once per true optimizer step.
 While a checkpoint is written the model holds ``theta_t``
 (:meth:`WorkerRuntime.show_global_parameters`), so the framework's model file is
@@ -72,7 +72,7 @@ def record_metrics(record: IntervalRecord, engine: Engine, prefix: str = "autolo
 
 
 def check_fsdp2_worker(mesh: Any, topology: WorkerTopology) -> None:
-    """Refuse an FSDP2 mesh that is not exactly this rank's worker (docs/algorithm.md §8.3): HSDP, or a mesh across workers."""
+    """Refuse an FSDP2 mesh that is not exactly this rank's worker (docs/algorithm.md#worker-groups): HSDP, or a mesh across workers."""
     import torch.distributed as dist
 
     if mesh.ndim != 1:
@@ -232,7 +232,7 @@ class WorkerRuntime:
     def after_optimizer_step(self, lr: float | None, seconds: float | None = None) -> IntervalRecord | None:
         """Account one true optimizer step of this rank (``seconds``: its time); synchronizes at a boundary.
 
-        Lockstep: the step is one step of the run. Budget pacing (docs/algorithm.md §13.6): the steps of the
+        Lockstep: the step is one step of the run. Budget pacing (docs/algorithm.md#pacing-under-the-trainer): the steps of the
         run whose share of this rank's steps is now complete, up to and including a boundary; the ones
         after it that need none of its steps are accounted before its next step (:meth:`catch_up`), so every
         rank's step that ends at a boundary ends there.
@@ -332,7 +332,7 @@ class WorkerRuntime:
         the workers agreed on. The replica moves to host memory until :meth:`restore_local_parameters`.
         Nothing to do after the last sync or right after a blocking whole-model one (the replica is theta_t), or
         for the DDP method (no outer state). A boundary whose average is still in flight (``delayed``, ``eager``)
-        or that synchronized one fragment only (docs/algorithm.md §12) leaves the replica elsewhere.
+        or that synchronized one fragment only (docs/algorithm.md#fragments) leaves the replica elsewhere.
         """
         engine = self.engine
         if self._local_replica is not None or not self.config.is_interval_method:
@@ -452,7 +452,7 @@ class WorkerRuntime:
         return path
 
     def resume_from_snapshot(self, snapshot: Snapshot) -> None:
-        """Go on from a boundary snapshot with this launch's number of workers (docs/algorithm.md §8.5).
+        """Go on from a boundary snapshot with this launch's number of workers (docs/algorithm.md#boundary-snapshots).
 
         The model gets ``theta_t``; the inner optimizer is the caller's, fresh
         (zero moments), and so is setting its LR schedule to ``snapshot.step``

@@ -1,2 +1,2 @@
 """What a run keeps: the safetensors state file of the outer state and the per-interval records
-(docs/algorithm.md §8, §9); the run folders, written, read back and plotted."""
+(docs/algorithm.md#engineering, #paper-figures); the run folders, written, read back and plotted."""

@@ -1,4 +1,4 @@
-"""Per-interval records and run totals (docs/algorithm.md §8.1).
+"""Per-interval records and run totals (docs/algorithm.md#accounting).
 
 Every number the controller saw and every decision it took is written, one
 JSON object per interval, so a run can be debugged and compared afterwards
@@ -65,10 +65,12 @@ class IntervalRecord:
     encode_seconds: float
     collective_seconds: float
     decode_seconds: float
-    anchor_normalized_drift: float | None = None  # d at the rule's boundary displacement request (§5.7)
+    # d at the rule's boundary displacement request (docs/algorithm.md#rule-plugins)
+    anchor_normalized_drift: float | None = None
     drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
-    probe_exponent: float | None = None  # what the rule's in-interval probe measured (§5.6, 5.7)
-    # each worker's part of the interval, in worker order (docs/algorithm.md §13)
+    # what the rule's in-interval probe measured (docs/algorithm.md#descent-rule, #rule-plugins)
+    probe_exponent: float | None = None
+    # each worker's part of the interval, in worker order (docs/algorithm.md#pacing)
     worker_steps: list[int] | None = None
     worker_tokens: list[int] | None = None
     worker_seconds: list[float] | None = None  # time on its steps (virtual on a simulated clock)
@@ -160,7 +162,7 @@ class IntervalRecord:
 
 @dataclass(frozen=True)
 class WorkerShare:
-    """One worker's part of one interval: what the report (and a Trainer's log) shows per worker (§13.3)."""
+    """One worker's part of one interval: what the report (and a Trainer's log) shows per worker (docs/algorithm.md#stragglers)."""
 
     label: str
     steps: int  # its inner steps
@@ -200,7 +202,7 @@ class CollectiveCost(Protocol):
 
 @dataclass
 class RunTotals:
-    """Accumulated accounting of a run (docs/algorithm.md §8.1)."""
+    """Accumulated accounting of a run (docs/algorithm.md#accounting)."""
 
     steps: int = 0
     tokens: int = 0

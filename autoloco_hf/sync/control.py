@@ -1,9 +1,9 @@
-"""The control message: the few scalars every worker sends next to its pseudo-gradient (docs/algorithm.md §2, 5.3).
+"""The control message: the few scalars every worker sends next to its pseudo-gradient (docs/algorithm.md#interval-statistics, #phases).
 
 At every boundary each worker contributes one :class:`ControlMessage`, packed
 into a flat float64 tensor; the communicator returns the element-wise sums
 (added in worker order, so the simulation and ``N`` processes agree bit for
-bit, docs/algorithm.md §8.4) and every worker's row. :class:`ControlRound` reads both back.
+bit, docs/algorithm.md#simulation) and every worker's row. :class:`ControlRound` reads both back.
 
 Each field is declared either :func:`summed` (a statistic added over workers:
 squared norms, tokens, losses) or :func:`agreed` (a value every worker must
@@ -13,7 +13,7 @@ declaration. Agreement is checked on every worker's own value (its row), not on
 a sum, so it names the field and shows each worker's value.
 
 The agreed fields are the decisions every worker must have taken identically
-(docs/algorithm.md §5.3, last paragraph): the step and interval index of the
+(docs/algorithm.md#phases, last paragraph): the step and interval index of the
 boundary, the interval just executed (its start and its step and token-
 equivalent horizons, i.e. the horizon decided at the previous boundary), and a
 fingerprint of the configuration. Communicators check them as soon as the
@@ -60,7 +60,7 @@ def agreed(default: float = 0.0) -> Any:
 
 
 class WorkerDisagreement(AutoLoCoError, RuntimeError):
-    """Workers executed different intervals: their controllers diverged (docs/algorithm.md §5.3, last paragraph)."""
+    """Workers executed different intervals: their controllers diverged (docs/algorithm.md#phases, last paragraph)."""
 
 
 # Settings a worker may choose for itself without changing what the workers compute together
@@ -83,7 +83,8 @@ class ControlMessage:
     loss_sum: float = summed()  # sum of per-step training losses (0 if non-finite)
     loss_count: float = summed()  # steps whose losses are in loss_sum
     nonfinite: float = summed()  # 1 when the pseudo-gradient or a loss was NaN/inf
-    anchor_sq_norm: float = summed()  # ||theta_t - theta^i||^2 at the rule's boundary request (§5.7; else 0)
+    # ||theta_t - theta^i||^2 at the rule's boundary request (docs/algorithm.md#rule-plugins; else 0)
+    anchor_sq_norm: float = summed()
     inner_steps: float = summed()  # optimizer steps the worker took in the interval (budget pacing: its share)
     busy_seconds: float = summed()  # the time it spent on them (virtual on a simulated clock): its speed
     anchor_lr_mass: float = agreed()  # the LR mass of those h_ref steps (0 when not measured)
@@ -91,7 +92,7 @@ class ControlMessage:
     interval_index: float = agreed()  # intervals closed before this one
     start_step: float = agreed()  # first step of the interval just executed
     h_step: float = agreed()  # its executed length: the horizon decided at the previous boundary
-    h_tok: float = agreed()  # its token-equivalent horizon (docs/algorithm.md §3)
+    h_tok: float = agreed()  # its token-equivalent horizon (docs/algorithm.md#token-mapper)
     config_fingerprint: float = agreed()  # config_fingerprint() of the worker's AutoLoCoConfig
 
     WIDTH: ClassVar[int]  # number of packed float64 values, set below

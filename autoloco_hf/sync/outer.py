@@ -1,11 +1,11 @@
-"""FP32 outer parameters and the Nesterov outer step (docs/algorithm.md §4).
+"""FP32 outer parameters and the Nesterov outer step (docs/algorithm.md#outer-correction).
 
 The synchronized parameters ``theta_t`` live in one flat FP32 buffer (optionally
 in host memory), whatever the dtype of the worker model. The outer step is
 ``torch.optim.SGD(nesterov=True)`` on that buffer with ``lr`` and ``momentum``
 set on its param group for each step, which makes it bit-exact with DiLoCo's
-reference implementation (docs/algorithm.md §4, last paragraphs). QSR and Linear Interval
-average models directly (docs/algorithm.md §6).
+reference implementation (docs/algorithm.md#outer-correction, last paragraphs). QSR and Linear Interval
+average models directly (docs/algorithm.md#baselines).
 
 Example::
 
@@ -51,7 +51,7 @@ def flatten_fp32(
 
 
 def broadcast_initial_parameters(communicator: Any, worker_params: Sequence[Sequence[torch.Tensor]]) -> None:
-    """Every local worker starts from worker 0's parameters (docs/algorithm.md §2: one ``theta_0``)."""
+    """Every local worker starts from worker 0's parameters (docs/algorithm.md#interval-statistics: one ``theta_0``)."""
     flat = flatten_fp32(worker_params[0])
     communicator.broadcast_(flat)
     sizes = [p.numel() for p in worker_params[0]]
@@ -69,9 +69,9 @@ class OuterOptimizer:
         lr, momentum: initial outer learning rate and momentum (overridden per step).
         device: where the FP32 outer state lives (``"cpu"`` to offload).
         shard: ``(start, end)`` of the flat model this rank owns (worker groups
-            with the hierarchical sync, docs/algorithm.md §8.3): the outer parameters,
+            with the hierarchical sync, docs/algorithm.md#worker-groups): the outer parameters,
             momentum and pseudo-gradients cover only that range.
-        spans: the ``(start, end)`` ranges of the streaming fragments (docs/algorithm.md §12) in this
+        spans: the ``(start, end)`` ranges of the streaming fragments (docs/algorithm.md#fragments) in this
             optimizer's buffer (the shard's, when sharded), each stepped on its own with its own momentum;
             ``None``: one piece.
     """
@@ -113,7 +113,7 @@ class OuterOptimizer:
     def pseudo_gradient(
         self, local_params: Sequence[torch.Tensor], span: tuple[int, int] | None = None
     ) -> torch.Tensor:
-        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md §2), or its ``span``.
+        """``Delta^i = theta_t - theta_t^i`` as a flat FP32 tensor (docs/algorithm.md#interval-statistics), or its ``span``.
 
         ``span``: a range of the flat model (inside the shard, when sharded).
         """
@@ -132,7 +132,7 @@ class OuterOptimizer:
         grad_divisor: float | None = None,
         fragment: int = 0,
     ) -> None:
-        """Nesterov outer step on the averaged pseudo-gradient (docs/algorithm.md §4) of the whole or of ``fragment``.
+        """Nesterov outer step on the averaged pseudo-gradient (docs/algorithm.md#outer-correction) of the whole or of ``fragment``.
 
         ``grad_divisor`` (``rho_t + eps``) applies pseudo-gradient normalization.
         The momentum buffer is not rescaled when ``momentum`` changes.
@@ -154,7 +154,7 @@ class OuterOptimizer:
         """What :meth:`step` would make of ``theta`` on this pseudo-gradient, with ``theta`` and the momentum untouched.
 
         The eager overlap starts each worker's next interval from such a step on
-        its own estimate of the mean (docs/algorithm.md §11.3); running the same
+        its own estimate of the mean (docs/algorithm.md#overlap-checkpoints); running the same
         SGD code on copies keeps it bit-exact with the step taken later.
         """
         shadow = OuterOptimizer([self.params.detach()], lr=lr, momentum=momentum, device=self.device)

@@ -1,4 +1,4 @@
-"""When each worker's interval ends, and how much its pseudo-gradient weighs (docs/algorithm.md §13).
+"""When each worker's interval ends, and how much its pseudo-gradient weighs (docs/algorithm.md#pacing).
 
 A :class:`Pacer` is the engine's strategy for workers of unequal speed:
 
@@ -46,7 +46,7 @@ TOKENS_PER_STEP_SPREAD = 4.0  # a worker's tokens per step may differ from the o
 
 
 class InconsistentCounts(AutoLoCoError, RuntimeError):
-    """A worker's token count disagrees with its step count: its weight would be wrong (docs/algorithm.md §13.4)."""
+    """A worker's token count disagrees with its step count: its weight would be wrong (docs/algorithm.md#pacing-bad-input)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class PaceReport:
 
 @dataclass(frozen=True)
 class Weights:
-    """Per local worker, the factor on its pseudo-gradient and on its squared norm (docs/algorithm.md §13.2)."""
+    """Per local worker, the factor on its pseudo-gradient and on its squared norm (docs/algorithm.md#pacing-weights)."""
 
     delta: list[float]
     sq_norm: list[float]
@@ -111,7 +111,7 @@ class LockstepPacer:
 
 
 class BudgetPacer:
-    """The interval's ``N * H`` inner steps split by measured speed; weights by steps (docs/algorithm.md §13.1-13.3).
+    """The interval's ``N * H`` inner steps split by measured speed; weights by steps (docs/algorithm.md#pacing-mechanism to #stragglers).
 
     Args:
         num_workers: ``N``.
@@ -155,7 +155,7 @@ class BudgetPacer:
             ]
 
     def weights(self, steps: Sequence[int], lr_masses: Sequence[float], lr_mass: float, comm: Any) -> Weights | None:
-        """``w_i = n_i / S``, and the LR-mass rescale ``r = Lambda / sum_i w_i Lambda_i`` (docs/algorithm.md §13.2).
+        """``w_i = n_i / S``, and the LR-mass rescale ``r = Lambda / sum_i w_i Lambda_i`` (docs/algorithm.md#pacing-weights).
 
         One small collective sums ``n_i``, ``n_i Lambda_i`` and ``n_i^2`` over the workers; equal steps
         (``S^2 = N sum n_i^2``, exact in float64) leave the average as it was.
@@ -193,7 +193,7 @@ class BudgetPacer:
             raise InconsistentCounts(
                 f"token and step counts disagree at a synchronization: {'; '.join(refused)}. Each worker's "
                 "pseudo-gradient weighs by its steps, so the average was not computed: every worker must "
-                "count the tokens of the batches it trained on (docs/algorithm.md §13.4)"
+                "count the tokens of the batches it trained on (docs/algorithm.md#pacing-bad-input)"
             )
 
     def observe(self, steps: Sequence[float], seconds: Sequence[float], labels: Sequence[str]) -> PaceReport:
@@ -250,7 +250,7 @@ def set_schedule_step(scheduler: Any, step: int) -> None:
 
 
 class VirtualClock:
-    """Seconds each simulated worker spends on a step, from ``worker_speeds`` and ``speed_changes`` (§13.5).
+    """Seconds each simulated worker spends on a step, from ``worker_speeds`` and ``speed_changes`` (docs/algorithm.md#virtual-clock).
 
     A worker at speed ``v`` takes ``1 / v`` virtual seconds per inner step; a change ``[step, worker, speed]``
     applies from that step of the run on.

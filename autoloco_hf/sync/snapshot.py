@@ -1,4 +1,4 @@
-"""Boundary snapshots: the shared outer state, persisted at every synchronization boundary (docs/algorithm.md §8.5).
+"""Boundary snapshots: the shared outer state, persisted at every synchronization boundary (docs/algorithm.md#boundary-snapshots).
 
 Right after a boundary every worker holds the same ``theta_t``, outer momentum,
 controller and token-mapper state and totals, so any number of workers can go

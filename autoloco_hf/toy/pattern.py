@@ -39,7 +39,7 @@ def batch_for(worker: int, step: int, padded: bool = False) -> dict:
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     input_ids[:, 1::2] = (input_ids[:, 0::2] + 1) % VOCAB  # a learnable pattern
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
-    if padded:  # token density changes over time (docs/algorithm.md §3)
+    if padded:  # token density changes over time (docs/algorithm.md#token-mapper)
         keep = 4 + (step // 7 + worker) % (SEQ - 4)
         mask[:, keep:] = 0
     labels = input_ids.masked_fill(mask == 0, -100)

@@ -1,4 +1,4 @@
-"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (docs/algorithm.md §7, 8.1).
+"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (docs/algorithm.md#wire-codecs, #accounting).
 
 The one place that knows how many bytes a wire dtype costs. Kept free of
 ``torch`` (the codec passes itself in) so that ``autoloco plan`` starts fast.
@@ -19,10 +19,10 @@ from autoloco_hf.config import WireDtype
 if TYPE_CHECKING:
     from autoloco_hf.wire.codec import WireCodec
 
-DEFAULT_BLOCK_SIZE = 4096  # elements per FP32 scale of a blockwise wire (docs/algorithm.md §7)
+DEFAULT_BLOCK_SIZE = 4096  # elements per FP32 scale of a blockwise wire (docs/algorithm.md#wire-codecs)
 FP32_BYTES = 4
 SCALE_BYTES = FP32_BYTES  # one FP32 scale per block
-INDEX_BYTES = 2  # one 16-bit offset in its block per kept entry of a top-k wire (docs/algorithm.md §7.1)
+INDEX_BYTES = 2  # one 16-bit offset in its block per kept entry of a top-k wire (docs/algorithm.md#low-bit-wires)
 
 
 def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -98,7 +98,7 @@ def outer_state_bytes_per_rank(
 ) -> int:
     """FP32 outer state one rank holds: ``theta_t``, the Nesterov momentum and the optional error-feedback residual.
 
-    With FSDP2 workers (docs/algorithm.md §8.3) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
+    With FSDP2 workers (docs/algorithm.md#worker-groups) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
     by ``ranks_per_worker``; FSDP2 pads each parameter's dim 0 to a multiple of ``R``, so the largest shard
     is at most one row per tensor above ``num_params / R`` (ignored here).
     """

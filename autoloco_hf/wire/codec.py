@@ -1,9 +1,9 @@
-"""Pseudo-gradient wire codec: a flat buffer in any wire format, and the owner-reduce arithmetic (docs/algorithm.md §7).
+"""Pseudo-gradient wire codec: a flat buffer in any wire format, and the owner-reduce arithmetic (docs/algorithm.md#wire-codecs).
 
 The outer synchronization ships pseudo-gradients (``theta_t - theta_t^i``) between
 workers. This module owns everything about how such a flat FP32 buffer looks on the
 wire and the reference arithmetic of the owner-reduce aggregation, so that the
-single-process simulation (docs/algorithm.md §8.4) and the torch.distributed path produce
+single-process simulation (docs/algorithm.md#simulation) and the torch.distributed path produce
 bit-identical results by calling the same functions. The formats themselves
 (``fp32``, ``bf16``, ``int8``, ``int4``, ``fp4``, ``int2``, top-k) live in
 :mod:`autoloco_hf.wire.formats`, one strategy object each, found by name.
@@ -45,7 +45,7 @@ def balanced_parts(numel: int, num_parts: int) -> list[tuple[int, int]]:
 
 
 class WireCodec:
-    """Encodes a flat FP32 buffer made of several tensor segments for one wire format (docs/algorithm.md §7).
+    """Encodes a flat FP32 buffer made of several tensor segments for one wire format (docs/algorithm.md#wire-codecs).
 
     The flat buffer is the concatenation of the model's tensors (``segment_sizes``
     in order). Slices of it are encoded independently, piece by piece (``segment ∩
@@ -83,7 +83,7 @@ class WireCodec:
         self.numel = self._offsets[-1]
 
     def partition(self, num_parts: int) -> list[tuple[int, int]]:
-        """Contiguous ``[start, end)`` owner parts (docs/algorithm.md §7 aggregation); sizes differ by at most 1.
+        """Contiguous ``[start, end)`` owner parts (docs/algorithm.md#wire-codecs aggregation); sizes differ by at most 1.
 
         The first ``numel % num_parts`` parts get one extra element; parts may be
         empty when ``num_parts > numel``.
@@ -109,7 +109,7 @@ class WireCodec:
         return sum(num_int8_blocks(n, self.block_size) for _, n in self.pieces(start, numel))
 
     def wire_bytes(self, start: int, numel: int) -> int:
-        """Exact bytes of :meth:`encode`'s output for the slice (docs/algorithm.md §8.1 accounting)."""
+        """Exact bytes of :meth:`encode`'s output for the slice (docs/algorithm.md#accounting accounting)."""
         return sum(
             piece_wire_bytes(n, self.wire_dtype, self.block_size, self.topk_fraction)
             for _, n in self.pieces(start, numel)
@@ -193,7 +193,7 @@ class WireCodec:
 
 
 def mean_in_worker_order(decoded_contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """FP32 mean with the one fixed op order both aggregation paths use (docs/algorithm.md §7, 8.4).
+    """FP32 mean with the one fixed op order both aggregation paths use (docs/algorithm.md#wire-codecs, #simulation).
 
     ``total = c0.clone(); total += c1; ...; total /= N``: FP32 addition is not
     associative, so fixing the order is what makes the simulated and the
@@ -214,13 +214,13 @@ def owner_reduce_part(
     """Owner's step for its part: mean of the decoded contributions (worker order 0..N-1), encoded once.
 
     The returned wire tensors are what the owner sends to every worker, itself
-    included (docs/algorithm.md §7: all workers receive the identical decoded mean).
+    included (docs/algorithm.md#wire-codecs: all workers receive the identical decoded mean).
     """
     return codec.encode(mean_in_worker_order(decoded_contributions), start)
 
 
 def owner_reduce_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Paper aggregation (Appendix G.1, docs/algorithm.md §7) simulated in one process.
+    """Paper aggregation (Appendix G.1, docs/algorithm.md#wire-codecs) simulated in one process.
 
     The flat buffer is split into N owner parts (``codec.partition(N)``); for each
     part every worker's contribution is encoded and decoded (the owner's own too),
@@ -254,7 +254,7 @@ def roundtrip_as_sent(codec: WireCodec, flat: torch.Tensor, num_parts: int) -> t
 
 
 def gathered_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The all-gather aggregation of an overlapped lossy average (docs/algorithm.md §11), simulated in one process.
+    """The all-gather aggregation of an overlapped lossy average (docs/algorithm.md#overlap), simulated in one process.
 
     Every worker sends its whole contribution encoded as it would send it to the owners
     (:func:`roundtrip_as_sent`: the same parts, so error feedback subtracts exactly what
@@ -267,7 +267,7 @@ def gathered_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> to
 
 
 class ErrorFeedback:
-    """Error feedback for a lossy wire (docs/algorithm.md §7.2; off by default, not in the paper).
+    """Error feedback for a lossy wire (docs/algorithm.md#error-feedback; off by default, not in the paper).
 
     One instance per worker keeps the FP32 residual of what its encoding dropped
     and adds it to the next contribution, for every lossy format alike::
@@ -276,11 +276,11 @@ class ErrorFeedback:
         # contribute `compensated` to the aggregation
 
     ``offset``: ``delta`` covers ``residual[offset : offset + delta.numel()]`` only
-    (a streaming fragment, docs/algorithm.md §12): each fragment owns its own,
+    (a streaming fragment, docs/algorithm.md#fragments): each fragment owns its own,
     disjoint part of the one buffer.
 
     Memory cost: one FP32 copy of the model (of this rank's shard) per worker,
-    allocated on construction; it belongs in checkpoints (docs/algorithm.md §8.2) via
+    allocated on construction; it belongs in checkpoints (docs/algorithm.md#state) via
     :meth:`state_dict`.
     """
 

@@ -1,4 +1,4 @@
-"""Validation loss of the overlapped variants (docs/algorithm.md §11) vs blocking AutoLoCo and DiLoCo, paired seeds.
+"""Validation loss of the overlapped variants (docs/algorithm.md#overlap) vs blocking AutoLoCo and DiLoCo, paired seeds.
 
 Not a test. Trains the demo's tiny Llama (``autoloco_hf.toy``) on
 Python's ``pydoc_data.topics`` with ``LocalWorkers`` + ``SimulatedCommunicator``

@@ -217,7 +217,7 @@ def pin_paper_rule(variant: Variant) -> Variant:
 
 
 # the descent rule as these tables first ran it (rule_settings.FIRST_DESCENT: from 4 H_base, gain 1, unguarded,
-# outer momentum 0.7), and at gain 0.9 with the start probe (§5.6)
+# outer momentum 0.7), and at gain 0.9 with the start probe (docs/algorithm.md#descent-rule)
 DESCENT_RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "_descent": ("descent rule", first_descent()),
     "_probe": ("descent rule, gain 0.9, start probe 1.85", first_descent(gain=0.9, start_probe=1.85)),

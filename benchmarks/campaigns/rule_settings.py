@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The descent rule as it was first committed and measured (docs/algorithm.md §5.6), before it became the library's
+# The descent rule as it was first committed and measured (docs/algorithm.md#descent-rule), before it became the library's
 # default rule (from 2 h_base, gain 0.9, guarded, outer momentum 0.5): from FIRST_DESCENT_H_MAX_FACTOR x h_base
 # (rounded down to q_H), gain 1, no drift guard, outer momentum 0.7. replicate.py's descent rows and
 # controller_scenarios.py's descent columns (a policy without an outer step: the momentum does not act there).

@@ -1,6 +1,6 @@
 """Synthetic statistic streams and a closed loop that drives ``AutoLoCoPolicy`` as the engine does.
 
-The stream model (docs/algorithm.md §5.1, §10), in log space per interval of
+The stream model (docs/algorithm.md#references-and-residuals, #implementation-readings), in log space per interval of
 ``h`` steps starting at step ``s``:
 
     log d = -A log(h / H_base) + drift * V * s / H_base + blow-up(h, s) + noise
@@ -165,7 +165,7 @@ def _probed(
     total: int,
     noise: _Noise,
 ) -> NextInterval:
-    """The descent rule's start probe (§5.6) on the stream's ``d`` after ``1.5 h_ref`` and ``2 h_ref`` steps.
+    """The descent rule's start probe (docs/algorithm.md#descent-rule) on the stream's ``d`` after ``1.5 h_ref`` and ``2 h_ref`` steps.
 
     The stream's ``d`` falls as ``h^-A`` (``p = 2 - A`` = 1.5 at a constant LR), so a probe at 1.85 cuts
     every start here: the column then shows what the cut itself costs and saves.

@@ -11,7 +11,7 @@ first outer step after the switch step (the change of H, if any) one suspect is 
   so it has the size of the new intervals' pseudo-gradients;
 - ``inner_reset``: every worker's AdamW state is cleared when the first long interval starts;
 - ``paper_correction``: AutoLoCo's outer correction (momentum retention +
-  outer-LR scaling against H_base, docs/algorithm.md §4) on every interval.
+  outer-LR scaling against H_base, docs/algorithm.md#outer-correction) on every interval.
 
 Each finished run is ``OUT/seed<k>/<variant>/`` (summary + gzipped logs, as
 frontier.py writes them); a rerun skips finished runs::

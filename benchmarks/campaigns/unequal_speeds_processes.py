@@ -1,4 +1,4 @@
-"""Workers of unequal speed on real gloo processes, timed by the wall clock (docs/algorithm.md §13).
+"""Workers of unequal speed on real gloo processes, timed by the wall clock (docs/algorithm.md#pacing).
 
 Not a test. ``--workers`` processes (one worker each, ``LocalWorkers`` on a
 ``ProcessGroupCommunicator`` over loopback gloo) train the tiny model of

@@ -1,4 +1,4 @@
-"""Bytes one worker sends per synchronization, per wire format, at N = 2, 4 and 8 workers (docs/algorithm.md §7.3).
+"""Bytes one worker sends per synchronization, per wire format, at N = 2, 4 and 8 workers (docs/algorithm.md#owner-reduce).
 
 Not a timing: exact byte counts from the package's accounting
 (``autoloco_hf.wire.accounting.wire_bytes_sent``: the owner-reduce's ``all_to_all``

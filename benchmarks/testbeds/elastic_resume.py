@@ -5,7 +5,7 @@ of ``autoloco_hf.toy.pattern`` (CPU, a minute). A 4-worker run is stopped inside
 interval; the newest :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` is at
 the boundary before it, and 3, 4 or 5 workers go on from there with fresh inner
 state (AdamW moments zero, LR schedule at the boundary step, the boundary step
-as data position; docs/algorithm.md §8.5). Reported: the steps redone, and the
+as data position; docs/algorithm.md#boundary-snapshots). Reported: the steps redone, and the
 held-out loss at the end against the uninterrupted 4-worker run (whose spread
 over model seeds is the yardstick) and against uninterrupted runs with the new
 number of workers from the start. Writes the raw losses as JSON (``--out``) and

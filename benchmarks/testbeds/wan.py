@@ -28,14 +28,14 @@ Rows (``--rows``):
 * ``diloco``, ``autoloco``, ``autoloco-int8``: one rank per node, FP32 / FP32 / INT8 wire;
 * ``diloco-delayed``, ``autoloco-delayed``, ``autoloco-eager``, ``autoloco-int8-delayed``,
   ``autoloco-int8-eager``: the same with the outer collective overlapped with the
-  following inner steps (docs/algorithm.md §11; ``delayed`` merges
+  following inner steps (docs/algorithm.md#overlap; ``delayed`` merges
   ``--overlap-steps`` steps after the boundary, ``eager`` at the next boundary);
 * ``diloco-2x2-flat``: 2 ranks per node, ``ranks_per_worker=2``, each outer group
   ``{r, r+2}`` syncing the whole model (every node sends 2 copies);
 * ``diloco-2x2-hier``: the same with the hierarchical sync (reduce-scatter in the
   node, outer collective on the 1/2 shard, all-gather in the node).
 * ``stream[-int8]-f{1,2,4}[-delayed]`` (``STREAM_ROWS``): AutoLoCo with ``fragments = F``
-  (docs/algorithm.md §12), ``h_min = h_base`` and the token mapper on; the delayed
+  (docs/algorithm.md#fragments), ``h_min = h_base`` and the token mapper on; the delayed
   ones merge ``min(--overlap-steps, h_base // F - 1)`` steps after each fragment's sync.
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
@@ -105,10 +105,11 @@ class Row:
     hierarchical: bool = False
     overlap: str = "none"
     every_node: bool = False  # method "none": every node trains alone at once (independent launchers)
-    fragments: int = 0  # streaming rows (docs/algorithm.md §12): F fragments, h_min = h_base; 0: not a streaming row
-    pacing: str = "lockstep"  # "budget": each node takes the steps its measured speed allows (docs/algorithm.md §13)
+    # streaming rows (docs/algorithm.md#fragments): F fragments, h_min = h_base; 0: not a streaming row
+    fragments: int = 0
+    pacing: str = "lockstep"  # "budget": each node takes the steps its measured speed allows (docs/algorithm.md#pacing)
     slow: bool = False  # the last node runs at half speed: after each step's work it sleeps as long again
-    topk_fraction: float | None = None  # top-k sparsification of the wire (docs/algorithm.md §7)
+    topk_fraction: float | None = None  # top-k sparsification of the wire (docs/algorithm.md#wire-codecs)
     error_feedback: bool = False
     # an overlapped lossy average: "all_gather" (the default) or "owner_reduce" on the background thread
     overlap_aggregation: str = "all_gather"
@@ -145,7 +146,7 @@ ROWS = {
         Row("autoloco-int8-eager", "autoloco", wire_dtype="int8", overlap="eager"),
         Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
         Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
-        # workers of unequal speed (docs/algorithm.md §13): the last node at half speed, lockstep or budget pacing
+        # workers of unequal speed (docs/algorithm.md#pacing): the last node at half speed, lockstep or budget pacing
         *(
             Row(f"{method}-slow{'-budget' if pacing == 'budget' else ''}", method, pacing=pacing, slow=True)
             for method in ("diloco", "autoloco")
@@ -548,7 +549,7 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
         loss_times=rank0["loss_times"],
         outer_state_bytes=rank0["outer_state_bytes"],
         method=row.method,
-        # streaming rows (docs/algorithm.md §12): one sync event per fragment per interval
+        # streaming rows (docs/algorithm.md#fragments): one sync event per fragment per interval
         fragments=rank0.get("fragments", 0),
         sync_events=rank0["syncs"] * max(rank0.get("fragments", 0), 1),
         tx_bytes_per_event=max(tx) / max(rank0["syncs"] * max(rank0.get("fragments", 0), 1), 1),
@@ -614,7 +615,7 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
 
 
 def print_speed_table(rows: list[dict[str, Any]]) -> None:
-    """The unequal-speed rows (docs/algorithm.md §13): the cluster's tokens per second, and the wall time to
+    """The unequal-speed rows (docs/algorithm.md#pacing): the cluster's tokens per second, and the wall time to
     lockstep DiLoCo's final loss (the mean loss of all workers over the last 3 intervals)."""
     slow = [r for r in rows if r["row"].endswith(("-slow", "-slow-budget"))]
     if not slow:
@@ -987,7 +988,8 @@ def torchft_worker(spec: dict[str, Any]) -> int:
     data = markov_sequences(vocab, steps * batch * nodes, seq)
     shard = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[node::nodes]
     params = list(model.parameters())
-    if fragments > 1:  # the project's layout (docs/algorithm.md §12.1): contiguous tensors, balanced by elements
+    # the project's layout (docs/algorithm.md#fragment-layout): contiguous tensors, balanced by elements
+    if fragments > 1:
         layout = split_fragments([p.numel() for p in params], fragments)
         pieces: list[torch.nn.Module] = []
         for frag in layout:

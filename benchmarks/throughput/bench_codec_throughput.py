@@ -1,4 +1,4 @@
-"""Encode/decode throughput of the pseudo-gradient wire codecs (docs/algorithm.md §7).
+"""Encode/decode throughput of the pseudo-gradient wire codecs (docs/algorithm.md#wire-codecs).
 
 Not a test: prints GB/s of FP32 input processed (4 bytes per element) for
 encode, decode and encode+decode of any wire (bf16, int8, int4, fp4, int2; ``--topk``

@@ -1,4 +1,4 @@
-"""Cost of one outer synchronization on real gloo processes (docs/algorithm.md §7, 8.1).
+"""Cost of one outer synchronization on real gloo processes (docs/algorithm.md#wire-codecs, #accounting).
 
 Not a test. Spawns ``--world-size`` gloo processes on this machine (one thread each)
 and times, for a flat FP32 buffer of each ``--sizes`` with a transformer-like segment

@@ -1,4 +1,4 @@
-"""Outer-optimizer correction: rho, mu, kappa and the three switches (docs/algorithm.md §4)."""
+"""Outer-optimizer correction: rho, mu, kappa and the three switches (docs/algorithm.md#outer-correction)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ BASE = dict(mu_base=0.7, outer_lr=0.7)
     [(1.0, 1.0, 1.0), (0.5, 1.0, 1.0), (0.0, 1.0, 1.0), (1.49, 1.0, 1.49), (3.0, 2.0, 1.5), (1.0, 0.0, 1.0 / EPS)],
 )
 def test_interval_ratio(lam: float, lam_base: float, expected: float) -> None:
-    """docs/algorithm.md §4: rho = max(Lambda / (Lambda_base + eps), 1)."""
+    """docs/algorithm.md#outer-correction: rho = max(Lambda / (Lambda_base + eps), 1)."""
     assert interval_ratio(lam, lam_base) == pytest.approx(max(lam / (lam_base + EPS), 1.0), rel=1e-15)
     assert interval_ratio(lam, lam_base) == pytest.approx(expected, rel=1e-7)
     assert interval_ratio(lam, lam_base) >= 1.0
 
 
 def test_spec_worked_example() -> None:
-    """docs/algorithm.md §4: at H = 1.5 H_base near peak LR, rho ~ 1.49, mu ~ 0.588, eta ~ 0.96; kappa_max does not bind."""
+    """docs/algorithm.md#outer-correction: at H = 1.5 H_base near peak LR, rho ~ 1.49, mu ~ 0.588, eta ~ 0.96; kappa_max does not bind."""
     c = outer_correction(lr_mass=1.49, lr_mass_base=1.0, **BASE)
     assert c.rho == pytest.approx(1.49, rel=1e-7)
     assert c.momentum == pytest.approx(0.7**1.49, rel=1e-7)
@@ -37,7 +37,7 @@ def test_spec_worked_example() -> None:
 
 @pytest.mark.parametrize("rho", [1.0, 1.1, 1.3, 1.49, 1.6, 1.7, 2.0, 3.0, 10.0])
 def test_formulas_and_bounds(rho: float) -> None:
-    """docs/algorithm.md §4: mu = clip(mu_base**rho, mu_min, mu_max); kappa = min(kappa_max, (1-mu)/(1-mu_base)); eta = eta_base kappa."""
+    """docs/algorithm.md#outer-correction: mu = clip(mu_base**rho, mu_min, mu_max); kappa = min(kappa_max, (1-mu)/(1-mu_base)); eta = eta_base kappa."""
     c = outer_correction(lr_mass=rho, lr_mass_base=1.0, **BASE, normalize_pseudo_grad=True)
     mu = min(max(0.7**c.rho, 0.5), 0.9)
     kappa = min(1.5, (1 - mu) / 0.3)
@@ -77,7 +77,7 @@ def test_rho_below_one_is_identity() -> None:
 
 @pytest.mark.parametrize("rho", [1.0, 1.3, 1.49, 2.5])
 def test_all_switches_off_is_diloco(rho: float) -> None:
-    """docs/algorithm.md §4 special case: all three switches off -> mu_base, eta_base, no normalization."""
+    """docs/algorithm.md#outer-correction special case: all three switches off -> mu_base, eta_base, no normalization."""
     c = outer_correction(
         lr_mass=rho, lr_mass_base=1.0, **BASE, adjust_momentum=False, scale_outer_lr=False, normalize_pseudo_grad=False
     )
@@ -85,7 +85,7 @@ def test_all_switches_off_is_diloco(rho: float) -> None:
 
 
 def test_switches_are_independent() -> None:
-    """docs/algorithm.md §4: each switch off keeps its base value; the divisor exists only with normalization on."""
+    """docs/algorithm.md#outer-correction: each switch off keeps its base value; the divisor exists only with normalization on."""
     kw = dict(lr_mass=1.49, lr_mass_base=1.0, **BASE)
     full = outer_correction(**kw)
     no_mom = outer_correction(**kw, adjust_momentum=False)

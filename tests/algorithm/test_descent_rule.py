@@ -1,4 +1,4 @@
-"""The descent rule (docs/algorithm.md §5.6): starts at h_max, follows the coherence down, never lengthens."""
+"""The descent rule (docs/algorithm.md#descent-rule): starts at h_max, follows the coherence down, never lengthens."""
 
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ def test_a_drift_exactly_equal_to_its_anchors_is_blown_up() -> None:
 
 
 def test_the_guard_does_not_judge_warm_up_or_the_hold_after_a_fault() -> None:
-    """Documented in §5.6: a blown-up interval there keeps the horizon; the same interval later halves it."""
+    """Documented in docs/algorithm.md#descent-rule: a blown-up interval there keeps the horizon; the same interval later halves it."""
     ctl = DescentRule(descent_config(rule_options={"drift_guard": True}), warmup_steps=100)
     executed, step = feed_stats(ctl, [BLOWN, BLOWN])  # both end by step 80, inside the warm-up
     assert executed == [40, 40] and ctl.h_tok == 40 and ctl.phase == Phase.WARMUP
@@ -324,7 +324,7 @@ def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
         AutoLoCoConfig(h_base=10, controller="paper", rule_options={"drift_guard": True})
 
 
-# ------------------------------------------------------------------ the start probe (§5.6)
+# ------------------------------------------------------------------ the start probe (docs/algorithm.md#descent-rule)
 def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calibration() -> None:
     ctl = DescentRule(descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1}))
     cut = IntervalObservation(

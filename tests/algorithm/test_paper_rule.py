@@ -1,4 +1,4 @@
-"""Horizon controller driven by scripted statistic streams (docs/algorithm.md §5).
+"""Horizon controller driven by scripted statistic streams (docs/algorithm.md#horizon-rule).
 
 Every stream is built by hand in log space: ``lr_mass = 1`` so that
 ``log d_t = log D_t`` and ``D_t = exp(log d)``, ``C_t = exp(log C)``. After
@@ -106,7 +106,7 @@ def decisions(log: list[RuleDecision]) -> list[str]:
 
 # --------------------------------------------------------------------- 5.4
 def test_always_supporting_stream_climbs_one_q_per_five_intervals() -> None:
-    """docs/algorithm.md §5.3/5.4: 2 calibration + 3 variability + 1 monitoring at H_base, then 5 per adopted horizon."""
+    """docs/algorithm.md#phases/5.4: 2 calibration + 3 variability + 1 monitoring at H_base, then 5 per adopted horizon."""
     d = Driver()
     trace = []
     for _ in range(30):
@@ -119,7 +119,7 @@ def test_always_supporting_stream_climbs_one_q_per_five_intervals() -> None:
 
 
 def test_candidate_is_longest_horizon_within_lr_mass_budget() -> None:
-    """docs/algorithm.md §5.3.5: the longest admissible horizon whose preview is <= gamma_inc x the accepted one's."""
+    """docs/algorithm.md#candidate-selection: the longest admissible horizon whose preview is <= gamma_inc x the accepted one's."""
     masses = {500: 1.0, 550: 1.10, 600: 1.15, 650: 1.1500001, 700: 1.3, 750: 1.4}
     d = Driver(preview=lambda h: masses[h])
     d.to_monitoring()
@@ -136,7 +136,7 @@ def test_no_candidate_within_budget_keeps() -> None:
 
 # ------------------------------------------------------------- warm-up 5.3.1
 def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> None:
-    """docs/algorithm.md §5.3.1: intervals ending before warm-up ends are unused; the one completing it is calibration #1."""
+    """docs/algorithm.md#warm-up: intervals ending before warm-up ends are unused; the one completing it is calibration #1."""
     d = Driver(warmup_steps=1000)
     first = d.feed(log_d=5.0, log_c=-3.0)  # wild values: must not enter the reference
     assert (first.phase, first.assessment, first.decision) == (Phase.WARMUP, Assessment.UNUSED, "keep")
@@ -148,7 +148,7 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
     assert d.ctl.state.ref_log_drift == 0.0 and d.ctl.state.ref_log_coherence == pytest.approx(0.0, abs=1e-7)
     d.feed_many(3)
     assert d.feed().decision == "propose"
-    assert len(d.log) == 7  # docs/algorithm.md §5.4: 500 x 7 with a 1,000-step warm-up
+    assert len(d.log) == 7  # docs/algorithm.md#paper-trajectory: 500 x 7 with a 1,000-step warm-up
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
     [(0, 0, 0), (1000, 0, 1), (999, 0, 1), (1001, 0, 2), (1200, 0, 2), (1000, 500, 2), (1000, 501, 3)],
 )
 def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> None:
-    """docs/algorithm.md §5.3.1: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
+    """docs/algorithm.md#warm-up: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
     d = Driver(
         PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"calibration_delay_steps": delay}),
         warmup_steps=warmup,
@@ -168,7 +168,7 @@ def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> N
 
 # ------------------------------------------------------------ reference 5.1
 def test_reference_is_geometric_mean_of_calibration_then_clipped_ema() -> None:
-    """docs/algorithm.md §5.1: reference = mean of calibration logs; then EMA alpha 0.2 with residual clipped to +-2 sigma."""
+    """docs/algorithm.md#references-and-residuals: reference = mean of calibration logs; then EMA alpha 0.2 with residual clipped to +-2 sigma."""
     d = Driver()
     d.feed(log_d=0.0, log_c=math.log(2.0))
     d.feed(log_d=0.1, log_c=math.log(8.0))
@@ -185,7 +185,7 @@ def test_reference_is_geometric_mean_of_calibration_then_clipped_ema() -> None:
 
 
 def test_variability_intervals_cannot_be_moderate_or_severe() -> None:
-    """docs/algorithm.md §5.2: with fewer than 3 residuals only invalid is assessed."""
+    """docs/algorithm.md#interval-assessment: with fewer than 3 residuals only invalid is assessed."""
     d = Driver()
     d.feed_many(2)
     out = [d.feed(log_d=3.0, log_c=-3.0) for _ in range(3)]
@@ -195,7 +195,7 @@ def test_variability_intervals_cannot_be_moderate_or_severe() -> None:
 
 
 def test_candidate_intervals_do_not_update_reference() -> None:
-    """docs/algorithm.md §5.1: the EMA follows intervals at the accepted horizon, not candidate intervals."""
+    """docs/algorithm.md#references-and-residuals: the EMA follows intervals at the accepted horizon, not candidate intervals."""
     d = Driver()
     d.to_monitoring()
     d.feed()  # propose 550
@@ -206,7 +206,7 @@ def test_candidate_intervals_do_not_update_reference() -> None:
 
 # --------------------------------------------------------------- monitoring
 def test_two_consecutive_moderates_reduce_by_1_2_with_tie_toward_larger() -> None:
-    """docs/algorithm.md §5.3.4/5.3.7: 750 / 1.2 = 625, equidistant from 600 and 650 -> 650."""
+    """docs/algorithm.md#monitoring/5.3.7: 750 / 1.2 = 625, equidistant from 600 and 650 -> 650."""
     d = Driver(preview=flat)
     d.accept_at_max()
     first = d.feed(log_d=MODERATE_R)
@@ -220,7 +220,7 @@ def test_two_consecutive_moderates_reduce_by_1_2_with_tie_toward_larger() -> Non
 
 @pytest.mark.parametrize("h_acc, expected", [(750, 650), (700, 600), (650, 550), (600, 500), (550, 500)])
 def test_moderate_reduction_targets(h_acc: int, expected: int) -> None:
-    """docs/algorithm.md §5.3.7: nearest admissible multiple of q_H to H_acc / 1.2, strictly smaller, >= H_min."""
+    """docs/algorithm.md#reduction: nearest admissible multiple of q_H to H_acc / 1.2, strictly smaller, >= H_min."""
     d = Driver(PaperConfig(h_base=500, q_h=50, h_max=h_acc), preview=flat)
     d.accept_at_max()
     d.feed(log_c=-MODERATE_R)  # less coherence is adverse too
@@ -229,7 +229,7 @@ def test_moderate_reduction_targets(h_acc: int, expected: int) -> None:
 
 
 def test_moderate_then_consistent_does_not_reduce() -> None:
-    """docs/algorithm.md §5.3.4: only *consecutive* moderates reduce; a consistent interval resets the streak."""
+    """docs/algorithm.md#monitoring: only *consecutive* moderates reduce; a consistent interval resets the streak."""
     d = Driver(preview=flat)
     d.accept_at_max()
     out = [d.feed(log_d=r) for r in (MODERATE_R, CONSISTENT_R, MODERATE_R, 0.0, MODERATE_R)]
@@ -246,7 +246,7 @@ def test_moderate_then_consistent_does_not_reduce() -> None:
 
 @pytest.mark.parametrize("log_d, log_c", [(SEVERE_R, 0.0), (0.0, -SEVERE_R), (SEVERE_R, -SEVERE_R)])
 def test_severe_reduces_by_1_5_at_once(log_d: float, log_c: float) -> None:
-    """docs/algorithm.md §5.3.4: severe (a > 4) -> reduce by 1.5 immediately: 750 / 1.5 = 500."""
+    """docs/algorithm.md#monitoring: severe (a > 4) -> reduce by 1.5 immediately: 750 / 1.5 = 500."""
     d = Driver(preview=flat)
     d.accept_at_max()
     out = d.feed(log_d=log_d, log_c=log_c)
@@ -266,7 +266,7 @@ def test_severe_reduces_by_1_5_at_once(log_d: float, log_c: float) -> None:
     ],
 )
 def test_thresholds_are_strict(r: float, assessment: str) -> None:
-    """docs/algorithm.md §5.2: moderate is ``k_moderate < a <= k_severe``, severe ``a > k_severe``."""
+    """docs/algorithm.md#interval-assessment: moderate is ``k_moderate < a <= k_severe``, severe ``a > k_severe``."""
     d = Driver(preview=flat)
     d.accept_at_max()
     # the reference sits exactly at 0 and the history is [0, 0, 0]: z = r / 0.1
@@ -274,7 +274,7 @@ def test_thresholds_are_strict(r: float, assessment: str) -> None:
 
 
 def test_below_h_base_reductions() -> None:
-    """docs/algorithm.md §5.3.7 with H_min < H_base: 500/1.5 = 333 -> 350; 500/1.2 = 417 -> 400."""
+    """docs/algorithm.md#reduction with H_min < H_base: 500/1.5 = 333 -> 350; 500/1.2 = 417 -> 400."""
     cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=500)
     d = Driver(cfg)
     d.to_monitoring()
@@ -288,7 +288,7 @@ def test_below_h_base_reductions() -> None:
 
 
 def test_holdoff_after_reduction() -> None:
-    """docs/algorithm.md §5.3.7: after a reduction 1 calibration + 3 variability + 1 monitoring interval before an increase."""
+    """docs/algorithm.md#reduction: after a reduction 1 calibration + 3 variability + 1 monitoring interval before an increase."""
     d = Driver(PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750))
     d.to_monitoring()
     d.feed(log_d=MODERATE_R)
@@ -305,7 +305,7 @@ FALLBACK_CFG = PaperConfig(h_base=500, q_h=50, h_min=100, h_max=750)
 
 
 def test_severe_then_invalid_falls_back_to_h_min() -> None:
-    """docs/algorithm.md §5.3.4: two severe-or-invalid events with nothing supporting/consistent between -> H_min."""
+    """docs/algorithm.md#monitoring: two severe-or-invalid events with nothing supporting/consistent between -> H_min."""
     d = Driver(FALLBACK_CFG)
     d.to_monitoring()
     assert d.feed(log_d=SEVERE_R).decision == "reduce"
@@ -326,7 +326,7 @@ def test_invalid_invalid_falls_back_and_no_decision_intervals_do_not_separate() 
 
 
 def test_consistent_interval_between_bad_events_prevents_fallback() -> None:
-    """A finite calibration interval counts as consistent (docs/algorithm.md §5.2), so the second event only reduces."""
+    """A finite calibration interval counts as consistent (docs/algorithm.md#interval-assessment), so the second event only reduces."""
     d = Driver(FALLBACK_CFG)
     d.to_monitoring()
     d.feed(log_d=SEVERE_R)  # 500 -> 350
@@ -341,7 +341,7 @@ def test_rejected_severe_candidate_then_invalid_falls_back() -> None:
     d.to_monitoring()
     d.feed()  # propose 550
     assert d.feed(log_d=SEVERE_R).decision == "reject"
-    assert d.ctl.h_accepted == d.ctl.h_tok == 500  # no extra reduction on rejection (docs/algorithm.md §5.3.7)
+    assert d.ctl.h_accepted == d.ctl.h_tok == 500  # no extra reduction on rejection (docs/algorithm.md#reduction)
     assert d.feed(drift_energy=math.inf).decision == "fallback"
     assert d.ctl.h_accepted == 100
 
@@ -349,7 +349,7 @@ def test_rejected_severe_candidate_then_invalid_falls_back() -> None:
 # ---------------------------------------------------- recalibration at H_min
 @pytest.mark.parametrize("trigger", ["severe", "moderate", "fallback"])
 def test_reduction_impossible_at_h_min_recalibrates_without_deadlock(trigger: str) -> None:
-    """docs/algorithm.md §5.3.7: no smaller admissible horizon -> keep it but recalibrate; later increases resume."""
+    """docs/algorithm.md#reduction: no smaller admissible horizon -> keep it but recalibrate; later increases resume."""
     d = Driver()  # H_min = H_base = 500
     d.to_monitoring()
     if trigger == "severe":
@@ -415,7 +415,7 @@ def test_candidate_consistent_then_adopted_on_second_interval() -> None:
     ],
 )
 def test_candidate_rejected_creates_bound_and_returns(first: dict, second: dict | None) -> None:
-    """docs/algorithm.md §5.3.6: moderate, severe or invalid in either candidate interval -> reject, bound, return."""
+    """docs/algorithm.md#candidate-evaluation: moderate, severe or invalid in either candidate interval -> reject, bound, return."""
     d = Driver()
     d.to_monitoring()
     d.feed()
@@ -431,7 +431,7 @@ def test_candidate_rejected_creates_bound_and_returns(first: dict, second: dict 
 
 
 def test_rejected_bound_uses_geometric_midpoint() -> None:
-    """docs/algorithm.md §5.3.5: below an active bound the next proposal is nearest sqrt(H_acc * H_rej), strictly between."""
+    """docs/algorithm.md#candidate-selection: below an active bound the next proposal is nearest sqrt(H_acc * H_rej), strictly between."""
     d = Driver(preview=flat)
     d.to_monitoring()
     d.feed()
@@ -453,7 +453,7 @@ def test_rejected_bound_uses_geometric_midpoint() -> None:
 
 
 def test_rejected_bound_one_q_above_blocks_until_max_age() -> None:
-    """docs/algorithm.md §5.3.5: a bound retires after ``rejected_bound_max_age = 20`` intervals."""
+    """docs/algorithm.md#candidate-selection: a bound retires after ``rejected_bound_max_age = 20`` intervals."""
     d = Driver()
     d.to_monitoring()
     d.feed()
@@ -475,7 +475,7 @@ def test_rejected_bound_max_age_is_configurable() -> None:
 
 @pytest.mark.parametrize("level, retired", [(0.95, False), (0.9001, False), (0.90, True), (0.5, True)])
 def test_rejected_bound_retires_when_preview_falls_to_release_fraction(level: float, retired: bool) -> None:
-    """docs/algorithm.md §5.3.5: retire when preview(bound) <= 0.90 x the LR mass observed at its creation."""
+    """docs/algorithm.md#candidate-selection: retire when preview(bound) <= 0.90 x the LR mass observed at its creation."""
     scale = {"v": 1.0}
 
     def preview(h: int) -> float:  # preview(550) == scale; the rejected interval measured Lambda = 1
@@ -535,7 +535,7 @@ def _drive_to(phase: str) -> Driver:
 @pytest.mark.parametrize("bad", INVALID_OBS)
 @pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING])
 def test_invalid_takes_invalid_path_in_every_phase(phase: str, bad: dict) -> None:
-    """docs/algorithm.md §5.2/5.3: non-finite D, C, Lambda, loss or pseudo-gradient -> invalid, handled like severe."""
+    """docs/algorithm.md#interval-assessment/5.3: non-finite D, C, Lambda, loss or pseudo-gradient -> invalid, handled like severe."""
     d = _drive_to(phase)
     out = d.feed(**bad)
     assert (out.assessment, out.decision) == (Assessment.INVALID, "reduce")
@@ -554,7 +554,7 @@ def test_invalid_candidate_is_rejected(bad: dict) -> None:
 
 @pytest.mark.parametrize("bad", INVALID_OBS)
 def test_invalid_during_warmup_is_assessed_but_recipe_horizon_kept(bad: dict) -> None:
-    """docs/algorithm.md §5.3.1: the recipe horizon is kept throughout warm-up; invalid is still detected."""
+    """docs/algorithm.md#warm-up: the recipe horizon is kept throughout warm-up; invalid is still detected."""
     d = _drive_to(Phase.WARMUP)
     out = d.feed(**bad)
     assert out.assessment == Assessment.INVALID
@@ -571,7 +571,7 @@ def test_invalid_during_warmup_is_assessed_but_recipe_horizon_kept(bad: dict) ->
 )
 @pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING, Phase.CANDIDATE])
 def test_truncated_and_zero_mass_intervals_take_no_decision(phase: str, kw: dict, assessment: str) -> None:
-    """docs/algorithm.md §5.1, 5.3.8: truncated intervals and Lambda = 0 (or D = 0) leave the state unchanged."""
+    """docs/algorithm.md#references-and-residuals, 5.3.8: truncated intervals and Lambda = 0 (or D = 0) leave the state unchanged."""
     d = _drive_to(phase)
     before = json.dumps(d.ctl.state_dict())
     out = d.feed(**kw)
@@ -588,7 +588,7 @@ def _noisy_stream(seed: int, n: int = 200, drift_d: float = -0.002, drift_c: flo
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("drift_d, drift_c", [(-0.002, 0.001), (0.002, -0.001)])
 def test_slow_drift_with_realistic_noise_raises_no_alarm(seed: int, drift_d: float, drift_c: float) -> None:
-    """docs/algorithm.md §5.1, 10: noise ~0.04 in log d and log C plus slow drift: no reduction, no severe, no fallback."""
+    """docs/algorithm.md#references-and-residuals, 10: noise ~0.04 in log d and log C plus slow drift: no reduction, no severe, no fallback."""
     d = Driver(warmup_steps=0)
     for log_d, log_c in _noisy_stream(seed, drift_d=drift_d, drift_c=drift_c):
         d.feed(log_d, log_c)
@@ -618,7 +618,7 @@ def _eventful_stream() -> list[dict]:
 
 
 def test_state_dict_round_trip_reproduces_decisions_at_every_split() -> None:
-    """docs/algorithm.md §8.2: the controller state is JSON-serializable and resuming continues the same trajectory."""
+    """docs/algorithm.md#state: the controller state is JSON-serializable and resuming continues the same trajectory."""
     cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750)
     stream = _eventful_stream()
     full = Driver(cfg)
@@ -656,7 +656,7 @@ def test_state_dict_with_rejected_bound_is_json_serializable() -> None:
 
 # ------------------------------------------------------- scores, 5.1 / 5.2
 def test_scores_follow_robust_centre_and_scale() -> None:
-    """docs/algorithm.md §5.1: z = (r - median(history)) / max(1.4826 MAD(history), sigma_floor); a = max(z_D, -z_C)."""
+    """docs/algorithm.md#references-and-residuals: z = (r - median(history)) / max(1.4826 MAD(history), sigma_floor); a = max(z_D, -z_C)."""
     import statistics
 
     def centre_scale(hist: list[float]) -> tuple[float, float]:
@@ -688,7 +688,7 @@ def test_scores_follow_robust_centre_and_scale() -> None:
 
 
 def test_monitoring_intervals_move_reference_by_clipped_ema() -> None:
-    """docs/algorithm.md §5.1: every finite accepted-horizon interval (moderate included) updates the reference."""
+    """docs/algorithm.md#references-and-residuals: every finite accepted-horizon interval (moderate included) updates the reference."""
     d = Driver(preview=flat)
     d.accept_at_max()
     st = d.ctl.state
@@ -703,7 +703,7 @@ def test_monitoring_intervals_move_reference_by_clipped_ema() -> None:
 
 
 def test_residual_history_keeps_last_16() -> None:
-    """docs/algorithm.md §5.1: per family at most the last 16 residuals."""
+    """docs/algorithm.md#references-and-residuals: per family at most the last 16 residuals."""
     d = Driver(preview=flat)
     d.accept_at_max()
     values = [0.01 * (i % 7) - 0.03 for i in range(30)]
@@ -713,7 +713,7 @@ def test_residual_history_keeps_last_16() -> None:
 
 
 def test_second_rejection_replaces_bound() -> None:
-    """docs/algorithm.md §5.3.6: a rejection creates or *replaces* the rejected bound (with a fresh age)."""
+    """docs/algorithm.md#candidate-evaluation: a rejection creates or *replaces* the rejected bound (with a fresh age)."""
     d = Driver(preview=flat)
     d.to_monitoring()
     d.feed()  # propose 750
@@ -728,7 +728,7 @@ def test_second_rejection_replaces_bound() -> None:
 
 # ------------------------------------------------------- documented knobs
 def test_increase_requires_support() -> None:
-    """docs/algorithm.md §5.3.4 default proposes after a consistent interval; the switch requires a supporting one."""
+    """docs/algorithm.md#monitoring default proposes after a consistent interval; the switch requires a supporting one."""
     for requires, expected in ((False, "propose"), (True, "keep")):
         d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}))
         d.to_monitoring()
@@ -760,7 +760,7 @@ def test_calibration_and_variability_counts() -> None:
 
 
 def test_another_number_of_workers_recalibrates_at_the_accepted_horizon() -> None:
-    """docs/algorithm.md §8.5: a candidate in progress is dropped; the reference is re-estimated, warm-up stays warm-up."""
+    """docs/algorithm.md#boundary-snapshots: a candidate in progress is dropped; the reference is re-estimated, warm-up stays warm-up."""
     d = Driver(preview=flat)
     d.to_monitoring()
     assert d.feed().decision == "propose" and d.ctl.h_tok > d.ctl.h_accepted

@@ -1,4 +1,4 @@
-"""Interval policies: DiLoCo, QSR, Linear Interval and AutoLoCo behind one interface (docs/algorithm.md §3, 5, 6)."""
+"""Interval policies: DiLoCo, QSR, Linear Interval and AutoLoCo behind one interface (docs/algorithm.md#token-mapper, 5, 6)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def execute(policy: IntervalPolicy, total: int, **kw) -> list:
 
 # ------------------------------------------------------------------ DiLoCo
 def test_fixed_policy_and_truncation() -> None:
-    """docs/algorithm.md §6 DiLoCo: fixed H_base; docs/algorithm.md §5.3.8: the last interval is cut to the remaining budget."""
+    """docs/algorithm.md#baselines DiLoCo: fixed H_base; docs/algorithm.md#truncation: the last interval is cut to the remaining budget."""
     sched = warmup_cosine(1e-3, 100, 1050)
     p = FixedPolicy(sched, total_steps=1050, h_base=500)
     intervals = execute(p, 1050)
@@ -65,7 +65,7 @@ def test_fixed_policy_and_truncation() -> None:
 
 # ---------------------------------------------------------- Linear Interval
 def test_linear_interval_c4() -> None:
-    """docs/algorithm.md §6: 10, 20, ..., 990 then the 500-step remainder: 100 syncs in 50,000 steps."""
+    """docs/algorithm.md#baselines: 10, 20, ..., 990 then the 500-step remainder: 100 syncs in 50,000 steps."""
     p = make_policy(AutoLoCoConfig(method="linear", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, LinearIntervalPolicy)
     intervals = execute(p, 50_000)
@@ -75,7 +75,7 @@ def test_linear_interval_c4() -> None:
 
 @pytest.mark.parametrize("a, total, expected", [(25, 200, [25, 50, 75, 50]), (1, 10, [1, 2, 3, 4]), (5, 15, [5, 10])])
 def test_linear_interval_general(a: int, total: int, expected: list) -> None:
-    """docs/algorithm.md §6: H_k = a k, cut at the budget."""
+    """docs/algorithm.md#baselines: H_k = a k, cut at the budget."""
     assert [x.h_step for x in execute(LinearIntervalPolicy(a, total), total)] == expected
 
 
@@ -86,7 +86,7 @@ def test_linear_next_interval_is_idempotent() -> None:
 
 # --------------------------------------------------------------------- QSR
 def test_qsr_c4_paper_figures() -> None:
-    """docs/algorithm.md §6: with the C4 schedule and the default alpha QSR executes 41 intervals, median 603."""
+    """docs/algorithm.md#baselines: with the C4 schedule and the default alpha QSR executes 41 intervals, median 603."""
     p = make_policy(AutoLoCoConfig(method="qsr", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, QSRPolicy)
     assert p.alpha == pytest.approx(math.sqrt(500) * 3e-4, rel=1e-12)  # alpha^2 = H_base eta_peak^2
@@ -98,7 +98,7 @@ def test_qsr_c4_paper_figures() -> None:
 
 
 def test_qsr_rule() -> None:
-    """docs/algorithm.md §6: H = max(H_base, floor((alpha / eta(s_t))^2)); warm-up intervals H_base; capped at the budget."""
+    """docs/algorithm.md#baselines: H = max(H_base, floor((alpha / eta(s_t))^2)); warm-up intervals H_base; capped at the budget."""
     sched = warmup_cosine(1.0, 100, 20_000)
     alpha = math.sqrt(50) * 1.0
     p = QSRPolicy(sched, 20_000, h_base=50, alpha=alpha, gamma=2.0, warmup_steps=100)
@@ -134,7 +134,7 @@ def small_autoloco(**overrides) -> tuple[AutoLoCoPolicy, FunctionSchedule]:
 
 
 def test_autoloco_constant_density_trajectory() -> None:
-    """docs/algorithm.md §5.4 pattern at H_base = 100: 6 intervals at 100, then 5 per adopted horizon."""
+    """docs/algorithm.md#paper-trajectory pattern at H_base = 100: 6 intervals at 100, then 5 per adopted horizon."""
     p, _ = small_autoloco()
     intervals = execute(p, 4000)
     steps = [x.h_step for x in intervals]
@@ -144,7 +144,7 @@ def test_autoloco_constant_density_trajectory() -> None:
 
 
 def test_autoloco_follows_token_density() -> None:
-    """docs/algorithm.md §3: three recipe-horizon intervals give M_base; then fewer tokens per step -> more steps."""
+    """docs/algorithm.md#token-mapper: three recipe-horizon intervals give M_base; then fewer tokens per step -> more steps."""
     p, sched = small_autoloco(adaptive_horizon=False)
     step = 0
     intervals = []
@@ -166,7 +166,7 @@ def test_autoloco_follows_token_density() -> None:
 
 
 def test_autoloco_maps_next_horizon_after_updating_n_hat() -> None:
-    """docs/algorithm.md §3: the horizon right after an interval is mapped with n_hat including that interval."""
+    """docs/algorithm.md#token-mapper: the horizon right after an interval is mapped with n_hat including that interval."""
     p, _ = small_autoloco(adaptive_horizon=False)
     step = 0
     for _ in range(3):
@@ -186,7 +186,7 @@ def test_autoloco_without_token_mapping_is_identity() -> None:
 
 
 def test_autoloco_fixed_horizon_ignores_statistics() -> None:
-    """adaptive_horizon=False keeps H_base whatever the statistics say (DiLoCo special case, docs/algorithm.md §4)."""
+    """adaptive_horizon=False keeps H_base whatever the statistics say (DiLoCo special case, docs/algorithm.md#outer-correction)."""
     p, _ = small_autoloco(adaptive_horizon=False, map_tokens=False)
     assert all(x.h_step == 100 for x in execute(p, 3000))
     assert p.complete(outcome(p.next_interval(3000), drift_energy=math.nan)) is None
@@ -212,7 +212,7 @@ def test_autoloco_invalid_outcome() -> None:
 
 
 def test_autoloco_state_dict_resumes_same_trajectory() -> None:
-    """docs/algorithm.md §8.2: controller and token mapper state resume the same trajectory."""
+    """docs/algorithm.md#state: controller and token mapper state resume the same trajectory."""
     densities = [1000, 1000, 1000, 800, 700, 900, 600] * 6
 
     def run(policy, start_index=0, step=0, n=None):
@@ -236,7 +236,7 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
 
 
 def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
-    """docs/algorithm.md §3: M_1..M_3 come from full intervals executed at the recipe horizon."""
+    """docs/algorithm.md#token-mapper: M_1..M_3 come from full intervals executed at the recipe horizon."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)
     cfg = AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_min=50, h_max=150)
     p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
@@ -262,7 +262,7 @@ def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
 
 
 def test_autoloco_candidate_previews_use_mapped_steps() -> None:
-    """docs/algorithm.md §5.3.5: candidates are previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
+    """docs/algorithm.md#candidate-selection: candidates are previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: the preview counts steps
     p = AutoLoCoPolicy(
         AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 100_000, warmup_steps=0
@@ -278,7 +278,7 @@ def test_autoloco_candidate_previews_use_mapped_steps() -> None:
 
 @pytest.mark.parametrize("h_base", [25, 45, 100, 500])
 def test_autoloco_recipe_horizon_survives_token_mapping(h_base: int) -> None:
-    """docs/algorithm.md §3: at constant density the mapper is the identity, also once M_base and n_hat exist."""
+    """docs/algorithm.md#token-mapper: at constant density the mapper is the identity, also once M_base and n_hat exist."""
     cfg = AutoLoCoConfig(h_base=h_base, adaptive_horizon=False)
     p = AutoLoCoPolicy(cfg, FunctionSchedule(lambda s: 1.0, 100 * h_base), 100 * h_base, warmup_steps=0)
     assert {x.h_step for x in execute(p, 10 * h_base)} == {h_base}

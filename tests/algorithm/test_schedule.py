@@ -1,4 +1,4 @@
-"""Exact, non-mutating learning-rate-mass previews (docs/algorithm.md §2)."""
+"""Exact, non-mutating learning-rate-mass previews (docs/algorithm.md#interval-statistics)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _epoch(scheduler) -> int:
 
 # ------------------------------------------------------------- lr_mass
 def test_lr_mass_clamps_at_budget() -> None:
-    """docs/algorithm.md §2: steps at or beyond the training budget contribute 0."""
+    """docs/algorithm.md#interval-statistics: steps at or beyond the training budget contribute 0."""
     sched = FunctionSchedule(lambda s: 1.0 + s, total_steps=10)
     assert lr_mass(sched, 0, 10) == sum(1.0 + s for s in range(10))
     assert lr_mass(sched, 8, 5) == 9.0 + 10.0
@@ -133,7 +133,7 @@ def test_warmup_cosine_min_ratio_matches_transformers() -> None:
 # ---------------------------------------------------- SchedulerPreview
 @pytest.mark.parametrize("name", sorted(ALL_FACTORIES))
 def test_preview_equals_actually_stepped_scheduler(name: str) -> None:
-    """docs/algorithm.md §2: the preview's per-step LR and interval sums equal a separate copy stepped for real."""
+    """docs/algorithm.md#interval-statistics: the preview's per-step LR and interval sums equal a separate copy stepped for real."""
     factory = ALL_FACTORIES[name]
     actual = stepped_lrs(factory, TOTAL)
     opt = make_optimizer()
@@ -147,7 +147,7 @@ def test_preview_equals_actually_stepped_scheduler(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(ALL_FACTORIES))
 def test_preview_does_not_mutate_live_scheduler(name: str) -> None:
-    """docs/algorithm.md §2: previewing never steps the live scheduler nor touches its optimizer's learning rate."""
+    """docs/algorithm.md#interval-statistics: previewing never steps the live scheduler nor touches its optimizer's learning rate."""
     opt = make_optimizer()
     live = ALL_FACTORIES[name](opt)
     for _ in range(7):  # training has started
@@ -206,7 +206,7 @@ def test_preview_param_group() -> None:
 
 
 def test_reduce_on_plateau_raises() -> None:
-    """docs/algorithm.md §2: a metric-driven scheduler has no exact preview."""
+    """docs/algorithm.md#interval-statistics: a metric-driven scheduler has no exact preview."""
     opt = make_optimizer()
     with pytest.raises(TypeError, match="ReduceLROnPlateau"):
         SchedulerPreview(lr_scheduler.ReduceLROnPlateau(opt), total_steps=TOTAL)

@@ -1,4 +1,4 @@
-"""Per-interval statistics D, C, d, V (docs/algorithm.md §2)."""
+"""Per-interval statistics D, C, d, V (docs/algorithm.md#interval-statistics)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_opposite_workers_have_zero_coherence() -> None:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_random_deltas_match_definitions(seed: int, n: int) -> None:
-    """C in [0, N] and V = D (1 - C/N) = (1/N) sum ||Delta_i - mean||^2 (docs/algorithm.md §2)."""
+    """C in [0, N] and V = D (1 - C/N) = (1/N) sum ||Delta_i - mean||^2 (docs/algorithm.md#interval-statistics)."""
     g = torch.Generator().manual_seed(seed)
     common = torch.randn(50, generator=g, dtype=torch.float64) * (seed % 3)
     deltas = common + torch.randn(n, 50, generator=g, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Token mapper: token-equivalent horizons to executable steps (docs/algorithm.md §3)."""
+"""Token mapper: token-equivalent horizons to executable steps (docs/algorithm.md#token-mapper)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from autoloco_hf.algorithm.token_mapper import TokenMapper, count_non_padding_to
     [
         (500, 50, 500),
         (524.9, 50, 500),
-        (525, 50, 550),  # ties toward the larger multiple (docs/algorithm.md §5.3)
+        (525, 50, 550),  # ties toward the larger multiple (docs/algorithm.md#phases)
         (575, 50, 600),
         (25, 10, 30),
         (14.999, 10, 10),
@@ -26,7 +26,7 @@ from autoloco_hf.algorithm.token_mapper import TokenMapper, count_non_padding_to
     ],
 )
 def test_round_to_multiple(value: float, multiple: int, expected: int) -> None:
-    """docs/algorithm.md §3: nearest multiple of q_H, ties toward the larger, at least q_H."""
+    """docs/algorithm.md#token-mapper: nearest multiple of q_H, ties toward the larger, at least q_H."""
     assert round_to_multiple(value, multiple) == expected
 
 
@@ -38,7 +38,7 @@ def calibrated(counts=(1000, 1000, 1000), h_base: int = 10, q_h: int = 1, beta: 
 
 
 def test_identity_before_calibration() -> None:
-    """docs/algorithm.md §3: before M_base and n_hat exist, H_step = H_tok."""
+    """docs/algorithm.md#token-mapper: before M_base and n_hat exist, H_step = H_tok."""
     m = TokenMapper(h_base=100, q_h=10)
     assert [m.map(h) for h in (100, 110, 150)] == [100, 110, 150]
     for tokens in (800, 500):  # the density halves, but only two calibration intervals so far
@@ -48,7 +48,7 @@ def test_identity_before_calibration() -> None:
 
 
 def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
-    """docs/algorithm.md §3: M_base = median(M_1, M_2, M_3) of recipe-horizon intervals; later ones do not count."""
+    """docs/algorithm.md#token-mapper: M_base = median(M_1, M_2, M_3) of recipe-horizon intervals; later ones do not count."""
     m = TokenMapper(h_base=10, q_h=1)
     m.observe(global_tokens=9999, h_step=12, calibrates=False)  # not at the recipe horizon
     for c in (3000, 1000, 1200):
@@ -60,7 +60,7 @@ def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
 
 
 def test_tokens_per_step_ema() -> None:
-    """docs/algorithm.md §3: n_hat initialised from the first interval, then n <- 0.9 n + 0.1 M_t / H_t."""
+    """docs/algorithm.md#token-mapper: n_hat initialised from the first interval, then n <- 0.9 n + 0.1 M_t / H_t."""
     m = TokenMapper(h_base=10, q_h=1)
     m.observe(global_tokens=1000, h_step=10, calibrates=True)
     assert m.tokens_per_step == pytest.approx(100.0)
@@ -71,7 +71,7 @@ def test_tokens_per_step_ema() -> None:
 
 
 def test_mapping_formula() -> None:
-    """docs/algorithm.md §3: H_step = round_q(H_tok * (M_base / H_base) / n_hat), at least q_H."""
+    """docs/algorithm.md#token-mapper: H_step = round_q(H_tok * (M_base / H_base) / n_hat), at least q_H."""
     m = TokenMapper(h_base=100, q_h=10)
     counts = [51_200, 48_000, 50_000]
     for c in counts:
@@ -97,7 +97,7 @@ def test_identity_at_constant_density(h_tok: int) -> None:
 
 
 def test_lower_density_means_more_steps() -> None:
-    """docs/algorithm.md §3: with fewer real tokens per step the same token budget takes more steps."""
+    """docs/algorithm.md#token-mapper: with fewer real tokens per step the same token budget takes more steps."""
     m = calibrated(counts=(1000 * 100,) * 3, h_base=100, q_h=10)
     assert m.map(100) == 100
     previous = 100
@@ -145,7 +145,7 @@ def test_count_without_attention_mask_counts_every_position() -> None:
 
 
 def test_count_ignores_label_masking() -> None:
-    """docs/algorithm.md §3: prompt tokens masked in the labels (-100) still count: the paper counts input tokens."""
+    """docs/algorithm.md#token-mapper: prompt tokens masked in the labels (-100) still count: the paper counts input tokens."""
     batch = {
         "input_ids": torch.tensor([[1, 2, 3, 4, 0]]),
         "attention_mask": torch.tensor([[1, 1, 1, 1, 0]]),
@@ -187,7 +187,7 @@ def test_count_forward_call_stays_on_device_and_falls_back() -> None:
 
 
 def test_another_number_of_workers_keeps_the_per_worker_mapping() -> None:
-    """docs/algorithm.md §8.5: global counts scale with N'/N; the same per-worker density maps to the same steps."""
+    """docs/algorithm.md#boundary-snapshots: global counts scale with N'/N; the same per-worker density maps to the same steps."""
     m = calibrated(counts=(1000, 1000, 1000))  # 2 workers, 100 tokens per step at the recipe horizon
     for _ in range(60):  # sparser batches: 60 tokens per step
         m.observe(global_tokens=600, h_step=10, calibrates=False)

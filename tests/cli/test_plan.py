@@ -1,4 +1,4 @@
-"""``preview_run`` and the ``autoloco plan`` command (docs/algorithm.md §5.4, 6)."""
+"""``preview_run`` and the ``autoloco plan`` command (docs/algorithm.md#paper-trajectory, 6)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_run_length() -> None:
 
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 def test_c4_trajectory(make) -> None:
-    """docs/algorithm.md §5.4: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
+    """docs/algorithm.md#paper-trajectory: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
     p = preview_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
     assert run_length(p.intervals) == C4_TRAJECTORY
     assert p.syncs == 73 and p.steps == 50_000
@@ -55,7 +55,7 @@ def test_c4_trajectory(make) -> None:
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 @pytest.mark.parametrize("warmup", [0, 10, 65, 100, 195])
 def test_sft_gives_49_syncs(make, warmup: int) -> None:
-    """docs/algorithm.md §5.4: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
+    """docs/algorithm.md#paper-trajectory: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
     p = preview_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
     assert p.syncs == 49 and p.steps == 6490
 
@@ -64,7 +64,7 @@ def test_diloco_ddp_plans() -> None:
     sched = warmup_cosine(3e-4, 1000, 50_000)
     assert preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
     sft = preview_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
-    assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (docs/algorithm.md §5.4)
+    assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (docs/algorithm.md#paper-trajectory)
     ddp = preview_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
     assert ddp.syncs == 300 and ddp.steps == 300
 
@@ -113,14 +113,14 @@ def test_cli_sft(capsys) -> None:
 
 
 def test_cli_qsr(capsys) -> None:
-    """docs/algorithm.md §6: QSR on the C4 schedule: 41 intervals, median 603."""
+    """docs/algorithm.md#baselines: QSR on the C4 schedule: 41 intervals, median 603."""
     data = cli_json(capsys, "--recipe", "c4", "--method", "qsr")
     assert data["syncs"] == 41 and sum(data["intervals"]) == 50_000
     assert statistics.median(data["intervals"]) == 603
 
 
 def test_cli_linear(capsys) -> None:
-    """docs/algorithm.md §6: Linear Interval: 10, ..., 990 and the 500-step remainder."""
+    """docs/algorithm.md#baselines: Linear Interval: 10, ..., 990 and the 500-step remainder."""
     data = cli_json(capsys, "--recipe", "c4", "--method", "linear")
     assert data["syncs"] == 100
     assert data["intervals"] == [10 * k for k in range(1, 100)] + [500]
@@ -256,7 +256,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
 
 
 def test_plan_previews_budget_pacing_at_given_speeds(capsys) -> None:
-    """docs/algorithm.md §13: one worker at half speed of four takes half the others' steps; the run ~1.74x shorter."""
+    """docs/algorithm.md#pacing: one worker at half speed of four takes half the others' steps; the run ~1.74x shorter."""
     pace = cli_json(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")["pacing"]
     assert pace["worker_steps"] == [571, 571, 571, 285]  # floor(500 * 4 * share): 2000 * 2/7 and 2000 * 1/7
     assert pace["lockstep_time"] == 100 * 500 / 0.5

@@ -70,7 +70,7 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLo
     return {
         "fingerprints": fingerprints,
         "lrs": lrs,
-        # the engine's check that the LRs it was told match the schedule preview (docs/algorithm.md §2)
+        # the engine's check that the LRs it was told match the schedule preview (docs/algorithm.md#interval-statistics)
         "lr_mass_warnings": [str(w.message) for w in caught if "schedule preview" in str(w.message)],
         "finished_at": engine.step,
         "synced": synced,

@@ -1,4 +1,4 @@
-"""A horizon rule written outside the package (docs/algorithm.md §5.7): the tests register it by importing this module.
+"""A horizon rule written outside the package (docs/algorithm.md#rule-plugins): the tests register it by importing this module.
 
 ``fixed_schedule`` runs ``start`` steps (default ``h_max``), then halves the horizon after every interval down
 to ``h_min``: 40, 20, 10, ... It also asks the engine for two shared displacements in every interval long

@@ -1,4 +1,4 @@
-"""FSDP2 workers under the Trainer (docs/algorithm.md §8.3): what can be checked on CPU, in 4 gloo processes.
+"""FSDP2 workers under the Trainer (docs/algorithm.md#worker-groups): what can be checked on CPU, in 4 gloo processes.
 
 Accelerate enables FSDP for GPU-like devices only (``AcceleratorState`` sets the FSDP distributed type for
 the ``MULTI_GPU``-like types, never ``MULTI_CPU``), so the Trainer's FSDP2 run itself is a step of

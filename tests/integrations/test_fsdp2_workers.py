@@ -1,4 +1,4 @@
-"""FSDP2 workers (docs/algorithm.md §8.3): 2 workers x ``fully_shard`` over 2 gloo ranks == 2 single-rank workers on the same data.
+"""FSDP2 workers (docs/algorithm.md#worker-groups): 2 workers x ``fully_shard`` over 2 gloo ranks == 2 single-rank workers on the same data.
 
 Rank ``r`` of worker ``g`` trains on half of the batch the single-rank worker ``g`` sees (FSDP averages
 the two halves' gradients inside the worker), syncs only its shard with rank ``r`` of the other worker,

@@ -1,5 +1,5 @@
 """A horizon rule defined outside the package runs unchanged under the simulated engine, the Trainer callback
-(2 processes, gloo) and ``autoloco plan`` (docs/algorithm.md §5.7)."""
+(2 processes, gloo) and ``autoloco plan`` (docs/algorithm.md#rule-plugins)."""
 
 from __future__ import annotations
 

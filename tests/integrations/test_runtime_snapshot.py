@@ -1,4 +1,4 @@
-"""WorkerRuntime writes boundary snapshots and resumes from one (docs/algorithm.md §8.5)."""
+"""WorkerRuntime writes boundary snapshots and resumes from one (docs/algorithm.md#boundary-snapshots)."""
 
 from __future__ import annotations
 

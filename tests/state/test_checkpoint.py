@@ -79,7 +79,7 @@ def test_round_trip_is_exact_and_loads_no_pickle(tmp_path, monkeypatch):
 def test_resume_through_the_file_is_bit_exact(tmp_path, wire):
     """Engine, replicas and AdamW state through the file: the resumed run equals the uninterrupted one bit for bit.
 
-    With a lossy wire and error feedback, the residuals travel through the file too (docs/algorithm.md §7.2).
+    With a lossy wire and error feedback, the residuals travel through the file too (docs/algorithm.md#error-feedback).
     """
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **wire)
 

@@ -1,4 +1,4 @@
-"""Real gloo process groups against the one-process simulation (docs/algorithm.md §2, 7, 8.1, 8.4).
+"""Real gloo process groups against the one-process simulation (docs/algorithm.md#interval-statistics, 7, 8.1, 8.4).
 
 Two and three ``torch.distributed`` gloo processes run
 :class:`ProcessGroupCommunicator`; the same contributions go through
@@ -58,7 +58,7 @@ LOSSY = WIRES[1:]
 
 
 def _kw(wire: str) -> dict:
-    """Communicator arguments of a wire name; ``+topk``: 2 % of every block (docs/algorithm.md §7.1)."""
+    """Communicator arguments of a wire name; ``+topk``: 2 % of every block (docs/algorithm.md#low-bit-wires)."""
     name, _, topk = wire.partition("+")
     return {"wire_dtype": name, "topk_fraction": 0.02 if topk else None}
 

@@ -1,4 +1,4 @@
-"""ControlMessage packing and the per-worker agreement check (docs/algorithm.md §2, 5.3)."""
+"""ControlMessage packing and the per-worker agreement check (docs/algorithm.md#interval-statistics, #phases)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hierarchical sync of worker groups (docs/algorithm.md §8.3): 2 workers x 2 ranks, each rank syncing its 1/2 shard.
+"""Hierarchical sync of worker groups (docs/algorithm.md#worker-groups): 2 workers x 2 ranks, each rank syncing its 1/2 shard.
 
 Real gloo processes, the same 4 ranks run today's layout (every outer group syncs
 the whole model) and the hierarchical one on the same data: the controller
@@ -92,7 +92,7 @@ def _worker(rank: int, world_size: int) -> dict:
     # the descent rule's start probe: squared norms summed over the shards, then over the workers
     probe = dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0})
     runs.update({("probe", hier): _run(topo, "fp32", hier, **probe) for hier in (False, True)})
-    # a lossy wire with error feedback: each rank keeps the residual of its shard (docs/algorithm.md §7.2)
+    # a lossy wire with error feedback: each rank keeps the residual of its shard (docs/algorithm.md#error-feedback)
     runs.update(
         {
             (name, hier): _run(topo, wire, hier, error_feedback=True, topk_fraction=topk)
@@ -148,7 +148,7 @@ def test_each_rank_holds_and_sends_half(runs, wire: str) -> None:
 
 @pytest.mark.parametrize("overlap", OVERLAPS)
 def test_overlapped_sync_of_shards_equals_the_unsharded_overlapped_run(runs, overlap: str) -> None:
-    """The shard's in-flight average, merge (delayed) and eager start point, gathered in the worker (§11.4)."""
+    """The shard's in-flight average, merge (delayed) and eager start point, gathered in the worker (docs/algorithm.md#overlap-on-the-wire)."""
     for rank, result in enumerate(runs):
         flat, hier = result[overlap, False], result[overlap, True]
         assert len(hier["records"]) >= 8 and hier["records"] != result["fp32", True]["records"], "overlap should act"
@@ -199,7 +199,7 @@ def _labels(rank: int, world_size: int) -> dict:
 
 
 def test_a_worker_of_several_ranks_is_named_by_its_first_rank_on_every_rank() -> None:
-    """Rank 1 syncs with rank 3 (outer group {1, 3}) and still names the workers by ranks 0 and 2 (§13.3)."""
+    """Rank 1 syncs with rank 3 (outer group {1, 3}) and still names the workers by ranks 0 and 2 (docs/algorithm.md#stragglers)."""
     host = socket.gethostname()
     expected = [f"worker 0 (rank 0, host {host})", f"worker 1 (rank 2, host {host})"]
     assert run_gloo(_labels, 2 * R, timeout=120) == [{False: expected, True: expected}] * (2 * R)

@@ -1,4 +1,4 @@
-"""DiLoCo with the INT8 wire stays close to DiLoCo with the FP32 wire (docs/algorithm.md §7, paper Appendix G.1).
+"""DiLoCo with the INT8 wire stays close to DiLoCo with the FP32 wire (docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 A tiny byte-level Llama (131,904 parameters in 21 tensors) trains on Python's own
 ``pydoc_data.topics`` text with 4 simulated workers (:class:`LocalWorkers` +

@@ -1,4 +1,4 @@
-"""Error feedback for every lossy wire in the engine (docs/algorithm.md §7.2): checkpoints, fragments, overlap.
+"""Error feedback for every lossy wire in the engine (docs/algorithm.md#error-feedback): checkpoints, fragments, overlap.
 
 Simulated workers (toy model): a run cut anywhere (mid-interval, mid-collective,
 between fragments) and resumed from its state continues bit for bit, residual
@@ -97,7 +97,7 @@ def test_resume_anywhere_continues_bit_for_bit_with_the_residual(wire, mode) -> 
 
 
 def test_fragments_own_disjoint_parts_of_the_residual() -> None:
-    """After fragment 0's sync only its part of each residual has moved (one residual per fragment, §7.2)."""
+    """After fragment 0's sync only its part of each residual has moved (one residual per fragment, docs/algorithm.md#error-feedback)."""
     cfg = config("int2", fragments=2)
     run = runner(cfg)
     (lo0, hi0), (lo1, hi1) = run.engine.fragment_pieces

@@ -1,4 +1,4 @@
-"""The overlapped lossy average by asynchronous all-gathers (docs/algorithm.md §11), in real gloo processes.
+"""The overlapped lossy average by asynchronous all-gathers (docs/algorithm.md#overlap), in real gloo processes.
 
 Each worker encodes its buffer by the owner parts and all-gathers it with ``async_op=True``; the merge
 decodes the ``N`` buffers and sums them in worker order. These tests pin that N processes reproduce the

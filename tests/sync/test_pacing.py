@@ -1,4 +1,4 @@
-"""Workers of unequal speed on the virtual clock: budget split, weights, stragglers, bad counts (docs/algorithm.md §13)."""
+"""Workers of unequal speed on the virtual clock: budget split, weights, stragglers, bad counts (docs/algorithm.md#pacing)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def virtual_wall(records) -> float:
     return sum(max(r.worker_seconds) for r in records)
 
 
-# the overlapped and streaming schedules (docs/algorithm.md §11, §12) under budget pacing (§13.7)
+# the overlapped and streaming schedules (docs/algorithm.md#overlap, #fragments) under budget pacing (docs/algorithm.md#pacing-with-overlap)
 SCHEDULES = {
     "delayed": dict(overlap="delayed", overlap_steps=3),
     "eager": dict(overlap="eager"),
@@ -280,7 +280,7 @@ def test_with_two_workers_both_are_named_when_their_tokens_per_step_differ() -> 
 
 @pytest.mark.parametrize("new_speeds", [[1, 1, 0.5], [1, 0.5, 1, 1]], ids=["3-workers", "4-workers-reordered"])
 def test_a_membership_change_measures_every_speed_afresh(tmp_path, new_speeds) -> None:
-    """Elastic resume from a boundary snapshot (docs/algorithm.md §8.5): no per-worker state crosses it, so the
+    """Elastic resume from a boundary snapshot (docs/algorithm.md#boundary-snapshots): no per-worker state crosses it, so the
     first interval after it runs in lockstep and the next ones split by the speeds the new workers show."""
     from autoloco_hf.sync.snapshot import latest_snapshot
 

@@ -1,4 +1,4 @@
-"""Budget pacing on real gloo processes: each rank takes its own steps, weights by an all-reduce (docs/algorithm.md §13)."""
+"""Budget pacing on real gloo processes: each rank takes its own steps, weights by an all-reduce (docs/algorithm.md#pacing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Budget pacing with worker groups (docs/algorithm.md §13.7): 2 workers x 2 ranks, each rank syncing its shard.
+"""Budget pacing with worker groups (docs/algorithm.md#pacing-with-overlap): 2 workers x 2 ranks, each rank syncing its shard.
 
 Real gloo processes. Worker 1's second rank is two times slower than the others,
 so worker 1 runs at half of worker 0's speed (a node is as fast as its slowest

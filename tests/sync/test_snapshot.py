@@ -1,4 +1,4 @@
-"""Boundary snapshots and elastic resume with another number of workers (docs/algorithm.md §8.5)."""
+"""Boundary snapshots and elastic resume with another number of workers (docs/algorithm.md#boundary-snapshots)."""
 
 from __future__ import annotations
 

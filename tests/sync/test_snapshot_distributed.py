@@ -1,4 +1,4 @@
-"""Elastic resume with real processes: 3 gloo processes snapshot, 2 go on, as 3 -> 2 simulated workers do (docs/algorithm.md §8.5).
+"""Elastic resume with real processes: 3 gloo processes snapshot, 2 go on, as 3 -> 2 simulated workers do (docs/algorithm.md#boundary-snapshots).
 
 Two workers, because only a sum of two is the same in any order: the gloo
 all-reduce of three adds in another order than the simulation, so three

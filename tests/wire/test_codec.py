@@ -1,4 +1,4 @@
-"""Tests for the wire codecs and the owner-reduce aggregation (docs/algorithm.md §7, paper Appendix G.1).
+"""Tests for the wire codecs and the owner-reduce aggregation (docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 Error bound used throughout (see autoloco_hf/wire/codec.py): per element
 ``|x - decode(encode(x))| <= scale * (1/2 + 2**-16)``. The ``2**-16`` slack covers
@@ -417,7 +417,7 @@ def test_owner_reduce_mean_bf16_within_bf16_rounding() -> None:
 def test_owner_reduce_mean_matches_message_passing(wire: str) -> None:
     """Simulate the distributed path with the shared helpers: send, owner step, broadcast.
 
-    Every worker must end up with exactly owner_reduce_mean's result (docs/algorithm.md §7, 8.4).
+    Every worker must end up with exactly owner_reduce_mean's result (docs/algorithm.md#wire-codecs, #simulation).
     """
     codec = _random_codec(wire, seed=5)
     n = 4

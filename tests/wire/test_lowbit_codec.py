@@ -1,4 +1,4 @@
-"""The 4-bit, 2-bit and top-k wires (docs/algorithm.md §7.1) against plain references, bit for bit.
+"""The 4-bit, 2-bit and top-k wires (docs/algorithm.md#low-bit-wires) against plain references, bit for bit.
 
 The references below search the grid (``torch.bucketize`` over the midpoints),
 pack codes with Python integers and pick top-k entries with a stable sort per

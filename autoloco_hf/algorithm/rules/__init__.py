@@ -1,4 +1,4 @@
-"""Horizon rules as plug-ins (docs/algorithm.md §5.7): the interface, the registry, and the built-in rules.
+"""Horizon rules as plug-ins (docs/algorithm.md#rule-plugins): the interface, the registry, and the built-in rules.
 
 Importing this package registers ``paper`` (:mod:`.paper`) and ``descent`` (:mod:`.descent`).
 """

@@ -1,4 +1,4 @@
-"""The horizon-rule interface and its registry (docs/algorithm.md §5.7).
+"""The horizon-rule interface and its registry (docs/algorithm.md#rule-plugins).
 
 A horizon rule chooses AutoLoCo's next token-equivalent horizon from the
 statistics of the interval that just ended. Each rule is one class behind
@@ -79,7 +79,7 @@ class HorizonRule(ABC):
     name: ClassVar[str]
     Options: ClassVar[type]
     h_max_factor: ClassVar[float] = 1.5  # default h_max in h_base (rounded down to q_h)
-    base_outer_momentum: ClassVar[float] = 0.7  # default outer_momentum (docs/algorithm.md §4)
+    base_outer_momentum: ClassVar[float] = 0.7  # default outer_momentum (docs/algorithm.md#outer-correction)
     # whether intervals at any horizon calibrate the token mapper (a rule that starts away from h_base)
     calibrates_tokens_at_any_horizon: ClassVar[bool] = False
 
@@ -126,7 +126,7 @@ class HorizonRule(ABC):
         return interval
 
     def recalibrate_for_new_workers(self) -> None:  # noqa: B027 (rules without N-dependent state)
-        """Another number of workers continues the run (docs/algorithm.md §8.5)."""
+        """Another number of workers continues the run (docs/algorithm.md#boundary-snapshots)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]: ...

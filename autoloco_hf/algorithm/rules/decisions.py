@@ -1,4 +1,4 @@
-"""What every horizon rule reads and writes: phases, assessments, decisions, observations (docs/algorithm.md §5).
+"""What every horizon rule reads and writes: phases, assessments, decisions, observations (docs/algorithm.md#horizon-rule).
 
 The rules themselves live in :mod:`autoloco_hf.algorithm.rules` (the paper's
 state machine, the descent rule, and any registered from outside the package);
@@ -15,7 +15,7 @@ from autoloco_hf.config import ValueEnum
 
 
 class Phase(ValueEnum):
-    """Rule phases (docs/algorithm.md §5.3); ``FIXED`` marks intervals of a policy without a rule."""
+    """Rule phases (docs/algorithm.md#phases); ``FIXED`` marks intervals of a policy without a rule."""
 
     WARMUP = "warmup"
     CALIBRATION = "calibration"
@@ -26,7 +26,7 @@ class Phase(ValueEnum):
 
 
 class Assessment(ValueEnum):
-    """How an interval's statistics compare with the reference (docs/algorithm.md §5.2), or why none was made."""
+    """How an interval's statistics compare with the reference (docs/algorithm.md#interval-assessment), or why none was made."""
 
     INVALID = "invalid"
     SEVERE = "severe"
@@ -38,8 +38,9 @@ class Assessment(ValueEnum):
     NO_DECISION = "no_decision"
     FIXED = "fixed"
     CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
-    BENT = "bent"  # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md §5.6)
-    STALE = "stale"  # eager overlap: ran a horizon the rule has since replaced; not fed to it (docs/algorithm.md §11.3)
+    BENT = "bent"  # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md#descent-rule)
+    # eager overlap: ran a horizon the rule has since replaced; not fed to it (docs/algorithm.md#overlap-checkpoints)
+    STALE = "stale"
 
     @property
     def code(self) -> float:
@@ -48,7 +49,7 @@ class Assessment(ValueEnum):
 
 
 class Decision(ValueEnum):
-    """What the rule did with the horizon after an interval (docs/algorithm.md §5.3)."""
+    """What the rule did with the horizon after an interval (docs/algorithm.md#phases)."""
 
     KEEP = "keep"
     PROPOSE = "propose"
@@ -75,13 +76,14 @@ class IntervalObservation:
     mean_loss: float = 0.0
     pseudo_grad_finite: bool = True
     truncated: bool = False
-    anchor_drift_energy: float = math.nan  # D at the rule's BOUNDARY displacement request, if any (§5.7)
+    # D at the rule's BOUNDARY displacement request, if any (docs/algorithm.md#rule-plugins)
+    anchor_drift_energy: float = math.nan
     anchor_lr_mass: float = math.nan  # the LR mass of the steps before that request
-    cut_short: bool = False  # the rule's on_measurement ended it early (docs/algorithm.md §5.7)
+    cut_short: bool = False  # the rule's on_measurement ended it early (docs/algorithm.md#rule-plugins)
 
     @property
     def finite(self) -> bool:
-        """Whether the interval can be assessed at all; else it is ``invalid`` (docs/algorithm.md §5.2)."""
+        """Whether the interval can be assessed at all; else it is ``invalid`` (docs/algorithm.md#interval-assessment)."""
         return self.pseudo_grad_finite and all(
             math.isfinite(v) for v in (self.drift_energy, self.coherence, self.lr_mass, self.mean_loss)
         )

@@ -1,4 +1,4 @@
-"""The descent rule: start at the long end of the horizon domain, shorten as the workers' agreement fades (docs/algorithm.md §5.6).
+"""The descent rule: start at the long end of the horizon domain, shorten as the workers' agreement fades (docs/algorithm.md#descent-rule).
 
 Measured on this repository's frontier (docs/controller.md, "Why the paper
 rule loses"): raising the horizon during a run costs validation loss that a
@@ -77,13 +77,13 @@ class DescentOptions:
 
     smoothing: float = option(
         0.5,
-        "EMA factor of `log C_t`: 0 follows each interval (docs/algorithm.md §5.6).",
+        "EMA factor of `log C_t`: 0 follows each interval (docs/algorithm.md#descent-rule).",
         FRACTION,
     )
     gain: float = option(
         0.9,
         """Exponent `k` of the coherence ratio, `H = h_max (C / C_ref)^k`: below 1 the
-        horizon shortens more slowly than the coherence falls (docs/algorithm.md §5.6).""",
+        horizon shortens more slowly than the coherence falls (docs/algorithm.md#descent-rule).""",
         POSITIVE,
     )
     drift_guard: bool | None = option(
@@ -91,7 +91,7 @@ class DescentOptions:
         """Each worker also measures its displacement after the interval's first `h_ref` steps
         (local, no collective); an interval of at least `1.5 h_base` whose normalized drift `d_t` does not
         fall below the anchor's halves the horizon, the guard against a horizon that blows up
-        (docs/algorithm.md §5.6). Intervals in warm-up and in the hold after a fault are not judged.
+        (docs/algorithm.md#descent-rule). Intervals in warm-up and in the hold after a fault are not judged.
         Unset: on, except with the eager overlap, where the anchor is not the interval's displacement.""",
     )
     start_probe: float | None = option(
@@ -101,14 +101,14 @@ class DescentOptions:
         squared norms gives the drift exponent `p` of `D ~ Lambda^p`. Below this value (1.85 measured: 1.94-2.02
         where a long start is cheap, 1.66-1.73 where it costs) the interval ends at `2 h_ref` and the horizon
         becomes `2 h_base`: a start too long for the run is caught before its first sync (docs/algorithm.md
-        §5.6). Unset: no probe, no extra collective.""",
+        docs/algorithm.md#descent-rule). Unset: no probe, no extra collective.""",
         Range(0.0, 2.0, low_open=True),
     )
     calibration_delay_steps: int = option(
-        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md §5.3.1).", NON_NEGATIVE
+        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md#warm-up).", NON_NEGATIVE
     )
     calibration_intervals: int = option(
-        2, "Intervals that set the reference levels at the start (docs/algorithm.md §5.3.2).", COUNT
+        2, "Intervals that set the reference levels at the start (docs/algorithm.md#reference-calibration).", COUNT
     )
 
 
@@ -126,7 +126,7 @@ class _DescentState:
 
 @register_rule
 class DescentRule(HorizonRule):
-    """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md §5.6)."""
+    """A horizon that starts at ``h_max`` and only shortens, following ``C_t`` (docs/algorithm.md#descent-rule)."""
 
     name = "descent"
     Options = DescentOptions
@@ -176,7 +176,7 @@ class DescentRule(HorizonRule):
 
         The first only: after the first sync the paths bend in every regime (the second interval at ``4 H_base``
         measured 1.43 and 1.56 on seed 0 of regimes A and B, where a long start is cheap), so a later probe
-        would cut the runs it should leave alone (docs/algorithm.md §5.6).
+        would cut the runs it should leave alone (docs/algorithm.md#descent-rule).
         """
         plain = not (interval.truncated or interval.stretched or interval.cut_short)
         first = interval.start_step == 0
@@ -262,7 +262,7 @@ class DescentRule(HorizonRule):
         return self._halve(blown_up) if blown_up is not None else self._decision(Assessment.BENT, Decision.REDUCE)
 
     def _fall_back(self) -> RuleDecision:
-        """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md §4)."""
+        """A non-finite interval halves the horizon at once (its outer step was skipped, docs/algorithm.md#outer-correction)."""
         st, cfg = self.state, self.cfg
         if st.restored:  # the restored horizon failed again: restore only half of it next time
             st.fallback_from, st.restored = max(cfg.h_min, _floor_to(st.h_tok / 2, cfg.q_h)), False
@@ -308,7 +308,7 @@ class DescentRule(HorizonRule):
         return RuleDecision(self.state.phase, assessment, decision, self.state.h_tok, residual_coherence=residual)
 
     def recalibrate_for_new_workers(self) -> None:
-        """``C_t``'s level depends on N: calibrate again at the horizon in force (docs/algorithm.md §8.5)."""
+        """``C_t``'s level depends on N: calibrate again at the horizon in force (docs/algorithm.md#boundary-snapshots)."""
         st = self.state
         if st.phase != Phase.WARMUP:
             st.phase = Phase.CALIBRATION

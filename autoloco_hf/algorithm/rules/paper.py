@@ -1,8 +1,8 @@
-"""The paper's horizon rule, ``controller="paper"``: a serializable state machine (docs/algorithm.md §5.3).
+"""The paper's horizon rule, ``controller="paper"``: a serializable state machine (docs/algorithm.md#phases).
 
 Plain numbers in, a decision out. After every interval the controller sees the
 interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
-chooses the next token-equivalent horizon. Phases (docs/algorithm.md §5.3): warm-up ->
+chooses the next token-equivalent horizon. Phases (docs/algorithm.md#phases): warm-up ->
 calibration -> variability -> monitoring <-> candidate, with reductions and
 recalibrations on deviations. Its options are :class:`PaperOptions`.
 
@@ -59,72 +59,84 @@ class PaperOptions:
     """Options of the paper rule (``AutoLoCoConfig(rule_options=...)`` with ``controller="paper"``)."""
 
     calibration_delay_steps: int = option(
-        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md §5.3.1).", NON_NEGATIVE
+        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md#warm-up).", NON_NEGATIVE
     )
     calibration_intervals: int = option(
-        2, "Intervals that set the reference levels at the start (docs/algorithm.md §5.3.2).", COUNT
+        2, "Intervals that set the reference levels at the start (docs/algorithm.md#reference-calibration).", COUNT
     )
     recalibration_intervals: int = option(
-        1, "Calibration intervals after a reduction, adoption or return (docs/algorithm.md §5.3.2).", COUNT
+        1,
+        "Calibration intervals after a reduction, adoption or return (docs/algorithm.md#reference-calibration).",
+        COUNT,
     )
     variability_intervals: int = option(
-        3, "Intervals that fill the residual history after calibration (docs/algorithm.md §5.3.3).", NON_NEGATIVE
+        3, "Intervals that fill the residual history after calibration (docs/algorithm.md#variability).", NON_NEGATIVE
     )
     monitoring_holdoff: int = option(
         1,
-        "Monitored intervals consistent with the reference before an increase may be proposed (docs/algorithm.md §5.3.4).",
+        "Monitored intervals consistent with the reference before an increase may be proposed (docs/algorithm.md#monitoring).",
         COUNT,
     )
     ref_ema_alpha: float = option(
         0.2,
-        "Log-space EMA factor of the reference levels *[reconstruction]* (docs/algorithm.md §5.1).",
+        "Log-space EMA factor of the reference levels *[reconstruction]* (docs/algorithm.md#references-and-residuals).",
         Range(0.0, 1.0),
     )
-    history_size: int = option(16, "Residuals kept per family (docs/algorithm.md §5.1).", COUNT)
+    history_size: int = option(16, "Residuals kept per family (docs/algorithm.md#references-and-residuals).", COUNT)
     sigma_floor: float = option(
-        0.10, "Floor of the robust residual scale *[reconstruction]* (docs/algorithm.md §5.1).", POSITIVE
+        0.10,
+        "Floor of the robust residual scale *[reconstruction]* (docs/algorithm.md#references-and-residuals).",
+        POSITIVE,
     )
     k_moderate: float = option(
-        2.0, "Adverse-score threshold of a moderate deviation (docs/algorithm.md §5.2).", POSITIVE
+        2.0, "Adverse-score threshold of a moderate deviation (docs/algorithm.md#interval-assessment).", POSITIVE
     )
     k_severe: float = option(
-        4.0, "Adverse-score threshold of a severe deviation, >= k_moderate (docs/algorithm.md §5.2).", POSITIVE
+        4.0,
+        "Adverse-score threshold of a severe deviation, >= k_moderate (docs/algorithm.md#interval-assessment).",
+        POSITIVE,
     )
     min_history: int = option(
         3,
-        "Residuals needed before moderate and severe can be assessed, <= history_size (docs/algorithm.md §5.2).",
+        "Residuals needed before moderate and severe can be assessed, <= history_size (docs/algorithm.md#interval-assessment).",
         COUNT,
     )
     candidate_max_intervals: int = option(
-        2, "Intervals a candidate may run while consistent before it is adopted (docs/algorithm.md §5.3.6).", COUNT
+        2,
+        "Intervals a candidate may run while consistent before it is adopted (docs/algorithm.md#candidate-evaluation).",
+        COUNT,
     )
     moderate_confirmations: int = option(
-        2, "Consecutive moderate deviations that trigger a reduction (docs/algorithm.md §5.3.4).", COUNT
+        2, "Consecutive moderate deviations that trigger a reduction (docs/algorithm.md#monitoring).", COUNT
     )
     reduce_moderate: float = option(
-        1.2, "Reduction factor after moderate deviations (docs/algorithm.md §5.3.4).", ABOVE_ONE
+        1.2, "Reduction factor after moderate deviations (docs/algorithm.md#monitoring).", ABOVE_ONE
     )
     reduce_severe: float = option(
-        1.5, "Reduction factor after a severe deviation (docs/algorithm.md §5.3.7).", ABOVE_ONE
+        1.5, "Reduction factor after a severe deviation (docs/algorithm.md#reduction).", ABOVE_ONE
     )
     gamma_inc: float = option(
-        1.15, "Candidate LR-mass budget relative to the accepted horizon (docs/algorithm.md §5.3.5).", AT_LEAST_ONE
+        1.15,
+        "Candidate LR-mass budget relative to the accepted horizon (docs/algorithm.md#candidate-selection).",
+        AT_LEAST_ONE,
     )
     rejected_bound_release: float = option(
         0.90,
         """A rejected bound retires when its LR-mass preview falls to this fraction of the LR mass observed at
-        its creation (docs/algorithm.md §5.3.5).""",
+        its creation (docs/algorithm.md#candidate-selection).""",
         Range(0.0, 1.0, low_open=True),
     )
-    rejected_bound_max_age: int = option(20, "... or after this many intervals (docs/algorithm.md §5.3.5).", COUNT)
+    rejected_bound_max_age: int = option(
+        20, "... or after this many intervals (docs/algorithm.md#candidate-selection).", COUNT
+    )
     increase_requires_support: bool = option(
         False,
-        """docs/algorithm.md §5.3.4 proposes an increase after a supporting *or* consistent monitored interval; True proposes only
+        """docs/algorithm.md#monitoring proposes an increase after a supporting *or* consistent monitored interval; True proposes only
         after a supporting one.""",
     )
     reference_clip: ReferenceClip = option(
         ReferenceClip.CENTRE,
-        """Reference EMA update (docs/algorithm.md §5.1): `centre` moves the reference by `ref_ema_alpha * (c + clip(r - c,
+        """Reference EMA update (docs/algorithm.md#references-and-residuals): `centre` moves the reference by `ref_ema_alpha * (c + clip(r - c,
         +-k_moderate * sigma))`, `c` the robust centre of the residual history (0 while it holds fewer than
         `min_history` residuals), so the reference follows drift of any speed; `zero` is the literal rule
         `ref_ema_alpha * clip(r, ...)`, which follows at most `ref_ema_alpha * k_moderate * sigma` per interval
@@ -170,7 +182,7 @@ class PaperOptions:
 
 @dataclass
 class RejectedBound:
-    """A rejected candidate horizon: increases stay below it until it retires (docs/algorithm.md §5.3.5)."""
+    """A rejected candidate horizon: increases stay below it until it retires (docs/algorithm.md#candidate-selection)."""
 
     h_tok: int
     lr_mass: float | None  # Lambda observed when the bound was created (None if non-finite)
@@ -199,7 +211,7 @@ class _State:
 
 
 def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
-    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md §5.1)."""
+    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md#references-and-residuals)."""
     if not history:
         return 0.0, sigma_floor
     centre = statistics.median(history)
@@ -209,12 +221,12 @@ def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float
 
 @register_rule
 class PaperRule(HorizonRule):
-    """docs/algorithm.md §5 state machine over token-equivalent horizons: the rule ``controller="paper"``.
+    """docs/algorithm.md#horizon-rule state machine over token-equivalent horizons: the rule ``controller="paper"``.
 
     Args:
         config: the run's :class:`AutoLoCoConfig` (domain; its ``rule_options`` are :class:`PaperOptions`).
         warmup_steps: inner-LR warm-up length; intervals ending before
-            ``warmup_steps + calibration_delay_steps`` are not used (docs/algorithm.md §5.3.1).
+            ``warmup_steps + calibration_delay_steps`` are not used (docs/algorithm.md#warm-up).
     """
 
     name = "paper"
@@ -258,10 +270,10 @@ class PaperRule(HorizonRule):
         log_drift, log_coherence = self._logs(obs)
         finite = obs.finite
 
-        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md §5.3.1)
+        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md#warm-up)
         in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.options.calibration_delay_steps
         if not finite and in_warmup:
-            # the recipe horizon is kept through warm-up, but the event arms the fallback (docs/algorithm.md §5.2)
+            # the recipe horizon is kept through warm-up, but the event arms the fallback (docs/algorithm.md#interval-assessment)
             st.bad_event_pending = True
             decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)
         elif not finite and phase == Phase.CANDIDATE:
@@ -270,7 +282,8 @@ class PaperRule(HorizonRule):
             decision = self._on_invalid_or_severe(phase, Assessment.INVALID, None)
         elif obs.truncated:
             decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
-        elif log_drift is None:  # Lambda_t = 0 or D_t = 0: treated like truncation (docs/algorithm.md §5.1)
+        # Lambda_t = 0 or D_t = 0: treated like truncation (docs/algorithm.md#references-and-residuals)
+        elif log_drift is None:
             decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
         elif in_warmup:
             st.bad_event_pending = False  # a finite warm-up interval separates two bad events
@@ -434,7 +447,7 @@ class PaperRule(HorizonRule):
         return self._reduce(decision, self.options.reduce_severe)
 
     def _reduce(self, decision: RuleDecision, factor: float) -> RuleDecision:
-        """docs/algorithm.md §5.3.7: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
+        """docs/algorithm.md#reduction: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
         st = self.state
         target = st.h_accepted / factor
         smaller = [h for h in self._admissible() if h < st.h_accepted]
@@ -458,7 +471,7 @@ class PaperRule(HorizonRule):
         st.monitored_ok = 0
 
     def _select_candidate(self, preview: Callable[[int], float]) -> int | None:
-        """docs/algorithm.md §5.3.5: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
+        """docs/algorithm.md#candidate-selection: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
         st, cfg = self.state, self.cfg
         self._maybe_retire_bound(preview)
         above = [h for h in self._admissible() if h > st.h_accepted]
@@ -499,14 +512,14 @@ class PaperRule(HorizonRule):
         return list(range(cfg.h_min, cfg.h_max + 1, cfg.q_h))
 
     def _logs(self, obs: IntervalObservation) -> tuple[float | None, float | None]:
-        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (docs/algorithm.md §5.1)."""
+        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (docs/algorithm.md#references-and-residuals)."""
         log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
         if math.isnan(log_drift) or not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
             return None, None
         return log_drift, math.log(obs.coherence + self.cfg.eps)
 
     def _assess(self, phase: str, log_drift: float, log_coherence: float) -> RuleDecision:
-        """Residuals, standardized scores and the docs/algorithm.md §5.2 assessment of a finite interval."""
+        """Residuals, standardized scores and the docs/algorithm.md#interval-assessment assessment of a finite interval."""
         st, _cfg = self.state, self.cfg
         r_drift = log_drift - st.ref_log_drift
         r_coherence = log_coherence - st.ref_log_coherence
@@ -527,7 +540,7 @@ class PaperRule(HorizonRule):
         return RuleDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
 
     def _update_reference(self, decision: RuleDecision) -> None:
-        """Log-space EMA of the reference with a clipped residual (docs/algorithm.md §5.1)."""
+        """Log-space EMA of the reference with a clipped residual (docs/algorithm.md#references-and-residuals)."""
         st, _cfg = self.state, self.cfg
         st.ref_log_drift += self.options.ref_ema_alpha * self._clipped_residual(
             decision.residual_drift, st.history_drift
@@ -566,7 +579,7 @@ class PaperRule(HorizonRule):
         ``C_t`` lies in ``[0, N]`` and its level depends on ``N`` (and ``D_t`` on the
         inner state, which restarts), so the reference and the residual history of
         the old ``N`` say nothing about the new one. A candidate in progress is
-        abandoned; warm-up stays warm-up (docs/algorithm.md §8.5).
+        abandoned; warm-up stays warm-up (docs/algorithm.md#boundary-snapshots).
         """
         st = self.state
         st.h_tok = st.h_accepted
@@ -594,5 +607,5 @@ def _clip(value: float, bound: float) -> float:
 
 
 def _nearest(options: list[int], target: float) -> int:
-    """The option nearest to ``target``; ties break toward the larger horizon (docs/algorithm.md §5.3)."""
+    """The option nearest to ``target``; ties break toward the larger horizon (docs/algorithm.md#phases)."""
     return min(options, key=lambda h: (abs(h - target), -h))

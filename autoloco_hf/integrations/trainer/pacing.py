@@ -1,4 +1,4 @@
-"""Budget pacing under the ``Trainer``: each rank takes the optimizer steps of its share (docs/algorithm.md §13.6).
+"""Budget pacing under the ``Trainer``: each rank takes the optimizer steps of its share (docs/algorithm.md#pacing-under-the-trainer).
 
 With ``pacing="budget"`` a fast rank takes more optimizer steps in an interval
 than a slow one, so the ranks' Trainers no longer count the same steps. The
@@ -28,7 +28,7 @@ from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 def _refuse(field: str, value: Any, fix: str) -> None:
     raise AutoLoCoConfigurationError(
         f"TrainingArguments.{field}={value!r} does not work with AutoLoCoConfig.pacing='budget' "
-        f"(ranks take different numbers of steps, docs/algorithm.md §13.6): {fix}"
+        f"(ranks take different numbers of steps, docs/algorithm.md#pacing-under-the-trainer): {fix}"
     )
 
 

@@ -4,7 +4,7 @@ A Trainer checkpoint holds every rank's AutoLoCo state:
 :func:`last_complete_checkpoint` finds the newest one a killed worker did not
 leave half-written, and :func:`restore` checks that the state belongs to the
 weights the Trainer loaded. Resuming it with another number of processes is
-refused. A boundary snapshot resumes with any number (docs/algorithm.md §8.5).
+refused. A boundary snapshot resumes with any number (docs/algorithm.md#boundary-snapshots).
 
 With ``AutoLoCoConfig.snapshot_dir`` set, the callback's boundary snapshot holds,
 next to the engine's shared state, the Trainer's at that boundary

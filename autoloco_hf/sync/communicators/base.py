@@ -131,7 +131,7 @@ def peer_lost(
     return PeerLostError(f"{operation} on rank {rank}: {who} {what} ({detail})", others)
 
 
-# How an overlapped average of a lossy wire aggregates (docs/algorithm.md §11). ALL_GATHER, the
+# How an overlapped average of a lossy wire aggregates (docs/algorithm.md#overlap). ALL_GATHER, the
 # default: every worker's encoded buffer reaches every worker through asynchronous all-gathers
 # started by the training thread, decoded and summed in worker order at the merge, with no Python
 # work between the exchanges. OWNER_REDUCE: the blocking average's owner-reduce (two exchanges
@@ -160,7 +160,7 @@ ScalarCheck = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 class PendingAverage:
-    """An average in flight (overlapped synchronization, docs/algorithm.md §11).
+    """An average in flight (overlapped synchronization, docs/algorithm.md#overlap).
 
     :meth:`wait` blocks until the collective has completed and returns its
     :class:`AverageResult`; later calls return the same result, so a checkpoint
@@ -190,7 +190,7 @@ def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:
     An all-reduce picks its own addition order (gloo's differs from the simulation's
     for N >= 3), so the scalar sums would differ in the last bit of the squared norms
     and loss sums; gathering the N tiny vectors and adding them in worker order keeps
-    the simulation and N processes bit-identical (docs/algorithm.md §8.4).
+    the simulation and N processes bit-identical (docs/algorithm.md#simulation).
     """
     total = values[0].to(torch.float64, copy=True)
     for v in values[1:]:
@@ -234,7 +234,7 @@ class Communicator(ABC):
         self.codec_kernel = CodecKernel(codec_kernel)
         self.bucket_elements = max(1, int(bucket_size_mb * 2**20 / 4))
         # one per layout and wire: the whole model, or each streaming fragment in turn
-        # (docs/algorithm.md §12)
+        # (docs/algorithm.md#fragments)
         self._codecs: dict[tuple, WireCodec] = {}
 
     def codec(self, segment_sizes: Sequence[int], wire_dtype: str | None = None) -> WireCodec:
@@ -263,7 +263,7 @@ class Communicator(ABC):
 
         This default computes the average at once: the simulation applies it at
         the step the engine says it is due, which models an asynchronous
-        collective's timing exactly (docs/algorithm.md §11).
+        collective's timing exactly (docs/algorithm.md#overlap).
         """
         return PendingAverage.completed(self.average(flats, scalars, segment_sizes, wire_dtype))
 
@@ -301,7 +301,7 @@ class Communicator(ABC):
         order.
 
         A collective of its own, between synchronizations: a horizon rule's shared measurement
-        (docs/algorithm.md §5.7).
+        (docs/algorithm.md#rule-plugins).
         """
         return sum_in_worker_order([r.to(torch.float64).reshape(-1) for r in rows])
 
@@ -324,7 +324,7 @@ class Communicator(ABC):
 
     def max_over_shards(self, partial: torch.Tensor) -> torch.Tensor:
         """Float64 maxima over this worker's ranks (the slowest rank's seconds, docs/algorithm.md
-        §13.7)."""
+        docs/algorithm.md#pacing-with-overlap)."""
         return partial
 
     def gather_shards(self, shard: torch.Tensor, numel: int) -> torch.Tensor:

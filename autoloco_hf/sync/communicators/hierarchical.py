@@ -25,7 +25,7 @@ __all__ = ["HierarchicalCommunicator", "ShardedWorkerCommunicator"]
 
 
 class HierarchicalCommunicator(Communicator):
-    """A worker of ``R`` ranks syncing shard by shard (docs/algorithm.md §8.3): each byte crosses
+    """A worker of ``R`` ranks syncing shard by shard (docs/algorithm.md#worker-groups): each byte crosses
     the slow link once.
 
     Rank ``r`` of a worker owns shard ``r`` of the flat model (``R`` contiguous,

@@ -47,9 +47,9 @@ class ProcessGroupCommunicator(Communicator):
 
     Args:
         group: the process group across workers (default: the world). With
-            worker groups (docs/algorithm.md §8.3) it holds the ranks of equal local rank.
-        wire_dtype: a wire format name (docs/algorithm.md §7); ``topk_fraction`` sparsifies
-            it (§7.1).
+            worker groups (docs/algorithm.md#worker-groups) it holds the ranks of equal local rank.
+        wire_dtype: a wire format name (docs/algorithm.md#wire-codecs); ``topk_fraction`` sparsifies
+            it (docs/algorithm.md#low-bit-wires).
         timeout_s: bound on every collective (``AutoLoCoConfig.sync_timeout_s``).
             Without ``group``, a new group over the world is created with this
             timeout (collective: every rank must build its communicator), so
@@ -194,7 +194,7 @@ class ProcessGroupCommunicator(Communicator):
         )  # fmt: skip
 
         # decode + mean in worker order 0..N-1, as mean_in_worker_order does
-        # (docs/algorithm.md §7, 8.4)
+        # (docs/algorithm.md#wire-codecs, #simulation)
         tick = _now(flat)
         total = codec.decode(bufs.by_worker[0], my_start, my_numel, out=bufs.total)
         for wire in bufs.by_worker[1:]:
@@ -264,7 +264,7 @@ class ProcessGroupCommunicator(Communicator):
 
     def start_average(self, flats, scalars, segment_sizes, wire_dtype=None) -> PendingAverage:
         """Start the average; the caller trains on until :meth:`PendingAverage.wait`
-        (docs/algorithm.md §11).
+        (docs/algorithm.md#overlap).
 
         FP32: the control all-gather and the bucketed all-reduce run as
         ``async_op=True`` work handles. A lossy wire with ``overlap_aggregation="all_gather"``
@@ -390,7 +390,7 @@ class ProcessGroupCommunicator(Communicator):
         async_op: bool,
     ) -> tuple[list[torch.Tensor], Any]:
         """One tiny float64 all-gather of the control messages (summed in worker order like the
-        simulation, §8.4)."""
+        simulation, docs/algorithm.md#simulation)."""
         if not scalars:
             return [], None
         local = scalars[0].to(device=device, dtype=torch.float64).reshape(-1).clone()

@@ -29,7 +29,7 @@ __all__ = ["SimulatedCommunicator"]
 
 
 class SimulatedCommunicator(Communicator):
-    """``N`` workers inside one process (the paper's simulation, docs/algorithm.md §8.4)."""
+    """``N`` workers inside one process (the paper's simulation, docs/algorithm.md#simulation)."""
 
     def __init__(self, num_workers: int, **kwargs) -> None:
         super().__init__(**kwargs)

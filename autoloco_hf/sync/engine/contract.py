@@ -80,7 +80,7 @@ class Engine(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to resume the engine (docs/algorithm.md §8.2)."""
+        """What a checkpoint needs to resume the engine (docs/algorithm.md#state)."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 :class:`IntervalEngine` holds what every schedule shares (the local workers,
 ``theta_t`` and momentum, the policy, the interval being run, records and
-totals) and offers the stages of a boundary (docs/algorithm.md §2) as public
+totals) and offers the stages of a boundary (docs/algorithm.md#interval-statistics) as public
 methods:
 
 1. :meth:`~IntervalEngine.close_interval` and :meth:`~IntervalEngine.contributions`:
@@ -125,7 +125,7 @@ momentum.
 
 
 class BlockingSchedule:
-    """Every stage at the boundary, in a row: the workers wait for ``theta_{t+1}`` (§2)."""
+    """Every stage at the boundary, in a row: the workers wait for ``theta_{t+1}`` (docs/algorithm.md#interval-statistics)."""
 
     mode = Overlap.NONE
     in_flight = None
@@ -140,7 +140,7 @@ class BlockingSchedule:
         closed = engine.close_interval()
         started = time.perf_counter()
         deltas, messages = engine.contributions(closed.interval)
-        # agreement is checked as soon as the control messages arrive, before the payload (§5.3)
+        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md#phases)
         sizes, check = engine.shard_segment_sizes, engine.check_agreement
         result = engine.comm.average(deltas, messages, sizes, check=check)
         aggregate = engine.aggregate(result, closed.lr_mass)
@@ -278,17 +278,17 @@ class IntervalEngine:
         counters.count_step(tokens, losses, lr, steps, seconds)
         self.step += 1
         self.totals.steps = self.step
-        if self._interval is not None:  # what the policy's rule asked for at this step (§5.7)
+        if self._interval is not None:  # what the policy's rule asked for at this step (docs/algorithm.md#rule-plugins)
             elapsed = self.step - self._interval.start_step
             self._interval = self.measurements.serve(self._interval, counters, elapsed)
         return self.sync.after_step(self)
 
     # ------------------------------------------------------ the interval in flight
     def steps_due(self) -> list[int]:
-        """Inner steps each local worker takes at the next step of the run (§13.1).
+        """Inner steps each local worker takes at the next step of the run (docs/algorithm.md#pacing-mechanism).
 
         The position in the interval is the counters' step count: it also runs while an
-        overlapped average is in flight and the interval's length is not decided yet (§13.7).
+        overlapped average is in flight and the interval's length is not decided yet (docs/algorithm.md#pacing-with-overlap).
         """
         return self.pacer.steps_due(self.counters.loss_count)
 
@@ -315,7 +315,7 @@ class IntervalEngine:
     def close_interval(self) -> ClosedInterval:
         interval, counters = self._interval, self.counters
         assert interval is not None
-        if not self._lr_mass_warned:  # the previews are wrong: say it once (§2)
+        if not self._lr_mass_warned:  # the previews are wrong: say it once (docs/algorithm.md#interval-statistics)
             self._lr_mass_warned = warn_if_not_previewed(interval, counters.lr_mass)
         seconds = time.perf_counter() - counters.started
         return ClosedInterval(interval, counters.lr_mass, seconds)
@@ -332,7 +332,7 @@ class IntervalEngine:
 
         The pseudo-gradient is taken from ``theta_t``, or from the worker's own start point
         ``starts[i]``. ``fragment``: that fragment's part only; ``counted=False``: its message
-        carries no tokens or losses (the interval's last fragment carries them, §12.2).
+        carries no tokens or losses (the interval's last fragment carries them, docs/algorithm.md#fragments-and-the-rule).
         """
         return self.aggregation.contributions(
             interval, self.counters, self.step, len(self.records), starts, fragment, counted
@@ -340,7 +340,7 @@ class IntervalEngine:
 
     def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
         """Every worker closed the same interval at the same step with the same config, and
-        counted its tokens and steps consistently (§13.4), else stop here."""
+        counted its tokens and steps consistently (docs/algorithm.md#pacing-bad-input), else stop here."""
         self.aggregation.check_agreement(sums, rows)
 
     def collect(self, result: AverageResult) -> Collected:
@@ -348,7 +348,7 @@ class IntervalEngine:
         return self.aggregation.collect(result)
 
     def aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
-        """The control round, ``D_t``, ``C_t`` and validity of one collective (§2, 5.2)."""
+        """The control round, ``D_t``, ``C_t`` and validity of one collective (docs/algorithm.md#interval-statistics, #interval-assessment)."""
         return self.combine([self.collect(result)], lr_mass, result.mean)
 
     def combine(
@@ -362,8 +362,8 @@ class IntervalEngine:
     ) -> OuterStep:  # fmt: skip
         """``theta_{t+1}`` and the momentum (of ``fragment``) from the mean; no move when invalid.
 
-        A fragment is stepped with its interval's correction (§12.2); an invalid average
-        (§5.2) resets non-finite inner-optimizer state instead.
+        A fragment is stepped with its interval's correction (docs/algorithm.md#fragments-and-the-rule); an invalid average
+        (docs/algorithm.md#interval-assessment) resets non-finite inner-optimizer state instead.
         """
         correction = self.correction(interval)
         if aggregate.valid:
@@ -422,7 +422,7 @@ class IntervalEngine:
 
         ``applied``: whether every outer step of the interval ran (fragments: one per fragment),
         default ``outer``'s. The pacer learns every worker's speed from the control messages
-        here, before the next step (§13.1).
+        here, before the next step (docs/algorithm.md#pacing-mechanism).
         """
         workers = self.aggregation.whole_workers(aggregate.control.workers)
         labels = self.comm.worker_labels()
@@ -466,7 +466,7 @@ class IntervalEngine:
 
     # ------------------------------------------------------------- helpers
     def correction(self, interval: NextInterval) -> OuterCorrection:
-        """From the previewed LR masses, so that every worker computes it alike (§4)."""
+        """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md#outer-correction)."""
         return correction_for(self.config, interval.lr_mass, interval.lr_mass_base)
 
     def sanitize_optimizers(self) -> None:
@@ -475,7 +475,7 @@ class IntervalEngine:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Outer state, policy, the interval in flight and accounting (docs/algorithm.md §8.2).
+        """Outer state, policy, the interval in flight and accounting (docs/algorithm.md#state).
 
         The workers' own parameters and inner optimizer states belong to the caller's checkpoint.
         """
@@ -494,7 +494,7 @@ class IntervalEngine:
         }
 
     def boundary_state(self) -> dict[str, Any]:
-        """What every worker holds alike right after a boundary (docs/algorithm.md §8.5).
+        """What every worker holds alike right after a boundary (docs/algorithm.md#boundary-snapshots).
 
         Any number of workers can go on from it: ``theta_t``, the outer momentum, the
         policy (controller, token mapper), the planned next interval, totals and records;
@@ -511,7 +511,7 @@ class IntervalEngine:
         }
 
     def resume_at_boundary(self, state: dict[str, Any]) -> None:
-        """Go on from a :meth:`boundary_state` with this engine's number of workers (§8.5).
+        """Go on from a :meth:`boundary_state` with this engine's number of workers (docs/algorithm.md#boundary-snapshots).
 
         Every local worker restarts from ``theta_t``. With another number of
         workers the policy rescales its token mapper and recalibrates its

@@ -1,4 +1,4 @@
-"""Streaming fragments: the flat model in ``F`` contiguous pieces, each synchronized at its own step (docs/algorithm.md §12).
+"""Streaming fragments: the flat model in ``F`` contiguous pieces, each synchronized at its own step (docs/algorithm.md#fragments).
 
 Pure layout and timing rules; :class:`~autoloco_hf.sync.schedules.streaming.FragmentSchedule`
 runs the engine's stages on them.

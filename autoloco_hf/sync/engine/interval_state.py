@@ -55,7 +55,7 @@ class InFlight:
     pending: PendingAverage
 
     def state_dict(self) -> dict[str, Any]:
-        """The collective is waited for and stored as its result (docs/algorithm.md §11.3)."""
+        """The collective is waited for and stored as its result (docs/algorithm.md#overlap-checkpoints)."""
         return {
             "interval": asdict(self.closed.interval),
             "lr_mass": self.closed.lr_mass,
@@ -97,7 +97,7 @@ class Collected:
     """One completed collective's control round and squared mean norm, over every rank of every
     worker.
 
-    The whole model's at a boundary, or one fragment's (docs/algorithm.md §12):
+    The whole model's at a boundary, or one fragment's (docs/algorithm.md#fragments):
     squared norms and counts add up over fragments.
     """
 
@@ -127,7 +127,7 @@ class Collected:
 @dataclass(frozen=True)
 class Aggregate:
     """What the collectives of a boundary produced, and whether the outer step may use it
-    (docs/algorithm.md §2, 5.2)."""
+    (docs/algorithm.md#interval-statistics, #interval-assessment)."""
 
     # FP32, identical on all workers; None for an interval of fragments (applied one by one)
     mean: torch.Tensor | None
@@ -137,7 +137,7 @@ class Aggregate:
     all_finite: bool  # no worker reported a non-finite pseudo-gradient or loss
     valid: bool  # all finite, and so are the statistics and the mean: the outer step runs
     traffic: Traffic
-    # D at the rule's boundary displacement request (docs/algorithm.md §5.7)
+    # D at the rule's boundary displacement request (docs/algorithm.md#rule-plugins)
     anchor_drift_energy: float = math.nan
     anchor_lr_mass: float = math.nan
 
@@ -264,7 +264,7 @@ def warn_if_not_previewed(interval: NextInterval, measured: float) -> bool:
     """Warn when the LR mass actually used differs from the previewed one; whether it did.
 
     The outer correction and candidate selection rely on the preview
-    (docs/algorithm.md §2); the caller warns once per run. Called from
+    (docs/algorithm.md#interval-statistics); the caller warns once per run. Called from
     ``IntervalEngine.close_interval`` inside a schedule's ``after_step``:
     ``stacklevel`` counts those frames.
     """

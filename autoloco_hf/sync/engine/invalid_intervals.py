@@ -1,5 +1,5 @@
 """What happens after an interval with non-finite values: a warning, or a stop (docs/algorithm.md
-§5.2).
+docs/algorithm.md#interval-assessment).
 
 Apart from the engine because it reads only the records and the labels, and
 its messages are what an operator acts on: they name the culprits and the
@@ -27,7 +27,7 @@ class TooManyInvalidIntervals(AutoLoCoError, RuntimeError):
     """``config.max_consecutive_invalid`` intervals in a row had a non-finite loss or
     pseudo-gradient.
 
-    See docs/algorithm.md §5.2.
+    See docs/algorithm.md#interval-assessment.
     """
 
 

@@ -23,14 +23,14 @@ __all__ = ["SyncLayout", "build_outer_state"]
 
 @dataclass(frozen=True)
 class SyncLayout:
-    """The flat model as this rank syncs it (docs/algorithm.md §8.3, §12).
+    """The flat model as this rank syncs it (docs/algorithm.md#worker-groups, #fragments).
 
     ``shard``: the ``[start, end)`` range whose outer state this rank owns (all
     of the model unless the worker's ranks each own a shard). ``fragments``: the
     streaming fragments (one, the whole model, when ``fragments=1``), cut at whole
     tensors of the worker's model. ``fragment_pieces``: this rank's part of each
     fragment in flat-model coordinates, possibly empty (then only the control
-    message travels, §12.1).
+    message travels, docs/algorithm.md#fragment-layout).
     """
 
     segment_sizes: list[int]
@@ -84,7 +84,7 @@ def build_outer_state(
     """``theta_0`` and the momentum of the range this rank owns, and the error-feedback residuals.
 
     One FP32 residual per local worker (each fragment owns its part), carried to
-    the next sync (§7.2); none without error feedback.
+    the next sync (docs/algorithm.md#error-feedback); none without error feedback.
     """
     numel = sum(layout.segment_sizes)
     start = layout.shard[0]

@@ -1,5 +1,5 @@
 """The displacement measurements a horizon rule asks for inside an interval (docs/algorithm.md
-§5.7).
+docs/algorithm.md#rule-plugins).
 
 Kept out of the engine because only rules that look inside the interval use
 them, and because the shared ones are a collective of their own between syncs.

@@ -22,7 +22,7 @@ __all__ = ["Engine", "make_engine", "make_sync_schedule"]
 def make_sync_schedule(config: AutoLoCoConfig) -> SyncSchedule:
     """The schedule of ``config.overlap``; streaming fragments (``fragments > 1``) have their own.
 
-    See docs/algorithm.md §11-12.
+    See docs/algorithm.md#overlap and #fragments.
     """
     if config.fragments > 1:
         return FragmentSchedule(config.overlap)

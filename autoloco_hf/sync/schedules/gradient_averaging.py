@@ -1,4 +1,4 @@
-"""The DDP baseline: no intervals and no outer state; every step's gradients are averaged (docs/algorithm.md §6)."""
+"""The DDP baseline: no intervals and no outer state; every step's gradients are averaged (docs/algorithm.md#baselines)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Overlapped schedules: the outer collective runs behind the next inner steps (docs/algorithm.md §11).
+"""Overlapped schedules: the outer collective runs behind the next inner steps (docs/algorithm.md#overlap).
 
 At a boundary each worker starts the collective with
 :meth:`~autoloco_hf.sync.communicators.Communicator.start_average` and trains on;
@@ -77,7 +77,7 @@ class DelayedSchedule:
         boundary = closed.interval.start_step + closed.interval.h_step
         alpha = engine.config.overlap_mix
         theta = engine.theta()
-        # the run ends on theta for everybody; an invalid interval restarts from theta as in §5.2
+        # the run ends on theta for everybody; an invalid interval restarts from theta as in docs/algorithm.md#interval-assessment
         if boundary >= engine.total_steps or alpha == 0.0 or not aggregate.valid:
             engine.write_back(theta)
         else:
@@ -113,7 +113,7 @@ class EagerSchedule:
         self.starts: list[torch.Tensor] = []
 
     def attach(self, engine: IntervalEngine) -> None:
-        # y_t^i, where worker i started the running interval (this rank's shard of it, docs/algorithm.md §8.3)
+        # y_t^i, where worker i started the running interval (this rank's shard of it, docs/algorithm.md#worker-groups)
         self.starts = [flatten_fp32(p, engine.outer.device, engine.outer.shard) for p in engine.worker_params]
 
     @torch.no_grad()
@@ -158,7 +158,7 @@ class EagerSchedule:
     def _restart(
         self, engine: IntervalEngine, closed: ClosedInterval, deltas: list[torch.Tensor], finite: list[bool]
     ) -> None:
-        """``x^i <- y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N)`` on copies of the outer state (§11.2).
+        """``x^i <- y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N)`` on copies of the outer state (docs/algorithm.md#eager-update).
 
         ``theta_t`` holds every average up to interval ``t - 1``; the worker adds
         its own fresh contribution now and the others' when their average lands.

@@ -1,4 +1,4 @@
-"""The streaming schedule: fragment ``f`` of every interval synchronized at its own step (docs/algorithm.md §12).
+"""The streaming schedule: fragment ``f`` of every interval synchronized at its own step (docs/algorithm.md#fragments).
 
 With ``fragments = F`` the flat model is split into ``F`` pieces
 (:func:`~autoloco_hf.sync.engine.fragments.split_fragments`). Inside an interval of

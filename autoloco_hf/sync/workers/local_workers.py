@@ -1,4 +1,4 @@
-"""A plain PyTorch training loop for the workers of one process (docs/algorithm.md §8.4).
+"""A plain PyTorch training loop for the workers of one process (docs/algorithm.md#simulation).
 
 :class:`LocalWorkers` owns the process's worker replicas, each with its own
 inner optimizer and LR scheduler, and the engine
@@ -51,11 +51,11 @@ def causal_lm_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 
 def batch_tokens(batch: Any) -> int:
-    """The non-padding tokens of one worker's batch (docs/algorithm.md §3)."""
+    """The non-padding tokens of one worker's batch (docs/algorithm.md#token-mapper)."""
     count = count_non_padding_tokens(batch)
     if count is None:
         raise ValueError(
-            "cannot count the batch's tokens (docs/algorithm.md §3): give it an attention_mask, input_ids or inputs_embeds"
+            "cannot count the batch's tokens (docs/algorithm.md#token-mapper): give it an attention_mask, input_ids or inputs_embeds"
         )
     return int(count)
 
@@ -186,7 +186,7 @@ class LocalWorkers:
     def train_paced(self, next_batch: Callable[[int], Any]) -> IntervalRecord | None:
         """One step of the run with ``pacing="budget"``: each local worker takes the inner steps its share of
         the interval gives it now (0, 1 or more, :meth:`IntervalEngine.steps_due`), on batches drawn from
-        ``next_batch(worker)``, at the run's current learning rate (docs/algorithm.md §13.1); returns a record at a sync.
+        ``next_batch(worker)``, at the run's current learning rate (docs/algorithm.md#pacing-mechanism); returns a record at a sync.
         """
         due = self.engine.steps_due()
         lr = float(self.optimizers[0].param_groups[0]["lr"])
@@ -222,7 +222,7 @@ class LocalWorkers:
     def resume_from_snapshot(
         self, snapshot: Snapshot, optimizer_states: Sequence[dict[str, Any]] | None = None
     ) -> None:
-        """Go on from a boundary snapshot, with this object's number of workers (docs/algorithm.md §8.5).
+        """Go on from a boundary snapshot, with this object's number of workers (docs/algorithm.md#boundary-snapshots).
 
         Every worker restarts from ``theta_t`` at the snapshot's step (its data
         position) with its LR scheduler there. Its inner optimizer starts fresh

@@ -1,4 +1,4 @@
-"""Wire formats found by name (docs/algorithm.md §7): one strategy object per :class:`WireDtype`.
+"""Wire formats found by name (docs/algorithm.md#wire-codecs): one strategy object per :class:`WireDtype`.
 
 ``wire_format(name, topk_fraction)`` returns the format of ``wire_dtype=name``,
 sparsified by :class:`TopKFormat` when ``topk_fraction`` is set (blockwise wires only).

@@ -1,4 +1,4 @@
-"""The interface of a wire format: how one contiguous piece of a tensor travels (docs/algorithm.md §7).
+"""The interface of a wire format: how one contiguous piece of a tensor travels (docs/algorithm.md#wire-codecs).
 
 A :class:`~autoloco_hf.wire.codec.WireCodec` cuts a slice of the flat buffer into
 pieces that each lie inside one tensor and hands every piece to its format, so a
@@ -20,7 +20,7 @@ def true_divide(t: torch.Tensor, divisor: float, *, out: torch.Tensor | None = N
 
     CUDA divides by a Python number as a product with its reciprocal, which can be one ulp off the
     CPU's quotient; dividing by a 0-dim tensor on ``t``'s device keeps the true division, so a
-    simulated CPU run and a GPU run agree bit for bit (docs/algorithm.md §8.4). On the CPU both are
+    simulated CPU run and a GPU run agree bit for bit (docs/algorithm.md#simulation). On the CPU both are
     the same kernel.
     """
     return torch.div(t, torch.full((), divisor, dtype=t.dtype, device=t.device), out=out)

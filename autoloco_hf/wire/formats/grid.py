@@ -1,4 +1,4 @@
-"""``int4``, ``fp4`` and ``int2``: codes on a grid of levels times an FP32 scale per block (docs/algorithm.md §7.1).
+"""``int4``, ``fp4`` and ``int2``: codes on a grid of levels times an FP32 scale per block (docs/algorithm.md#low-bit-wires).
 
 A grid is a sorted list of non-negative *magnitudes* ``l_0 < ... < l_{M-1}``
 (``M = 2**(bits-1)``); a code is a sign bit above a magnitude index, so the

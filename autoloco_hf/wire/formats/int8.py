@@ -1,11 +1,11 @@
-"""``int8``: blockwise INT8 codes with an FP32 scale per block (docs/algorithm.md §7, paper Appendix G.1).
+"""``int8``: blockwise INT8 codes with an FP32 scale per block (docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 Each tensor is split into contiguous blocks of up to
 ``block_size`` (default 4,096) elements; a block carries one FP32 scale
 ``max|x| / 127`` and int8 codes ``q = clip(round_half_to_even(x / scale), -127, 127)``;
 decoding is ``q * scale`` in FP32. Scale edge cases:
 
-* all-zero block: scale 1 (docs/algorithm.md §7), so its codes are 0 and it decodes to exact zeros;
+* all-zero block: scale 1 (docs/algorithm.md#wire-codecs), so its codes are 0 and it decodes to exact zeros;
 * scale is clamped to ``[SCALE_MIN, SCALE_MAX]``:
   ``SCALE_MIN`` is the smallest *normal* FP32 (2**-126). A subnormal scale would be
   flushed to 0 by flush-to-zero/denormals-are-zero arithmetic (common on GPUs) and
@@ -59,7 +59,7 @@ def chunk_rows(block_size: int) -> int:
 
 
 def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int) -> None:
-    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales`` (docs/algorithm.md §7).
+    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales`` (docs/algorithm.md#wire-codecs).
 
     Works in cache-sized groups of blocks through one small scratch buffer: the
     fresh full-size FP32 temporaries of a naive version cost more (first-touch page
@@ -97,7 +97,7 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
 
 
 def _decode_into(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int) -> None:
-    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out`` (docs/algorithm.md §7), a cache-sized group at a time."""
+    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out`` (docs/algorithm.md#wire-codecs), a cache-sized group at a time."""
     row = 0
     step = chunk_rows(block_size)
     for vv, ov in zip(blocked(values, block_size), blocked(out, block_size)):

@@ -1,4 +1,4 @@
-"""Top-k sparsification of a blockwise wire (``topk_fraction``, docs/algorithm.md §7.1).
+"""Top-k sparsification of a blockwise wire (``topk_fraction``, docs/algorithm.md#low-bit-wires).
 
 Every block of ``L`` elements (up to ``block_size``; a block never spans two
 tensors) keeps its ``k = ceil(topk_fraction * L)`` entries of largest magnitude,

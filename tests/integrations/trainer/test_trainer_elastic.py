@@ -1,4 +1,4 @@
-"""Trainer + AutoLoCoCallback in real processes: a run killed with N workers goes on from its last boundary with N' (docs/algorithm.md §8.5).
+"""Trainer + AutoLoCoCallback in real processes: a run killed with N workers goes on from its last boundary with N' (docs/algorithm.md#boundary-snapshots).
 
 The first launch (``snapshot_dir`` set) loses a rank inside an interval; a second launch with another number of
 processes calls ``callback.resume_point()``. Right after the resume every rank holds what the library-level

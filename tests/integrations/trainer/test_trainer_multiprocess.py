@@ -340,7 +340,7 @@ def test_ddp_method_keeps_normal_ddp(tmp_path):
 
 
 def test_int8_wire_through_the_trainer(tmp_path):
-    """AutoLoCo with the INT8 codec (docs/algorithm.md §7): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
+    """AutoLoCo with the INT8 codec (docs/algorithm.md#wire-codecs): owner-reduce all_to_all at syncs only, ~1/4 of the FP32 payload."""
     spec = {
         "output_dir": str(tmp_path),
         "steps": 8,

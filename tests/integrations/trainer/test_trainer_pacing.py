@@ -1,4 +1,4 @@
-"""Budget pacing under the Trainer (docs/algorithm.md §13.6): ranks of unequal speed, real processes (torchrun, gloo)."""
+"""Budget pacing under the Trainer (docs/algorithm.md#pacing-under-the-trainer): ranks of unequal speed, real processes (torchrun, gloo)."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_resume_after_a_crash_goes_on_from_the_boundary_checkpoint(virtual, tmp_
 
     The resumed run starts from that boundary's model and measured shares (the intervals after it split the
     steps as before, [5, 2]) and ends with both ranks holding the same synchronized model. The data position
-    is the Trainer's (docs/algorithm.md §13.6), so the parameters are not those of the uninterrupted run.
+    is the Trainer's (docs/algorithm.md#pacing-under-the-trainer), so the parameters are not those of the uninterrupted run.
     """
     from trainer_worker import fingerprint
 

@@ -1,4 +1,4 @@
-"""One-process Trainer + AutoLoCoCallback with ``snapshot_dir``: a restart resumes from the last boundary (docs/algorithm.md §8.5).
+"""One-process Trainer + AutoLoCoCallback with ``snapshot_dir``: a restart resumes from the last boundary (docs/algorithm.md#boundary-snapshots).
 
 The Trainer's own resume path (``global_step``, LR scheduler, ``skip_first_batches``) brings the run to the
 boundary; what fails to verify is refused in one line naming the field. Other numbers of workers:

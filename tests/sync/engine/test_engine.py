@@ -1,4 +1,4 @@
-"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume (docs/algorithm.md §4, 5.2, 8.2)."""
+"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume (docs/algorithm.md#outer-correction, #interval-assessment, 8.2)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, worke
     "config",
     [
         AutoLoCoConfig(method="diloco", h_base=5, outer_momentum=0.7),
-        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches neutral (docs/algorithm.md §4)
+        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches neutral (docs/algorithm.md#outer-correction)
         AutoLoCoConfig(method="autoloco", h_base=5, adaptive_horizon=False, map_tokens=False),
         AutoLoCoConfig(
             method="autoloco",
@@ -90,7 +90,7 @@ def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, worke
     ids=["diloco-mu0.7", "autoloco-base-switches-on", "autoloco-base-switches-off"],
 )
 def test_autoloco_at_base_settings_is_bit_exact_diloco(config):
-    """docs/algorithm.md §4 'DiLoCo as a special case': identical parameters after 4 outer steps."""
+    """docs/algorithm.md#outer-correction 'DiLoCo as a special case': identical parameters after 4 outer steps."""
     runner = train(config, steps=20)
     assert runner.engine.totals.syncs == 4
     reference = reference_diloco(steps=20, h=5, outer_lr=0.7, momentum=0.7)
@@ -145,7 +145,7 @@ def test_replicas_identical_after_sync_and_differ_between():
 
 
 def test_nan_in_one_worker_skips_outer_step_and_training_goes_on():
-    """docs/algorithm.md §5.2 invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
+    """docs/algorithm.md#interval-assessment invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=10, q_h=2, h_min=6)
     steps = 80
     runner = LocalWorkers(
@@ -187,7 +187,7 @@ def comparable(records):
 
 @pytest.mark.parametrize("method", ["autoloco", "diloco", "qsr"])
 def test_resume_mid_interval_continues_the_same_trajectory(method):
-    """docs/algorithm.md §8.2: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
+    """docs/algorithm.md#state: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
     steps, interrupt = 90, 45
     horizons = dict(q_h=2, h_max=8) if method == "autoloco" else {}  # AutoLoCo's grid and its rule's range
     config = AutoLoCoConfig(method=method, h_base=4, **horizons)
@@ -265,7 +265,7 @@ def test_autoloco_adapts_and_records_every_field(tmp_path):
     first = rows[0]
     tokens = sum(int(batch_for(w, s, True)["attention_mask"].sum()) for w in range(2) for s in range(first["h_step"]))
     assert first["tokens"] == tokens
-    # measured LR mass equals the preview for full intervals (docs/algorithm.md §2)
+    # measured LR mass equals the preview for full intervals (docs/algorithm.md#interval-statistics)
     for row in rows:
         assert row["lr_mass"] == pytest.approx(row["lr_mass_preview"], rel=1e-9, abs=1e-12)
     assert 0 <= min(r["coherence"] for r in rows) and max(r["coherence"] for r in rows) <= 2 + 1e-6
@@ -394,7 +394,7 @@ def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
         )
 
 
-# ------------------------------------------------------------------ the descent rule's drift guard (§5.6)
+# ------------------------------------------------------------------ the descent rule's drift guard (docs/algorithm.md#descent-rule)
 # the descent rule as these tests were written for: from 4 h_base, gain 1, base momentum 0.7 (its first defaults)
 FIRST_DESCENT = dict(method="autoloco", h_base=4, q_h=2, h_max=16, outer_momentum=0.7, controller="descent")
 GUARDED = AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": True})
@@ -462,7 +462,7 @@ def finish_from_snapshot(config: AutoLoCoConfig, steps: int, first: LocalWorkers
     return resumed
 
 
-# ------------------------------------------------------------------ the descent rule's start probe (§5.6)
+# ------------------------------------------------------------------ the descent rule's start probe (docs/algorithm.md#descent-rule)
 def probed(threshold: float) -> AutoLoCoConfig:
     return AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False, "start_probe": threshold})
 

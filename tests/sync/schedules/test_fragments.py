@@ -1,4 +1,4 @@
-"""Streaming fragments (docs/algorithm.md §12): staggered fragment syncs, per-fragment outer state, round statistics."""
+"""Streaming fragments (docs/algorithm.md#fragments): staggered fragment syncs, per-fragment outer state, round statistics."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def test_fragment_f_syncs_at_ceil_of_f_plus_one_h_over_f_and_all_at_the_budget_e
 def test_config_validates_fragments_in_one_line():
     assert AutoLoCoConfig().fragments == 1
     config(overlap="delayed", overlap_steps=1)  # 2 fragments x (1 + 1) steps fit in h_min = 4
-    assert config(wire_dtype="int8", error_feedback=True).error_feedback  # one residual per fragment (§7.2)
+    # one residual per fragment (docs/algorithm.md#error-feedback)
+    assert config(wire_dtype="int8", error_feedback=True).error_feedback
     cases = [
         (dict(fragments=0), "fragments=0 is invalid: it must be >= 1"),
         (dict(overlap="delayed", overlap_steps=2), "fragments=2 is invalid: .* at least 6 steps .* plans 4"),
@@ -185,7 +186,7 @@ def test_bytes_per_sync_event_are_one_fragment_of_a_whole_model_sync():
 
 # ------------------------------------------------------------------ the controller's statistics
 def test_interval_statistics_are_the_sums_of_the_fragments_parts():
-    """Fragments measured on the same models give the whole model's D_t, C_t, tokens and loss (docs/algorithm.md §12.2)."""
+    """Fragments measured on the same models give the whole model's D_t, C_t, tokens and loss (docs/algorithm.md#fragments-and-the-rule)."""
     whole = runner_for(config(fragments=1, h_base=8, q_h=4, h_max=12), SimulatedCommunicator(2))
     split = runner_for(config(fragments=2, h_base=8, q_h=4, h_max=12), SimulatedCommunicator(2))
     for runner in (whole, split):

@@ -1,4 +1,4 @@
-"""Overlapped synchronization (docs/algorithm.md §11): delayed merge and eager update behind the next interval."""
+"""Overlapped synchronization (docs/algorithm.md#overlap): delayed merge and eager update behind the next interval."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_config_defaults_to_blocking_and_validates_overlap():
         config(overlap="delayed", overlap_mix=1.0)
     with pytest.raises(ConfigError, match="DDP"):
         AutoLoCoConfig(method="ddp", overlap="eager")
-    assert config(overlap="eager", wire_dtype="int8", error_feedback=True).error_feedback  # §7.2
+    # docs/algorithm.md#error-feedback
+    assert config(overlap="eager", wire_dtype="int8", error_feedback=True).error_feedback
     assert config(overlap="eager", ranks_per_worker=2).hierarchical_sync  # sharded outer state overlaps too
     assert AutoLoCoConfig.from_dict(config(overlap="eager").to_dict()).overlap == "eager"
 
@@ -119,7 +120,7 @@ def test_eager_with_one_worker_is_the_blocking_run():
 
 
 def test_eager_update_follows_the_documented_equations():
-    # §11.2 with Nesterov (lr 0.7, momentum 0.9): y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N), theta_t = all averages up to t-1
+    # docs/algorithm.md#eager-update with Nesterov (lr 0.7, momentum 0.9): y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N), theta_t = all averages up to t-1
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap="eager")
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
@@ -368,7 +369,7 @@ def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
 
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
 def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
-    """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (§5.2)."""
+    """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (docs/algorithm.md#interval-assessment)."""
     from autoloco_hf.sync.engine.engine import TooManyInvalidIntervals
 
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap=overlap, max_consecutive_invalid=2)

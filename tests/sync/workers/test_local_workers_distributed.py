@@ -1,4 +1,4 @@
-"""N simulated workers == N real gloo processes (docs/algorithm.md §8.4): same parameters, same interval records."""
+"""N simulated workers == N real gloo processes (docs/algorithm.md#simulation): same parameters, same interval records."""
 
 from __future__ import annotations
 
