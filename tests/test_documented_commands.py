@@ -266,6 +266,9 @@ ELSEWHERE = {
     "python benchmarks/testbeds/gpu_check.py --cpu-dry-run --out /tmp/gpu_check.json": (
         "tests/benchmarks/test_gpu_check.py::test_cpu_dry_run"
     ),
+    "torchrun --standalone --nproc-per-node 1 recipes/live_trainer.py --output-dir out --max-steps 200": (
+        "tests/integrations/elastic/test_live_trainer_recipe.py (the same command in two network namespaces)"
+    ),
     "sudo python benchmarks/testbeds/wan.py --smoke": "tests/benchmarks/test_wan_smoke.py::test_smoke_run_on_two_namespaces",
     # the reports of the committed runs, regenerated and compared (into a temporary folder)
     "python benchmarks/campaigns/frontier.py --out results/frontier --report-only": (
