@@ -21,7 +21,7 @@ from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "live_trainer.py"
-NODE = 42  # namespaces alh-faults-42-{0,1}: apart from the other namespace tests
+NODE = 44  # namespaces alh-faults-44-{0,1}: apart from the other namespace tests
 WAIT_LIMIT_S = 240.0  # three torchrun launches and the run, on a loaded 2-core machine
 
 
