@@ -147,6 +147,16 @@ RUN = {
         "PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --seeds 0 --scenarios node_lost --store tcp --out live.json"
     ),
     "PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --report-only": "COPY_OF_DOCUMENTED",  # the committed JSON
+    # live membership on real links (root): one scenario, one seed; a chaos run of one fault
+    "PYTHONPATH=. python benchmarks/testbeds/netns_live_testbed.py": (
+        "PYTHONPATH=. python benchmarks/testbeds/netns_live_testbed.py --seeds 0 --scenarios worker_killed "
+        "--out netns_live.json"
+    ),
+    "PYTHONPATH=. python benchmarks/testbeds/netns_live_testbed.py --chaos --minutes 22 --faults 22 --seed 0": (
+        "PYTHONPATH=. python benchmarks/testbeds/netns_live_testbed.py --chaos --minutes 22 --faults 22 --seed 0 "
+        "--minutes 0.2 --faults 1 --steps 400 --step-seconds 0.05 --out netns_chaos.json"
+    ),
+    "PYTHONPATH=. python benchmarks/testbeds/netns_live_testbed.py --report-only": "COPY_OF_DOCUMENTED",
     # the cost of a change of membership, cause by cause: one seed
     "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py": (
         "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --seeds 1 --out membership_cost.json"
@@ -219,7 +229,11 @@ SHORTENED = {
     "python -c ": "",
 }
 # network namespaces: their runs (not --report-only) are skipped, with a line, unless root
-ROOT_ONLY = ("benchmarks/testbeds/wan.py", "benchmarks/testbeds/elastic_testbed.py")
+ROOT_ONLY = (
+    "benchmarks/testbeds/wan.py",
+    "benchmarks/testbeds/elastic_testbed.py",
+    "benchmarks/testbeds/netns_live_testbed.py",
+)
 OLD_COMMITS = ("8787424", "36d1855")  # docs/controller.md's "before" column: skipped in a clone without them
 BEFORE = ("tar -x -C before", "PYTHONPATH=before ")  # the commands of that column
 # the loss campaigns' scripts share one Python process (runpy, one argv each): their imports are paid once

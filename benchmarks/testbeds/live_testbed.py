@@ -83,6 +83,9 @@ def run_worker(
     die_entering_round: int | None = None,
     start_delay_s: float = 0.0,
     joiner_fault: str | None = None,
+    steps: int = STEPS,
+    step_seconds: float = STEP_SECONDS,
+    trace: str | None = None,
 ) -> None:
     """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
 
@@ -99,6 +102,9 @@ def run_worker(
     that much later (a slow start-up). ``joiner_fault`` (a joiner): ``"dies_before_saying_who"`` ends the
     process between taking its slot and writing who it is; ``"hangs_after_its_slot"`` stops it (SIGSTOP)
     right after it wrote its slot: a slot whose owner is gone or silent.
+    ``steps``, ``step_seconds``: the run's length and the pause per step (a long run: the chaos run of
+    ``netns_live_testbed.py``). ``trace``: append one JSON line per round entered and per step trained
+    to this file, flushed at once, so a driver reads the history of a process that was killed.
     """
     import torch.distributed as dist
 
@@ -130,13 +136,14 @@ def run_worker(
     config = AutoLoCoConfig(method="diloco", h_base=h_base, sync_timeout_s=SYNC_TIMEOUT_S)
     model = make_model(seed=seed)
     optimizer = adamw(model.parameters())
-    scheduler = cosine(STEPS, 4)(optimizer)
+    scheduler = cosine(steps, 4)(optimizer)
     live = LiveMembership(
         store, name, config, model, settle_s=1.0, round_timeout_s=60.0, store_timeout_s=STORE_TIMEOUT_S
     )
     if joiner_fault is not None:
         live.store = _FaultAfterSlot(store, joiner_fault)
     seen: dict[str, Any] = {"name": name, "rounds": [], "steps": [], "faults": []}
+    traced = open(trace, "a", buffering=1) if trace else None  # line-buffered: each line written at once
 
     def write() -> None:
         with open(os.path.join(out, f"{name}.json"), "w") as f:
@@ -144,7 +151,7 @@ def run_worker(
 
     def enter(agreement) -> tuple:
         comm = make_communicator(config, True)
-        engine = make_engine(config, [model], SchedulerPreview(scheduler, STEPS), comm, STEPS, optimizers=[optimizer])
+        engine = make_engine(config, [model], SchedulerPreview(scheduler, steps), comm, steps, optimizers=[optimizer])
         step = 0
         if agreement.state is not None:
             engine.resume_at_boundary(agreement.state["engine"])
@@ -166,6 +173,8 @@ def run_worker(
                 "adam_step": float(adam["step"]) if "step" in adam else 0.0,  # AdamW's own count of its steps
             }
         )
+        if traced:
+            traced.write(json.dumps({**seen["rounds"][-1], "t": time.time()}) + "\n")
         return engine, step
 
     time.sleep(start_delay_s)
@@ -181,7 +190,7 @@ def run_worker(
         return
     engine, step = enter(agreement)
     lost_at = None
-    while step < STEPS:
+    while step < steps:
         if die_at_step is not None and step == die_at_step:
             store.set(f"test/{name}/fault_at", repr(time.time()))
             os._exit(1)  # a closed connection for the others
@@ -213,8 +222,10 @@ def run_worker(
             optimizer.zero_grad(set_to_none=True)
             engine.after_optimizer_step([count_non_padding_tokens(batch)], [float(loss.detach())], lr=lr)
             seen["steps"].append(step)
+            if traced:
+                traced.write(f'{{"step": {step}, "t": {time.time()!r}}}\n')
             step += 1
-            time.sleep(STEP_SECONDS)
+            time.sleep(step_seconds)
             if live.join_pending:
                 engine, step = enter(live.reform())
             if lost_at is not None:

@@ -99,6 +99,10 @@ class TwoNodes:
     def link_down(self) -> None:
         _ip("-n", self.ns[0], "link", "set", self.dev[0], "down")
 
+    def link_up(self) -> None:
+        """The link back: node 0's end up again (its address and route come back with it)."""
+        _ip("-n", self.ns[0], "link", "set", self.dev[0], "up")
+
     def destroy(self) -> None:
         for proc in self.procs:  # the agents and their workers (each agent leads its own session)
             if proc.poll() is None:
