@@ -1,7 +1,7 @@
 """Live membership on real links: two network namespaces, a real etcd cluster, a chaos run.
 
 Not a test (docs/reliability.md, "On real links: namespaces, etcd, a chaos run"). Two network
-namespaces joined by a veth pair (``tests/integrations/netns.py``): node A holds etcd members m0
+namespaces joined by a veth pair (``benchmarks/testbeds/netns.py``): node A holds etcd members m0
 and m1 and workers w0 and w1; node B holds member m2 and worker w2. Each worker is one process of
 ``live_testbed.run_worker``: the toy LM, DiLoCo at H 4, gloo on the veth
 (``GLOO_SOCKET_IFNAME``), ``sync_timeout_s`` 5 s, ``store_timeout_s`` 10 s, ``settle_s`` 1 s,
@@ -48,10 +48,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-for _path in (ROOT / "tests" / "integrations", ROOT / "tests", ROOT / "benchmarks"):
-    sys.path.insert(0, str(_path))
-from launch import worker_env  # noqa: E402
-from netns import TwoNodes, netns_skip_reason  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from testbeds.live_testbed import (  # noqa: E402
     STEPS,
@@ -60,6 +57,7 @@ from testbeds.live_testbed import (  # noqa: E402
     H,
     run_worker,
 )
+from testbeds.netns import TwoNodes, netns_skip_reason, process_env  # noqa: E402
 
 ROUND_TIMEOUT_S = 60.0  # run_worker's
 CUT_OFF_BOUND_S = SYNC_TIMEOUT_S + STORE_TIMEOUT_S  # docs/reliability.md, "Cut off from the store"
@@ -214,7 +212,7 @@ class Testbed:
         with open(self.out / f"{seat}.{count}.stdout", "w") as out, open(stderr_path, "w") as err:
             proc = subprocess.Popen(
                 [*command, "--worker", str(spec_path)],
-                env=worker_env(GLOO_SOCKET_IFNAME=self.nodes.dev[node]),
+                env=process_env(GLOO_SOCKET_IFNAME=self.nodes.dev[node]),
                 stdout=out,
                 stderr=err,
                 start_new_session=True,

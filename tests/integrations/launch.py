@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from testbeds.netns import MASTER_PORT, TwoNodes, process_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,16 +24,7 @@ def free_port() -> int:
 
 def worker_env(max_restarts: int | None = None, **extra: str) -> dict[str, str]:
     """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "warning",
-        **extra,
-    }
-    env.pop("WORLD_SIZE", None)
+    env = process_env(**extra)
     if max_restarts:
         # A restarted worker that reaches init_process_group before its peer can read the previous attempt's gloo
         # address from the launcher's store and fail ("connectFullMesh ... Connection refused"): the store is
@@ -143,3 +135,34 @@ def torchrun_failing(script: str, spec: dict, nproc: int, timeout: float = 300.0
     proc = _run_local(script, spec, nproc, timeout)
     assert proc.returncode != 0, f"{' '.join(proc.args)} succeeded but was expected to fail:\n{proc.stderr[-4000:]}"
     return proc.stdout + proc.stderr
+
+
+def launch_on_nodes(
+    nodes: TwoNodes, script: str, spec_path: Path, logs: Path, max_restarts: int | None = None
+) -> list[subprocess.Popen]:
+    """One torchrun agent per namespace (one worker each); stdout+stderr to ``logs/node{k}.log``."""
+    for node in range(2):
+        cmd = torchrun_command(
+            script,
+            spec_path,
+            1,
+            nodes.addr[0],
+            MASTER_PORT,
+            nnodes=2,
+            node_rank=node,
+            max_restarts=max_restarts,
+            local_addr=nodes.addr[node],
+        )
+        env = worker_env(max_restarts, GLOO_SOCKET_IFNAME=nodes.dev[node])
+        log = open(logs / f"node{node}.log", "w")
+        nodes.procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", nodes.ns[node], *cmd],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        log.close()
+    return nodes.procs

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 from launch import worker_env
-from netns import TwoNodes, netns_skip_reason
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S
+from testbeds.netns import TwoNodes, netns_skip_reason
 
 HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts
 NODE = 40  # namespaces alh-faults-40-{0,1}, 10.231.0.161/162: apart from the other namespace tests

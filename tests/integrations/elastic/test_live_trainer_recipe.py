@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from launch import worker_env
-from netns import TwoNodes, netns_skip_reason
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing
+from testbeds.netns import TwoNodes, netns_skip_reason
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "live_trainer.py"

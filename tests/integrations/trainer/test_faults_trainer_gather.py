@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from launch import write_spec
-from netns import TwoNodes, netns_skip_reason
+from launch import launch_on_nodes, write_spec
 from test_faults_two_nodes import MARGIN, T, base_spec, error_line, progress, wait_exit, wait_for
+from testbeds.netns import TwoNodes, netns_skip_reason
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ GATHER_STEP = 6
 
 def rank0_in_the_gather(nodes: TwoNodes, out: Path) -> None:
     spec = {**base_spec(out, pause={"step": GATHER_STEP, "ranks": [1]}), "logging_steps": 3}
-    procs = nodes.launch("trainer_worker.py", write_spec(spec), out)
+    procs = launch_on_nodes(nodes, "trainer_worker.py", write_spec(spec), out)
     wait_for(lambda: (out / "paused_rank1").exists(), "rank 1 paused", procs)
     wait_for(lambda: progress(out, 0)["step"] == GATHER_STEP, f"rank 0 at step {GATHER_STEP}", procs)
     time.sleep(1.0)  # rank 0 is now blocked in the Trainer's loss gather, waiting for rank 1

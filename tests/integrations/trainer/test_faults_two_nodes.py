@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import torchrun, write_spec
-from netns import TwoNodes, netns_skip_reason
+from launch import launch_on_nodes, torchrun, write_spec
+from testbeds.netns import TwoNodes, netns_skip_reason
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def check_survivor(out: Path, line: str, what: str = f"rank 1 did not answer wit
 
 def run_until_paused(nodes: TwoNodes, out: Path, ranks: list[int], **faults):
     spec_path = write_spec(base_spec(out, **faults))
-    procs = nodes.launch("trainer_worker.py", spec_path, out)
+    procs = launch_on_nodes(nodes, "trainer_worker.py", spec_path, out)
     wait_for(lambda: all((out / f"paused_rank{r}").exists() for r in ranks), f"ranks {ranks} paused", procs)
     return procs
 
@@ -192,7 +192,7 @@ def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
     with exactly the parameters of an uninterrupted run resumed from that checkpoint."""
     out = tmp_path / "restarted"
     spec = {**base_spec(out, pause={"step": 6, "ranks": [0, 1]}), "resume_last": True}
-    procs = nodes.launch("trainer_worker.py", write_spec(spec), out, max_restarts=1)
+    procs = launch_on_nodes(nodes, "trainer_worker.py", write_spec(spec), out, max_restarts=1)
     wait_for(lambda: all((out / f"paused_rank{r}").exists() for r in (0, 1)), "both ranks paused", procs)
     shutil.copytree(out / "checkpoint-4", tmp_path / "reference" / "checkpoint-4")  # before anything rewrites it
     os.kill(progress(out, 1)["pid"], signal.SIGKILL)

@@ -8,7 +8,7 @@ loses power or its network.
     nodes = TwoNodes(k=0)          # namespaces alh-faults-0-{0,1}, veth alhf0 / alhfp0
     try:
         nodes.create()
-        procs = nodes.launch("trainer_worker.py", spec_path)
+        procs = launch_on_nodes(nodes, "trainer_worker.py", spec_path, logs)  # tests/integrations/launch.py
         ...
         nodes.link_down()
     finally:
@@ -20,12 +20,24 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
-
-from launch import torchrun_command, worker_env
 
 SUBNET_PREFIX = "10.231.0."  # the only subnet these tests use
 MASTER_PORT = 29517  # inside fresh namespaces nothing else listens
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a process started in a namespace: one thread, offline, no inherited WORLD_SIZE."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "warning",
+        **extra,
+    }
+    env.pop("WORLD_SIZE", None)
+    return env
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,36 +77,6 @@ class TwoNodes:
             _ip("link", "set", dev, "netns", ns)
             _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
             _ip("-n", ns, "link", "set", dev, "up")
-
-    def launch(
-        self, script: str, spec_path: Path, logs: Path, max_restarts: int | None = None
-    ) -> list[subprocess.Popen]:
-        """One torchrun agent per namespace (one worker each); stdout+stderr to ``logs/node{k}.log``."""
-        for node in range(2):
-            cmd = torchrun_command(
-                script,
-                spec_path,
-                1,
-                self.addr[0],
-                MASTER_PORT,
-                nnodes=2,
-                node_rank=node,
-                max_restarts=max_restarts,
-                local_addr=self.addr[node],
-            )
-            env = worker_env(max_restarts, GLOO_SOCKET_IFNAME=self.dev[node])
-            log = open(logs / f"node{node}.log", "w")
-            self.procs.append(
-                subprocess.Popen(
-                    ["ip", "netns", "exec", self.ns[node], *cmd],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-            log.close()
-        return self.procs
 
     def link_down(self) -> None:
         _ip("-n", self.ns[0], "link", "set", self.dev[0], "down")
