@@ -25,7 +25,7 @@ from typing import Any
 _LAZY = {
     "AutoLoCoCallback": "autoloco_hf.integrations.trainer.callback",
     "AutoLoCoArguments": "autoloco_hf.integrations.trainer.arguments",
-    "AutoLoCoConfigurationError": "autoloco_hf.integrations.launch_checks",
+    "AutoLoCoConfigurationError": "autoloco_hf.errors",
     "check_launch": "autoloco_hf.integrations.launch_checks",
     "last_complete_checkpoint": "autoloco_hf.integrations.trainer.resume",
     "AutoLoCoAccelerate": "autoloco_hf.integrations.accelerate",

@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.errors import AutoLoCoError
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.groups import check_worker_layout, fsdp2_mesh
 
 logger = hf_logging.get_logger(__name__)
@@ -31,10 +31,6 @@ SHARDED_ALTERNATIVE = (
     "AutoLoCoConfig(ranks_per_worker=<ranks per worker>); with several workers, shard each over its own ranks "
     "first (autoloco_hf.integrations.groups.shard_worker, docs/hf.md)"
 )
-
-
-class AutoLoCoConfigurationError(AutoLoCoError, RuntimeError):
-    """The Trainer or Accelerate launch is set up in a way AutoLoCo cannot run correctly."""
 
 
 def _env_world_size() -> int:

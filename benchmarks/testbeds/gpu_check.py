@@ -938,7 +938,7 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
     from autoloco_hf.integrations.groups import shard_worker
-    from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+    from autoloco_hf.errors import AutoLoCoConfigurationError
 
     workers, r = layout
     fsdp = dict(fsdp=True, fsdp_config={"version": 2}) if mode is FsdpMode.FSDP2 else {}

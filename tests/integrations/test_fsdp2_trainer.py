@@ -37,8 +37,9 @@ def _worker(rank: int, world_size: int, out_dir: str) -> dict:
     from torch.distributed.tensor import DTensor
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
+    from autoloco_hf.errors import AutoLoCoConfigurationError
     from autoloco_hf.integrations.groups import build_topology, fsdp2_mesh, shard_worker, worker_mesh
-    from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_fsdp2_workers
+    from autoloco_hf.integrations.launch_checks import check_fsdp2_workers
     from autoloco_hf.integrations.runtime import check_fsdp2_worker
 
     topo = build_topology(R)

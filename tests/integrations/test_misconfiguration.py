@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from autoloco_hf import AutoLoCoConfig
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_launch
+from autoloco_hf.errors import AutoLoCoConfigurationError
+from autoloco_hf.integrations.launch_checks import check_launch
 
 
 def test_world_size_env_but_single_process_accelerator(monkeypatch):

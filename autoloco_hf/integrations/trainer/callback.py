@@ -72,9 +72,10 @@ from transformers.utils import logging as hf_logging
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig, Method, Pacing
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.elastic.errors import MembershipChange
 from autoloco_hf.integrations.elastic.membership import LiveMembership
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError, check_trainer_launch
+from autoloco_hf.integrations.launch_checks import check_trainer_launch
 from autoloco_hf.integrations.runtime import RECORDS_FILENAME, WorkerRuntime, record_metrics
 from autoloco_hf.integrations.trainer.arguments import AutoLoCoArguments
 from autoloco_hf.integrations.trainer.collectives import bound_trainer_collectives

@@ -20,8 +20,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.elastic.process_group import adopt_process_group
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
 
 
 def built_from_the_class_by_the_trainer(max_depth: int = 4) -> bool:

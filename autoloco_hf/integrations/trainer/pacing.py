@@ -22,7 +22,7 @@ from typing import Any
 
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.errors import AutoLoCoConfigurationError
 
 
 def _refuse(field: str, value: Any, fix: str) -> None:

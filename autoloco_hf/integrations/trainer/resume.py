@@ -43,7 +43,7 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_N
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.runtime import STATE_DIRNAME, TrainableParameters, WorkerRuntime, state_path
 from autoloco_hf.integrations.trainer.internals import checkpoint_dir
 from autoloco_hf.state.checkpoint import CheckpointError, peek_header

@@ -15,7 +15,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.trainer.collectives import GUARDED_METHOD
 from autoloco_hf.integrations.trainer.internals import (
     checkpoint_dir,

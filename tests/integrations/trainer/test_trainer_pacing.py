@@ -10,7 +10,7 @@ from launch import torchrun
 from transformers import TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
-from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+from autoloco_hf.errors import AutoLoCoConfigurationError
 from autoloco_hf.integrations.trainer.pacing import BudgetTrainerSteps
 from autoloco_hf.sync.pacing import set_schedule_step
 

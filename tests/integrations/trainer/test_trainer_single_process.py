@@ -189,7 +189,7 @@ def test_callback_added_after_construction_needs_attach(tmp_path):
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.launch_checks import AutoLoCoConfigurationError
+    from autoloco_hf.errors import AutoLoCoConfigurationError
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=2, disable_tqdm=True)
     trainer = Trainer(model=tiny_model(), args=args, train_dataset=DATA)
