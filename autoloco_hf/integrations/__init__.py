@@ -6,7 +6,7 @@ See docs/hf.md. Modules, top floor first:
   ``internals`` (the Trainer behaviour it relies on beyond the callback
   contract), ``collectives`` (the Trainer's own collectives, bounded),
   ``pacing`` (budget pacing), ``resume`` (which checkpoint or boundary to
-  resume), ``run_log`` (the run files ``autoloco report`` reads), ``arguments``
+  resume), ``arguments``
   (``AutoLoCoArguments`` for ``HfArgumentParser``), ``log_levels`` and ``live``
   (``train_live``: the Trainer on live membership, docs/reliability.md);
 * ``accelerate``: ``AutoLoCoAccelerate``, for plain Accelerate loops;

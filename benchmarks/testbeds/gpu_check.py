@@ -937,8 +937,8 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
-    from autoloco_hf.integrations.groups import shard_worker
     from autoloco_hf.errors import AutoLoCoConfigurationError
+    from autoloco_hf.integrations.groups import shard_worker
 
     workers, r = layout
     fsdp = dict(fsdp=True, fsdp_config={"version": 2}) if mode is FsdpMode.FSDP2 else {}

@@ -96,7 +96,7 @@ from autoloco_hf.integrations.trainer.resume import (
     resumed_checkpoint,
     trainer_boundary_state,
 )
-from autoloco_hf.integrations.trainer.run_log import TrainerRunLog
+from autoloco_hf.state.trainer_log import TrainerRunLog
 from autoloco_hf.sync.pacing import set_schedule_step
 
 logger = hf_logging.get_logger(__name__)
