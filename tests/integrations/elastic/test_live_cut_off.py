@@ -15,18 +15,16 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from launch import worker_env
+from live_netns import in_ns, start_live_worker
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 from testbeds.live_testbed import STEPS, STORE_TIMEOUT_S, SYNC_TIMEOUT_S
 from testbeds.netns import TwoNodes, netns_skip_reason
 
-HELPERS = Path(__file__).resolve().parents[1]  # tests/integrations: the worker scripts
 NODE = 40  # namespaces alh-faults-40-{0,1}, 10.231.0.161/162: apart from the other namespace tests
 PAUSE_AT = 6  # mid-interval (H 4): the next boundary, step 8, is the first the link's loss can show at
 WAIT_LIMIT_S = 150.0  # start-up of 3 processes and 3 etcd members on a loaded 2-core machine, then the run
@@ -47,37 +45,6 @@ def two_nodes():
     nodes.destroy()  # every process still in the namespaces (workers, etcd members), then the namespaces
 
 
-def _in_ns(nodes: TwoNodes, node: int) -> list[str]:
-    return ["ip", "netns", "exec", nodes.ns[node]]
-
-
-def _start_worker(nodes: TwoNodes, node: int, out: Path, name: str, index: int, endpoints: str) -> subprocess.Popen:
-    spec = {
-        "name": name,
-        "data_index": index,
-        "port": NODE,  # the run's id on the store
-        "out": str(out),
-        "first_world": 3,
-        "store_kind": "etcd",
-        "endpoints": endpoints,
-        "pause_at": PAUSE_AT,
-        "resume_file": str(out / "resume"),
-    }
-    spec_path = out / f"{name}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    command = [*_in_ns(nodes, node), sys.executable, str(HELPERS / "live_netns_worker.py"), str(spec_path)]
-    with open(out / f"{name}.stdout", "w") as stdout, open(out / f"{name}.stderr", "w") as stderr:
-        proc = subprocess.Popen(
-            command,
-            env=worker_env(GLOO_SOCKET_IFNAME=nodes.dev[node]),
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
-    nodes.procs.append(proc)  # destroy() ends it whatever happens
-    return proc
-
-
 def _wait(condition, what: str, procs: dict[str, subprocess.Popen], out: Path) -> None:
     deadline = time.monotonic() + WAIT_LIMIT_S
     while not condition():
@@ -93,13 +60,13 @@ def test_a_process_cut_off_from_the_store_majority_ends_in_one_line_within_the_b
     a, b = nodes.addr
     # node A: members m0 and m1 (the majority); node B: m2. Every process lists all three.
     members = [(a, 2379, 2380), (a, 2381, 2382), (b, 2379, 2380)]
-    cluster = EtcdCluster(members, str(tmp_path), prefix=lambda k: _in_ns(nodes, 0 if k < 2 else 1))
+    cluster = EtcdCluster(members, str(tmp_path), prefix=lambda k: in_ns(nodes, 0 if k < 2 else 1))
     cluster.start()
     endpoints = ",".join(cluster.endpoints)
     procs = {
-        "w0": _start_worker(nodes, 0, tmp_path, "w0", 0, endpoints),
-        "w1": _start_worker(nodes, 0, tmp_path, "w1", 1, endpoints),
-        "w2": _start_worker(nodes, 1, tmp_path, "w2", 2, endpoints),
+        "w0": start_live_worker(nodes, 0, tmp_path, "w0", 0, endpoints, NODE, PAUSE_AT),
+        "w1": start_live_worker(nodes, 0, tmp_path, "w1", 1, endpoints, NODE, PAUSE_AT),
+        "w2": start_live_worker(nodes, 1, tmp_path, "w2", 2, endpoints, NODE, PAUSE_AT),
     }
     paused = lambda: all((tmp_path / f"{n}.paused").exists() for n in procs)  # noqa: E731
     _wait(paused, f"all three paused at step {PAUSE_AT}", procs, tmp_path)
