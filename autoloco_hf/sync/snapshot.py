@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,8 +35,10 @@ from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.errors import AutoLoCoError
 from autoloco_hf.state import checkpoint
 from autoloco_hf.state.checkpoint import CheckpointError, ConfigMismatchError, read_shared_state
-from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.engine.engine import IntervalEngine
+
+if TYPE_CHECKING:
+    from autoloco_hf.state.records import IntervalRecord
 
 __all__ = [
     "BoundarySnapshot",

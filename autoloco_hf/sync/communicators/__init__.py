@@ -15,9 +15,8 @@ keeps working, and holds :func:`make_communicator`, which picks one from a confi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators.base import (
     ALL_GATHER,
     OVERLAP_AGGREGATIONS,
@@ -41,6 +40,9 @@ from autoloco_hf.sync.communicators.hierarchical import (
 )
 from autoloco_hf.sync.communicators.process_group import ProcessGroupCommunicator
 from autoloco_hf.sync.communicators.simulated import SimulatedCommunicator
+
+if TYPE_CHECKING:
+    from autoloco_hf.config import AutoLoCoConfig
 
 __all__ = [
     "ALL_GATHER",

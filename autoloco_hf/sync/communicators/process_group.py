@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,8 +36,10 @@ from autoloco_hf.sync.communicators.base import (
     worker_label,
 )
 from autoloco_hf.wire.accounting import wire_bytes_sent
-from autoloco_hf.wire.codec import WireCodec
 from autoloco_hf.wire.formats.base import true_divide
+
+if TYPE_CHECKING:
+    from autoloco_hf.wire.codec import WireCodec
 
 __all__ = ["ProcessGroupCommunicator"]
 

@@ -12,20 +12,23 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import torch
 
-from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.algorithm.stats import interval_statistics
-from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.sync.communicators import AverageResult, Communicator, Traffic
+from autoloco_hf.sync.communicators.base import AverageResult, Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, config_fingerprint
-from autoloco_hf.sync.engine.fragments import Fragment
 from autoloco_hf.sync.engine.interval_state import Aggregate, Collected, IntervalCounters
-from autoloco_hf.sync.engine.layout import SyncLayout
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
-from autoloco_hf.sync.pacing import Pacer
-from autoloco_hf.wire.codec import ErrorFeedback
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.config import AutoLoCoConfig
+    from autoloco_hf.sync.engine.fragments import Fragment
+    from autoloco_hf.sync.engine.layout import SyncLayout
+    from autoloco_hf.sync.pacing import Pacer
+    from autoloco_hf.wire.codec import ErrorFeedback
 
 __all__ = ["Aggregation", "sum_collected"]
 

@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from autoloco_hf.algorithm.policies import NextInterval
-from autoloco_hf.config import AutoLoCoConfig, Overlap
-from autoloco_hf.state.records import IntervalRecord, RunTotals
-from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.engine.interval_state import InFlight
-from autoloco_hf.sync.outer import OuterOptimizer
-
 if TYPE_CHECKING:
+    from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.config import AutoLoCoConfig, Overlap
+    from autoloco_hf.state.records import IntervalRecord, RunTotals
+    from autoloco_hf.sync.communicators.base import Communicator
     from autoloco_hf.sync.engine.engine import IntervalEngine
+    from autoloco_hf.sync.engine.interval_state import InFlight
+    from autoloco_hf.sync.outer import OuterOptimizer
 
 __all__ = ["Engine", "SyncSchedule", "check_workers"]
 

@@ -53,22 +53,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autoloco_hf.algorithm.correction import OuterCorrection, correction_for
 from autoloco_hf.algorithm.policies import NextInterval, PolicyFactory, make_policy
-from autoloco_hf.algorithm.rules.decisions import RuleDecision
-from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing
 from autoloco_hf.state.checkpoint import check_config
 from autoloco_hf.state.records import IntervalRecord, JsonlWriter, RunTotals
-from autoloco_hf.sync.communicators import AverageResult, Communicator
 from autoloco_hf.sync.control import WorkerDisagreement
 from autoloco_hf.sync.engine.aggregation import Aggregation
 from autoloco_hf.sync.engine.contract import SyncSchedule, check_workers
-from autoloco_hf.sync.engine.fragments import Fragment
 from autoloco_hf.sync.engine.interval_state import (
     Aggregate,
     ClosedInterval,
@@ -89,6 +85,12 @@ from autoloco_hf.sync.engine.layout import SyncLayout, build_outer_state
 from autoloco_hf.sync.engine.measurements import DisplacementMeasurements
 from autoloco_hf.sync.outer import OuterOptimizer, broadcast_initial_parameters
 from autoloco_hf.sync.pacing import make_pacer
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.rules.decisions import RuleDecision
+    from autoloco_hf.algorithm.schedule import LRSchedule
+    from autoloco_hf.sync.communicators.base import AverageResult, Communicator
+    from autoloco_hf.sync.engine.fragments import Fragment
 
 __all__ = [
     "Aggregate",

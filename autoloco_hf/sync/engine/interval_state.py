@@ -12,15 +12,17 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autoloco_hf.algorithm.correction import OuterCorrection
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth
-from autoloco_hf.sync.communicators import AverageResult, PendingAverage, Traffic
+from autoloco_hf.sync.communicators.base import AverageResult, PendingAverage, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.correction import OuterCorrection
 
 __all__ = [
     "Aggregate",

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.errors import AutoLoCoError
-from autoloco_hf.state.records import IntervalRecord
-from autoloco_hf.sync.control import ControlRound
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.policies import NextInterval
+    from autoloco_hf.state.records import IntervalRecord
+    from autoloco_hf.sync.control import ControlRound
 
 __all__ = ["TooManyInvalidIntervals", "report_invalid", "reset_nonfinite_state"]
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
-from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.engine.fragments import Fragment, on_local_tensors, split_fragments
 from autoloco_hf.sync.outer import OuterOptimizer
 from autoloco_hf.wire.accounting import payload_bytes
 from autoloco_hf.wire.codec import ErrorFeedback, WireCodec
+
+if TYPE_CHECKING:
+    from autoloco_hf.sync.communicators.base import Communicator
 
 __all__ = ["SyncLayout", "build_outer_state"]
 

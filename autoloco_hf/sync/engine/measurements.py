@@ -8,14 +8,17 @@ them, and because the shared ones are a collective of their own between syncs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval
 from autoloco_hf.algorithm.rules import Delivery, Measured
-from autoloco_hf.sync.communicators import Communicator
-from autoloco_hf.sync.engine.interval_state import IntervalCounters
-from autoloco_hf.sync.outer import OuterOptimizer
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval
+    from autoloco_hf.sync.communicators.base import Communicator
+    from autoloco_hf.sync.engine.interval_state import IntervalCounters
+    from autoloco_hf.sync.outer import OuterOptimizer
 
 __all__ = ["DisplacementMeasurements"]
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
-from autoloco_hf.algorithm.schedule import LRSchedule
 from autoloco_hf.config import AutoLoCoConfig, Overlap
-from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.engine.contract import Engine
 from autoloco_hf.sync.engine.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
 from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
 from autoloco_hf.sync.schedules.overlap import DelayedSchedule, EagerSchedule
 from autoloco_hf.sync.schedules.streaming import FragmentSchedule
+
+if TYPE_CHECKING:
+    from autoloco_hf.algorithm.schedule import LRSchedule
+    from autoloco_hf.sync.communicators.base import Communicator
 
 __all__ = ["Engine", "make_engine", "make_sync_schedule"]
 

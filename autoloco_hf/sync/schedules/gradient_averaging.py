@@ -11,8 +11,8 @@ import torch
 from autoloco_hf.config import AutoLoCoConfig, WireDtype
 from autoloco_hf.state.checkpoint import check_config
 from autoloco_hf.state.records import IntervalRecord, RunTotals
-from autoloco_hf.sync.communicators import Communicator, Traffic
-from autoloco_hf.sync.engine.engine import check_workers
+from autoloco_hf.sync.communicators.base import Communicator, Traffic
+from autoloco_hf.sync.engine.contract import check_workers
 from autoloco_hf.sync.outer import broadcast_initial_parameters
 from autoloco_hf.wire.accounting import payload_bytes, wire_bytes_sent
 

@@ -21,16 +21,19 @@ last boundary of the budget blocks, so the run ends on one model.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autoloco_hf.config import Overlap
-from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.control import ControlMessage
-from autoloco_hf.sync.engine.engine import Aggregate, ClosedInterval, InFlight, IntervalEngine, OuterStep
+from autoloco_hf.sync.engine.interval_state import Aggregate, ClosedInterval, InFlight, OuterStep
 from autoloco_hf.sync.outer import flatten_fp32
 from autoloco_hf.wire.formats.base import true_divide
+
+if TYPE_CHECKING:  # the engine calls the schedule; the schedule only reads it
+    from autoloco_hf.state.records import IntervalRecord
+    from autoloco_hf.sync.engine.engine import IntervalEngine
 
 __all__ = ["DelayedSchedule", "EagerSchedule"]
 

@@ -22,23 +22,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import Overlap
-from autoloco_hf.state.records import IntervalRecord
-from autoloco_hf.sync.communicators import PendingAverage
-from autoloco_hf.sync.engine.engine import (
+from autoloco_hf.sync.communicators.base import PendingAverage
+from autoloco_hf.sync.engine.fragments import Fragment, fragment_event_offset
+from autoloco_hf.sync.engine.interval_state import (
     ClosedInterval,
     Collected,
-    IntervalEngine,
     OuterStep,
     pending_from_state,
     pending_state,
 )
-from autoloco_hf.sync.engine.fragments import Fragment, fragment_event_offset
+
+if TYPE_CHECKING:  # the engine calls the schedule; the schedule only reads it
+    from autoloco_hf.state.records import IntervalRecord
+    from autoloco_hf.sync.engine.engine import IntervalEngine
 
 __all__ = ["FragmentFlight", "FragmentSchedule"]
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.func import functional_call
 
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.config import AutoLoCoConfig, Pacing
-from autoloco_hf.state.records import IntervalRecord
 from autoloco_hf.sync.communicators import Communicator, SimulatedCommunicator
 from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.workers.local_workers import (
@@ -42,6 +41,9 @@ from autoloco_hf.sync.workers.local_workers import (
     causal_lm_loss,
     constant_schedule,
 )
+
+if TYPE_CHECKING:
+    from autoloco_hf.state.records import IntervalRecord
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: max_norm / (norm + eps)
 

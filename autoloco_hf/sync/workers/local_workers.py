@@ -28,19 +28,21 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import SchedulerPreview
 from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
-from autoloco_hf.config import AutoLoCoConfig
-from autoloco_hf.state.records import IntervalRecord
-from autoloco_hf.sync.communicators import Communicator
 from autoloco_hf.sync.pacing import VirtualClock
 from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
+
+if TYPE_CHECKING:
+    from autoloco_hf.config import AutoLoCoConfig
+    from autoloco_hf.state.records import IntervalRecord
+    from autoloco_hf.sync.communicators.base import Communicator
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
