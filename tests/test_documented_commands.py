@@ -24,8 +24,8 @@ Shortened runs write into the scratch folder (a later ``--out`` / ``--json``), n
 Commands of :data:`ROOT_ONLY` scripts need root (network namespaces) and are skipped, with a line, without
 it. Commands of :data:`IN_ONE_PROCESS` scripts (the loss campaigns) run one after the other in one Python
 process (``runpy``, each with its own argv and as ``__main__``), so that their imports are paid once; a
-command documented twice runs once. ``test_documented_commands_run`` prints each command it ran and how
-long it took.
+command documented twice runs once. ``test_documented_commands_run`` runs them in :data:`SHARDS` (side by side
+under pytest-xdist) and prints each command it ran and how long it took.
 """
 
 from __future__ import annotations
@@ -556,22 +556,69 @@ for argv in json.load(open(sys.argv[1])):
 """
 
 
+# The commands run in shards, so that pytest-xdist runs them side by side (each shard in a scratch folder of
+# its own). A document's commands stay in one shard and in their order (later ones may read what earlier
+# ones wrote); the namespace testbeds share the xdist group of every other namespace test (tests/conftest.py).
+NAMESPACES, CAMPAIGNS = "namespaces", "campaigns"
+SHARDS = (NAMESPACES, CAMPAIGNS, "readme", "benchmarks", "other")
+README_SHARD = ("README.md", "recipes/README.md", "docs/hf.md", "results/demo/README.md", "results/demo/report.md")
+
+
+def shard_of(doc: str, run: str) -> str:
+    """The shard that runs a command (see :data:`SHARDS`)."""
+    if any(script in run for script in ROOT_ONLY) and "--report-only" not in run:
+        return NAMESPACES
+    if in_one_process(run):
+        return CAMPAIGNS
+    if doc in README_SHARD:
+        return "readme"
+    return "benchmarks" if doc == "docs/benchmarks.md" else "other"
+
+
+def planned(shard: str) -> list[tuple[str, int, str, str | None]]:
+    """``(document, line, shell command, why it is not run or None)`` of the commands of ``shard``.
+
+    A command documented twice runs once, where it is first documented.
+    """
+    out, seen = [], {}
+    no_root, no_history = root_unavailable(), history_unavailable()
+    for doc, line, _, run in runnable():
+        why = None
+        if no_root and any(script in run for script in ROOT_ONLY) and "--report-only" not in run:
+            why = f"skipped: {no_root}"
+        elif no_history and any(part in run for part in BEFORE):
+            why = f"skipped: {no_history}"
+        elif run in seen:
+            why = f"run above for {seen[run]}"
+        else:
+            seen[run] = f"{doc}:{line}"
+        if shard_of(doc, run) == shard:
+            out.append((doc, line, run, why))
+    return out
+
+
+def test_every_command_run_here_is_in_one_shard():
+    every = [(doc, line, run) for shard in SHARDS for doc, line, run, _ in planned(shard)]
+    assert sorted(every) == sorted((doc, line, run) for doc, line, _, run in runnable())
+    assert all(planned(shard) for shard in SHARDS)  # no empty shard: a renamed document would leave one
+
+
 @pytest.mark.slow
-def test_documented_commands_run(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "shard",
+    [
+        pytest.param(s, marks=pytest.mark.xdist_group(NAMESPACES if s == NAMESPACES else f"documented-{s}"))
+        for s in SHARDS
+    ],
+)
+def test_documented_commands_run(shard, tmp_path, capsys):
     scratch(tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    ran, shared, no_root, no_history, seen = [], [], root_unavailable(), history_unavailable(), {}
-    for doc, line, _, run in runnable():
-        if no_root and any(script in run for script in ROOT_ONLY) and "--report-only" not in run:
-            ran.append(f"{doc}:{line}: {run}  (skipped: {no_root})")
+    ran, shared = [], []
+    for doc, line, run, why in planned(shard):
+        if why is not None:
+            ran.append(f"{doc}:{line}: {run}  ({why})")
             continue
-        if no_history and any(part in run for part in BEFORE):
-            ran.append(f"{doc}:{line}: {run}  (skipped: {no_history})")
-            continue
-        if run in seen:  # documented twice: run once
-            ran.append(f"{doc}:{line}: {run}  (run above for {seen[run]})")
-            continue
-        seen[run] = f"{doc}:{line}"
         if in_one_process(run):
             shared.append((doc, line, run))
             continue
@@ -579,22 +626,25 @@ def test_documented_commands_run(tmp_path, capsys):
         done = subprocess.run(run, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
         ran.append(f"{doc}:{line}: {run}  ({time.perf_counter() - start:.0f} s, rc {done.returncode})")
         assert done.returncode == 0, f"{doc}:{line}: {run}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    (tmp_path / "argvs.json").write_text(json.dumps([in_one_process(run) for _, _, run in shared]))
-    done = subprocess.run(
-        [sys.executable, "-c", ONE_PROCESS, "argvs.json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=1200,
-        env=env,
-    )
-    outputs = re.split(r"\n@@ (\[.*\])\n", done.stdout)  # output, status, output, status, ..., the rest
-    for k, (doc, line, run) in enumerate(shared):
-        assert 2 * k + 1 < len(outputs), f"the shared process ended before {doc}:{line}: {run}\n{outputs[-1][-3000:]}"
-        rc, seconds = json.loads(outputs[2 * k + 1])
-        ran.append(f"{doc}:{line}: {run}  ({seconds:.0f} s, rc {rc}, in the shared process)")
-        assert rc == 0, f"{doc}:{line}: {run}\n{outputs[2 * k][-4000:]}"
+    if shared:
+        (tmp_path / "argvs.json").write_text(json.dumps([in_one_process(run) for _, _, run in shared]))
+        done = subprocess.run(
+            [sys.executable, "-c", ONE_PROCESS, "argvs.json"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=1200,
+            env=env,
+        )
+        outputs = re.split(r"\n@@ (\[.*\])\n", done.stdout)  # output, status, output, status, ..., the rest
+        for k, (doc, line, run) in enumerate(shared):
+            assert 2 * k + 1 < len(outputs), (
+                f"the shared process ended before {doc}:{line}: {run}\n{outputs[-1][-3000:]}"
+            )
+            rc, seconds = json.loads(outputs[2 * k + 1])
+            ran.append(f"{doc}:{line}: {run}  ({seconds:.0f} s, rc {rc}, in the shared process)")
+            assert rc == 0, f"{doc}:{line}: {run}\n{outputs[2 * k][-4000:]}"
     with capsys.disabled():
-        print("\ndocumented commands run:\n" + "\n".join(ran))
-    assert len(ran) == len(runnable())
+        print(f"\ndocumented commands run ({shard}):\n" + "\n".join(ran))
+    assert len(ran) == len(planned(shard))

@@ -50,7 +50,7 @@ def netns_skip_reason() -> str | None:
         return "needs root to create network namespaces"
     if shutil.which("ip") is None:
         return "needs iproute2 (`ip`)"
-    probe = "alh-faults-probe"
+    probe = f"alh-probe-{os.getpid()}"  # one per process: pytest-xdist workers probe at once
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"

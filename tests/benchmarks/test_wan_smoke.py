@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from testbeds.netns import netns_skip_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 WAN = ROOT / "benchmarks" / "testbeds" / "wan.py"
@@ -25,13 +25,9 @@ def _load_wan():
 
 
 def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, veth, tc)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (`ip`, `tc`)"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` is not available here"
-    return None
+    if reason := netns_skip_reason():
+        return reason
+    return "needs iproute2's `tc`" if shutil.which("tc") is None else None
 
 
 def test_refuses_in_one_line_without_root(monkeypatch, capsys) -> None:
