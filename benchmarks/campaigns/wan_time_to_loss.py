@@ -1,7 +1,8 @@
 """Wall-clock time to a target loss on a slow link: loss-per-sync curves joined with measured sync costs.
 
-    python benchmarks/campaigns/wan_time_to_loss.py results/wan_overlap/h52_unlimited.json \\
-        results/wan_overlap/h52_100mbit.json --json results/wan_time_to_loss/h52.json
+    python benchmarks/campaigns/wan_time_to_loss.py results/wan_overlap/h52_allgather_h10.json \\
+        --json results/wan_time_to_loss/h52.json
+    python benchmarks/campaigns/wan_time_to_loss.py results/wan_overlap/h52_allgather_h10.json --readme
 
 The loss campaigns (``results/frontier``) measure the training loss after every step and the syncs
 made so far, at no link cost; the link testbed (``benchmarks/testbeds/wan.py --json``) measures what a sync
@@ -169,6 +170,38 @@ def time_to_loss(
     return out
 
 
+README_MARKER = "<!-- generated: python benchmarks/campaigns/wan_time_to_loss.py"  # the line above README's lines
+RATE_NAMES = {"20mbit": "20 Mbit/s", "100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s"}
+
+
+def wire_name(row: str) -> str:
+    """A testbed row in words: ``wire-int4-ef-f1-delayed-thread`` -> ``int4 + EF, delayed, on the sync thread``."""
+    parts = row.removeprefix("wire-").split("-")
+    wire = parts[0].upper() if parts[0] in ("fp32", "int8") else parts[0]
+    words = [wire + (" + EF" if "ef" in parts else "")]
+    fragments = next((p for p in parts if p.startswith("f") and p[1:].isdigit()), "f1")
+    words += [f"{fragments[1:]} fragments"] if fragments != "f1" else []
+    words += [p for p in parts if p in ("delayed", "eager")]
+    return ", ".join(words) + (", on the sync thread" if parts[-1] == "thread" else "")
+
+
+def readme_lines(table: list[dict[str, Any]]) -> list[str]:
+    """One line per link speed: the default's wall-clock to the target as a ratio to DiLoCo's."""
+    return [
+        f"- {RATE_NAMES.get(t['rate'], t['rate'])}: **{t['ratio_to_baseline']:.2f}x** the time of DiLoCo at `h_base` "
+        f"with FP32 blocking syncs ({t['default_s']:.0f} s against {t['diloco_baseline_s']:.0f} s, the default with "
+        f"{wire_name(t['best'])}); {t['ratio_to_same']:.2f}x DiLoCo with the same wire and overlap; compute-only "
+        f"floor {t['floor_ratio']:.2f}x"
+        for t in table
+    ]
+
+
+def readme_span(lines: list[str]) -> tuple[int, int]:
+    """README's generated lines: those after the marker that start with ``- ``."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(README_MARKER)) + 1
+    return start, next((i for i in range(start, len(lines)) if not lines[i].startswith("- ")), len(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -182,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--h-base", type=int, default=10)
     parser.add_argument("--overlap-steps", type=int, default=3)
     parser.add_argument("--json", help="write the numbers here")
+    parser.add_argument("--readme", action="store_true", help="write the table's lines into README.md as well")
     args = parser.parse_args(argv)
     rows = [r for path in args.wan for r in json.load(open(path))]
     local = [r for r in rows if r["row"] == "local" and r["rate"] == "unlimited"]
@@ -217,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\nmodel check: blocked s per steady sync, model from unlimited vs measured")
     for c in check:
         print(f"  {c['row']} {c['rate']}: model {c['model_s']:.3f} measured {c['measured_s']:.3f}")
+    if args.readme:
+        lines = open("README.md").read().split("\n")
+        start, end = readme_span(lines)
+        open("README.md", "w").write("\n".join(lines[:start] + readme_lines(table) + lines[end:]))
+        print("updated: README.md")
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -98,3 +98,32 @@ def test_the_command_writes_the_table_and_refuses_a_run_without_the_compute_only
         ttl.main(argv)
     assert refused.value.code == 2
     assert "no `local` row at unlimited" in capsys.readouterr().err
+
+
+def test_the_readme_lines_regenerate_from_the_committed_runs(ttl, capsys):
+    """README's time-to-loss lines are what the script computes from the committed testbed rows and curves."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    wan = os.path.join(root, "results", "wan_overlap", "h52_allgather_h10.json")
+    out = os.path.join(root, "results", "wan_time_to_loss", "h52.json")
+    rows = json.load(open(wan))
+    local = next(r for r in rows if r["row"] == "local" and r["rate"] == "unlimited")
+    costs = ttl.sync_costs(rows, 10, 3, local["step_seconds"])
+    frontier = os.path.join(root, "results", "frontier", "iid")
+
+    def curves(variant: str) -> dict:
+        return {
+            int(seed.removeprefix("seed")): ttl.load_curve(os.path.join(frontier, seed, variant))
+            for seed in sorted(os.listdir(frontier))
+            if os.path.exists(os.path.join(frontier, seed, variant, "steps.jsonl.gz"))
+        }
+
+    rates = ["20mbit", "100mbit", "1gbit"]
+    default, diloco = curves("descent_k0.9_guard_mu0.5_hmax20"), curves("diloco_mu0.5_h10")
+    table = ttl.time_to_loss(default, diloco, costs, "diloco", rates, local["step_seconds"])
+    assert [t["ratio_to_baseline"] for t in table] == pytest.approx(
+        [t["ratio_to_baseline"] for t in json.load(open(out))["table"]]
+    )  # the committed numbers
+    lines = open(os.path.join(root, "README.md")).read().split("\n")
+    start, end = ttl.readme_span(lines)
+    assert lines[start:end] == ttl.readme_lines(table)
+    assert ttl.wire_name("wire-int4-ef-f4-delayed-thread") == "int4 + EF, 4 fragments, delayed, on the sync thread"
