@@ -170,6 +170,37 @@ def time_to_loss(
     return out
 
 
+TESTBED_WINDOW = 5  # wan.py's LOSS_WINDOW: its time to a target smooths the per-step loss so
+
+
+def full_run_check(rows: list[dict[str, Any]], h_base: int, tau: int) -> list[dict[str, Any]]:
+    """The model against whole runs on the testbed: per limited rate, each row's wall to the rate's target.
+
+    The target is the largest final smoothed loss of the rate's rows (wan.py's), so every row reaches it.
+    Measured: the seconds at which the row's own smoothed loss reached it. Model: the step ``s`` and the
+    syncs ``k(s)`` of that same run, ``s * t + k(s) * blocked``, with ``t`` and the sync costs from the
+    ``unlimited`` runs; so the check tests the wall-clock model, not the loss curves.
+    """
+    local = next(r for r in rows if r["row"] == "local" and r["rate"] == "unlimited")
+    step_s = local["step_seconds"]
+    costs = sync_costs(rows, h_base, tau, step_s)
+    out = []
+    for rate in dict.fromkeys(r["rate"] for r in rows if r["rate"] != "unlimited"):
+        mine = [r for r in rows if r["rate"] == rate and r["row"] in costs]
+        smoothed = {r["row"]: moving_average(r["losses"], TESTBED_WINDOW) for r in mine}
+        target = max(s[-1] for s in smoothed.values())
+        for r in mine:
+            step = next(i for i, loss in enumerate(smoothed[r["row"]]) if loss <= target)  # 0-based
+            measured = r["loss_times"][step]
+            syncs = sum(1 for interval in r["intervals"] if interval[0] <= measured)
+            model = (step + 1) * step_s + syncs * costs[r["row"]].blocked(_rate_bits(rate))
+            out.append(
+                {"row": r["row"], "rate": rate, "target": target, "step": step + 1, "syncs": syncs,
+                 "model_s": model, "measured_s": measured}
+            )  # fmt: skip
+    return out
+
+
 README_MARKER = "<!-- generated: python benchmarks/campaigns/wan_time_to_loss.py"  # the line above README's lines
 RATE_NAMES = {"20mbit": "20 Mbit/s", "100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s"}
 
@@ -205,7 +236,7 @@ def readme_span(lines: list[str]) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "wan", nargs="+", help="benchmarks/testbeds/wan.py --json files: the rows at unlimited and limited rates"
+        "wan", nargs="*", help="benchmarks/testbeds/wan.py --json files: the rows at unlimited and limited rates"
     )
     parser.add_argument("--frontier", default="results/frontier/iid", help="the campaign's seed folders")
     parser.add_argument("--default", default="descent_k0.9_guard_mu0.5_hmax20", help="the default rule's variant")
@@ -216,7 +247,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap-steps", type=int, default=3)
     parser.add_argument("--json", help="write the numbers here")
     parser.add_argument("--readme", action="store_true", help="write the table's lines into README.md as well")
+    parser.add_argument(
+        "--check-run",
+        metavar="WAN_JSON",
+        help="a wan.py --json run of whole rows (local at unlimited, rows at unlimited and limited rates): "
+        "print the model's wall to the target against the measured one, row by row, and stop",
+    )
     args = parser.parse_args(argv)
+    if args.check_run:
+        check_rows = json.load(open(args.check_run))
+        if not any(r["row"] == "local" and r["rate"] == "unlimited" for r in check_rows):
+            parser.exit(2, f"wan_time_to_loss: --check-run={args.check_run}: no `local` row at unlimited: add it\n")
+        checked = full_run_check(check_rows, args.h_base, args.overlap_steps)
+        for c in checked:
+            print(
+                f"{c['rate']} {c['row']}: target {c['target']:.3f} at step {c['step']} after {c['syncs']} syncs: "
+                f"model {c['model_s']:.1f} s, measured {c['measured_s']:.1f} s ({c['model_s'] / c['measured_s']:.2f}x)"
+            )
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"check": checked, "command": " ".join(sys.argv)}, f, indent=1)
+        return 0
+    if not args.wan:
+        parser.exit(2, "wan_time_to_loss: give the wan.py --json files of the sync costs (or --check-run)\n")
     rows = [r for path in args.wan for r in json.load(open(path))]
     local = [r for r in rows if r["row"] == "local" and r["rate"] == "unlimited"]
     if not local:

@@ -127,3 +127,32 @@ def test_the_readme_lines_regenerate_from_the_committed_runs(ttl, capsys):
     start, end = ttl.readme_span(lines)
     assert lines[start:end] == ttl.readme_lines(table)
     assert ttl.wire_name("wire-int4-ef-f4-delayed-thread") == "int4 + EF, 4 fragments, delayed, on the sync thread"
+
+
+def test_the_full_run_check_puts_the_models_wall_beside_the_measured_one(ttl, tmp_path, capsys):
+    """A run whose steps take the compute-only time and whose syncs block what the model says: model == measured."""
+    step_s = 0.2
+    rows = [_wan_row("local", "unlimited", method="none", sync_events=0, syncs=0, steady_share=0.0)]
+    # at unlimited: 8 syncs, 7 steady, each blocking 0.1 s of 16 s -> fixed cost 0.1 s per event (blocking)
+    rows.append(_wan_row("diloco", "unlimited", steady_share=0.7 / 16.0))
+    losses = [4.0 - 0.01 * i for i in range(80)]
+    cost = ttl.sync_costs(rows, 10, 3, step_s)["diloco"].blocked(100e6)
+    times, clock = [], 0.0
+    for i in range(80):
+        clock += step_s + (cost if (i + 1) % 10 == 0 else 0.0)
+        times.append(clock)
+    intervals = [[times[i], losses[i], 0] for i in range(9, 80, 10)]
+    rows.append(_wan_row("diloco", "100mbit", losses=losses, loss_times=times, intervals=intervals))
+    rows.append(_wan_row("slower", "unlimited", steady_share=0.7 / 16.0))
+    rows.append(_wan_row("slower", "100mbit", losses=[4.5 - 0.01 * i for i in range(80)], loss_times=times,
+                         intervals=intervals))  # fmt: skip
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(rows))
+    (checked,) = [c for c in ttl.full_run_check(rows, 10, 3) if c["row"] == "diloco"]
+    # the target is the slower row's final smoothed loss (the larger); diloco reaches it at step 30, after 3 syncs
+    assert checked["step"] == 30 and checked["syncs"] == 3
+    assert checked["model_s"] == pytest.approx(checked["measured_s"]) and checked["measured_s"] == pytest.approx(
+        30 * step_s + 3 * cost
+    )
+    assert ttl.main(["--check-run", str(run)]) == 0
+    assert "100mbit diloco: target" in capsys.readouterr().out
