@@ -9,28 +9,57 @@ when it is marked so, or when it, a fixture it requests or a test helper they ca
 trains a Trainer (``slow_causes.SLOW_CAUSES``): a new test of that kind joins the slow tier with no mark to
 remember. A test slow for another reason (a long in-process run, such as the demo) is marked by hand.
 
-The README's test command runs on two pytest-xdist workers (``-n 2 --dist loadgroup``). Each test joins an
-``xdist_group``: its module's, so that a module-scoped fixture (a launch shared by a module's tests) runs
-once; every test of a module that builds network namespaces (it uses ``netns_skip_reason``) joins one
-group, ``namespaces``, so that two namespace tests never run at once (they share the probe namespace, and
-their timing bounds assume no second testbed beside them). A test that names its own group keeps it.
+The README's test command runs on two pytest-xdist workers (``-n 2 --dist loadscope``), with the scopes of
+:func:`scope_of`: a module's tests run on one worker, so that a module-scoped fixture (a launch its tests
+share) runs once; every module that builds network namespaces (it uses ``netns_skip_reason``) shares one
+scope, so that two namespace tests never run at once (their timing bounds assume no second testbed beside
+them); the documented commands' shards are scopes of their own. (``xdist_group`` marks and ``--dist
+loadgroup`` would say the same, but pytest 9.2's node ids no longer carry xdist's group suffix.)
 """
+
+import functools
+from pathlib import Path
 
 import pytest
 from slow_causes import slow_cause
 
+ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = "namespaces"
+SHARDED = "tests/test_documented_commands.py::test_documented_commands_run"  # one scope per shard
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@functools.cache
+def builds_namespaces(module: str) -> bool:
+    """Whether a test module (a path from the repository root) builds network namespaces."""
+    return "netns_skip_reason" in (ROOT / module).read_text()
+
+
+def scope_of(nodeid: str) -> str:
+    """The xdist scope of a test: its module, ``namespaces``, or a documented-commands shard."""
+    module = nodeid.split("::")[0]
+    if nodeid.startswith(SHARDED + "["):
+        shard = nodeid.removeprefix(SHARDED + "[").removesuffix("]")
+        return NAMESPACES if shard == NAMESPACES else f"{module}[{shard}]"
+    return NAMESPACES if builds_namespaces(module) else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with the scopes of :func:`scope_of`."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ByScope(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test whose code or fixtures reach one of ``SLOW_CAUSES``; give each its xdist group."""
+    """Mark ``slow`` every test whose code or fixtures reach one of ``SLOW_CAUSES``."""
     seen: dict = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = getattr(item, "module", None)
-            in_namespaces = module is not None and "netns_skip_reason" in vars(module)
-            item.add_marker(pytest.mark.xdist_group(NAMESPACES if in_namespaces else item.nodeid.split("::")[0]))
         if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
             continue
         fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]

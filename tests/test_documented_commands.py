@@ -558,7 +558,7 @@ for argv in json.load(open(sys.argv[1])):
 
 # The commands run in shards, so that pytest-xdist runs them side by side (each shard in a scratch folder of
 # its own). A document's commands stay in one shard and in their order (later ones may read what earlier
-# ones wrote); the namespace testbeds share the xdist group of every other namespace test (tests/conftest.py).
+# ones wrote); the namespace testbeds share the xdist scope of every other namespace test (tests/conftest.py).
 NAMESPACES, CAMPAIGNS = "namespaces", "campaigns"
 SHARDS = (NAMESPACES, CAMPAIGNS, "readme", "benchmarks", "other")
 README_SHARD = ("README.md", "recipes/README.md", "docs/hf.md", "results/demo/README.md", "results/demo/report.md")
@@ -604,13 +604,7 @@ def test_every_command_run_here_is_in_one_shard():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "shard",
-    [
-        pytest.param(s, marks=pytest.mark.xdist_group(NAMESPACES if s == NAMESPACES else f"documented-{s}"))
-        for s in SHARDS
-    ],
-)
+@pytest.mark.parametrize("shard", SHARDS)
 def test_documented_commands_run(shard, tmp_path, capsys):
     scratch(tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
