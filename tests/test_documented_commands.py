@@ -269,8 +269,10 @@ RUN[BATCHED + " --from-json results/batched_workers/cpu.json"] = (
     BATCHED + " --from-json results/batched_workers/cpu.json"
 )
 ELSEWHERE = {
-    "python -m pytest -q": ".ci/run runs the README's test command, as its two tiers (-m 'not slow', -m slow)",
-    'python -m pytest -q -m "not slow"': ".ci/run runs it first",
+    "python -m pytest -q -n 2 --dist loadscope": (
+        ".ci/run runs the README's test command, as its two tiers (-m 'not slow', -m slow)"
+    ),
+    'python -m pytest -q -n 2 --dist loadscope -m "not slow"': ".ci/run runs it first",
     "pytest tests/recipes -q": ".ci/run runs the whole suite (python -m pytest -q)",
     "pytest tests/sync/test_int8_training.py -s": ".ci/run runs the whole suite (python -m pytest -q)",
     'pip install -e ".[dev,eval,sft]"': ".ci/run installs the project so (network)",

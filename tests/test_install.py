@@ -46,6 +46,15 @@ def test_readme_installs_torch_per_platform():
     assert project and not any("torch" in c for c in project), "the project install keeps the torch installed first"
 
 
+def test_ci_runs_the_readmes_test_command_in_its_two_tiers():
+    """The README's test command is what .ci/run runs: its quick tier first, then the slow one."""
+    setup = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    (command,) = [line for line in setup.splitlines() if line.startswith("python -m pytest")]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'{command} -m "not slow"\n' in ci and f"{command} -m slow\n" in ci
+    assert f'{command} -m "not slow"' in (ROOT / "README.md").read_text()  # the quick tier, as documented
+
+
 @pytest.mark.parametrize("package", ["trl"])
 def test_floors_meet_what_our_dependencies_require(package):
     """A floor below what TRL itself requires (accelerate>=1.10.1, datasets>=4.7, ...) cannot be installed as stated."""
