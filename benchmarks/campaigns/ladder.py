@@ -14,6 +14,8 @@ A rung with no finished run is reported as not measured. The CPU campaign that f
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -194,12 +196,37 @@ def update_docs(table: str) -> None:
         print(f"updated: {doc}")
 
 
+TRAJECTORY_INTERVALS = 20  # the early part of a run, where the rule's horizon differs from h_base
+
+
+def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
+    """Per seed of the rung's default: its horizons over the first intervals, read from its interval records."""
+    rows = []
+    for records in sorted(rung.folder.glob(f"iid/seed*/{rung.default}/intervals.jsonl.gz")):
+        with gzip.open(records, "rt") as f:
+            horizons = [json.loads(line)["h_step"] for line in f]
+        early = horizons[:TRAJECTORY_INTERVALS]
+        first_at_base = next((i + 1 for i, h in enumerate(horizons) if h <= 10), None)
+        rows.append(
+            [
+                label,
+                records.parent.parent.name.removeprefix("seed"),
+                " ".join(map(str, horizons[:14])),
+                f"{sum(early) / len(early):.1f}",
+                str(first_at_base) if first_at_base else "never",
+                str(min(horizons[:-1])),
+            ]
+        )
+    return rows
+
+
 def write_report(args: argparse.Namespace) -> Path:
-    rows, missing_lines = [], []
+    rows, missing_lines, horizons = [], [], []
     for rung in rungs(Path(args.out), Path(args.base)):
         cells = frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {}) if rung.folder.is_dir() else {}
         label = f"{parameters_text(rung.planned_parameters())} (`{rung.folder}`)"
         rows.append([label, f"hidden {rung.hidden}, {rung.layers} layers", rung.device, *rung_row(rung, cells)])
+        horizons += horizon_rows(rung, parameters_text(rung.planned_parameters()))
         left = missing(rung, cells)
         missing_lines += [f"* {label}: " + ("nothing" if not left else "; ".join(left))]
     lines = [
@@ -236,6 +263,23 @@ def write_report(args: argparse.Namespace) -> Path:
         f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each rung's planned campaign:",
         "",
         *missing_lines,
+        "",
+        "The default's horizon by rung (`h_step` of its interval records, `h_base` 10): it starts at 2 `h_base`",
+        "and descends to `h_base`, more slowly on the larger rungs; it never goes below `h_base` before the",
+        "run's last, cut interval. Where the fixed frontier is steep (a shorter H buys much loss), those",
+        "early long intervals are what the rule pays.",
+        "",
+        replicate.markdown_table(
+            [
+                "parameters",
+                "seed",
+                "H of the first 14 intervals",
+                f"mean H, first {TRAJECTORY_INTERVALS} intervals",
+                "first interval at H <= 10",
+                "shortest H before the last interval",
+            ],
+            horizons,
+        ),
         "",
     ]
     path = Path(args.report)
