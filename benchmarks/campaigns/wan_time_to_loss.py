@@ -249,15 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", action="store_true", help="write the table's lines into README.md as well")
     parser.add_argument(
         "--check-run",
+        nargs="+",
         metavar="WAN_JSON",
-        help="a wan.py --json run of whole rows (local at unlimited, rows at unlimited and limited rates): "
+        help="wan.py --json runs of whole rows (local at unlimited, rows at unlimited and limited rates): "
         "print the model's wall to the target against the measured one, row by row, and stop",
     )
     args = parser.parse_args(argv)
     if args.check_run:
-        check_rows = json.load(open(args.check_run))
+        check_rows = [r for path in args.check_run for r in json.load(open(path))]
         if not any(r["row"] == "local" and r["rate"] == "unlimited" for r in check_rows):
-            parser.exit(2, f"wan_time_to_loss: --check-run={args.check_run}: no `local` row at unlimited: add it\n")
+            parser.exit(
+                2, f"wan_time_to_loss: --check-run {' '.join(args.check_run)}: no `local` row at unlimited: add it\n"
+            )
         checked = full_run_check(check_rows, args.h_base, args.overlap_steps)
         for c in checked:
             print(

@@ -154,5 +154,5 @@ def test_the_full_run_check_puts_the_models_wall_beside_the_measured_one(ttl, tm
     assert checked["model_s"] == pytest.approx(checked["measured_s"]) and checked["measured_s"] == pytest.approx(
         30 * step_s + 3 * cost
     )
-    assert ttl.main(["--check-run", str(run)]) == 0
+    assert ttl.main(["--check-run", str(run)]) == 0  # one file, or several (unlimited and limited runs apart)
     assert "100mbit diloco: target" in capsys.readouterr().out
