@@ -17,30 +17,9 @@ them); the documented commands' shards are scopes of their own. (``xdist_group``
 loadgroup`` would say the same, but pytest 9.2's node ids no longer carry xdist's group suffix.)
 """
 
-import functools
-from pathlib import Path
-
 import pytest
 from slow_causes import slow_cause
-
-ROOT = Path(__file__).resolve().parent.parent
-NAMESPACES = "namespaces"
-SHARDED = "tests/test_documented_commands.py::test_documented_commands_run"  # one scope per shard
-
-
-@functools.cache
-def builds_namespaces(module: str) -> bool:
-    """Whether a test module (a path from the repository root) builds network namespaces."""
-    return "netns_skip_reason" in (ROOT / module).read_text()
-
-
-def scope_of(nodeid: str) -> str:
-    """The xdist scope of a test: its module, ``namespaces``, or a documented-commands shard."""
-    module = nodeid.split("::")[0]
-    if nodeid.startswith(SHARDED + "["):
-        shard = nodeid.removeprefix(SHARDED + "[").removesuffix("]")
-        return NAMESPACES if shard == NAMESPACES else f"{module}[{shard}]"
-    return NAMESPACES if builds_namespaces(module) else module
+from xdist_scopes import scope_of
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):

@@ -1,6 +1,6 @@
 """tests/conftest.py's xdist scopes: a module on one worker, every namespace test in one scope, shards apart."""
 
-from conftest import NAMESPACES, SHARDED, scope_of
+from xdist_scopes import NAMESPACES, SHARDED, scope_of
 
 
 def test_a_module_is_one_scope():
