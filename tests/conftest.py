@@ -22,6 +22,7 @@ from slow_causes import slow_cause
 from xdist_scopes import scope_of
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (.ci/min_versions) it is never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` with the scopes of :func:`scope_of`."""
     if config.getvalue("dist") != "loadscope":
