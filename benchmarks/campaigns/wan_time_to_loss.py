@@ -84,6 +84,16 @@ def load_curve(run_dir: str, window: int = SMOOTHING_STEPS) -> Curve:
     return Curve(moving_average([s["loss"] for s in steps], window), [int(s["syncs"]) for s in steps])
 
 
+def seed_curves(frontier: str, variant: str) -> dict[int, Curve]:
+    """A variant's curve per seed of a campaign's regime folder (``seed<k>/<variant>``)."""
+    found = {}
+    for seed_dir in sorted(os.listdir(frontier)):
+        run = os.path.join(frontier, seed_dir, variant)
+        if os.path.exists(os.path.join(run, "steps.jsonl.gz")):
+            found[int(seed_dir.removeprefix("seed"))] = load_curve(run)
+    return found
+
+
 def sync_costs(rows: list[dict[str, Any]], h_base: int, tau: int, step_s: float) -> dict[str, SyncCost]:
     """Each testbed row's cost per sync from its ``unlimited`` run (bytes: the same at every rate)."""
     costs = {}
@@ -284,15 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_row not in costs:
         parser.exit(2, f"wan_time_to_loss: --baseline-row={args.baseline_row!r} is not in the runs: add it\n")
 
-    def curves(variant: str) -> dict[int, Curve]:
-        found = {}
-        for seed_dir in sorted(os.listdir(args.frontier)):
-            run = os.path.join(args.frontier, seed_dir, variant)
-            if os.path.exists(os.path.join(run, "steps.jsonl.gz")):
-                found[int(seed_dir.removeprefix("seed"))] = load_curve(run)
-        return found
-
-    table = time_to_loss(curves(args.default), curves(args.diloco), costs, args.baseline_row, args.rates, step_s)
+    default, diloco = seed_curves(args.frontier, args.default), seed_curves(args.frontier, args.diloco)
+    table = time_to_loss(default, diloco, costs, args.baseline_row, args.rates, step_s)
     check = model_check(rows, costs)
     print(f"compute-only step {step_s:.3f} s; seeds {table[0]['seeds']}")
     print(

@@ -109,16 +109,9 @@ def test_the_readme_lines_regenerate_from_the_committed_runs(ttl, capsys):
     local = next(r for r in rows if r["row"] == "local" and r["rate"] == "unlimited")
     costs = ttl.sync_costs(rows, 10, 3, local["step_seconds"])
     frontier = os.path.join(root, "results", "frontier", "iid")
-
-    def curves(variant: str) -> dict:
-        return {
-            int(seed.removeprefix("seed")): ttl.load_curve(os.path.join(frontier, seed, variant))
-            for seed in sorted(os.listdir(frontier))
-            if os.path.exists(os.path.join(frontier, seed, variant, "steps.jsonl.gz"))
-        }
-
     rates = ["20mbit", "100mbit", "1gbit"]
-    default, diloco = curves("descent_k0.9_guard_mu0.5_hmax20"), curves("diloco_mu0.5_h10")
+    default = ttl.seed_curves(frontier, "descent_k0.9_guard_mu0.5_hmax20")
+    diloco = ttl.seed_curves(frontier, "diloco_mu0.5_h10")
     table = ttl.time_to_loss(default, diloco, costs, "diloco", rates, local["step_seconds"])
     assert [t["ratio_to_baseline"] for t in table] == pytest.approx(
         [t["ratio_to_baseline"] for t in json.load(open(out))["table"]]
