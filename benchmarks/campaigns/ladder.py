@@ -42,6 +42,26 @@ TUNED = frontier.tuned_grid([0.35, 0.7, 1.0], [0.5], [10, 20, 5, 40])
 CURVE = tuple(f"{DEFAULT}{frontier.HB_SUFFIX}{h}" for h in (20, 40))  # the default at 2x, 4x h_base: (c)'s curve
 CPU_PLAN = (DEFAULT, *CURVE, frontier.REFERENCE, *(frontier.fixed_name(mu, h, lr) for lr, mu, h in TUNED))
 
+# The rule study: at 2.56M the default ends above the tuned frontier at its own syncs, because it starts at
+# 2 h_base, descends slowly and never goes below h_base, while the frontier steepens with size (H 5 << H 10).
+# Three candidates, each a configuration of the descent rule (no code change), were fixed with the criterion
+# below before any of their runs (commit of 2026-12-06 20:05 UTC). Campaign, per rung:
+#   frontier.py --out <rung folder> [--hidden/--layers of the rung] --seeds S --regimes iid --h-list '' \
+#       --mu-list '' --adaptive NAME:FIELDS ... --no-report --quiet
+RULE_CANDIDATES = {
+    "cand_hmin5": "controller=descent,h_min=5",  # the default, free to shorten to h_base / 2
+    "cand_hmin5_k1.8": 'controller=descent,h_min=5,rule_options={"gain":1.8}',  # ... and twice as fast
+    "cand_from_hbase": "controller=descent,h_max=10,h_min=5",  # starts at h_base, shortens to h_base / 2
+}
+RULE_STUDY_SEEDS = {"197k": (0, 1, 2, 3), "1.18M": (0, 1), "2.56M": (0, 1)}  # 2.56M seed 1 where it finished
+RULE_CRITERION = (
+    "A candidate is eligible if its mean (b), the candidate minus the tuned frontier at its own syncs, is at "
+    "most 0 on every rung measured (the seeds of RULE_STUDY_SEEDS that finished it and the frontier). Among the "
+    "eligible candidates and the default (if eligible), the lowest mean (b) on the largest rung wins; two within "
+    "one standard error of each other there (0.02 on a single seed) are split by the fewer mean syncs at 197k. "
+    "If none is eligible, the default stays and the report says so."
+)
+
 
 @dataclass(frozen=True)
 class Rung:
