@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -216,6 +217,66 @@ def update_docs(table: str) -> None:
         print(f"updated: {doc}")
 
 
+@dataclass(frozen=True)
+class StudyCell:
+    """One rule on one rung of the rule study: (b) over the study's seeds, and the rule's mean syncs there."""
+
+    rung: str
+    rule: str
+    seeds: list[int]
+    b_mean: float
+    b_se: float  # NaN on one seed
+    syncs: float
+
+
+def study_cells(rung: Rung, label: str, cells: dict[str, dict[int, frontier.Result]]) -> list[StudyCell]:
+    """(b) of the default and of each candidate on the study's seeds of one rung (the frontier chosen on all seeds)."""
+    tuned = frontier.TunedFrontier.of(cells)
+    if tuned is None:
+        return []
+    seeds = set(RULE_STUDY_SEEDS[label])
+    found = []
+    for rule in (rung.default, *RULE_CANDIDATES):
+        if rule not in cells:
+            continue
+        own = {**cells, rule: {s: r for s, r in cells[rule].items() if s in seeds}}
+        comparison = frontier.Comparison.of(own, tuned, rule)
+        if comparison.b_seeds:
+            mean, se = frontier.mean_se(comparison.b)
+            name = DEFAULT if rule == rung.default else rule
+            found.append(StudyCell(label, name, comparison.b_seeds, mean, se, statistics.fmean(comparison.b_syncs)))
+    return found
+
+
+def study_verdict(found: Sequence[StudyCell], default: str, rung_order: Sequence[str]) -> str:
+    """RULE_CRITERION applied to the study's cells: the winning rule and why, in one sentence."""
+    rules = [default, *RULE_CANDIDATES]
+    by_rule = {r: {c.rung: c for c in found if c.rule == r} for r in rules}
+    measured = [r for r in rung_order if any(c.rung == r for c in found)]
+    if not measured:
+        return "Not decided: no rule of the study has finished on any rung."
+    largest, smallest = measured[-1], measured[0]
+    missing = [r for r in RULE_CANDIDATES if set(by_rule[r]) != set(measured)]
+    if missing:
+        return f"Not decided: {', '.join(missing)} not finished on every rung measured ({', '.join(measured)})."
+    eligible = [
+        r for r in rules if set(by_rule[r]) == set(measured) and all(c.b_mean <= 0 for c in by_rule[r].values())
+    ]
+    if not eligible:
+        return "No rule is eligible (mean (b) above 0 on some rung): the default stays."
+    best = min(eligible, key=lambda r: by_rule[r][largest].b_mean)
+    top = by_rule[best][largest]
+    margin = 0.02 if math.isnan(top.b_se) else top.b_se
+    close = [r for r in eligible if by_rule[r][largest].b_mean - top.b_mean <= margin]
+    winner = min(close, key=lambda r: by_rule[r][smallest].syncs)
+    why = (
+        f"the lowest mean (b) at {largest}"
+        if winner == best
+        else f"within {margin:.3f} of the lowest (b) at {largest} with fewer syncs at {smallest}"
+    )
+    return f"Eligible: {', '.join(eligible)}. Chosen: {winner} ({why})."
+
+
 TRAJECTORY_INTERVALS = 20  # the early part of a run, where the rule's horizon differs from h_base
 
 
@@ -241,10 +302,12 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
 
 
 def write_report(args: argparse.Namespace) -> Path:
-    rows, missing_lines, horizons = [], [], []
+    rows, missing_lines, horizons, study = [], [], [], []
     for rung in rungs(Path(args.out), Path(args.base)):
         cells = frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {}) if rung.folder.is_dir() else {}
         label = f"{parameters_text(rung.planned_parameters())} (`{rung.folder}`)"
+        if parameters_text(rung.planned_parameters()) in RULE_STUDY_SEEDS:
+            study += study_cells(rung, parameters_text(rung.planned_parameters()), cells)
         rows.append([label, f"hidden {rung.hidden}, {rung.layers} layers", rung.device, *rung_row(rung, cells)])
         horizons += horizon_rows(rung, parameters_text(rung.planned_parameters()))
         left = missing(rung, cells)
@@ -300,6 +363,30 @@ def write_report(args: argparse.Namespace) -> Path:
             ],
             horizons,
         ),
+        "",
+        "## The rule study",
+        "",
+        "Candidates fixed before their runs (`RULE_CANDIDATES` in benchmarks/campaigns/ladder.py), each a "
+        "configuration of the descent rule: "
+        + "; ".join(f"`{name}`: `{fields}`" for name, fields in RULE_CANDIDATES.items())
+        + ". The criterion, as written before the runs: "
+        + RULE_CRITERION,
+        "",
+        replicate.markdown_table(
+            ["parameters", "rule", "seeds", "syncs", "(b) minus tuned frontier at its syncs"],
+            [
+                [
+                    c.rung,
+                    c.rule,
+                    frontier.seed_list(c.seeds),
+                    f"{c.syncs:.1f}",
+                    f"{c.b_mean:+.3f}" + ("" if math.isnan(c.b_se) else f" ± {c.b_se:.3f}"),
+                ]
+                for c in study
+            ],
+        ),  # fmt: skip
+        "",
+        study_verdict(study, DEFAULT, list(RULE_STUDY_SEEDS)),
         "",
     ]
     path = Path(args.report)

@@ -82,3 +82,34 @@ def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs
         lines = (ROOT / doc).read_text().splitlines()
         start, end = ladder.table_span(lines)
         assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/campaigns/ladder.py --readme"
+
+
+def study(ladder, table: dict[str, dict[str, tuple[float, float, float]]]):
+    """{rule: {rung: (mean (b), s.e., syncs)}} -> the study's cells."""
+    return [
+        ladder.StudyCell(rung, rule, [0, 1], b, se, syncs)
+        for rule, by_rung in table.items()
+        for rung, (b, se, syncs) in by_rung.items()
+    ]
+
+
+def test_the_rule_study_applies_its_written_criterion():
+    """Eligible: (b) <= 0 on every rung; the lowest (b) on the largest rung wins, a tie there goes to fewer syncs."""
+    ladder = load("ladder")
+    order = ["197k", "1.18M", "2.56M"]
+    both = {"197k": (-0.03, 0.01, 95.0), "1.18M": (-0.02, 0.01, 92.0)}
+    rows = {
+        "default": {**both, "2.56M": (0.05, 0.01, 90.0)},  # above the frontier on the largest rung: not eligible
+        "cand_hmin5": {**both, "2.56M": (-0.010, 0.004, 120.0)},
+        "cand_hmin5_k1.8": {**both, "2.56M": (-0.020, 0.004, 130.0)},  # the lowest (b) at 2.56M
+        "cand_from_hbase": {**both, "197k": (0.01, 0.01, 140.0), "2.56M": (-0.09, 0.01, 150.0)},  # above at 197k
+    }
+    verdict = ladder.study_verdict(study(ladder, rows), "default", order)
+    assert "Eligible: cand_hmin5, cand_hmin5_k1.8." in verdict and "Chosen: cand_hmin5_k1.8 (the lowest" in verdict
+    rows["cand_hmin5"]["197k"] = (-0.03, 0.01, 80.0)  # within one s.e. at 2.56M and fewer syncs at 197k
+    assert "Chosen: cand_hmin5 (within 0.004" in ladder.study_verdict(study(ladder, rows), "default", order)
+    del rows["cand_hmin5"]["2.56M"]
+    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("Not decided: cand_hmin5 ")
+    rows["cand_hmin5"]["2.56M"] = rows["cand_hmin5_k1.8"]["2.56M"] = (0.01, 0.01, 100.0)
+    rows["cand_from_hbase"]["197k"] = (0.001, 0.01, 100.0)
+    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("No rule is eligible")
