@@ -106,7 +106,8 @@ def test_the_rule_study_applies_its_written_criterion():
     }
     verdict = ladder.study_verdict(study(ladder, rows), "default", order)
     assert "Eligible: cand_hmin5, cand_hmin5_k1.8." in verdict and "Chosen: cand_hmin5_k1.8 (the lowest" in verdict
-    rows["cand_hmin5"]["197k"] = (-0.03, 0.01, 80.0)  # within one s.e. at 2.56M and fewer syncs at 197k
+    rows["cand_hmin5"]["197k"] = (-0.03, 0.01, 80.0)  # fewer syncs at 197k ...
+    rows["cand_hmin5"]["2.56M"] = (-0.017, 0.004, 120.0)  # ... and within one s.e. of the lowest at 2.56M
     assert "Chosen: cand_hmin5 (within 0.004" in ladder.study_verdict(study(ladder, rows), "default", order)
     del rows["cand_hmin5"]["2.56M"]
     assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("Not decided: cand_hmin5 ")
