@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 
@@ -96,3 +97,12 @@ def interval_statistics(
         disagreement=disagreement,
         lr_mass=lr_mass,
     )
+
+
+def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
+    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md#references-and-residuals)."""
+    if not history:
+        return 0.0, sigma_floor
+    centre = statistics.median(history)
+    mad = statistics.median(abs(r - centre) for r in history)
+    return centre, max(1.4826 * mad, sigma_floor)

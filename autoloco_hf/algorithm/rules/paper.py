@@ -1,6 +1,6 @@
 """The paper's horizon rule, ``controller="paper"``: a serializable state machine (docs/algorithm.md#phases).
 
-Plain numbers in, a decision out. After every interval the controller sees the
+Plain numbers in, a decision out. After every interval the rule sees the
 interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
 chooses the next token-equivalent horizon. Phases (docs/algorithm.md#phases): warm-up ->
 calibration -> variability -> monitoring <-> candidate, with reductions and
@@ -26,20 +26,13 @@ Example (an always-supporting stream climbs one ``q_H`` at a time)::
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoloco_hf.algorithm.rules.base import HorizonRule
-from autoloco_hf.algorithm.rules.decisions import (
-    Assessment,
-    Decision,
-    IntervalObservation,
-    Phase,
-    RuleDecision,
-)
-from autoloco_hf.algorithm.stats import log_normalized_drift
+from autoloco_hf.algorithm.rules.decisions import Assessment, Decision, IntervalObservation, Phase, RuleDecision
+from autoloco_hf.algorithm.stats import log_normalized_drift, robust_centre_scale
 from autoloco_hf.config import (
     ABOVE_ONE,
     AT_LEAST_ONE,
@@ -208,15 +201,6 @@ class _State:
     rejected: RejectedBound | None = None
     # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per adopted horizon since the last reduction
     ladder: list = field(default_factory=list)
-
-
-def robust_centre_scale(history: list[float], sigma_floor: float) -> tuple[float, float]:
-    """Median and ``max(1.4826 * MAD, sigma_floor)`` of a residual history (docs/algorithm.md#references-and-residuals)."""
-    if not history:
-        return 0.0, sigma_floor
-    centre = statistics.median(history)
-    mad = statistics.median(abs(r - centre) for r in history)
-    return centre, max(1.4826 * mad, sigma_floor)
 
 
 @register_rule
