@@ -149,3 +149,12 @@ def test_the_full_run_check_puts_the_models_wall_beside_the_measured_one(ttl, tm
     )
     assert ttl.main(["--check-run", str(run)]) == 0  # one file, or several (unlimited and limited runs apart)
     assert "100mbit diloco: target" in capsys.readouterr().out
+
+
+def test_the_committed_full_run_check_regenerates_from_its_testbed_rows(ttl):
+    """docs/benchmarks.md's full-run check: the model's and the measured walls come from the committed run."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "results", "wan_time_to_loss")
+    rows = json.load(open(os.path.join(root, "check_run.json")))
+    committed = json.load(open(os.path.join(root, "check_run_model.json")))["check"]
+    assert ttl.full_run_check(rows, 10, 3) == committed  # JSON keeps a float exactly
+    assert {c["row"] for c in committed} == {"diloco", "autoloco-int8-delayed"}
