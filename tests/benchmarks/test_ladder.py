@@ -114,3 +114,27 @@ def test_the_rule_study_applies_its_written_criterion():
     rows["cand_hmin5"]["2.56M"] = rows["cand_hmin5_k1.8"]["2.56M"] = (0.01, 0.01, 100.0)
     rows["cand_from_hbase"]["197k"] = (0.001, 0.01, 100.0)
     assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("No rule is eligible")
+
+
+def test_the_diagnostic_compares_a_rule_with_the_fixed_curve_at_its_own_outer_settings():
+    """Interpolated in log(syncs) on the fixed DiLoCo at the rule's outer LR and momentum, other LRs ignored."""
+    import math
+
+    ladder = load("ladder")
+    frontier = load("frontier")
+
+    def run(syncs: float, val: float, lr: float) -> object:
+        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr})
+
+    cells = {
+        "default": {0: run(150, 3.6, 0.7), 1: run(300, 3.0, 0.7)},
+        "diloco_mu0.5_h10": {0: run(100, 4.0, 0.7), 1: run(100, 4.0, 0.7)},
+        "diloco_mu0.5_h5": {0: run(200, 3.0, 0.7), 1: run(200, 3.0, 0.7)},
+        "diloco_lr0.35_mu0.5_h5": {0: run(200, 1.0, 0.35)},  # another outer LR: not the default's curve
+        "diloco_lr0.35_mu0.5_h10": {0: run(100, 2.0, 0.35)},
+        "diag_lr0.35": {0: run(100, 2.5, 0.35)},
+    }
+    expected = 3.6 - (4.0 - 1.0 * math.log(1.5) / math.log(2))
+    assert ladder.same_settings_excess(cells, "default", 0) == pytest.approx(expected)
+    assert ladder.same_settings_excess(cells, "diag_lr0.35", 0) == pytest.approx(0.5)  # its own LR's curve
+    assert math.isnan(ladder.same_settings_excess(cells, "default", 1))  # beyond the curve: not extrapolated
