@@ -54,6 +54,7 @@ RULE_CANDIDATES = {
     "cand_hmin5_k1.8": 'controller=descent,h_min=5,rule_options={"gain":1.8}',  # ... and twice as fast
     "cand_from_hbase": "controller=descent,h_max=10,h_min=5",  # starts at h_base, shortens to h_base / 2
 }
+DIAGNOSTICS = ("diag_lr0.35", "diag_from_hbase_lr0.35")  # run after the study's first results: not candidates
 RULE_STUDY_SEEDS = {"197k": (0, 1, 2, 3), "1.18M": (0, 1), "2.56M": (0, 1)}  # 2.56M seed 1 where it finished
 RULE_CRITERION = (
     "A candidate is eligible if its mean (b), the candidate minus the tuned frontier at its own syncs, is at "
@@ -231,13 +232,13 @@ class StudyCell:
 
 
 def study_cells(rung: Rung, label: str, cells: dict[str, dict[int, frontier.Result]]) -> list[StudyCell]:
-    """(b) of the default and of each candidate on the study's seeds of one rung (the frontier chosen on all seeds)."""
+    """(b) of the default, each candidate and each diagnostic on the study's seeds of one rung (frontier: all seeds)."""
     tuned = frontier.TunedFrontier.of(cells)
     if tuned is None:
         return []
     seeds = set(RULE_STUDY_SEEDS[label])
     found = []
-    for rule in (rung.default, *RULE_CANDIDATES):
+    for rule in (rung.default, *RULE_CANDIDATES, *DIAGNOSTICS):
         if rule not in cells:
             continue
         own = {**cells, rule: {s: r for s, r in cells[rule].items() if s in seeds}}
@@ -276,9 +277,6 @@ def study_verdict(found: Sequence[StudyCell], default: str, rung_order: Sequence
         else f"within {margin:.3f} of the lowest (b) at {largest} with fewer syncs at {smallest}"
     )
     return f"Eligible: {', '.join(eligible)}. Chosen: {winner} ({why})."
-
-
-DIAGNOSTICS = ("diag_lr0.35", "diag_from_hbase_lr0.35")  # run after the study's first results: not candidates
 
 
 def same_settings_excess(cells: dict[str, dict[int, frontier.Result]], rule: str, seed: int) -> float:
