@@ -286,7 +286,7 @@ def same_settings_excess(cells: dict[str, dict[int, frontier.Result]], rule: str
     lr, mu = run.config["outer_lr"], run.outer_momentum
     curve = [
         (cells[n][seed].syncs, cells[n][seed].val)
-        for h in (5, 10, 20, 40)
+        for h in sorted({h for _, _, h in TUNED})
         if seed in cells.get(n := frontier.fixed_name(mu, h, lr), {})
     ]
     return run.val - frontier.log_interpolate(curve, run.syncs)
@@ -333,12 +333,13 @@ def write_report(args: argparse.Namespace) -> Path:
     rows, missing_lines, horizons, study, diagnostics = [], [], [], [], []
     for rung in rungs(Path(args.out), Path(args.base)):
         cells = frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {}) if rung.folder.is_dir() else {}
-        label = f"{parameters_text(rung.planned_parameters())} (`{rung.folder}`)"
-        if parameters_text(rung.planned_parameters()) in RULE_STUDY_SEEDS:
-            study += study_cells(rung, parameters_text(rung.planned_parameters()), cells)
-            diagnostics += diagnostic_rows(parameters_text(rung.planned_parameters()), cells, rung.default)
+        params = parameters_text(rung.planned_parameters())  # builds the model on the meta device: once per rung
+        label = f"{params} (`{rung.folder}`)"
+        if params in RULE_STUDY_SEEDS:
+            study += study_cells(rung, params, cells)
+            diagnostics += diagnostic_rows(params, cells, rung.default)
         rows.append([label, f"hidden {rung.hidden}, {rung.layers} layers", rung.device, *rung_row(rung, cells)])
-        horizons += horizon_rows(rung, parameters_text(rung.planned_parameters()))
+        horizons += horizon_rows(rung, params)
         left = missing(rung, cells)
         missing_lines += [f"* {label}: " + ("nothing" if not left else "; ".join(left))]
     lines = [
