@@ -137,6 +137,15 @@ class ControlRound:
         common = {name: getattr(workers[0], name) for name in ControlMessage.agreed_fields()}
         return cls(dataclasses.replace(ControlMessage.unpack(sums), **common), workers)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"totals": self.totals.pack(), "rows": torch.stack([w.pack() for w in self.workers])}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> ControlRound:
+        """The round :meth:`state_dict` stored (its totals as stored, not summed again)."""
+        workers = tuple(ControlMessage.unpack(row) for row in state["rows"])
+        return cls(ControlMessage.unpack(state["totals"]), workers)
+
     def ranges(self, name: str) -> tuple[float, float]:
         """``(min, max)`` of field ``name`` over the workers."""
         values = [getattr(w, name) for w in self.workers]

@@ -114,19 +114,18 @@ def train_method(
     ``sampler`` (anything with ``next_batches()``) replaces the demo's random
     windows; ``peak_lr`` is the inner AdamW's peak learning rate;
     ``batched_workers`` steps the workers as one batched computation
-    (:class:`~autoloco_hf.sync.workers.batched_workers.BatchedWorkers`, recorded in the
+    (``LocalWorkers(..., batched=True)``, recorded in the
     summary); ``extra`` goes into ``summary.json`` (the replication benchmark
     passes its own sampler, description and provenance).
     """
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.sync.communicators import make_communicator
-    from autoloco_hf.sync.workers.batched_workers import BatchedWorkers
     from autoloco_hf.sync.workers.local_workers import LocalWorkers
     from autoloco_hf.toy.text import WindowSampler, eval_windows, mean_loss
 
     writer = RunWriter(f"{args.out}/{name}", name)
-    workers = (BatchedWorkers if batched_workers else LocalWorkers)(
+    workers = LocalWorkers(
         config,
         setup.model,
         make_communicator(config, distributed=False, simulated_workers=args.workers),
@@ -134,6 +133,7 @@ def train_method(
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
         total_steps=args.steps,
         records_path=writer.intervals_path,
+        batched=batched_workers,
     )
     sampler = sampler or WindowSampler(setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed)
     bar.set_description(name)

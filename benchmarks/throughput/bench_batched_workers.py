@@ -3,7 +3,7 @@
 Not a test. Trains the tiny Llama of ``benchmarks/campaigns/replicate.py`` (batch 2 x 64 tokens per
 worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
 :class:`~autoloco_hf.sync.workers.local_workers.LocalWorkers` (``loop``),
-:class:`~autoloco_hf.sync.workers.batched_workers.BatchedWorkers` (``batched``) and, with
+``LocalWorkers(..., batched=True)`` (``batched``) and, with
 ``--compile``, the batched step's vmapped loss under ``torch.compile`` (``compiled``). The
 variants alternate block by block (one block = one interval of 10 steps), so a shared
 machine's load hits all of them alike; the JSON keeps every block's seconds per step::
@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.workers.batched_workers import BatchedWorkers
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.toy.demo import PEAK_LR, SEQ_LEN, WEIGHT_DECAY, scaled_config
 from autoloco_hf.toy.llama import tiny_llama
@@ -45,20 +44,21 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def make_runner(variant: str, hidden: int, layers: int, workers: int, steps: int) -> LocalWorkers:
     model = tiny_llama(VOCAB, hidden, layers, HEADS, max_position_embeddings=SEQ_LEN)
-    runner = (LocalWorkers if variant == "loop" else BatchedWorkers)(
+    runner = LocalWorkers(
         scaled_config("diloco", steps, H),
         model,
         SimulatedCommunicator(workers),
         optimizer_factory=lambda p: torch.optim.AdamW(p, lr=PEAK_LR, weight_decay=WEIGHT_DECAY),
         total_steps=steps,
+        batched=variant != "loop",
     )
     return runner
 
 
-def compile_losses(runner: BatchedWorkers, batches: Sequence[Any]) -> None:
+def compile_losses(runner: LocalWorkers, batches: Sequence[Any]) -> None:
     """Build the batched step's vmapped loss (one step), then wrap it in ``torch.compile``."""
     runner.train_step(batches)
-    runner.stack._losses = torch.compile(runner.stack._losses)
+    runner.replicas._losses = torch.compile(runner.replicas._losses)
 
 
 def random_batches(workers: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:

@@ -18,7 +18,8 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -182,6 +183,23 @@ class PendingAverage:
             self._result, self._finish = self._finish(), None
         assert self._result is not None
         return self._result
+
+    def state_dict(self) -> dict[str, Any]:
+        """The average, waited for and stored as its result: a checkpoint cannot hold a collective."""
+        result = self.wait()
+        return {
+            "mean": result.mean.detach().clone(),
+            "scalar_sums": result.scalar_sums.clone(),
+            "scalar_rows": result.scalar_rows.clone(),
+            "traffic": asdict(result.traffic),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> PendingAverage:
+        """A completed average from :meth:`state_dict`, its mean moved to ``device``."""
+        traffic = Traffic(**state["traffic"])
+        result = AverageResult(state["mean"].to(device), state["scalar_sums"], traffic, state["scalar_rows"])
+        return cls.completed(result)
 
 
 def sum_in_worker_order(values: Sequence[torch.Tensor]) -> torch.Tensor:

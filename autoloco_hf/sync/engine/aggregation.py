@@ -11,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autoloco_hf.algorithm.stats import interval_statistics
 from autoloco_hf.sync.communicators.base import AverageResult, Communicator, Traffic
 from autoloco_hf.sync.control import ControlMessage, ControlRound, config_fingerprint
-from autoloco_hf.sync.engine.interval_state import Aggregate, Collected, IntervalCounters
+from autoloco_hf.sync.engine.interval_state import Aggregate, IntervalCounters
 from autoloco_hf.sync.outer import OuterOptimizer, flatten_fp32
 
 if TYPE_CHECKING:
@@ -30,7 +30,37 @@ if TYPE_CHECKING:
     from autoloco_hf.sync.pacing import Pacer
     from autoloco_hf.wire.codec import ErrorFeedback
 
-__all__ = ["Aggregation", "sum_collected"]
+__all__ = ["Aggregation", "Collected", "sum_collected"]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One completed collective's control round and squared mean norm, over every rank of every
+    worker.
+
+    The whole model's at a boundary, or one fragment's (docs/algorithm.md#fragments):
+    squared norms and counts add up over fragments.
+    """
+
+    control: ControlRound
+    mean_sq_norm: float
+    mean_nonfinite: bool
+    traffic: Traffic
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **self.control.state_dict(),
+            "mean_sq_norm": self.mean_sq_norm,
+            "mean_nonfinite": self.mean_nonfinite,
+            "traffic": asdict(self.traffic),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Collected:
+        control = ControlRound.from_state(state)
+        traffic = Traffic(**state["traffic"])
+        mean_sq_norm, mean_nonfinite = float(state["mean_sq_norm"]), bool(state["mean_nonfinite"])
+        return cls(control, mean_sq_norm, mean_nonfinite, traffic)
 
 
 class Aggregation:

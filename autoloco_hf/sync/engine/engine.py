@@ -63,17 +63,14 @@ from autoloco_hf.config import AutoLoCoConfig, Overlap, Pacing
 from autoloco_hf.state.checkpoint import check_config
 from autoloco_hf.state.records import IntervalRecord, JsonlWriter, RunTotals
 from autoloco_hf.sync.control import WorkerDisagreement
-from autoloco_hf.sync.engine.aggregation import Aggregation
+from autoloco_hf.sync.engine.aggregation import Aggregation, Collected
 from autoloco_hf.sync.engine.contract import SyncSchedule, check_workers
 from autoloco_hf.sync.engine.interval_state import (
     Aggregate,
     ClosedInterval,
-    Collected,
     InFlight,
     IntervalCounters,
     OuterStep,
-    pending_from_state,
-    pending_state,
     warn_if_not_previewed,
 )
 from autoloco_hf.sync.engine.invalid_intervals import (
@@ -107,8 +104,6 @@ __all__ = [
     "TooManyInvalidIntervals",
     "WorkerDisagreement",
     "check_workers",
-    "pending_from_state",
-    "pending_state",
 ]
 
 BoundaryListener = Callable[[IntervalRecord], None]

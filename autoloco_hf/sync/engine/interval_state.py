@@ -18,21 +18,18 @@ import torch
 
 from autoloco_hf.algorithm.policies import IntervalOutcome, NextInterval
 from autoloco_hf.algorithm.stats import IntervalStatistics, drift_exponent, drift_growth
-from autoloco_hf.sync.communicators.base import AverageResult, PendingAverage, Traffic
-from autoloco_hf.sync.control import ControlMessage, ControlRound
 
 if TYPE_CHECKING:
     from autoloco_hf.algorithm.correction import OuterCorrection
+    from autoloco_hf.sync.communicators.base import PendingAverage, Traffic
+    from autoloco_hf.sync.control import ControlRound
 
 __all__ = [
     "Aggregate",
     "ClosedInterval",
-    "Collected",
     "InFlight",
     "IntervalCounters",
     "OuterStep",
-    "pending_from_state",
-    "pending_state",
     "warn_if_not_previewed",
 ]
 
@@ -63,67 +60,16 @@ class InFlight:
             "lr_mass": self.closed.lr_mass,
             "due_step": self.due_step,
             "interval_seconds": self.closed.seconds,
-            **pending_state(self.pending),
+            **self.pending.state_dict(),
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], device: torch.device) -> InFlight:
+    def from_state(cls, state: dict[str, Any], pending: PendingAverage) -> InFlight:
+        """The interval :meth:`state_dict` stored, with its average restored by the caller
+        (``PendingAverage.from_state``)."""
         interval = NextInterval(**state["interval"])
         closed = ClosedInterval(interval, float(state["lr_mass"]), float(state["interval_seconds"]))
-        return cls(closed, int(state["due_step"]), pending_from_state(state, device))
-
-
-def pending_state(pending: PendingAverage) -> dict[str, Any]:
-    """An average in flight, waited for and stored as its result.
-
-    A checkpoint cannot hold a collective.
-    """
-    result = pending.wait()
-    return {
-        "mean": result.mean.detach().clone(),
-        "scalar_sums": result.scalar_sums.clone(),
-        "scalar_rows": result.scalar_rows.clone(),
-        "traffic": asdict(result.traffic),
-    }
-
-
-def pending_from_state(state: dict[str, Any], device: torch.device) -> PendingAverage:
-    traffic = Traffic(**state["traffic"])
-    mean = state["mean"].to(device)
-    result = AverageResult(mean, state["scalar_sums"], traffic, state["scalar_rows"])
-    return PendingAverage.completed(result)
-
-
-@dataclass(frozen=True)
-class Collected:
-    """One completed collective's control round and squared mean norm, over every rank of every
-    worker.
-
-    The whole model's at a boundary, or one fragment's (docs/algorithm.md#fragments):
-    squared norms and counts add up over fragments.
-    """
-
-    control: ControlRound
-    mean_sq_norm: float
-    mean_nonfinite: bool
-    traffic: Traffic
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "totals": self.control.totals.pack(),
-            "rows": torch.stack([w.pack() for w in self.control.workers]),
-            "mean_sq_norm": self.mean_sq_norm,
-            "mean_nonfinite": self.mean_nonfinite,
-            "traffic": asdict(self.traffic),
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Collected:
-        workers = tuple(ControlMessage.unpack(row) for row in state["rows"])
-        control = ControlRound(ControlMessage.unpack(state["totals"]), workers)
-        traffic = Traffic(**state["traffic"])
-        mean_sq_norm, mean_nonfinite = float(state["mean_sq_norm"]), bool(state["mean_nonfinite"])
-        return cls(control, mean_sq_norm, mean_nonfinite, traffic)
+        return cls(closed, int(state["due_step"]), pending)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autoloco_hf.config import Overlap
+from autoloco_hf.sync.communicators.base import PendingAverage
 from autoloco_hf.sync.control import ControlMessage
 from autoloco_hf.sync.engine.interval_state import Aggregate, ClosedInterval, InFlight, OuterStep
 from autoloco_hf.sync.outer import flatten_fp32
@@ -100,7 +101,9 @@ class DelayedSchedule:
 
     def load_state_dict(self, state: dict[str, Any] | None, engine: IntervalEngine) -> None:
         flight = state["in_flight"] if state else None
-        self.in_flight = InFlight.from_state(flight, engine.outer.device) if flight else None
+        self.in_flight = (
+            InFlight.from_state(flight, PendingAverage.from_state(flight, engine.outer.device)) if flight else None
+        )
 
 
 class EagerSchedule:
@@ -189,6 +192,8 @@ class EagerSchedule:
 
     def load_state_dict(self, state: dict[str, Any] | None, engine: IntervalEngine) -> None:
         flight = state["in_flight"] if state else None
-        self.in_flight = InFlight.from_state(flight, engine.outer.device) if flight else None
+        self.in_flight = (
+            InFlight.from_state(flight, PendingAverage.from_state(flight, engine.outer.device)) if flight else None
+        )
         if state:
             self.starts = [s.to(engine.outer.device) for s in state["starts"]]

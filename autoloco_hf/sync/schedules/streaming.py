@@ -29,14 +29,9 @@ import torch
 from autoloco_hf.algorithm.policies import NextInterval
 from autoloco_hf.config import Overlap
 from autoloco_hf.sync.communicators.base import PendingAverage
+from autoloco_hf.sync.engine.aggregation import Collected
 from autoloco_hf.sync.engine.fragments import Fragment, fragment_event_offset
-from autoloco_hf.sync.engine.interval_state import (
-    ClosedInterval,
-    Collected,
-    OuterStep,
-    pending_from_state,
-    pending_state,
-)
+from autoloco_hf.sync.engine.interval_state import ClosedInterval, OuterStep
 
 if TYPE_CHECKING:  # the engine calls the schedule; the schedule only reads it
     from autoloco_hf.state.records import IntervalRecord
@@ -56,11 +51,11 @@ class FragmentFlight:
     started: float = field(default_factory=time.perf_counter)  # wall clock, not saved
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fragment": self.fragment, "step": self.step, "due_step": self.due_step, **pending_state(self.pending)}
+        return {"fragment": self.fragment, "step": self.step, "due_step": self.due_step, **self.pending.state_dict()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> FragmentFlight:
-        pending = pending_from_state(state, device)
+        pending = PendingAverage.from_state(state, device)
         return cls(int(state["fragment"]), int(state["step"]), int(state["due_step"]), pending)
 
 

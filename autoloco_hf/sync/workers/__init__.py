@@ -1,5 +1,6 @@
 """Plain PyTorch loops over the workers of one process (docs/algorithm.md#simulation).
 
-``local_workers``: ``LocalWorkers``, the replicas one after the other; ``batched_workers``:
-the replicas (and several runs) stepped as one batched computation.
+``replicas``: the workers' models and optimizers, stepped one after the other or as one
+batched computation; ``local_workers``: ``LocalWorkers``, one run's loop over them;
+``batched_workers``: several runs stepped as one batched computation.
 """

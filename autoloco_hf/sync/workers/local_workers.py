@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,36 +33,24 @@ import torch
 
 from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.algorithm.schedule import SchedulerPreview
-from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 from autoloco_hf.sync.pacing import VirtualClock
 from autoloco_hf.sync.schedules.factory import make_engine
 from autoloco_hf.sync.snapshot import BoundarySnapshot, Snapshot
+from autoloco_hf.sync.workers.replicas import (
+    LoopedReplicas,
+    LossFn,
+    Replicas,
+    ReplicaStack,
+    batch_tokens,
+    causal_lm_loss,
+    constant_schedule,
+    refuse_unequal_steps,
+)
 
 if TYPE_CHECKING:
     from autoloco_hf.config import AutoLoCoConfig
     from autoloco_hf.state.records import IntervalRecord
     from autoloco_hf.sync.communicators.base import Communicator
-
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-
-
-def causal_lm_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """The loss of a ``transformers`` model called on a batch with ``labels``."""
-    return model(**batch).loss
-
-
-def batch_tokens(batch: Any) -> int:
-    """The non-padding tokens of one worker's batch (docs/algorithm.md#token-mapper)."""
-    count = count_non_padding_tokens(batch)
-    if count is None:
-        raise ValueError(
-            "cannot count the batch's tokens (docs/algorithm.md#token-mapper): give it an attention_mask, input_ids or inputs_embeds"
-        )
-    return int(count)
-
-
-def constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 class LocalWorkers:
@@ -82,6 +69,10 @@ class LocalWorkers:
             :func:`~autoloco_hf.sync.schedules.factory.make_engine`.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
             boundary (pass it on one process only); :meth:`close` waits for the last one.
+        batched: step the replicas as one batched computation
+            (:class:`~autoloco_hf.sync.workers.replicas.ReplicaStack`: one stacked optimizer and
+            scheduler, results equal within float rounding) instead of one after the other;
+            ``pacing='budget'`` is refused with it.
 
     After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step (its mean
     over the step's inner steps with :meth:`train_paced`). With ``config.worker_speeds`` every worker is
@@ -103,10 +94,17 @@ class LocalWorkers:
         on_record: Callable[[IntervalRecord], None] | None = None,
         snapshot_dir: str | None = None,
         policy_factory: PolicyFactory = make_policy,
+        batched: bool = False,
     ) -> None:
         self.config = config
-        self.models, self.optimizers, self.schedulers = self._replicas(
-            model, communicator.local_workers, optimizer_factory, scheduler_factory
+        if batched:
+            refuse_unequal_steps(config)
+        kind = ReplicaStack if batched else LoopedReplicas
+        self.replicas: Replicas = kind(model, communicator.local_workers, optimizer_factory, scheduler_factory)
+        self.models, self.optimizers, self.schedulers = (
+            self.replicas.models,
+            self.replicas.optimizers,
+            self.replicas.schedulers,
         )
         self.loss_fn = loss_fn
         self.max_grad_norm = max_grad_norm
@@ -128,18 +126,6 @@ class LocalWorkers:
         if snapshot_dir is not None:
             self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)
             self.engine.listeners.append(self.snapshot)
-
-    def _replicas(
-        self,
-        model: torch.nn.Module,
-        count: int,
-        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
-        scheduler_factory: Callable[[torch.optim.Optimizer], Any],
-    ) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[Any]]:
-        """Each local worker's model, inner optimizer and LR scheduler (a batched subclass overrides)."""
-        models = [copy.deepcopy(model) for _ in range(count)]
-        optimizers = [optimizer_factory(m.parameters()) for m in models]
-        return models, optimizers, [scheduler_factory(o) for o in optimizers]
 
     def _shared_schedule_state(self) -> dict[str, Any]:
         """Every worker's LR scheduler is at the same step: one copy is shared state."""
@@ -164,25 +150,14 @@ class LocalWorkers:
         """One optimizer step of every local worker on its batch; returns a record at a sync."""
         if len(batches) != len(self.models):
             raise ValueError(f"got {len(batches)} batches for {len(self.models)} local workers")
-        losses, tokens, measured = [], [], []
-        for model, batch in zip(self.models, batches):
-            started = time.perf_counter()
-            loss, count = self._forward_backward(model, batch)
-            measured.append(time.perf_counter() - started)
-            losses.append(loss)
-            tokens.append(count)
+        losses, measured = self.replicas.forward_backward(batches, self.loss_fn)
+        tokens = [batch_tokens(b) for b in batches]
         seconds = self._seconds([1] * len(self.models), measured)
         if self.engine.averages_gradients:
+            self.replicas.expose_grads()
             self.engine.average_gradients()
-        if self.max_grad_norm is not None:
-            for model in self.models:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
         self.last_losses = losses
-        lr = float(self.optimizers[0].param_groups[0]["lr"])
-        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+        lr = self.replicas.step(self.max_grad_norm)
         return self.engine.after_optimizer_step(tokens, losses, lr=lr, seconds=seconds)
 
     def train_paced(self, next_batch: Callable[[int], Any]) -> IntervalRecord | None:
@@ -190,6 +165,9 @@ class LocalWorkers:
         the interval gives it now (0, 1 or more, :meth:`IntervalEngine.steps_due`), on batches drawn from
         ``next_batch(worker)``, at the run's current learning rate (docs/algorithm.md#pacing-mechanism); returns a record at a sync.
         """
+        if isinstance(self.replicas, ReplicaStack):
+            refuse_unequal_steps(self.config)  # a config changed after construction is refused here
+            raise ValueError("batched workers: train_paced needs pacing='budget'; use batched=False")
         due = self.engine.steps_due()
         lr = float(self.optimizers[0].param_groups[0]["lr"])
         losses, tokens, measured = [0.0] * len(self.models), [0] * len(self.models), [0.0] * len(self.models)

@@ -58,8 +58,7 @@ def test_factory_engine_is_the_protocol() -> None:
             "autoloco_hf.sync.engine.engine",
             "Aggregate BlockingSchedule BoundaryListener ClosedInterval Collected InFlight "
             "IntervalCounters IntervalEngine OuterStep OuterStepHook SyncSchedule "
-            "TooManyInvalidIntervals WorkerDisagreement check_workers pending_from_state "
-            "pending_state",
+            "TooManyInvalidIntervals WorkerDisagreement check_workers",
         ),
     ],
 )

@@ -18,7 +18,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from autoloco_hf.config import AutoLoCoConfig
 from autoloco_hf.sync.communicators import SimulatedCommunicator
-from autoloco_hf.sync.workers.batched_workers import BatchedRuns, BatchedWorkers
+from autoloco_hf.sync.workers.batched_workers import BatchedRuns
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.toy.demo import scaled_config
 from autoloco_hf.toy.llama import tiny_llama
@@ -49,8 +49,8 @@ def batches(step: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def runner(cls: type, config: AutoLoCoConfig, max_grad_norm: float | None) -> LocalWorkers:
-    return cls(
+def runner(config: AutoLoCoConfig, max_grad_norm: float | None, batched: bool = False) -> LocalWorkers:
+    return LocalWorkers(
         config,
         make_model(),
         SimulatedCommunicator(WORKERS),
@@ -58,6 +58,7 @@ def runner(cls: type, config: AutoLoCoConfig, max_grad_norm: float | None) -> Lo
         scheduler_factory=cosine,
         total_steps=STEPS,
         max_grad_norm=max_grad_norm,
+        batched=batched,
     )
 
 
@@ -85,8 +86,8 @@ def test_batched_workers_match_the_loop(method: str, max_grad_norm: float | None
     ``max_grad_norm`` 0.05 clips (one norm over all workers fails this test): per worker.
     """
     config = scaled_config(method, STEPS, H_BASE)
-    loop = runner(LocalWorkers, config, max_grad_norm)
-    batched = runner(BatchedWorkers, config, max_grad_norm)
+    loop = runner(config, max_grad_norm)
+    batched = runner(config, max_grad_norm, batched=True)
     loop_records, batched_records, drift = [], [], 0.0
     for step in range(STEPS):
         loop_records.append(loop.train_step(batches(step)))
@@ -104,7 +105,7 @@ def test_batched_workers_match_the_loop(method: str, max_grad_norm: float | None
 def test_batched_runs_reproduce_separate_runs() -> None:
     """Two outer settings stepped as one stack give each run's own per-worker loop result."""
     configs = [scaled_config(m, STEPS, H_BASE) for m in ("diloco_mu05", "autoloco_descent")]
-    loops = [runner(LocalWorkers, c, None) for c in configs]
+    loops = [runner(c, None) for c in configs]
     runs = BatchedRuns(configs, make_model(), WORKERS, adamw, STEPS, scheduler_factory=cosine)
     for step in range(STEPS):
         for loop in loops:
@@ -121,8 +122,8 @@ def test_batched_runs_reproduce_separate_runs() -> None:
 
 def test_batched_workers_refuse_budget_pacing() -> None:
     config = AutoLoCoConfig(method="diloco", h_base=4, pacing="budget")
-    with pytest.raises(ValueError, match="pacing='budget'.*LocalWorkers"):
-        runner(BatchedWorkers, config, None)
+    with pytest.raises(ValueError, match="pacing='budget'.*batched=False"):
+        runner(config, None, batched=True)
 
 
 def test_batched_runs_refuse_gradient_averaging() -> None:
