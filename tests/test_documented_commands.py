@@ -17,6 +17,8 @@ order:
   by the flags this table appends (a later flag overrides the documented one); a few are rewritten, and
   say so: ``sudo`` dropped (CI runs as root), a ``for`` loop run for its first value, ``/tmp/before``
   moved into the scratch folder;
+* in :data:`HISTORY` (the changelog) and starting with a :data:`DRY_RUN` prefix: run with ``--dry-run``
+  (every flag parsed and every run's config built; nothing trained);
 * in :data:`SHORTENED`: every command that starts with one of its prefixes (past ``nohup`` / ``nice``)
   runs with its flags appended.
 
@@ -111,11 +113,11 @@ RUN = {
     "PYTHONPATH=/tmp/before python /tmp/before/benchmarks/controller_scenarios.py --columns default": (
         "PYTHONPATH=before python before/benchmarks/controller_scenarios.py --columns default --seeds 1"  # 36d1855's
     ),
-    # docs/benchmarks.md: gloo and codec timings, 6M / 1M elements, one repeat, into the scratch folder
-    "python benchmarks/throughput/bench_sync.py": "python benchmarks/throughput/bench_sync.py --sizes 6M --repeats 1",
+    # docs/benchmarks.md: gloo and codec timings, 1M elements, one repeat, into the scratch folder
+    "python benchmarks/throughput/bench_sync.py": "python benchmarks/throughput/bench_sync.py --sizes 1M --repeats 1",
     "python benchmarks/throughput/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json results/bench_sync/lowbit_16M_run2.json": (
         "python benchmarks/throughput/bench_sync.py --sizes 16M --world-size 2 --repeats 5 --json "
-        "results/bench_sync/lowbit_16M_run2.json --sizes 6M --repeats 1 --json bench_sync.json"
+        "results/bench_sync/lowbit_16M_run2.json --sizes 1M --repeats 1 --json bench_sync.json"
     ),
     "python benchmarks/throughput/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5": (
         "python benchmarks/throughput/bench_codec_throughput.py --sizes 16M --threads 1 --repeats 5 --sizes 1M --repeats 1"
@@ -193,7 +195,7 @@ for runs in ("int8_16M_run", "int8_16M_quiet_run"):
         f"--json results/bench_sync/{runs}$k.json; done"
     ] = (
         "for k in 1; do python benchmarks/throughput/bench_sync.py --sizes 16M --repeats 5 "
-        f"--json results/bench_sync/{runs}$k.json --sizes 6M --repeats 1 --json bench_sync_$k.json; done"
+        f"--json results/bench_sync/{runs}$k.json --sizes 1M --repeats 1 --json bench_sync_$k.json; done"
     )
 # docs/benchmarks.md's first link runs (root: network namespaces), each with one of its rows, SHORT_WAN (the
 # later blocks are marked in the document: ~25 s a row here, each block would add about a minute)
@@ -228,6 +230,10 @@ SHORTENED = {
     # one-liners that read the committed results (results: a copy in the scratch folder), as written
     "python -c ": "",
 }
+# docs/changelog.md is history: its campaign commands made runs at older commits. Today's script reads them
+# with --dry-run (every flag parsed, every run's config built, the runs listed): nothing is trained again.
+HISTORY = ("docs/changelog.md",)
+DRY_RUN = ("python benchmarks/campaigns/frontier.py",)
 # network namespaces: their runs (not --report-only) are skipped, with a line, unless root
 ROOT_ONLY = (
     "benchmarks/testbeds/wan.py",
@@ -514,6 +520,8 @@ def runnable() -> list[tuple[str, int, str, str]]:
             continue
         if cmd in RUN:
             out.append((doc, line, cmd, cmd if RUN[cmd] == "COPY_OF_DOCUMENTED" else RUN[cmd]))
+        elif doc in HISTORY and plain(cmd).startswith(DRY_RUN):
+            out.append((doc, line, cmd, cmd + " --dry-run"))
         elif shortened(cmd) is not None:
             out.append((doc, line, cmd, cmd + shortened(cmd).replace("{n}", str(n))))
     return out

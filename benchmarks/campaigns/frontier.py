@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its
 from campaigns import replicate  # noqa: E402  (the corpus, the model and the run machinery are replicate.py's)
 
 from autoloco_hf.config import Method, ValueEnum  # noqa: E402
+from autoloco_hf.errors import ConfigError  # noqa: E402
 from autoloco_hf.toy import demo  # noqa: E402
 from autoloco_hf.toy.llama import tiny_llama  # noqa: E402
 from autoloco_hf.toy.text import DisjointWindowSampler, TokenSplits  # noqa: E402
@@ -208,12 +209,24 @@ def point_config(point: Point, steps: int) -> Any:
     return demo.scaled_config(point.method, steps, point.h_base, q_h=q_h, **point.overrides)
 
 
+def run_configs(points: Sequence[Point], steps: int) -> dict[str, Any]:
+    """Every run's config; a bad setting ends the campaign before it trains, in one line, exit 2."""
+    configs = {}
+    for point in points:
+        try:
+            configs[point.name] = point_config(point, steps)
+        except (ConfigError, TypeError) as err:  # TypeError: a field AutoLoCoConfig does not have
+            print(f"frontier: the run {point.name!r} (--adaptive or a grid flag): {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return configs
+
+
 def run_all(args: argparse.Namespace, points: Sequence[Point], corpus: replicate.Corpus) -> None:
     from tqdm.auto import tqdm
 
+    configs = run_configs(points, args.steps)
     commit = replicate.git_commit()
     val = replicate.eval_subset(corpus.splits.val, demo.SEQ_LEN, args.val_windows)
-    configs = {p.name: point_config(p, args.steps) for p in points}  # fail on a bad setting before training
     for seed in args.seeds:
         for regime in args.regimes:
             for point in points:
@@ -984,6 +997,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-docs", type=int, help="use only the first N documents (smoke runs)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "autoloco"))
     p.add_argument("--report-only", action="store_true", help="do not train; only write the report")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run's settings and list the runs, done or to do; train nothing, write nothing",
+    )
     p.add_argument("--no-report", action="store_true", help="train only (another script reports these runs)")
     p.add_argument("--report-dir", help="where frontier.md and the plots go (default --out)")
     p.add_argument("--report-seeds", help="comma-separated: report these seeds only (default every finished seed)")
@@ -1019,8 +1037,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def dry_run(args: argparse.Namespace) -> None:
+    """Build every run's config (a bad setting fails here, as it would before training) and list the runs."""
+    configs = run_configs(args.points, args.steps)
+    for seed in args.seeds:
+        for regime in args.regimes:
+            for point in args.points:
+                folder = run_dir(args.out, regime, seed, point)
+                state = "done" if (folder / SUMMARY).exists() else "to do"
+                print(f"{state:5}  {folder}  ({configs[point.name].method} H_base {point.h_base} {point.overrides})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        dry_run(args)
+        return 0
     if not args.report_only:
         torch.set_num_threads(1)
         corpus = replicate.load_corpus(args.cache_dir, args.vocab, args.max_docs)

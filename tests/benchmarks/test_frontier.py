@@ -321,3 +321,41 @@ def test_a_fragments_variant_is_paired_with_the_setting_that_differs_in_fragment
         f4, {"method": "diloco", "outer_momentum": 0.7, "overlap": "delayed"}
     )  # older run
     assert not frontier.same_but_fragments(f4, {**f4, "fragments": 1, "overlap": "none"})
+
+
+def test_a_dry_run_checks_every_setting_lists_the_runs_and_writes_nothing(tmp_path, capsys):
+    """``--dry-run``: each run's folder, done or to do, with its method; nothing is trained or written."""
+    frontier = load("frontier")
+    done = tmp_path / "iid" / "seed0" / "diloco_mu0.5_h10"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    argv = ["--out", str(tmp_path), "--seeds", "0", "--regimes", "iid", "--h-list", "", "--mu-list", ""]
+    argv += ["--adaptive", "rule:controller=descent,h_min=5", "--tuned-outer-lrs", "0.7", "--tuned-momenta", "0.5"]
+    assert frontier.main([*argv, "--tuned-h-list", "10,20", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["to", "do"],
+        ["done", str(done)],
+        ["to", "do"],
+    ]
+    assert "autoloco H_base 10 {'controller': 'descent', 'h_min': 5}" in lines[0]
+    assert sorted(p.name for p in (tmp_path / "iid" / "seed0").iterdir()) == ["diloco_mu0.5_h10"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("x:controller=descnt", "controller='descnt' is not a registered horizon rule"),
+        ("x:h_bse=3", "unexpected keyword argument 'h_bse'"),
+    ],
+)
+def test_a_bad_run_setting_ends_the_campaign_in_one_line_before_it_trains(spec, says, tmp_path, capsys):
+    frontier = load("frontier")
+    with pytest.raises(SystemExit) as stop:
+        frontier.main(["--out", str(tmp_path), "--h-list", "", "--mu-list", "", "--adaptive", spec, "--dry-run"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert (
+        err.count("\n") == 1 and err.startswith("frontier: the run 'x' (--adaptive or a grid flag): ") and says in err
+    )
+    assert not any(tmp_path.iterdir())
