@@ -17,8 +17,9 @@ order:
   by the flags this table appends (a later flag overrides the documented one); a few are rewritten, and
   say so: ``sudo`` dropped (CI runs as root), a ``for`` loop run for its first value, ``/tmp/before``
   moved into the scratch folder;
-* in :data:`HISTORY` (the changelog) and starting with a :data:`DRY_RUN` prefix: run with ``--dry-run``
-  (every flag parsed and every run's config built; nothing trained);
+* starting with a :data:`DRY_RUN` prefix, in :data:`HISTORY` (the changelog) or after the first such
+  command of its block: run as written with ``--dry-run`` (every flag parsed and every run's config built;
+  nothing trained);
 * in :data:`SHORTENED`: every command that starts with one of its prefixes (past ``nohup`` / ``nice``)
   runs with its flags appended.
 
@@ -230,8 +231,10 @@ SHORTENED = {
     # one-liners that read the committed results (results: a copy in the scratch folder), as written
     "python -c ": "",
 }
-# docs/changelog.md is history: its campaign commands made runs at older commits. Today's script reads them
-# with --dry-run (every flag parsed, every run's config built, the runs listed): nothing is trained again.
+# The frontier campaign's commands come in blocks of pieces (one campaign cut into resumable commands that differ
+# in seeds, regimes and grids). The first piece of a block trains, shortened; every other piece runs as written
+# with --dry-run (every flag parsed, every run's config built, the runs listed; nothing trained). docs/changelog.md
+# is history, whose commands made runs at older commits: all of its pieces run with --dry-run.
 HISTORY = ("docs/changelog.md",)
 DRY_RUN = ("python benchmarks/campaigns/frontier.py",)
 # network namespaces: their runs (not --report-only) are skipped, with a line, unless root
@@ -514,16 +517,17 @@ def scratch(tmp: Path) -> None:
 
 def runnable() -> list[tuple[str, int, str, str]]:
     """``(document, line, documented command, the shell command run)`` of every command run here."""
-    out = []
+    out, trained = [], set()  # the blocks (document, line) whose first piece trains
     for n, (doc, line, cmd, why) in enumerate(documented()):
         if why is not None or cmd in ELSEWHERE:
             continue
         if cmd in RUN:
             out.append((doc, line, cmd, cmd if RUN[cmd] == "COPY_OF_DOCUMENTED" else RUN[cmd]))
-        elif doc in HISTORY and plain(cmd).startswith(DRY_RUN):
+        elif plain(cmd).startswith(DRY_RUN) and (doc in HISTORY or (doc, line) in trained):
             out.append((doc, line, cmd, cmd + " --dry-run"))
         elif shortened(cmd) is not None:
             out.append((doc, line, cmd, cmd + shortened(cmd).replace("{n}", str(n))))
+            trained.add((doc, line))
     return out
 
 
