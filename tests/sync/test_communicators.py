@@ -366,3 +366,24 @@ def test_true_divide_is_the_cpu_division_not_a_reciprocal_product() -> None:
         assert not torch.equal(exact, x * (1.0 / n))  # the two roundings differ somewhere: the test can tell
         inplace = x.clone()
         assert true_divide(inplace, n, out=inplace) is inplace and torch.equal(inplace, exact)
+
+
+def test_an_average_in_flight_is_stored_as_its_result_and_restored_completed() -> None:
+    """A checkpoint cannot hold a collective: the average is waited for, stored, and restored already done."""
+    from autoloco_hf.sync.communicators.base import AverageResult, PendingAverage, Traffic
+
+    calls = []
+    result = AverageResult(
+        torch.arange(6.0), torch.tensor([1.0, 2.0], dtype=torch.float64), Traffic(wire_bytes=24, decode_seconds=0.5),
+        torch.tensor([[0.5, 1.0], [0.5, 1.0]], dtype=torch.float64),
+    )  # fmt: skip
+    pending = PendingAverage(lambda: calls.append(1) or result)
+    state = pending.state_dict()
+    assert calls == [1]  # waited for once
+    state["mean"].add_(1.0)  # a copy: the stored state does not alias the buffer the communicator reuses
+    assert torch.equal(result.mean, torch.arange(6.0))
+    restored = PendingAverage.from_state(state, torch.device("cpu")).wait()
+    assert torch.equal(restored.mean, torch.arange(6.0) + 1.0)
+    assert torch.equal(restored.scalar_sums, result.scalar_sums)
+    assert torch.equal(restored.scalar_rows, result.scalar_rows)
+    assert restored.traffic == result.traffic

@@ -80,3 +80,13 @@ def test_config_fingerprint_tells_configs_apart_and_shows_in_hex() -> None:
         rf"worker 1={int(other):013x}\)",
     ):
         ControlRound.from_rows(rows.sum(0), rows).check_agreement()
+
+
+def test_a_round_stores_and_restores_its_totals_and_every_workers_message() -> None:
+    """A checkpoint keeps the round as it was (its totals are not summed again from the rows)."""
+    workers = (message(tokens=3.0, loss_sum=1.5), message(tokens=5.0, loss_sum=2.5))
+    totals = dataclasses.replace(workers[0], tokens=99.0)  # not the sum of the rows: stored as it was
+    round_ = ControlRound(totals, workers)
+    state = round_.state_dict()
+    assert set(state) == {"totals", "rows"} and state["rows"].shape == (2, state["totals"].numel())
+    assert ControlRound.from_state(state) == round_
