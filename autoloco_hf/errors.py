@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class AutoLoCoError(Exception):
-    """Raised by autoloco_hf; each subclass also keeps the built-in base it had (ValueError, RuntimeError)."""
+    """Raised by autoloco_hf; each subclass also keeps the
+    built-in base it had (ValueError, RuntimeError)."""
 
 
 class ConfigError(AutoLoCoError, ValueError):

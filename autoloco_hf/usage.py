@@ -18,7 +18,9 @@ USAGE_ERROR = 2  # argparse's exit code for a usage error
 
 def usage_error(message: str, prog: str | None = None) -> NoReturn:
     """Print ``<prog>: error: <message>`` (one line) and exit with code 2."""
-    print(f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr)
+    print(
+        f"{prog or os.path.basename(sys.argv[0]) or 'autoloco'}: error: {message}", file=sys.stderr
+    )
     raise SystemExit(USAGE_ERROR)
 
 
@@ -26,14 +28,19 @@ def _at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: pass a whole number >= {minimum}"
+        ) from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass a whole number >= {minimum}")
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: pass a whole number >= {minimum}"
+        )
     return value
 
 
 def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3`` would otherwise mean "default" or "drop the last 3")."""
+    """An ``argparse`` type: an integer >= 1 (``0`` or ``-3``
+    would otherwise mean "default" or "drop the last 3")."""
     return _at_least(text, 1)
 
 
@@ -43,14 +50,19 @@ def non_negative_int(text: str) -> int:
 
 
 def new_file_path(text: str) -> str:
-    """An ``argparse`` type for an output folder: anything but an existing file, or a path inside one."""
+    """An ``argparse`` type for an output folder: anything
+    but an existing file, or a path inside one."""
     if os.path.exists(text) and not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text} is an existing file: pass a folder (new or existing)")
+        raise argparse.ArgumentTypeError(
+            f"{text} is an existing file: pass a folder (new or existing)"
+        )
     parent = os.path.dirname(os.path.abspath(text))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text} is inside {parent}, an existing file: pass a folder elsewhere")
+        raise argparse.ArgumentTypeError(
+            f"{text} is inside {parent}, an existing file: pass a folder elsewhere"
+        )
     return text
 
 
@@ -68,8 +80,14 @@ class OneLineParser(argparse.ArgumentParser):
         usage_error(f"{message} (see {self.prog} --help)", self.prog)
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
-    """A GitHub Markdown table; ``align`` holds each column's separator (``---``, ``---:``), default ``---``."""
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align or ["---"] * len(headers)) + " |"]
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None
+) -> str:
+    """A GitHub Markdown table; ``align`` holds each column's
+    separator (``---``, ``---:``), default ``---``."""
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join(align or ["---"] * len(headers)) + " |",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

@@ -17,10 +17,12 @@ from tqdm.auto import tqdm
 
 # evalplus/codegen.py's default instruct prompt.
 INSTRUCTION_PREFIX = (
-    "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
+    "Please provide a self-contained Python script that solves the following "
+    "problem in a markdown code block:"
 )
 RESPONSE_PREFIX = (
-    "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:"
+    "Below is a Python script with a self-contained function that solves the "
+    "problem and passes corresponding tests:"
 )
 _IMPORT_LINE = re.compile(r"^(?:from\s+\S+\s+)?import\s+.+$", re.MULTILINE)
 
@@ -49,23 +51,36 @@ def generate_solutions(
     stops = EOS + (["\n```\n"] if chat else extra_eos_for_direct_completion("humaneval"))
     tasks = list(problems.values())
     prompts = [t["prompt"].strip() + "\n" for t in tasks]
-    inputs = [make_raw_chat_prompt(p, INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer) if chat else p for p in prompts]
+    inputs = [
+        make_raw_chat_prompt(p, INSTRUCTION_PREFIX, RESPONSE_PREFIX, tokenizer) if chat else p
+        for p in prompts
+    ]
     samples = []
-    for start in tqdm(range(0, len(tasks), batch_size), desc="humaneval_plus generate", unit="batch"):
+    for start in tqdm(
+        range(0, len(tasks), batch_size), desc="humaneval_plus generate", unit="batch"
+    ):
         batch = inputs[start : start + batch_size]
         # A chat prompt already holds the template's special tokens.
-        enc = tokenizer(batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat).to(
-            model.device
-        )
+        enc = tokenizer(
+            batch,
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=not chat,
+        ).to(model.device)
         out = model.generate(
             **enc,
             do_sample=False,
             max_new_tokens=max_new_tokens,
             stop_strings=stops,
             tokenizer=tokenizer,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.eos_token_id,
         )
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(
+            out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+        )
         for task, prompt, text in zip(tasks[start:], prompts[start:], texts):
             cut = min([text.index(s) for s in stops if s in text], default=len(text))
             impl = text[:cut].replace("\t", "    ")
@@ -73,7 +88,9 @@ def generate_solutions(
             # The sanitizer keeps only what the model wrote; the prompt's imports
             # (e.g. `from typing import List`) belong to the task.
             imports = "\n".join(_IMPORT_LINE.findall(task["prompt"]))
-            samples.append({"task_id": task["task_id"], "solution": f"{imports}\n{code}" if imports else code})
+            samples.append(
+                {"task_id": task["task_id"], "solution": f"{imports}\n{code}" if imports else code}
+            )
     return samples
 
 
@@ -99,7 +116,8 @@ def score_samples(problems: dict[str, dict], samples: list[dict], work_dir: Path
     evaluate("humaneval", samples=str(samples_file))
     results = json.loads(results_file.read_text())["eval"]
     passed = {
-        task_id: rows[0]["base_status"] == PASS and rows[0]["plus_status"] == PASS for task_id, rows in results.items()
+        task_id: rows[0]["base_status"] == PASS and rows[0]["plus_status"] == PASS
+        for task_id, rows in results.items()
     }
     base = {task_id: rows[0]["base_status"] == PASS for task_id, rows in results.items()}
     return {

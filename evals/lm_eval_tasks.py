@@ -48,7 +48,8 @@ def _builtin_dir() -> Path:
 
 
 def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> dict:
-    """The built-in task ``include`` on local files (JSON Lines, JSON or Parquet, by name as ``datasets`` does)."""
+    """The built-in task ``include`` on local files (JSON
+    Lines, JSON or Parquet, by name as ``datasets`` does)."""
     return {
         "include": str(include),
         "task": task,
@@ -61,7 +62,9 @@ def _json_task(include: Path, task: str, data_files: dict[str, list[str]]) -> di
 def _split_files(path: Path, split: str, option: str) -> list[str]:
     files = find_split(path, split)
     if not files:
-        raise DataFileError(f"{option} {path}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in it")
+        raise DataFileError(
+            f"{option} {path}: no {split}.jsonl, {split}.parquet or data/{split}-*.parquet in it"
+        )
     return [str(f) for f in files]
 
 
@@ -71,10 +74,16 @@ def mmlu_pro_files(path: Path) -> dict[str, list[str]]:
 
 
 def bbh_files(path: Path) -> dict[str, list[str]]:
-    """Subtask -> files of a local BBH folder: ``<subtask>.jsonl`` / ``.parquet``, or the hub's ``<subtask>/test-*.parquet``."""
+    """Subtask -> files of a local BBH folder: ``<subtask>.jsonl`` / ``.parquet``, or the hub's
+    ``<subtask>/test-*.parquet``."""
     if not path.is_dir():
-        raise DataFileError(f"--bbh-path {path}: not a folder; pass a folder of <subtask>.jsonl files")
-    subtasks = {f.name.split(".")[0]: [str(f)] for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))}
+        raise DataFileError(
+            f"--bbh-path {path}: not a folder; pass a folder of <subtask>.jsonl files"
+        )
+    subtasks = {
+        f.name.split(".")[0]: [str(f)]
+        for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*.parquet"))
+    }
     subtasks.update(
         {
             d.name: [str(f) for f in find_split(d, "test")]
@@ -83,12 +92,15 @@ def bbh_files(path: Path) -> dict[str, list[str]]:
         }
     )
     if not subtasks:
-        raise DataFileError(f"--bbh-path {path}: no <subtask>.jsonl / <subtask>.parquet files in it")
+        raise DataFileError(
+            f"--bbh-path {path}: no <subtask>.jsonl / <subtask>.parquet files in it"
+        )
     return subtasks
 
 
 def local_files(name: str, path: Path) -> list[str]:
-    """Every file task ``name`` reads from its local ``path`` (for the checks before the model loads)."""
+    """Every file task ``name`` reads from its local ``path``
+    (for the checks before the model loads)."""
     if name == "mmlu_pro":
         return [f for files in mmlu_pro_files(path).values() for f in files]
     if name == "bbh":
@@ -105,18 +117,22 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
     """Task YAMLs (file stem -> config) that run task ``name`` on local data at ``path``.
 
     mmlu_pro: a folder with test and validation files (TIGER-Lab/MMLU-Pro rows): ``test.jsonl``,
-    ``test.parquet`` or the hub's ``data/test-*.parquet`` (see :func:`~autoloco_evals.data_files.find_split`);
-    bbh: a folder of ``<subtask>.jsonl`` or ``<subtask>.parquet`` files, or the hub's
-    ``<subtask>/test-*.parquet`` folders ({"input", "target"} rows);
-    ifeval, ifbench: one JSONL or Parquet file of their hub rows.
+    ``test.parquet`` or the hub's ``data/test-*.parquet`` (see
+    :func:`~autoloco_evals.data_files.find_split`); bbh: a folder of ``<subtask>.jsonl`` or
+    ``<subtask>.parquet`` files, or the hub's ``<subtask>/test-*.parquet`` folders ({"input",
+    "target"} rows); ifeval, ifbench: one JSONL or Parquet file of their hub rows.
     """
     builtin = _builtin_dir()
     group = f"local_{name}"
     if name == "mmlu_pro":
         files = mmlu_pro_files(path)
-        subjects = sorted({c.replace(" ", "_") for c in load_rows(files["test"], "--mmlu-pro-path")["category"]})
+        subjects = sorted(
+            {c.replace(" ", "_") for c in load_rows(files["test"], "--mmlu-pro-path")["category"]}
+        )
         configs = {
-            f"{group}_{s}": _json_task(builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files)
+            f"{group}_{s}": _json_task(
+                builtin / "mmlu_pro" / f"mmlu_pro_{s}.yaml", f"{group}_{s}", files
+            )
             for s in subjects
         }
         configs[group] = _group(builtin / "mmlu_pro" / "_mmlu_pro.yaml", group, list(configs))
@@ -130,7 +146,9 @@ def local_task_configs(name: str, path: Path) -> dict[str, dict]:
         configs[group] = _group(cot / "_bbh_cot_fewshot.yaml", group, list(configs))
         return configs
     include = (
-        builtin / "ifeval" / "ifeval.yaml" if name == "ifeval" else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
+        builtin / "ifeval" / "ifeval.yaml"
+        if name == "ifeval"
+        else TASKS_DIR / "ifbench" / "autoloco_ifbench.yaml"
     )
     return {group: _json_task(include, group, {"train": [str(path)]})}
 
@@ -147,7 +165,8 @@ class _DropMessage(logging.Filter):
 
 
 class _Once(logging.Filter):
-    """Lets each message of a logger through once per process: lm-eval repeats some for every task."""
+    """Lets each message of a logger through once per
+    process: lm-eval repeats some for every task."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -161,15 +180,18 @@ class _Once(logging.Filter):
         return True
 
 
-# "generation_kwargs ... specified through cli" (evaluator) and "Passed an already-initialized model" (HFLM)
-# come once per run_lm_eval call, i.e. once per task of a suite
+# "generation_kwargs ... specified through cli" (evaluator) and "Passed an already-initialized
+# model" (HFLM) come once per run_lm_eval call, i.e. once per task of a suite
 _ONCE = _Once()
 _REPEATING_LOGGERS = ("lm_eval.evaluator", "lm_eval.models.huggingface")
 
 
 def _quiet_git_hash() -> str | None:
-    """lm-eval's git hash of the working directory, without git's "fatal: not a git repository" on the console."""
-    done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)  # noqa: S607
+    """lm-eval's git hash of the working directory, without
+    git's "fatal: not a git repository" on the console."""
+    done = subprocess.run(
+        ["git", "describe", "--always"], capture_output=True, text=True, check=False
+    )  # noqa: S607
     if done.returncode != 0:
         return None
     return done.stdout.strip() or None
@@ -177,7 +199,8 @@ def _quiet_git_hash() -> str | None:
 
 @contextlib.contextmanager
 def quiet_lm_eval() -> Iterator[None]:
-    """lm-eval without its console noise for our use: a model passed as an object is on purpose, no git repo is fine.
+    """lm-eval without its console noise for our use: a model
+    passed as an object is on purpose, no git repo is fine.
 
     HFLM warns "`pretrained` model kwarg is not of type `str`" for every
     in-memory model, and ``simple_evaluate`` runs ``git describe`` with git's
@@ -231,7 +254,9 @@ def run_lm_eval(
         run_names[name] = f"local_{name}"
 
     with quiet_lm_eval():
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+        lm = HFLM(
+            pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device)
+        )
         output = simple_evaluate(
             model=lm,
             tasks=list(run_names.values()),

@@ -40,7 +40,8 @@ class NLLResult:
 def read_records(
     local: Path | None, hub: tuple[str, str | None, str], limit: int, option: str, column: str
 ) -> list[dict]:
-    """First ``limit`` records of a local file (checked: see :func:`~autoloco_evals.data_files.check_files`), else of the hub dataset (streamed)."""
+    """First ``limit`` records of a local file (checked: see
+    :func:`~autoloco_evals.data_files.check_files`), else of the hub dataset (streamed)."""
     if local is not None:
         return check_files([local], option, [column], "", limit)
     import datasets
@@ -56,7 +57,9 @@ def document_example(tokenizer, text: str, max_length: int) -> tuple[list[int], 
     return ids, [False] + [True] * (len(ids) - 1)
 
 
-def chat_example(tokenizer, messages: Sequence[dict], max_length: int) -> tuple[list[int], list[bool]]:
+def chat_example(
+    tokenizer, messages: Sequence[dict], max_length: int
+) -> tuple[list[int], list[bool]]:
     """Token ids of one rendered conversation and its assistant-only target mask.
 
     Each assistant span runs from the end of the rendered prefix with a
@@ -66,7 +69,9 @@ def chat_example(tokenizer, messages: Sequence[dict], max_length: int) -> tuple[
     """
 
     def encode(msgs: Sequence[dict], add_generation_prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(list(msgs), tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(
+            list(msgs), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     ids = encode(messages, False)
@@ -78,7 +83,8 @@ def chat_example(tokenizer, messages: Sequence[dict], max_length: int) -> tuple[
         end = len(encode(messages[: i + 1], False))
         if ids[: len(prefix)] != prefix:
             raise ValueError(
-                "chat template does not render conversations prefix by prefix; cannot mask assistant turns"
+                "chat template does not render conversations prefix by prefix; "
+                "cannot mask assistant turns"
             )
         mask[len(prefix) : end] = [True] * (end - len(prefix))
     return ids[:max_length], mask[:max_length]
@@ -105,10 +111,15 @@ def masked_nll(
             target = torch.tensor(ids)
             target[~torch.tensor(mask)] = -100
             labels[row, :n] = target
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
+        logits = model(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device)
+        ).logits.float()
         shifted = labels[:, 1:].to(device)
         nll_sum += F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), shifted.reshape(-1), ignore_index=-100, reduction="sum"
+            logits[:, :-1].reshape(-1, logits.size(-1)),
+            shifted.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
         ).item()
         tokens += int((shifted != -100).sum())
     return NLLResult(nll_sum, tokens, len(examples))
@@ -132,7 +143,10 @@ def evaluate_nll(
     """
     docs = read_records(c4_path, C4_DEFAULT, num_documents, "--c4-path", "text")
     doc_result = masked_nll(
-        model, (document_example(tokenizer, d["text"], max_length) for d in docs), batch_size, "nll c4"
+        model,
+        (document_example(tokenizer, d["text"], max_length) for d in docs),
+        batch_size,
+        "nll c4",
     )
     result = {"nll_c4": doc_result.nll, "nll_c4_tokens": doc_result.tokens}
     if tokenizer.chat_template is None:
@@ -140,6 +154,9 @@ def evaluate_nll(
         return result
     chats = read_records(chat_path, CHAT_DEFAULT, num_conversations, "--chat-path", "messages")
     chat_result = masked_nll(
-        model, (chat_example(tokenizer, c["messages"], max_length) for c in chats), batch_size, "nll chat"
+        model,
+        (chat_example(tokenizer, c["messages"], max_length) for c in chats),
+        batch_size,
+        "nll chat",
     )
     return {**result, "nll_chat": chat_result.nll, "nll_chat_tokens": chat_result.tokens}

@@ -16,7 +16,12 @@ from .errors import EvalInputError
 # Unreachable on purpose: nltk.download() fetches its index on every call, even
 # for installed data (IFBench's checkers call it per response).
 _NO_NLTK_INDEX = "file:///nonexistent/autoloco-evals-offline/index.xml"
-_PUNKT_TAB_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
+_PUNKT_TAB_FILES = (
+    "collocations.tab",
+    "sent_starters.txt",
+    "abbrev_types.txt",
+    "ortho_context.tab",
+)
 
 
 class MissingLocalDataError(EvalInputError, FileNotFoundError):
@@ -32,7 +37,9 @@ def set_offline() -> None:
     nltk.downloader._downloader._url = _NO_NLTK_INDEX
 
 
-def resolve_local(path: str | os.PathLike | None, option: str, what: str, offline: bool) -> Path | None:
+def resolve_local(
+    path: str | os.PathLike | None, option: str, what: str, offline: bool
+) -> Path | None:
     """Return the local path for a task, or None to use the hub default.
 
     Raises MissingLocalDataError naming ``option`` when the path does not exist,
@@ -55,7 +62,8 @@ PUNKT_TAB_COMMAND = "python -m nltk.downloader punkt_tab"
 
 
 def punkt_tab_installed() -> bool:
-    """Whether NLTK finds the official English ``punkt_tab`` (the sentence splitter IFEval's scorer uses)."""
+    """Whether NLTK finds the official English ``punkt_tab``
+    (the sentence splitter IFEval's scorer uses)."""
     import nltk  # 5 s to import: only when a task needs it
 
     try:
@@ -66,16 +74,18 @@ def punkt_tab_installed() -> bool:
 
 
 def check_punkt_tab(approximate: bool) -> None:
-    """Refuse to score IFEval / IFBench without the official splitter, unless ``approximate`` allows the empty one.
+    """Refuse to score IFEval / IFBench without the official
+    splitter, unless ``approximate`` allows the empty one.
 
     Nothing is downloaded at run time: a result that may be published must not
-    depend on whether the network was there. Raises :class:`EvalInputError` (one line, the command that fixes it).
+    depend on whether the network was there. Raises
+    :class:`EvalInputError` (one line, the command that fixes it).
     """
     if not approximate and not punkt_tab_installed():
         raise EvalInputError(
-            f"--tasks ifeval/ifbench: NLTK's punkt_tab (the official sentence splitter) is not installed; "
-            f"run `{PUNKT_TAB_COMMAND}` once, or pass --approximate-punkt to score with an empty Punkt model "
-            "(sentence counts can differ from the official scorer)"
+            "--tasks ifeval/ifbench: NLTK's punkt_tab (the official sentence splitter) is not "
+            f"installed; run `{PUNKT_TAB_COMMAND}` once, or pass --approximate-punkt to score with "
+            "an empty Punkt model (sentence counts can differ from the official scorer)"
         )
 
 
@@ -101,8 +111,9 @@ def ensure_punkt_tab(cache_dir: str | os.PathLike, approximate: bool) -> bool:
     if str(root) not in nltk.data.path:
         nltk.data.path.insert(0, str(root))
     warnings.warn(
-        f"NLTK punkt_tab not installed: --approximate-punkt scores with an empty English Punkt model in {english}; "
-        f"sentence counts can differ from the official model ({PUNKT_TAB_COMMAND})",
+        "NLTK punkt_tab not installed: --approximate-punkt scores with an empty English Punkt "
+        f"model in {english}; sentence counts can differ from the official "
+        f"model ({PUNKT_TAB_COMMAND})",
         stacklevel=2,
     )
     return False

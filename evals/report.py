@@ -31,7 +31,9 @@ def scores_table(records: list[dict]) -> str:
         cells = [record["run"]]
         for key, _, percent in columns:
             value = record["scores"].get(key)
-            cells.append("-" if value is None else f"{100 * value:.2f}" if percent else f"{value:.4f}")
+            cells.append(
+                "-" if value is None else f"{100 * value:.2f}" if percent else f"{value:.4f}"
+            )
         rows.append(cells)
     headers = ["Run"] + [header for _, header, _ in columns]
     return markdown_table(headers, rows, align=["---"] + ["---:"] * len(columns)) + "\n"

@@ -15,7 +15,13 @@ from pathlib import Path
 from .data_files import check_files
 from .errors import EvalInputError
 from .lm_eval_tasks import LM_EVAL_TASKS, local_files, run_lm_eval
-from .offline import MissingLocalDataError, check_punkt_tab, ensure_punkt_tab, resolve_local, set_offline
+from .offline import (
+    MissingLocalDataError,
+    check_punkt_tab,
+    ensure_punkt_tab,
+    resolve_local,
+    set_offline,
+)
 
 TASKS = ("mmlu_pro", "bbh", "ifeval", "ifbench", "humaneval_plus", "nll")
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
@@ -23,7 +29,8 @@ FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 @dataclass(frozen=True)
 class DataSource:
-    """A dataset a task reads: its CLI option, its name under --data-dir, what it holds, the fields its rows need."""
+    """A dataset a task reads: its CLI option, its name under
+    --data-dir, what it holds, the fields its rows need."""
 
     option: str
     filename: str
@@ -39,7 +46,10 @@ DATA = {
         ("question", "options", "answer", "category"),
     ),
     "bbh": DataSource(
-        "--bbh-path", "bbh", "BBH (SaylorTwift/bbh): a folder of <subtask>.jsonl files", ("input", "target")
+        "--bbh-path",
+        "bbh",
+        "BBH (SaylorTwift/bbh): a folder of <subtask>.jsonl files",
+        ("input", "target"),
     ),
     "ifeval": DataSource(
         "--ifeval-path",
@@ -60,7 +70,10 @@ DATA = {
         ("task_id", "prompt", "entry_point"),
     ),
     "c4": DataSource(
-        "--c4-path", "c4.jsonl", "C4-style documents (allenai/c4 en validation) as JSONL with 'text'", ("text",)
+        "--c4-path",
+        "c4.jsonl",
+        "C4-style documents (allenai/c4 en validation) as JSONL with 'text'",
+        ("text",),
     ),
     "chat": DataSource(
         "--chat-path",
@@ -88,13 +101,18 @@ class EvalSettings:
     num_conversations: int = 1000
     nll_max_length: int = 2048
     humaneval_max_new_tokens: int = 768
-    approximate_punkt: bool = False  # score IFEval / IFBench with an empty Punkt model when punkt_tab is missing
+    # score IFEval / IFBench with an empty Punkt model when punkt_tab is missing
+    approximate_punkt: bool = False
 
 
 SUITES = {
     "paper": EvalSettings(),
     "quick": EvalSettings(
-        limit=10, max_gen_toks=256, num_documents=64, num_conversations=32, humaneval_max_new_tokens=256
+        limit=10,
+        max_gen_toks=256,
+        num_documents=64,
+        num_conversations=32,
+        humaneval_max_new_tokens=256,
     ),
 }
 
@@ -110,7 +128,8 @@ def needs_punkt_tab(settings: EvalSettings) -> bool:
 
 
 def check_sentence_splitter(settings: EvalSettings) -> None:
-    """Before the model loads: the official punkt_tab is there, or --approximate-punkt allows the empty one."""
+    """Before the model loads: the official punkt_tab is
+    there, or --approximate-punkt allows the empty one."""
     if needs_punkt_tab(settings):
         check_punkt_tab(settings.approximate_punkt)
 
@@ -122,14 +141,19 @@ def resolve_data(settings: EvalSettings) -> dict[str, Path | None]:
         for key in TASK_DATA.get(task, (task,)):
             source = DATA[key]
             path = settings.paths.get(key)
-            if path is None and settings.data_dir is not None and (settings.data_dir / source.filename).exists():
+            if (
+                path is None
+                and settings.data_dir is not None
+                and (settings.data_dir / source.filename).exists()
+            ):
                 path = settings.data_dir / source.filename
             resolved[key] = resolve_local(path, source.option, source.what, settings.offline)
     return resolved
 
 
 def check_data(settings: EvalSettings, local: dict[str, Path | None]) -> None:
-    """Read the local rows every selected task will use (each file parses, has rows and the fields): before the model loads.
+    """Read the local rows every selected task will use (each file
+    parses, has rows and the fields): before the model loads.
 
     Raises :class:`~autoloco_evals.data_files.DataFileError` naming the option, the file (and line).
     """
@@ -137,11 +161,22 @@ def check_data(settings: EvalSettings, local: dict[str, Path | None]) -> None:
     for key, path in local.items():
         if path is not None:
             source = DATA[key]
-            check_files(local_files(key, path), source.option, source.columns, "", limits.get(key, settings.limit))
+            check_files(
+                local_files(key, path),
+                source.option,
+                source.columns,
+                "",
+                limits.get(key, settings.limit),
+            )
 
 
 def evaluate(
-    model, tokenizer, settings: EvalSettings, out_dir: Path, run_name: str = "run", meta: dict | None = None
+    model,
+    tokenizer,
+    settings: EvalSettings,
+    out_dir: Path,
+    run_name: str = "run",
+    meta: dict | None = None,
 ) -> dict:
     """Run the selected tasks on a loaded model; write <out_dir>/<run_name>.json and return it.
 
@@ -152,7 +187,8 @@ def evaluate(
         raise ValueError(f"unknown tasks {sorted(unknown)}; choose from {TASKS}")
     if settings.offline:
         set_offline()
-    from .humaneval_plus import evaluate_humaneval_plus  # torch: imported only once a model is there
+    # torch: imported only once a model is there
+    from .humaneval_plus import evaluate_humaneval_plus
     from .nll import evaluate_nll
 
     local = resolve_data(settings)
@@ -161,13 +197,19 @@ def evaluate(
     official_punkt = None
     if needs_punkt_tab(settings):
         official_punkt = ensure_punkt_tab(work_dir / "nltk_data", settings.approximate_punkt)
-    chat = tokenizer.chat_template is not None if settings.chat_template is None else settings.chat_template
+    chat = (
+        tokenizer.chat_template is not None
+        if settings.chat_template is None
+        else settings.chat_template
+    )
 
     from tqdm.auto import tqdm
 
     scores, details, timings = {}, {}, {}
     # the overall progress, "task 3/6" with the time left; each task draws its own bar below it
-    tasks = tqdm(settings.tasks, desc="autoloco eval: task", unit="task", position=0, dynamic_ncols=True)
+    tasks = tqdm(
+        settings.tasks, desc="autoloco eval: task", unit="task", position=0, dynamic_ncols=True
+    )
     for task in tasks:
         tasks.set_postfix_str(task)
         start = time.perf_counter()
@@ -216,14 +258,20 @@ def evaluate(
         "run": run_name,
         **(meta or {}),
         "chat_template": chat,
-        **({} if official_punkt is None else {"sentence_splitter": "punkt_tab" if official_punkt else "empty Punkt"}),
+        **(
+            {}
+            if official_punkt is None
+            else {"sentence_splitter": "punkt_tab" if official_punkt else "empty Punkt"}
+        ),
         "settings": json.loads(json.dumps(asdict(settings), default=str)),
         "data": {k: str(v) if v else "hub" for k, v in local.items()},
         "scores": scores,
         "details": details,
         "timings_s": timings,
     }
-    (Path(out_dir) / f"{run_name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    (Path(out_dir) / f"{run_name}.json").write_text(
+        json.dumps(record, indent=2, default=str) + "\n"
+    )
     return record
 
 
@@ -231,7 +279,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": the checkpoint's 
 
 
 def check_device(device: str | None) -> str:
-    """``device``, or cuda when available else cpu; a device this PyTorch build lacks is an EvalInputError."""
+    """``device``, or cuda when available else cpu; a device
+    this PyTorch build lacks is an EvalInputError."""
     import torch
 
     if device is None:
@@ -239,7 +288,9 @@ def check_device(device: str | None) -> str:
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise EvalInputError(f"--device {device}: not a device name; pass cpu, cuda, cuda:1 or mps") from None
+        raise EvalInputError(
+            f"--device {device}: not a device name; pass cpu, cuda, cuda:1 or mps"
+        ) from None
     backend = getattr(torch, kind, None)
     if kind != "cpu" and not (backend is not None and backend.is_available()):
         raise EvalInputError(
@@ -257,12 +308,15 @@ def evaluate_model_dir(
     device: str | None = None,
     dtype: str = "auto",
 ) -> dict:
-    """Load a checkpoint (model and tokenizer from one folder) and evaluate it; every input is checked before the load."""
+    """Load a checkpoint (model and tokenizer from one folder)
+    and evaluate it; every input is checked before the load."""
     if dtype not in DTYPES:
         raise EvalInputError(f"--dtype {dtype}: not a dtype; pass one of {', '.join(DTYPES)}")
-    if settings.offline:  # before the hub clients are imported: they read their offline switches at import
+    # before the hub clients are imported: they read their offline switches at import
+    if settings.offline:
         set_offline()
-    check_data(settings, resolve_data(settings))  # missing or bad data first: before the slow imports and load
+    # missing or bad data first: before the slow imports and load
+    check_data(settings, resolve_data(settings))
     check_sentence_splitter(settings)
     device = check_device(device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -271,8 +325,11 @@ def evaluate_model_dir(
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    except (OSError, ValueError) as err:  # no weights / tokenizer files / model type: one line, not a traceback
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    # no weights / tokenizer files / model type: one line, not a traceback
+    except (OSError, ValueError) as err:
+        first = next(
+            (line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__
+        )
         raise MissingLocalDataError(f"MODEL_DIR {model_dir}: cannot load it ({first})") from err
     meta = {"model": str(model_dir), "load_s": round(time.perf_counter() - start, 1)}
     return evaluate(model, tokenizer, settings, out_dir, run_name or Path(model_dir).name, meta)

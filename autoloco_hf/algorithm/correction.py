@@ -1,4 +1,5 @@
-"""Outer-optimizer correction for the learning-rate mass of an interval (docs/algorithm.md#outer-correction).
+"""Outer-optimizer correction for the learning-rate mass of an interval
+(docs/algorithm.md#outer-correction).
 
 A longer interval carries more inner learning rate than the base interval at
 the same schedule position. The ratio ``rho_t`` of the two masses drives three
@@ -33,7 +34,8 @@ class OuterCorrection:
 
 
 def interval_ratio(lr_mass: float, lr_mass_base: float, eps: float = 1e-8) -> float:
-    """``rho_t = max(Lambda_t / (Lambda_t^base + eps), 1)``: never below 1 (docs/algorithm.md#outer-correction)."""
+    """``rho_t = max(Lambda_t / (Lambda_t^base + eps), 1)``: never below 1
+    (docs/algorithm.md#outer-correction)."""
     return max(lr_mass / (lr_mass_base + eps), 1.0)
 
 
@@ -70,7 +72,8 @@ def outer_correction(
 
 
 def correction_for(config: AutoLoCoConfig, lr_mass: float, lr_mass_base: float) -> OuterCorrection:
-    """The outer step's settings of ``config.method`` for an interval of previewed LR masses ``lr_mass`` / ``lr_mass_base``."""
+    """The outer step's settings of ``config.method`` for an interval of previewed LR masses
+    ``lr_mass`` / ``lr_mass_base``."""
     if config.outer_correction_enabled:
         return outer_correction(
             lr_mass,

@@ -1,4 +1,5 @@
-"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo (docs/algorithm.md#baselines).
+"""Interval policies behind one interface: fixed (DiLoCo), QSR, Linear Interval, AutoLoCo
+(docs/algorithm.md#baselines).
 
 A policy answers two questions: how long is the interval that starts at step
 ``s`` (:meth:`IntervalPolicy.next_interval`), and what does a completed interval teach
@@ -33,7 +34,8 @@ from autoloco_hf.config import AutoLoCoConfig, Method
 
 @dataclass
 class NextInterval:
-    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all workers (docs/algorithm.md#phases)."""
+    """The interval that starts at `start_step`: its length and LR-mass previews, identical on all
+    workers (docs/algorithm.md#phases)."""
 
     start_step: int
     h_tok: int  # token-equivalent horizon
@@ -42,9 +44,12 @@ class NextInterval:
     truncated: bool  # cut to the remaining budget: takes no decision
     lr_mass: float  # preview Lambda(s, h_step)
     lr_mass_base: float  # preview Lambda(s, h_ref)
-    stretched: bool = False  # lengthened so that a delayed merge lands inside it: takes no decision either
-    cut_short: bool = False  # ended early by the rule's on_measurement (docs/algorithm.md#rule-plugins)
-    # what the rule's in-interval probe measured, for the record (docs/algorithm.md#descent-rule, #rule-plugins)
+    # lengthened so that a delayed merge lands inside it: takes no decision either
+    stretched: bool = False
+    # ended early by the rule's on_measurement (docs/algorithm.md#rule-plugins)
+    cut_short: bool = False
+    # what the rule's in-interval probe measured, for the
+    # record (docs/algorithm.md#descent-rule, #rule-plugins)
     probe_exponent: float | None = None
 
 
@@ -75,7 +80,8 @@ class IntervalOutcome:
             lr_mass=self.lr_mass,
             mean_loss=self.mean_loss,
             pseudo_grad_finite=self.pseudo_grad_finite,
-            truncated=interval.truncated or interval.stretched,  # it did not run the length h_tok maps to
+            # it did not run the length h_tok maps to
+            truncated=interval.truncated or interval.stretched,
             anchor_drift_energy=self.anchor_drift_energy,
             anchor_lr_mass=self.anchor_lr_mass,
             cut_short=interval.cut_short,
@@ -91,7 +97,8 @@ class IntervalPolicy(ABC):
         self.h_base = h_base
 
     def next_interval(self, start_step: int, min_steps: int = 1) -> NextInterval:
-        """The interval from ``start_step``; at least ``min_steps`` long (in whole quanta) unless the budget ends first.
+        """The interval from ``start_step``; at least ``min_steps``
+        long (in whole quanta) unless the budget ends first.
 
         ``min_steps`` > 1 comes from a delayed merge due ``min_steps - 1`` steps
         into this interval (docs/algorithm.md#delayed-merge).
@@ -116,14 +123,18 @@ class IntervalPolicy(ABC):
     quantum = 1  # executable lengths are multiples of this (AutoLoCo: q_h)
 
     def measurements(self, interval: NextInterval) -> tuple[DisplacementAt, ...]:
-        """What the engine measures inside ``interval`` for the horizon rule (docs/algorithm.md#rule-plugins); none by default."""
+        """What the engine measures inside ``interval`` for the horizon rule
+        (docs/algorithm.md#rule-plugins); none by default."""
         return ()
 
     def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
-        """The interval to run on once the shared measurements are in (docs/algorithm.md#rule-plugins); unchanged by default."""
+        """The interval to run on once the shared measurements are in
+        (docs/algorithm.md#rule-plugins); unchanged by default."""
         return interval
 
-    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> RuleDecision | None:
+    def complete(
+        self, outcome: IntervalOutcome, next_start: int | None = None
+    ) -> RuleDecision | None:
         """Learn from a completed interval; adaptive policies return their decision.
 
         ``next_start``: the start of the interval the decision sets, when that is
@@ -131,8 +142,10 @@ class IntervalPolicy(ABC):
         """
         return None
 
-    def rescale_workers(self, old_workers: int, new_workers: int) -> None:  # noqa: B027 (N-independent policies)
-        """Another number of workers continues the run (elastic resume, docs/algorithm.md#boundary-snapshots)."""
+    # B027: N-independent policies keep this no-op
+    def rescale_workers(self, old_workers: int, new_workers: int) -> None:  # noqa: B027
+        """Another number of workers continues the run (elastic resume,
+        docs/algorithm.md#boundary-snapshots)."""
 
     @abstractmethod
     def _length(self, start_step: int) -> tuple[int, int]:
@@ -144,7 +157,8 @@ class IntervalPolicy(ABC):
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (stateless policies keep this no-op)
+    # B027: stateless policies keep this no-op
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027
         pass
 
 
@@ -163,7 +177,13 @@ class QSRPolicy(IntervalPolicy):
     """
 
     def __init__(
-        self, schedule: LRSchedule, total_steps: int, h_base: int, alpha: float, gamma: float, warmup_steps: int
+        self,
+        schedule: LRSchedule,
+        total_steps: int,
+        h_base: int,
+        alpha: float,
+        gamma: float,
+        warmup_steps: int,
     ) -> None:
         super().__init__(schedule, total_steps, h_base)
         self.alpha, self.gamma, self.warmup_steps = alpha, gamma, warmup_steps
@@ -181,12 +201,17 @@ class QSRPolicy(IntervalPolicy):
 
 
 class LinearIntervalPolicy(IntervalPolicy):
-    """Linear Interval: the k-th interval has ``increment * k`` steps (docs/algorithm.md#baselines)."""
+    """Linear Interval: the k-th interval has ``increment * k`` steps
+    (docs/algorithm.md#baselines)."""
 
-    def __init__(self, increment: int, total_steps: int, schedule: LRSchedule | None = None) -> None:
+    def __init__(
+        self, increment: int, total_steps: int, schedule: LRSchedule | None = None
+    ) -> None:
         from autoloco_hf.algorithm.schedule import FunctionSchedule
 
-        super().__init__(schedule or FunctionSchedule(lambda s: 0.0, total_steps), total_steps, increment)
+        super().__init__(
+            schedule or FunctionSchedule(lambda s: 0.0, total_steps), total_steps, increment
+        )
         self.increment = increment
 
     def _length(self, start_step: int) -> tuple[int, int]:
@@ -203,9 +228,12 @@ class LinearIntervalPolicy(IntervalPolicy):
 
 
 class AutoLoCoPolicy(IntervalPolicy):
-    """AutoLoCo: the horizon rule (docs/algorithm.md#horizon-rule) over token-equivalent horizons, token mapper (docs/algorithm.md#token-mapper)."""
+    """AutoLoCo: the horizon rule (docs/algorithm.md#horizon-rule) over token-equivalent horizons,
+    token mapper (docs/algorithm.md#token-mapper)."""
 
-    def __init__(self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> None:
+    def __init__(
+        self, config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int
+    ) -> None:
         super().__init__(schedule, total_steps, config.h_base)
         self.config = config
         self.quantum = config.q_h
@@ -232,11 +260,16 @@ class AutoLoCoPolicy(IntervalPolicy):
         """The rule's answer; an interval it shortened gets the LR mass of its new length."""
         answer = self.rule.on_measurement(interval, results)
         if answer.h_step != interval.h_step:
-            answer = replace(answer, lr_mass=lr_mass(self.schedule, interval.start_step, answer.h_step))
+            answer = replace(
+                answer, lr_mass=lr_mass(self.schedule, interval.start_step, answer.h_step)
+            )
         return answer
 
-    def complete(self, outcome: IntervalOutcome, next_start: int | None = None) -> RuleDecision | None:
-        """Observe a completed interval; ``next_start`` (lagged decisions) is where the interval it decides starts.
+    def complete(
+        self, outcome: IntervalOutcome, next_start: int | None = None
+    ) -> RuleDecision | None:
+        """Observe a completed interval; ``next_start`` (lagged
+        decisions) is where the interval it decides starts.
 
         With the eager overlap the statistics of interval ``t`` arrive when
         interval ``t + 1`` has already run, and the decision sets interval
@@ -248,7 +281,8 @@ class AutoLoCoPolicy(IntervalPolicy):
         """
         interval = outcome.interval
         full = not interval.truncated
-        # a rule that starts away from h_base calibrates the base token count on its first full intervals
+        # a rule that starts away from h_base calibrates the
+        # base token count on its first full intervals
         calibrates = interval.h_tok == self.h_base or self.rule.calibrates_tokens_at_any_horizon
         self.mapper.observe(outcome.global_tokens, interval.h_step, calibrates=full and calibrates)
         if not self.config.adaptive_horizon:
@@ -259,9 +293,11 @@ class AutoLoCoPolicy(IntervalPolicy):
         observation = outcome.observation(next_start)
         if lagged and observation.finite and interval.h_tok != self.rule.h_tok:
             return RuleDecision(self.rule.phase, Assessment.STALE, Decision.KEEP, self.rule.h_tok)
-        # candidate previews use the mapper updated with this interval (docs/algorithm.md#token-mapper, last bullets)
+        # candidate previews use the mapper updated with this interval
+        # (docs/algorithm.md#token-mapper, last bullets)
         return self.rule.observe(
-            observation, preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok))
+            observation,
+            preview=lambda h_tok: lr_mass(self.schedule, next_start, self.mapper.map(h_tok)),
         )
 
     def rescale_workers(self, old_workers: int, new_workers: int) -> None:
@@ -278,8 +314,9 @@ class AutoLoCoPolicy(IntervalPolicy):
 
 
 PolicyFactory = Callable[[AutoLoCoConfig, LRSchedule, int, int], IntervalPolicy]
-"""``(config, schedule, total_steps, warmup_steps) -> policy``: how an engine gets its interval policy
-(:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of ``benchmarks/campaigns/switch_cost.py``)."""
+"""``(config, schedule, total_steps, warmup_steps) -> policy``: how an engine gets its interval
+policy (:func:`make_policy`, or an experiment's own, e.g. the open-loop schedules of
+``benchmarks/campaigns/switch_cost.py``)."""
 
 
 def make_rule(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
@@ -287,9 +324,11 @@ def make_rule(config: AutoLoCoConfig, warmup_steps: int) -> HorizonRule:
     return config.rule_class(config, warmup_steps=warmup_steps)
 
 
-def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int) -> IntervalPolicy:
-    """The interval policy of ``config.method`` (not defined for DDP, which has no intervals); the engine's default
-    :data:`PolicyFactory`."""
+def make_policy(
+    config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, warmup_steps: int
+) -> IntervalPolicy:
+    """The interval policy of ``config.method`` (not defined for DDP, which has no intervals); the
+    engine's default :data:`PolicyFactory`."""
     if config.method == Method.DILOCO:
         return FixedPolicy(schedule, total_steps, config.h_base)
     if config.method == Method.AUTOLOCO:
@@ -299,7 +338,13 @@ def make_policy(config: AutoLoCoConfig, schedule: LRSchedule, total_steps: int, 
     if config.method == Method.QSR:
         alpha = config.qsr_alpha
         if alpha is None:
-            peak = max(schedule.lr_at(s) for s in range(0, min(total_steps, max(warmup_steps, 0) + 1)))
+            peak = max(
+                schedule.lr_at(s) for s in range(0, min(total_steps, max(warmup_steps, 0) + 1))
+            )
             alpha = math.sqrt(config.h_base) * peak
-        return QSRPolicy(schedule, total_steps, config.h_base, alpha, config.qsr_gamma, warmup_steps)
-    raise ValueError(f"method {config.method!r} has no interval policy (DDP synchronizes every step)")
+        return QSRPolicy(
+            schedule, total_steps, config.h_base, alpha, config.qsr_gamma, warmup_steps
+        )
+    raise ValueError(
+        f"method {config.method!r} has no interval policy (DDP synchronizes every step)"
+    )

@@ -2,14 +2,17 @@
 
 Runs the real interval policy against the recipe's LR schedule with an
 always-increase-supporting statistic stream (``d_t`` and ``C_t`` constant,
-so every residual is 0; the schedule still drives candidate previews) and constant token density: the upper bound of what
-AutoLoCo can save, and exactly the trajectory of docs/algorithm.md#paper-trajectory.
+so every residual is 0; the schedule still drives candidate previews) and constant token density:
+the upper bound of what AutoLoCo can save, and exactly the trajectory of
+docs/algorithm.md#paper-trajectory.
 
 Example::
 
     >>> from autoloco_hf import AutoLoCoConfig
     >>> from autoloco_hf.algorithm.schedule import warmup_cosine
-    >>> p = preview_run(AutoLoCoConfig.for_recipe("c4"), warmup_cosine(3e-4, 1000, 50_000), warmup_steps=1000)
+    >>> p = preview_run(
+    ...     AutoLoCoConfig.for_recipe("c4"), warmup_cosine(3e-4, 1000, 50_000), warmup_steps=1000
+    ... )
     >>> run_length(p.intervals), p.syncs
     ('500x7, 550x5, 600x5, 650x5, 700x5, 750x45, 250x1', 73)
 """
@@ -43,7 +46,8 @@ class RunPreview:
 def preview_run(
     config: AutoLoCoConfig, schedule: LRSchedule, warmup_steps: int, tokens_per_step: float = 1024.0
 ) -> RunPreview:
-    """Execute ``config``'s policy over ``schedule.total_steps`` with an always-supporting stream."""
+    """Execute ``config``'s policy over ``schedule.total_steps``
+    with an always-supporting stream."""
     total = schedule.total_steps
     if not config.is_interval_method:  # DDP: one gradient all-reduce per step
         return RunPreview(config.method, [1] * total)

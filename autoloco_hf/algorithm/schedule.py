@@ -31,7 +31,8 @@ class LRSchedule(Protocol):
 
 
 def lr_mass(schedule: LRSchedule, start: int, num_steps: int) -> float:
-    """``Lambda(start, num_steps)`` in float64, clamped to the budget (docs/algorithm.md#interval-statistics)."""
+    """``Lambda(start, num_steps)`` in float64, clamped to the budget
+    (docs/algorithm.md#interval-statistics)."""
     end = min(start + max(num_steps, 0), schedule.total_steps)
     return math.fsum(schedule.lr_at(step) for step in range(max(start, 0), end))
 
@@ -54,8 +55,11 @@ class FunctionSchedule(LRMassMixin):
         return 0.0 if step >= self.total_steps or step < 0 else float(self.fn(step))
 
 
-def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> FunctionSchedule:
-    """Linear warm-up then cosine decay, identical to ``transformers.get_cosine_schedule_with_warmup``.
+def warmup_cosine(
+    peak_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0
+) -> FunctionSchedule:
+    """Linear warm-up then cosine decay, identical to
+    ``transformers.get_cosine_schedule_with_warmup``.
 
     ``min_ratio`` > 0 gives ``get_cosine_with_min_lr_schedule_with_warmup``'s floor.
     """
@@ -71,12 +75,15 @@ def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int, min_ratio
 
 
 def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int) -> FunctionSchedule:
-    """Linear warm-up then linear decay, identical to ``transformers.get_linear_schedule_with_warmup``."""
+    """Linear warm-up then linear decay, identical to
+    ``transformers.get_linear_schedule_with_warmup``."""
 
     def fn(step: int) -> float:
         if step < warmup_steps:
             return peak_lr * (float(step) / float(max(1, warmup_steps)))
-        return peak_lr * max(0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps)))
+        return peak_lr * max(
+            0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps))
+        )
 
     return FunctionSchedule(fn, total_steps)
 
@@ -85,7 +92,9 @@ class _ShadowOptimizer:
     """Stands in for the real optimizer inside a copied scheduler: holds only hyper-parameters."""
 
     def __init__(self, param_groups: list[dict[str, Any]]) -> None:
-        self.param_groups = [{k: v for k, v in group.items() if k != "params"} for group in param_groups]
+        self.param_groups = [
+            {k: v for k, v in group.items() if k != "params"} for group in param_groups
+        ]
         for group in self.param_groups:
             group["params"] = []
         self.defaults: dict[str, Any] = {}
@@ -95,7 +104,8 @@ class _ShadowOptimizer:
 
 
 class SchedulerPreview(LRMassMixin):
-    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler`` (docs/algorithm.md#interval-statistics).
+    """Exact, non-mutating preview of a ``torch.optim.lr_scheduler``
+    (docs/algorithm.md#interval-statistics).
 
     ``LambdaLR`` (all of transformers' ``get_*_schedule_with_warmup``) is
     evaluated in closed form, ``base_lr * lr_lambda(step)``. Any other
@@ -117,13 +127,17 @@ class SchedulerPreview(LRMassMixin):
         if isinstance(scheduler, ReduceLROnPlateau):
             raise TypeError(
                 "ReduceLROnPlateau depends on future metrics, so its learning-rate mass cannot be "
-                "previewed (docs/algorithm.md#interval-statistics): use a deterministic schedule (e.g. cosine with warm-up)"
+                "previewed (docs/algorithm.md#interval-statistics): use a deterministic schedule "
+                "(e.g. cosine with warm-up)"
             )
         self.total_steps = int(total_steps)
         self.param_group = param_group
         self._closed_form = None
         if type(scheduler) is LambdaLR:
-            self._closed_form = (float(scheduler.base_lrs[param_group]), scheduler.lr_lambdas[param_group])
+            self._closed_form = (
+                float(scheduler.base_lrs[param_group]),
+                scheduler.lr_lambdas[param_group],
+            )
         else:
             self._table: list[float] = []
             epoch = getattr(scheduler, "last_epoch", None)
@@ -131,7 +145,8 @@ class SchedulerPreview(LRMassMixin):
                 epoch = scheduler._schedulers[0].last_epoch
             self._table_start = int(epoch)
             self._shadow = copy.deepcopy(
-                scheduler, memo={id(scheduler.optimizer): _ShadowOptimizer(scheduler.optimizer.param_groups)}
+                scheduler,
+                memo={id(scheduler.optimizer): _ShadowOptimizer(scheduler.optimizer.param_groups)},
             )
 
     def lr_at(self, step: int) -> float:
@@ -142,8 +157,8 @@ class SchedulerPreview(LRMassMixin):
             return base_lr * float(fn(step))
         if step < self._table_start:
             raise ValueError(
-                f"cannot preview step {step}: this scheduler was captured at step {self._table_start}; "
-                "create the SchedulerPreview before training starts"
+                f"cannot preview step {step}: this scheduler was captured at step "
+                f"{self._table_start}; create the SchedulerPreview before training starts"
             )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

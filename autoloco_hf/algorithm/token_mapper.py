@@ -25,16 +25,19 @@ from typing import Any
 
 
 def round_to_multiple(value: float, multiple: int) -> int:
-    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple`` (docs/algorithm.md#token-mapper, #phases)."""
+    """Nearest multiple of ``multiple``, ties toward the larger one, at least ``multiple``
+    (docs/algorithm.md#token-mapper, #phases)."""
     return max(multiple, multiple * math.floor(value / multiple + 0.5))
 
 
 def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "numel") and hasattr(value, "dim")  # duck-typed: this module never imports torch
+    # duck-typed: this module never imports torch
+    return hasattr(value, "numel") and hasattr(value, "dim")
 
 
 def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
-    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)`` (docs/algorithm.md#token-mapper).
+    """Non-padding input tokens of a batch or of one forward call's ``(kwargs, args)``
+    (docs/algorithm.md#token-mapper).
 
     A 2-D ``attention_mask`` is summed; without one every ``input_ids``
     position counts (also a tensor passed positionally), else every position of
@@ -65,7 +68,8 @@ def count_non_padding_tokens(batch: Any, args: tuple = ()) -> Any:
 
 
 class TokenMapper:
-    """docs/algorithm.md#token-mapper mapper: ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
+    """docs/algorithm.md#token-mapper mapper:
+    ``H_step = round_q(H_tok * (M_base / H_base) / n_hat)``.
 
     Args:
         h_base: recipe horizon in steps.
@@ -77,7 +81,12 @@ class TokenMapper:
     """
 
     def __init__(
-        self, h_base: int, q_h: int, calibration_intervals: int = 3, beta: float = 0.9, enabled: bool = True
+        self,
+        h_base: int,
+        q_h: int,
+        calibration_intervals: int = 3,
+        beta: float = 0.9,
+        enabled: bool = True,
     ) -> None:
         self.h_base = h_base
         self.q_h = q_h
@@ -101,15 +110,17 @@ class TokenMapper:
     def observe(self, global_tokens: int, h_step: int, calibrates: bool) -> None:
         """Record a completed interval: its exact global non-padding token count and length.
 
-        ``calibrates``: the interval may count toward ``M_base`` (the paper: a full interval at the recipe
-        horizon; the descent rule, which starts at ``h_max``: any full interval), scaled to ``h_base`` steps.
-        An interval without a single token (all padding) says nothing about the token density: it is not
-        recorded, so it can neither make ``M_base`` zero (every horizon would map to ``q_h``) nor pull ``n_hat``.
+        ``calibrates``: the interval may count toward ``M_base`` (the paper: a full interval at the
+        recipe horizon; the descent rule, which starts at ``h_max``: any full interval), scaled to
+        ``h_base`` steps. An interval without a single token (all padding) says nothing about the
+        token density: it is not recorded, so it can neither make ``M_base`` zero (every horizon
+        would map to ``q_h``) nor pull ``n_hat``.
         """
         if h_step <= 0 or global_tokens <= 0:
             return
         if calibrates and len(self.base_counts) < self.calibration_intervals:
-            self.base_counts.append(round(int(global_tokens) * self.h_base / h_step))  # exact at h_step == h_base
+            # exact at h_step == h_base
+            self.base_counts.append(round(int(global_tokens) * self.h_base / h_step))
         density = global_tokens / h_step
         if self.tokens_per_step is None:
             self.tokens_per_step = density
@@ -121,7 +132,9 @@ class TokenMapper:
         if not self.ready:
             return h_tok
         assert self.base_tokens is not None and self.tokens_per_step is not None
-        return round_to_multiple(h_tok * (self.base_tokens / self.h_base) / self.tokens_per_step, self.q_h)
+        return round_to_multiple(
+            h_tok * (self.base_tokens / self.h_base) / self.tokens_per_step, self.q_h
+        )
 
     def rescale_workers(self, old_workers: int, new_workers: int) -> None:
         """Another number of workers from here on: the global token counts scale with it.

@@ -21,20 +21,33 @@ from collections.abc import Sequence
 from autoloco_hf.usage import OneLineParser
 
 COMMANDS = {
-    "plan": ("autoloco_hf.cli.plan", "preview the horizons, syncs and payload of a recipe before training"),
-    "demo": ("autoloco_hf.cli.demo", "train a tiny Llama on CPU with DiLoCo and AutoLoCo and compare them"),
+    "plan": (
+        "autoloco_hf.cli.plan",
+        "preview the horizons, syncs and payload of a recipe before training",
+    ),
+    "demo": (
+        "autoloco_hf.cli.demo",
+        "train a tiny Llama on CPU with DiLoCo and AutoLoCo and compare them",
+    ),
     "report": ("autoloco_hf.cli.report", "compare finished runs side by side (tables and plots)"),
-    "eval": ("autoloco_evals.cli", "evaluate a model: NLL, MMLU-Pro, BBH, IFEval, IFBench, HumanEval+"),
+    "eval": (
+        "autoloco_evals.cli",
+        "evaluate a model: NLL, MMLU-Pro, BBH, IFEval, IFBench, HumanEval+",
+    ),
 }
 
 
 BROKEN_PIPE = 128 + 13  # the status of a process killed by SIGPIPE
 
 
-def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(
+    argv: Sequence[str],
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``autoloco`` parser and its sub-command parsers (by name)."""
     parser = OneLineParser(prog="autoloco", description="AutoLoCo low-communication training tools")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}"
+    )
     commands = {}
     for name, (module, help_text) in COMMANDS.items():
         commands[name] = sub.add_parser(name, help=help_text, description=help_text)
@@ -52,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except BrokenPipeError:  # `autoloco plan --json | head`: the reader left; stop as `yes | head` does
-        # Python's documented recipe: point stdout at devnull so that the flush at exit does not raise again
+    # `autoloco plan --json | head`: the reader left; stop as `yes | head` does
+    except BrokenPipeError:
+        # Python's documented recipe: point stdout at devnull
+        # so that the flush at exit does not raise again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
 

@@ -15,7 +15,7 @@ The recipe is the paper's C4 recipe scaled down with the same ratios:
 
     $ autoloco demo
     $ autoloco demo --steps 2000 --methods ddp,diloco,diloco_mu07,autoloco,qsr,linear --out runs/big
-    $ autoloco demo --methods diloco_mu05,autoloco_descent              # the default and its comparator
+    $ autoloco demo --methods diloco_mu05,autoloco_descent   # the default and its comparator
 
 The run folder holds ``report.md`` (tables, command, plots), one sub-folder
 per method (``intervals.jsonl``, ``steps.jsonl``, ``summary.json``, see
@@ -48,27 +48,40 @@ from autoloco_hf.toy.demo import (
 )
 from autoloco_hf.usage import new_file_path, positive_int, usage_error
 
-DEFAULT_METHODS = "diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent"  # each rule beside DiLoCo at its momentum
+# each rule beside DiLoCo at its momentum
+DEFAULT_METHODS = "diloco,diloco_mu07,autoloco,diloco_mu05,autoloco_descent"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--steps", type=positive_int, default=1000, help="optimizer steps per method (default 1000, at least 10)"
+        "--steps",
+        type=positive_int,
+        default=1000,
+        help="optimizer steps per method (default 1000, at least 10)",
     )
-    parser.add_argument("--workers", type=positive_int, default=4, help="simulated workers (default 4)")
+    parser.add_argument(
+        "--workers", type=positive_int, default=4, help="simulated workers (default 4)"
+    )
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
         help=f"comma-separated, from {', '.join(METHODS)} (default {DEFAULT_METHODS})",
     )
-    parser.add_argument("--out", type=new_file_path, help="run folder (default runs/demo-<UTC timestamp>)")
-    parser.add_argument("--h-base", type=positive_int, help="recipe horizon H_base (default steps/100, at least 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the initialization and the data order")
+    parser.add_argument(
+        "--out", type=new_file_path, help="run folder (default runs/demo-<UTC timestamp>)"
+    )
+    parser.add_argument(
+        "--h-base", type=positive_int, help="recipe horizon H_base (default steps/100, at least 2)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the initialization and the data order"
+    )
     parser.add_argument(
         "--threads",
         type=positive_int,
         default=1,
-        help="torch CPU threads (default 1: for a model this small, intra-op threads cost more than they give)",
+        help="torch CPU threads (default 1: for a model this small, intra-op threads "
+        "cost more than they give)",
     )
 
 
@@ -79,10 +92,15 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         usage_error(
-            f"--methods {args.methods}: unknown method(s) {unknown}; choose from {', '.join(METHODS)}", "autoloco demo"
+            f"--methods {args.methods}: unknown method(s) {unknown}; choose "
+            f"from {', '.join(METHODS)}",
+            "autoloco demo",
         )
     if args.steps < 10:
-        usage_error(f"--steps {args.steps}: pass at least 10 (warm-up and one interval need room)", "autoloco demo")
+        usage_error(
+            f"--steps {args.steps}: pass at least 10 (warm-up and one interval need room)",
+            "autoloco demo",
+        )
     if args.h_base is None:
         args.h_base = max(2, args.steps // 100)
     args.out = args.out or time.strftime("runs/demo-%Y%m%d-%H%M%S", time.gmtime())
@@ -112,23 +130,29 @@ def run(args: argparse.Namespace) -> int:
 
     started, cpu_started = time.perf_counter(), time.process_time()
     setup = build_setup(args.seed)
-    with tqdm(total=len(methods) * args.steps, unit="step", dynamic_ncols=True, mininterval=1.0) as bar:
+    with tqdm(
+        total=len(methods) * args.steps, unit="step", dynamic_ncols=True, mininterval=1.0
+    ) as bar:
         for name in methods:
             train_method(name, configs[name], setup, args, bar)
     total, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 
     runs = find_runs([f"{args.out}/{m}" for m in methods])
     first = next(iter(configs.values()))
-    h_max = ", ".join(f"{c.h_max} ({name})" for name, c in configs.items() if c.method == Method.AUTOLOCO)
+    h_max = ", ".join(
+        f"{c.h_max} ({name})" for name, c in configs.items() if c.method == Method.AUTOLOCO
+    )
     notes = (
-        f"Tiny Llama ({setup.num_params:,} parameters, {LAYERS} layers, hidden {HIDDEN}, BPE vocabulary "
-        f"{len(setup.tokenizer)} trained locally) on Python's `pydoc_data.topics` "
-        f"({setup.splits.train.numel():,} training / {setup.splits.val.numel():,} held-out validation tokens); "
-        f"{args.workers} simulated workers, batch {BATCH_SIZE} x {SEQ_LEN} tokens per worker, {args.steps} steps, "
-        f"AdamW {PEAK_LR:g} with {warmup_steps(args.steps)} warm-up steps then cosine; "
-        f"H_base {first.h_base}, q_H {first.q_h}{f', H_max {h_max}' if h_max else ''}; seed {args.seed}, same initialization "
-        f"and data order for every method. Total wall time {total:.0f} s, CPU time {cpu:.0f} s (with tokenizer training and validation; "
-        "CPU time well below wall time means the machine was shared)."
+        f"Tiny Llama ({setup.num_params:,} parameters, {LAYERS} layers, hidden {HIDDEN}, BPE "
+        f"vocabulary {len(setup.tokenizer)} trained locally) on Python's `pydoc_data.topics` "
+        f"({setup.splits.train.numel():,} training / {setup.splits.val.numel():,} held-out "
+        f"validation tokens); {args.workers} simulated workers, batch {BATCH_SIZE} x {SEQ_LEN} "
+        f"tokens per worker, {args.steps} steps, AdamW {PEAK_LR:g} with {warmup_steps(args.steps)} "
+        f"warm-up steps then cosine; H_base {first.h_base}, q_H "
+        f"{first.q_h}{f', H_max {h_max}' if h_max else ''}; seed {args.seed}, same initialization "
+        f"and data order for every method. Total wall time {total:.0f} s, CPU time {cpu:.0f} s "
+        "(with tokenizer training and validation; CPU time well below wall time means "
+        "the machine was shared)."
     )
     path = write_report(runs, args.out, "autoloco demo", command, notes=notes)
     print(table1(runs))

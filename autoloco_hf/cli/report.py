@@ -25,7 +25,8 @@ from autoloco_hf.state.run_folder import Run, RunFolderError, find_runs
 from autoloco_hf.state.run_plots import PLOTS, write_plots
 from autoloco_hf.usage import markdown_table, new_file_path, usage_error
 
-CONSOLE_INTERVALS = 10  # intervals of a run's per-worker tokens printed to the terminal (report.md holds all)
+# intervals of a run's per-worker tokens printed to the terminal (report.md holds all)
+CONSOLE_INTERVALS = 10
 
 
 # ------------------------------------------------------------------ tables
@@ -34,11 +35,16 @@ def _mib(num_bytes: float) -> str:
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.{digits}f}"
+    )
 
 
 def table1(runs: Sequence[Run]) -> str:
-    """The paper's Table 1 (one row per run, with its method): syncs, payload, train loss over the last 2% of steps, val loss (+ wall time)."""
+    """The paper's Table 1 (one row per run, with its method): syncs, payload, train loss over the
+    last 2% of steps, val loss (+ wall time)."""
     baseline = next((r for r in runs if r.summary.get("method") == Method.DILOCO), None)
     rows = []
     for run in runs:
@@ -77,25 +83,32 @@ def table1(runs: Sequence[Run]) -> str:
 
 
 def default_thresholds(runs: Sequence[Run], count: int = 4) -> list[float]:
-    """Each run's final smoothed loss (rounded up to 0.01), highest first: how soon does every other run get there?"""
-    levels = sorted({math.ceil(r.smoothed_loss[-1] * 100) / 100 for r in runs if r.steps}, reverse=True)
+    """Each run's final smoothed loss (rounded up to 0.01),
+    highest first: how soon does every other run get there?"""
+    levels = sorted(
+        {math.ceil(r.smoothed_loss[-1] * 100) / 100 for r in runs if r.steps}, reverse=True
+    )
     if len(levels) > count:  # keep the extremes and evenly spaced levels between them
         levels = [levels[round(i * (len(levels) - 1) / (count - 1))] for i in range(count)]
     return levels
 
 
 def reach(run: Run, threshold: float) -> dict[str, float] | None:
-    """Step, seconds and payload bytes at which the smoothed training loss first reaches ``threshold``."""
+    """Step, seconds and payload bytes at which the smoothed
+    training loss first reaches ``threshold``."""
     for row, loss in zip(run.steps, run.smoothed_loss):
         if loss <= threshold:
             return dict(
-                step=row["step"], seconds=row.get("seconds", math.nan), payload_bytes=row["payload_bytes"]
+                step=row["step"],
+                seconds=row.get("seconds", math.nan),
+                payload_bytes=row["payload_bytes"],
             )  # thinned logs: no timings
     return None
 
 
 def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
-    """The paper's Table 2: steps, time and bytes until the smoothed training loss reaches each threshold."""
+    """The paper's Table 2: steps, time and bytes until the
+    smoothed training loss reaches each threshold."""
     rows = []
     for run in runs:
         row = [run.name]
@@ -104,15 +117,19 @@ def table2(runs: Sequence[Run], thresholds: Sequence[float]) -> str:
             row.append(
                 "not reached"
                 if hit is None
-                else f"{hit['step']:,} / {_fmt(hit['seconds'], 0)} s / {_mib(hit['payload_bytes'])} MiB"
+                else f"{hit['step']:,} / {_fmt(hit['seconds'], 0)} s / "
+                f"{_mib(hit['payload_bytes'])} MiB"
             )
         rows.append(row)
-    return markdown_table(["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows)
+    return markdown_table(
+        ["run"] + [f"loss <= {t:g}: step / time / payload" for t in thresholds], rows
+    )
 
 
 # ----------------------------------------------------------------- workers
 def timed(run: Run) -> bool:
-    """Whether the run recorded each worker's seconds (budget pacing or a virtual clock): its workers get a section."""
+    """Whether the run recorded each worker's seconds (budget
+    pacing or a virtual clock): its workers get a section."""
     return any(r.get("worker_seconds") for r in run.intervals)
 
 
@@ -135,7 +152,8 @@ class WorkerTotals:
 
 
 def worker_totals(intervals: Sequence[dict[str, Any]]) -> list[WorkerTotals]:
-    """Each worker's sums over ``intervals``, by label (a worker keeps its label when the membership changes)."""
+    """Each worker's sums over ``intervals``, by label (a
+    worker keeps its label when the membership changes)."""
     totals: dict[str, WorkerTotals] = {}
     for record in intervals:
         for share in worker_shares(record):
@@ -151,7 +169,8 @@ def worker_totals(intervals: Sequence[dict[str, Any]]) -> list[WorkerTotals]:
 
 
 def workers_table(run: Run) -> str:
-    """One row per worker: its tokens and share of the cluster's, inner steps, speed, straggler and idle intervals."""
+    """One row per worker: its tokens and share of the cluster's,
+    inner steps, speed, straggler and idle intervals."""
     totals = worker_totals(run.intervals)
     cluster = sum(w.tokens for w in totals)
     rows = [
@@ -166,12 +185,21 @@ def workers_table(run: Run) -> str:
         ]
         for w in totals
     ]
-    headers = ["worker", "tokens", "share of tokens", "inner steps", "steps/s", "straggler intervals", "idle intervals"]
+    headers = [
+        "worker",
+        "tokens",
+        "share of tokens",
+        "inner steps",
+        "steps/s",
+        "straggler intervals",
+        "idle intervals",
+    ]
     return markdown_table(headers, rows)
 
 
 def interval_tokens_table(run: Run, limit: int | None = None) -> str:
-    """Each worker's tokens in every interval (``limit``: the first and last ``limit // 2`` intervals only)."""
+    """Each worker's tokens in every interval (``limit``: the
+    first and last ``limit // 2`` intervals only)."""
     labels = [w.label for w in worker_totals(run.intervals)]
     rows = []
     for index, record in enumerate(run.intervals):
@@ -181,13 +209,19 @@ def interval_tokens_table(run: Run, limit: int | None = None) -> str:
         rows.append([str(index), f"{start + 1}-{start + h}", *cells, f"{sum(tokens.values()):,}"])
     if limit is not None and len(rows) > limit:
         kept = limit // 2
-        skipped = [f"... {len(rows) - 2 * kept} intervals more in report.md", "", *[""] * len(labels), ""]
+        skipped = [
+            f"... {len(rows) - 2 * kept} intervals more in report.md",
+            "",
+            *[""] * len(labels),
+            "",
+        ]
         rows = rows[:kept] + [skipped] + rows[-kept:]
     return markdown_table(["interval", "steps", *labels, "all workers"], rows)
 
 
 def workers_section(runs: Sequence[Run], limit: int | None = None) -> str:
-    """Per-worker tables of the runs that timed their workers; empty when none did (lockstep runs)."""
+    """Per-worker tables of the runs that timed their
+    workers; empty when none did (lockstep runs)."""
     parts = [
         f"#### {run.name}\n\n{workers_table(run)}\n\nTokens of each worker in each interval:\n\n"
         f"{interval_tokens_table(run, limit)}\n"
@@ -198,21 +232,25 @@ def workers_section(runs: Sequence[Run], limit: int | None = None) -> str:
         return ""
     return (
         "\n### Workers: tokens, steps and speed\n\n"
-        "Speed is inner steps per second of a worker's own time on them (virtual seconds on a simulated clock). "
-        "A straggler interval: the worker was below `straggler_fraction` of the median speed for "
-        "`straggler_intervals` syncs in a row; an idle one: it took no step (docs/algorithm.md#stragglers).\n\n"
-        + "\n".join(parts)
+        "Speed is inner steps per second of a worker's own time on them (virtual seconds on a "
+        "simulated clock). A straggler interval: the worker was below `straggler_fraction` of the "
+        "median speed for `straggler_intervals` syncs in a row; an idle one: it took no step "
+        "(docs/algorithm.md#stragglers).\n\n" + "\n".join(parts)
     )
 
 
 # ------------------------------------------------------------------ report
-def render(runs: Sequence[Run], thresholds: Sequence[float], interval_rows: int | None = None) -> str:
-    """Table 1 and Table 2 as Markdown, then the workers of timed runs (``interval_rows``: intervals shown per run)."""
+def render(
+    runs: Sequence[Run], thresholds: Sequence[float], interval_rows: int | None = None
+) -> str:
+    """Table 1 and Table 2 as Markdown, then the workers of
+    timed runs (``interval_rows``: intervals shown per run)."""
     return (
         "### Table 1: communication and quality\n\n"
         + table1(runs)
         + "\n\nPayload is the logical payload per worker (full-model tensors at the wire dtype). "
-        "Train loss is the mean over workers of the per-step loss, averaged over the last 2% of steps.\n\n"
+        "Train loss is the mean over workers of the per-step loss, averaged over the last 2% of "
+        "steps.\n\n"
         "### Table 2: steps, time and payload to reach a training loss\n\n"
         + table2(runs, thresholds)
         + "\n\nThe loss is the training loss smoothed over a window of 2% of the steps.\n"
@@ -228,7 +266,8 @@ def write_report(
     thresholds: Sequence[float] | None = None,
     notes: str = "",
 ) -> str:
-    """Write ``report.md`` (the tables, the command, embedded plots) and the PNGs; return report.md's path."""
+    """Write ``report.md`` (the tables, the command, embedded
+    plots) and the PNGs; return report.md's path."""
     thresholds = list(thresholds) if thresholds else default_thresholds(runs)
     plots = write_plots(runs, out_dir)
     lines = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
@@ -249,18 +288,24 @@ def loss_levels(text: str) -> list[float]:
     except ValueError:
         levels = []
     if not levels or not all(math.isfinite(v) for v in levels):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: pass comma-separated numbers, e.g. 3.5,3.2")
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: pass comma-separated numbers, e.g. 3.5,3.2"
+        )
     return levels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help="run folders, or folders of run folders (a demo's --out)"
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders, or folders of run folders (a demo's --out)",
     )
     parser.add_argument(
         "--out",
         type=new_file_path,
-        help="where report.md and the plots go (default: RUN_DIR/report for one RUN_DIR, else ./autoloco-report)",
+        help="where report.md and the plots go (default: RUN_DIR/report for one "
+        "RUN_DIR, else ./autoloco-report)",
     )
     parser.add_argument(
         "--thresholds",
@@ -278,8 +323,12 @@ def run(args: argparse.Namespace) -> int:
     except RunFolderError as err:
         usage_error(str(err), "autoloco report")
     thresholds = args.thresholds or default_thresholds(runs)
-    out = args.out or (os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report")
-    levels = ["--thresholds", ",".join(f"{t:g}" for t in args.thresholds)] if args.thresholds else []
+    out = args.out or (
+        os.path.join(args.run_dirs[0], "report") if len(args.run_dirs) == 1 else "autoloco-report"
+    )
+    levels = (
+        ["--thresholds", ",".join(f"{t:g}" for t in args.thresholds)] if args.thresholds else []
+    )
     command = shlex.join(["autoloco", "report", *args.run_dirs] + levels + ["--out", out])
     path = write_report(runs, out, args.title, command, thresholds)
     print(render(runs, thresholds, CONSOLE_INTERVALS))

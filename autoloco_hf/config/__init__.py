@@ -1,4 +1,5 @@
-"""Typed configuration of every AutoLoCo constant (docs/algorithm.md, sections 1 to 8: #notation to #engineering); the names the package imports."""
+"""Typed configuration of every AutoLoCo constant (docs/algorithm.md, sections 1 to 8: #notation to
+#engineering); the names the package imports."""
 
 from autoloco_hf.config.autoloco_config import AutoLoCoConfig, nest_rule_options
 from autoloco_hf.config.choices import (

@@ -1,7 +1,8 @@
-"""The field machinery of the config: admissible ranges, typed checks, and the parsers of list fields.
+"""The field machinery of the config: admissible ranges,
+typed checks, and the parsers of list fields.
 
-Each field of ``AutoLoCoConfig`` carries its help text and range in its metadata (``option``); one loop
-checks them all when the object is built.
+Each field of ``AutoLoCoConfig`` carries its help text and range in its metadata (``option``); one
+loop checks them all when the object is built.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class Range:
     def __str__(self) -> str:
         if self.high == math.inf:
             return f"{'>' if self.low_open else '>='} {self.low}"
-        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+        return (
+            f"in {'(' if self.low_open else '['}{self.low}, "
+            f"{self.high}{')' if self.high_open else ']'}"
+        )
 
 
 COUNT = Range(1)  # an integer count of one or more
@@ -52,13 +56,17 @@ FRACTION = Range(0.0, 1.0, high_open=True)  # a momentum, an EMA factor, a mixin
 
 
 def option(default: Any, help: str, within: Range | None = None) -> Any:
-    """A config field with its ``--help`` text and, for numbers, its admissible range (checked on construction)."""
-    return dataclasses.field(default=default, metadata={"help": " ".join(help.split()), "range": within})
+    """A config field with its ``--help`` text and, for
+    numbers, its admissible range (checked on construction)."""
+    return dataclasses.field(
+        default=default, metadata={"help": " ".join(help.split()), "range": within}
+    )
 
 
 @functools.cache
 def field_types(cls: type) -> dict[str, tuple[type, bool]]:
-    """``{name: (type, accepts None)}`` of a dataclass's fields: ``int | None`` -> ``(int, True)``."""
+    """``{name: (type, accepts None)}`` of a dataclass's
+    fields: ``int | None`` -> ``(int, True)``."""
     types = {}
     for name, hint in typing.get_type_hints(cls).items():
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -68,17 +76,21 @@ def field_types(cls: type) -> dict[str, tuple[type, bool]]:
 
 
 def _checked(name: str, value: Any, kind: type, within: Range | None) -> Any:
-    """``value`` if it has the field's type and lies in its range (an enum's text as the enum); else ConfigError."""
+    """``value`` if it has the field's type and lies in its
+    range (an enum's text as the enum); else ConfigError."""
     if issubclass(kind, Enum):
         choices = [c.value for c in kind]
         if value not in choices:
             _fail(name, value, f"use one of {', '.join(choices)}")
         return kind(value)
-    if kind is bool and not isinstance(value, bool):  # "false" or 0 would otherwise decide a switch by truthiness
+    # "false" or 0 would otherwise decide a switch by truthiness
+    if kind is bool and not isinstance(value, bool):
         _fail(name, value, "pass True or False")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         _fail(name, value, "pass an integer")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+    if kind is float and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ):
         _fail(name, value, "pass a finite number")
     if within is not None and value not in within:
         _fail(name, value, f"it must be {within}")
@@ -116,7 +128,13 @@ def _speed_changes(value: Any, workers: int) -> list[list[Any]]:
     """``speed_changes`` as ``[step, worker, speed]`` triples, sorted by step."""
     changes = []
     for entry in _numbers("speed_changes", value):
-        parts = entry.split(":") if isinstance(entry, str) else list(entry) if isinstance(entry, (list, tuple)) else []
+        parts = (
+            entry.split(":")
+            if isinstance(entry, str)
+            else list(entry)
+            if isinstance(entry, (list, tuple))
+            else []
+        )
         if len(parts) != 3:
             _fail("speed_changes", value, f"{entry!r} is not step:worker:speed")
         try:
@@ -124,7 +142,11 @@ def _speed_changes(value: Any, workers: int) -> list[list[Any]]:
         except (TypeError, ValueError):
             _fail("speed_changes", value, f"{entry!r}: step and worker must be integers")
         if step < 0 or not 0 <= worker < workers:
-            _fail("speed_changes", value, f"{entry!r}: step >= 0 and worker in 0..{workers - 1} (worker_speeds)")
+            _fail(
+                "speed_changes",
+                value,
+                f"{entry!r}: step >= 0 and worker in 0..{workers - 1} (worker_speeds)",
+            )
         changes.append([step, worker, _speed("speed_changes", parts[2], value)])
     return sorted(changes)
 

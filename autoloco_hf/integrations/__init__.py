@@ -1,4 +1,5 @@
-"""Hugging Face integration: ``AutoLoCoCallback`` (Trainer, TRL SFTTrainer) and ``AutoLoCoAccelerate``.
+"""Hugging Face integration: ``AutoLoCoCallback`` (Trainer,
+TRL SFTTrainer) and ``AutoLoCoAccelerate``.
 
 See docs/hf.md. Modules, top floor first:
 

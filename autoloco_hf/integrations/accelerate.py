@@ -1,15 +1,18 @@
-"""``AutoLoCoAccelerate``: AutoLoCo for a plain Accelerate training loop (in the style of accelerate's ``LocalSGD``).
+"""``AutoLoCoAccelerate``: AutoLoCo for a plain Accelerate
+training loop (in the style of accelerate's ``LocalSGD``).
 
 Wrap the prepared model, optimizer and scheduler once; the loop stays as it is::
 
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     with AutoLoCoAccelerate(accelerator, model, optimizer, scheduler,
-                            AutoLoCoConfig(method="diloco", h_base=100), total_steps=len(loader)) as autoloco:
+                            AutoLoCoConfig(method="diloco", h_base=100),
+                            total_steps=len(loader)) as autoloco:
         for batch in loader:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
-                optimizer.step()          # a post-step hook counts the true optimizer step and syncs
+                # a post-step hook counts the true optimizer step and syncs
+                optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
 
@@ -26,7 +29,8 @@ worker agreed on, and ``autoloco.save`` keeps this rank's local replica::
 
     with autoloco.synchronized_parameters():
         accelerator.save_state(folder)
-        autoloco.save(folder)           # every rank; resume: accelerator.load_state(folder); autoloco.load(folder)
+        # every rank; resume: accelerator.load_state(folder); autoloco.load(folder)
+        autoloco.save(folder)
 
 Unlike accelerate's ``LocalSGD``, the interval length counts true optimizer
 steps (a post-step hook on the unwrapped optimizer fires only when gradient
@@ -54,7 +58,8 @@ logger = hf_logging.get_logger(__name__)
 
 
 class _StridedSchedule(LRMassMixin):
-    """``lr_at(s) = inner.lr_at(s * stride)``: an ``AcceleratedScheduler`` steps ``num_processes`` times per step."""
+    """``lr_at(s) = inner.lr_at(s * stride)``: an
+    ``AcceleratedScheduler`` steps ``num_processes`` times per step."""
 
     def __init__(self, inner: Any, stride: int, total_steps: int) -> None:
         self.inner, self.stride, self.total_steps = inner, stride, total_steps
@@ -63,14 +68,20 @@ class _StridedSchedule(LRMassMixin):
         return 0.0 if step < 0 or step >= self.total_steps else self.inner.lr_at(step * self.stride)
 
 
-def schedule_preview(scheduler: Any, optimizer: torch.optim.Optimizer, total_steps: int, num_processes: int = 1):
-    """An exact LR preview for a raw or accelerate-wrapped scheduler (or a constant LR without one)."""
+def schedule_preview(
+    scheduler: Any, optimizer: torch.optim.Optimizer, total_steps: int, num_processes: int = 1
+):
+    """An exact LR preview for a raw or accelerate-wrapped
+    scheduler (or a constant LR without one)."""
     if scheduler is None:
         lr = float(optimizer.param_groups[0]["lr"])
         return FunctionSchedule(lambda step: lr, total_steps)
     inner = getattr(scheduler, "scheduler", None)
-    if inner is not None and hasattr(scheduler, "split_batches"):  # accelerate.scheduler.AcceleratedScheduler
-        stride = 1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+    # accelerate.scheduler.AcceleratedScheduler
+    if inner is not None and hasattr(scheduler, "split_batches"):
+        stride = (
+            1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+        )
         if stride == 1:
             return SchedulerPreview(inner, total_steps)
         return _StridedSchedule(SchedulerPreview(inner, total_steps * stride), stride, total_steps)
@@ -78,9 +89,11 @@ def schedule_preview(scheduler: Any, optimizer: torch.optim.Optimizer, total_ste
 
 
 def _budget_schedule(scheduler: Any, num_processes: int) -> tuple[Any, int] | None:
-    """The ``LambdaLR`` that budget pacing sets to the run's step, and its steps per step of the run.
+    """The ``LambdaLR`` that budget pacing sets to the run's
+    step, and its steps per step of the run.
 
-    ``None`` without a scheduler (a constant LR). Other schedulers are refused: their LR is not a function of the step.
+    ``None`` without a scheduler (a constant LR). Other schedulers
+    are refused: their LR is not a function of the step.
     """
     from torch.optim.lr_scheduler import LambdaLR
 
@@ -88,13 +101,17 @@ def _budget_schedule(scheduler: Any, num_processes: int) -> tuple[Any, int] | No
         return None
     inner = getattr(scheduler, "scheduler", None)
     stride = 1
-    if inner is not None and hasattr(scheduler, "split_batches"):  # accelerate.scheduler.AcceleratedScheduler
-        stride = 1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+    # accelerate.scheduler.AcceleratedScheduler
+    if inner is not None and hasattr(scheduler, "split_batches"):
+        stride = (
+            1 if (scheduler.split_batches or not scheduler.step_with_optimizer) else num_processes
+        )
         scheduler = inner
     if type(scheduler) is not LambdaLR:
         raise ValueError(
-            f"AutoLoCoAccelerate(scheduler={type(scheduler).__name__}) with AutoLoCoConfig.pacing='budget': each "
-            "step runs at the run's step of the schedule, which needs a LambdaLR (transformers' get_*_schedule)"
+            f"AutoLoCoAccelerate(scheduler={type(scheduler).__name__}) with "
+            "AutoLoCoConfig.pacing='budget': each step runs at the run's step of the schedule, "
+            "which needs a LambdaLR (transformers' get_*_schedule)"
         )
     return scheduler, stride
 
@@ -109,11 +126,13 @@ class AutoLoCoAccelerate:
         scheduler: the prepared LR scheduler, or ``None`` for a constant LR.
         config: the :class:`AutoLoCoConfig`.
         total_steps: the budget in true optimizer steps; the last interval ends there. With
-            ``pacing="budget"`` it counts the run's steps (``N`` inner steps of the cluster each): loop over
-            :meth:`batches` until :attr:`finished` (docs/algorithm.md#pacing-under-the-trainer).
+            ``pacing="budget"`` it counts the run's steps (``N`` inner steps of the cluster each):
+            loop over :meth:`batches` until :attr:`finished`
+            (docs/algorithm.md#pacing-under-the-trainer).
         warmup_steps: inner-LR warm-up (default ``config.warmup_steps`` or 0).
         output_dir: where the main process writes ``autoloco_intervals.jsonl`` (optional).
-        auto_step: count optimizer steps with a post-step hook (default); ``False``: call :meth:`step`.
+        auto_step: count optimizer steps with a post-step
+            hook (default); ``False``: call :meth:`step`.
     """
 
     def __init__(
@@ -130,7 +149,9 @@ class AutoLoCoAccelerate:
     ) -> None:
         self.config = config or AutoLoCoConfig()
         if total_steps <= 0:
-            raise ValueError("total_steps (the number of true optimizer steps of the run) must be positive")
+            raise ValueError(
+                "total_steps (the number of true optimizer steps of the run) must be positive"
+            )
         check_launch(
             accelerator.num_processes,
             accelerator.distributed_type,
@@ -148,13 +169,16 @@ class AutoLoCoAccelerate:
             accelerator.unwrap_model(model),
             model,
             self.inner_optimizer,
-            schedule_preview(scheduler, self.inner_optimizer, total_steps, accelerator.num_processes),
+            schedule_preview(
+                scheduler, self.inner_optimizer, total_steps, accelerator.num_processes
+            ),
             total_steps,
             warmup,
             records_path=records,
             is_main_process=accelerator.is_main_process,
         )
-        self._step_lr: float | None = None  # manual mode: the LR of the last optimizer step, taken at the step
+        # manual mode: the LR of the last optimizer step, taken at the step
+        self._step_lr: float | None = None
         self._hook = self.inner_optimizer.register_step_post_hook(self._post_step)
         self._paced = self.config.pacing == Pacing.BUDGET
         self._pre_hook = None
@@ -170,14 +194,16 @@ class AutoLoCoAccelerate:
 
     @property
     def finished(self) -> bool:
-        """Whether the run's last interval is done (with ``pacing="budget"``, ranks get there after different step counts)."""
+        """Whether the run's last interval is done (with ``pacing="budget"``,
+        ranks get there after different step counts)."""
         return self.runtime.step >= self.runtime.total_steps
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """``loader``'s batches, epoch after epoch, until the run is :attr:`finished`.
 
-        The loop for ``pacing="budget"``, where a fast rank takes more steps than ``total_steps`` and a slow
-        one fewer (docs/algorithm.md#pacing-under-the-trainer); with lockstep it yields what ``total_steps`` needs.
+        The loop for ``pacing="budget"``, where a fast rank takes more steps than
+        ``total_steps`` and a slow one fewer (docs/algorithm.md#pacing-under-the-trainer);
+        with lockstep it yields what ``total_steps`` needs.
         """
         while not self.finished:
             empty = True
@@ -190,7 +216,8 @@ class AutoLoCoAccelerate:
                 raise ValueError("AutoLoCoAccelerate.batches: the loader yielded no batch")
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        """Budget pacing: this step belongs to the run's step after the catch-up; it runs at that step's LR."""
+        """Budget pacing: this step belongs to the run's step
+        after the catch-up; it runs at that step's LR."""
         if self.finished:
             return
         self.runtime.catch_up()
@@ -199,7 +226,8 @@ class AutoLoCoAccelerate:
             set_schedule_step(scheduler, self.runtime.step * stride)
 
     def _account(self, lr: float) -> Any:
-        """One true optimizer step: timed from the previous one's end (sync excluded) when the pacing needs it."""
+        """One true optimizer step: timed from the previous
+        one's end (sync excluded) when the pacing needs it."""
         seconds = time.perf_counter() - self._mark if self._paced else None
         record = self.runtime.after_optimizer_step(lr, seconds)
         self._mark = time.perf_counter()
@@ -213,16 +241,23 @@ class AutoLoCoAccelerate:
             self._account(lr)
 
     def step(self, loss: Any = None, tokens: int | None = None):
-        """Manual mode (``auto_step=False``): call after ``optimizer.step()``; returns a record at a sync.
+        """Manual mode (``auto_step=False``): call after
+        ``optimizer.step()``; returns a record at a sync.
 
-        The step is accounted at the learning rate the optimizer used, also when ``scheduler.step()`` ran in between.
+        The step is accounted at the learning rate the optimizer used, also when
+        ``scheduler.step()`` ran in between.
 
-        Calls made while gradients accumulate (``accelerator.sync_gradients`` is ``False``) or after a step
-        the gradient scaler skipped are ignored, so intervals count true optimizer steps.
+        Calls made while gradients accumulate (``accelerator.sync_gradients`` is ``False``) or after
+        a step the gradient scaler skipped are ignored, so intervals count true optimizer steps.
         """
         if self.auto_step:
-            raise RuntimeError("this AutoLoCoAccelerate counts steps by itself (auto_step=True): do not call step()")
-        if not self.accelerator.sync_gradients or getattr(self.accelerator, "optimizer_step_was_skipped", False):
+            raise RuntimeError(
+                "this AutoLoCoAccelerate counts steps by itself "
+                "(auto_step=True): do not call step()"
+            )
+        if not self.accelerator.sync_gradients or getattr(
+            self.accelerator, "optimizer_step_was_skipped", False
+        ):
             return None
         meter = self.runtime.meter
         if tokens is not None:
@@ -232,7 +267,9 @@ class AutoLoCoAccelerate:
         if self.finished:
             return None
         lr, self._step_lr = self._step_lr, None
-        return self._account(lr if lr is not None else float(self.inner_optimizer.param_groups[0]["lr"]))
+        return self._account(
+            lr if lr is not None else float(self.inner_optimizer.param_groups[0]["lr"])
+        )
 
     def pop_metrics(self) -> dict[str, float]:
         """``autoloco/*`` scalars of the syncs since the last call, e.g. for ``accelerator.log``."""
@@ -241,10 +278,12 @@ class AutoLoCoAccelerate:
     # ------------------------------------------------------------ state
     @contextlib.contextmanager
     def synchronized_parameters(self) -> Iterator[None]:
-        """Within the block the model holds theta_t, the last synchronized parameters; the replica returns after.
+        """Within the block the model holds theta_t, the last
+        synchronized parameters; the replica returns after.
 
-        Wrap ``accelerator.save_state`` / ``save_pretrained`` / an evaluation in it so that what is saved or
-        evaluated is the model every worker agreed on, not this rank's mid-interval replica.
+        Wrap ``accelerator.save_state`` / ``save_pretrained`` / an
+        evaluation in it so that what is saved or evaluated is the model
+        every worker agreed on, not this rank's mid-interval replica.
         """
         self.runtime.show_global_parameters()
         try:
@@ -253,11 +292,13 @@ class AutoLoCoAccelerate:
             self.runtime.restore_local_parameters()
 
     def save(self, checkpoint_dir: str) -> str:
-        """Write this rank's AutoLoCo state (call on every rank, next to ``accelerator.save_state``)."""
+        """Write this rank's AutoLoCo state (call on every rank, next to
+        ``accelerator.save_state``)."""
         return self.runtime.save(checkpoint_dir)
 
     def load(self, checkpoint_dir: str) -> str:
-        """Load this rank's state: outer parameters, momentum, controller, local parameters, inner optimizer."""
+        """Load this rank's state: outer parameters, momentum,
+        controller, local parameters, inner optimizer."""
         return self.runtime.load(checkpoint_dir)
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,10 +319,14 @@ class AutoLoCoAccelerate:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.runtime.step < self.runtime.total_steps and self.accelerator.is_main_process:
+        if (
+            exc_type is None
+            and self.runtime.step < self.runtime.total_steps
+            and self.accelerator.is_main_process
+        ):
             logger.warning(
-                "AutoLoCo: the loop ended at step %d before total_steps=%d: workers hold different parameters "
-                "(the last interval never synchronized)",
+                "AutoLoCo: the loop ended at step %d before total_steps=%d: workers hold "
+                "different parameters (the last interval never synchronized)",
                 self.runtime.step,
                 self.runtime.total_steps,
             )

@@ -37,7 +37,8 @@ class GradientTraffic:
     group_size: int = 1
 
 
-def _keep_local_gradients(state: GradientTraffic, bucket):  # no return annotation: DDP checks it literally
+# no return annotation: DDP checks it literally
+def _keep_local_gradients(state: GradientTraffic, bucket):
     """DDP comm hook: do not communicate; the bucket keeps this rank's own gradient."""
     buffer = bucket.buffer()
     state.buckets += 1
@@ -48,7 +49,8 @@ def _keep_local_gradients(state: GradientTraffic, bucket):  # no return annotati
 
 
 def _average_in_worker_group(state: GradientTraffic, bucket):
-    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of docs/algorithm.md#worker-groups)."""
+    """DDP comm hook: average the bucket inside this rank's worker group (inner DDP of
+    docs/algorithm.md#worker-groups)."""
     import torch.distributed as dist
 
     buffer = bucket.buffer()
@@ -60,7 +62,8 @@ def _average_in_worker_group(state: GradientTraffic, bucket):
 
 
 def find_ddp(model: Any) -> torch.nn.parallel.DistributedDataParallel | None:
-    """The ``DistributedDataParallel`` module in ``model`` (itself, or under ``torch.compile``'s ``_orig_mod``)."""
+    """The ``DistributedDataParallel`` module in ``model``
+    (itself, or under ``torch.compile``'s ``_orig_mod``)."""
     DDP = torch.nn.parallel.DistributedDataParallel
     seen = 0
     while model is not None and seen < 4:
@@ -72,21 +75,29 @@ def find_ddp(model: Any) -> torch.nn.parallel.DistributedDataParallel | None:
 
 
 def install_gradient_hook(
-    ddp_model: torch.nn.parallel.DistributedDataParallel, inner_group: Any = None, group_size: int = 1
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    inner_group: Any = None,
+    group_size: int = 1,
 ) -> GradientTraffic:
-    """Replace DDP's per-step gradient all-reduce (world) by nothing, or by a worker-group average."""
+    """Replace DDP's per-step gradient all-reduce (world) by
+    nothing, or by a worker-group average."""
     existing = getattr(ddp_model, "_autoloco_gradient_traffic", None)
-    if existing is not None:  # a second train() on the same wrapped model: the hook is already there
+    # a second train() on the same wrapped model: the hook is already there
+    if existing is not None:
         return existing
     traffic = GradientTraffic(group=inner_group, group_size=group_size)
-    hook = _keep_local_gradients if inner_group is None or group_size == 1 else _average_in_worker_group
+    hook = (
+        _keep_local_gradients
+        if inner_group is None or group_size == 1
+        else _average_in_worker_group
+    )
     try:
         ddp_model.register_comm_hook(traffic, hook)
     except RuntimeError as err:  # DDP allows one hook, registered before the first backward
         raise RuntimeError(
-            "AutoLoCo could not register its DDP communication hook (another hook is registered, e.g. "
-            "accelerate's DDPCommunicationHookType / ddp_comm_hook, or training already ran a backward): "
-            f"{err}"
+            "AutoLoCo could not register its DDP communication hook (another hook is registered, "
+            "e.g. accelerate's DDPCommunicationHookType / ddp_comm_hook, or training "
+            f"already ran a backward): {err}"
         ) from err
     # A buffer broadcast at every forward would be per-step traffic; buffers are not trained.
     ddp_model.forward_sync_buffers = False
@@ -101,13 +112,19 @@ def _output_loss(output: Any) -> torch.Tensor | None:
             loss = output.get("loss")
         except Exception:  # noqa: BLE001 - any mapping-like output without get semantics
             loss = None
-    elif isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor) and output[0].dim() == 0:
+    elif (
+        isinstance(output, (tuple, list))
+        and output
+        and isinstance(output[0], torch.Tensor)
+        and output[0].dim() == 0
+    ):
         loss = output[0]
     return loss.detach() if isinstance(loss, torch.Tensor) else None
 
 
 class BatchMeter:
-    """Tokens and loss of the training forwards between two optimizer steps, read by hooks on ``model``.
+    """Tokens and loss of the training forwards between two
+    optimizer steps, read by hooks on ``model``.
 
     Per optimizer step the loss is the sum of the micro-batch losses when the
     model received ``num_items_in_batch`` (the Trainer's token-normalized loss
@@ -148,8 +165,9 @@ class BatchMeter:
                 self.loss_seen = True
                 labels = kwargs.get("labels")
                 if isinstance(labels, torch.Tensor) and not labels.is_floating_point():
-                    # A batch whose labels are all ignored (all padding, or prompt-only) has a 0/0 = NaN loss in
-                    # transformers but a zero gradient: it carries no loss, not a divergence (stays on device).
+                    # A batch whose labels are all ignored (all padding, or
+                    # prompt-only) has a 0/0 = NaN loss in transformers but a zero
+                    # gradient: it carries no loss, not a divergence (stays on device).
                     loss = torch.where((labels != IGNORE_INDEX).any(), loss, torch.zeros_like(loss))
                 if kwargs.get("num_items_in_batch") is not None:
                     self.step_scaled_loss = self.step_scaled_loss + loss.detach().float()
@@ -181,7 +199,8 @@ class BatchMeter:
         return tokens, loss
 
     def add_external(self, tokens: int = 0, loss: float = 0.0) -> None:
-        """Tokens/loss of a step reported by the caller (manual ``step()``), instead of the hooks."""
+        """Tokens/loss of a step reported by the caller
+        (manual ``step()``), instead of the hooks."""
         self.step_tokens = self.step_tokens + int(tokens)
         self.step_scaled_loss = self.step_scaled_loss + float(loss)
 

@@ -1,4 +1,5 @@
-"""Worker topology: which ranks form one worker, which ranks talk at a sync (docs/algorithm.md#worker-groups).
+"""Worker topology: which ranks form one worker, which ranks talk at a sync
+(docs/algorithm.md#worker-groups).
 
 With ``WORLD_SIZE = W`` processes and ``ranks_per_worker = R`` (``W % R == 0``)
 there are ``N = W / R`` workers. Worker ``g`` is the ranks
@@ -52,8 +53,9 @@ def check_worker_layout(world_size: int, ranks_per_worker: int) -> None:
     """Fail clearly when ``ranks_per_worker`` does not divide the world."""
     if ranks_per_worker < 1 or world_size % ranks_per_worker != 0:
         raise ValueError(
-            f"AutoLoCoConfig.ranks_per_worker={ranks_per_worker} does not divide the world size {world_size}: "
-            "every worker must have the same number of ranks (e.g. ranks_per_worker = GPUs per node)"
+            f"AutoLoCoConfig.ranks_per_worker={ranks_per_worker} does not divide the world size "
+            f"{world_size}: every worker must have the same number of ranks (e.g. "
+            "ranks_per_worker = GPUs per node)"
         )
 
 
@@ -70,8 +72,8 @@ def build_topology(
     if not (dist.is_available() and dist.is_initialized()):
         if ranks_per_worker != 1:
             raise ValueError(
-                f"ranks_per_worker={ranks_per_worker} needs a distributed launch (torchrun / accelerate launch) "
-                "with a multiple of that many processes"
+                f"ranks_per_worker={ranks_per_worker} needs a distributed launch (torchrun / "
+                "accelerate launch) with a multiple of that many processes"
             )
         return WorkerTopology(world_size=1, rank=0, ranks_per_worker=1)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -93,11 +95,13 @@ def build_topology(
 
 
 def worker_mesh(ranks_per_worker: int, device_type: str = "cpu") -> Any:
-    """The 1-D device mesh of this rank's worker, to shard it with FSDP2 (collective: call on every rank).
+    """The 1-D device mesh of this rank's worker, to shard it
+    with FSDP2 (collective: call on every rank).
 
     ``fully_shard(module, mesh=worker_mesh(R, "cuda"))`` shards each worker over its own ``R`` ranks
-    (``g*R .. g*R + R - 1``, the topology's inner group), so gradients are averaged inside the worker only
-    and rank ``r`` of every worker holds the same shard: the outer sync runs shard by shard.
+    (``g*R .. g*R + R - 1``, the topology's inner group), so gradients
+    are averaged inside the worker only and rank ``r`` of every worker
+    holds the same shard: the outer sync runs shard by shard.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -105,7 +109,9 @@ def worker_mesh(ranks_per_worker: int, device_type: str = "cpu") -> Any:
     world = dist.get_world_size()
     check_worker_layout(world, ranks_per_worker)
     mesh = init_device_mesh(
-        device_type, (world // ranks_per_worker, ranks_per_worker), mesh_dim_names=("worker", "shard")
+        device_type,
+        (world // ranks_per_worker, ranks_per_worker),
+        mesh_dim_names=("worker", "shard"),
     )
     return mesh["shard"]
 
@@ -118,13 +124,15 @@ def shard_worker(
     block_classes: list[str] | None = None,
     compute_dtype: Any = None,
 ) -> Any:
-    """Shard ``model`` with FSDP2 over this rank's worker: each block, then the root (collective: call on every rank).
+    """Shard ``model`` with FSDP2 over this rank's worker: each
+    block, then the root (collective: call on every rank).
 
-    The parameters keep their dtype (load FP32 for FP32 master weights): ``compute_dtype`` (e.g. bf16) is
-    what FSDP gathers them in for the forward and backward, with gradients reduced in FP32. Blocks are the
-    modules whose class is named in ``block_classes`` (default: a transformers model's ``_no_split_modules``,
-    its decoder layers); the root module keeps what is left (embeddings, final norm, LM head, tied or not).
-    A model sharded this way is one Accelerate's FSDP2 plugin keeps as it is (docs/algorithm.md#worker-groups).
+    The parameters keep their dtype (load FP32 for FP32 master weights): ``compute_dtype`` (e.g.
+    bf16) is what FSDP gathers them in for the forward and backward, with gradients reduced in FP32.
+    Blocks are the modules whose class is named in ``block_classes`` (default: a transformers
+    model's ``_no_split_modules``, its decoder layers); the root module keeps what is left
+    (embeddings, final norm, LM head, tied or not). A model sharded this way is one Accelerate's
+    FSDP2 plugin keeps as it is (docs/algorithm.md#worker-groups).
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -133,8 +141,8 @@ def shard_worker(
     blocks = [m for m in model.modules() if type(m).__name__ in names and m is not model]
     if not blocks:
         raise ValueError(
-            f"shard_worker: no module of {type(model).__name__} is a block (classes {sorted(names) or 'none'}): "
-            "pass block_classes=[<the decoder layer class name>]"
+            f"shard_worker: no module of {type(model).__name__} is a block (classes "
+            f"{sorted(names) or 'none'}): pass block_classes=[<the decoder layer class name>]"
         )
     policy = (
         MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -149,10 +157,13 @@ def shard_worker(
 
 
 def fsdp2_mesh(model: Any) -> Any:
-    """The device mesh an FSDP2 (``fully_shard``) model is sharded over, or ``None`` for a model held whole."""
+    """The device mesh an FSDP2 (``fully_shard``) model is
+    sharded over, or ``None`` for a model held whole."""
     from torch.distributed.tensor import DTensor
 
-    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    meshes = {
+        id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)
+    }
     if len(meshes) > 1:
         raise ValueError(
             "the model's parameters are sharded over several device meshes: AutoLoCo needs one "

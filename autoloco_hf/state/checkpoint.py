@@ -1,4 +1,5 @@
-"""The AutoLoCo state file: safetensors, a JSON header, atomic, versioned, checksummed; no pickle to load.
+"""The AutoLoCo state file: safetensors, a JSON header,
+atomic, versioned, checksummed; no pickle to load.
 
 One file per rank (``<checkpoint>/autoloco/rank{r}.safetensors``). Tensors are
 stored as safetensors; the safetensors metadata holds two JSON strings:
@@ -40,17 +41,21 @@ _MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 # Config fields that may change between the run that wrote a state and the run that resumes it: they
 # change how the same algorithm runs (memory placement, bucketing, waiting), not what it computes.
-RESUMABLE_CONFIG_FIELDS = frozenset({"outer_on_cpu", "bucket_size_mb", "sync_timeout_s", "snapshot_dir"})
+RESUMABLE_CONFIG_FIELDS = frozenset(
+    {"outer_on_cpu", "bucket_size_mb", "sync_timeout_s", "snapshot_dir"}
+)
 
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 
 
 class CheckpointError(AutoLoCoError, ValueError):
-    """An AutoLoCo state file cannot be used by this run; the message names the file and the field."""
+    """An AutoLoCo state file cannot be used by this run; the
+    message names the file and the field."""
 
 
 class ConfigMismatchError(CheckpointError):
-    """A sound state file written with other algorithm settings (an older file will not do either)."""
+    """A sound state file written with other algorithm
+    settings (an older file will not do either)."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,16 @@ def config_json(config: AutoLoCoConfig) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the state tree
 def _split(value: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
-    """``value`` as JSON-able data, its tensors moved into ``tensors`` (int keys and tuples kept, e.g. optimizer state)."""
+    """``value`` as JSON-able data, its tensors moved into
+    ``tensors`` (int keys and tuples kept, e.g. optimizer state)."""
     if torch.is_tensor(value):
-        if hasattr(value, "to_local"):  # a DTensor (FSDP2 optimizer state): this rank's shard, re-wrapped on load
+        # a DTensor (FSDP2 optimizer state): this rank's shard, re-wrapped on load
+        if hasattr(value, "to_local"):
             value = value.to_local()
         tensor = value.detach().cpu().contiguous()
         storage = tensor.untyped_storage().data_ptr()
-        if storage and storage in storages:  # safetensors refuses tensors sharing memory (tied weights)
+        # safetensors refuses tensors sharing memory (tied weights)
+        if storage and storage in storages:
             tensor = tensor.clone()
         storages.add(tensor.untyped_storage().data_ptr())
         name = str(len(tensors))
@@ -104,7 +112,10 @@ def _split(value: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> 
         return [_split(v, tensors, storages) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TypeError(f"cannot store a {type(value).__name__} in an AutoLoCo state file (tensors and JSON data only)")
+    raise TypeError(
+        f"cannot store a {type(value).__name__} in an AutoLoCo state file "
+        "(tensors and JSON data only)"
+    )
 
 
 def _join(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -144,7 +155,8 @@ def write_state(
     rank: int,
     step: int,
 ) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file, fsync, rename, fsync of the folder)."""
+    """Write ``state`` to ``path`` atomically (temporary
+    file, fsync, rename, fsync of the folder)."""
     tensors: dict[str, torch.Tensor] = {}
     tree_json = json.dumps(_split(state, tensors, set()), default=_json_default)
     header = StateHeader(
@@ -178,10 +190,11 @@ def write_state(
 
 
 def machine_key() -> str:
-    """This machine and pid namespace, 12 hex digits: whether a writer's pid can be checked from here.
+    """This machine and pid namespace, 12 hex digits: whether
+    a writer's pid can be checked from here.
 
-    A folder on shared storage holds the temporary files of writers on several nodes; a pid means something only
-    on the kernel (boot id) and in the pid namespace it was taken in.
+    A folder on shared storage holds the temporary files of writers on several nodes; a pid means
+    something only on the kernel (boot id) and in the pid namespace it was taken in.
     """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -199,8 +212,8 @@ def temporary_path(path: str) -> str:
 def writer_is_gone(temporary: str) -> bool:
     """Whether the process that writes ``temporary`` (a :func:`temporary_path`) has certainly ended.
 
-    Only a writer on this machine and pid namespace can be checked; another machine's (or an unreadable name) is
-    never called gone. This process's own files are not gone.
+    Only a writer on this machine and pid namespace can be checked; another machine's (or an
+    unreadable name) is never called gone. This process's own files are not gone.
     """
     key, _, pid = temporary.rpartition(".tmp-")[2].rpartition("-")
     if key != machine_key() or not pid.isdigit():
@@ -226,14 +239,16 @@ def _fsync(path: str, flags: int) -> None:
 
 # ------------------------------------------------------------------ reading
 def _read_metadata(path: str) -> tuple[dict[str, str], int]:
-    """The safetensors metadata of ``path`` and the offset where the tensor bytes start (reads the header only)."""
+    """The safetensors metadata of ``path`` and the offset
+    where the tensor bytes start (reads the header only)."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
         if not 0 < length <= _MAX_HEADER_BYTES:
             raise CheckpointError(
-                f"{path}: not an AutoLoCo state file (field format: no safetensors header); the file is "
-                "corrupted or was written by an autoloco-hf that stored a pickle: resume with that version or start a new run"
+                f"{path}: not an AutoLoCo state file (field format: no safetensors header); the "
+                "file is corrupted or was written by an autoloco-hf that stored a pickle: resume "
+                "with that version or start a new run"
             )
         raw = f.read(length)
     try:
@@ -247,8 +262,9 @@ def _read_metadata(path: str) -> tuple[dict[str, str], int]:
         ) from err
     if metadata.get("format") != FORMAT:
         raise CheckpointError(
-            f"{path}: not an AutoLoCo state file (field format={metadata.get('format')!r}, expected {FORMAT!r}): "
-            "pass the autoloco/rank{r}.safetensors of a checkpoint written with AutoLoCo"
+            f"{path}: not an AutoLoCo state file (field format={metadata.get('format')!r}, "
+            f"expected {FORMAT!r}): pass the autoloco/rank{{r}}.safetensors of a "
+            "checkpoint written with AutoLoCo"
         )
     return metadata, 8 + length
 
@@ -259,8 +275,8 @@ def _parse_header(path: str, metadata: dict[str, str]) -> StateHeader:
         json.loads(metadata["state"])
     except (KeyError, ValueError, TypeError) as err:
         raise CheckpointError(
-            f"{path}: unreadable header (field autoloco: {err!r}); the file is corrupted: resume from an "
-            "earlier checkpoint"
+            f"{path}: unreadable header (field autoloco: {err!r}); the file is corrupted: resume "
+            "from an earlier checkpoint"
         ) from err
     if header.format_version != FORMAT_VERSION:
         raise CheckpointError(
@@ -271,7 +287,8 @@ def _parse_header(path: str, metadata: dict[str, str]) -> StateHeader:
 
 
 def read_header(path: str) -> StateHeader:
-    """The verified header of a complete state file (its size matches; the checksum is left to :func:`read_state`)."""
+    """The verified header of a complete state file (its size
+    matches; the checksum is left to :func:`read_state`)."""
     return _open(path)[1]
 
 
@@ -281,8 +298,8 @@ def _open(path: str) -> tuple[dict[str, str], StateHeader]:
     held = os.path.getsize(path) - start
     if held != header.payload_bytes:
         raise CheckpointError(
-            f"{path}: field payload_bytes={header.payload_bytes} but the file holds {held} payload bytes "
-            "(truncated write or disk full): resume from an earlier checkpoint"
+            f"{path}: field payload_bytes={header.payload_bytes} but the file holds {held} payload "
+            "bytes (truncated write or disk full): resume from an earlier checkpoint"
         )
     return metadata, header
 
@@ -296,27 +313,36 @@ def peek_header(path: str) -> StateHeader | None:
 
 
 def check_layout(
-    source: str, saved_world_size: int, saved_ranks_per_worker: int, world_size: int, ranks_per_worker: int
+    source: str,
+    saved_world_size: int,
+    saved_ranks_per_worker: int,
+    world_size: int,
+    ranks_per_worker: int,
 ) -> None:
     """Refuse a state written by another launch layout."""
     if (saved_world_size, saved_ranks_per_worker) != (world_size, ranks_per_worker):
         raise CheckpointError(
-            f"{source}: field world_size={saved_world_size} (ranks_per_worker={saved_ranks_per_worker}) but this "
-            f"run has world_size={world_size} (ranks_per_worker={ranks_per_worker}). Resume with the same "
-            f"launch layout (e.g. torchrun --nproc_per_node {saved_world_size} across all nodes), or start a "
-            "new run from the checkpoint's model weights, which are the last synchronized parameters (load them "
-            "with from_pretrained and train without resume_from_checkpoint)"
+            f"{source}: field world_size={saved_world_size} "
+            f"(ranks_per_worker={saved_ranks_per_worker}) but this run has world_size={world_size} "
+            f"(ranks_per_worker={ranks_per_worker}). Resume with the same launch layout (e.g. "
+            f"torchrun --nproc_per_node {saved_world_size} across all nodes), or start a new run "
+            "from the checkpoint's model weights, which are the last synchronized parameters "
+            "(load them with from_pretrained and train without resume_from_checkpoint)"
         )
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(field, saved value, current value)`` of every algorithm setting that differs (JSON forms), method first.
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """``(field, saved value, current value)`` of every
+    algorithm setting that differs (JSON forms), method first.
 
     Fields that may change between launches (:data:`RESUMABLE_CONFIG_FIELDS`) and fields the current
     version no longer has are not compared.
     """
     saved = _jsonable(saved)
-    # the method first: which other fields apply depends on it (another method's differ in fields it lacks)
+    # the method first: which other fields apply depends on
+    # it (another method's differ in fields it lacks)
     return [
         (name, value, current[name])
         for name, value in sorted(saved.items(), key=lambda item: (item[0] != "method", item[0]))
@@ -325,19 +351,26 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[t
 
 
 def check_config(source: str, saved: dict[str, Any], config: AutoLoCoConfig) -> None:
-    """Refuse a state whose algorithm settings differ from this run's (the one rule for every resume path)."""
+    """Refuse a state whose algorithm settings differ from
+    this run's (the one rule for every resume path)."""
     differences = config_differences(saved, config_json(config))
     if differences:
         name, value, current = differences[0]
         raise ConfigMismatchError(
-            f"{source}: field config.{name}={value!r} when the checkpoint was written, this run has "
-            f"{name}={current!r}: resume with the same AutoLoCoConfig (fields that may change on resume: "
-            f"{', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
+            f"{source}: field config.{name}={value!r} when the checkpoint was written, this run "
+            f"has {name}={current!r}: resume with the same AutoLoCoConfig (fields that may change "
+            f"on resume: {', '.join(sorted(RESUMABLE_CONFIG_FIELDS))})"
         )
 
 
 def check_compatible(
-    path: str, header: StateHeader, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
+    path: str,
+    header: StateHeader,
+    *,
+    config: AutoLoCoConfig,
+    world_size: int,
+    ranks_per_worker: int,
+    rank: int,
 ) -> None:
     """Refuse a state written by another launch layout, rank or algorithm configuration."""
     check_layout(path, header.world_size, header.ranks_per_worker, world_size, ranks_per_worker)
@@ -352,16 +385,26 @@ def check_compatible(
 def read_state(
     path: str, *, config: AutoLoCoConfig, world_size: int, ranks_per_worker: int, rank: int
 ) -> tuple[StateHeader, dict[str, Any]]:
-    """Read and verify a state file written by :func:`write_state` for this run and rank (no pickle is loaded)."""
+    """Read and verify a state file written by :func:`write_state`
+    for this run and rank (no pickle is loaded)."""
     metadata, header = _open(path)
-    check_compatible(path, header, config=config, world_size=world_size, ranks_per_worker=ranks_per_worker, rank=rank)
+    check_compatible(
+        path,
+        header,
+        config=config,
+        world_size=world_size,
+        ranks_per_worker=ranks_per_worker,
+        rank=rank,
+    )
     return header, _verified_state(path, metadata, header)
 
 
 def read_shared_state(path: str, *, config: AutoLoCoConfig) -> tuple[StateHeader, dict[str, Any]]:
-    """Read and verify a state that any number of workers may resume (a boundary snapshot): the config is checked, the layout is not."""
+    """Read and verify a state that any number of workers may resume (a boundary snapshot): the
+    config is checked, the layout is not."""
     metadata, header = _open(path)
-    state = _verified_state(path, metadata, header)  # first: a corrupted config is corruption, not a mismatch
+    # first: a corrupted config is corruption, not a mismatch
+    state = _verified_state(path, metadata, header)
     check_config(path, header.config, config)
     return header, state
 
@@ -371,12 +414,13 @@ def _verified_state(path: str, metadata: dict[str, str], header: StateHeader) ->
         tensors = load_file(path)
     except Exception as err:  # safetensors' own checks of offsets and sizes
         raise CheckpointError(
-            f"{path}: unreadable tensors (field tensors: {err}); the file is corrupted: resume from an earlier checkpoint"
+            f"{path}: unreadable tensors (field tensors: {err}); the file is corrupted: resume "
+            "from an earlier checkpoint"
         ) from err
     digest = _digest(header, metadata["state"], tensors)
     if digest != header.sha256:
         raise CheckpointError(
-            f"{path}: field sha256 does not match the contents ({digest[:12]} != {header.sha256[:12]}): "
-            "the file is corrupted; resume from an earlier checkpoint"
+            f"{path}: field sha256 does not match the contents ({digest[:12]} != "
+            f"{header.sha256[:12]}): the file is corrupted; resume from an earlier checkpoint"
         )
     return _join(json.loads(metadata["state"]), tensors)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from autoloco_hf.algorithm.stats import IntervalStatistics
     from autoloco_hf.sync.pacing import PaceReport
 
-# What AutoLoCoCallback leaves in a Trainer's output_dir besides the interval records, for `autoloco report`.
+# What AutoLoCoCallback leaves in a Trainer's output_dir
+# besides the interval records, for `autoloco report`.
 TRAINER_SUMMARY_FILENAME = "autoloco_summary.json"
 TRAINER_STEPS_FILENAME = "autoloco_steps.jsonl"
 
@@ -67,16 +68,19 @@ class IntervalRecord:
     decode_seconds: float
     # d at the rule's boundary displacement request (docs/algorithm.md#rule-plugins)
     anchor_normalized_drift: float | None = None
-    drift_exponent: float | None = None  # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
+    # p of D ~ Lambda^p from that anchor to the end (2 ballistic, 1 diffusive)
+    drift_exponent: float | None = None
     # what the rule's in-interval probe measured (docs/algorithm.md#descent-rule, #rule-plugins)
     probe_exponent: float | None = None
     # each worker's part of the interval, in worker order (docs/algorithm.md#pacing)
     worker_steps: list[int] | None = None
     worker_tokens: list[int] | None = None
     worker_seconds: list[float] | None = None  # time on its steps (virtual on a simulated clock)
-    stragglers: list[str] | None = None  # below straggler_fraction of the median speed for long enough
+    # below straggler_fraction of the median speed for long enough
+    stragglers: list[str] | None = None
     idle_workers: list[str] | None = None  # took no step: contributed nothing
-    worker_labels: list[str] | None = None  # each worker's label (index, rank, host), where its seconds are recorded
+    # each worker's label (index, rank, host), where its seconds are recorded
+    worker_labels: list[str] | None = None
 
     @classmethod
     def build(
@@ -105,7 +109,8 @@ class IntervalRecord:
         timed: bool = False,
         labels: Sequence[str] = (),
     ) -> IntervalRecord:
-        """The record of one synchronization; a fixed-horizon policy (no ``decision``) records ``fixed``.
+        """The record of one synchronization; a fixed-horizon
+        policy (no ``decision``) records ``fixed``.
 
         ``timed``: record each worker's seconds and ``labels`` (budget pacing, or a virtual clock).
         """
@@ -149,7 +154,8 @@ class IntervalRecord:
             probe_exponent=probe_exponent,
             worker_steps=[int(w.inner_steps) for w in workers] or None,
             worker_tokens=[int(w.tokens) for w in workers] or None,
-            # wall-clock seconds differ from run to run: recorded where speeds matter (or are virtual)
+            # wall-clock seconds differ from run to run:
+            # recorded where speeds matter (or are virtual)
             worker_seconds=[w.busy_seconds for w in workers] or None if timed else None,
             stragglers=pace.stragglers if pace else None,
             idle_workers=pace.idle if pace else None,
@@ -162,7 +168,8 @@ class IntervalRecord:
 
 @dataclass(frozen=True)
 class WorkerShare:
-    """One worker's part of one interval: what the report (and a Trainer's log) shows per worker (docs/algorithm.md#stragglers)."""
+    """One worker's part of one interval: what the report (and a Trainer's log) shows per worker
+    (docs/algorithm.md#stragglers)."""
 
     label: str
     steps: int  # its inner steps
@@ -173,10 +180,12 @@ class WorkerShare:
 
 
 def worker_shares(record: IntervalRecord | Mapping[str, Any]) -> list[WorkerShare]:
-    """Each worker's part of ``record`` (an :class:`IntervalRecord` or its JSON object), in worker order.
+    """Each worker's part of ``record`` (an
+    :class:`IntervalRecord` or its JSON object), in worker order.
 
-    Empty for a record without per-worker counts (written before they were recorded). A record without
-    ``worker_labels`` names its workers ``worker i``, as simulated runs did before labels carried rank and host.
+    Empty for a record without per-worker counts (written before they were
+    recorded). A record without ``worker_labels`` names its workers
+    ``worker i``, as simulated runs did before labels carried rank and host.
     """
     values = vars(record) if isinstance(record, IntervalRecord) else record
     steps, tokens = values.get("worker_steps"), values.get("worker_tokens")
@@ -192,7 +201,8 @@ def worker_shares(record: IntervalRecord | Mapping[str, Any]) -> list[WorkerShar
 
 
 class CollectiveCost(Protocol):
-    """What one collective cost (``communicators.Traffic``; an :class:`IntervalRecord` has the same fields)."""
+    """What one collective cost (``communicators.Traffic``;
+    an :class:`IntervalRecord` has the same fields)."""
 
     wire_bytes: int
     encode_seconds: float
@@ -225,7 +235,8 @@ class RunTotals:
         self.add_sync(record.payload_bytes, record, record.sync_seconds)
 
     def add_sync(self, payload_bytes: int, traffic: CollectiveCost, seconds: float) -> None:
-        """Account one full-model collective (an interval's, or a DDP step's gradient all-reduce)."""
+        """Account one full-model collective (an interval's,
+        or a DDP step's gradient all-reduce)."""
         self.syncs += 1
         self.payload_tensors += 1
         self.payload_bytes += payload_bytes
@@ -253,7 +264,8 @@ class JsonlWriter:
         self._mode = "w"
 
     def restore(self, records: list[IntervalRecord]) -> None:
-        """Rewrite the file with exactly ``records`` (the history of the checkpoint being resumed)."""
+        """Rewrite the file with exactly ``records`` (the
+        history of the checkpoint being resumed)."""
         with open(self.path, "w") as f:
             f.writelines(record.to_json() + "\n" for record in records)
         self._mode = "a"

@@ -59,21 +59,34 @@ class RunWriter:
         os.makedirs(run_dir, exist_ok=True)
         self.intervals_path = os.path.join(run_dir, INTERVALS)
         steps_path = os.path.join(run_dir, STEPS)
-        kept = []  # a resumed run keeps the steps up to its checkpoint and drops any logged after it
+        # a resumed run keeps the steps up to its checkpoint and drops any logged after it
+        kept = []
         if resume_step and os.path.exists(steps_path):
             kept = [row for row in read_jsonl(steps_path) if row["step"] <= resume_step]
         self._steps = open(steps_path, "w")
         self._steps.writelines(json.dumps(row) + "\n" for row in kept)
         self.losses: list[float] = [row["loss"] for row in kept]
 
-    def log_step(self, step: int, loss: float, lr: float, totals: RunTotals, seconds: float) -> None:
+    def log_step(
+        self, step: int, loss: float, lr: float, totals: RunTotals, seconds: float
+    ) -> None:
         """Record optimizer step ``step`` (1-based: the number of steps done) after it ran."""
         self.losses.append(loss)
-        row = dict(step=step, loss=loss, lr=lr, syncs=totals.syncs, payload_bytes=totals.payload_bytes, seconds=seconds)
+        row = dict(
+            step=step,
+            loss=loss,
+            lr=lr,
+            syncs=totals.syncs,
+            payload_bytes=totals.payload_bytes,
+            seconds=seconds,
+        )
         self._steps.write(json.dumps(row) + "\n")
 
-    def finish(self, totals: RunTotals, config: dict[str, Any], wall_seconds: float, **extra: Any) -> dict[str, Any]:
-        """Write ``summary.json`` (totals, config, last-2% train loss, ``extra`` such as ``val_loss``)."""
+    def finish(
+        self, totals: RunTotals, config: dict[str, Any], wall_seconds: float, **extra: Any
+    ) -> dict[str, Any]:
+        """Write ``summary.json`` (totals, config, last-2%
+        train loss, ``extra`` such as ``val_loss``)."""
         self._steps.close()
         summary = dict(
             name=self.name,
@@ -91,9 +104,11 @@ class RunWriter:
 
 
 def extend_trainer_summary(output_dir: str, **extra: Any) -> dict[str, Any]:
-    """Add ``extra`` (a recipe's test loss, its settings) to the summary AutoLoCoCallback wrote; return the whole summary.
+    """Add ``extra`` (a recipe's test loss, its settings) to the
+    summary AutoLoCoCallback wrote; return the whole summary.
 
-    One set of run files per run: a Trainer recipe extends the callback's rather than writing its own beside them.
+    One set of run files per run: a Trainer recipe extends
+    the callback's rather than writing its own beside them.
     """
     path = os.path.join(output_dir, TRAINER_SUMMARY_FILENAME)
     with open(path) as f:
@@ -143,7 +158,8 @@ class Run:
 
 
 def _summary_file(path: str) -> str | None:
-    """A run folder's summary: ``summary.json`` (RunWriter), else ``autoloco_summary.json`` (a Trainer's output_dir)."""
+    """A run folder's summary: ``summary.json`` (RunWriter),
+    else ``autoloco_summary.json`` (a Trainer's output_dir)."""
     for name in (SUMMARY, TRAINER_SUMMARY_FILENAME):
         if os.path.exists(os.path.join(path, name)):
             return os.path.join(path, name)
@@ -151,7 +167,8 @@ def _summary_file(path: str) -> str | None:
 
 
 class RunFolderError(AutoLoCoError, ValueError):
-    """A run folder that cannot be read: the message is one line naming the folder or file and the fix."""
+    """A run folder that cannot be read: the message is one
+    line naming the folder or file and the fix."""
 
 
 def _existing_log(path: str) -> str | None:
@@ -177,7 +194,8 @@ def _read_json(path: str, lines: bool) -> Any:
 
 
 def _holds(value: Any, kind: str) -> bool:
-    """Whether a summary field's JSON ``value`` is ``kind`` (one of :data:`SUMMARY_FIELDS`' values)."""
+    """Whether a summary field's JSON ``value`` is ``kind``
+    (one of :data:`SUMMARY_FIELDS`' values)."""
     if kind == "a file name":
         return isinstance(value, str)
     if value is None:
@@ -186,20 +204,23 @@ def _holds(value: Any, kind: str) -> bool:
 
 
 def _check_summary(summary_path: str, summary: Any) -> None:
-    """A summary the report can read: a ``totals`` with numeric counts, and each field it reads of its type."""
+    """A summary the report can read: a ``totals`` with
+    numeric counts, and each field it reads of its type."""
     totals = summary.get("totals") if isinstance(summary, dict) else None
     if not isinstance(totals, dict) or not {"syncs", "payload_bytes"} <= set(totals):
         raise RunFolderError(
-            f"{summary_path}: no 'totals' with 'syncs' and 'payload_bytes'; pass a folder written by the demo, "
-            "a recipe or AutoLoCoCallback"
+            f"{summary_path}: no 'totals' with 'syncs' and 'payload_bytes'; pass a folder written "
+            "by the demo, a recipe or AutoLoCoCallback"
         )
     fields = {f"totals.{name}": (totals[name], NUMBER) for name in ("syncs", "payload_bytes")}
-    fields.update((name, (summary[name], kind)) for name, kind in SUMMARY_FIELDS.items() if name in summary)
+    fields.update(
+        (name, (summary[name], kind)) for name, kind in SUMMARY_FIELDS.items() if name in summary
+    )
     for name, (value, kind) in fields.items():
         if not _holds(value, kind):
             raise RunFolderError(
-                f"{summary_path}: '{name}' is {json.dumps(value)}, not {kind}; fix or remove it, or pass a folder "
-                "written by the demo, a recipe or AutoLoCoCallback"
+                f"{summary_path}: '{name}' is {json.dumps(value)}, not {kind}; fix or remove it, "
+                "or pass a folder written by the demo, a recipe or AutoLoCoCallback"
             )
 
 
@@ -219,7 +240,8 @@ def load_run(path: str) -> Run:
 
 
 def _add_sync_totals(steps: list[dict[str, Any]], intervals: list[dict[str, Any]]) -> None:
-    """The running ``syncs`` / ``payload_bytes`` of a thinned step log, from the interval records (each sync lands at its boundary)."""
+    """The running ``syncs`` / ``payload_bytes`` of a thinned step log, from the interval records
+    (each sync lands at its boundary)."""
     boundaries = sorted((r["start_step"] + r["h_step"], r["payload_bytes"]) for r in intervals)
     syncs = payload = 0
     for row in steps:
@@ -230,11 +252,14 @@ def _add_sync_totals(steps: list[dict[str, Any]], intervals: list[dict[str, Any]
 
 
 def find_runs(paths: Sequence[str]) -> list[Run]:
-    """Run folders named directly, or the run folders one level inside the given folders (sorted)."""
+    """Run folders named directly, or the run folders one
+    level inside the given folders (sorted)."""
     runs = []
     for path in paths:
         if not os.path.exists(path):
-            raise RunFolderError(f"RUN_DIR {path} does not exist: pass a run folder or a folder of run folders")
+            raise RunFolderError(
+                f"RUN_DIR {path} does not exist: pass a run folder or a folder of run folders"
+            )
         if not os.path.isdir(path):
             raise RunFolderError(f"RUN_DIR {path} is a file: pass the run folder that holds it")
         if _summary_file(path):
@@ -243,8 +268,8 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
         inside = sorted(d for d in os.listdir(path) if _summary_file(os.path.join(path, d)))
         if not inside:
             raise RunFolderError(
-                f"RUN_DIR {path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or in "
-                "its sub-folders; is it a finished run?"
+                f"RUN_DIR {path}: no {SUMMARY} (or a Trainer's {TRAINER_SUMMARY_FILENAME}) here or "
+                "in its sub-folders; is it a finished run?"
             )
         runs.extend(load_run(os.path.join(path, d)) for d in inside)
     return runs

@@ -31,7 +31,9 @@ def write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
 
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     # past the palette's 10 colors, lines change style rather than repeat a color
-    with matplotlib.rc_context({"axes.prop_cycle": cycler(linestyle=["-", "--", ":"]) * cycler(color=colors)}):
+    with matplotlib.rc_context(
+        {"axes.prop_cycle": cycler(linestyle=["-", "--", ":"]) * cycler(color=colors)}
+    ):
         return _write_plots(runs, out_dir)
 
 
@@ -65,10 +67,13 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
         if points:
             ax.plot(*zip(*points), label=run.name, lw=1.2)
     ax.set(
-        xscale="log", xlabel="payload communicated per worker (MiB, log scale)", ylabel="training loss (moving average)"
+        xscale="log",
+        xlabel="payload communicated per worker (MiB, log scale)",
+        ylabel="training loss (moving average)",
     )
     _zoom_on_tail(ax, runs)
-    if ax.lines:  # a one-worker run sends nothing: no curve, so no legend (matplotlib warns on an empty one)
+    # a one-worker run sends nothing: no curve, so no legend (matplotlib warns on an empty one)
+    if ax.lines:
         ax.legend()
     save(fig, "loss_vs_bytes.png")
 
@@ -77,16 +82,26 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
     for run in interval_runs:
         xs, ys, cut = horizon_series(run.intervals)
         (line,) = ax.step(xs, ys, where="post", label=f"{run.name} ({len(run.intervals)} syncs)")
-        for start, h in cut:  # drawn apart, not as a drop of H: the budget cut it, not the controller
+        # drawn apart, not as a drop of H: the budget cut it, not the controller
+        for start, h in cut:
             ax.plot([start, start + h], [h, h], ls=":", marker="x", color=line.get_color())
         cut_any = cut_any or bool(cut)
     if cut_any:
-        ax.plot([], [], ls=":", marker="x", color="gray", label="cut short by the step budget (no decision)")
+        ax.plot(
+            [],
+            [],
+            ls=":",
+            marker="x",
+            color="gray",
+            label="cut short by the step budget (no decision)",
+        )
     ax.set(xlabel="step", ylabel="H_step (local steps per interval)")
     ax.legend()
     save(fig, "horizon.png")
 
-    def two_panels(top: str, bottom: str, top_label: str, bottom_label: str, name: str, log_top: bool = False) -> None:
+    def two_panels(
+        top: str, bottom: str, top_label: str, bottom_label: str, name: str, log_top: bool = False
+    ) -> None:
         fig, (ax_top, ax_bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
         for run in interval_runs:
             starts = [r["start_step"] for r in run.intervals]
@@ -99,7 +114,12 @@ def _write_plots(runs: Sequence[Run], out_dir: str) -> list[str]:
 
     two_panels("mu", "eta", "outer momentum mu_t", "outer LR eta_t", "outer_mu_eta.png")
     two_panels(
-        "drift_energy", "coherence", "drift energy D_t", "coherence C_t (0..N)", "drift_coherence.png", log_top=True
+        "drift_energy",
+        "coherence",
+        "drift energy D_t",
+        "coherence C_t (0..N)",
+        "drift_coherence.png",
+        log_top=True,
     )
     return list(PLOTS)
 
@@ -115,14 +135,22 @@ def truncated(intervals: Sequence[dict[str, Any]], index: int) -> bool:
         return True
     last = index == len(intervals) - 1
     return (
-        last and index > 0 and record.get("assessment") == "fixed" and record["h_step"] < intervals[index - 1]["h_step"]
+        last
+        and index > 0
+        and record.get("assessment") == "fixed"
+        and record["h_step"] < intervals[index - 1]["h_step"]
     )
 
 
-def horizon_series(intervals: Sequence[dict[str, Any]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
-    """The chosen horizons as a step curve (x, y, closed at the end of the last chosen interval) and the cut ones ((start, h))."""
+def horizon_series(
+    intervals: Sequence[dict[str, Any]],
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The chosen horizons as a step curve (x, y, closed at the end
+    of the last chosen interval) and the cut ones ((start, h))."""
     chosen = [r for i, r in enumerate(intervals) if not truncated(intervals, i)]
-    cut = [(r["start_step"], r["h_step"]) for i, r in enumerate(intervals) if truncated(intervals, i)]
+    cut = [
+        (r["start_step"], r["h_step"]) for i, r in enumerate(intervals) if truncated(intervals, i)
+    ]
     xs = [r["start_step"] for r in chosen]
     ys = [r["h_step"] for r in chosen]
     if chosen:
@@ -132,7 +160,8 @@ def horizon_series(intervals: Sequence[dict[str, Any]]) -> tuple[list[int], list
 
 
 def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> str | None:
-    """Clip the y axis above the early-training spike so the differences at the end stay visible, and say so on the plot.
+    """Clip the y axis above the early-training spike so the
+    differences at the end stay visible, and say so on the plot.
 
     Returns the note drawn (None when nothing is clipped).
     """
@@ -147,7 +176,14 @@ def _zoom_on_tail(ax: Any, runs: Sequence[Run]) -> str | None:
     above = [r for r in runs if any(loss > top for loss in r.smoothed_loss)]
     if not above:
         return None
-    last_clipped = max(s["step"] for r in above for s, loss in zip(r.steps, r.smoothed_loss) if loss > top)
-    note = f"y axis clipped at {top:.3g}: steps <= {last_clipped:,} reach up to {max(everything):.3g} (off the top)"
-    ax.text(0.98, 0.98, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgray")
+    last_clipped = max(
+        s["step"] for r in above for s, loss in zip(r.steps, r.smoothed_loss) if loss > top
+    )
+    note = (
+        f"y axis clipped at {top:.3g}: steps <= {last_clipped:,} reach up to "
+        f"{max(everything):.3g} (off the top)"
+    )
+    ax.text(
+        0.98, 0.98, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgray"
+    )
     return note

@@ -49,7 +49,13 @@ class TrainerRunLog:
             f.write(json.dumps(row) + "\n")
 
     def finish(
-        self, name: str, config: AutoLoCoConfig, steps: int, planned: int, totals: RunTotals, intervals_file: str
+        self,
+        name: str,
+        config: AutoLoCoConfig,
+        steps: int,
+        planned: int,
+        totals: RunTotals,
+        intervals_file: str,
     ) -> None:
         if not self.is_main_process:
             return

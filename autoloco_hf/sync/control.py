@@ -1,4 +1,5 @@
-"""The control message: the few scalars every worker sends next to its pseudo-gradient (docs/algorithm.md#interval-statistics, #phases).
+"""The control message: the few scalars every worker sends next to its pseudo-gradient
+(docs/algorithm.md#interval-statistics, #phases).
 
 At every boundary each worker contributes one :class:`ControlMessage`, packed
 into a flat float64 tensor; the communicator returns the element-wise sums
@@ -60,7 +61,8 @@ def agreed(default: float = 0.0) -> Any:
 
 
 class WorkerDisagreement(AutoLoCoError, RuntimeError):
-    """Workers executed different intervals: their controllers diverged (docs/algorithm.md#phases, last paragraph)."""
+    """Workers executed different intervals: their controllers
+    diverged (docs/algorithm.md#phases, last paragraph)."""
 
 
 # Settings a worker may choose for itself without changing what the workers compute together
@@ -68,7 +70,8 @@ LOCAL_SETTINGS = ("outer_on_cpu", "sync_timeout_s", "snapshot_dir")
 
 
 def config_fingerprint(config: Any) -> float:
-    """52 bits of a SHA-256 of the configuration (minus :data:`LOCAL_SETTINGS`), exact in a float64."""
+    """52 bits of a SHA-256 of the configuration (minus
+    :data:`LOCAL_SETTINGS`), exact in a float64."""
     values = {k: v for k, v in config.to_dict().items() if k not in LOCAL_SETTINGS}
     digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     return float(int(digest[:13], 16))
@@ -83,10 +86,13 @@ class ControlMessage:
     loss_sum: float = summed()  # sum of per-step training losses (0 if non-finite)
     loss_count: float = summed()  # steps whose losses are in loss_sum
     nonfinite: float = summed()  # 1 when the pseudo-gradient or a loss was NaN/inf
-    # ||theta_t - theta^i||^2 at the rule's boundary request (docs/algorithm.md#rule-plugins; else 0)
+    # ||theta_t - theta^i||^2 at the rule's boundary request
+    # (docs/algorithm.md#rule-plugins; else 0)
     anchor_sq_norm: float = summed()
-    inner_steps: float = summed()  # optimizer steps the worker took in the interval (budget pacing: its share)
-    busy_seconds: float = summed()  # the time it spent on them (virtual on a simulated clock): its speed
+    # optimizer steps the worker took in the interval (budget pacing: its share)
+    inner_steps: float = summed()
+    # the time it spent on them (virtual on a simulated clock): its speed
+    busy_seconds: float = summed()
     anchor_lr_mass: float = agreed()  # the LR mass of those h_ref steps (0 when not measured)
     step: float = agreed()  # the optimizer step that closed the interval
     interval_index: float = agreed()  # intervals closed before this one
@@ -99,7 +105,9 @@ class ControlMessage:
 
     def pack(self) -> torch.Tensor:
         """The flat float64 tensor sent in the collective."""
-        return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.float64)
+        return torch.tensor(
+            [getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.float64
+        )
 
     @classmethod
     def unpack(cls, packed: torch.Tensor) -> ControlMessage:
@@ -152,21 +160,31 @@ class ControlRound:
         return min(values), max(values)
 
     def check_agreement(self, labels: Sequence[str] | None = None) -> None:
-        """Raise :class:`WorkerDisagreement` naming every agreed field that differs, with each worker's value.
+        """Raise :class:`WorkerDisagreement` naming every
+        agreed field that differs, with each worker's value.
 
         ``labels`` name the workers in the message (default ``worker 0``, ``worker 1``, ...).
         """
-        labels = list(labels) if labels is not None else [f"worker {i}" for i in range(len(self.workers))]
-        differing = [name for name in ControlMessage.agreed_fields() if len(set(self._values(name))) > 1]
+        labels = (
+            list(labels)
+            if labels is not None
+            else [f"worker {i}" for i in range(len(self.workers))]
+        )
+        differing = [
+            name for name in ControlMessage.agreed_fields() if len(set(self._values(name))) > 1
+        ]
         if differing:
             detail = "; ".join(
-                f"{name}: " + ", ".join(f"{label}={_show(name, v)}" for label, v in zip(labels, self._values(name)))
+                f"{name}: "
+                + ", ".join(
+                    f"{label}={_show(name, v)}" for label, v in zip(labels, self._values(name))
+                )
                 for name in differing
             )
             raise WorkerDisagreement(
                 f"workers disagree at a synchronization ({detail}). Every worker must run the same "
-                "AutoLoCoConfig, LR schedule, max_steps and checkpoint; restart all of them from the last "
-                "checkpoint with one configuration (docs/reliability.md)."
+                "AutoLoCoConfig, LR schedule, max_steps and checkpoint; restart all of them from "
+                "the last checkpoint with one configuration (docs/reliability.md)."
             )
 
     def _values(self, name: str) -> list[float]:

@@ -1,4 +1,5 @@
-"""Boundary snapshots: the shared outer state, persisted at every synchronization boundary (docs/algorithm.md#boundary-snapshots).
+"""Boundary snapshots: the shared outer state, persisted at every synchronization boundary
+(docs/algorithm.md#boundary-snapshots).
 
 Right after a boundary every worker holds the same ``theta_t``, outer momentum,
 controller and token-mapper state and totals, so any number of workers can go
@@ -77,13 +78,17 @@ class Snapshot:
 
 
 def snapshot_path(directory: str, step: int, copy: int = 0) -> str:
-    """``boundary-<step>.safetensors``; a second writer's ``boundary-<step>.copy<k>.safetensors`` (read after it)."""
+    """``boundary-<step>.safetensors``; a second writer's
+    ``boundary-<step>.copy<k>.safetensors`` (read after it)."""
     return os.path.join(directory, f"{PREFIX}{step:09d}{f'.copy{copy}' if copy else ''}{SUFFIX}")
 
 
 def snapshot_paths(directory: str) -> list[str]:
-    """Every snapshot file in ``directory``, newest step first (at a step, the first writer's copy first)."""
-    return sorted(glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True)
+    """Every snapshot file in ``directory``, newest step
+    first (at a step, the first writer's copy first)."""
+    return sorted(
+        glob.glob(os.path.join(glob.escape(directory), f"{PREFIX}*{SUFFIX}")), reverse=True
+    )
 
 
 def step_of(path: str) -> int:
@@ -91,14 +96,17 @@ def step_of(path: str) -> int:
 
 
 def prune_snapshots(directory: str, keep: int) -> list[str]:
-    """Keep the snapshots of the newest ``keep`` boundaries in ``directory``, whoever wrote them; return what went.
+    """Keep the snapshots of the newest ``keep`` boundaries
+    in ``directory``, whoever wrote them; return what went.
 
-    Every launch writes into the same folder, so each writer prunes every file, not only its own: older
-    boundaries' files (both copies), and the temporary files (``.tmp-<machine>-<pid>``) of writers that died
-    during a write. A temporary file is removed when its writer is certainly gone (this machine, pid ended:
-    :func:`~autoloco_hf.state.checkpoint.writer_is_gone`), or when its boundary is older than the kept ones: a
-    live writer of this run never writes there (each writer finishes a write before its next boundary, and
-    a boundary needs every worker), and a folder with another run's newer snapshots is refused at start.
+    Every launch writes into the same folder, so each writer prunes every file, not
+    only its own: older boundaries' files (both copies), and the temporary files
+    (``.tmp-<machine>-<pid>``) of writers that died during a write. A temporary
+    file is removed when its writer is certainly gone (this machine, pid ended:
+    :func:`~autoloco_hf.state.checkpoint.writer_is_gone`), or when its boundary is older than the
+    kept ones: a live writer of this run never writes there (each writer finishes a write before its
+    next boundary, and a boundary needs every worker), and a folder with another run's newer
+    snapshots is refused at start.
     """
     paths = snapshot_paths(directory)
     steps = sorted({step_of(p) for p in paths}, reverse=True)
@@ -117,7 +125,8 @@ def prune_snapshots(directory: str, keep: int) -> list[str]:
 
 
 def host_copy(value: Any) -> Any:
-    """``value`` with every tensor copied to host memory (the training thread goes on changing the live ones)."""
+    """``value`` with every tensor copied to host memory (the
+    training thread goes on changing the live ones)."""
     if torch.is_tensor(value):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
@@ -128,22 +137,25 @@ def host_copy(value: Any) -> Any:
 
 
 def check_snapshot_support(engine: Any) -> None:
-    """Refuse the engines whose state at a boundary is not shared by every worker, naming the setting."""
+    """Refuse the engines whose state at a boundary is not
+    shared by every worker, naming the setting."""
     if not isinstance(engine, IntervalEngine):
         raise ValueError(
-            "boundary snapshots need an interval method: method='ddp' averages gradients every step and has "
-            "no boundary state; resume DDP runs from Trainer checkpoints"
+            "boundary snapshots need an interval method: method='ddp' averages gradients every "
+            "step and has no boundary state; resume DDP runs from Trainer checkpoints"
         )
     config = engine.config
     if config.overlap != Overlap.NONE:
         raise ValueError(
-            f"boundary snapshots need overlap='none' (got overlap={str(config.overlap)!r}): an overlapped schedule "
-            "holds an average in flight at every boundary; resume it from Trainer checkpoints"
+            f"boundary snapshots need overlap='none' (got overlap={str(config.overlap)!r}): an "
+            "overlapped schedule holds an average in flight at every boundary; resume it "
+            "from Trainer checkpoints"
         )
     if engine.outer.shard is not None:
         raise ValueError(
-            f"boundary snapshots need the whole outer state on each rank (ranks_per_worker={config.ranks_per_worker} "
-            "with hierarchical_sync shards it): use hierarchical_sync=False or resume from Trainer checkpoints"
+            "boundary snapshots need the whole outer state on each rank "
+            f"(ranks_per_worker={config.ranks_per_worker} with hierarchical_sync shards it): use "
+            "hierarchical_sync=False or resume from Trainer checkpoints"
         )
 
 
@@ -156,8 +168,8 @@ class BoundarySnapshot:
         extra_state: more shared state to store (e.g. the LR scheduler's), called at the boundary.
         keep: how many of the newest snapshots stay on disk (at least 2: the previous one
             is the fallback when the newest turns out corrupted).
-        copy: 0 for the first writer; another process on another node writing the same state as copy 1
-            keeps the boundary when the first writer dies during its write.
+        copy: 0 for the first writer; another process on another node writing the same state as
+            copy 1 keeps the boundary when the first writer dies during its write.
     """
 
     def __init__(
@@ -170,7 +182,10 @@ class BoundarySnapshot:
     ) -> None:
         check_snapshot_support(engine)
         if keep < 2:
-            raise ValueError(f"keep={keep}: keep at least 2 boundary snapshots (the previous one is the fallback)")
+            raise ValueError(
+                f"keep={keep}: keep at least 2 boundary snapshots (the "
+                "previous one is the fallback)"
+            )
         self.directory = directory
         self.engine = engine
         self.extra_state = extra_state
@@ -187,12 +202,21 @@ class BoundarySnapshot:
         if self.extra_state is not None:
             state.update(self.extra_state())
         state = host_copy(state)
-        self._pending = (engine.step, self._executor.submit(self._write, state, engine.step, engine.num_workers))
+        self._pending = (
+            engine.step,
+            self._executor.submit(self._write, state, engine.step, engine.num_workers),
+        )
 
     def _write(self, state: dict[str, Any], step: int, workers: int) -> None:
         path = snapshot_path(self.directory, step, self.copy)
         checkpoint.write_state(
-            path, state, config=self.engine.config, world_size=workers, ranks_per_worker=1, rank=0, step=step
+            path,
+            state,
+            config=self.engine.config,
+            world_size=workers,
+            ranks_per_worker=1,
+            rank=0,
+            step=step,
         )
         prune_snapshots(self.directory, self.keep)
 
@@ -205,9 +229,9 @@ class BoundarySnapshot:
             future.result()
         except Exception as err:
             raise SnapshotWriteError(
-                f"AutoLoCo: the boundary snapshot of step {step} could not be written to {self.directory} "
-                f"({type(err).__name__}: {err}): free space or fix the folder, then resume from the last "
-                "snapshot there (docs/reliability.md)"
+                f"AutoLoCo: the boundary snapshot of step {step} could not be written to "
+                f"{self.directory} ({type(err).__name__}: {err}): free space or fix the folder, "
+                "then resume from the last snapshot there (docs/reliability.md)"
             ) from err
 
     def close(self) -> None:
@@ -219,7 +243,8 @@ class BoundarySnapshot:
 
 
 def read_snapshot(path: str, config: AutoLoCoConfig) -> Snapshot:
-    """The boundary snapshot in ``path``, verified (checksum, format, every config field but the local ones)."""
+    """The boundary snapshot in ``path``, verified (checksum,
+    format, every config field but the local ones)."""
     header, state = read_shared_state(path, config=config)
     return Snapshot(path, header.step, header.world_size, state)
 
@@ -242,7 +267,7 @@ def latest_snapshot(directory: str, config: AutoLoCoConfig) -> Snapshot | None:
             logger.warning("AutoLoCo: boundary snapshot refused: %s; trying the one before", err)
     if paths:
         raise CheckpointError(
-            f"{directory}: none of its {len(paths)} boundary snapshots verifies (see the warnings above): resume "
-            "from a Trainer checkpoint, or move the folder away to start afresh"
+            f"{directory}: none of its {len(paths)} boundary snapshots verifies (see the warnings "
+            "above): resume from a Trainer checkpoint, or move the folder away to start afresh"
         )
     return None

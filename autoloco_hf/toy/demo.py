@@ -24,7 +24,10 @@ from autoloco_hf.state.run_folder import RunWriter
 # name -> (what it is, AutoLoCoConfig fields)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "ddp": ("gradient all-reduce every step", dict(method=Method.DDP)),
-    "diloco": ("DiLoCo, outer Nesterov momentum 0.9 (the paper's baseline)", dict(method=Method.DILOCO)),
+    "diloco": (
+        "DiLoCo, outer Nesterov momentum 0.9 (the paper's baseline)",
+        dict(method=Method.DILOCO),
+    ),
     "diloco_mu07": (
         "DiLoCo at outer momentum 0.7, the paper rule's base momentum (its fair comparator)",
         dict(method=Method.DILOCO, outer_momentum=0.7),
@@ -38,7 +41,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(method=Method.AUTOLOCO, controller=Controller.PAPER),
     ),
     "autoloco_descent": (
-        "AutoLoCo at its defaults: the descent rule (starts at 2 H_base, shortens as C_t falls; outer momentum 0.5)",
+        "AutoLoCo at its defaults: the descent rule (starts at 2 H_base, shortens as C_t "
+        "falls; outer momentum 0.5)",
         dict(method=Method.AUTOLOCO, controller=Controller.DESCENT),
     ),
     "qsr": ("QSR: H = max(H_base, (alpha/lr)^2), model averaging", dict(method=Method.QSR)),
@@ -47,7 +51,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 
 # The spec's CPU prototype (section 10): batch 8 x 64 per worker, AdamW 2e-3.
 BATCH_SIZE, SEQ_LEN, PEAK_LR, WEIGHT_DECAY = 8, 64, 2e-3, 0.01
-VOCAB_SIZE, HIDDEN, LAYERS, HEADS = 1024, 96, 2, 4  # ~394k parameters, ~30 ms of CPU per worker step
+# ~394k parameters, ~30 ms of CPU per worker step
+VOCAB_SIZE, HIDDEN, LAYERS, HEADS = 1024, 96, 2, 4
 WARMUP_FRACTION = 0.02
 EVAL_BATCH = 32
 
@@ -72,26 +77,33 @@ def build_setup(seed: int) -> DemoSetup:
     documents = corpus_documents()
     tokenizer = train_tokenizer("\n\n".join(documents), VOCAB_SIZE)
     splits = split_tokens(tokenizer, documents)
-    model = tiny_llama(len(tokenizer), HIDDEN, LAYERS, HEADS, max_position_embeddings=SEQ_LEN, seed=seed)
+    model = tiny_llama(
+        len(tokenizer), HIDDEN, LAYERS, HEADS, max_position_embeddings=SEQ_LEN, seed=seed
+    )
     return DemoSetup(tokenizer, splits, model)
 
 
 def method_of(name: str) -> Method:
-    """The ``AutoLoCoConfig.method`` of the demo method ``name`` (only AutoLoCo's horizons round to ``q_H``)."""
+    """The ``AutoLoCoConfig.method`` of the demo method
+    ``name`` (only AutoLoCo's horizons round to ``q_H``)."""
     return METHODS[name][1]["method"]
 
 
 def scaled_config(method: str, steps: int, h_base: int, **overrides: Any) -> AutoLoCoConfig:
     """The method's config at the demo scale (``q_H`` and ``H_max`` follow ``H_base`` by default).
 
-    ``overrides`` are further ``AutoLoCoConfig`` fields (ablation switches, wire dtype, ``h_max``); rule
-    options may keep their old flat spellings (``descent_gain=0.9``, :func:`~autoloco_hf.config.nest_rule_options`).
+    ``overrides`` are further ``AutoLoCoConfig`` fields (ablation switches, wire dtype, ``h_max``);
+    rule options may keep their old flat spellings (``descent_gain=0.9``,
+    :func:`~autoloco_hf.config.nest_rule_options`).
     """
     fields = dict(METHODS[method][1])
-    if fields["method"] == Method.LINEAR:  # the paper's Linear Interval runs 100 intervals in 50k steps (a = 10)
+    # the paper's Linear Interval runs 100 intervals in 50k steps (a = 10)
+    if fields["method"] == Method.LINEAR:
         fields["linear_increment"] = max(1, round(10 * steps / 50_000))
     fields.update(overrides)
-    return AutoLoCoConfig(h_base=h_base, warmup_steps=warmup_steps(steps), **nest_rule_options(fields))
+    return AutoLoCoConfig(
+        h_base=h_base, warmup_steps=warmup_steps(steps), **nest_rule_options(fields)
+    )
 
 
 def warmup_steps(steps: int) -> int:
@@ -129,13 +141,19 @@ def train_method(
         config,
         setup.model,
         make_communicator(config, distributed=False, simulated_workers=args.workers),
-        optimizer_factory=lambda params: torch.optim.AdamW(params, lr=peak_lr, weight_decay=WEIGHT_DECAY),
-        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps(args.steps), args.steps),
+        optimizer_factory=lambda params: torch.optim.AdamW(
+            params, lr=peak_lr, weight_decay=WEIGHT_DECAY
+        ),
+        scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(
+            opt, warmup_steps(args.steps), args.steps
+        ),
         total_steps=args.steps,
         records_path=writer.intervals_path,
         batched=batched_workers,
     )
-    sampler = sampler or WindowSampler(setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed)
+    sampler = sampler or WindowSampler(
+        setup.splits.train, SEQ_LEN, BATCH_SIZE, args.workers, seed=args.seed
+    )
     bar.set_description(name)
     started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, args.steps + 1):
@@ -149,8 +167,12 @@ def train_method(
             bar.set_postfix(loss=f"{loss:.3f}", syncs=totals.syncs)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     # The budget ends on a sync, so every replica now holds the synchronized model.
-    device = next(workers.models[0].parameters()).device  # validation runs where the model is (a GPU campaign)
-    batches = ({k: v.to(device) for k, v in b.items()} for b in eval_windows(setup.splits.val, SEQ_LEN, EVAL_BATCH))
+    # validation runs where the model is (a GPU campaign)
+    device = next(workers.models[0].parameters()).device
+    batches = (
+        {k: v.to(device) for k, v in b.items()}
+        for b in eval_windows(setup.splits.val, SEQ_LEN, EVAL_BATCH)
+    )
     val_loss = mean_loss(workers.models[0], batches)
     return writer.finish(
         workers.engine.totals,
@@ -160,6 +182,7 @@ def train_method(
         cpu_seconds=cpu,
         workers=args.workers,
         params=setup.num_params,
-        **({"batched_workers": True} if batched_workers else {}),  # the loop's summaries stay as they were
+        # the loop's summaries stay as they were
+        **({"batched_workers": True} if batched_workers else {}),
         **{"description": METHODS[name][0] if name in METHODS else name, **extra},
     )

@@ -1,4 +1,5 @@
-"""The tiny Llama: a ``LlamaForCausalLM`` built from a config (no download), initialized from a seed.
+"""The tiny Llama: a ``LlamaForCausalLM`` built from a config
+(no download), initialized from a seed.
 
 Every tiny Llama of the demo, the benchmarks and the tests comes from :func:`tiny_llama`; the
 callers differ only in the sizes and token ids they pass.

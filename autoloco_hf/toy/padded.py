@@ -1,4 +1,5 @@
-"""Right-padded token data with a learnable pattern, and the tiny Llama the Trainer workers train on it.
+"""Right-padded token data with a learnable pattern, and the
+tiny Llama the Trainer workers train on it.
 
 The sequences' lengths vary, so the padding is real: the token counts the engine weighs by differ
 from worker to worker. Build the model with ``tiny_llama(**LLAMA, seed=seed)``.

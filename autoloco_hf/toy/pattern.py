@@ -12,7 +12,8 @@ VOCAB, SEQ, BATCH = 32, 12, 4
 
 
 class ToyLM(torch.nn.Module):
-    """Embedding -> MLP -> vocabulary logits; ``forward(**batch).loss`` like a transformers model."""
+    """Embedding -> MLP -> vocabulary logits;
+    ``forward(**batch).loss`` like a transformers model."""
 
     def __init__(self, hidden: int = 16) -> None:
         super().__init__()

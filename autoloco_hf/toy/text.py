@@ -29,7 +29,8 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
-    "{{ '<|assistant|>' }}{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
+    "{{ '<|assistant|>' }}{% generation %}"
+    "{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
     "{% else %}"
     "{{ '<|' + message['role'] + '|>' }}{{ message['content'] }}"
     "{% endif %}"
@@ -53,7 +54,8 @@ def corpus_documents() -> list[str]:
 
 
 def train_tokenizer(text: str, vocab_size: int = 1024) -> Any:
-    """A byte-level BPE trained on ``text``, wrapped as ``PreTrainedTokenizerFast`` with a chat template."""
+    """A byte-level BPE trained on ``text``, wrapped as
+    ``PreTrainedTokenizerFast`` with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -67,7 +69,9 @@ def train_tokenizer(text: str, vocab_size: int = 1024) -> Any:
         show_progress=False,
     )
     chunk = 10_000
-    tokenizer.train_from_iterator((text[i : i + chunk] for i in range(0, len(text), chunk)), trainer=trainer)
+    tokenizer.train_from_iterator(
+        (text[i : i + chunk] for i in range(0, len(text), chunk)), trainer=trainer
+    )
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
     )
@@ -84,7 +88,8 @@ class TokenSplits:
 
 
 def split_tokens(tokenizer: Any, documents: list[str], val_fraction: float = 0.05) -> TokenSplits:
-    """Tokenize ``documents``; hold out whole documents, spread evenly, for ``val_fraction`` of the tokens.
+    """Tokenize ``documents``; hold out whole documents,
+    spread evenly, for ``val_fraction`` of the tokens.
 
     Holding out whole documents (not the tail of one stream) keeps validation
     text unseen by training while covering the corpus evenly.
@@ -96,7 +101,9 @@ def split_tokens(tokenizer: Any, documents: list[str], val_fraction: float = 0.0
         ids = tokenizer(doc, add_special_tokens=False)["input_ids"] + [eos]
         seen = len(train_ids) + len(val_ids) + len(ids)
         (val_ids if len(val_ids) < val_fraction * seen else train_ids).extend(ids)
-    return TokenSplits(torch.tensor(train_ids, dtype=torch.long), torch.tensor(val_ids, dtype=torch.long))
+    return TokenSplits(
+        torch.tensor(train_ids, dtype=torch.long), torch.tensor(val_ids, dtype=torch.long)
+    )
 
 
 class WindowSampler:
@@ -106,13 +113,17 @@ class WindowSampler:
     comparison trains on exactly the same data in the same order.
     """
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0) -> None:
+    def __init__(
+        self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0
+    ) -> None:
         if tokens.numel() <= seq_len + 1:
             raise ValueError(f"{tokens.numel()} tokens are too few for windows of {seq_len}")
         self.tokens = tokens
         self.seq_len = seq_len
         self.batch_size = batch_size
-        self.generators = [torch.Generator().manual_seed(seed * 1_000_003 + w) for w in range(num_workers)]
+        self.generators = [
+            torch.Generator().manual_seed(seed * 1_000_003 + w) for w in range(num_workers)
+        ]
 
     def next_batches(self) -> list[dict[str, torch.Tensor]]:
         """One batch per worker (``input_ids`` and ``labels``; the model shifts labels itself)."""
@@ -136,9 +147,13 @@ class DisjointWindowSampler:
     larger than the budget.
     """
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0) -> None:
+    def __init__(
+        self, tokens: torch.Tensor, seq_len: int, batch_size: int, num_workers: int, seed: int = 0
+    ) -> None:
         self.windows = tokens[: (tokens.numel() // seq_len) * seq_len].view(-1, seq_len)
-        self.order = torch.randperm(self.windows.shape[0], generator=torch.Generator().manual_seed(seed))
+        self.order = torch.randperm(
+            self.windows.shape[0], generator=torch.Generator().manual_seed(seed)
+        )
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.position = 0
@@ -148,22 +163,27 @@ class DisjointWindowSampler:
         return self.windows.shape[0] // (self.batch_size * self.num_workers)
 
     def next_batches(self) -> list[dict[str, torch.Tensor]]:
-        """One batch per worker (``input_ids`` and ``labels``); raises once the stream is used up."""
+        """One batch per worker (``input_ids`` and
+        ``labels``); raises once the stream is used up."""
         need = self.batch_size * self.num_workers
         if self.position + need > self.order.numel():
             raise RuntimeError(
-                f"corpus exhausted after {self.position // need} steps ({self.windows.shape[0]} windows): "
-                "use fewer --steps/--workers or a larger corpus"
+                f"corpus exhausted after {self.position // need} steps ({self.windows.shape[0]} "
+                "windows): use fewer --steps/--workers or a larger corpus"
             )
         picked = self.windows[self.order[self.position : self.position + need]]
         self.position += need
         return [
-            {"input_ids": ids, "labels": ids} for ids in picked.view(self.num_workers, self.batch_size, -1).unbind(0)
+            {"input_ids": ids, "labels": ids}
+            for ids in picked.view(self.num_workers, self.batch_size, -1).unbind(0)
         ]
 
 
-def eval_windows(tokens: torch.Tensor, seq_len: int, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Consecutive non-overlapping windows covering ``tokens`` (deterministic validation batches)."""
+def eval_windows(
+    tokens: torch.Tensor, seq_len: int, batch_size: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Consecutive non-overlapping windows covering
+    ``tokens`` (deterministic validation batches)."""
     n = (tokens.numel() // seq_len) * seq_len
     windows = tokens[:n].view(-1, seq_len)
     for i in range(0, windows.shape[0], batch_size):
@@ -172,8 +192,11 @@ def eval_windows(tokens: torch.Tensor, seq_len: int, batch_size: int) -> Iterato
 
 
 @torch.no_grad()
-def loss_sums(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]) -> tuple[float, int]:
-    """Summed causal-LM loss and number of predicted tokens (labels != -100) over ``batches``, in eval mode.
+def loss_sums(
+    model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]]
+) -> tuple[float, int]:
+    """Summed causal-LM loss and number of predicted tokens
+    (labels != -100) over ``batches``, in eval mode.
 
     Sums, not a mean, so that shards evaluated on different ranks combine exactly.
     """

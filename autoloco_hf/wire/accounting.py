@@ -1,11 +1,13 @@
-"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent (docs/algorithm.md#wire-codecs, #accounting).
+"""Byte accounting of a synchronization: the paper's logical payload and the bytes really sent
+(docs/algorithm.md#wire-codecs, #accounting).
 
 The one place that knows how many bytes a wire dtype costs. Kept free of
 ``torch`` (the codec passes itself in) so that ``autoloco plan`` starts fast.
 
 Example::
 
-    >>> payload_bytes(syncs=10, num_params=8192, wire_dtype="int8")  # codes plus an FP32 scale per block
+    >>> # codes plus an FP32 scale per block
+    >>> payload_bytes(syncs=10, num_params=8192, wire_dtype="int8")
     82000
 """
 
@@ -19,10 +21,12 @@ from autoloco_hf.config import WireDtype
 if TYPE_CHECKING:
     from autoloco_hf.wire.codec import WireCodec
 
-DEFAULT_BLOCK_SIZE = 4096  # elements per FP32 scale of a blockwise wire (docs/algorithm.md#wire-codecs)
+# elements per FP32 scale of a blockwise wire (docs/algorithm.md#wire-codecs)
+DEFAULT_BLOCK_SIZE = 4096
 FP32_BYTES = 4
 SCALE_BYTES = FP32_BYTES  # one FP32 scale per block
-INDEX_BYTES = 2  # one 16-bit offset in its block per kept entry of a top-k wire (docs/algorithm.md#low-bit-wires)
+# one 16-bit offset in its block per kept entry of a top-k wire (docs/algorithm.md#low-bit-wires)
+INDEX_BYTES = 2
 
 
 def num_int8_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -41,12 +45,15 @@ def topk_keep(numel: int, fraction: float) -> int:
 
 
 def topk_kept(numel: int, block_size: int, fraction: float) -> int:
-    """Entries a top-k wire keeps of one contiguous chunk: per full block, plus the partial last block's."""
+    """Entries a top-k wire keeps of one contiguous chunk:
+    per full block, plus the partial last block's."""
     full, tail = divmod(numel, block_size)
     return full * topk_keep(block_size, fraction) + topk_keep(tail, fraction)
 
 
-def piece_wire_bytes(numel: int, wire_dtype: str, block_size: int, topk_fraction: float | None = None) -> int:
+def piece_wire_bytes(
+    numel: int, wire_dtype: str, block_size: int, topk_fraction: float | None = None
+) -> int:
     """Exact wire bytes of one contiguous chunk (inside one tensor) of ``numel`` elements.
 
     Dense: the codes packed, plus an FP32 scale per block for a blockwise wire.
@@ -71,7 +78,8 @@ def payload_bytes(
 
     ``num_params`` elements at the wire dtype as one chunk (:func:`piece_wire_bytes`: for a
     blockwise wire one FP32 scale per ``block_size`` elements of the flat buffer). This is the
-    number the paper and ``autoloco plan`` compare; what a worker really sends is :func:`wire_bytes_sent`.
+    number the paper and ``autoloco plan`` compare; what a
+    worker really sends is :func:`wire_bytes_sent`.
     """
     return syncs * piece_wire_bytes(num_params, wire_dtype, block_size, topk_fraction)
 
@@ -96,10 +104,12 @@ def wire_bytes_sent(codec: WireCodec, num_workers: int, worker: int = 0) -> int:
 def outer_state_bytes_per_rank(
     num_params: int, ranks_per_worker: int = 1, momentum: bool = True, error_feedback: bool = False
 ) -> int:
-    """FP32 outer state one rank holds: ``theta_t``, the Nesterov momentum and the optional error-feedback residual.
+    """FP32 outer state one rank holds: ``theta_t``, the
+    Nesterov momentum and the optional error-feedback residual.
 
-    With FSDP2 workers (docs/algorithm.md#worker-groups) rank ``r`` keeps the state of its shard only, so the per-rank figure falls
-    by ``ranks_per_worker``; FSDP2 pads each parameter's dim 0 to a multiple of ``R``, so the largest shard
+    With FSDP2 workers (docs/algorithm.md#worker-groups) rank ``r`` keeps the
+    state of its shard only, so the per-rank figure falls by ``ranks_per_worker``;
+    FSDP2 pads each parameter's dim 0 to a multiple of ``R``, so the largest shard
     is at most one row per tensor above ``num_params / R`` (ignored here).
     """
     copies = 1 + int(momentum) + int(error_feedback)

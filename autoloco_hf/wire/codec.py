@@ -1,4 +1,5 @@
-"""Pseudo-gradient wire codec: a flat buffer in any wire format, and the owner-reduce arithmetic (docs/algorithm.md#wire-codecs).
+"""Pseudo-gradient wire codec: a flat buffer in any wire format, and the owner-reduce arithmetic
+(docs/algorithm.md#wire-codecs).
 
 The outer synchronization ships pseudo-gradients (``theta_t - theta_t^i``) between
 workers. This module owns everything about how such a flat FP32 buffer looks on the
@@ -24,15 +25,19 @@ from autoloco_hf.wire.formats.base import true_divide
 
 def _check_block_size(block_size: int, topk_fraction: float | None) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size={block_size!r} is not a positive integer: use an int >= 1 (default 4096)")
+        raise ValueError(
+            f"block_size={block_size!r} is not a positive integer: use an int >= 1 (default 4096)"
+        )
     if topk_fraction is not None and block_size > MAX_TOPK_BLOCK:
         raise ValueError(
-            f"block_size={block_size} with topk_fraction: offsets in a block are 16-bit, use block_size <= {MAX_TOPK_BLOCK}"
+            f"block_size={block_size} with topk_fraction: offsets in a block are 16-bit, use "
+            f"block_size <= {MAX_TOPK_BLOCK}"
         )
 
 
 def balanced_parts(numel: int, num_parts: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` parts of ``range(numel)``; sizes differ by at most 1, the first ones larger."""
+    """Contiguous ``[start, end)`` parts of ``range(numel)``;
+    sizes differ by at most 1, the first ones larger."""
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
     base, extra = divmod(numel, num_parts)
@@ -45,7 +50,8 @@ def balanced_parts(numel: int, num_parts: int) -> list[tuple[int, int]]:
 
 
 class WireCodec:
-    """Encodes a flat FP32 buffer made of several tensor segments for one wire format (docs/algorithm.md#wire-codecs).
+    """Encodes a flat FP32 buffer made of several tensor segments for one wire format
+    (docs/algorithm.md#wire-codecs).
 
     The flat buffer is the concatenation of the model's tensors (``segment_sizes``
     in order). Slices of it are encoded independently, piece by piece (``segment ∩
@@ -83,7 +89,8 @@ class WireCodec:
         self.numel = self._offsets[-1]
 
     def partition(self, num_parts: int) -> list[tuple[int, int]]:
-        """Contiguous ``[start, end)`` owner parts (docs/algorithm.md#wire-codecs aggregation); sizes differ by at most 1.
+        """Contiguous ``[start, end)`` owner parts
+        (docs/algorithm.md#wire-codecs aggregation); sizes differ by at most 1.
 
         The first ``numel % num_parts`` parts get one extra element; parts may be
         empty when ``num_parts > numel``.
@@ -91,7 +98,8 @@ class WireCodec:
         return balanced_parts(self.numel, num_parts)
 
     def pieces(self, start: int, numel: int) -> list[tuple[int, int]]:
-        """``(offset within the slice, length)`` of each non-empty ``segment ∩ [start, start+numel)``."""
+        """``(offset within the slice, length)`` of each non-empty
+        ``segment ∩ [start, start+numel)``."""
         self._check_slice(start, numel)
         end = start + numel
         out = []
@@ -105,18 +113,21 @@ class WireCodec:
         return out
 
     def num_blocks(self, start: int, numel: int) -> int:
-        """Scales a blockwise wire carries for the slice: per piece ``ceil(length / block_size)``."""
+        """Scales a blockwise wire carries for the slice: per piece
+        ``ceil(length / block_size)``."""
         return sum(num_int8_blocks(n, self.block_size) for _, n in self.pieces(start, numel))
 
     def wire_bytes(self, start: int, numel: int) -> int:
-        """Exact bytes of :meth:`encode`'s output for the slice (docs/algorithm.md#accounting accounting)."""
+        """Exact bytes of :meth:`encode`'s output for the
+        slice (docs/algorithm.md#accounting accounting)."""
         return sum(
             piece_wire_bytes(n, self.wire_dtype, self.block_size, self.topk_fraction)
             for _, n in self.pieces(start, numel)
         )
 
     def _layout(self, start: int, numel: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
-        """Per piece: its offset and length in the slice and ``(offset, length)`` in each wire tensor."""
+        """Per piece: its offset and length in the slice and
+        ``(offset, length)`` in each wire tensor."""
         at = [0] * len(self.format.dtypes)
         layout = []
         for off, n in self.pieces(start, numel):
@@ -125,14 +136,18 @@ class WireCodec:
             at = [a + c for a, c in zip(at, counts)]
         return layout
 
-    def empty_wire(self, start: int, numel: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
+    def empty_wire(
+        self, start: int, numel: int, device: torch.device | str | None = None
+    ) -> list[torch.Tensor]:
         """Uninitialized receive buffers shaped like :meth:`encode`'s output for the slice."""
         totals = [0] * len(self.format.dtypes)
         for _, n in self.pieces(start, numel):
             totals = [t + c for t, c in zip(totals, self.format.numels(n, self.block_size))]
         return [torch.empty(t, dtype=d, device=device) for t, d in zip(totals, self.format.dtypes)]
 
-    def encode(self, flat_part: torch.Tensor, start: int, out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def encode(
+        self, flat_part: torch.Tensor, start: int, out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """Wire tensors for the slice ``[start, start + numel)`` of the flat buffer.
 
         ``out`` (shaped like :meth:`empty_wire`) receives them instead of fresh
@@ -141,7 +156,9 @@ class WireCodec:
         Without ``out``, ``fp32`` returns the input itself (no copy).
         """
         if flat_part.dim() != 1 or flat_part.dtype != torch.float32:
-            raise ValueError(f"expected a 1-D float32 tensor, got {flat_part.dtype} {tuple(flat_part.shape)}")
+            raise ValueError(
+                f"expected a 1-D float32 tensor, got {flat_part.dtype} {tuple(flat_part.shape)}"
+            )
         numel = flat_part.numel()
         self._check_slice(start, numel)
         flat_part = flat_part.contiguous()
@@ -154,30 +171,43 @@ class WireCodec:
             self._check_wire(out, start, numel)
         for off, n, spans in self._layout(start, numel):
             self.format.encode(
-                flat_part[off : off + n], [w[a : a + c] for w, (a, c) in zip(out, spans)], self.block_size
+                flat_part[off : off + n],
+                [w[a : a + c] for w, (a, c) in zip(out, spans)],
+                self.block_size,
             )
         return out
 
-    def decode(self, wire: list[torch.Tensor], start: int, numel: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self, wire: list[torch.Tensor], start: int, numel: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """FP32 slice from its wire tensors, written into ``out`` when given.
 
         Without ``out``, ``fp32`` returns ``wire[0]`` itself (no copy).
         """
         self._check_wire(wire, start, numel)
         if out is not None and (out.dtype != torch.float32 or out.shape != (numel,)):
-            raise ValueError(f"out must be a float32 tensor of shape ({numel},), got {out.dtype} {tuple(out.shape)}")
+            raise ValueError(
+                f"out must be a float32 tensor of shape ({numel},), got "
+                f"{out.dtype} {tuple(out.shape)}"
+            )
         if out is None:
             whole = self.format.decode_whole(wire)
             if whole is not None:
                 return whole
             out = torch.empty(numel, dtype=torch.float32, device=wire[0].device)
         for off, n, spans in self._layout(start, numel):
-            self.format.decode([w[a : a + c] for w, (a, c) in zip(wire, spans)], out[off : off + n], self.block_size)
+            self.format.decode(
+                [w[a : a + c] for w, (a, c) in zip(wire, spans)],
+                out[off : off + n],
+                self.block_size,
+            )
         return out
 
     def _check_wire(self, wire: Sequence[torch.Tensor], start: int, numel: int) -> None:
         expected = self.empty_wire(start, numel, "meta")
-        if len(wire) != len(expected) or any(w.dtype != e.dtype or w.shape != e.shape for w, e in zip(wire, expected)):
+        if len(wire) != len(expected) or any(
+            w.dtype != e.dtype or w.shape != e.shape for w, e in zip(wire, expected)
+        ):
             raise ValueError(
                 f"wire tensors {[(w.dtype, tuple(w.shape)) for w in wire]} do not match "
                 f"{[(e.dtype, tuple(e.shape)) for e in expected]} for slice ({start}, {numel})"
@@ -189,11 +219,14 @@ class WireCodec:
 
     def _check_slice(self, start: int, numel: int) -> None:
         if start < 0 or numel < 0 or start + numel > self.numel:
-            raise ValueError(f"slice ({start}, {numel}) outside the flat buffer of {self.numel} elements")
+            raise ValueError(
+                f"slice ({start}, {numel}) outside the flat buffer of {self.numel} elements"
+            )
 
 
 def mean_in_worker_order(decoded_contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """FP32 mean with the one fixed op order both aggregation paths use (docs/algorithm.md#wire-codecs, #simulation).
+    """FP32 mean with the one fixed op order both aggregation paths use
+    (docs/algorithm.md#wire-codecs, #simulation).
 
     ``total = c0.clone(); total += c1; ...; total /= N``: FP32 addition is not
     associative, so fixing the order is what makes the simulated and the
@@ -211,7 +244,8 @@ def mean_in_worker_order(decoded_contributions: Sequence[torch.Tensor]) -> torch
 def owner_reduce_part(
     codec: WireCodec, decoded_contributions: Sequence[torch.Tensor], start: int
 ) -> list[torch.Tensor]:
-    """Owner's step for its part: mean of the decoded contributions (worker order 0..N-1), encoded once.
+    """Owner's step for its part: mean of the decoded
+    contributions (worker order 0..N-1), encoded once.
 
     The returned wire tensors are what the owner sends to every worker, itself
     included (docs/algorithm.md#wire-codecs: all workers receive the identical decoded mean).
@@ -254,7 +288,8 @@ def roundtrip_as_sent(codec: WireCodec, flat: torch.Tensor, num_parts: int) -> t
 
 
 def gathered_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The all-gather aggregation of an overlapped lossy average (docs/algorithm.md#overlap), simulated in one process.
+    """The all-gather aggregation of an overlapped lossy average
+    (docs/algorithm.md#overlap), simulated in one process.
 
     Every worker sends its whole contribution encoded as it would send it to the owners
     (:func:`roundtrip_as_sent`: the same parts, so error feedback subtracts exactly what
@@ -267,7 +302,8 @@ def gathered_mean(codec: WireCodec, contributions: Sequence[torch.Tensor]) -> to
 
 
 class ErrorFeedback:
-    """Error feedback for a lossy wire (docs/algorithm.md#error-feedback; off by default, not in the paper).
+    """Error feedback for a lossy wire (docs/algorithm.md#error-feedback;
+    off by default, not in the paper).
 
     One instance per worker keeps the FP32 residual of what its encoding dropped
     and adds it to the next contribution, for every lossy format alike::
@@ -287,8 +323,11 @@ class ErrorFeedback:
     def __init__(self, numel: int, device: torch.device | str | None = None):
         self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
 
-    def apply(self, codec: WireCodec, delta: torch.Tensor, num_parts: int, offset: int = 0) -> torch.Tensor:
-        """``delta + residual`` (a new tensor; ``delta`` is left unchanged), keeping what its encoding drops.
+    def apply(
+        self, codec: WireCodec, delta: torch.Tensor, num_parts: int, offset: int = 0
+    ) -> torch.Tensor:
+        """``delta + residual`` (a new tensor; ``delta`` is
+        left unchanged), keeping what its encoding drops.
 
         The sent value is the contribution as the ``num_parts`` owners decode it
         (:func:`roundtrip_as_sent`); call it only with a finite ``delta``.
@@ -304,5 +343,7 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         residual = state["residual"]
         if residual.shape != self.residual.shape:
-            raise ValueError(f"residual of shape {tuple(residual.shape)}, expected {tuple(self.residual.shape)}")
+            raise ValueError(
+                f"residual of shape {tuple(residual.shape)}, expected {tuple(self.residual.shape)}"
+            )
         self.residual.copy_(residual)

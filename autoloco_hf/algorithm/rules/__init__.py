@@ -1,4 +1,5 @@
-"""Horizon rules as plug-ins (docs/algorithm.md#rule-plugins): the interface, the registry, and the built-in rules.
+"""Horizon rules as plug-ins (docs/algorithm.md#rule-plugins):
+the interface, the registry, and the built-in rules.
 
 Importing this package registers ``paper`` (:mod:`.paper`) and ``descent`` (:mod:`.descent`).
 """

@@ -11,7 +11,9 @@ registry (as ``transformers.get_scheduler`` finds a schedule)::
         Options = FixedScheduleOptions
         ...
 
-    AutoLoCoConfig(controller="fixed_schedule", rule_options={"start": 40}, rule_module="mypkg.rules")
+    AutoLoCoConfig(
+        controller="fixed_schedule", rule_options={"start": 40}, rule_module="mypkg.rules"
+    )
 
 A rule that needs something measured *inside* an interval asks for it with
 :meth:`HorizonRule.measurements` (:class:`DisplacementAt` requests); the engine
@@ -37,13 +39,16 @@ if TYPE_CHECKING:
 class Delivery(str, Enum):
     """How the engine delivers a requested measurement."""
 
-    BOUNDARY = "boundary"  # kept by each worker, summed with the interval's control message: in the observation
-    SHARED = "shared"  # summed over all workers at once (one small all-reduce): handed to on_measurement
+    # kept by each worker, summed with the interval's control message: in the observation
+    BOUNDARY = "boundary"
+    # summed over all workers at once (one small all-reduce): handed to on_measurement
+    SHARED = "shared"
 
 
 @dataclass(frozen=True)
 class DisplacementAt:
-    """Ask for every worker's displacement ``||theta - theta_t||^2`` after ``step`` steps of the interval.
+    """Ask for every worker's displacement
+    ``||theta - theta_t||^2`` after ``step`` steps of the interval.
 
     ``BOUNDARY``: at most one per interval; its worker mean and the LR mass of
     those steps reach the rule as ``IntervalObservation.anchor_drift_energy`` /
@@ -58,7 +63,8 @@ class DisplacementAt:
 
 @dataclass(frozen=True)
 class Measured:
-    """A shared measurement's result: the displacement summed over all workers and the LR mass of its steps."""
+    """A shared measurement's result: the displacement summed
+    over all workers and the LR mass of its steps."""
 
     step: int
     sq_norm_sum: float
@@ -79,8 +85,10 @@ class HorizonRule(ABC):
     name: ClassVar[str]
     Options: ClassVar[type]
     h_max_factor: ClassVar[float] = 1.5  # default h_max in h_base (rounded down to q_h)
-    base_outer_momentum: ClassVar[float] = 0.7  # default outer_momentum (docs/algorithm.md#outer-correction)
-    # whether intervals at any horizon calibrate the token mapper (a rule that starts away from h_base)
+    # default outer_momentum (docs/algorithm.md#outer-correction)
+    base_outer_momentum: ClassVar[float] = 0.7
+    # whether intervals at any horizon calibrate the token
+    # mapper (a rule that starts away from h_base)
     calibrates_tokens_at_any_horizon: ClassVar[bool] = False
 
     def __init__(self, config: AutoLoCoConfig, warmup_steps: int = 0) -> None:
@@ -90,7 +98,8 @@ class HorizonRule(ABC):
 
     @classmethod  # noqa: B027 (most rules combine with every setting)
     def check_config(cls, config: AutoLoCoConfig) -> None:
-        """Refuse, with a :class:`RuleError`, settings of ``config`` the rule cannot follow (called at construction)."""
+        """Refuse, with a :class:`RuleError`, settings of ``config``
+        the rule cannot follow (called at construction)."""
 
     @property
     @abstractmethod
@@ -118,10 +127,11 @@ class HorizonRule(ABC):
         return ()
 
     def on_measurement(self, interval: NextInterval, results: tuple[Measured, ...]) -> NextInterval:
-        """The interval to run on, given the shared measurements (in step order, identical on every worker).
+        """The interval to run on, given the shared measurements
+        (in step order, identical on every worker).
 
-        A rule may end the interval early (a shorter ``h_step``, ``cut_short=True``; the policy updates its LR
-        mass) or note ``probe_exponent`` for the record. Default: unchanged.
+        A rule may end the interval early (a shorter ``h_step``, ``cut_short=True``; the policy
+        updates its LR mass) or note ``probe_exponent`` for the record. Default: unchanged.
         """
         return interval
 

@@ -1,4 +1,5 @@
-"""What every horizon rule reads and writes: phases, assessments, decisions, observations (docs/algorithm.md#horizon-rule).
+"""What every horizon rule reads and writes: phases, assessments, decisions, observations
+(docs/algorithm.md#horizon-rule).
 
 The rules themselves live in :mod:`autoloco_hf.algorithm.rules` (the paper's
 state machine, the descent rule, and any registered from outside the package);
@@ -15,7 +16,8 @@ from autoloco_hf.config import ValueEnum
 
 
 class Phase(ValueEnum):
-    """Rule phases (docs/algorithm.md#phases); ``FIXED`` marks intervals of a policy without a rule."""
+    """Rule phases (docs/algorithm.md#phases); ``FIXED``
+    marks intervals of a policy without a rule."""
 
     WARMUP = "warmup"
     CALIBRATION = "calibration"
@@ -26,7 +28,8 @@ class Phase(ValueEnum):
 
 
 class Assessment(ValueEnum):
-    """How an interval's statistics compare with the reference (docs/algorithm.md#interval-assessment), or why none was made."""
+    """How an interval's statistics compare with the reference
+    (docs/algorithm.md#interval-assessment), or why none was made."""
 
     INVALID = "invalid"
     SEVERE = "severe"
@@ -37,14 +40,18 @@ class Assessment(ValueEnum):
     TRUNCATED = "truncated"
     NO_DECISION = "no_decision"
     FIXED = "fixed"
-    CUMULATIVE = "cumulative"  # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
-    BENT = "bent"  # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md#descent-rule)
-    # eager overlap: ran a horizon the rule has since replaced; not fed to it (docs/algorithm.md#overlap-checkpoints)
+    # opt-in cumulative check: the adoptions since a lower horizon add up to a deviation
+    CUMULATIVE = "cumulative"
+    # an in-interval probe ended it early: the workers' paths bent (docs/algorithm.md#descent-rule)
+    BENT = "bent"
+    # eager overlap: ran a horizon the rule has since replaced; not fed to it
+    # (docs/algorithm.md#overlap-checkpoints)
     STALE = "stale"
 
     @property
     def code(self) -> float:
-        """Numeric code for scalar loggers: higher is better for longer horizons (every member has one)."""
+        """Numeric code for scalar loggers: higher is better
+        for longer horizons (every member has one)."""
         return _ASSESSMENT_CODES[self]
 
 
@@ -79,13 +86,16 @@ class IntervalObservation:
     # D at the rule's BOUNDARY displacement request, if any (docs/algorithm.md#rule-plugins)
     anchor_drift_energy: float = math.nan
     anchor_lr_mass: float = math.nan  # the LR mass of the steps before that request
-    cut_short: bool = False  # the rule's on_measurement ended it early (docs/algorithm.md#rule-plugins)
+    # the rule's on_measurement ended it early (docs/algorithm.md#rule-plugins)
+    cut_short: bool = False
 
     @property
     def finite(self) -> bool:
-        """Whether the interval can be assessed at all; else it is ``invalid`` (docs/algorithm.md#interval-assessment)."""
+        """Whether the interval can be assessed at all; else it is ``invalid``
+        (docs/algorithm.md#interval-assessment)."""
         return self.pseudo_grad_finite and all(
-            math.isfinite(v) for v in (self.drift_energy, self.coherence, self.lr_mass, self.mean_loss)
+            math.isfinite(v)
+            for v in (self.drift_energy, self.coherence, self.lr_mass, self.mean_loss)
         )
 
 

@@ -1,4 +1,5 @@
-"""The paper's horizon rule, ``controller="paper"``: a serializable state machine (docs/algorithm.md#phases).
+"""The paper's horizon rule, ``controller="paper"``: a
+serializable state machine (docs/algorithm.md#phases).
 
 Plain numbers in, a decision out. After every interval the rule sees the
 interval's statistics (``D_t``, ``C_t``, ``Lambda_t``, loss, finiteness) and
@@ -31,7 +32,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoloco_hf.algorithm.rules.base import HorizonRule
-from autoloco_hf.algorithm.rules.decisions import Assessment, Decision, IntervalObservation, Phase, RuleDecision
+from autoloco_hf.algorithm.rules.decisions import (
+    Assessment,
+    Decision,
+    IntervalObservation,
+    Phase,
+    RuleDecision,
+)
 from autoloco_hf.algorithm.stats import log_normalized_drift, robust_centre_scale
 from autoloco_hf.config import (
     ABOVE_ONE,
@@ -49,58 +56,81 @@ from autoloco_hf.rule_registry import check_range, register_rule
 
 @dataclass
 class PaperOptions:
-    """Options of the paper rule (``AutoLoCoConfig(rule_options=...)`` with ``controller="paper"``)."""
+    """Options of the paper rule (``AutoLoCoConfig(rule_options=...)``
+    with ``controller="paper"``)."""
 
     calibration_delay_steps: int = option(
-        0, "Extra steps after warm-up before the first calibration interval (docs/algorithm.md#warm-up).", NON_NEGATIVE
+        0,
+        "Extra steps after warm-up before the first calibration interval "
+        "(docs/algorithm.md#warm-up).",
+        NON_NEGATIVE,
     )
     calibration_intervals: int = option(
-        2, "Intervals that set the reference levels at the start (docs/algorithm.md#reference-calibration).", COUNT
+        2,
+        "Intervals that set the reference levels at the start "
+        "(docs/algorithm.md#reference-calibration).",
+        COUNT,
     )
     recalibration_intervals: int = option(
         1,
-        "Calibration intervals after a reduction, adoption or return (docs/algorithm.md#reference-calibration).",
+        "Calibration intervals after a reduction, adoption or return "
+        "(docs/algorithm.md#reference-calibration).",
         COUNT,
     )
     variability_intervals: int = option(
-        3, "Intervals that fill the residual history after calibration (docs/algorithm.md#variability).", NON_NEGATIVE
+        3,
+        "Intervals that fill the residual history after calibration "
+        "(docs/algorithm.md#variability).",
+        NON_NEGATIVE,
     )
     monitoring_holdoff: int = option(
         1,
-        "Monitored intervals consistent with the reference before an increase may be proposed (docs/algorithm.md#monitoring).",
+        "Monitored intervals consistent with the reference before an increase may be proposed "
+        "(docs/algorithm.md#monitoring).",
         COUNT,
     )
     ref_ema_alpha: float = option(
         0.2,
-        "Log-space EMA factor of the reference levels *[reconstruction]* (docs/algorithm.md#references-and-residuals).",
+        "Log-space EMA factor of the reference levels *[reconstruction]* "
+        "(docs/algorithm.md#references-and-residuals).",
         Range(0.0, 1.0),
     )
-    history_size: int = option(16, "Residuals kept per family (docs/algorithm.md#references-and-residuals).", COUNT)
+    history_size: int = option(
+        16, "Residuals kept per family (docs/algorithm.md#references-and-residuals).", COUNT
+    )
     sigma_floor: float = option(
         0.10,
-        "Floor of the robust residual scale *[reconstruction]* (docs/algorithm.md#references-and-residuals).",
+        "Floor of the robust residual scale *[reconstruction]* "
+        "(docs/algorithm.md#references-and-residuals).",
         POSITIVE,
     )
     k_moderate: float = option(
-        2.0, "Adverse-score threshold of a moderate deviation (docs/algorithm.md#interval-assessment).", POSITIVE
+        2.0,
+        "Adverse-score threshold of a moderate deviation (docs/algorithm.md#interval-assessment).",
+        POSITIVE,
     )
     k_severe: float = option(
         4.0,
-        "Adverse-score threshold of a severe deviation, >= k_moderate (docs/algorithm.md#interval-assessment).",
+        "Adverse-score threshold of a severe deviation, >= k_moderate "
+        "(docs/algorithm.md#interval-assessment).",
         POSITIVE,
     )
     min_history: int = option(
         3,
-        "Residuals needed before moderate and severe can be assessed, <= history_size (docs/algorithm.md#interval-assessment).",
+        "Residuals needed before moderate and severe can be assessed, <= history_size "
+        "(docs/algorithm.md#interval-assessment).",
         COUNT,
     )
     candidate_max_intervals: int = option(
         2,
-        "Intervals a candidate may run while consistent before it is adopted (docs/algorithm.md#candidate-evaluation).",
+        "Intervals a candidate may run while consistent before it is adopted "
+        "(docs/algorithm.md#candidate-evaluation).",
         COUNT,
     )
     moderate_confirmations: int = option(
-        2, "Consecutive moderate deviations that trigger a reduction (docs/algorithm.md#monitoring).", COUNT
+        2,
+        "Consecutive moderate deviations that trigger a reduction (docs/algorithm.md#monitoring).",
+        COUNT,
     )
     reduce_moderate: float = option(
         1.2, "Reduction factor after moderate deviations (docs/algorithm.md#monitoring).", ABOVE_ONE
@@ -110,13 +140,14 @@ class PaperOptions:
     )
     gamma_inc: float = option(
         1.15,
-        "Candidate LR-mass budget relative to the accepted horizon (docs/algorithm.md#candidate-selection).",
+        "Candidate LR-mass budget relative to the accepted horizon "
+        "(docs/algorithm.md#candidate-selection).",
         AT_LEAST_ONE,
     )
     rejected_bound_release: float = option(
         0.90,
-        """A rejected bound retires when its LR-mass preview falls to this fraction of the LR mass observed at
-        its creation (docs/algorithm.md#candidate-selection).""",
+        """A rejected bound retires when its LR-mass preview falls to this fraction of the LR mass
+        observed at its creation (docs/algorithm.md#candidate-selection).""",
         Range(0.0, 1.0, low_open=True),
     )
     rejected_bound_max_age: int = option(
@@ -124,35 +155,37 @@ class PaperOptions:
     )
     increase_requires_support: bool = option(
         False,
-        """docs/algorithm.md#monitoring proposes an increase after a supporting *or* consistent monitored interval; True proposes only
-        after a supporting one.""",
+        """docs/algorithm.md#monitoring proposes an increase after a supporting *or* consistent
+        monitored interval; True proposes only after a supporting one.""",
     )
     reference_clip: ReferenceClip = option(
         ReferenceClip.CENTRE,
-        """Reference EMA update (docs/algorithm.md#references-and-residuals): `centre` moves the reference by `ref_ema_alpha * (c + clip(r - c,
-        +-k_moderate * sigma))`, `c` the robust centre of the residual history (0 while it holds fewer than
-        `min_history` residuals), so the reference follows drift of any speed; `zero` is the literal rule
-        `ref_ema_alpha * clip(r, ...)`, which follows at most `ref_ema_alpha * k_moderate * sigma` per interval
-        and reads faster drift as deviations.""",
+        """Reference EMA update (docs/algorithm.md#references-and-residuals): `centre` moves the
+        reference by `ref_ema_alpha * (c + clip(r - c, +-k_moderate * sigma))`, `c` the robust
+        centre of the residual history (0 while it holds fewer than `min_history` residuals), so the
+        reference follows drift of any speed; `zero` is the literal rule
+        `ref_ema_alpha * clip(r, ...)`, which follows at most `ref_ema_alpha * k_moderate * sigma`
+        per interval and reads faster drift as deviations.""",
     )
     rejected_bound_min_age: int = option(
         0,
-        """A rejected bound retires on LR-mass decay (`rejected_bound_release`) only once it is at least this
-        many intervals old, so a sharp blow-up is probed at most once per this many intervals; 0 is the spec's
-        rule. `rejected_bound_max_age` still retires it.""",
+        """A rejected bound retires on LR-mass decay (`rejected_bound_release`) only once it is at
+        least this many intervals old, so a sharp blow-up is probed at most once per this many
+        intervals; 0 is the spec's rule. `rejected_bound_max_age` still retires it.""",
         NON_NEGATIVE,
     )
     cumulative_check: bool = option(
         False,
-        """At each adoption, add the candidate's standardized scores to a ladder of adopted horizons (reset by
-        a reduction) and compare the new horizon with every lower rung: if `max(sum z_D, -sum z_C) >
-        k_moderate` summed over the adoptions since some rung, return to that rung and make the candidate the
-        rejected bound. Catches a slow blow-up that each one-step comparison reads as consistent.""",
+        """At each adoption, add the candidate's standardized scores to a ladder of adopted horizons
+        (reset by a reduction) and compare the new horizon with every lower rung: if
+        `max(sum z_D, -sum z_C) > k_moderate` summed over the adoptions since some rung, return to
+        that rung and make the candidate the rejected bound. Catches a slow blow-up that each
+        one-step comparison reads as consistent.""",
     )
     candidate_max_quanta: int = option(
         0,
-        """A candidate lies at most this many `q_h` above the accepted horizon (0: no cap, the spec's rule), so
-        a budget that admits `h_max` late in training climbs step by step.""",
+        """A candidate lies at most this many `q_h` above the accepted horizon (0: no cap, the
+        spec's rule), so a budget that admits `h_max` late in training climbs step by step.""",
         NON_NEGATIVE,
     )
 
@@ -175,7 +208,8 @@ class PaperOptions:
 
 @dataclass
 class RejectedBound:
-    """A rejected candidate horizon: increases stay below it until it retires (docs/algorithm.md#candidate-selection)."""
+    """A rejected candidate horizon: increases stay below it until it retires
+    (docs/algorithm.md#candidate-selection)."""
 
     h_tok: int
     lr_mass: float | None  # Lambda observed when the bound was created (None if non-finite)
@@ -199,16 +233,19 @@ class _State:
     bad_event_pending: bool = False
     candidate_intervals: int = 0
     rejected: RejectedBound | None = None
-    # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per adopted horizon since the last reduction
+    # opt-in cumulative check: [h_tok, sum z_D, sum -z_C] per
+    # adopted horizon since the last reduction
     ladder: list = field(default_factory=list)
 
 
 @register_rule
 class PaperRule(HorizonRule):
-    """docs/algorithm.md#horizon-rule state machine over token-equivalent horizons: the rule ``controller="paper"``.
+    """docs/algorithm.md#horizon-rule state machine over
+    token-equivalent horizons: the rule ``controller="paper"``.
 
     Args:
-        config: the run's :class:`AutoLoCoConfig` (domain; its ``rule_options`` are :class:`PaperOptions`).
+        config: the run's :class:`AutoLoCoConfig` (domain;
+            its ``rule_options`` are :class:`PaperOptions`).
         warmup_steps: inner-LR warm-up length; intervals ending before
             ``warmup_steps + calibration_delay_steps`` are not used (docs/algorithm.md#warm-up).
     """
@@ -254,19 +291,27 @@ class PaperRule(HorizonRule):
         log_drift, log_coherence = self._logs(obs)
         finite = obs.finite
 
-        # intervals ending before warm-up (+ delay) ends; the one completing it already calibrates (docs/algorithm.md#warm-up)
-        in_warmup = phase == Phase.WARMUP and obs.end_step < self.warmup_steps + self.options.calibration_delay_steps
+        # intervals ending before warm-up (+ delay) ends; the one
+        # completing it already calibrates (docs/algorithm.md#warm-up)
+        in_warmup = (
+            phase == Phase.WARMUP
+            and obs.end_step < self.warmup_steps + self.options.calibration_delay_steps
+        )
         if not finite and in_warmup:
-            # the recipe horizon is kept through warm-up, but the event arms the fallback (docs/algorithm.md#interval-assessment)
+            # the recipe horizon is kept through warm-up, but the event arms the fallback
+            # (docs/algorithm.md#interval-assessment)
             st.bad_event_pending = True
             decision = self._decision(phase, Assessment.INVALID, Decision.KEEP)
         elif not finite and phase == Phase.CANDIDATE:
-            decision = self._reject(self._decision(phase, Assessment.INVALID, Decision.REJECT), obs.lr_mass)
+            decision = self._reject(
+                self._decision(phase, Assessment.INVALID, Decision.REJECT), obs.lr_mass
+            )
         elif not finite:
             decision = self._on_invalid_or_severe(phase, Assessment.INVALID, None)
         elif obs.truncated:
             decision = self._decision(phase, Assessment.TRUNCATED, Decision.NONE)
-        # Lambda_t = 0 or D_t = 0: treated like truncation (docs/algorithm.md#references-and-residuals)
+        # Lambda_t = 0 or D_t = 0: treated like truncation
+        # (docs/algorithm.md#references-and-residuals)
         elif log_drift is None:
             decision = self._decision(phase, Assessment.NO_DECISION, Decision.NONE)
         elif in_warmup:
@@ -298,7 +343,9 @@ class PaperRule(HorizonRule):
         if len(st.calibration_logs) < st.calibration_needed:
             return
         st.ref_log_drift = math.fsum(d for d, _ in st.calibration_logs) / len(st.calibration_logs)
-        st.ref_log_coherence = math.fsum(c for _, c in st.calibration_logs) / len(st.calibration_logs)
+        st.ref_log_coherence = math.fsum(c for _, c in st.calibration_logs) / len(
+            st.calibration_logs
+        )
         st.calibration_logs = []
         st.variability_left = self.options.variability_intervals
         st.phase = Phase.VARIABILITY if st.variability_left > 0 else Phase.MONITORING
@@ -320,7 +367,9 @@ class PaperRule(HorizonRule):
         decision.decision = Decision.KEEP
         return decision
 
-    def _monitor(self, log_drift: float, log_coherence: float, preview: Callable[[int], float]) -> RuleDecision:
+    def _monitor(
+        self, log_drift: float, log_coherence: float, preview: Callable[[int], float]
+    ) -> RuleDecision:
         st, _cfg = self.state, self.cfg
         decision = self._assess(Phase.MONITORING, log_drift, log_coherence)
         if decision.assessment == Assessment.SEVERE:
@@ -340,7 +389,8 @@ class PaperRule(HorizonRule):
         self._trim_history()
         st.monitored_ok += 1
         may_increase = st.monitored_ok >= self.options.monitoring_holdoff and (
-            decision.assessment == Assessment.SUPPORTING or not self.options.increase_requires_support
+            decision.assessment == Assessment.SUPPORTING
+            or not self.options.increase_requires_support
         )
         candidate = self._select_candidate(preview) if may_increase else None
         if candidate is None:
@@ -407,7 +457,9 @@ class PaperRule(HorizonRule):
     # ------------------------------------------------------------ transitions
     def _reject(self, decision: RuleDecision, lr_mass: float) -> RuleDecision:
         st = self.state
-        st.rejected = RejectedBound(h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None)
+        st.rejected = RejectedBound(
+            h_tok=st.h_tok, lr_mass=lr_mass if math.isfinite(lr_mass) else None
+        )
         if decision.assessment in (Assessment.SEVERE, Assessment.INVALID):
             st.bad_event_pending = True
         st.h_tok = st.h_accepted
@@ -415,8 +467,11 @@ class PaperRule(HorizonRule):
         decision.decision = Decision.REJECT
         return decision
 
-    def _on_invalid_or_severe(self, phase: str, assessment: str, decision: RuleDecision | None) -> RuleDecision:
-        """Severe or invalid: reduce by ``reduce_severe``; the second such event in a row falls back to ``h_min``."""
+    def _on_invalid_or_severe(
+        self, phase: str, assessment: str, decision: RuleDecision | None
+    ) -> RuleDecision:
+        """Severe or invalid: reduce by ``reduce_severe``; the
+        second such event in a row falls back to ``h_min``."""
         st, cfg = self.state, self.cfg
         decision = decision or self._decision(phase, assessment, Decision.NONE)
         if st.bad_event_pending:
@@ -431,7 +486,8 @@ class PaperRule(HorizonRule):
         return self._reduce(decision, self.options.reduce_severe)
 
     def _reduce(self, decision: RuleDecision, factor: float) -> RuleDecision:
-        """docs/algorithm.md#reduction: nearest admissible horizon to ``H_acc / factor`` below ``H_acc``; else recalibrate."""
+        """docs/algorithm.md#reduction: nearest admissible horizon to ``H_acc / factor`` below
+        ``H_acc``; else recalibrate."""
         st = self.state
         target = st.h_accepted / factor
         smaller = [h for h in self._admissible() if h < st.h_accepted]
@@ -455,12 +511,15 @@ class PaperRule(HorizonRule):
         st.monitored_ok = 0
 
     def _select_candidate(self, preview: Callable[[int], float]) -> int | None:
-        """docs/algorithm.md#candidate-selection: the longest horizon within the LR-mass budget, or the geometric midpoint below a bound."""
+        """docs/algorithm.md#candidate-selection: the longest horizon within the LR-mass budget, or
+        the geometric midpoint below a bound."""
         st, cfg = self.state, self.cfg
         self._maybe_retire_bound(preview)
         above = [h for h in self._admissible() if h > st.h_accepted]
         if self.options.candidate_max_quanta:  # opt-in: climb at most this many q_H per proposal
-            above = [h for h in above if h <= st.h_accepted + self.options.candidate_max_quanta * cfg.q_h]
+            above = [
+                h for h in above if h <= st.h_accepted + self.options.candidate_max_quanta * cfg.q_h
+            ]
         if st.rejected is not None:
             inside = [h for h in above if h < st.rejected.h_tok]
             if not inside:
@@ -496,14 +555,20 @@ class PaperRule(HorizonRule):
         return list(range(cfg.h_min, cfg.h_max + 1, cfg.q_h))
 
     def _logs(self, obs: IntervalObservation) -> tuple[float | None, float | None]:
-        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined (docs/algorithm.md#references-and-residuals)."""
+        """``(log d_t, log(C_t + eps))`` in float64, or ``(None, None)`` when undefined
+        (docs/algorithm.md#references-and-residuals)."""
         log_drift = log_normalized_drift(obs.drift_energy, obs.lr_mass)
-        if math.isnan(log_drift) or not math.isfinite(obs.coherence) or obs.coherence + self.cfg.eps <= 0:
+        if (
+            math.isnan(log_drift)
+            or not math.isfinite(obs.coherence)
+            or obs.coherence + self.cfg.eps <= 0
+        ):
             return None, None
         return log_drift, math.log(obs.coherence + self.cfg.eps)
 
     def _assess(self, phase: str, log_drift: float, log_coherence: float) -> RuleDecision:
-        """Residuals, standardized scores and the docs/algorithm.md#interval-assessment assessment of a finite interval."""
+        """Residuals, standardized scores and the
+        docs/algorithm.md#interval-assessment assessment of a finite interval."""
         st, _cfg = self.state, self.cfg
         r_drift = log_drift - st.ref_log_drift
         r_coherence = log_coherence - st.ref_log_coherence
@@ -521,10 +586,13 @@ class PaperRule(HorizonRule):
             assessment = Assessment.SUPPORTING
         else:
             assessment = Assessment.CONSISTENT
-        return RuleDecision(phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse)
+        return RuleDecision(
+            phase, assessment, Decision.NONE, st.h_tok, r_drift, r_coherence, z_d, z_c, adverse
+        )
 
     def _update_reference(self, decision: RuleDecision) -> None:
-        """Log-space EMA of the reference with a clipped residual (docs/algorithm.md#references-and-residuals)."""
+        """Log-space EMA of the reference with a clipped residual
+        (docs/algorithm.md#references-and-residuals)."""
         st, _cfg = self.state, self.cfg
         st.ref_log_drift += self.options.ref_ema_alpha * self._clipped_residual(
             decision.residual_drift, st.history_drift
@@ -534,7 +602,8 @@ class PaperRule(HorizonRule):
         )
 
     def _clipped_residual(self, residual: float, history: list[float]) -> float:
-        """``c + clip(r - c, +-k_moderate * sigma)`` (``reference_clip="centre"``) or ``clip(r, ...)`` (``"zero"``).
+        """``c + clip(r - c, +-k_moderate * sigma)`` (``reference_clip="centre"``) or
+        ``clip(r, ...)`` (``"zero"``).
 
         Around 0 the reference follows at most ``alpha * k_moderate * sigma``
         log-units per interval, so faster drift piles up in the residuals and
@@ -545,7 +614,10 @@ class PaperRule(HorizonRule):
         ``min_history`` (a median of one or two residuals is no robust centre).
         """
         centre, scale = robust_centre_scale(history, self.options.sigma_floor)
-        if self.options.reference_clip == ReferenceClip.ZERO or len(history) < self.options.min_history:
+        if (
+            self.options.reference_clip == ReferenceClip.ZERO
+            or len(history) < self.options.min_history
+        ):
             centre = 0.0
         return centre + _clip(residual - centre, self.options.k_moderate * scale)
 
@@ -558,7 +630,8 @@ class PaperRule(HorizonRule):
         return RuleDecision(phase, assessment, decision, self.state.h_tok)
 
     def recalibrate_for_new_workers(self) -> None:
-        """Another number of workers from here on: re-estimate the reference at the accepted horizon.
+        """Another number of workers from here on:
+        re-estimate the reference at the accepted horizon.
 
         ``C_t`` lies in ``[0, N]`` and its level depends on ``N`` (and ``D_t`` on the
         inner state, which restarts), so the reference and the residual history of
@@ -591,5 +664,6 @@ def _clip(value: float, bound: float) -> float:
 
 
 def _nearest(options: list[int], target: float) -> int:
-    """The option nearest to ``target``; ties break toward the larger horizon (docs/algorithm.md#phases)."""
+    """The option nearest to ``target``; ties break toward the larger horizon
+    (docs/algorithm.md#phases)."""
     return min(options, key=lambda h: (abs(h - target), -h))

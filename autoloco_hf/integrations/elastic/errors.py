@@ -8,15 +8,18 @@ __all__ = ["JoinRefused", "MembershipChange", "RoundFailed", "StoreLost"]
 
 
 class JoinRefused(AutoLoCoError, RuntimeError):
-    """This process may not join the run: its configuration or model differs from the run's (one line)."""
+    """This process may not join the run: its configuration
+    or model differs from the run's (one line)."""
 
 
 class MembershipChange(AutoLoCoError, RuntimeError):
-    """Raised by a training loop at a boundary where every member saw a process waiting to join: reform there."""
+    """Raised by a training loop at a boundary where every
+    member saw a process waiting to join: reform there."""
 
 
 class RoundFailed(AutoLoCoError, RuntimeError):
-    """A membership round did not form within ``round_timeout_s`` (one line: the round and what was missing)."""
+    """A membership round did not form within ``round_timeout_s``
+    (one line: the round and what was missing)."""
 
 
 class StoreLost(RoundFailed, SystemExit):

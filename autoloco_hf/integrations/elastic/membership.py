@@ -1,4 +1,5 @@
-"""Survivors that do not restart: membership rounds on a shared store, a new process group in process.
+"""Survivors that do not restart: membership rounds on a
+shared store, a new process group in process.
 
 docs/reliability.md, "Live membership". The outer state changes only at
 boundaries, so a boundary is the only place where who trains must be agreed.
@@ -72,26 +73,28 @@ PREFIX = "autoloco/"
 
 
 class _GroupFailed(AutoLoCoError):
-    """A closed round's process group did not form (a participant ended, or the store failed meanwhile)."""
+    """A closed round's process group did not form (a
+    participant ended, or the store failed meanwhile)."""
 
 
 class LiveMembership:
     """Membership rounds for one process (one worker: ``ranks_per_worker = 1``, no overlap).
 
     Args:
-        store: a ``torch.distributed.Store`` every process reaches and that outlives any of them: the
-            ``EtcdStore`` of an etcd cluster (no single point of failure) or a ``TCPStore`` on a host
-            that is not a worker.
+        store: a ``torch.distributed.Store`` every process reaches and that
+            outlives any of them: the ``EtcdStore`` of an etcd cluster (no single
+            point of failure) or a ``TCPStore`` on a host that is not a worker.
         member_id: this process's name in rounds and messages (e.g. ``"<host>-<pid>"``).
         config: the run's configuration; a process with another one is refused.
         model: the worker's model; a process with another layout is refused.
-        settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost peer
-            arrive within about a second of each other; a partition's after ``sync_timeout_s``), and this long
-            twice this long after the close for each slot to say it is alive. Round 0, the launch, waits for all
-            ``world_size`` processes up to ``round_timeout_s / 2`` instead.
-        round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up fails
-            (up to ``config.sync_timeout_s``) and the next one: at least ``2 * sync_timeout_s + 6 * settle_s``,
-            and that (at least 120 s) when not given.
+        settle_s: a closer waits this long for more slots once they stop coming (survivors of a lost
+            peer arrive within about a second of each other; a partition's after
+            ``sync_timeout_s``), and this long twice this long after the close for each slot to say
+            it is alive. Round 0, the launch, waits for all ``world_size`` processes up to
+            ``round_timeout_s / 2`` instead.
+        round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up
+            fails (up to ``config.sync_timeout_s``) and the next one: at least
+            ``2 * sync_timeout_s + 6 * settle_s``, and that (at least 120 s) when not given.
         backend: the process-group backend of every round.
         store_timeout_s: the bound on one store request (``add``, ``set``, ``check``, ``get``;
             not a wait, which its round's deadline bounds). A request that fails or does not
@@ -117,23 +120,26 @@ class LiveMembership:
     ) -> None:
         if config.ranks_per_worker != 1:
             raise ValueError(
-                f"config.ranks_per_worker={config.ranks_per_worker}: live membership keeps one process per worker; "
-                "use ranks_per_worker=1 or the restart path (docs/reliability.md)"
+                f"config.ranks_per_worker={config.ranks_per_worker}: live membership keeps one "
+                "process per worker; use ranks_per_worker=1 or the restart "
+                "path (docs/reliability.md)"
             )
         if settle_s <= 0:
             raise ValueError(f"settle_s={settle_s:g}: must be above 0 (the default is 2 s)")
         if store_timeout_s <= 0:
             why = "must be above 0 (the default is 30 s)"
             raise ValueError(f"store_timeout_s={store_timeout_s:g}: {why}")
-        # each try closes (settle_s), confirms (2 settle_s) and sets up its group (up to sync_timeout_s)
+        # each try closes (settle_s), confirms (2 settle_s)
+        # and sets up its group (up to sync_timeout_s)
         needed = 2 * config.sync_timeout_s + 6 * settle_s
         if round_timeout_s is None:
             round_timeout_s = max(120.0, needed)
         elif round_timeout_s < needed:
             raise ValueError(
-                f"round_timeout_s={round_timeout_s:g} with config.sync_timeout_s={config.sync_timeout_s:g} and "
-                f"settle_s={settle_s:g}: a round must outlast a failed group set-up and its retry; "
-                f"give round_timeout_s >= {needed:g} (2 * sync_timeout_s + 6 * settle_s), or leave it out"
+                f"round_timeout_s={round_timeout_s:g} with "
+                f"config.sync_timeout_s={config.sync_timeout_s:g} and settle_s={settle_s:g}: a "
+                "round must outlast a failed group set-up and its retry; give round_timeout_s >= "
+                f"{needed:g} (2 * sync_timeout_s + 6 * settle_s), or leave it out"
             )
         self.store = store
         self.member_id = member_id
@@ -146,12 +152,14 @@ class LiveMembership:
         self._model = model_signature(model)
         self.round = NO_BOUNDARY  # the round this process is a member of
         self.world_size = 0
-        self._launch_size = 0  # start()'s world_size: at the launch, a majority of it decides the run
+        # start()'s world_size: at the launch, a majority of it decides the run
+        self._launch_size = 0
         self._state: dict[str, Any] | None = None  # host copy of the last boundary state
         self._boundary = NO_BOUNDARY
         self._extra_state: Callable[[], dict[str, Any]] | None = None
         self._local_state: Callable[[], dict[str, Any]] | None = None
-        self._local: dict[str, Any] | None = None  # host copy of this process's own state at the last boundary
+        # host copy of this process's own state at the last boundary
+        self._local: dict[str, Any] | None = None
         self.join_pending = False  # set at a boundary where every member saw a process waiting
         self.agreement: Agreement | None = None  # the last round this process entered
 
@@ -168,10 +176,12 @@ class LiveMembership:
             agreement = self._attempt(0, may_close=True, expected=world_size, deadline=deadline)
         except store_errors() as err:
             raise cut_off("forming membership round 0", err) from None
-        return agreement if agreement is not None else self.join()  # a slot too many: the run takes it in later
+        # a slot too many: the run takes it in later
+        return agreement if agreement is not None else self.join()
 
     def join(self) -> Agreement:
-        """Wait for a round that admits this process (the members take it in at their next boundary)."""
+        """Wait for a round that admits this process (the
+        members take it in at their next boundary)."""
         try:
             return self._join()
         except store_errors() as err:
@@ -181,13 +191,16 @@ class LiveMembership:
         deadline = time.monotonic() + self.round_timeout_s
         number = self._latest() + 1
         while True:
-            agreement = self._attempt(number, may_close=self.round == number - 1, expected=None, deadline=deadline)
+            agreement = self._attempt(
+                number, may_close=self.round == number - 1, expected=None, deadline=deadline
+            )
             if agreement is not None:
                 return agreement
             number = max(number + 1, self._latest() + 1)
 
     def reform(self, lost: Sequence[int] = ()) -> Agreement:
-        """After a lost peer (``lost``: the ranks the error names) or at a boundary with ``join_pending``.
+        """After a lost peer (``lost``: the ranks the error
+        names) or at a boundary with ``join_pending``.
 
         Every reachable member calls this; the new round's members go on from the agreed boundary.
         """
@@ -197,7 +210,8 @@ class LiveMembership:
             raise cut_off(f"forming membership round {self.round + 1}", err) from None
 
     def _reform(self, lost: Sequence[int]) -> Agreement:
-        # the error names the lost peer exactly only when one peer is named; else the closer waits for settle_s
+        # the error names the lost peer exactly only when one
+        # peer is named; else the closer waits for settle_s
         expected = self.world_size - 1 if len(lost) == 1 else None
         if self.join_pending:
             waiting = int(self._ask("add", self._key(self.round + 1, "count"), 0))
@@ -205,10 +219,13 @@ class LiveMembership:
         deadline = time.monotonic() + self.round_timeout_s
         number = self.round + 1
         while True:
-            agreement = self._attempt(number, may_close=self.round == number - 1, expected=expected, deadline=deadline)
+            agreement = self._attempt(
+                number, may_close=self.round == number - 1, expected=expected, deadline=deadline
+            )
             if agreement is not None:
                 return agreement
-            # left out (a late slot: wait to be taken in like a new process) or the round's group failed
+            # left out (a late slot: wait to be taken in like
+            # a new process) or the round's group failed
             number, expected = max(number + 1, self._latest() + 1), None
 
     # ------------------------------------------------------------------ while training
@@ -218,13 +235,15 @@ class LiveMembership:
         extra_state: Callable[[], dict[str, Any]] | None = None,
         local_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """Keep a host copy of ``engine``'s boundary state at every boundary and look for waiting processes.
+        """Keep a host copy of ``engine``'s boundary state at
+        every boundary and look for waiting processes.
 
-        ``extra_state`` adds the caller's shared state (its LR scheduler's ``state_dict()``), returned to
-        every member in :attr:`Agreement.state` under its own keys. ``local_state`` is this process's own
-        state to restore with the boundary (its optimizer's ``state_dict()``: a redone interval then starts
-        from the AdamW moments of its start, not from ones that already saw its steps), kept in host
-        memory (one more copy of it) and returned in :attr:`Agreement.local_state`, never sent.
+        ``extra_state`` adds the caller's shared state (its LR scheduler's ``state_dict()``),
+        returned to every member in :attr:`Agreement.state` under its own keys. ``local_state`` is
+        this process's own state to restore with the boundary (its optimizer's ``state_dict()``: a
+        redone interval then starts from the AdamW moments of its start, not from ones that already
+        saw its steps), kept in host memory (one more copy of it) and returned in
+        :attr:`Agreement.local_state`, never sent.
         """
         check_snapshot_support(engine)
         self._extra_state = extra_state
@@ -251,7 +270,9 @@ class LiveMembership:
             dist.all_reduce(waiting, op=dist.ReduceOp.MAX)
         except RuntimeError as err:
             others = [r for r in range(self.world_size) if r != dist.get_rank()]
-            raise peer_lost(err, "the check for joining processes", dist.get_rank(), others, None) from err
+            raise peer_lost(
+                err, "the check for joining processes", dist.get_rank(), others, None
+            ) from err
         self.join_pending = bool(waiting.item() > 0)
 
     # ------------------------------------------------------------------ one round
@@ -267,12 +288,16 @@ class LiveMembership:
         self.store.wait([key], datetime.timedelta(seconds=self.round_timeout_s))
         return int(self._ask("get", key))
 
-    def _attempt(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
-        """Round ``number``, or ``None``: left out of it, or its group failed to form (the caller tries the next).
+    def _attempt(
+        self, number: int, *, may_close: bool, expected: int | None, deadline: float
+    ) -> Agreement | None:
+        """Round ``number``, or ``None``: left out of it, or
+        its group failed to form (the caller tries the next).
 
-        A participant that ends between the round's close and its group's set-up (or an etcd member lost while
-        the group's ranks meet on the store) fails the set-up for all: each raises within the group's timeout.
-        The participants then hold a closed round, so each may close the next one, which forms without the lost.
+        A participant that ends between the round's close and its group's set-up (or an etcd member
+        lost while the group's ranks meet on the store) fails the set-up for all: each raises within
+        the group's timeout. The participants then hold a closed round, so each may close the next
+        one, which forms without the lost.
         """
         try:
             return self._form(number, may_close=may_close, expected=expected, deadline=deadline)
@@ -281,24 +306,31 @@ class LiveMembership:
                 cause = "a process ended while it set up"
                 if self.backend == "gloo":
                     cause += (
-                        ", or gloo picked an interface the other hosts cannot reach (in namespaces and containers "
-                        "the host name often resolves to 127.0.0.1): set GLOO_SOCKET_IFNAME to the interface the "
-                        "hosts share"
+                        ", or gloo picked an interface the other hosts cannot reach (in "
+                        "namespaces and containers the host name often resolves to 127.0.0.1): "
+                        "set GLOO_SOCKET_IFNAME to the interface the hosts share"
                     )
                 raise RoundFailed(
-                    f"membership round 0 (the launch): its process group did not form ({err}); likely {cause}; "
-                    "launch again"
+                    f"membership round 0 (the launch): its process group did not form ({err}); "
+                    f"likely {cause}; launch again"
                 ) from err
             if time.monotonic() >= deadline:
                 raise RoundFailed(
-                    f"membership round {number}: its process group did not form ({err}) and round_timeout_s="
-                    f"{self.round_timeout_s:g} is spent; the run may be over"
+                    f"membership round {number}: its process group did not form ({err}) and "
+                    f"round_timeout_s={self.round_timeout_s:g} is spent; the run may be over"
                 ) from err
-            logger.warning("membership round %d: its process group did not form (%s); forming the next", number, err)
+            logger.warning(
+                "membership round %d: its process group did not form (%s); forming the next",
+                number,
+                err,
+            )
             return None
 
-    def _form(self, number: int, *, may_close: bool, expected: int | None, deadline: float) -> Agreement | None:
-        """Take part in round ``number``; ``None`` if this process was left out of it (a slot too late)."""
+    def _form(
+        self, number: int, *, may_close: bool, expected: int | None, deadline: float
+    ) -> Agreement | None:
+        """Take part in round ``number``; ``None`` if this
+        process was left out of it (a slot too late)."""
         me = int(self._ask("add", self._key(number, "count"), 1))
         info = {
             "id": self.member_id,
@@ -322,9 +354,10 @@ class LiveMembership:
             return None
         if number == 0 and len(confirmed) < self._launch_size:
             raise RoundFailed(
-                f"membership round 0 (the launch) has {len(confirmed)} of world_size={self._launch_size} "
-                f"processes after waiting {self._quiet_s(0):g} s (round_timeout_s / 2): start the missing ones, "
-                f"or launch all with world_size={len(confirmed)}; none trains as if the launch had worked"
+                f"membership round 0 (the launch) has {len(confirmed)} of "
+                f"world_size={self._launch_size} processes after waiting {self._quiet_s(0):g} s "
+                "(round_timeout_s / 2): start the missing ones, or launch all with "
+                f"world_size={len(confirmed)}; none trains as if the launch had worked"
             )
         slots = [self._read_slot(number, s, deadline) for s in confirmed]
         return self._enter(number, me, slots)
@@ -332,15 +365,20 @@ class LiveMembership:
     def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
         count_key, closed_key = self._key(number, "count"), self._key(number, "closed")
         count, changed = me, time.monotonic()
-        # the launch's processes reach round 0 after their imports, seconds apart on a loaded machine: wait for
-        # all of them up to half of round_timeout_s, not settle_s (which is for survivors of a fault)
+        # the launch's processes reach round 0 after their imports, seconds
+        # apart on a loaded machine: wait for all of them up to half of
+        # round_timeout_s, not settle_s (which is for survivors of a fault)
         quiet_s = self._quiet_s(number)
         while not self._ask("check", [closed_key]):
             now = time.monotonic()
             latest = int(self._ask("add", count_key, 0))
             if latest != count:
                 count, changed = latest, now
-            if (expected is not None and count >= expected) or now - changed >= quiet_s or now > deadline:
+            if (
+                (expected is not None and count >= expected)
+                or now - changed >= quiet_s
+                or now > deadline
+            ):
                 if int(self._ask("add", self._key(number, "ticket"), 1)) == 1:
                     self._ask("set", closed_key, str(count))
                 return
@@ -351,7 +389,8 @@ class LiveMembership:
         return self.round_timeout_s / 2 if number == 0 else self.settle_s
 
     def _confirm(self, number: int, size: int) -> None:
-        """Write which closed slots are alive: those that said so before none did for ``2 * settle_s``.
+        """Write which closed slots are alive: those that
+        said so before none did for ``2 * settle_s``.
 
         A slot whose process died or hung after taking it (a joiner waits a whole interval for
         the close) does not count, so it costs the others ``2 * settle_s`` after the last
@@ -361,7 +400,8 @@ class LiveMembership:
         participant reads the same one.
         """
         ready = [self._key(number, f"ready{slot}") for slot in range(1, size + 1)]
-        # a loaded machine delays a live participant by seconds: the window starts again at each confirmation
+        # a loaded machine delays a live participant by
+        # seconds: the window starts again at each confirmation
         window_s = 2 * self.settle_s
         alive, changed = [], time.monotonic()
         while True:
@@ -378,32 +418,40 @@ class LiveMembership:
     def _wait_confirmed(self, number: int, deadline: float) -> list[int]:
         key = self._key(number, "confirmed")
         try:
-            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+            self.store.wait(
+                [key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
+            )
         except STORE_TIMEOUTS as err:
             raise RoundFailed(
                 f"membership round {number} closed but no closer said which slots are alive within "
-                f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); the run may be over"
+                f"round_timeout_s={self.round_timeout_s:g} ({type(err).__name__}); "
+                "the run may be over"
             ) from err
         return json.loads(self._ask("get", key))
 
     def _wait_closed(self, number: int, key: str, deadline: float) -> int:
         try:
-            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+            self.store.wait(
+                [key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
+            )
         except STORE_TIMEOUTS as err:
             raise RoundFailed(
-                f"membership round {number} did not close within round_timeout_s={self.round_timeout_s:g}: no member "
-                f"of the run reached the store ({type(err).__name__}); the run may be over"
+                f"membership round {number} did not close within "
+                f"round_timeout_s={self.round_timeout_s:g}: no member of the run reached the store "
+                f"({type(err).__name__}); the run may be over"
             ) from err
         return int(self._ask("get", key))
 
     def _read_slot(self, number: int, slot: int, deadline: float) -> Slot:
         key = self._key(number, f"slot{slot}")
         try:
-            self.store.wait([key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+            self.store.wait(
+                [key], datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
+            )
         except STORE_TIMEOUTS as err:
             raise RoundFailed(
-                f"membership round {number}: the store lost slot {slot}'s record ({type(err).__name__}) "
-                f"though it confirmed; the run may be over"
+                f"membership round {number}: the store lost slot {slot}'s record "
+                f"({type(err).__name__}) though it confirmed; the run may be over"
             ) from err
         info = json.loads(self._ask("get", key))
         return Slot(slot, info["id"], int(info["boundary"]), info["config"], info["model"])
@@ -416,27 +464,40 @@ class LiveMembership:
         accepted = [s for s in slots if refusal(s, source) is None]
         reason = refusal(mine, source)
         if reason is not None:
-            raise JoinRefused(f"{self.member_id} may not join the run (membership round {number}): {reason}")
+            raise JoinRefused(
+                f"{self.member_id} may not join the run (membership round {number}): {reason}"
+            )
         for slot in slots:
             if slot not in accepted:
-                logger.warning("membership round %d: %s refused: %s", number, slot.member_id, refusal(slot, source))
+                logger.warning(
+                    "membership round %d: %s refused: %s",
+                    number,
+                    slot.member_id,
+                    refusal(slot, source),
+                )
         rank, size = accepted.index(mine), len(accepted)
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.round = number  # a participant of a closed round: it may close the next one if this one fails
+        # a participant of a closed round: it may close the next one if this one fails
+        self.round = number
         timeout = datetime.timedelta(seconds=self.config.sync_timeout_s or self.round_timeout_s)
         store = dist.PrefixStore(self._key(number, "group/"), self.store)
         state = None
         try:
-            dist.init_process_group(self.backend, store=store, rank=rank, world_size=size, timeout=timeout)
+            dist.init_process_group(
+                self.backend, store=store, rank=rank, world_size=size, timeout=timeout
+            )
             if source.boundary != NO_BOUNDARY:
                 box = [self._state if source.slot == me else None]
                 dist.broadcast_object_list(box, src=accepted.index(source))
                 state = box[0]
-        except (RuntimeError, LookupError, ValueError) as err:  # gloo / the store (DistError is a RuntimeError)
+        # gloo / the store (DistError is a RuntimeError)
+        except (RuntimeError, LookupError, ValueError) as err:
             if dist.is_initialized():
                 dist.destroy_process_group()
-            raise _GroupFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+            raise _GroupFailed(
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from err
         self.world_size, self.join_pending = size, False
         if rank == 0:
             self._ask("set", f"{PREFIX}latest", str(number))
@@ -449,5 +510,7 @@ class LiveMembership:
         )
         local = self._local if state is not None and mine.boundary == source.boundary else None
         members = [s.member_id for s in accepted]
-        self.agreement = Agreement(number, rank, size, members, state, local, source_rank=accepted.index(source))
+        self.agreement = Agreement(
+            number, rank, size, members, state, local, source_rank=accepted.index(source)
+        )
         return self.agreement

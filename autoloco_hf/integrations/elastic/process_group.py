@@ -12,13 +12,15 @@ from typing import Any
 
 
 def adopt_process_group(accelerator: Any) -> None:
-    """Make ``accelerator`` work on the current default process group after live membership replaced it.
+    """Make ``accelerator`` work on the current default
+    process group after live membership replaced it.
 
-    accelerate reads the world size and rank once, into its shared state, when the first ``Accelerator`` or
-    ``TrainingArguments`` is built, and its prepared model is wrapped in DDP on the old group. So: the
-    group's size and rank go into both shared states (``LOCAL_RANK``, the device, stays; ``RANK`` and
-    ``WORLD_SIZE`` in the environment follow), and ``free_memory`` drops accelerate's references to what
-    it prepared, so that the next ``prepare`` wraps the model again, on the new group (docs/reliability.md).
+    accelerate reads the world size and rank once, into its shared state, when the first
+    ``Accelerator`` or ``TrainingArguments`` is built, and its prepared model is wrapped in DDP on
+    the old group. So: the group's size and rank go into both shared states (``LOCAL_RANK``, the
+    device, stays; ``RANK`` and ``WORLD_SIZE`` in the environment follow), and ``free_memory`` drops
+    accelerate's references to what it prepared, so that the next ``prepare`` wraps the model again,
+    on the new group (docs/reliability.md).
     """
     import torch.distributed as dist
     from accelerate.state import AcceleratorState, PartialState

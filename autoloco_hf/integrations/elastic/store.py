@@ -28,7 +28,8 @@ class _NoAnswer(AutoLoCoError, TimeoutError):
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """What a store raises when it cannot be reached: python-etcd's errors, torch's network errors, sockets."""
+    """What a store raises when it cannot be reached:
+    python-etcd's errors, torch's network errors, sockets."""
     errors: tuple[type[BaseException], ...] = (torch.distributed.DistNetworkError, OSError)
     try:
         import etcd
@@ -79,28 +80,34 @@ def ask(store: Any, timeout_s: float, request: str, *args: Any) -> Any:
     return outcome["value"]
 
 
-# One etcd request to one member. Longer, a write held by a member whose leader died waits for etcd's own
-# timeout (about 7 s) instead of going to the next member once the others have elected (about 1 s).
+# One etcd request to one member. Longer, a write held by a member
+# whose leader died waits for etcd's own timeout (about 7 s) instead of
+# going to the next member once the others have elected (about 1 s).
 REQUEST_TIMEOUT_S = 2.0
 
 
 def etcd_store(
-    endpoints: str, run_id: str, timeout: datetime.timedelta, request_timeout_s: float = REQUEST_TIMEOUT_S
+    endpoints: str,
+    run_id: str,
+    timeout: datetime.timedelta,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> Any:
-    """The store of a run on an etcd cluster (``"host:port,host:port,..."``, every member): no single point of failure.
+    """The store of a run on an etcd cluster (``"host:port,host:port,..."``,
+    every member): no single point of failure.
 
-    torch's ``EtcdStore`` over a ``python-etcd`` client that fails over between the members; the run's keys
-    live under ``/autoloco-live/<run_id>``. Raises :class:`EtcdUnreachable` (one line naming every endpoint)
-    when none answers; an endpoint that does not is named in a warning.
+    torch's ``EtcdStore`` over a ``python-etcd`` client that fails over between the members; the
+    run's keys live under ``/autoloco-live/<run_id>``. Raises :class:`EtcdUnreachable` (one line
+    naming every endpoint) when none answers; an endpoint that does not is named in a warning.
 
-    ``request_timeout_s`` bounds one request to one member; the client then sends it to the next member.
-    It is short because of the etcd leader: a write that a member forwarded to a leader that has just died
-    is held by etcd for about 7 s, while the others elect a new leader in about 1 s. Waits for a key have
-    their own timeout (``timeout``) and are not cut by it.
+    ``request_timeout_s`` bounds one request to one member; the client then sends it to the next
+    member. It is short because of the etcd leader: a write that a member forwarded to a leader that
+    has just died is held by etcd for about 7 s, while the others elect a new leader in about 1 s.
+    Waits for a key have their own timeout (``timeout``) and are not cut by it.
     """
     if request_timeout_s <= 0:
         raise ValueError(
-            f"request_timeout_s={request_timeout_s:g}: must be above 0 (the default is {REQUEST_TIMEOUT_S:g} s)"
+            f"request_timeout_s={request_timeout_s:g}: must be above 0 (the default is "
+            f"{REQUEST_TIMEOUT_S:g} s)"
         )
     import etcd
     from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
@@ -115,9 +122,13 @@ def etcd_store(
             check_etcd(endpoint.strip())
         except EtcdUnreachable as err:
             silent.append(str(err))
-    if len(silent) == len(hosts):  # one line naming every endpoint; a start fails here, not after round_timeout_s
+    # one line naming every endpoint; a start fails here, not after round_timeout_s
+    if len(silent) == len(hosts):
         raise EtcdUnreachable(f"no etcd endpoint of {endpoints!r} answers: " + "; ".join(silent))
-    for reason in silent:  # the client fails over to the others; a member lost is what the cluster is for
+    # the client fails over to the others; a member lost is what the cluster is for
+    for reason in silent:
         logger.warning("live membership: %s", reason)
-    client = etcd.Client(host=tuple(hosts), protocol="http", allow_reconnect=True, read_timeout=request_timeout_s)
+    client = etcd.Client(
+        host=tuple(hosts), protocol="http", allow_reconnect=True, read_timeout=request_timeout_s
+    )
     return EtcdStore(client, f"/autoloco-live/{run_id}", timeout)

@@ -1,4 +1,5 @@
-"""``AutoLoCoArguments``: :class:`~autoloco_hf.AutoLoCoConfig` as Hugging Face command-line / YAML arguments.
+"""``AutoLoCoArguments``: :class:`~autoloco_hf.AutoLoCoConfig`
+as Hugging Face command-line / YAML arguments.
 
 ``TrainingArguments`` already owns names such as ``warmup_steps``, so the
 config's fields cannot sit beside it in one ``HfArgumentParser``. This
@@ -10,7 +11,9 @@ a recipe preset fills what the user left out::
     from transformers import HfArgumentParser, TrainingArguments
     from autoloco_hf import AutoLoCoArguments, AutoLoCoCallback
 
-    training_args, autoloco_args = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_args_into_dataclasses()
+    training_args, autoloco_args = HfArgumentParser(
+        (TrainingArguments, AutoLoCoArguments)
+    ).parse_args_into_dataclasses()
     callback = AutoLoCoCallback(autoloco_args.to_config())
 
 Any script built this way also takes the short form ``--autoloco h_base=100
@@ -41,31 +44,43 @@ def _help(f: dataclasses.Field) -> str:
     default = f.default.value if isinstance(f.default, Enum) else f.default
     within = f.metadata["range"]
     bounds = f", {within}" if within is not None else ""
-    return f"{f.metadata['help']} (AutoLoCoConfig.{f.name}{bounds}; not given: the recipe's value, else {default!r})"
+    return (
+        f"{f.metadata['help']} (AutoLoCoConfig.{f.name}{bounds}; not given: the recipe's "
+        f"value, else {default!r})"
+    )
 
 
 @functools.cache
 def _readers() -> dict[str, Callable[[str], Any]]:
-    """Each config field's command-line type function, as ``HfArgumentParser`` builds it (``string_to_bool``, ...)."""
+    """Each config field's command-line type function, as
+    ``HfArgumentParser`` builds it (``string_to_bool``, ...)."""
     from transformers import HfArgumentParser
 
     actions = HfArgumentParser(AutoLoCoArguments)._actions
-    return {a.dest[len(PREFIX) :]: a.type for a in actions if a.dest.startswith(PREFIX) and a.type is not None}
+    return {
+        a.dest[len(PREFIX) :]: a.type
+        for a in actions
+        if a.dest.startswith(PREFIX) and a.type is not None
+    }
 
 
 def _read(name: str, text: str) -> Any:
-    """``text`` converted as ``--autoloco_<name> text`` would be on the command line; a bad one fails in one line."""
+    """``text`` converted as ``--autoloco_<name> text`` would
+    be on the command line; a bad one fails in one line."""
     try:
         return _readers()[name](text)
     except (ValueError, TypeError, argparse.ArgumentTypeError):
         kind = field_types(AutoLoCoConfig)[name][0]
         example = "true" if kind is bool else getattr(AutoLoCoConfig(), name)
         hint = f": write e.g. --{PREFIX}{name} {example}" if example is not None else ""
-        raise ConfigError(f"--{PREFIX}{name}={text!r} is not a valid {kind.__name__}{hint}") from None
+        raise ConfigError(
+            f"--{PREFIX}{name}={text!r} is not a valid {kind.__name__}{hint}"
+        ) from None
 
 
 def _short_form_items(given: Any) -> list[tuple[str, Any]]:
-    """``["h_base=100", ...]`` (flags) or ``{"h_base": 100}`` (a YAML mapping) as ``(field, value)`` pairs."""
+    """``["h_base=100", ...]`` (flags) or ``{"h_base": 100}``
+    (a YAML mapping) as ``(field, value)`` pairs."""
     if isinstance(given, Mapping):
         pairs = list(given.items())
     else:
@@ -73,23 +88,30 @@ def _short_form_items(given: Any) -> list[tuple[str, Any]]:
         for item in given:
             key, sep, value = str(item).partition("=")
             if not sep:
-                raise ConfigError(f"--{SHORT_FORM} {item!r}: write FIELD=VALUE, e.g. --{SHORT_FORM} h_base=250")
+                raise ConfigError(
+                    f"--{SHORT_FORM} {item!r}: write FIELD=VALUE, e.g. --{SHORT_FORM} h_base=250"
+                )
             pairs.append((key.strip(), value))
     for key, value in pairs:
         if key not in CONFIG_FIELDS:
             raise ConfigError(
-                f"--{SHORT_FORM} {key}={value}: AutoLoCoConfig has no field {key!r}; {suggest(key, CONFIG_FIELDS)}"
+                f"--{SHORT_FORM} {key}={value}: AutoLoCoConfig has no field {key!r}; "
+                f"{suggest(key, CONFIG_FIELDS)}"
             )
     return pairs
 
 
 def __post_init__(self: Any) -> None:
-    """Read text values as the command line would, and fold ``--autoloco FIELD=VALUE`` into the prefixed fields."""
+    """Read text values as the command line would, and fold
+    ``--autoloco FIELD=VALUE`` into the prefixed fields."""
     for name, value in _short_form_items(getattr(self, SHORT_FORM) or ()):
         if getattr(self, PREFIX + name) is not None:
-            raise ConfigError(f"--{SHORT_FORM} {name}={value} repeats --{PREFIX}{name}: give the field once")
+            raise ConfigError(
+                f"--{SHORT_FORM} {name}={value} repeats --{PREFIX}{name}: give the field once"
+            )
         setattr(self, PREFIX + name, value)
-    setattr(self, SHORT_FORM, None)  # now held by the prefixed fields, so the instance has one spelling of each
+    # now held by the prefixed fields, so the instance has one spelling of each
+    setattr(self, SHORT_FORM, None)
     for name in CONFIG_FIELDS:
         value = getattr(self, PREFIX + name)
         if isinstance(value, str):
@@ -114,7 +136,8 @@ def to_config(self: Any, **preset: Any) -> AutoLoCoConfig:
 
 
 def _argument_type(name: str) -> type:
-    """The field's type on the command line: ``rule_options`` (any of several forms) arrives as text."""
+    """The field's type on the command line: ``rule_options``
+    (any of several forms) arrives as text."""
     kind = field_types(AutoLoCoConfig)[name][0]
     return str if kind is Any else kind
 
@@ -129,8 +152,8 @@ def _build() -> type:
         for f in dataclasses.fields(AutoLoCoConfig)
     ]
     short_help = (
-        f"any AutoLoCoConfig field as FIELD=VALUE, repeatable: --{SHORT_FORM} h_base=100 --{SHORT_FORM} "
-        "method=diloco (the same as --autoloco_h_base 100 --autoloco_method diloco)"
+        f"any AutoLoCoConfig field as FIELD=VALUE, repeatable: --{SHORT_FORM} h_base=100 "
+        f"--{SHORT_FORM} method=diloco (the same as --autoloco_h_base 100 --autoloco_method diloco)"
     )
     fields.append(
         (
@@ -146,7 +169,8 @@ def _build() -> type:
             "__post_init__": __post_init__,
             "overrides": overrides,
             "to_config": to_config,
-            "__doc__": "Every AutoLoCoConfig field as an ``autoloco_``-prefixed argument (``None``: not given).",
+            "__doc__": "Every AutoLoCoConfig field as an ``autoloco_``-prefixed "
+            "argument (``None``: not given).",
             "__module__": __name__,
         },
     )

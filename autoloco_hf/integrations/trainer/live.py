@@ -1,4 +1,5 @@
-"""The Trainer on live membership: survivors of a lost peer and joining processes go on without a restart.
+"""The Trainer on live membership: survivors of a lost peer
+and joining processes go on without a restart.
 
 docs/reliability.md, "Live membership under the Trainer". :func:`train_live` runs
 ``trainer.train()`` inside the membership rounds of
@@ -47,16 +48,17 @@ def _callback(trainer: Trainer, membership: LiveMembership) -> AutoLoCoCallback:
 
 
 def _load_boundary(trainer: Trainer, shared: dict[str, Any]) -> None:
-    """The source's LR schedule at the boundary; this process's AdamW moments stay (a new process: none yet)."""
+    """The source's LR schedule at the boundary; this
+    process's AdamW moments stay (a new process: none yet)."""
     trainer.lr_scheduler.load_state_dict(shared["scheduler"])
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     for group, lr in zip(optimizer.param_groups, trainer.lr_scheduler.get_last_lr()):
         group["lr"] = lr
 
 
-# The TrainingArguments every member must share. The boundary state a member goes on from (the source's
-# TrainerState and LR schedule) assumes the same steps, batch and schedule; a process with others would
-# train another run under the same outer state.
+# The TrainingArguments every member must share. The boundary state a member goes on from (the
+# source's TrainerState and LR schedule) assumes the same steps, batch and schedule; a process with
+# others would train another run under the same outer state.
 SHARED_TRAINING_ARGUMENTS = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
@@ -72,8 +74,11 @@ SHARED_TRAINING_ARGUMENTS = (
 
 def shared_training_arguments(args: Any) -> dict[str, Any]:
     """The values of :data:`SHARED_TRAINING_ARGUMENTS` in ``args``, comparable across processes."""
-    values = {name: getattr(args, name, None) for name in SHARED_TRAINING_ARGUMENTS}  # a version may lack one
-    return {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
+    # a version may lack one
+    values = {name: getattr(args, name, None) for name in SHARED_TRAINING_ARGUMENTS}
+    return {
+        name: value.value if isinstance(value, Enum) else value for name, value in values.items()
+    }
 
 
 def _first_difference(run: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, Any, Any]:
@@ -81,12 +86,15 @@ def _first_difference(run: dict[str, Any], theirs: dict[str, Any]) -> tuple[str,
     return name, run[name], theirs[name]
 
 
-def refused_ranks(gathered: list[dict[str, Any]], agreement: Agreement, member_id: str) -> list[int]:
-    """The members whose shared training arguments differ from the run's, the run's being the source's.
+def refused_ranks(
+    gathered: list[dict[str, Any]], agreement: Agreement, member_id: str
+) -> list[int]:
+    """The members whose shared training arguments differ
+    from the run's, the run's being the source's.
 
-    At the launch nobody holds a boundary, so arrival order would pick the source: there the values most
-    members share are the run's, and only when a majority of the round has them; without one, every
-    process is refused in one line naming the field.
+    At the launch nobody holds a boundary, so arrival order would pick the source: there the values
+    most members share are the run's, and only when a majority of the round has them; without one,
+    every process is refused in one line naming the field.
     """
     if agreement.state is not None:
         run = gathered[agreement.source_rank]
@@ -103,10 +111,10 @@ def refused_ranks(gathered: list[dict[str, Any]], agreement: Agreement, member_i
             other = next(g for g in groups if g is not largest)[0]
             name, ours, theirs = _first_difference(gathered[largest[0]], gathered[other])
             raise JoinRefused(
-                f"{member_id} may not start the run (membership round {agreement.round}): no majority of the "
-                f"{len(gathered)} process(es) agrees on its TrainingArguments: field {name} is {ours!r} at "
-                f"{agreement.members[largest[0]]}, {theirs!r} at {agreement.members[other]}; start every process "
-                "with the same TrainingArguments"
+                f"{member_id} may not start the run (membership round {agreement.round}): no "
+                f"majority of the {len(gathered)} process(es) agrees on its TrainingArguments: "
+                f"field {name} is {ours!r} at {agreement.members[largest[0]]}, {theirs!r} at "
+                f"{agreement.members[other]}; start every process with the same TrainingArguments"
             )
         run = gathered[largest[0]]
     return [rank for rank, values in enumerate(gathered) if values != run]
@@ -115,8 +123,8 @@ def refused_ranks(gathered: list[dict[str, Any]], agreement: Agreement, member_i
 def _check_training_arguments(trainer: Trainer, agreement: Agreement, member_id: str) -> list[int]:
     """Compare this round's training arguments; raise :class:`JoinRefused` on a refused member.
 
-    Returns the ranks the others must go on without. One all-gather on the round's group: every member
-    gets the same list and decides alike.
+    Returns the ranks the others must go on without. One all-gather on the round's group: every
+    member gets the same list and decides alike.
     """
     mine = shared_training_arguments(trainer.args)
     gathered: list[Any] = [None] * agreement.world_size
@@ -124,26 +132,32 @@ def _check_training_arguments(trainer: Trainer, agreement: Agreement, member_id:
         dist.all_gather_object(gathered, mine)
     except RuntimeError as err:
         others = [r for r in range(agreement.world_size) if r != agreement.rank]
-        raise peer_lost(err, "the check of the training arguments", agreement.rank, others, None) from err
+        raise peer_lost(
+            err, "the check of the training arguments", agreement.rank, others, None
+        ) from err
     refused = refused_ranks(gathered, agreement, member_id)
     if agreement.rank in refused:
         run = gathered[next(rank for rank in range(len(gathered)) if rank not in refused)]
         name, expected, given = _first_difference(run, mine)
         raise JoinRefused(
             f"{member_id} may not join the run (membership round {agreement.round}): field "
-            f"TrainingArguments.{name}={given!r} but the run has {name}={expected!r}: start it with the run's "
-            "TrainingArguments"
+            f"TrainingArguments.{name}={given!r} but the run has {name}={expected!r}: start it "
+            "with the run's TrainingArguments"
         )
     return refused
 
 
-def train_live(trainer: Trainer, membership: LiveMembership, agreement: Agreement, **train_kwargs: Any) -> Any:
-    """``trainer.train(**train_kwargs)`` through every change of membership; returns the last call's output.
+def train_live(
+    trainer: Trainer, membership: LiveMembership, agreement: Agreement, **train_kwargs: Any
+) -> Any:
+    """``trainer.train(**train_kwargs)`` through every change
+    of membership; returns the last call's output.
 
-    ``agreement``: this process's first round (``membership.start(world_size)``, the same call for the
-    launch's processes and for one started later, taken in at a boundary), formed before the ``TrainingArguments``
-    so that accelerate sees its process group. A ``PeerLostError`` or ``MembershipChange`` reforms the run;
-    any other error ends it as before (the restart path is the fallback: docs/reliability.md).
+    ``agreement``: this process's first round (``membership.start(world_size)``, the same call for
+    the launch's processes and for one started later, taken in at a boundary), formed before the
+    ``TrainingArguments`` so that accelerate sees its process group. A ``PeerLostError`` or
+    ``MembershipChange`` reforms the run; any other error ends it as before (the restart path is the
+    fallback: docs/reliability.md).
     """
     _callback(trainer, membership)
     while True:
@@ -154,8 +168,8 @@ def train_live(trainer: Trainer, membership: LiveMembership, agreement: Agreemen
                 if refused:
                     names = [agreement.members[r] for r in refused]
                     logger.warning(
-                        "membership round %d: %s refused: its TrainingArguments differ from the run's (%s); "
-                        "the members go on without it",
+                        "membership round %d: %s refused: its TrainingArguments differ from the "
+                        "run's (%s); the members go on without it",
                         agreement.round,
                         names,
                         ", ".join(SHARED_TRAINING_ARGUMENTS),
@@ -169,7 +183,8 @@ def train_live(trainer: Trainer, membership: LiveMembership, agreement: Agreemen
             with resume_in_memory(trainer, shared["trainer_state"], load) as folder:
                 return trainer.train(resume_from_checkpoint=folder, **train_kwargs)
         except PeerLostError as err:
-            logger.warning("%s", err)  # it names the lost rank and the boundary the members go on from
+            # it names the lost rank and the boundary the members go on from
+            logger.warning("%s", err)
             agreement = membership.reform(lost=err.silent_ranks)
         except MembershipChange:
             agreement = membership.reform()

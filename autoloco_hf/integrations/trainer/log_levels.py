@@ -1,4 +1,5 @@
-"""AutoLoCo's console lines at the Trainer's levels: ``log_level`` on the main process, ``log_level_replica`` elsewhere.
+"""AutoLoCo's console lines at the Trainer's levels: ``log_level`` on the main process,
+``log_level_replica`` elsewhere.
 
 Every module logs under the ``autoloco_hf`` logger: the integrations through
 ``transformers.utils.logging.get_logger(__name__)``, ``autoloco_hf/sync`` through
@@ -25,16 +26,18 @@ PACKAGE_LOGGER = "autoloco_hf"
 
 
 def process_log_level(args: Any) -> int:
-    """``args.get_process_log_level()``; ``log_level="passive"`` (the default) shows AutoLoCo's info lines on the
-    main process, which transformers' default verbosity (warning) would hide."""
+    """``args.get_process_log_level()``; ``log_level="passive"`` (the default) shows AutoLoCo's info
+    lines on the main process, which transformers' default verbosity (warning) would hide."""
     if args.should_log and args.log_level == "passive":
         return min(logging.INFO, hf_logging.get_verbosity())
     return args.get_process_log_level()
 
 
 def apply_trainer_log_levels(args: Any) -> None:
-    """Set the ``autoloco_hf`` logger to this process's level; give it a stderr handler when nothing else prints."""
+    """Set the ``autoloco_hf`` logger to this process's level;
+    give it a stderr handler when nothing else prints."""
     package = logging.getLogger(PACKAGE_LOGGER)
     package.setLevel(process_log_level(args))
-    if not package.handlers and not logging.getLogger().handlers:  # else the application's handlers print it
+    # else the application's handlers print it
+    if not package.handlers and not logging.getLogger().handlers:
         package.addHandler(logging.StreamHandler())

@@ -1,4 +1,5 @@
-"""Budget pacing under the ``Trainer``: each rank takes the optimizer steps of its share (docs/algorithm.md#pacing-under-the-trainer).
+"""Budget pacing under the ``Trainer``: each rank takes the optimizer steps of its share
+(docs/algorithm.md#pacing-under-the-trainer).
 
 With ``pacing="budget"`` a fast rank takes more optimizer steps in an interval
 than a slow one, so the ranks' Trainers no longer count the same steps. The
@@ -28,12 +29,14 @@ from autoloco_hf.errors import AutoLoCoConfigurationError
 def _refuse(field: str, value: Any, fix: str) -> None:
     raise AutoLoCoConfigurationError(
         f"TrainingArguments.{field}={value!r} does not work with AutoLoCoConfig.pacing='budget' "
-        f"(ranks take different numbers of steps, docs/algorithm.md#pacing-under-the-trainer): {fix}"
+        "(ranks take different numbers of steps, "
+        f"docs/algorithm.md#pacing-under-the-trainer): {fix}"
     )
 
 
 class BudgetTrainerSteps:
-    """The Trainer's side of budget pacing: its step counter, schedule and cadence follow the run's steps.
+    """The Trainer's side of budget pacing: its step counter,
+    schedule and cadence follow the run's steps.
 
     Built before ``train()`` (the callback's ``attach``): the Trainer sizes its
     epochs from ``max_steps``, and the fastest rank may take up to ``N`` times
@@ -52,24 +55,35 @@ class BudgetTrainerSteps:
     def check(args: Any) -> None:
         """One line for each Trainer setting budget pacing cannot honour."""
         if args.max_steps is None or args.max_steps <= 0:
-            _refuse("max_steps", args.max_steps, "set max_steps, the run's budget in steps (epochs differ by rank)")
+            _refuse(
+                "max_steps",
+                args.max_steps,
+                "set max_steps, the run's budget in steps (epochs differ by rank)",
+            )
         for field in ("logging_strategy", "eval_strategy", "save_strategy"):
             if getattr(args, field) == IntervalStrategy.EPOCH:
-                _refuse(field, str(getattr(args, field)), "use 'steps' (ranks finish their epochs at different times)")
+                _refuse(
+                    field,
+                    str(getattr(args, field)),
+                    "use 'steps' (ranks finish their epochs at different times)",
+                )
         if args.include_num_input_tokens_seen not in ("no", False, None):
             _refuse(
                 "include_num_input_tokens_seen",
                 args.include_num_input_tokens_seen,
-                "unset it (it gathers token counts at every step; the interval records count each worker's tokens)",
+                "unset it (it gathers token counts at every step; the interval records "
+                "count each worker's tokens)",
             )
 
     def begin(self, trainer: Any, state: Any) -> None:
-        """At ``on_train_begin``: the run's budget, cadence and learning-rate schedule (over ``run_steps``)."""
+        """At ``on_train_begin``: the run's budget, cadence
+        and learning-rate schedule (over ``run_steps``)."""
         from torch.optim.lr_scheduler import LambdaLR
 
         args = trainer.args
         state.max_steps = self.run_steps
-        state.compute_steps(args, self.run_steps)  # logging/eval/save steps given as ratios: of the run's budget
+        # logging/eval/save steps given as ratios: of the run's budget
+        state.compute_steps(args, self.run_steps)
         inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         trainer.lr_scheduler = None
         trainer.create_scheduler(num_training_steps=self.run_steps, optimizer=inner)
@@ -83,14 +97,16 @@ class BudgetTrainerSteps:
         self._last_boundary = state.global_step
 
     def after_step(self, args: Any, state: Any, control: Any, run_step: int, synced: bool) -> None:
-        """At ``on_step_end``, after the engine accounted the step: the run's step, and what the Trainer does now.
+        """At ``on_step_end``, after the engine accounted the
+        step: the run's step, and what the Trainer does now.
 
-        Between boundaries nothing is logged, evaluated or saved; at a boundary, whatever the cadence
-        (``state.logging_steps`` ...) placed since the previous one. The run stops at its budget, not at the
-        Trainer's count of this rank's steps.
+        Between boundaries nothing is logged, evaluated or saved; at a boundary, whatever the
+        cadence (``state.logging_steps`` ...) placed since the previous one. The run stops at its
+        budget, not at the Trainer's count of this rank's steps.
         """
         self.optimizer_steps += 1
-        stopped_by_step_count = state.global_step >= state.max_steps  # DefaultFlowCallback's reason to stop
+        # DefaultFlowCallback's reason to stop
+        stopped_by_step_count = state.global_step >= state.max_steps
         state.global_step = run_step
         cadence = {
             "should_log": (args.logging_strategy == IntervalStrategy.STEPS, state.logging_steps),
@@ -103,7 +119,8 @@ class BudgetTrainerSteps:
         ended = run_step >= self.run_steps
         for flag, (enabled, every) in cadence.items():
             crossed = bool(every) and run_step // every > self._last_boundary // every
-            # the run's end evaluates and saves as DefaultFlowCallback's last step does; the first log likewise
+            # the run's end evaluates and saves as DefaultFlowCallback's
+            # last step does; the first log likewise
             first = flag == "should_log" and args.logging_first_step and self._last_boundary == 0
             at_end = ended and flag != "should_log"
             setattr(control, flag, synced and enabled and (crossed or first or at_end))

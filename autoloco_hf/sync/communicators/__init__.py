@@ -1,5 +1,5 @@
-"""Communicators: one collective per synchronization, real or simulated (docs/algorithm.md#interval-statistics, 7,
-8.4).
+"""Communicators: one collective per synchronization, real or simulated
+(docs/algorithm.md#interval-statistics, 7, 8.4).
 
 One module per implementation, so each can be read and changed alone:
 

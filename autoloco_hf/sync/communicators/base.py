@@ -185,7 +185,8 @@ class PendingAverage:
         return self._result
 
     def state_dict(self) -> dict[str, Any]:
-        """The average, waited for and stored as its result: a checkpoint cannot hold a collective."""
+        """The average, waited for and stored as its result:
+        a checkpoint cannot hold a collective."""
         result = self.wait()
         return {
             "mean": result.mean.detach().clone(),
@@ -198,7 +199,9 @@ class PendingAverage:
     def from_state(cls, state: dict[str, Any], device: torch.device) -> PendingAverage:
         """A completed average from :meth:`state_dict`, its mean moved to ``device``."""
         traffic = Traffic(**state["traffic"])
-        result = AverageResult(state["mean"].to(device), state["scalar_sums"], traffic, state["scalar_rows"])
+        result = AverageResult(
+            state["mean"].to(device), state["scalar_sums"], traffic, state["scalar_rows"]
+        )
         return cls.completed(result)
 
 

@@ -25,8 +25,8 @@ __all__ = ["HierarchicalCommunicator", "ShardedWorkerCommunicator"]
 
 
 class HierarchicalCommunicator(Communicator):
-    """A worker of ``R`` ranks syncing shard by shard (docs/algorithm.md#worker-groups): each byte crosses
-    the slow link once.
+    """A worker of ``R`` ranks syncing shard by shard
+    (docs/algorithm.md#worker-groups): each byte crosses the slow link once.
 
     Rank ``r`` of a worker owns shard ``r`` of the flat model (``R`` contiguous,
     balanced parts). At a sync it averages only that shard with rank ``r`` of every

@@ -64,7 +64,8 @@ class Collected:
 
 
 class Aggregation:
-    """The stages of a boundary that build and check the average (docs/algorithm.md#interval-statistics, 5.2-5.3)."""
+    """The stages of a boundary that build and check the average
+    (docs/algorithm.md#interval-statistics, 5.2-5.3)."""
 
     def __init__(
         self,
@@ -106,18 +107,21 @@ class Aggregation:
                 delta = self.outer.pseudo_gradient(params, piece)
             elif starts is None:
                 delta = self.outer.pseudo_gradient(params)
-            else:  # eager overlap: the local progress of the interval (docs/algorithm.md#eager-update)
+            # eager overlap: the local progress of the interval (docs/algorithm.md#eager-update)
+            else:
                 delta = starts[i] - flatten_fp32(params, self.outer.device, self.outer.shard)
             sq_norm = float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
             finite = math.isfinite(sq_norm) and math.isfinite(counters.loss_sum[i])
             # keep the codec and the collective well defined; the flag skips the step
             if not finite:
                 delta.zero_()
-            # the communicator's plain mean becomes the weighted one (docs/algorithm.md#pacing-weights)
+            # the communicator's plain mean becomes the weighted one
+            # (docs/algorithm.md#pacing-weights)
             elif weights is not None:
                 delta.mul_(weights.delta[i])
                 sq_norm *= weights.sq_norm[i]
-            # D_t uses the local pseudo-gradient before encoding (docs/algorithm.md#interval-statistics)
+            # D_t uses the local pseudo-gradient before encoding
+            # (docs/algorithm.md#interval-statistics)
             if finite and self.error_feedback:
                 delta = self._compensate(i, delta, fragment)
             deltas.append(delta)
@@ -128,7 +132,8 @@ class Aggregation:
         return deltas, messages
 
     def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
-        """Stop unless every worker closed the same interval with the same config (docs/algorithm.md#phases, #pacing-bad-input)."""
+        """Stop unless every worker closed the same interval with the same config
+        (docs/algorithm.md#phases, #pacing-bad-input)."""
         control = ControlRound.from_rows(sums, rows)
         labels = self.comm.worker_labels()
         control.check_agreement(labels)
@@ -173,7 +178,8 @@ class Aggregation:
         )  # fmt: skip
 
     def whole_workers(self, workers: Sequence[ControlMessage]) -> list[ControlMessage]:
-        """Every worker's message as the whole worker's, the same on every rank (docs/algorithm.md#pacing-with-overlap).
+        """Every worker's message as the whole worker's, the same on every rank
+        (docs/algorithm.md#pacing-with-overlap).
 
         A worker of several ranks that each sync a shard sees only its own rank's row of every
         other worker. Its ranks take the same steps; its tokens are the sum over its ranks and its

@@ -122,7 +122,8 @@ momentum.
 
 
 class BlockingSchedule:
-    """Every stage at the boundary, in a row: the workers wait for ``theta_{t+1}`` (docs/algorithm.md#interval-statistics)."""
+    """Every stage at the boundary, in a row: the workers wait for ``theta_{t+1}``
+    (docs/algorithm.md#interval-statistics)."""
 
     mode = Overlap.NONE
     in_flight = None
@@ -137,7 +138,8 @@ class BlockingSchedule:
         closed = engine.close_interval()
         started = time.perf_counter()
         deltas, messages = engine.contributions(closed.interval)
-        # agreement is checked as soon as the control messages arrive, before the payload (docs/algorithm.md#phases)
+        # agreement is checked as soon as the control messages
+        # arrive, before the payload (docs/algorithm.md#phases)
         sizes, check = engine.shard_segment_sizes, engine.check_agreement
         result = engine.comm.average(deltas, messages, sizes, check=check)
         aggregate = engine.aggregate(result, closed.lr_mass)
@@ -266,7 +268,8 @@ class IntervalEngine:
         steps: Sequence[int] | None = None,
         seconds: Sequence[float] | None = None,
     ) -> IntervalRecord | None:
-        """See :meth:`autoloco_hf.sync.engine.contract.Engine.after_optimizer_step`; the schedule syncs."""
+        """See :meth:`autoloco_hf.sync.engine.contract.Engine.after_optimizer_step`;
+        the schedule syncs."""
         if self.step >= self.total_steps:
             budget = self.total_steps
             raise RuntimeError(f"step {self.step} is past the training budget of {budget} steps")
@@ -275,17 +278,20 @@ class IntervalEngine:
         counters.count_step(tokens, losses, lr, steps, seconds)
         self.step += 1
         self.totals.steps = self.step
-        if self._interval is not None:  # what the policy's rule asked for at this step (docs/algorithm.md#rule-plugins)
+        # what the policy's rule asked for at this step (docs/algorithm.md#rule-plugins)
+        if self._interval is not None:
             elapsed = self.step - self._interval.start_step
             self._interval = self.measurements.serve(self._interval, counters, elapsed)
         return self.sync.after_step(self)
 
     # ------------------------------------------------------ the interval in flight
     def steps_due(self) -> list[int]:
-        """Inner steps each local worker takes at the next step of the run (docs/algorithm.md#pacing-mechanism).
+        """Inner steps each local worker takes at the next step of the run
+        (docs/algorithm.md#pacing-mechanism).
 
         The position in the interval is the counters' step count: it also runs while an
-        overlapped average is in flight and the interval's length is not decided yet (docs/algorithm.md#pacing-with-overlap).
+        overlapped average is in flight and the interval's length is not decided yet
+        (docs/algorithm.md#pacing-with-overlap).
         """
         return self.pacer.steps_due(self.counters.loss_count)
 
@@ -312,7 +318,8 @@ class IntervalEngine:
     def close_interval(self) -> ClosedInterval:
         interval, counters = self._interval, self.counters
         assert interval is not None
-        if not self._lr_mass_warned:  # the previews are wrong: say it once (docs/algorithm.md#interval-statistics)
+        # the previews are wrong: say it once (docs/algorithm.md#interval-statistics)
+        if not self._lr_mass_warned:
             self._lr_mass_warned = warn_if_not_previewed(interval, counters.lr_mass)
         seconds = time.perf_counter() - counters.started
         return ClosedInterval(interval, counters.lr_mass, seconds)
@@ -329,7 +336,8 @@ class IntervalEngine:
 
         The pseudo-gradient is taken from ``theta_t``, or from the worker's own start point
         ``starts[i]``. ``fragment``: that fragment's part only; ``counted=False``: its message
-        carries no tokens or losses (the interval's last fragment carries them, docs/algorithm.md#fragments-and-the-rule).
+        carries no tokens or losses (the interval's last fragment carries them,
+        docs/algorithm.md#fragments-and-the-rule).
         """
         return self.aggregation.contributions(
             interval, self.counters, self.step, len(self.records), starts, fragment, counted
@@ -337,7 +345,8 @@ class IntervalEngine:
 
     def check_agreement(self, sums: torch.Tensor, rows: torch.Tensor) -> None:
         """Every worker closed the same interval at the same step with the same config, and
-        counted its tokens and steps consistently (docs/algorithm.md#pacing-bad-input), else stop here."""
+        counted its tokens and steps consistently
+        (docs/algorithm.md#pacing-bad-input), else stop here."""
         self.aggregation.check_agreement(sums, rows)
 
     def collect(self, result: AverageResult) -> Collected:
@@ -345,7 +354,8 @@ class IntervalEngine:
         return self.aggregation.collect(result)
 
     def aggregate(self, result: AverageResult, lr_mass: float) -> Aggregate:
-        """The control round, ``D_t``, ``C_t`` and validity of one collective (docs/algorithm.md#interval-statistics, #interval-assessment)."""
+        """The control round, ``D_t``, ``C_t`` and validity of one collective
+        (docs/algorithm.md#interval-statistics, #interval-assessment)."""
         return self.combine([self.collect(result)], lr_mass, result.mean)
 
     def combine(
@@ -359,7 +369,8 @@ class IntervalEngine:
     ) -> OuterStep:  # fmt: skip
         """``theta_{t+1}`` and the momentum (of ``fragment``) from the mean; no move when invalid.
 
-        A fragment is stepped with its interval's correction (docs/algorithm.md#fragments-and-the-rule); an invalid average
+        A fragment is stepped with its interval's correction
+        (docs/algorithm.md#fragments-and-the-rule); an invalid average
         (docs/algorithm.md#interval-assessment) resets non-finite inner-optimizer state instead.
         """
         correction = self.correction(interval)
@@ -463,7 +474,8 @@ class IntervalEngine:
 
     # ------------------------------------------------------------- helpers
     def correction(self, interval: NextInterval) -> OuterCorrection:
-        """From the previewed LR masses, so that every worker computes it alike (docs/algorithm.md#outer-correction)."""
+        """From the previewed LR masses, so that every worker computes it alike
+        (docs/algorithm.md#outer-correction)."""
         return correction_for(self.config, interval.lr_mass, interval.lr_mass_base)
 
     def sanitize_optimizers(self) -> None:
@@ -491,7 +503,8 @@ class IntervalEngine:
         }
 
     def boundary_state(self) -> dict[str, Any]:
-        """What every worker holds alike right after a boundary (docs/algorithm.md#boundary-snapshots).
+        """What every worker holds alike right after a boundary
+        (docs/algorithm.md#boundary-snapshots).
 
         Any number of workers can go on from it: ``theta_t``, the outer momentum, the
         policy (controller, token mapper), the planned next interval, totals and records;
@@ -508,7 +521,8 @@ class IntervalEngine:
         }
 
     def resume_at_boundary(self, state: dict[str, Any]) -> None:
-        """Go on from a :meth:`boundary_state` with this engine's number of workers (docs/algorithm.md#boundary-snapshots).
+        """Go on from a :meth:`boundary_state` with this engine's number of workers
+        (docs/algorithm.md#boundary-snapshots).
 
         Every local worker restarts from ``theta_t``. With another number of
         workers the policy rescales its token mapper and recalibrates its

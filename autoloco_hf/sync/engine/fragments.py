@@ -1,4 +1,5 @@
-"""Streaming fragments: the flat model in ``F`` contiguous pieces, each synchronized at its own step (docs/algorithm.md#fragments).
+"""Streaming fragments: the flat model in ``F`` contiguous pieces, each synchronized at its own step
+(docs/algorithm.md#fragments).
 
 Pure layout and timing rules; :class:`~autoloco_hf.sync.schedules.streaming.FragmentSchedule`
 runs the engine's stages on them.
@@ -21,7 +22,8 @@ __all__ = ["Fragment", "fragment_event_offset", "on_local_tensors", "split_fragm
 
 @dataclass(frozen=True)
 class Fragment:
-    """Parameters ``first..last-1`` of the model, i.e. elements ``span = (start, end)`` of the flat buffer."""
+    """Parameters ``first..last-1`` of the model, i.e.
+    elements ``span = (start, end)`` of the flat buffer."""
 
     index: int
     first: int
@@ -34,7 +36,8 @@ class Fragment:
 
 
 def split_fragments(sizes: Sequence[int], fragments: int) -> tuple[Fragment, ...]:
-    """``fragments`` contiguous, non-empty pieces of the parameters of ``sizes`` elements, balanced by bytes.
+    """``fragments`` contiguous, non-empty pieces of the
+    parameters of ``sizes`` elements, balanced by bytes.
 
     The largest fragment (the largest sync event) is as small as whole tensors
     allow; among such layouts, cut ``k`` lies at the boundary nearest to ``k / F``
@@ -57,29 +60,39 @@ def split_fragments(sizes: Sequence[int], fragments: int) -> tuple[Fragment, ...
     for k in range(1, fragments):
         target, left = k * total / fragments, fragments - k
         candidates = [
-            j for j in range(cuts[-1] + 1, n - left + 1) if prefix[j] - prefix[cuts[-1]] <= cap and need[j] <= left
+            j
+            for j in range(cuts[-1] + 1, n - left + 1)
+            if prefix[j] - prefix[cuts[-1]] <= cap and need[j] <= left
         ]
         cuts.append(min(candidates, key=lambda j: (abs(prefix[j] - target), j)))
     cuts.append(n)
     return tuple(
-        Fragment(f, first, last, (prefix[first], prefix[last])) for f, (first, last) in enumerate(zip(cuts, cuts[1:]))
+        Fragment(f, first, last, (prefix[first], prefix[last]))
+        for f, (first, last) in enumerate(zip(cuts, cuts[1:]))
     )
 
 
-def on_local_tensors(fragments: Sequence[Fragment], local_sizes: Sequence[int]) -> tuple[Fragment, ...]:
-    """The same tensors' fragments over this rank's local shards of them (an FSDP2 worker rank's flat buffer).
+def on_local_tensors(
+    fragments: Sequence[Fragment], local_sizes: Sequence[int]
+) -> tuple[Fragment, ...]:
+    """The same tensors' fragments over this rank's local
+    shards of them (an FSDP2 worker rank's flat buffer).
 
-    The cuts are chosen on the whole tensors (:func:`split_fragments` of the worker's sizes), so every rank of
-    a worker syncs the same tensors at the same step; a rank's piece of a fragment may be empty.
+    The cuts are chosen on the whole tensors (:func:`split_fragments` of
+    the worker's sizes), so every rank of a worker syncs the same
+    tensors at the same step; a rank's piece of a fragment may be empty.
     """
     prefix = [0]
     for size in local_sizes:
         prefix.append(prefix[-1] + size)
-    return tuple(Fragment(f.index, f.first, f.last, (prefix[f.first], prefix[f.last])) for f in fragments)
+    return tuple(
+        Fragment(f.index, f.first, f.last, (prefix[f.first], prefix[f.last])) for f in fragments
+    )
 
 
 def _fragments_needed(prefix: Sequence[int], cap: int) -> list[int]:
-    """``need[j]``: the fewest fragments of at most ``cap`` elements that hold tensors ``j..n-1`` (greedy is optimal)."""
+    """``need[j]``: the fewest fragments of at most ``cap``
+    elements that hold tensors ``j..n-1`` (greedy is optimal)."""
     n = len(prefix) - 1
     need = [0] * (n + 1)
     end = n
@@ -91,7 +104,8 @@ def _fragments_needed(prefix: Sequence[int], cap: int) -> list[int]:
 
 
 def _smallest_largest_fragment(prefix: Sequence[int], fragments: int) -> int:
-    """The smallest cap on a fragment's elements with which ``fragments`` fragments hold every tensor."""
+    """The smallest cap on a fragment's elements with which
+    ``fragments`` fragments hold every tensor."""
     low = max(b - a for a, b in zip(prefix, prefix[1:]))
     high = prefix[-1]
     while low < high:
@@ -104,7 +118,8 @@ def _smallest_largest_fragment(prefix: Sequence[int], fragments: int) -> int:
 
 
 def fragment_event_offset(fragment: int, fragments: int, h_step: int, last_round: bool) -> int:
-    """Steps after an interval's start at which ``fragment`` is synchronized: ``ceil((f + 1) H / F)``.
+    """Steps after an interval's start at which ``fragment``
+    is synchronized: ``ceil((f + 1) H / F)``.
 
     The last fragment syncs at the boundary (``H``); in the budget's last interval
     every fragment does, so that the run ends on one model.

@@ -54,7 +54,8 @@ class InFlight:
     pending: PendingAverage
 
     def state_dict(self) -> dict[str, Any]:
-        """The collective is waited for and stored as its result (docs/algorithm.md#overlap-checkpoints)."""
+        """The collective is waited for and stored as its result
+        (docs/algorithm.md#overlap-checkpoints)."""
         return {
             "interval": asdict(self.closed.interval),
             "lr_mass": self.closed.lr_mass,

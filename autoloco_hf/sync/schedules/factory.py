@@ -10,7 +10,12 @@ import torch
 from autoloco_hf.algorithm.policies import PolicyFactory, make_policy
 from autoloco_hf.config import AutoLoCoConfig, Overlap
 from autoloco_hf.sync.engine.contract import Engine
-from autoloco_hf.sync.engine.engine import BlockingSchedule, BoundaryListener, IntervalEngine, SyncSchedule
+from autoloco_hf.sync.engine.engine import (
+    BlockingSchedule,
+    BoundaryListener,
+    IntervalEngine,
+    SyncSchedule,
+)
 from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
 from autoloco_hf.sync.schedules.overlap import DelayedSchedule, EagerSchedule
 from autoloco_hf.sync.schedules.streaming import FragmentSchedule

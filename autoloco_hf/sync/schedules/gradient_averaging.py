@@ -1,4 +1,5 @@
-"""The DDP baseline: no intervals and no outer state; every step's gradients are averaged (docs/algorithm.md#baselines)."""
+"""The DDP baseline: no intervals and no outer state; every step's gradients are averaged
+(docs/algorithm.md#baselines)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ class GradientAveragingEngine:
     outer = None
 
     def __init__(
-        self, config: AutoLoCoConfig, models: Sequence[torch.nn.Module], communicator: Communicator, total_steps: int
+        self,
+        config: AutoLoCoConfig,
+        models: Sequence[torch.nn.Module],
+        communicator: Communicator,
+        total_steps: int,
     ) -> None:
         check_workers(config, models, communicator, total_steps)
         self.config = config
@@ -58,9 +63,12 @@ class GradientAveragingEngine:
         steps: Sequence[int] | None = None,
         seconds: Sequence[float] | None = None,
     ) -> IntervalRecord | None:
-        """Count the step (every worker takes one: gradients are averaged at each); no interval to account."""
+        """Count the step (every worker takes one: gradients
+        are averaged at each); no interval to account."""
         if self.step >= self.total_steps:
-            raise RuntimeError(f"step {self.step} is past the training budget of {self.total_steps} steps")
+            raise RuntimeError(
+                f"step {self.step} is past the training budget of {self.total_steps} steps"
+            )
         self.step += 1
         self.totals.steps = self.step
         return None
@@ -69,7 +77,12 @@ class GradientAveragingEngine:
     def average_gradients(self) -> None:
         """Replace every local worker's gradients by the all-worker mean (once per step)."""
         grads = [
-            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+            torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                    for p in params
+                ]
+            )
             for params in self.worker_params
         ]
         start = time.perf_counter()
@@ -86,7 +99,9 @@ class GradientAveragingEngine:
         if traffic is None:
             codec = self.comm.codec(self.segment_sizes, WireDtype.FP32)
             traffic = Traffic(wire_bytes=wire_bytes_sent(codec, self.comm.num_workers))
-        self.totals.add_sync(payload_bytes(1, sum(self.segment_sizes), WireDtype.FP32), traffic, seconds)
+        self.totals.add_sync(
+            payload_bytes(1, sum(self.segment_sizes), WireDtype.FP32), traffic, seconds
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "step": self.step, "totals": self.totals.as_dict()}

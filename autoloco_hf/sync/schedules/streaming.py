@@ -1,4 +1,5 @@
-"""The streaming schedule: fragment ``f`` of every interval synchronized at its own step (docs/algorithm.md#fragments).
+"""The streaming schedule: fragment ``f`` of every interval synchronized at its own step
+(docs/algorithm.md#fragments).
 
 With ``fragments = F`` the flat model is split into ``F`` pieces
 (:func:`~autoloco_hf.sync.engine.fragments.split_fragments`). Inside an interval of
@@ -51,7 +52,12 @@ class FragmentFlight:
     started: float = field(default_factory=time.perf_counter)  # wall clock, not saved
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fragment": self.fragment, "step": self.step, "due_step": self.due_step, **self.pending.state_dict()}
+        return {
+            "fragment": self.fragment,
+            "step": self.step,
+            "due_step": self.due_step,
+            **self.pending.state_dict(),
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> FragmentFlight:
@@ -67,11 +73,14 @@ class FragmentSchedule:
 
     def __init__(self, mode: Overlap) -> None:
         if mode == Overlap.EAGER:
-            raise ValueError("overlap='eager' has no fragment schedule: use overlap='none' or 'delayed'")
+            raise ValueError(
+                "overlap='eager' has no fragment schedule: use overlap='none' or 'delayed'"
+            )
         self.mode = Overlap(mode)
         self.in_flight: FragmentFlight | None = None
         self.next_fragment = 0  # of the running interval
-        self.closed: ClosedInterval | None = None  # closed by its last fragment, which has not landed yet
+        # closed by its last fragment, which has not landed yet
+        self.closed: ClosedInterval | None = None
         self.parts: list[Collected] = []  # the landed fragments of the interval being synchronized
         self.applied: list[bool] = []
         self.sync_seconds = 0.0
@@ -102,11 +111,18 @@ class FragmentSchedule:
         if interval is None or self.in_flight is not None:
             return None
         last_round = interval.start_step + interval.h_step >= engine.total_steps
-        offset = fragment_event_offset(self.next_fragment, len(self.fragments), interval.h_step, last_round)
-        return self.fragments[self.next_fragment] if engine.step >= interval.start_step + offset else None
+        offset = fragment_event_offset(
+            self.next_fragment, len(self.fragments), interval.h_step, last_round
+        )
+        return (
+            self.fragments[self.next_fragment]
+            if engine.step >= interval.start_step + offset
+            else None
+        )
 
     def _start(self, engine: IntervalEngine, fragment: Fragment) -> IntervalRecord | None:
-        """The fragment's pseudo-gradients and control messages into the collective; the last one closes the interval."""
+        """The fragment's pseudo-gradients and control messages
+        into the collective; the last one closes the interval."""
         last = fragment.index == len(self.fragments) - 1
         interval = engine.current_interval
         assert interval is not None
@@ -122,14 +138,16 @@ class FragmentSchedule:
             pending = engine.comm.start_average(deltas, messages, segments)
             due = min(engine.step + self.delay, engine.total_steps)
         self.in_flight = FragmentFlight(fragment.index, engine.step, due, pending, started)
-        self.sync_seconds += time.perf_counter() - started  # the training loop waits for this part too
+        # the training loop waits for this part too
+        self.sync_seconds += time.perf_counter() - started
         self.next_fragment = 0 if last else fragment.index + 1
         if last:  # the next interval's length is decided when this fragment lands
             engine.pause_interval()
         return self._land(engine) if engine.step >= due else None
 
     def _land(self, engine: IntervalEngine) -> IntervalRecord | None:
-        """Outer step of the fragment's slice, written or merged into the replicas; the interval's record after its last."""
+        """Outer step of the fragment's slice, written or merged
+        into the replicas; the interval's record after its last."""
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
         fragment = self.fragments[flight.fragment]
@@ -154,8 +172,11 @@ class FragmentSchedule:
         assert engine.current_interval is not None
         return engine.current_interval, engine.counters.lr_mass
 
-    def _merge(self, engine: IntervalEngine, fragment: Fragment, step: int, outer: OuterStep) -> None:
-        """The fragment's ``theta`` into every replica: copied (blocking, last interval, ``alpha = 0``) or mixed.
+    def _merge(
+        self, engine: IntervalEngine, fragment: Fragment, step: int, outer: OuterStep
+    ) -> None:
+        """The fragment's ``theta`` into every replica: copied
+        (blocking, last interval, ``alpha = 0``) or mixed.
 
         After an invalid average every replica restarts from all of ``theta``: the
         non-finite values have reached the other fragments through the inner steps.
@@ -171,11 +192,16 @@ class FragmentSchedule:
         start, end = fragment.span
         sizes = engine.outer.numels[fragment.first : fragment.last]
         for params in engine.worker_params:
-            for p, chunk in zip(params[fragment.first : fragment.last], torch.split(theta[start:end], sizes)):
+            for p, chunk in zip(
+                params[fragment.first : fragment.last], torch.split(theta[start:end], sizes)
+            ):
                 p.lerp_(chunk.view_as(p).to(device=p.device, dtype=p.dtype), 1.0 - alpha)
 
-    def _finish(self, engine: IntervalEngine, outer: OuterStep, flight: FragmentFlight) -> IntervalRecord:
-        """The interval's statistics from its fragments' sums, the decision, the next interval and the record."""
+    def _finish(
+        self, engine: IntervalEngine, outer: OuterStep, flight: FragmentFlight
+    ) -> IntervalRecord:
+        """The interval's statistics from its fragments' sums,
+        the decision, the next interval and the record."""
         closed, self.closed = self.closed, None
         assert closed is not None
         aggregate = engine.combine(self.parts, closed.lr_mass, None)
@@ -183,7 +209,8 @@ class FragmentSchedule:
         sync_seconds, self.parts, self.applied, self.sync_seconds = self.sync_seconds, [], [], 0.0
         decision, controller_seconds = engine.decide(closed, aggregate)
         boundary = closed.interval.start_step + closed.interval.h_step
-        # an interval the budget cuts short syncs every fragment at its end: it needs no room for their offsets
+        # an interval the budget cuts short syncs every fragment
+        # at its end: it needs no room for their offsets
         min_steps = min(self.min_steps, engine.total_steps - boundary + 1)
         if self.mode == Overlap.NONE:
             engine.start_interval(min_steps)
@@ -192,7 +219,14 @@ class FragmentSchedule:
             engine.plan_interval(boundary, min_steps)
             seconds = closed.seconds
         return engine.record(
-            closed, aggregate, outer, decision, seconds, sync_seconds, controller_seconds, applied=applied
+            closed,
+            aggregate,
+            outer,
+            decision,
+            seconds,
+            sync_seconds,
+            controller_seconds,
+            applied=applied,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -203,7 +237,11 @@ class FragmentSchedule:
             "next_fragment": self.next_fragment,
             "in_flight": self.in_flight.state_dict() if self.in_flight else None,
             "closed": (
-                {"interval": asdict(closed.interval), "lr_mass": closed.lr_mass, "seconds": closed.seconds}
+                {
+                    "interval": asdict(closed.interval),
+                    "lr_mass": closed.lr_mass,
+                    "seconds": closed.seconds,
+                }
                 if closed
                 else None
             ),
@@ -215,14 +253,18 @@ class FragmentSchedule:
     def load_state_dict(self, state: dict[str, Any] | None, engine: IntervalEngine) -> None:
         if state is None or state.get("fragments") != len(self.fragments):
             raise ValueError(
-                f"the engine state holds no schedule of {len(self.fragments)} fragments: resume with the "
-                "AutoLoCoConfig.fragments it was written with"
+                f"the engine state holds no schedule of {len(self.fragments)} fragments: resume "
+                "with the AutoLoCoConfig.fragments it was written with"
             )
         flight, closed = state["in_flight"], state["closed"]
         self.in_flight = FragmentFlight.from_state(flight, engine.outer.device) if flight else None
         self.next_fragment = int(state["next_fragment"])
         self.closed = (
-            ClosedInterval(NextInterval(**closed["interval"]), float(closed["lr_mass"]), float(closed["seconds"]))
+            ClosedInterval(
+                NextInterval(**closed["interval"]),
+                float(closed["lr_mass"]),
+                float(closed["seconds"]),
+            )
             if closed
             else None
         )

@@ -87,7 +87,9 @@ class BatchedRuns:
         """One optimizer step of every worker of every run (worker ``i`` reads ``batches[i]``)."""
         if len(batches) != self.workers:
             raise ValueError(f"got {len(batches)} batches for {self.workers} workers per run")
-        losses, shares = self.stack.forward_backward(list(batches) * len(self.engines), self.loss_fn)
+        losses, shares = self.stack.forward_backward(
+            list(batches) * len(self.engines), self.loss_fn
+        )
         tokens = [batch_tokens(b) for b in batches]
         seconds = shares[: self.workers]
         lr = self.stack.step(self.max_grad_norm)

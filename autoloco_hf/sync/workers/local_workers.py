@@ -2,10 +2,10 @@
 
 :class:`LocalWorkers` owns the process's worker replicas, each with its own
 inner optimizer and LR scheduler, and the engine
-(:func:`~autoloco_hf.sync.schedules.factory.make_engine`) that synchronizes them. With :class:`SimulatedCommunicator` it holds ``N``
-replicas (the paper's simulation on one device); with
-:class:`ProcessGroupCommunicator` it holds the one worker of this process.
-Both run the same code, so the two modes give the same parameters.
+(:func:`~autoloco_hf.sync.schedules.factory.make_engine`) that synchronizes them. With
+:class:`SimulatedCommunicator` it holds ``N`` replicas (the paper's simulation on one device); with
+:class:`ProcessGroupCommunicator` it holds the one worker of this process. Both run the same code,
+so the two modes give the same parameters.
 
 Example::
 
@@ -13,11 +13,15 @@ Example::
     >>> from autoloco_hf import AutoLoCoConfig
     >>> from autoloco_hf.sync.communicators import SimulatedCommunicator
     >>> workers = LocalWorkers(
-    ...     AutoLoCoConfig(method="diloco", h_base=4), torch.nn.Linear(3, 1), SimulatedCommunicator(2),
-    ...     optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=1e-2), total_steps=8,
+    ...     AutoLoCoConfig(method="diloco", h_base=4),
+    ...     torch.nn.Linear(3, 1),
+    ...     SimulatedCommunicator(2),
+    ...     optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    ...     total_steps=8,
     ...     loss_fn=lambda model, batch: (model(batch["x"]) - batch["y"]).pow(2).mean())
     >>> for step in range(8):
-    ...     batch = {"x": torch.ones(2, 3), "y": torch.zeros(2, 1), "attention_mask": torch.ones(2, 3)}
+    ...     batch = {"x": torch.ones(2, 3), "y": torch.zeros(2, 1),
+    ...              "attention_mask": torch.ones(2, 3)}
     ...     _ = workers.train_step([batch, batch])
     >>> workers.engine.totals.syncs
     2
@@ -54,7 +58,8 @@ if TYPE_CHECKING:
 
 
 class LocalWorkers:
-    """Replicas of ``model`` (one per local worker) trained with their own optimizers and synchronized by the engine.
+    """Replicas of ``model`` (one per local worker) trained
+    with their own optimizers and synchronized by the engine.
 
     Args:
         config: the run's :class:`AutoLoCoConfig`.
@@ -64,7 +69,8 @@ class LocalWorkers:
         scheduler_factory: builds a worker's LR scheduler (default constant).
         total_steps: training budget in optimizer steps.
         loss_fn: ``loss_fn(model, batch) -> loss`` (default: ``model(**batch).loss``).
-        max_grad_norm: clip each worker's gradient norm before its optimizer step (``None``: no clipping).
+        max_grad_norm: clip each worker's gradient norm before
+            its optimizer step (``None``: no clipping).
         warmup_steps, records_path, on_record, policy_factory: passed to
             :func:`~autoloco_hf.sync.schedules.factory.make_engine`.
         snapshot_dir: write a :class:`~autoloco_hf.sync.snapshot.BoundarySnapshot` there at every
@@ -75,8 +81,8 @@ class LocalWorkers:
             ``pacing='budget'`` is refused with it.
 
     After :meth:`train_step`, ``last_losses`` holds each local worker's loss of that step (its mean
-    over the step's inner steps with :meth:`train_paced`). With ``config.worker_speeds`` every worker is
-    timed on a :class:`~autoloco_hf.sync.pacing.VirtualClock`, else by the wall clock.
+    over the step's inner steps with :meth:`train_paced`). With ``config.worker_speeds`` every
+    worker is timed on a :class:`~autoloco_hf.sync.pacing.VirtualClock`, else by the wall clock.
     """
 
     def __init__(
@@ -100,7 +106,9 @@ class LocalWorkers:
         if batched:
             refuse_unequal_steps(config)
         kind = ReplicaStack if batched else LoopedReplicas
-        self.replicas: Replicas = kind(model, communicator.local_workers, optimizer_factory, scheduler_factory)
+        self.replicas: Replicas = kind(
+            model, communicator.local_workers, optimizer_factory, scheduler_factory
+        )
         self.models, self.optimizers, self.schedulers = (
             self.replicas.models,
             self.replicas.optimizers,
@@ -124,7 +132,9 @@ class LocalWorkers:
         self.clock = VirtualClock.of(config, communicator)
         self.snapshot: BoundarySnapshot | None = None
         if snapshot_dir is not None:
-            self.snapshot = BoundarySnapshot(snapshot_dir, self.engine, extra_state=self._shared_schedule_state)
+            self.snapshot = BoundarySnapshot(
+                snapshot_dir, self.engine, extra_state=self._shared_schedule_state
+            )
             self.engine.listeners.append(self.snapshot)
 
     def _shared_schedule_state(self) -> dict[str, Any]:
@@ -136,14 +146,16 @@ class LocalWorkers:
         return self.engine.step
 
     def _forward_backward(self, model: torch.nn.Module, batch: Any) -> tuple[float, int]:
-        """The loss (gradients accumulated into ``model``) and the non-padding tokens of one batch."""
+        """The loss (gradients accumulated into ``model``)
+        and the non-padding tokens of one batch."""
         model.train()
         loss = self.loss_fn(model, batch)
         loss.backward()
         return float(loss.detach()), batch_tokens(batch)
 
     def _seconds(self, steps: Sequence[int], measured: Sequence[float]) -> list[float]:
-        """Each worker's time on its steps: the virtual clock's when speeds are simulated, else ``measured``."""
+        """Each worker's time on its steps: the virtual clock's
+        when speeds are simulated, else ``measured``."""
         return self.clock.seconds(self.step, steps) if self.clock is not None else list(measured)
 
     def train_step(self, batches: Sequence[Any]) -> IntervalRecord | None:
@@ -161,16 +173,23 @@ class LocalWorkers:
         return self.engine.after_optimizer_step(tokens, losses, lr=lr, seconds=seconds)
 
     def train_paced(self, next_batch: Callable[[int], Any]) -> IntervalRecord | None:
-        """One step of the run with ``pacing="budget"``: each local worker takes the inner steps its share of
-        the interval gives it now (0, 1 or more, :meth:`IntervalEngine.steps_due`), on batches drawn from
-        ``next_batch(worker)``, at the run's current learning rate (docs/algorithm.md#pacing-mechanism); returns a record at a sync.
+        """One step of the run with ``pacing="budget"``: each local worker takes the inner steps its
+        share of the interval gives it now (0, 1 or more, :meth:`IntervalEngine.steps_due`), on
+        batches drawn from ``next_batch(worker)``, at the run's current learning rate
+        (docs/algorithm.md#pacing-mechanism); returns a record at a sync.
         """
         if isinstance(self.replicas, ReplicaStack):
             refuse_unequal_steps(self.config)  # a config changed after construction is refused here
-            raise ValueError("batched workers: train_paced needs pacing='budget'; use batched=False")
+            raise ValueError(
+                "batched workers: train_paced needs pacing='budget'; use batched=False"
+            )
         due = self.engine.steps_due()
         lr = float(self.optimizers[0].param_groups[0]["lr"])
-        losses, tokens, measured = [0.0] * len(self.models), [0] * len(self.models), [0.0] * len(self.models)
+        losses, tokens, measured = (
+            [0.0] * len(self.models),
+            [0] * len(self.models),
+            [0.0] * len(self.models),
+        )
         last = []
         for i, (model, optimizer) in enumerate(zip(self.models, self.optimizers)):
             started = time.perf_counter()
@@ -185,13 +204,15 @@ class LocalWorkers:
             measured[i] = time.perf_counter() - started
             last.append(losses[i] / due[i] if due[i] else float("nan"))
         self.last_losses = last
-        for scheduler in self.schedulers:  # the schedule follows the run's steps, whoever took the inner ones
+        # the schedule follows the run's steps, whoever took the inner ones
+        for scheduler in self.schedulers:
             scheduler.step()
         seconds = self._seconds(due, measured)
         return self.engine.after_optimizer_step(tokens, losses, lr=lr, steps=due, seconds=seconds)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume mid-interval: replicas, inner optimizers, schedulers, engine."""
+        """Everything needed to resume mid-interval:
+        replicas, inner optimizers, schedulers, engine."""
         return {
             "models": [m.state_dict() for m in self.models],
             "optimizers": [o.state_dict() for o in self.optimizers],
@@ -202,7 +223,8 @@ class LocalWorkers:
     def resume_from_snapshot(
         self, snapshot: Snapshot, optimizer_states: Sequence[dict[str, Any]] | None = None
     ) -> None:
-        """Go on from a boundary snapshot, with this object's number of workers (docs/algorithm.md#boundary-snapshots).
+        """Go on from a boundary snapshot, with this object's number of workers
+        (docs/algorithm.md#boundary-snapshots).
 
         Every worker restarts from ``theta_t`` at the snapshot's step (its data
         position) with its LR scheduler there. Its inner optimizer starts fresh
@@ -212,8 +234,9 @@ class LocalWorkers:
         """
         if optimizer_states is not None and len(optimizer_states) != len(self.optimizers):
             raise ValueError(
-                f"{len(optimizer_states)} optimizer states for {len(self.optimizers)} local workers: carry "
-                "the inner state only when resuming with the same workers, else pass none (fresh moments)"
+                f"{len(optimizer_states)} optimizer states for {len(self.optimizers)} local "
+                "workers: carry the inner state only when resuming with the same workers, else "
+                "pass none (fresh moments)"
             )
         self.engine.resume_at_boundary(snapshot.engine_state)
         for optimizer, scheduler, optimizer_state in zip(

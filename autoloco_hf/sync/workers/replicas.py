@@ -45,7 +45,8 @@ def batch_tokens(batch: Any) -> int:
     count = count_non_padding_tokens(batch)
     if count is None:
         raise ValueError(
-            "cannot count the batch's tokens (docs/algorithm.md#token-mapper): give it an attention_mask, input_ids or inputs_embeds"
+            "cannot count the batch's tokens (docs/algorithm.md#token-mapper): give it an "
+            "attention_mask, input_ids or inputs_embeds"
         )
     return int(count)
 
@@ -61,7 +62,9 @@ class Replicas(Protocol):
     optimizers: list[torch.optim.Optimizer]
     schedulers: list[Any]
 
-    def forward_backward(self, batches: Sequence[Any], loss_fn: LossFn) -> tuple[list[float], list[float]]:
+    def forward_backward(
+        self, batches: Sequence[Any], loss_fn: LossFn
+    ) -> tuple[list[float], list[float]]:
         """Each replica's loss on its batch and its seconds; the gradients land in ``.grad``."""
         ...
 
@@ -70,7 +73,8 @@ class Replicas(Protocol):
         ...
 
     def step(self, max_grad_norm: float | None) -> float:
-        """Clip each replica's gradient, step the optimizers and schedules; returns the step's LR."""
+        """Clip each replica's gradient, step the optimizers
+        and schedules; returns the step's LR."""
         ...
 
 
@@ -88,7 +92,9 @@ class LoopedReplicas:
         self.optimizers = [optimizer_factory(m.parameters()) for m in self.models]
         self.schedulers = [scheduler_factory(o) for o in self.optimizers]
 
-    def forward_backward(self, batches: Sequence[Any], loss_fn: LossFn) -> tuple[list[float], list[float]]:
+    def forward_backward(
+        self, batches: Sequence[Any], loss_fn: LossFn
+    ) -> tuple[list[float], list[float]]:
         losses, seconds = [], []
         for model, batch in zip(self.models, batches):
             started = time.perf_counter()
@@ -154,7 +160,8 @@ class ReplicaStack:
                 replica[name].data = stacked.data[row]
         self.optimizer = optimizer_factory(list(self.params.values()))
         self.scheduler = scheduler_factory(self.optimizer)
-        self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]  # one of each, over the stack
+        # one of each, over the stack
+        self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]
         self._loss_fn: LossFn | None = None
         self._losses: Callable[..., torch.Tensor] | None = None
 
@@ -162,8 +169,11 @@ class ReplicaStack:
     def count(self) -> int:
         return len(self.models)
 
-    def forward_backward(self, batches: Sequence[Any], loss_fn: LossFn) -> tuple[list[float], list[float]]:
-        """Each replica's loss on its batch (``batches[i]``) and its seconds; the gradients land in ``.grad``.
+    def forward_backward(
+        self, batches: Sequence[Any], loss_fn: LossFn
+    ) -> tuple[list[float], list[float]]:
+        """Each replica's loss on its batch (``batches[i]``)
+        and its seconds; the gradients land in ``.grad``.
 
         A batched step has no per-replica time: each replica gets an equal share.
         """

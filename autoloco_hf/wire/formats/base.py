@@ -1,4 +1,5 @@
-"""The interface of a wire format: how one contiguous piece of a tensor travels (docs/algorithm.md#wire-codecs).
+"""The interface of a wire format: how one contiguous piece of a tensor travels
+(docs/algorithm.md#wire-codecs).
 
 A :class:`~autoloco_hf.wire.codec.WireCodec` cuts a slice of the flat buffer into
 pieces that each lie inside one tensor and hands every piece to its format, so a
@@ -15,13 +16,15 @@ from collections.abc import Sequence
 import torch
 
 
-def true_divide(t: torch.Tensor, divisor: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def true_divide(
+    t: torch.Tensor, divisor: float, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``t / divisor`` rounded as one IEEE division on every device (in place with ``out=t``).
 
     CUDA divides by a Python number as a product with its reciprocal, which can be one ulp off the
     CPU's quotient; dividing by a 0-dim tensor on ``t``'s device keeps the true division, so a
-    simulated CPU run and a GPU run agree bit for bit (docs/algorithm.md#simulation). On the CPU both are
-    the same kernel.
+    simulated CPU run and a GPU run agree bit for bit
+    (docs/algorithm.md#simulation). On the CPU both are the same kernel.
     """
     return torch.div(t, torch.full((), divisor, dtype=t.dtype, device=t.device), out=out)
 
@@ -61,9 +64,11 @@ class WireFormat(ABC):
         """Decode the views ``wire`` of a piece into the 1-D FP32 ``out``."""
 
     def encode_whole(self, x: torch.Tensor) -> list[torch.Tensor] | None:
-        """The wire tensors of a whole slice without buffers, when the format is a plain cast; else ``None``."""
+        """The wire tensors of a whole slice without buffers,
+        when the format is a plain cast; else ``None``."""
         return None
 
     def decode_whole(self, wire: Sequence[torch.Tensor]) -> torch.Tensor | None:
-        """The FP32 slice of :meth:`encode_whole`'s wire tensors without a buffer; ``None`` unless a plain cast."""
+        """The FP32 slice of :meth:`encode_whole`'s wire tensors
+        without a buffer; ``None`` unless a plain cast."""
         return None

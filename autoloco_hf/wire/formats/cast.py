@@ -1,4 +1,5 @@
-"""``fp32`` and ``bf16``: the buffer itself, or a cast with round-to-nearest-even (docs/algorithm.md#wire-codecs)."""
+"""``fp32`` and ``bf16``: the buffer itself, or a cast with round-to-nearest-even
+(docs/algorithm.md#wire-codecs)."""
 
 from __future__ import annotations
 

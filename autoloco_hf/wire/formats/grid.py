@@ -1,12 +1,15 @@
-"""``int4``, ``fp4`` and ``int2``: codes on a grid of levels times an FP32 scale per block (docs/algorithm.md#low-bit-wires).
+"""``int4``, ``fp4`` and ``int2``: codes on a grid of levels times an FP32 scale per block
+(docs/algorithm.md#low-bit-wires).
 
 A grid is a sorted list of non-negative *magnitudes* ``l_0 < ... < l_{M-1}``
 (``M = 2**(bits-1)``); a code is a sign bit above a magnitude index, so the
 signed grid is symmetric. Per block of up to ``block_size`` elements:
 
-    scale = max|x| / l_{M-1}        (1 for an all-zero block), clamped to [2**-126, largest s with l_{M-1} * s finite]
+    scale = max|x| / l_{M-1}        (1 for an all-zero block),
+                                    clamped to [2**-126, largest s with l_{M-1} * s finite]
     m     = |x| / scale             (FP32)
-    index = #{ j : mid_j < m }      with mid_j = (l_j + l_{j+1}) / 2: the nearest level, ties toward zero
+    index = #{ j : mid_j < m }      with mid_j = (l_j + l_{j+1}) / 2:
+                                    the nearest level, ties toward zero
     code  = index | (x < 0) << (bits - 1)
     x'    = (-1)**sign * l_index * scale   (FP32)
 
@@ -74,7 +77,10 @@ class Grid:
     def signed_levels(self) -> list[float]:
         """The value of each code ``0 .. 2**bits - 1`` (sign bit above the magnitude index)."""
         half = len(self.magnitudes)
-        return [(-1.0 if code >= half else 1.0) * self.magnitudes[code % half] for code in range(2**self.bits)]
+        return [
+            (-1.0 if code >= half else 1.0) * self.magnitudes[code % half]
+            for code in range(2**self.bits)
+        ]
 
 
 INT4_GRID = Grid(4, (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0), denominator=2)
@@ -88,14 +94,18 @@ def grid_codes(
     """The int8 codes and FP32 scales of the full blocks ``xb`` (rows), by the module's definition.
 
     The body of the compiled kernel (``codec_kernel="compiled"``): ``#{mid_j < m}`` as a sum of
-    comparisons, which a compiler fuses into one pass; the eager path's ``ceil`` and table lookups give the
-    same index (NaN: no comparison holds, 0; inf: all hold, the top level), so the bytes are the same.
+    comparisons, which a compiler fuses into one pass; the eager path's
+    ``ceil`` and table lookups give the same index (NaN: no comparison
+    holds, 0; inf: all hold, the top level), so the bytes are the same.
     """
     amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
     scale = torch.where(amax == 0, torch.ones_like(amax), true_divide(amax, top))
-    scale = torch.where(torch.isnan(scale), torch.full_like(scale, scale_max), scale).clamp(SCALE_MIN, scale_max)
+    scale = torch.where(torch.isnan(scale), torch.full_like(scale, scale_max), scale).clamp(
+        SCALE_MIN, scale_max
+    )
     m = (xb / scale[:, None]).abs()
-    # counted in FP32 (small integers, exact): int8 arithmetic does not vectorize in the generated CPU code (30x slower)
+    # counted in FP32 (small integers, exact): int8 arithmetic
+    # does not vectorize in the generated CPU code (30x slower)
     index = (m > midpoints[0]).to(torch.float32)
     for mid in midpoints[1:]:
         index = index + (m > mid).to(torch.float32)
@@ -103,7 +113,8 @@ def grid_codes(
 
 
 def _as_lanes(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """``x`` reinterpreted as ``dtype`` (several elements per lane), or ``None`` where its offset or length does not allow it."""
+    """``x`` reinterpreted as ``dtype`` (several elements per lane),
+    or ``None`` where its offset or length does not allow it."""
     ratio = torch.empty((), dtype=dtype).element_size() // x.element_size()
     if x.numel() % ratio or x.storage_offset() % ratio:
         return None
@@ -130,7 +141,8 @@ class GridFormat(WireFormat):
         self.scale_max = _largest_finite_scale(grid.top)
         d = grid.denominator
         self._positions = int(grid.top * d) + 2  # ceil(D * m) for m in [0, top * (1 + 2**-22)]
-        # code of each signed position p + positions * (x < 0), p = ceil(D * m): #{mid_j < m} | sign bit
+        # code of each signed position p + positions * (x <
+        # 0), p = ceil(D * m): #{mid_j < m} | sign bit
         index = [sum(1 for mid in grid.midpoints if mid * d < c) for c in range(self._positions)]
         sign_bit = 1 << (grid.bits - 1)
         self._code_table = torch.tensor(index + [i | sign_bit for i in index], dtype=torch.int8)
@@ -140,7 +152,9 @@ class GridFormat(WireFormat):
         # decoded levels of the codes in each byte value, one row a lane of per_byte floats
         self._lane_dtype = torch.int64 if self.per_byte == 2 else torch.complex128
         self._byte_levels = (
-            torch.stack([levels[(byte >> (grid.bits * j)) & mask] for j in range(self.per_byte)], dim=1)
+            torch.stack(
+                [levels[(byte >> (grid.bits * j)) & mask] for j in range(self.per_byte)], dim=1
+            )
             .contiguous()
             .view(self._lane_dtype)
             .view(-1)
@@ -150,18 +164,22 @@ class GridFormat(WireFormat):
         return (packed_bytes(numel, self.grid.bits), num_int8_blocks(numel, block_size))
 
     def _group(self, block_size: int) -> int:
-        """Elements per cache-sized group: whole blocks, and whole bytes of codes (a multiple of ``per_byte``)."""
+        """Elements per cache-sized group: whole blocks, and
+        whole bytes of codes (a multiple of ``per_byte``)."""
         rows = -(-chunk_rows(block_size) // self.per_byte) * self.per_byte
         return rows * block_size
 
     def encode(self, x: torch.Tensor, wire: Sequence[torch.Tensor], block_size: int) -> None:
-        """Codes of a cache-sized group, packed into their bytes before the next group (one pass over memory)."""
+        """Codes of a cache-sized group, packed into their
+        bytes before the next group (one pass over memory)."""
         packed, scales = wire
         n, per_byte, group = x.numel(), self.per_byte, self._group(block_size)
         size = min(group, -(-n // per_byte) * per_byte)
         m_buf = torch.empty(size, dtype=torch.float32, device=x.device)
         sign_buf = torch.empty(size, dtype=torch.float32, device=x.device)
-        pos_buf = torch.empty(0 if self.grid.unit_step else size, dtype=torch.int32, device=x.device)
+        pos_buf = torch.empty(
+            0 if self.grid.unit_step else size, dtype=torch.int32, device=x.device
+        )
         codes = torch.empty(size, dtype=torch.int8, device=x.device)
         lane_dtype = torch.int16 if per_byte == 2 else torch.int32
         shifted = torch.empty(size // per_byte, dtype=lane_dtype, device=x.device)
@@ -179,17 +197,20 @@ class GridFormat(WireFormat):
                 scales[row : row + scale.numel()] = scale
                 row += scale.numel()
             codes[xg.numel() : padded] = 0
-            # little-endian lanes: code j of a byte sits in bits 8j of the lane; shift it down to bits * j
+            # little-endian lanes: code j of a byte sits in
+            # bits 8j of the lane; shift it down to bits * j
             lane, tmp = codes[:padded].view(lane_dtype), shifted[: padded // per_byte]
             if per_byte == 2:
                 lane.bitwise_or_(torch.bitwise_right_shift(lane, 4, out=tmp))
             else:
                 lane.bitwise_or_(torch.bitwise_right_shift(lane, 6, out=tmp))
                 lane.bitwise_or_(torch.bitwise_right_shift(lane, 12, out=tmp))
-            packed[lo // per_byte : (lo + padded) // per_byte].view(torch.int8).copy_(lane)  # keeps the low byte
+            # keeps the low byte
+            packed[lo // per_byte : (lo + padded) // per_byte].view(torch.int8).copy_(lane)
 
     def _compiled_kernel(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """:func:`grid_codes` of this grid compiled once (any number of rows: the row count is dynamic)."""
+        """:func:`grid_codes` of this grid compiled once (any
+        number of rows: the row count is dynamic)."""
         if self._kernel is None:
             codes = functools.partial(
                 grid_codes,
@@ -219,22 +240,26 @@ class GridFormat(WireFormat):
         """Write the int8 codes of the blocks ``xb`` (rows) into ``cb``; return their scales."""
         grid = self.grid
         amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
-        # a 0-dim tensor divisor: CUDA would multiply by the reciprocal of a Python number (INT8's reason)
+        # a 0-dim tensor divisor: CUDA would multiply by the
+        # reciprocal of a Python number (INT8's reason)
         scale = true_divide(amax, grid.top).masked_fill_(amax == 0, 1.0)
         scale = torch.nan_to_num(scale, nan=self.scale_max).clamp_(SCALE_MIN, self.scale_max)
         m = torch.div(xb, scale[:, None], out=m_buf[: xb.numel()].view_as(xb))
         m.abs_()
         negative = torch.lt(xb, 0, out=sign_buf[: xb.numel()].view_as(xb))  # 1.0 / 0.0 in FP32
-        # Only a non-finite or saturated group (its scale clamped to the upper scale) can exceed the top
-        # level or hold NaN (finite amax gives m <= top * (1 + 2**-22)); ordinary groups skip those passes.
+        # Only a non-finite or saturated group (its scale clamped to the
+        # upper scale) can exceed the top level or hold NaN (finite amax
+        # gives m <= top * (1 + 2**-22)); ordinary groups skip those passes.
         finite = bool((scale < self.scale_max).all())
-        if len(grid.midpoints) == 1:  # (int2) index = [m > mid_0]; NaN gives 0 and inf 1, as clamped below
+        # (int2) index = [m > mid_0]; NaN gives 0 and inf 1, as clamped below
+        if len(grid.midpoints) == 1:
             cb.copy_(m.gt_(grid.midpoints[0]).add_(negative, alpha=1 << (grid.bits - 1)))
         elif grid.unit_step:  # index = clamp(ceil(m - mid_0), 0, M - 1)
             m.sub_(grid.midpoints[0]).ceil_()
             if not finite:
                 m.nan_to_num_(nan=0.0).clamp_(0, len(grid.magnitudes) - 1)
-            cb.copy_(m.add_(negative, alpha=1 << (grid.bits - 1)))  # small integers: the FP32 -> int8 cast is exact
+            # small integers: the FP32 -> int8 cast is exact
+            cb.copy_(m.add_(negative, alpha=1 << (grid.bits - 1)))
         else:  # code = table[ceil(D * m) + positions * (x < 0)]
             m.mul_(grid.denominator).ceil_()
             if not finite:
@@ -260,7 +285,8 @@ class GridFormat(WireFormat):
             idx = index[:nbytes]
             idx.copy_(packed[lo // per_byte : lo // per_byte + nbytes])
             lanes = _as_lanes(og, self._lane_dtype)
-            if lanes is None:  # an offset or a length that is not whole lanes: through the scratch lanes
+            # an offset or a length that is not whole lanes: through the scratch lanes
+            if lanes is None:
                 torch.index_select(table, 0, idx, out=levels[:nbytes])
                 og.copy_(levels[:nbytes].view(torch.float32)[: og.numel()])
             else:

@@ -1,11 +1,13 @@
-"""``int8``: blockwise INT8 codes with an FP32 scale per block (docs/algorithm.md#wire-codecs, paper Appendix G.1).
+"""``int8``: blockwise INT8 codes with an FP32 scale per
+block (docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 Each tensor is split into contiguous blocks of up to
 ``block_size`` (default 4,096) elements; a block carries one FP32 scale
 ``max|x| / 127`` and int8 codes ``q = clip(round_half_to_even(x / scale), -127, 127)``;
 decoding is ``q * scale`` in FP32. Scale edge cases:
 
-* all-zero block: scale 1 (docs/algorithm.md#wire-codecs), so its codes are 0 and it decodes to exact zeros;
+* all-zero block: scale 1 (docs/algorithm.md#wire-codecs), so
+  its codes are 0 and it decodes to exact zeros;
 * scale is clamped to ``[SCALE_MIN, SCALE_MAX]``:
   ``SCALE_MIN`` is the smallest *normal* FP32 (2**-126). A subnormal scale would be
   flushed to 0 by flush-to-zero/denormals-are-zero arithmetic (common on GPUs) and
@@ -58,8 +60,11 @@ def chunk_rows(block_size: int) -> int:
     return max(1, CHUNK_ELEMENTS * torch.get_num_threads() // block_size)
 
 
-def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int) -> None:
-    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales`` (docs/algorithm.md#wire-codecs).
+def _encode_into(
+    x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int
+) -> None:
+    """Encode the 1-D FP32 chunk ``x`` into preallocated ``values``/``scales``
+    (docs/algorithm.md#wire-codecs).
 
     Works in cache-sized groups of blocks through one small scratch buffer: the
     fresh full-size FP32 temporaries of a naive version cost more (first-touch page
@@ -73,21 +78,25 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
         for lo in range(0, xv.shape[0], step):
             xb, vb = xv[lo : lo + step], vv[lo : lo + step]
             # max(amax, -amin) avoids materializing |x|; two row reductions are several
-            # times faster than torch.aminmax(dim=1), abs().amax() or an inf-norm on CPU. Both propagate NaN.
+            # times faster than torch.aminmax(dim=1), abs().amax()
+            # or an inf-norm on CPU. Both propagate NaN.
             amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
             scale = true_divide(amax, QMAX).masked_fill_(amax == 0, 1.0)
             # NaN/inf max -> SCALE_MAX (defined behaviour for non-finite input, module docstring).
             scale = torch.nan_to_num(scale, nan=SCALE_MAX).clamp_(SCALE_MIN, SCALE_MAX)
             if scratch is None or scratch.numel() < xb.numel():
-                scratch = torch.empty(min(step, xv.shape[0]) * xv.shape[1], dtype=torch.float32, device=x.device)
+                scratch = torch.empty(
+                    min(step, xv.shape[0]) * xv.shape[1], dtype=torch.float32, device=x.device
+                )
             q = scratch[: xb.numel()].view_as(xb)
             torch.div(xb, scale[:, None], out=q)
-            # Only a non-finite or saturated (SCALE_MAX) block can leave [-127, 127] or hold NaN: finite
-            # amax <= 127 * SCALE_MAX gives |x / scale| <= 127 (1 + 2**-23). (NaN or inf amax got SCALE_MAX
-            # above.) Skipping the two passes for ordinary groups leaves the output unchanged; clamping
-            # before rounding equals clamping after, the bounds being integers.
+            # Only a non-finite or saturated (SCALE_MAX) block can leave [-127, 127] or hold NaN:
+            # finite amax <= 127 * SCALE_MAX gives |x / scale| <= 127 (1 + 2**-23). (NaN or inf amax
+            # got SCALE_MAX above.) Skipping the two passes for ordinary groups leaves the output
+            # unchanged; clamping before rounding equals clamping after, the bounds being integers.
             if not bool((scale < SCALE_MAX).all()):
-                q.nan_to_num_(nan=0.0).clamp_(-QMAX, QMAX)  # casting NaN to int8 is undefined behaviour
+                # casting NaN to int8 is undefined behaviour
+                q.nan_to_num_(nan=0.0).clamp_(-QMAX, QMAX)
             # Round half to even by the FP32 addition itself: for |q| < 2**22, q + 1.5 * 2**23 holds
             # round(q) in its low mantissa bits, so the int32 view's low byte is the int8 code.
             q.add_(_ROUND_MAGIC)
@@ -96,8 +105,11 @@ def _encode_into(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bl
             row += scale.numel()
 
 
-def _decode_into(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int) -> None:
-    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out`` (docs/algorithm.md#wire-codecs), a cache-sized group at a time."""
+def _decode_into(
+    values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int
+) -> None:
+    """Decode ``q * scale`` in FP32 into the preallocated 1-D ``out``
+    (docs/algorithm.md#wire-codecs), a cache-sized group at a time."""
     row = 0
     step = chunk_rows(block_size)
     for vv, ov in zip(blocked(values, block_size), blocked(out, block_size)):

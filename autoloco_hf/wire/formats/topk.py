@@ -24,7 +24,8 @@ from autoloco_hf.wire.formats.int8 import chunk_rows
 
 
 class TopKFormat(WireFormat):
-    """The ``k`` largest entries of every block, their values in ``inner``, their offsets in 16 bits."""
+    """The ``k`` largest entries of every block, their values
+    in ``inner``, their offsets in 16 bits."""
 
     def __init__(self, inner: WireFormat, fraction: float) -> None:
         self.inner = inner
@@ -36,7 +37,8 @@ class TopKFormat(WireFormat):
         return (*self.inner.numels(kept, self._inner_block(block_size, numel)), INDEX_BYTES * kept)
 
     def _inner_block(self, block_size: int, numel: int) -> int:
-        """The inner format's block: the kept entries of one full block (or of the only, partial one)."""
+        """The inner format's block: the kept entries of one
+        full block (or of the only, partial one)."""
         return max(topk_keep(min(block_size, numel), self.fraction), 1)
 
     def encode(self, x: torch.Tensor, wire: Sequence[torch.Tensor], block_size: int) -> None:
@@ -44,7 +46,9 @@ class TopKFormat(WireFormat):
         kept = torch.empty(offsets.numel() // INDEX_BYTES, dtype=torch.float32, device=x.device)
         index = offsets.view(torch.int16)
         pos, step = 0, chunk_rows(block_size)
-        magnitude = torch.empty(min(x.numel(), step * block_size), dtype=torch.float32, device=x.device)
+        magnitude = torch.empty(
+            min(x.numel(), step * block_size), dtype=torch.float32, device=x.device
+        )
         for xv in blocked(x, block_size):
             k = topk_keep(xv.shape[1], self.fraction)
             for lo in range(0, xv.shape[0], step):  # a cache-sized group of blocks at a time
@@ -52,7 +56,8 @@ class TopKFormat(WireFormat):
                 order = _kept_offsets(torch.abs(xb, out=magnitude[: xb.numel()].view_as(xb)), k)
                 size = xb.shape[0] * k
                 kept[pos : pos + size].view(-1, k).copy_(torch.gather(xb, 1, order))
-                index[pos : pos + size].view(-1, k).copy_(order)  # offsets >= 2**15 wrap to negative int16
+                # offsets >= 2**15 wrap to negative int16
+                index[pos : pos + size].view(-1, k).copy_(order)
                 pos += size
         self.inner.encode(kept, inner_wire, self._inner_block(block_size, x.numel()))
 
@@ -71,7 +76,8 @@ class TopKFormat(WireFormat):
 
 
 def _kept_offsets(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Offsets, ascending, of the ``k`` largest entries of each row, ties to the lower offset (a stable sort's choice).
+    """Offsets, ascending, of the ``k`` largest entries of each
+    row, ties to the lower offset (a stable sort's choice).
 
     ``torch.topk`` (a selection, not a sort) gives each row's k-th largest magnitude
     ``t``; where exactly ``k`` entries are ``>= t`` they are the stable sort's
