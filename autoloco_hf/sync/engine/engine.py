@@ -159,6 +159,20 @@ class BlockingSchedule:
         pass
 
 
+def check_interval_config(config: AutoLoCoConfig, sync: SyncSchedule) -> None:
+    """An interval engine runs an interval method under the schedule of its ``overlap``."""
+    if not config.is_interval_method:
+        raise ValueError(
+            f"method={config.method!r} has no intervals: "
+            "build its engine with make_engine(config, ...)"
+        )  # fmt: skip
+    if sync.mode != config.overlap:
+        raise ValueError(
+            f"config.overlap={str(config.overlap)!r} but the schedule is "
+            f"{str(sync.mode)!r}: use make_engine"
+        )  # fmt: skip
+
+
 class IntervalEngine:
     """Runs AutoLoCo / DiLoCo / QSR / Linear intervals for the local workers of this process.
 
@@ -199,16 +213,7 @@ class IntervalEngine:
         policy_factory: PolicyFactory = make_policy,
     ) -> None:
         check_workers(config, models, communicator, total_steps)
-        if not config.is_interval_method:
-            raise ValueError(
-                f"method={config.method!r} has no intervals: "
-                "build its engine with make_engine(config, ...)"
-            )  # fmt: skip
-        if sync.mode != config.overlap:
-            raise ValueError(
-                f"config.overlap={str(config.overlap)!r} but the schedule is "
-                f"{str(sync.mode)!r}: use make_engine"
-            )  # fmt: skip
+        check_interval_config(config, sync)
         self.config = config
         self.sync = sync
         self.worker_params = [list(m.parameters()) for m in models]
