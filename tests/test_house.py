@@ -1,14 +1,20 @@
-"""The house's size rules: modules a reader can hold in their head, and no benchmark reaching into tests/."""
+"""The house's size rules: modules a reader can hold in their head, packages a few floors tall, and no
+benchmark reaching into tests/."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
+
+import grimp
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES = 600  # longest module of the package and the evals (at 100 characters a line)
 ENGINE_CLASS_LINES = 400  # the interval engine, which the schedules lean on
+FLOORS = 5  # the longest chain of run-time imports between the modules of one of these packages
 
 
 def test_no_module_is_longer_than_the_limit():
@@ -32,3 +38,22 @@ def test_no_benchmark_or_test_puts_tests_on_the_import_path():
         if pattern.search(path.read_text())
     ]
     assert not offenders, offenders
+
+
+def longest_chain(graph: grimp.ImportGraph, package: str) -> list[str]:
+    """The longest chain of run-time imports (type-only ones left out) between ``package``'s modules."""
+    modules = {m for m in graph.modules if m == package or m.startswith(package + ".")}
+
+    @functools.cache
+    def chain(module: str) -> tuple[str, ...]:
+        below = [chain(m) for m in graph.find_modules_directly_imported_by(module) & modules - {module}]
+        return (module, *max(below, key=len, default=()))
+
+    return list(max((chain(m) for m in modules), key=len))
+
+
+@pytest.mark.parametrize("package", ["autoloco_hf.sync", "autoloco_hf.integrations"])
+def test_the_packages_are_at_most_five_floors_tall(package):
+    graph = grimp.build_graph("autoloco_hf", exclude_type_checking_imports=True)
+    chain = longest_chain(graph, package)
+    assert len(chain) <= FLOORS, " -> ".join(chain)
