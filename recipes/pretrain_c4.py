@@ -17,9 +17,11 @@ Worker ``w`` of ``N`` reads ``datasets.distributed.split_dataset_by_node(stream,
 w, N)`` in both modes, so the two modes see the same data.
 
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml
-    torchrun --nproc_per_node 8 recipes/pretrain_c4.py --config recipes/configs/c4_diloco.yaml --mode multiprocess
+    torchrun --nproc_per_node 8 recipes/pretrain_c4.py --config recipes/configs/c4_diloco.yaml \\
+        --mode multiprocess
     python recipes/pretrain_c4.py --config recipes/configs/c4_autoloco.yaml \\
-        --train-files c4-train.00000-of-01024.json.gz --val-files val.parquet --model-config tiny.json --tokenizer ./tok
+        --train-files c4-train.00000-of-01024.json.gz --val-files val.parquet \\
+        --model-config tiny.json --tokenizer ./tok
 
 The run folder (``output_dir/run_name``) is readable by ``autoloco report`` and
 ends with the final synchronized model and its tokenizer
@@ -71,7 +73,8 @@ MODEL_215M = dict(
 
 @dataclass
 class C4Settings:
-    """Every knob of the recipe but the engine's (:class:`AutoLoCoArguments`); YAML files and flags override these defaults."""
+    """Every knob of the recipe but the engine's (:class:`AutoLoCoArguments`);
+    YAML files and flags override these defaults."""
 
     run_name: str = setting("c4_autoloco", "run folder name under output_dir")
     output_dir: str = setting("runs/c4", "where run folders go")
@@ -80,7 +83,9 @@ class C4Settings:
         None, "a Table 7 ablation variant of AutoLoCo (AutoLoCoConfig.ablation) instead of --method"
     )
     mode: Literal["auto", "simulated", "multiprocess"] = setting(
-        "auto", "simulated: all workers in this process; multiprocess: one per process (torchrun); auto: by WORLD_SIZE"
+        "auto",
+        "simulated: all workers in this process; multiprocess: one per process "
+        "(torchrun); auto: by WORLD_SIZE",
     )
     workers: int = setting(8, "data-parallel workers")
     steps: int = setting(50_000, "optimizer steps")
@@ -88,43 +93,61 @@ class C4Settings:
     lr: float = setting(3e-4, "peak AdamW learning rate")
     weight_decay: float = setting(0.1, "AdamW weight decay")
     adam_beta2: float = setting(0.95, "AdamW beta2")
-    max_grad_norm: float | None = setting(1.0, "per-worker gradient clipping before each inner step")
+    max_grad_norm: float | None = setting(
+        1.0, "per-worker gradient clipping before each inner step"
+    )
     batch_size: int = setting(128, "documents per worker per step")
-    micro_batch_size: int | None = setting(None, "split each worker's batch for memory (same gradient)")
+    micro_batch_size: int | None = setting(
+        None, "split each worker's batch for memory (same gradient)"
+    )
     seq_len: int = setting(1_024, "tokens per document after truncation or padding (no packing)")
     dataset: str = setting("allenai/c4", "hub dataset, streamed")
     dataset_config: str = setting("en", "hub dataset configuration")
     train_files: list[str] | None = setting(
-        None, "local files instead of the hub stream: .jsonl / .json (gzipped or not), .parquet or .txt"
+        None,
+        "local files instead of the hub stream: .jsonl / .json (gzipped or not), .parquet or .txt",
     )
     val_files: list[str] | None = setting(None, "local validation files (same formats)")
     text_field: str = setting("text", "the column holding the document text")
     val_docs: int = setting(4_096, "validation documents")
     eval_batch_size: int = setting(32, "validation batch size")
-    tokenizer: str = setting("hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path")
-    model_config: str | None = setting(None, "JSON/YAML of LlamaConfig fields; default: the ~215M model")
+    tokenizer: str = setting(
+        "hf-internal-testing/llama-tokenizer", "any LLaMA-style 32k tokenizer, or a local path"
+    )
+    model_config: str | None = setting(
+        None, "JSON/YAML of LlamaConfig fields; default: the ~215M model"
+    )
     bf16: bool = setting(True, "bf16 autocast on CUDA (CPU runs in FP32)")
-    gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass to save memory")
+    gradient_checkpointing: bool = setting(
+        False, "recompute activations in the backward pass to save memory"
+    )
     seed: int = setting(0, "seed of the initialization (the ablation configs use 42, as the paper)")
-    save_every: int = setting(0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)")
+    save_every: int = setting(
+        0, "steps between checkpoints in output_dir/run_name/checkpoint (0: never)"
+    )
     resume: bool = setting(False, "continue from that checkpoint when it exists")
 
 
 def autoloco_config(s: C4Settings, a: AutoLoCoArguments) -> AutoLoCoConfig:
-    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus the ``autoloco_*`` overrides."""
+    """The C4 preset (H_base 500, q_H 50, H_max 750) for the method, or an ablation variant, plus
+    the ``autoloco_*`` overrides."""
     overrides = {"warmup_steps": s.warmup_steps, **a.overrides()}
     if s.ablation:
         horizon = {k: v for k, v in RECIPES["c4"].items() if k != "normalize_pseudo_grad"}
         config = AutoLoCoConfig.ablation(s.ablation, **{**horizon, **overrides})
     else:
         config = AutoLoCoConfig.for_recipe("c4", **{"method": s.method, **overrides})
-    config.check_given(a.overrides())  # a typed --autoloco_* flag that does nothing under the method is refused
+    # a typed --autoloco_* flag that does nothing under the method is refused
+    config.check_given(a.overrides())
     return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[C4Settings, AutoLoCoArguments]:
-    """Settings from defaults, ``--config`` YAML and flags; a bad engine setting is a usage error (exit 2)."""
-    settings, autoloco = parse_settings((C4Settings, AutoLoCoArguments), argv, __doc__.splitlines()[0])
+    """Settings from defaults, ``--config`` YAML and flags; a
+    bad engine setting is a usage error (exit 2)."""
+    settings, autoloco = parse_settings(
+        (C4Settings, AutoLoCoArguments), argv, __doc__.splitlines()[0]
+    )
     try:
         autoloco_config(settings, autoloco)
     except ConfigError as err:
@@ -134,17 +157,32 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[C4Settings, AutoLoCoA
 
 
 def launch_mode(s: C4Settings) -> str:
-    """simulated or multiprocess (``auto``: multiprocess when ``WORLD_SIZE > 1``); one process per worker in the latter."""
+    """simulated or multiprocess (``auto``: multiprocess when
+    ``WORLD_SIZE > 1``); one process per worker in the latter."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     mode = s.mode if s.mode != "auto" else ("multiprocess" if world > 1 else "simulated")
     if mode == "multiprocess" and world != s.workers:
-        usage_error(f"--workers {s.workers} but WORLD_SIZE={world}: one process per worker in multiprocess mode")
+        usage_error(
+            f"--workers {s.workers} but WORLD_SIZE={world}: one process per "
+            "worker in multiprocess mode"
+        )
     return mode
 
 
 def check_inputs(s: C4Settings) -> None:
-    """Every path and count, before anything loads: a bad one is one line and exit code 2, not a traceback mid-run."""
-    check_at_least(s, 1, "workers", "steps", "batch_size", "micro_batch_size", "seq_len", "val_docs", "eval_batch_size")
+    """Every path and count, before anything loads: a bad one
+    is one line and exit code 2, not a traceback mid-run."""
+    check_at_least(
+        s,
+        1,
+        "workers",
+        "steps",
+        "batch_size",
+        "micro_batch_size",
+        "seq_len",
+        "val_docs",
+        "eval_batch_size",
+    )
     check_at_least(s, 0, "save_every")
     if not 0 <= s.warmup_steps < s.steps:
         usage_error(f"--warmup-steps {s.warmup_steps}: pass 0 <= warm-up < --steps ({s.steps})")
@@ -154,25 +192,30 @@ def check_inputs(s: C4Settings) -> None:
         load_yaml(s.model_config, "--model-config")
     if s.train_files and not s.val_files:
         usage_error(
-            f"--train-files {' '.join(s.train_files)} is local but --val-files is not given: validation after "
-            f"training would stream {s.dataset} ({s.dataset_config}, validation); pass --val-files FILE"
+            f"--train-files {' '.join(s.train_files)} is local but --val-files is not given: "
+            f"validation after training would stream {s.dataset} ({s.dataset_config}, "
+            "validation); pass --val-files FILE"
         )
     if s.val_files:
         check_data_files(s.val_files, "--val-files", s.text_field, ", or set --text-field")
     if s.train_files:
-        rows = check_data_files(s.train_files, "--train-files", s.text_field, ", or set --text-field")
+        rows = check_data_files(
+            s.train_files, "--train-files", s.text_field, ", or set --text-field"
+        )
         check_enough_rows(s, rows)
 
 
 def check_enough_rows(s: C4Settings, file_rows: list[int]) -> None:
-    """Local training data lasts ``--steps`` batches on every worker (one row a document, no packing, no second epoch)."""
+    """Local training data lasts ``--steps`` batches on every
+    worker (one row a document, no packing, no second epoch)."""
     shares = rows_per_worker(file_rows, s.workers)
     steps = min(-(-share // s.batch_size) for share in shares)  # a last short batch is still a step
     if steps < s.steps:
         usage_error(
-            f"--train-files {' '.join(s.train_files)}: the training data runs out at step {steps + 1} of {s.steps} "
-            f"({sum(file_rows)} rows over {s.workers} workers, {min(shares)} on the one with fewest, "
-            f"--batch-size {s.batch_size} each step); add data, or lower --steps, --batch-size or --workers"
+            f"--train-files {' '.join(s.train_files)}: the training data runs out at step "
+            f"{steps + 1} of {s.steps} ({sum(file_rows)} rows over {s.workers} workers, "
+            f"{min(shares)} on the one with fewest, --batch-size {s.batch_size} each step); add "
+            "data, or lower --steps, --batch-size or --workers"
         )
 
 
@@ -191,13 +234,16 @@ def build_model(s: C4Settings, vocab_size: int) -> torch.nn.Module:
 
 
 def worker_dataset(s: C4Settings, split: str, worker: int, num_workers: int) -> Any:
-    """Worker ``worker``'s share of the C4 (or local) ``split``: a streaming dataset whose position can be saved."""
+    """Worker ``worker``'s share of the C4 (or local) ``split``:
+    a streaming dataset whose position can be saved."""
     from datasets import load_dataset
     from datasets.distributed import split_dataset_by_node
 
     files = s.train_files if split == "train" else s.val_files
     if files:  # the real C4 shards are gzipped JSON Lines (.json.gz)
-        stream = load_data_files(files, "--train-files" if split == "train" else "--val-files", streaming=True)
+        stream = load_data_files(
+            files, "--train-files" if split == "train" else "--val-files", streaming=True
+        )
     else:
         stream = load_dataset(s.dataset, s.dataset_config, split=split, streaming=True)
     return split_dataset_by_node(stream, rank=worker, world_size=num_workers)
@@ -209,10 +255,17 @@ def texts(dataset: Any, field: str) -> Iterator[str]:
 
 
 def collate(tokenizer: Any, texts: Sequence[str], seq_len: int) -> dict[str, torch.Tensor]:
-    """Truncate or pad each document to ``seq_len`` (no packing); padding is masked out of the loss."""
-    enc = tokenizer(list(texts), truncation=True, max_length=seq_len, padding="max_length", return_tensors="pt")
+    """Truncate or pad each document to ``seq_len`` (no
+    packing); padding is masked out of the loss."""
+    enc = tokenizer(
+        list(texts), truncation=True, max_length=seq_len, padding="max_length", return_tensors="pt"
+    )
     labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "labels": labels,
+    }
 
 
 def batches(
@@ -247,7 +300,9 @@ class Launch:
             self.rank, self.world_size = 0, 1
             self.worker_ids = list(range(s.workers))
         self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
         )
 
     def communicator(self, config: AutoLoCoConfig) -> Any:
@@ -267,7 +322,8 @@ class Launch:
 
 
 def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: Any) -> float:
-    """Token-weighted loss on the first ``val_docs`` validation documents (sharded over processes)."""
+    """Token-weighted loss on the first ``val_docs``
+    validation documents (sharded over processes)."""
     import itertools
 
     from autoloco_hf.toy.text import loss_sums
@@ -275,10 +331,13 @@ def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: A
     total, count = 0.0, 0
     for shard in launch.worker_ids:  # one validation shard per worker, as for training data
         docs = itertools.islice(
-            texts(worker_dataset(s, "validation", shard, s.workers), s.text_field), -(-s.val_docs // s.workers)
+            texts(worker_dataset(s, "validation", shard, s.workers), s.text_field),
+            -(-s.val_docs // s.workers),
         )
         with _autocast(s, launch):
-            t, c = loss_sums(model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, launch.device))
+            t, c = loss_sums(
+                model, batches(tokenizer, docs, s.eval_batch_size, s.seq_len, launch.device)
+            )
         total, count = total + t, count + c
     total, count = launch.sum([total, float(count)])
     return total / max(count, 1.0)
@@ -287,14 +346,17 @@ def validate(s: C4Settings, launch: Launch, model: torch.nn.Module, tokenizer: A
 def accumulated_loss(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], micro_batch_size: int | None
 ) -> torch.Tensor:
-    """The batch's token-weighted mean loss, computed in micro-batches; returns the last part's graph.
+    """The batch's token-weighted mean loss, computed in
+    micro-batches; returns the last part's graph.
 
     Earlier micro-batches are back-propagated here; the returned tensor has the
     full batch's loss as its value but only the last micro-batch's graph, so the
     caller's single ``backward()`` completes exactly the full-batch gradient.
     """
     size = micro_batch_size or batch["input_ids"].shape[0]
-    parts = [dict(zip(batch, values)) for values in zip(*(torch.split(v, size) for v in batch.values()))]
+    parts = [
+        dict(zip(batch, values)) for values in zip(*(torch.split(v, size) for v in batch.values()))
+    ]
     targets = [int((p["labels"][:, 1:] != -100).sum()) for p in parts]
     total = max(sum(targets), 1)
     done = torch.zeros((), device=batch["input_ids"].device)
@@ -355,7 +417,10 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
         workers.load_state_dict(state["workers"])
         for dataset, position in zip(datasets, state["data"]):
             dataset.load_state_dict(position)
-    streams = [batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, launch.device) for d in datasets]
+    streams = [
+        batches(tokenizer, texts(d, s.text_field), s.batch_size, s.seq_len, launch.device)
+        for d in datasets
+    ]
     bar = _progress(s, launch, start)
     started = time.perf_counter() - (state["seconds"] if state else 0.0)
     for step in range(start + 1, s.steps + 1):
@@ -367,7 +432,8 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
                 f"the training data ran out at step {step} of {s.steps}: add data or lower --steps"
             ) from err
         if writer:
-            # local workers' mean loss (all workers when simulated, rank 0's own in multiprocess mode)
+            # local workers' mean loss (all workers when
+            # simulated, rank 0's own in multiprocess mode)
             loss = sum(workers.last_losses) / len(workers.last_losses)
             writer.log_step(step, loss, lr, workers.engine.totals, time.perf_counter() - started)
             bar.update(1)
@@ -385,7 +451,8 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
     val_loss = validate(s, launch, workers.models[0], tokenizer)
     if writer is None:
         return {}
-    # The budget ends on a sync, so every replica holds the synchronized model: keep it for `autoloco eval`.
+    # The budget ends on a sync, so every replica holds the
+    # synchronized model: keep it for `autoloco eval`.
     workers.models[0].save_pretrained(run_dir)
     tokenizer.save_pretrained(run_dir)
     params = sum(p.numel() for p in workers.models[0].parameters())
@@ -405,7 +472,14 @@ def train(s: C4Settings, a: AutoLoCoArguments) -> dict[str, Any]:
 def _progress(s: C4Settings, launch: Launch, start: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=s.steps, initial=start, desc=s.run_name, unit="step", disable=launch.rank != 0, mininterval=2.0)
+    return tqdm(
+        total=s.steps,
+        initial=start,
+        desc=s.run_name,
+        unit="step",
+        disable=launch.rank != 0,
+        mininterval=2.0,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Recipe settings through Hugging Face's ``HfArgumentParser``: defaults, YAML files that override them, flags that override both.
+"""Recipe settings through Hugging Face's ``HfArgumentParser``: defaults, YAML files that override
+them, flags that override both.
 
 A recipe lists its dataclasses (its own settings; TRL's ``SFTConfig`` for the
 SFT recipe, so that every ``TrainingArguments`` field is settable;
@@ -14,8 +15,8 @@ Usage errors (an unknown key or flag, a missing file, a bad value) print one
 line naming the flag or key, the value and the fix, and exit with code 2.
 Every input is checked in ``parse_args``, before a model or a dataset loads:
 :func:`check_data_files` reads each local data file to its end
-(exists, not empty, decompresses, parses, has the field) and counts its rows, :func:`check_local_path` refuses a
-local-looking model or tokenizer path that is not there, and
+(exists, not empty, decompresses, parses, has the field) and counts its rows,
+:func:`check_local_path` refuses a local-looking model or tokenizer path that is not there, and
 :func:`check_at_least` the counts.
 """
 
@@ -50,9 +51,12 @@ def _suggest(name: str, known: Sequence[str]) -> str:
 
 
 def load_yaml(path: str, option: str = "--config") -> dict[str, Any]:
-    """``path``'s mapping merged over its ``base:`` chain, with ``autoloco:`` sub-mappings flattened to ``autoloco_*`` keys."""
+    """``path``'s mapping merged over its ``base:`` chain, with
+    ``autoloco:`` sub-mappings flattened to ``autoloco_*`` keys."""
     if not os.path.isfile(path):
-        example = "recipes/configs/c4_autoloco.yaml" if option == "--config" else "a JSON or YAML file"
+        example = (
+            "recipes/configs/c4_autoloco.yaml" if option == "--config" else "a JSON or YAML file"
+        )
         usage_error(f"{option} {path}: no such file; pass {example}")
     try:
         with open(path) as f:
@@ -66,11 +70,15 @@ def load_yaml(path: str, option: str = "--config") -> dict[str, Any]:
     base = values.pop("base", None)
     if base is None:
         return values
-    return {**load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base), option), **values}
+    return {
+        **load_yaml(os.path.join(os.path.dirname(os.path.abspath(path)), base), option),
+        **values,
+    }
 
 
 def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
-    """``--autoloco FIELD=VALUE`` -> ``--autoloco_FIELD VALUE`` (the short form the recipe docs use)."""
+    """``--autoloco FIELD=VALUE`` -> ``--autoloco_FIELD VALUE``
+    (the short form the recipe docs use)."""
     out: list[str] = []
     items = iter(argv)
     for arg in items:
@@ -79,7 +87,11 @@ def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep or key not in AUTOLOCO_FIELDS:
-                hint = _suggest(key, AUTOLOCO_FIELDS) if sep else "write FIELD=VALUE, e.g. --autoloco h_base=250"
+                hint = (
+                    _suggest(key, AUTOLOCO_FIELDS)
+                    if sep
+                    else "write FIELD=VALUE, e.g. --autoloco h_base=250"
+                )
                 usage_error(f"--autoloco {item}: {key!r} is not an AutoLoCoConfig field; {hint}")
             out += [f"--{PREFIX}{key}", value]
         else:
@@ -88,15 +100,22 @@ def _expand_autoloco_flags(argv: Sequence[str]) -> list[str]:
 
 
 def parse_settings(
-    types: Sequence[type], argv: Sequence[str] | None, description: str, defaults: dict[str, Any] | None = None
+    types: Sequence[type],
+    argv: Sequence[str] | None,
+    description: str,
+    defaults: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:
-    """One instance per dataclass in ``types``, from their defaults, ``defaults``, ``--config`` YAML and flags (later wins)."""
+    """One instance per dataclass in ``types``, from their defaults,
+    ``defaults``, ``--config`` YAML and flags (later wins)."""
     from transformers import HfArgumentParser
 
     argv = _expand_autoloco_flags(list(sys.argv[1:] if argv is None else argv))
     parser = HfArgumentParser(list(types), description=description, allow_abbrev=False)
-    parser.error = usage_error  # one line, not argparse's full usage block (the recipes have ~200 flags)
-    parser.add_argument("--config", help="YAML file of settings (see recipes/configs/); flags override it")
+    # one line, not argparse's full usage block (the recipes have ~200 flags)
+    parser.error = usage_error
+    parser.add_argument(
+        "--config", help="YAML file of settings (see recipes/configs/); flags override it"
+    )
     known = {action.dest for action in parser._actions} - {"help", "config"}
     values = dict(defaults or {})
     pre = argparse.ArgumentParser(add_help=False)
@@ -107,7 +126,8 @@ def parse_settings(
         unknown = sorted(set(from_file) - known)
         if unknown:
             usage_error(
-                f"--config {config_path}: unknown setting {unknown[0]!r}; {_suggest(unknown[0], sorted(known))}"
+                f"--config {config_path}: unknown setting {unknown[0]!r}; "
+                f"{_suggest(unknown[0], sorted(known))}"
             )
         values.update(from_file)
     parser.set_defaults(**values)
@@ -118,13 +138,15 @@ def parse_settings(
         usage_error(f"unrecognized argument {flag}; {_suggest(name, sorted(known))}")
     try:
         parsed = parser.parse_args_into_dataclasses(args=argv)
-    except (ValueError, TypeError) as err:  # a dataclass's __post_init__ refused a combination of values
+    # a dataclass's __post_init__ refused a combination of values
+    except (ValueError, TypeError) as err:
         usage_error(str(err).splitlines()[0])
     return tuple(p for p in parsed if not isinstance(p, argparse.Namespace))
 
 
 def check_data_files(files: Sequence[str], option: str, column: str, fix: str = "") -> list[int]:
-    """Each local data file parses to its end and its rows hold ``column``; returns each file's row count.
+    """Each local data file parses to its end and its rows
+    hold ``column``; returns each file's row count.
 
     See ``autoloco_evals.data_files.inspect_files``: a corrupt or cut-short file is a usage error.
     """
@@ -135,7 +157,8 @@ def check_data_files(files: Sequence[str], option: str, column: str, fix: str = 
 
 
 def rows_per_worker(file_rows: Sequence[int], workers: int) -> list[int]:
-    """The rows ``datasets.distributed.split_dataset_by_node`` gives each of ``workers`` from files of ``file_rows`` rows.
+    """The rows ``datasets.distributed.split_dataset_by_node``
+    gives each of ``workers`` from files of ``file_rows`` rows.
 
     Its rule for a streamed dataset: whole files (worker ``w`` gets files ``w, w + N, ...``)
     when the file count is a multiple of ``N``, else every ``N``-th row.
@@ -146,7 +169,8 @@ def rows_per_worker(file_rows: Sequence[int], workers: int) -> list[int]:
 
 
 def load_data_files(files: Sequence[str], option: str, *, streaming: bool = False) -> Any:
-    """``datasets.load_dataset`` of local files (builder by name); a file it cannot read is a usage error."""
+    """``datasets.load_dataset`` of local files (builder by
+    name); a file it cannot read is a usage error."""
     try:
         return load_rows(files, option, streaming=streaming)
     except DataFileError as err:
@@ -154,14 +178,20 @@ def load_data_files(files: Sequence[str], option: str, *, streaming: bool = Fals
 
 
 def check_local_path(value: str | None, option: str, needs: str | None = None) -> None:
-    """A value that reads as a local path (``/``, ``.``, ``~``) must exist (and hold ``needs``); others are hub ids."""
+    """A value that reads as a local path (``/``, ``.``, ``~``)
+    must exist (and hold ``needs``); others are hub ids."""
     if value is None or not value.startswith(("/", ".", "~")):
         return
     path = os.path.expanduser(value)
     if not os.path.exists(path):
-        usage_error(f"{option} {value}: no such file or folder; pass a local path that exists, or a hub id")
+        usage_error(
+            f"{option} {value}: no such file or folder; pass a local path that exists, or a hub id"
+        )
     if needs and not os.path.exists(os.path.join(path, needs)):
-        usage_error(f"{option} {value}: no {needs} in it; pass a folder written by save_pretrained, or a hub id")
+        usage_error(
+            f"{option} {value}: no {needs} in it; pass a folder written by "
+            "save_pretrained, or a hub id"
+        )
 
 
 def check_at_least(settings: Any, minimum: int, *names: str) -> None:

@@ -1,4 +1,5 @@
-"""The paper's SFT recipe: Llama-3.1-8B on UltraChat-200k with TRL's ``SFTTrainer`` and ``AutoLoCoCallback``.
+"""The paper's SFT recipe: Llama-3.1-8B on UltraChat-200k with TRL's ``SFTTrainer`` and
+``AutoLoCoCallback``.
 
 Global batch 32 conversations, max length 2,048, one epoch, assistant-only
 loss, dynamic padding without packing. Conversations that are invalid (bad
@@ -19,7 +20,8 @@ worker's GPUs (``ranks_per_worker = R`` and an FSDP2 accelerate config: the
 recipe shards every worker over its own ranks before building the trainer):
 
     accelerate launch --config_file recipes/accelerate/1node_8gpu_fsdp2.yaml \\
-        recipes/sft_ultrachat.py --config recipes/configs/sft_autoloco_fsdp2.yaml --autoloco ranks_per_worker=4
+        recipes/sft_ultrachat.py --config recipes/configs/sft_autoloco_fsdp2.yaml \\
+        --autoloco ranks_per_worker=4
 
 Every ``SFTConfig`` / ``TrainingArguments`` field is a flag and a YAML key
 (``--report_to wandb``, ``--optim adamw_torch_fused``, ``--save_total_limit 3``),
@@ -65,11 +67,18 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass
 class SFTSettings:
-    """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`), the engine's ``autoloco_*``."""
+    """The recipe's own knobs; the Trainer's are ``SFTConfig`` fields (:data:`TRAINER_DEFAULTS`),
+    the engine's ``autoloco_*``."""
 
-    method: Method = setting(Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)")
-    int8: bool = setting(False, "INT8 blockwise pseudo-gradient communication (docs/algorithm.md#wire-codecs)")
-    model_name_or_path: str = setting("meta-llama/Llama-3.1-8B", "hub id or local folder of the model")
+    method: Method = setting(
+        Method.AUTOLOCO, "how workers synchronize (the paper: diloco, autoloco)"
+    )
+    int8: bool = setting(
+        False, "INT8 blockwise pseudo-gradient communication (docs/algorithm.md#wire-codecs)"
+    )
+    model_name_or_path: str = setting(
+        "meta-llama/Llama-3.1-8B", "hub id or local folder of the model"
+    )
     tokenizer: str | None = setting(None, "hub id or local folder; default: the model's")
     chat_template: str | None = setting(
         None, "a .jinja file; default: the tokenizer's, else TRL's Llama 3 training template"
@@ -89,19 +98,27 @@ class SFTSettings:
     )
     test_conversations: int = setting(1_000, "valid test conversations for the test NLL")
     eval_batch_size: int = setting(8, "test NLL batch size")
-    resume: bool = setting(False, "continue from the last checkpoint in output_dir/run_name when there is one")
+    resume: bool = setting(
+        False, "continue from the last checkpoint in output_dir/run_name when there is one"
+    )
 
 
 def _checkpointing_field() -> str:
-    """transformers >= 5.2x calls it ``activation_checkpointing`` (``gradient_checkpointing`` is its deprecated alias)."""
+    """transformers >= 5.2x calls it ``activation_checkpointing``
+    (``gradient_checkpointing`` is its deprecated alias)."""
     from trl import SFTConfig
 
     names = {f.name for f in dataclasses.fields(SFTConfig)}
-    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
 
 
 def trainer_defaults() -> dict[str, Any]:
-    """The paper's ``SFTConfig`` values where they differ from TRL's defaults; YAML and flags override them."""
+    """The paper's ``SFTConfig`` values where they differ
+    from TRL's defaults; YAML and flags override them."""
     cuda = torch.cuda.is_available()
     return dict(
         output_dir="runs/sft",
@@ -122,24 +139,35 @@ def trainer_defaults() -> dict[str, Any]:
         logging_steps=1,
         save_strategy="no",
         seed=42,
-        average_tokens_across_devices=False,  # a per-step gather otherwise; each worker normalizes by its own tokens
+        # a per-step gather otherwise; each worker normalizes by its own tokens
+        average_tokens_across_devices=False,
     )
 
 
 def autoloco_config(s: SFTSettings, a: AutoLoCoArguments) -> AutoLoCoConfig:
-    """The SFT preset (H_base 100, q_H 10, H_max 150, normalization on for AutoLoCo) plus the ``autoloco_*`` overrides."""
-    overrides = {"method": s.method, **({"wire_dtype": WireDtype.INT8} if s.int8 else {}), **a.overrides()}
+    """The SFT preset (H_base 100, q_H 10, H_max 150, normalization
+    on for AutoLoCo) plus the ``autoloco_*`` overrides."""
+    overrides = {
+        "method": s.method,
+        **({"wire_dtype": WireDtype.INT8} if s.int8 else {}),
+        **a.overrides(),
+    }
     config = AutoLoCoConfig.for_recipe("sft", **overrides)
-    config.check_given(a.overrides())  # a typed --autoloco_* flag that does nothing under the method is refused
+    # a typed --autoloco_* flag that does nothing under the method is refused
+    config.check_given(a.overrides())
     return config
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, AutoLoCoArguments]:
-    """(recipe settings, ``SFTConfig``, engine arguments) from defaults, ``--config`` YAML and flags."""
+    """(recipe settings, ``SFTConfig``, engine arguments)
+    from defaults, ``--config`` YAML and flags."""
     from trl import SFTConfig
 
     settings, args, autoloco = parse_settings(
-        (SFTSettings, SFTConfig, AutoLoCoArguments), argv, __doc__.splitlines()[0], defaults=trainer_defaults()
+        (SFTSettings, SFTConfig, AutoLoCoArguments),
+        argv,
+        __doc__.split("\n\n")[0],
+        defaults=trainer_defaults(),
     )
     try:
         autoloco_config(settings, autoloco)
@@ -150,7 +178,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SFTSettings, Any, Aut
 
 
 def check_inputs(s: SFTSettings) -> None:
-    """Every path and count, before anything loads: a bad one is one line and exit code 2, not a traceback after training."""
+    """Every path and count, before anything loads: a bad one is
+    one line and exit code 2, not a traceback after training."""
     check_local_path(s.model_name_or_path, "--model-name-or-path", "config.json")
     check_local_path(s.tokenizer, "--tokenizer")
     if s.chat_template and not os.path.isfile(s.chat_template):
@@ -158,9 +187,9 @@ def check_inputs(s: SFTSettings) -> None:
     check_at_least(s, 1, "global_batch_size", "test_conversations", "eval_batch_size")
     if s.train_files and not s.test_files:
         usage_error(
-            f"--train-files {' '.join(s.train_files)} is local but --test-files is not given: the test NLL after "
-            f"training would download {s.dataset} ({s.test_split}); pass --test-files FILE (JSON Lines or Parquet "
-            "with 'messages')"
+            f"--train-files {' '.join(s.train_files)} is local but --test-files is not given: the "
+            f"test NLL after training would download {s.dataset} ({s.test_split}); pass "
+            "--test-files FILE (JSON Lines or Parquet with 'messages')"
         )
     for option, files in (("--train-files", s.train_files), ("--test-files", s.test_files)):
         if files:
@@ -168,7 +197,8 @@ def check_inputs(s: SFTSettings) -> None:
 
 
 def valid_conversation(messages: Any) -> bool:
-    """Known roles, non-empty text, user and assistant alternating after an optional system turn, >= 1 reply."""
+    """Known roles, non-empty text, user and assistant
+    alternating after an optional system turn, >= 1 reply."""
     if not isinstance(messages, list) or not messages:
         return False
     for m in messages:
@@ -189,15 +219,19 @@ def valid_conversation(messages: Any) -> bool:
 
 
 def has_assistant_target(tokenizer: Any, messages: list, max_length: int) -> bool:
-    """Whether an assistant token survives truncation to ``max_length`` (the same masking as the test NLL)."""
+    """Whether an assistant token survives truncation to
+    ``max_length`` (the same masking as the test NLL)."""
     from autoloco_evals.nll import chat_example
 
     _, mask = chat_example(tokenizer, messages, max_length)
     return any(mask[1:])
 
 
-def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: int | None = None) -> Any:
-    """The ``messages`` of ``split`` (train or test) after filtering; ``limit`` keeps the first ones."""
+def conversations(
+    s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: int | None = None
+) -> Any:
+    """The ``messages`` of ``split`` (train or test) after
+    filtering; ``limit`` keeps the first ones."""
     from datasets import load_dataset
 
     files = s.train_files if split == "train" else s.test_files
@@ -210,7 +244,8 @@ def conversations(s: SFTSettings, args: Any, split: str, tokenizer: Any, limit: 
     if limit is not None:
         ds = ds.select(range(min(limit * 2, len(ds))))  # headroom for the truncation filter
     ds = ds.filter(
-        lambda ex: has_assistant_target(tokenizer, ex["messages"], args.max_length), num_proc=args.dataset_num_proc
+        lambda ex: has_assistant_target(tokenizer, ex["messages"], args.max_length),
+        num_proc=args.dataset_num_proc,
     )
     return ds.select(range(min(limit, len(ds)))) if limit is not None else ds
 
@@ -225,46 +260,57 @@ def load_tokenizer(s: SFTSettings) -> Any:
     elif not tokenizer.chat_template:  # a base model: Llama 3's chat format with generation markers
         from importlib.resources import files
 
-        tokenizer.chat_template = (files("trl") / "chat_templates" / "llama3_training.jinja").read_text()
+        tokenizer.chat_template = (
+            files("trl") / "chat_templates" / "llama3_training.jinja"
+        ).read_text()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
 def fsdp2_requested(args: Any) -> bool:
-    """FSDP2 asked for by ``--fsdp`` (``fsdp_config`` version 2, transformers' default) or an accelerate FSDP config."""
+    """FSDP2 asked for by ``--fsdp`` (``fsdp_config`` version
+    2, transformers' default) or an accelerate FSDP config."""
     if args.fsdp:
         return int((getattr(args, "fsdp_plugin_args", None) or {}).get("fsdp_version", 1)) == 2
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
+    return (
+        os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        and os.environ.get("FSDP_VERSION") == "2"
+    )
 
 
 def check_fsdp2_workers_setup(s: SFTSettings, config: AutoLoCoConfig, cuda: bool) -> None:
-    """Usage errors, before anything is loaded, for a run whose workers the recipe shards with FSDP2."""
+    """Usage errors, before anything is loaded, for a run
+    whose workers the recipe shards with FSDP2."""
     r = config.ranks_per_worker
     if s.model_dtype != "float32":
         usage_error(
-            f"--model-dtype {s.model_dtype}: FSDP2 workers keep FP32 master weights (bf16 is the compute dtype "
-            "when --bf16 is on); pass --model-dtype float32 (recipes/configs/sft_autoloco_fsdp2.yaml sets it)"
+            f"--model-dtype {s.model_dtype}: FSDP2 workers keep FP32 master weights (bf16 is the "
+            "compute dtype when --bf16 is on); pass --model-dtype float32 "
+            "(recipes/configs/sft_autoloco_fsdp2.yaml sets it)"
         )
     if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true":
         usage_error(
-            "fsdp_cpu_ram_efficient_loading: true in the accelerate config loads the weights on local rank 0 "
-            "only, but the recipe shards each worker itself from every rank's copy: set it to false "
-            "(recipes/accelerate/*_fsdp2.yaml)"
+            "fsdp_cpu_ram_efficient_loading: true in the accelerate config loads the weights on "
+            "local rank 0 only, but the recipe shards each worker itself from every rank's copy: "
+            "set it to false (recipes/accelerate/*_fsdp2.yaml)"
         )
     if not cuda:
         usage_error(
-            f"--autoloco ranks_per_worker={r} with FSDP2 needs GPUs: accelerate enables FSDP on GPU devices only "
-            "(on CPU the Trainer would wrap the sharded model in DDP); drop FSDP (--fsdp / the accelerate config) "
-            f"to train each worker of {r} CPU processes with DDP inside it"
+            f"--autoloco ranks_per_worker={r} with FSDP2 needs GPUs: accelerate enables FSDP on "
+            "GPU devices only (on CPU the Trainer would wrap the sharded model in DDP); drop FSDP "
+            f"(--fsdp / the accelerate config) to train each worker of {r} CPU "
+            "processes with DDP inside it"
         )
 
 
 def shard_workers(model: Any, config: AutoLoCoConfig, bf16: bool, device_type: str = "cuda") -> Any:
-    """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root; docs/algorithm.md#worker-groups).
+    """Shard the FP32 model over each worker's GPUs (FSDP2, every decoder layer then the root;
+    docs/algorithm.md#worker-groups).
 
-    Accelerate's FSDP2 plugin would shard over all ranks, one worker; it keeps a model sharded already. The
-    master weights, gradients and AdamW states stay FP32; with ``bf16`` the layers are gathered in bf16.
+    Accelerate's FSDP2 plugin would shard over all ranks, one worker; it
+    keeps a model sharded already. The master weights, gradients and AdamW
+    states stay FP32; with ``bf16`` the layers are gathered in bf16.
     """
     from autoloco_hf.integrations.groups import shard_worker
 
@@ -286,12 +332,14 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     per_step = args.per_device_train_batch_size * world
     if s.global_batch_size % per_step:
         usage_error(
-            f"--global_batch_size {s.global_batch_size} is not a multiple of --per_device_train_batch_size "
-            f"{args.per_device_train_batch_size} x {world} workers: change one of them"
+            f"--global_batch_size {s.global_batch_size} is not a multiple of "
+            f"--per_device_train_batch_size {args.per_device_train_batch_size} x {world} "
+            "workers: change one of them"
         )
     args.gradient_accumulation_steps = s.global_batch_size // per_step
     run_name = args.run_name
-    run_dir = args.output_dir = os.path.join(args.output_dir, run_name)  # one folder per run, as in the C4 recipe
+    # one folder per run, as in the C4 recipe
+    run_dir = args.output_dir = os.path.join(args.output_dir, run_name)
     cuda = torch.cuda.is_available()
     config = autoloco_config(s, a)
     sharded = fsdp2_requested(args) and config.ranks_per_worker > 1
@@ -302,25 +350,35 @@ def train(s: SFTSettings, args: Any, a: AutoLoCoArguments) -> dict[str, Any]:
     main_process = int(os.environ.get("RANK", "0")) == 0
     # before training: a test set that cannot load must not cost a training run
     test_set = (
-        conversations(s, args, "test", tokenizer, limit=s.test_conversations) if main_process or sharded else None
+        conversations(s, args, "test", tokenizer, limit=s.test_conversations)
+        if main_process or sharded
+        else None
     )
     dtype = getattr(torch, s.model_dtype) if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(s.model_name_or_path, dtype=dtype)
     if sharded:
-        _ = args.device  # initializes the process group and this rank's GPU before the worker mesh is built
+        # initializes the process group and this rank's GPU before the worker mesh is built
+        _ = args.device
         model = shard_workers(model, config, args.bf16)
-    callback = AutoLoCoCallback(config)  # its run files (autoloco_*) are the run's: the summary below extends them
+    # its run files (autoloco_*) are the run's: the summary below extends them
+    callback = AutoLoCoCallback(config)
     last = get_last_checkpoint(run_dir) if s.resume and os.path.isdir(run_dir) else None
     resume_step = int(last.rsplit("-", 1)[1]) if last else 0
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=train_set, processing_class=tokenizer, callbacks=[callback]
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        callbacks=[callback],
     )
     trainer.train(resume_from_checkpoint=last)
-    # The budget ends on a sync: the model is the synchronized one. save_model writes it (and the tokenizer) once.
+    # The budget ends on a sync: the model is the synchronized
+    # one. save_model writes it (and the tokenizer) once.
     trainer.save_model(run_dir)
     if not main_process and not sharded:
         return {}
-    # a sharded model runs its forward on all of its worker's ranks together: every rank computes the test NLL
+    # a sharded model runs its forward on all of its worker's
+    # ranks together: every rank computes the test NLL
     trainer.model.eval()
     nll = masked_nll(
         trainer.model,

@@ -14,7 +14,8 @@ table (docs/controller.md):
 * NaN: intervals from the last non-finite interval to the next proposal
   (worst seed), syncs.
 
-    python benchmarks/campaigns/controller_scenarios.py [--seeds 10] [--student-seeds 50] [--columns default zero ...]
+    python benchmarks/campaigns/controller_scenarios.py [--seeds 10] [--student-seeds 50] \\
+        [--columns default zero ...]
 
 Column ``default`` passes no override, so running this file against an older
 checkout (``PYTHONPATH=<old tree> python benchmarks/campaigns/controller_scenarios.py
@@ -30,7 +31,8 @@ import sys
 import time
 from typing import Any
 
-BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: its kinds import as packages
+# benchmarks/: its kinds import as packages
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, BENCHMARKS)
 from campaigns.rule_settings import FIRST_DESCENT_H_MAX_FACTOR, first_descent  # noqa: E402
 from campaigns.rule_streams import SCENARIOS, Kind, Scenario  # noqa: E402
@@ -41,9 +43,11 @@ H_BASE = RECIPES["sft"]["h_base"]  # the scenarios' recipe
 
 
 def descent(h_max: int = FIRST_DESCENT_H_MAX_FACTOR * H_BASE, **options: Any) -> dict[str, Any]:
-    """The descent rule as first measured (rule_settings.FIRST_DESCENT), up to ``h_max``, ``options`` on top.
+    """The descent rule as first measured
+    (rule_settings.FIRST_DESCENT), up to ``h_max``, ``options`` on top.
 
-    "default" below is the library's default rule (descent from 2 h_base, gain 0.9, guarded); "paper" the paper's.
+    "default" below is the library's default rule (descent
+    from 2 h_base, gain 0.9, guarded); "paper" the paper's.
     """
     return {**first_descent(**options), "h_max": h_max}
 
@@ -92,7 +96,9 @@ def cell(scenario: Scenario, seeds: int, overrides: dict[str, Any]) -> str:
     if scenario.kind == Kind.BLOWUP:
         critical, since = scenario.stream.critical, scenario.since_step()
         above = statistics.fmean(t.above(critical, since) for t in traces)
-        excess = statistics.fmean(t.excess(critical, AutoLoCoConfig.for_recipe("sft").q_h, since) for t in traces)
+        excess = statistics.fmean(
+            t.excess(critical, AutoLoCoConfig.for_recipe("sft").q_h, since) for t in traces
+        )
         return f"{above:.1f} / {excess:.1f}, {syncs:.1f}"
     last_bad = max(scenario.stream.nan_intervals)
     return f"{max(t.recovery(last_bad) for t in traces)}, {syncs:.1f}"
@@ -103,7 +109,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=list(COLUMNS))
     parser.add_argument(
-        "--student-seeds", type=int, default=STUDENT_SEEDS, help="seeds of the heavy-tail rows (default 50)"
+        "--student-seeds",
+        type=int,
+        default=STUDENT_SEEDS,
+        help="seeds of the heavy-tail rows (default 50)",
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The frontier of regime A (IID) on a larger model, sized to a GPU's time limit from measured FLOPs.
+"""The frontier of regime A (IID) on a larger model, sized to
+a GPU's time limit from measured FLOPs.
 
 Not a test. The CPU campaign (``benchmarks/campaigns/frontier.py``) uses a 197k-parameter
 tiny Llama; this one trains a 14.5M-parameter Llama (``--model 14m``: hidden 384,
@@ -52,7 +53,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
+# benchmarks/: its kinds import as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from campaigns import frontier, replicate  # noqa: E402
 
 from autoloco_hf.config import ValueEnum  # noqa: E402
@@ -75,38 +77,76 @@ class Sizes:
 
 MODELS = {
     "14m": Sizes(
-        hidden=384, layers=6, heads=6, batch_size=8, workers=8, steps=1000, probe_steps=20, val_windows=1024,
+        hidden=384,
+        layers=6,
+        heads=6,
+        batch_size=8,
+        workers=8,
+        steps=1000,
+        probe_steps=20,
+        val_windows=1024,
         max_docs=None,
     ),
     "114m": Sizes(
-        hidden=768, layers=12, heads=12, batch_size=8, workers=8, steps=1000, probe_steps=10, val_windows=1024,
+        hidden=768,
+        layers=12,
+        heads=12,
+        batch_size=8,
+        workers=8,
+        steps=1000,
+        probe_steps=10,
+        val_windows=1024,
         max_docs=None,
     ),
-}  # fmt: skip
+}
 DRY = Sizes(
-    hidden=32, layers=1, heads=2, batch_size=2, workers=2, steps=30, probe_steps=3, val_windows=16, max_docs=300
+    hidden=32,
+    layers=1,
+    heads=2,
+    batch_size=2,
+    workers=2,
+    steps=30,
+    probe_steps=3,
+    val_windows=16,
+    max_docs=300,
 )
 
-TIME_LIMIT_S = 560  # default: one GPU call of at most 10 minutes, everything included, 40 s to spare
+# default: one GPU call of at most 10 minutes, everything included, 40 s to spare
+TIME_LIMIT_S = 560
 BUDGET_S = 480.0
 DRY_RUNS_PER_GROUP = 4  # the CPU dry run's group size (no GPU memory to size it from)
 MEMORY_SHARE = 0.8  # of the free GPU memory, for the replicas of one group
 
-# Most informative first: the two ends of the fixed-H curve, AutoLoCo, then more horizons, momenta and seeds.
+# Most informative first: the two ends of the fixed-H curve,
+# AutoLoCo, then more horizons, momenta and seeds.
 PRIORITY = [
-    ("diloco_mu0.7_h10", 0), ("autoloco", 0), ("diloco_mu0.7_h20", 0), ("diloco_mu0.7_h40", 0),
-    ("diloco_mu0.7_h10", 1), ("autoloco", 1), ("diloco_mu0.7_h20", 1), ("diloco_mu0.7_h40", 1),
-    ("diloco_mu0.01_h10", 0), ("diloco_mu0.01_h20", 0), ("diloco_mu0.9_h10", 0), ("diloco_mu0.7_h5", 0),
-    ("diloco_mu0.7_h13", 0), ("diloco_mu0.7_h13", 1), ("diloco_mu0.01_h10", 1), ("diloco_mu0.01_h20", 1),
-]  # fmt: skip
+    ("diloco_mu0.7_h10", 0),
+    ("autoloco", 0),
+    ("diloco_mu0.7_h20", 0),
+    ("diloco_mu0.7_h40", 0),
+    ("diloco_mu0.7_h10", 1),
+    ("autoloco", 1),
+    ("diloco_mu0.7_h20", 1),
+    ("diloco_mu0.7_h40", 1),
+    ("diloco_mu0.01_h10", 0),
+    ("diloco_mu0.01_h20", 0),
+    ("diloco_mu0.9_h10", 0),
+    ("diloco_mu0.7_h5", 0),
+    ("diloco_mu0.7_h13", 0),
+    ("diloco_mu0.7_h13", 1),
+    ("diloco_mu0.01_h10", 1),
+    ("diloco_mu0.01_h20", 1),
+]
 
 
 class Grid(ValueEnum):
     BASE = "base"  # the first frontier: momentum 0.7 over H, the momentum axis, the paper's rule
-    TUNED = "tuned"  # the tuned baseline (outer LR x momentum x H), the default rule and the paper's
+    # the tuned baseline (outer LR x momentum x H), the default rule and the paper's
+    TUNED = "tuned"
 
 
-DEFAULT_RULE = "default"  # AutoLoCoConfig's own controller and options: what a user gets with h_base only
+# AutoLoCoConfig's own controller and options: what a user gets with h_base only
+DEFAULT_RULE = "default"
 TUNED_OUTER_LRS, TUNED_MOMENTA, TUNED_HORIZONS = (0.7, 1.0, 0.35), (0.5, 0.7, 0.9), (10, 20, 5, 40)
 
 
@@ -115,14 +155,21 @@ def points(grid: Grid, steps: int) -> dict[str, frontier.Point]:
     if grid is Grid.BASE:
         fixed = frontier.grid([5, 10, 13, 20, 40], 0.7, [0.01, 0.9], [10, 20])
         return {p.name: p for p in fixed + frontier.parse_adaptive(["autoloco"], h_base)}
-    fixed = frontier.grid([], 0.7, [], [], frontier.tuned_grid(TUNED_OUTER_LRS, TUNED_MOMENTA, TUNED_HORIZONS))
+    fixed = frontier.grid(
+        [], 0.7, [], [], frontier.tuned_grid(TUNED_OUTER_LRS, TUNED_MOMENTA, TUNED_HORIZONS)
+    )
     return {
-        p.name: p for p in frontier.parse_adaptive([f"{DEFAULT_RULE}:controller=descent", "autoloco"], h_base) + fixed
+        p.name: p
+        for p in frontier.parse_adaptive([f"{DEFAULT_RULE}:controller=descent", "autoloco"], h_base)
+        + fixed
     }
 
 
-def queue(grid: Grid, names: dict[str, frontier.Point], seeds: Sequence[int]) -> list[tuple[str, int]]:
-    """Every run of the campaign, most informative first (``names`` is in that order for the tuned grid)."""
+def queue(
+    grid: Grid, names: dict[str, frontier.Point], seeds: Sequence[int]
+) -> list[tuple[str, int]]:
+    """Every run of the campaign, most informative first
+    (``names`` is in that order for the tuned grid)."""
     if grid is Grid.BASE:
         return [(name, seed) for name, seed in PRIORITY if name in names]
     # seed by seed: a whole grid on one seed chooses the best settings; more seeds then test them
@@ -150,23 +197,34 @@ def adamw(params: Any) -> torch.optim.Optimizer:
 def probe_seconds_per_step(
     sizes: Sizes, corpus: replicate.Corpus, device: torch.device, runs: int, per_worker_loop: bool
 ) -> float:
-    """Seconds of one optimizer step of every worker of ``runs`` runs (DiLoCo H_base), after a warm-up."""
+    """Seconds of one optimizer step of every worker of
+    ``runs`` runs (DiLoCo H_base), after a warm-up."""
     from autoloco_hf.sync.communicators import SimulatedCommunicator
     from autoloco_hf.sync.workers.batched_workers import BatchedRuns
     from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
     model = tiny_llama(
-        len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
+        len(corpus.tokenizer),
+        sizes.hidden,
+        sizes.layers,
+        sizes.heads,
+        max_position_embeddings=demo.SEQ_LEN,
     ).to(device)
     config = demo.scaled_config("diloco", sizes.steps, max(2, sizes.steps // 100))
     if per_worker_loop:
         loop = LocalWorkers(
-            config, model, SimulatedCommunicator(sizes.workers), optimizer_factory=adamw, total_steps=sizes.steps
+            config,
+            model,
+            SimulatedCommunicator(sizes.workers),
+            optimizer_factory=adamw,
+            total_steps=sizes.steps,
         )
         step_all = loop.train_step
     else:
         step_all = BatchedRuns([config] * runs, model, sizes.workers, adamw, sizes.steps).train_step
-    sampler = frontier.make_sampler(frontier.Regime.IID, corpus, argparse.Namespace(**asdict(sizes), device=device), 0)
+    sampler = frontier.make_sampler(
+        frontier.Regime.IID, corpus, argparse.Namespace(**asdict(sizes), device=device), 0
+    )
     warmup = max(2, sizes.probe_steps // 4)
     for step in range(warmup + sizes.probe_steps):
         if step == warmup:
@@ -179,8 +237,11 @@ def probe_seconds_per_step(
     return (time.perf_counter() - started) / sizes.probe_steps
 
 
-def runs_per_group(sizes: Sizes, corpus: replicate.Corpus, device: torch.device, cap: int | None) -> int:
-    """How many runs' replicas fit one group: the peak memory of a probe of one run against the free memory."""
+def runs_per_group(
+    sizes: Sizes, corpus: replicate.Corpus, device: torch.device, cap: int | None
+) -> int:
+    """How many runs' replicas fit one group: the peak memory
+    of a probe of one run against the free memory."""
     if device.type != "cuda":
         return cap or DRY_RUNS_PER_GROUP
     torch.cuda.empty_cache()
@@ -195,7 +256,8 @@ def runs_per_group(sizes: Sizes, corpus: replicate.Corpus, device: torch.device,
 
 
 def group_runs(chosen: Sequence[tuple[str, int]], per_group: int) -> list[tuple[int, list[str]]]:
-    """Consecutive runs of one seed, ``per_group`` at most: the runs of a group share init and batches."""
+    """Consecutive runs of one seed, ``per_group`` at most:
+    the runs of a group share init and batches."""
     groups: list[tuple[int, list[str]]] = []
     for name, seed in chosen:
         if groups and groups[-1][0] == seed and len(groups[-1][1]) < per_group:
@@ -208,7 +270,8 @@ def group_runs(chosen: Sequence[tuple[str, int]], per_group: int) -> list[tuple[
 def train_group(
     args: argparse.Namespace, points: Sequence[frontier.Point], seed: int, corpus: replicate.Corpus
 ) -> None:
-    """Train ``points`` on ``seed`` as one :class:`BatchedRuns`; write each run's folder as frontier.py does."""
+    """Train ``points`` on ``seed`` as one :class:`BatchedRuns`;
+    write each run's folder as frontier.py does."""
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.state.run_folder import RunWriter
@@ -219,7 +282,12 @@ def train_group(
     writers = [RunWriter(str(folder), p.name) for folder, p in zip(folders, points)]
     configs = [frontier.point_config(p, args.steps) for p in points]
     model = tiny_llama(
-        len(corpus.tokenizer), args.hidden, args.layers, args.heads, max_position_embeddings=demo.SEQ_LEN, seed=seed
+        len(corpus.tokenizer),
+        args.hidden,
+        args.layers,
+        args.heads,
+        max_position_embeddings=demo.SEQ_LEN,
+        seed=seed,
     ).to(args.device)
     runs = BatchedRuns(
         configs,
@@ -227,7 +295,9 @@ def train_group(
         args.workers,
         adamw,
         args.steps,
-        scheduler_factory=lambda o: get_cosine_schedule_with_warmup(o, demo.warmup_steps(args.steps), args.steps),
+        scheduler_factory=lambda o: get_cosine_schedule_with_warmup(
+            o, demo.warmup_steps(args.steps), args.steps
+        ),
         records_paths=[w.intervals_path for w in writers],
     )
     sampler = frontier.make_sampler(frontier.Regime.IID, corpus, args, seed)
@@ -245,32 +315,70 @@ def train_group(
         points, folders, writers, runs.engines, configs, runs.run_models()
     ):
         windows = eval_windows(val, demo.SEQ_LEN, demo.EVAL_BATCH)
-        val_loss = mean_loss(trained, ({k: v.to(args.device) for k, v in b.items()} for b in windows))
+        val_loss = mean_loss(
+            trained, ({k: v.to(args.device) for k, v in b.items()} for b in windows)
+        )
         summary = writer.finish(
-            engine.totals, config.to_dict(), wall, val_loss=val_loss, cpu_seconds=cpu, workers=args.workers,
+            engine.totals,
+            config.to_dict(),
+            wall,
+            val_loss=val_loss,
+            cpu_seconds=cpu,
+            workers=args.workers,
             params=sum(p.numel() for p in model.parameters()),
-            description=f"{point.method} H_base {point.h_base} {point.overrides}", regime=frontier.Regime.IID.value,
-            variant=point.name, seed=seed, batch_size=args.batch_size, seq_len=demo.SEQ_LEN, inner_lr=demo.PEAK_LR,
-            corpus=corpus.info, git_commit=commit, command=args.command, batched_workers=True,
+            description=f"{point.method} H_base {point.h_base} {point.overrides}",
+            regime=frontier.Regime.IID.value,
+            variant=point.name,
+            seed=seed,
+            batch_size=args.batch_size,
+            seq_len=demo.SEQ_LEN,
+            inner_lr=demo.PEAK_LR,
+            corpus=corpus.info,
+            git_commit=commit,
+            command=args.command,
+            batched_workers=True,
             batched_runs=len(points),  # the runs trained together: wall_seconds is the group's
-        )  # fmt: skip
+        )
         replicate.compress_logs(folder)
-        print(f"done {folder}: syncs {summary['totals']['syncs']}, val {val_loss:.4f}, {wall:.0f} s", flush=True)
+        print(
+            f"done {folder}: syncs {summary['totals']['syncs']}, val {val_loss:.4f}, {wall:.0f} s",
+            flush=True,
+        )
 
 
-def plan(budget_s: float, run_s: float, todo: Sequence[tuple[str, int]], max_runs: int) -> list[tuple[str, int]]:
-    """The longest prefix of ``todo`` whose estimated time fits ``budget_s`` (at least one run), ``max_runs`` at most."""
+def plan(
+    budget_s: float, run_s: float, todo: Sequence[tuple[str, int]], max_runs: int
+) -> list[tuple[str, int]]:
+    """The longest prefix of ``todo`` whose estimated time fits
+    ``budget_s`` (at least one run), ``max_runs`` at most."""
     return list(todo[: min(max_runs, max(1, int(budget_s // run_s)))])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="gpu_frontier", help="folder for plan.json, the run folders and frontier.md")
-    p.add_argument("--model", choices=sorted(MODELS), default="14m", help="model size (default 14m)")
-    p.add_argument("--grid", type=Grid, choices=list(Grid), default=Grid.BASE, help="which settings (default base)")
-    p.add_argument("--seeds", default="0,1,2", help="seeds of --grid tuned, in order (default 0,1,2)")
     p.add_argument(
-        "--budget-s", type=float, default=BUDGET_S, help=f"seconds of training to plan for (default {BUDGET_S:g})"
+        "--out",
+        default="gpu_frontier",
+        help="folder for plan.json, the run folders and frontier.md",
+    )
+    p.add_argument(
+        "--model", choices=sorted(MODELS), default="14m", help="model size (default 14m)"
+    )
+    p.add_argument(
+        "--grid",
+        type=Grid,
+        choices=list(Grid),
+        default=Grid.BASE,
+        help="which settings (default base)",
+    )
+    p.add_argument(
+        "--seeds", default="0,1,2", help="seeds of --grid tuned, in order (default 0,1,2)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help=f"seconds of training to plan for (default {BUDGET_S:g})",
     )
     p.add_argument(
         "--time-limit-s",
@@ -278,17 +386,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=TIME_LIMIT_S,
         help=f"the call's whole time, corpus build and probe included (default {TIME_LIMIT_S})",
     )
-    p.add_argument("--max-runs", type=int, default=10**6, help="runs in this call at most (a campaign in pieces)")
+    p.add_argument(
+        "--max-runs",
+        type=int,
+        default=10**6,
+        help="runs in this call at most (a campaign in pieces)",
+    )
     p.add_argument(
         "--runs-per-group",
         type=int,
-        help=f"runs trained as one batched computation at most (default: as many as fit the GPU's memory; "
-        f"{DRY_RUNS_PER_GROUP} in the dry run)",
+        help="runs trained as one batched computation at most (default: as many as fit the GPU's "
+        f"memory; {DRY_RUNS_PER_GROUP} in the dry run)",
     )
     p.add_argument(
-        "--per-worker-loop", action="store_true", help="train run by run with LocalWorkers' loop (the old path)"
+        "--per-worker-loop",
+        action="store_true",
+        help="train run by run with LocalWorkers' loop (the old path)",
     )
-    p.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)")
+    p.add_argument(
+        "--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (what CI runs)"
+    )
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "autoloco"))
     args = p.parse_args(argv)
     for flag, value in (
@@ -302,7 +419,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     try:
         args.seeds = [int(seed) for seed in args.seeds.split(",")]
     except ValueError:
-        p.exit(2, f"gpu_frontier: --seeds {args.seeds!r}: pass comma-separated integers, e.g. --seeds 0,1,2\n")
+        p.exit(
+            2,
+            f"gpu_frontier: --seeds {args.seeds!r}: pass comma-separated "
+            "integers, e.g. --seeds 0,1,2\n",
+        )
     return args
 
 
@@ -315,7 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if not torch.cuda.is_available():
             print(
-                "gpu_frontier: no CUDA device is visible; run with --cpu-dry-run to check the script on a CPU",
+                "gpu_frontier: no CUDA device is visible; run with --cpu-dry-run to "
+                "check the script on a CPU",
                 file=sys.stderr,
             )
             return 2
@@ -323,17 +445,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     corpus = replicate.load_corpus(args.cache_dir, replicate.VOCAB_SIZE, sizes.max_docs)
     model = tiny_llama(
-        len(corpus.tokenizer), sizes.hidden, sizes.layers, sizes.heads, max_position_embeddings=demo.SEQ_LEN
+        len(corpus.tokenizer),
+        sizes.hidden,
+        sizes.layers,
+        sizes.heads,
+        max_position_embeddings=demo.SEQ_LEN,
     )
-    window = corpus.splits.train[: sizes.batch_size * demo.SEQ_LEN].view(sizes.batch_size, demo.SEQ_LEN)
+    window = corpus.splits.train[: sizes.batch_size * demo.SEQ_LEN].view(
+        sizes.batch_size, demo.SEQ_LEN
+    )
     worker_flops = flops_per_worker_step(model, {"input_ids": window, "labels": window})
-    per_group = 1 if args.per_worker_loop else runs_per_group(sizes, corpus, device, args.runs_per_group)
+    per_group = (
+        1 if args.per_worker_loop else runs_per_group(sizes, corpus, device, args.runs_per_group)
+    )
     step_s = probe_seconds_per_step(sizes, corpus, device, per_group, args.per_worker_loop)
     run_s = 1.05 * sizes.steps * step_s / per_group  # +5%: the syncs and the validation pass
     names = points(args.grid, sizes.steps)
     out = Path(args.out)
-    todo = [(name, seed) for name, seed in queue(args.grid, names, args.seeds) if not finished(out, name, seed)]
-    # the time limit includes the corpus build and the probe: plan only what is left of it (30 s kept for the report)
+    todo = [
+        (name, seed)
+        for name, seed in queue(args.grid, names, args.seeds)
+        if not finished(out, name, seed)
+    ]
+    # the time limit includes the corpus build and the probe:
+    # plan only what is left of it (30 s kept for the report)
     budget = min(args.budget_s, args.time_limit_s - 30 - (time.perf_counter() - started))
     chosen = plan(budget, run_s, todo, args.max_runs) if todo else []
     report = dict(
@@ -354,7 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(report, indent=1), flush=True)
-    run_args = frontier.parse_args(["--out", str(out), "--regimes", "iid", "--steps", str(sizes.steps), "--quiet"])
+    run_args = frontier.parse_args(
+        ["--out", str(out), "--regimes", "iid", "--steps", str(sizes.steps), "--quiet"]
+    )
     for key in ("workers", "batch_size", "hidden", "layers", "heads", "val_windows", "max_docs"):
         setattr(run_args, key, getattr(sizes, key))
     run_args.device = device
@@ -376,13 +513,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.update(
         actual_seconds=actual,
         training_seconds=round(training_s, 1),
-        # the FLOP/s of the whole campaign: every step of every worker of every run, over the training time
-        campaign_tflops=len(chosen) * sizes.steps * sizes.workers * worker_flops / max(training_s, 1e-9) / 1e12,
+        # the FLOP/s of the whole campaign: every step of
+        # every worker of every run, over the training time
+        campaign_tflops=len(chosen)
+        * sizes.steps
+        * sizes.workers
+        * worker_flops
+        / max(training_s, 1e-9)
+        / 1e12,
         total_seconds=round(time.perf_counter() - started, 1),
     )
     report["within_time_limit"] = report["total_seconds"] <= args.time_limit_s
     (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"report: {frontier.write_report(run_args)}; total {report['total_seconds']} s", flush=True)
+    print(
+        f"report: {frontier.write_report(run_args)}; total {report['total_seconds']} s", flush=True
+    )
     return 0
 
 

@@ -1,8 +1,10 @@
-"""The model-size ladder: the default rule against the tuned DiLoCo, rung by rung, in regime A (IID).
+"""The model-size ladder: the default rule against the tuned
+DiLoCo, rung by rung, in regime A (IID).
 
-Not a test. Reads the run folders that ``benchmarks/campaigns/frontier.py`` writes: the 197k rung from
-``results/frontier`` (``--base``), the CPU rungs from ``OUT/<rung>/`` (``results/ladder/h128_l4`` ...) and
-the GPU rungs from their committed folders. Writes one table by rung with the comparators every report uses
+Not a test. Reads the run folders that ``benchmarks/campaigns/frontier.py``
+writes: the 197k rung from ``results/frontier`` (``--base``), the CPU rungs from
+``OUT/<rung>/`` (``results/ladder/h128_l4`` ...) and the GPU rungs from their
+committed folders. Writes one table by rung with the comparators every report uses
 (``frontier.Comparison``) and, per rung, the planned runs that have not finished::
 
     python benchmarks/campaigns/ladder.py --out results/ladder
@@ -25,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
+# benchmarks/: its kinds import as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from campaigns import (
     frontier,  # noqa: E402  (the runs, the tuned frontier and the comparators are frontier.py's)
     gpu_frontier,  # noqa: E402  (the GPU rungs' sizes and planned grid)
@@ -38,37 +41,51 @@ DEFAULT = "default"  # the default rule's name on the ladder's rungs
 BASE_DEFAULT = "descent_k0.9_guard_mu0.5_hmax20"  # ... and in the 197k campaign (docs/results.md)
 REPORT = "results/ladder.md"
 SEEDS = (0, 1, 2)  # the tuning seeds of every rung
-# the CPU rungs' runs per seed: the default at 1x, 2x, 4x h_base, the paper's rule, and the tuned grid
+# the CPU rungs' runs per seed: the default at 1x, 2x, 4x
+# h_base, the paper's rule, and the tuned grid
 TUNED = frontier.tuned_grid([0.35, 0.7, 1.0], [0.5], [10, 20, 5, 40])
-CURVE = tuple(f"{DEFAULT}{frontier.HB_SUFFIX}{h}" for h in (20, 40))  # the default at 2x, 4x h_base: (c)'s curve
-CPU_PLAN = (DEFAULT, *CURVE, frontier.REFERENCE, *(frontier.fixed_name(mu, h, lr) for lr, mu, h in TUNED))
+# the default at 2x, 4x h_base: (c)'s curve
+CURVE = tuple(f"{DEFAULT}{frontier.HB_SUFFIX}{h}" for h in (20, 40))
+CPU_PLAN = (
+    DEFAULT,
+    *CURVE,
+    frontier.REFERENCE,
+    *(frontier.fixed_name(mu, h, lr) for lr, mu, h in TUNED),
+)
 
-# The rule study: at 2.56M the default ends above the tuned frontier at its own syncs, because it starts at
-# 2 h_base, descends slowly and never goes below h_base, while the frontier steepens with size (H 5 << H 10).
-# Three candidates, each a configuration of the descent rule (no code change), were fixed with the criterion
+# The rule study: at 2.56M the default ends above the tuned frontier at its own syncs,
+# because it starts at 2 h_base, descends slowly and never goes below h_base, while
+# the frontier steepens with size (H 5 << H 10). Three candidates, each a
+# configuration of the descent rule (no code change), were fixed with the criterion
 # below before any of their runs (commit of 2026-12-06 20:05 UTC). Campaign, per rung:
-#   frontier.py --out <rung folder> [--hidden/--layers of the rung] --seeds S --regimes iid --h-list '' \
-#       --mu-list '' --adaptive NAME:FIELDS ... --no-report --quiet
+#   frontier.py --out <rung folder> [--hidden/--layers of the rung] --seeds S \
+#       --regimes iid --h-list '' --mu-list '' --adaptive NAME:FIELDS ... --no-report --quiet
 RULE_CANDIDATES = {
     "cand_hmin5": "controller=descent,h_min=5",  # the default, free to shorten to h_base / 2
-    "cand_hmin5_k1.8": 'controller=descent,h_min=5,rule_options={"gain":1.8}',  # ... and twice as fast
-    "cand_from_hbase": "controller=descent,h_max=10,h_min=5",  # starts at h_base, shortens to h_base / 2
+    # ... and twice as fast
+    "cand_hmin5_k1.8": 'controller=descent,h_min=5,rule_options={"gain":1.8}',
+    # starts at h_base, shortens to h_base / 2
+    "cand_from_hbase": "controller=descent,h_max=10,h_min=5",
 }
-DIAGNOSTICS = ("diag_lr0.35", "diag_from_hbase_lr0.35")  # run after the study's first results: not candidates
-RULE_STUDY_SEEDS = {"197k": (0, 1, 2, 3), "1.18M": (0, 1), "2.56M": (0, 1)}  # 2.56M seed 1 where it finished
+# run after the study's first results: not candidates
+DIAGNOSTICS = ("diag_lr0.35", "diag_from_hbase_lr0.35")
+# 2.56M seed 1 where it finished
+RULE_STUDY_SEEDS = {"197k": (0, 1, 2, 3), "1.18M": (0, 1), "2.56M": (0, 1)}
 RULE_CRITERION = (
-    "A candidate is eligible if its mean (b), the candidate minus the tuned frontier at its own syncs, is at "
-    "most 0 on every rung measured (the seeds of RULE_STUDY_SEEDS that finished it and the frontier). Among the "
-    "eligible candidates and the default (if eligible), the lowest mean (b) on the largest rung wins; two within "
-    "one standard error of each other there (0.02 on a single seed) are split by the fewer mean syncs at 197k. "
-    "If none is eligible, the default stays and the report says so. The chosen one replaces the default only "
-    "after its held-out seeds (197k: 8-9, 1.18M: 2, 2.56M: 2) keep (b) at most one standard error above 0."
+    "A candidate is eligible if its mean (b), the candidate minus the tuned frontier at its own "
+    "syncs, is at most 0 on every rung measured (the seeds of RULE_STUDY_SEEDS that finished it "
+    "and the frontier). Among the eligible candidates and the default (if eligible), the lowest "
+    "mean (b) on the largest rung wins; two within one standard error of each other there (0.02 "
+    "on a single seed) are split by the fewer mean syncs at 197k. If none is eligible, the "
+    "default stays and the report says so. The chosen one replaces the default only after its "
+    "held-out seeds (197k: 8-9, 1.18M: 2, 2.56M: 2) keep (b) at most one standard error above 0."
 )
 
 
 @dataclass(frozen=True)
 class Rung:
-    """One model size: where its runs are, what its default is called there and what its campaign plans."""
+    """One model size: where its runs are, what its default
+    is called there and what its campaign plans."""
 
     folder: Path
     hidden: int
@@ -80,24 +97,39 @@ class Rung:
 
     def planned_parameters(self) -> int:
         with torch.device("meta"):
-            model = tiny_llama(replicate.VOCAB_SIZE, self.hidden, self.layers, self.heads, max_position_embeddings=64)
+            model = tiny_llama(
+                replicate.VOCAB_SIZE,
+                self.hidden,
+                self.layers,
+                self.heads,
+                max_position_embeddings=64,
+            )
         return sum(p.numel() for p in model.parameters())
 
     def run_name(self, planned: str) -> str:
-        """The planned name as this rung's campaign calls it (the 197k campaign names its default otherwise)."""
-        return self.default + planned.removeprefix(DEFAULT) if planned.startswith(DEFAULT) else planned
+        """The planned name as this rung's campaign calls it
+        (the 197k campaign names its default otherwise)."""
+        return (
+            self.default + planned.removeprefix(DEFAULT) if planned.startswith(DEFAULT) else planned
+        )
 
 
 def rungs(out: Path, base: Path) -> list[Rung]:
-    # the GPU campaign's tuned grid, and the default's 2x and 4x h_base that (c) needs (not in that grid yet)
+    # the GPU campaign's tuned grid, and the default's 2x and
+    # 4x h_base that (c) needs (not in that grid yet)
     gpu_plan = (*gpu_frontier.points(gpu_frontier.Grid.TUNED, 1000), *CURVE)
     gpu = {
         name: Rung(Path(folder), sizes.hidden, sizes.layers, sizes.heads, "GPU", plan=gpu_plan)
-        for name, folder in (("14m", "results/gpu_frontier_14m"), ("114m", "results/gpu_frontier_114m"))
+        for name, folder in (
+            ("14m", "results/gpu_frontier_14m"),
+            ("114m", "results/gpu_frontier_114m"),
+        )
         for sizes in [gpu_frontier.MODELS[name]]
     }
     return [
-        Rung(base, replicate.HIDDEN, replicate.LAYERS, replicate.HEADS, "CPU", default=BASE_DEFAULT),
+        Rung(
+            base, replicate.HIDDEN, replicate.LAYERS, replicate.HEADS, "CPU", default=BASE_DEFAULT
+        ),
         Rung(out / "h128_l4", 128, 4, replicate.HEADS, "CPU"),
         Rung(out / "h192_l4", 192, 4, replicate.HEADS, "CPU"),
         gpu["14m"],
@@ -118,20 +150,31 @@ def missing(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[st
         if len(left) == len(rung.plan):
             lines.append(f"seed {seed}: not started ({len(left)} runs)")
         elif left:
-            lines.append(f"seed {seed}: {len(left)} of {len(rung.plan)} runs not finished: {', '.join(left)}")
+            lines.append(
+                f"seed {seed}: {len(left)} of {len(rung.plan)} runs not finished: {', '.join(left)}"
+            )
     return lines
 
 
 def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[str]:
-    """Parameters, seeds and the comparators of one rung (not measured where its runs do not allow them)."""
+    """Parameters, seeds and the comparators of one rung (not
+    measured where its runs do not allow them)."""
     head = [frontier.seed_list(sorted(cells.get(rung.default, {}))) or "none"]
     complete = [s for s in SEEDS if all(s in cells.get(rung.run_name(n), {}) for n in rung.plan)]
     head.append(frontier.seed_list(complete) or "none")
     if rung.default not in cells:
-        return head + [f"not measured ({'not run' if not cells else 'the default has not finished'})"] + ["-"] * 3
+        return (
+            head
+            + [f"not measured ({'not run' if not cells else 'the default has not finished'})"]
+            + ["-"] * 3
+        )
     tuned = frontier.TunedFrontier.of(cells)
     if tuned is None:
-        return head + ["not measured (no tuned grid yet: two outer LRs at two horizons or more)"] + ["-"] * 3
+        return (
+            head
+            + ["not measured (no tuned grid yet: two outer LRs at two horizons or more)"]
+            + ["-"] * 3
+        )
     default = frontier.Comparison.of(cells, tuned, rung.default)
     paper = frontier.REFERENCE in cells and frontier.Comparison.of(cells, tuned, frontier.REFERENCE)
     return head + [
@@ -142,7 +185,8 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
     ]
 
 
-# the other regimes measured at the smallest rung (docs/results.md), each with the default under its 197k name
+# the other regimes measured at the smallest rung
+# (docs/results.md), each with the default under its 197k name
 OTHER_REGIMES = (
     ("B (non-IID)", "results/frontier", frontier.Regime.NONIID),
     ("C (B at 4x the inner LR)", "results/regime_search/lr8e-3", frontier.Regime.NONIID),
@@ -163,10 +207,17 @@ README_HEADERS = [
 def readme_rows(
     regime: str, params: str, cells: dict[str, dict[int, frontier.Result]], default: str
 ) -> list[list[str]]:
-    """The README's rows of one rung and regime: the default and the paper's rule, by the comparators (a)-(c)."""
+    """The README's rows of one rung and regime: the default
+    and the paper's rule, by the comparators (a)-(c)."""
     tuned = frontier.TunedFrontier.of(cells) if default in cells else None
     if tuned is None:
-        why = "not run" if not cells else "the default not finished" if default not in cells else "no tuned grid yet"
+        why = (
+            "not run"
+            if not cells
+            else "the default not finished"
+            if default not in cells
+            else "no tuned grid yet"
+        )
         return [[regime, params, "the default", "-", "-", f"not measured: {why}", "-", "-"]]
     rows = []
     for label, name in (("the default", default), ("the paper's rule", frontier.REFERENCE)):
@@ -181,7 +232,8 @@ def readme_rows(
 
 
 def readme_table(out: Path, base: Path) -> str:
-    """The README's results table, by rung in regime A, then the other regimes at the smallest rung."""
+    """The README's results table, by rung in regime A, then
+    the other regimes at the smallest rung."""
     found: dict[Path, dict[frontier.Regime, dict[str, dict[int, frontier.Result]]]] = {}
 
     def cells_of(folder: Path, regime: frontier.Regime) -> dict[str, dict[int, frontier.Result]]:
@@ -193,21 +245,30 @@ def readme_table(out: Path, base: Path) -> str:
     ladder = rungs(out, base)
     for rung in ladder:
         params = parameters_text(rung.planned_parameters())
-        rows += readme_rows("A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default)
+        rows += readme_rows(
+            "A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default
+        )
     for regime, folder, kind in OTHER_REGIMES:
-        rows += readme_rows(regime, parameters_text(ladder[0].planned_parameters()), cells_of(Path(folder), kind),
-                            BASE_DEFAULT)  # fmt: skip
+        rows += readme_rows(
+            regime,
+            parameters_text(ladder[0].planned_parameters()),
+            cells_of(Path(folder), kind),
+            BASE_DEFAULT,
+        )
     return replicate.markdown_table(README_HEADERS, rows)
 
 
-TABLE_MARKER = "<!-- generated: python benchmarks/campaigns/ladder.py --readme"  # the line above the table in each doc
+# the line above the table in each doc
+TABLE_MARKER = "<!-- generated: python benchmarks/campaigns/ladder.py --readme"
 TABLE_DOCS = ("README.md", "docs/results.md")
 
 
 def table_span(lines: Sequence[str]) -> tuple[int, int]:
     """The lines of a document's generated table: those after the marker that start with ``|``."""
     start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_MARKER)) + 1
-    return start, next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return start, next(
+        (i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines)
+    )
 
 
 def update_docs(table: str) -> None:
@@ -221,7 +282,8 @@ def update_docs(table: str) -> None:
 
 @dataclass(frozen=True)
 class StudyCell:
-    """One rule on one rung of the rule study: (b) over the study's seeds, and the rule's mean syncs there."""
+    """One rule on one rung of the rule study: (b) over the
+    study's seeds, and the rule's mean syncs there."""
 
     rung: str
     rule: str
@@ -231,8 +293,11 @@ class StudyCell:
     syncs: float
 
 
-def study_cells(rung: Rung, label: str, cells: dict[str, dict[int, frontier.Result]]) -> list[StudyCell]:
-    """(b) of the default, each candidate and each diagnostic on the study's seeds of one rung (frontier: all seeds)."""
+def study_cells(
+    rung: Rung, label: str, cells: dict[str, dict[int, frontier.Result]]
+) -> list[StudyCell]:
+    """(b) of the default, each candidate and each diagnostic
+    on the study's seeds of one rung (frontier: all seeds)."""
     tuned = frontier.TunedFrontier.of(cells)
     if tuned is None:
         return []
@@ -246,7 +311,11 @@ def study_cells(rung: Rung, label: str, cells: dict[str, dict[int, frontier.Resu
         if comparison.b_seeds:
             mean, se = frontier.mean_se(comparison.b)
             name = DEFAULT if rule == rung.default else rule
-            found.append(StudyCell(label, name, comparison.b_seeds, mean, se, statistics.fmean(comparison.b_syncs)))
+            found.append(
+                StudyCell(
+                    label, name, comparison.b_seeds, mean, se, statistics.fmean(comparison.b_syncs)
+                )
+            )
     return found
 
 
@@ -260,9 +329,14 @@ def study_verdict(found: Sequence[StudyCell], default: str, rung_order: Sequence
     largest, smallest = measured[-1], measured[0]
     missing = [r for r in RULE_CANDIDATES if set(by_rule[r]) != set(measured)]
     if missing:
-        return f"Not decided: {', '.join(missing)} not finished on every rung measured ({', '.join(measured)})."
+        return (
+            f"Not decided: {', '.join(missing)} not finished on every rung measured "
+            f"({', '.join(measured)})."
+        )
     eligible = [
-        r for r in rules if set(by_rule[r]) == set(measured) and all(c.b_mean <= 0 for c in by_rule[r].values())
+        r
+        for r in rules
+        if set(by_rule[r]) == set(measured) and all(c.b_mean <= 0 for c in by_rule[r].values())
     ]
     if not eligible:
         return "No rule is eligible (mean (b) above 0 on some rung): the default stays."
@@ -279,9 +353,12 @@ def study_verdict(found: Sequence[StudyCell], default: str, rung_order: Sequence
     return f"Eligible: {', '.join(eligible)}. Chosen: {winner} ({why})."
 
 
-def same_settings_excess(cells: dict[str, dict[int, frontier.Result]], rule: str, seed: int) -> float:
-    """The rule minus the fixed DiLoCo at the rule's own outer LR and momentum, interpolated in log(syncs) at the
-    rule's syncs (NaN outside that curve's range): what the horizon costs, the outer settings held equal."""
+def same_settings_excess(
+    cells: dict[str, dict[int, frontier.Result]], rule: str, seed: int
+) -> float:
+    """The rule minus the fixed DiLoCo at the rule's own outer LR and
+    momentum, interpolated in log(syncs) at the rule's syncs (NaN outside that
+    curve's range): what the horizon costs, the outer settings held equal."""
     run = cells[rule][seed]
     lr, mu = run.config["outer_lr"], run.outer_momentum
     curve = [
@@ -292,16 +369,26 @@ def same_settings_excess(cells: dict[str, dict[int, frontier.Result]], rule: str
     return run.val - frontier.log_interpolate(curve, run.syncs)
 
 
-def diagnostic_rows(label: str, cells: dict[str, dict[int, frontier.Result]], default: str) -> list[list[str]]:
-    """Per run of the study's rules and the diagnostics: its outer LR, syncs and the excess over its own fixed curve."""
+def diagnostic_rows(
+    label: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> list[list[str]]:
+    """Per run of the study's rules and the diagnostics: its
+    outer LR, syncs and the excess over its own fixed curve."""
     rows = []
     for rule in (default, *RULE_CANDIDATES, *DIAGNOSTICS):
         for seed, run in sorted(cells.get(rule, {}).items()):
             excess = same_settings_excess(cells, rule, seed)
-            rows.append([
-                label, DEFAULT if rule == default else rule, str(seed), f"{run.config['outer_lr']:g}",
-                f"{run.syncs:.0f}", f"{run.val:.3f}", "outside its curve" if math.isnan(excess) else f"{excess:+.3f}",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    DEFAULT if rule == default else rule,
+                    str(seed),
+                    f"{run.config['outer_lr']:g}",
+                    f"{run.syncs:.0f}",
+                    f"{run.val:.3f}",
+                    "outside its curve" if math.isnan(excess) else f"{excess:+.3f}",
+                ]
+            )
     return rows
 
 
@@ -309,7 +396,8 @@ TRAJECTORY_INTERVALS = 20  # the early part of a run, where the rule's horizon d
 
 
 def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
-    """Per seed of the rung's default: its horizons over the first intervals, read from its interval records."""
+    """Per seed of the rung's default: its horizons over the
+    first intervals, read from its interval records."""
     rows = []
     for records in sorted(rung.folder.glob(f"iid/seed*/{rung.default}/intervals.jsonl.gz")):
         with gzip.open(records, "rt") as f:
@@ -332,31 +420,45 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
 def write_report(args: argparse.Namespace) -> Path:
     rows, missing_lines, horizons, study, diagnostics = [], [], [], [], []
     for rung in rungs(Path(args.out), Path(args.base)):
-        cells = frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {}) if rung.folder.is_dir() else {}
-        params = parameters_text(rung.planned_parameters())  # builds the model on the meta device: once per rung
+        cells = (
+            frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {})
+            if rung.folder.is_dir()
+            else {}
+        )
+        # builds the model on the meta device: once per rung
+        params = parameters_text(rung.planned_parameters())
         label = f"{params} (`{rung.folder}`)"
         if params in RULE_STUDY_SEEDS:
             study += study_cells(rung, params, cells)
             diagnostics += diagnostic_rows(params, cells, rung.default)
-        rows.append([label, f"hidden {rung.hidden}, {rung.layers} layers", rung.device, *rung_row(rung, cells)])
+        rows.append(
+            [
+                label,
+                f"hidden {rung.hidden}, {rung.layers} layers",
+                rung.device,
+                *rung_row(rung, cells),
+            ]
+        )
         horizons += horizon_rows(rung, params)
         left = missing(rung, cells)
         missing_lines += [f"* {label}: " + ("nothing" if not left else "; ".join(left))]
     lines = [
         "# The size ladder, regime A (generated by benchmarks/campaigns/ladder.py)",
         "",
-        f"Regenerate with `python benchmarks/campaigns/ladder.py --out {args.out} --base {args.base}`. "
-        "Regime A (IID), 8 workers, T = 1,000, the default rule at `h_base` 10 (named "
-        f"`{BASE_DEFAULT}` in the 197k campaign, `{DEFAULT}` elsewhere). The comparators, as in every "
-        "generated report (`benchmarks/campaigns/frontier.py`, `Comparison`): (a) the default minus the tuned DiLoCo at "
-        "`h_base` (the best outer LR and momentum at H 10, chosen on the tuning seeds); (b) the default minus the "
-        "tuned frontier at its own sync count (the lower envelope of the best setting at each H, linear in "
-        "log(syncs) between the measured horizons, never extrapolated); (c) the syncs at which the default's "
-        "loss-against-syncs curve (`h_base` 10, 20, 40) reaches the loss of (a)'s DiLoCo, as a ratio to that "
-        "DiLoCo's syncs ('at most' where the default is already below it at its fewest syncs measured). "
-        "Validation loss, paired per seed, mean ± standard error. The tuned grid: outer LR 0.35, 0.7 and 1.0 at "
-        "momentum 0.5, H 5, 10, 20, 40 on the CPU rungs (the 197k campaign also has momenta 0.7 and 0.9); "
-        "the GPU campaign's grid is `benchmarks/campaigns/gpu_frontier.py --grid tuned`.",
+        f"Regenerate with `python benchmarks/campaigns/ladder.py --out {args.out} --base "
+        f"{args.base}`. Regime A (IID), 8 workers, T = 1,000, the default rule at `h_base` 10 "
+        f"(named `{BASE_DEFAULT}` in the 197k campaign, `{DEFAULT}` elsewhere). The comparators, "
+        "as in every generated report (`benchmarks/campaigns/frontier.py`, `Comparison`): (a) the "
+        "default minus the tuned DiLoCo at `h_base` (the best outer LR and momentum at H 10, "
+        "chosen on the tuning seeds); (b) the default minus the tuned frontier at its own sync "
+        "count (the lower envelope of the best setting at each H, linear in log(syncs) between "
+        "the measured horizons, never extrapolated); (c) the syncs at which the default's "
+        "loss-against-syncs curve (`h_base` 10, 20, 40) reaches the loss of (a)'s DiLoCo, as a "
+        "ratio to that DiLoCo's syncs ('at most' where the default is already below it at its "
+        "fewest syncs measured). Validation loss, paired per seed, mean ± standard error. The "
+        "tuned grid: outer LR 0.35, 0.7 and 1.0 at momentum 0.5, H 5, 10, 20, 40 on the CPU rungs "
+        "(the 197k campaign also has momenta 0.7 and 0.9); the GPU campaign's grid is "
+        "`benchmarks/campaigns/gpu_frontier.py --grid tuned`.",
         "",
         replicate.markdown_table(
             [
@@ -373,13 +475,17 @@ def write_report(args: argparse.Namespace) -> Path:
             rows,
         ),
         "",
-        f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each rung's planned campaign:",
+        f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each "
+        "rung's planned campaign:",
         "",
         *missing_lines,
         "",
-        "The default's horizon by rung (`h_step` of its interval records, `h_base` 10): it starts at 2 `h_base`",
-        "and descends to `h_base`, more slowly on the larger rungs; it never goes below `h_base` before the",
-        "run's last, cut interval. Where the fixed frontier is steep (a shorter H buys much loss), those",
+        "The default's horizon by rung (`h_step` of its interval records, `h_base` "
+        "10): it starts at 2 `h_base`",
+        "and descends to `h_base`, more slowly on the larger rungs; it never goes "
+        "below `h_base` before the",
+        "run's last, cut interval. Where the fixed frontier is steep (a shorter "
+        "H buys much loss), those",
         "early long intervals are what the rule pays.",
         "",
         replicate.markdown_table(
@@ -396,8 +502,8 @@ def write_report(args: argparse.Namespace) -> Path:
         "",
         "## The rule study",
         "",
-        "Candidates fixed before their runs (`RULE_CANDIDATES` in benchmarks/campaigns/ladder.py), each a "
-        "configuration of the descent rule: "
+        "Candidates fixed before their runs (`RULE_CANDIDATES` in "
+        "benchmarks/campaigns/ladder.py), each a configuration of the descent rule: "
         + "; ".join(f"`{name}`: `{fields}`" for name, fields in RULE_CANDIDATES.items())
         + ". The criterion, as written before the runs: "
         + RULE_CRITERION,
@@ -418,14 +524,23 @@ def write_report(args: argparse.Namespace) -> Path:
         "",
         study_verdict(study, DEFAULT, list(RULE_STUDY_SEEDS)),
         "",
-        "Where the cost lies: each run against the fixed DiLoCo at its own outer LR and momentum (the same "
-        "outer settings, only the horizon differs), interpolated in log(syncs) at its syncs. The diagnostics "
-        f"({', '.join(f'`{d}`' for d in DIAGNOSTICS)}: the default and `cand_from_hbase` at outer LR 0.35, the "
-        "best fixed outer LR at H 5 and 10 on the 2.56M rung) were added after the study's first results, to "
-        "explain them; they are not candidates.",
+        "Where the cost lies: each run against the fixed DiLoCo at its own outer LR and momentum "
+        "(the same outer settings, only the horizon differs), interpolated in log(syncs) at its "
+        f"syncs. The diagnostics ({', '.join(f'`{d}`' for d in DIAGNOSTICS)}: the default and "
+        "`cand_from_hbase` at outer LR 0.35, the best fixed outer LR at H 5 and 10 on the 2.56M "
+        "rung) were added after the study's first results, to explain them; "
+        "they are not candidates.",
         "",
         replicate.markdown_table(
-            ["parameters", "rule", "seed", "outer LR", "syncs", "val loss", "minus fixed DiLoCo, same outer settings"],
+            [
+                "parameters",
+                "rule",
+                "seed",
+                "outer LR",
+                "syncs",
+                "val loss",
+                "minus fixed DiLoCo, same outer settings",
+            ],
             diagnostics,
         ),
         "",
@@ -438,11 +553,17 @@ def write_report(args: argparse.Namespace) -> Path:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)")
-    p.add_argument("--base", default="results/frontier", help="the 197k rung (default results/frontier)")
+    p.add_argument(
+        "--out", default="results/ladder", help="the CPU rungs' folders (default results/ladder)"
+    )
+    p.add_argument(
+        "--base", default="results/frontier", help="the 197k rung (default results/frontier)"
+    )
     p.add_argument("--report", default=REPORT, help=f"where the report goes (default {REPORT})")
     p.add_argument(
-        "--readme", action="store_true", help="write the results table into README.md and docs/results.md instead"
+        "--readme",
+        action="store_true",
+        help="write the results table into README.md and docs/results.md instead",
     )
     return p.parse_args(argv)
 

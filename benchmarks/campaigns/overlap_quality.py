@@ -1,4 +1,5 @@
-"""Validation loss of the overlapped variants (docs/algorithm.md#overlap) vs blocking AutoLoCo and DiLoCo, paired seeds.
+"""Validation loss of the overlapped variants (docs/algorithm.md#overlap)
+vs blocking AutoLoCo and DiLoCo, paired seeds.
 
 Not a test. Trains the demo's tiny Llama (``autoloco_hf.toy``) on
 Python's ``pydoc_data.topics`` with ``LocalWorkers`` + ``SimulatedCommunicator``
@@ -7,7 +8,8 @@ initialization and reads the same batches, so differences are paired. The
 simulation applies each average at the step it is due, so the loss numbers are
 the ones a real overlapped run gets; wall time on a link is not measured here.
 
-    python benchmarks/campaigns/overlap_quality.py --seeds 0,1,2 --out results/overlap --report docs/results_overlap.md
+    python benchmarks/campaigns/overlap_quality.py --seeds 0,1,2 --out results/overlap \\
+        --report docs/results_overlap.md
 
 Each finished run is one JSON file in ``--out`` (committed under results/overlap); a rerun reuses
 them, so the report regenerates without training.
@@ -37,18 +39,34 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "autoloco_delayed": (
         "AutoLoCo + delayed merge (tau 1, alpha 0.5)",
-        dict(method="autoloco", controller="paper", overlap="delayed", overlap_steps=1, overlap_mix=0.5),
+        dict(
+            method="autoloco",
+            controller="paper",
+            overlap="delayed",
+            overlap_steps=1,
+            overlap_mix=0.5,
+        ),
     ),
     "autoloco_delayed_a0": (
         "AutoLoCo + delayed merge (tau 1, alpha 0)",
-        dict(method="autoloco", controller="paper", overlap="delayed", overlap_steps=1, overlap_mix=0.0),
+        dict(
+            method="autoloco",
+            controller="paper",
+            overlap="delayed",
+            overlap_steps=1,
+            overlap_mix=0.0,
+        ),
     ),
     "autoloco_eager": (
         "AutoLoCo + eager update (controller one interval late)",
         dict(method="autoloco", controller="paper", overlap="eager"),
     ),
-    "diloco_eager": ("DiLoCo (momentum 0.9) + eager update", dict(method="diloco", overlap="eager")),
-    # a merge later than q_H - 1 steps needs intervals of at least h_min steps: without the token mapper
+    "diloco_eager": (
+        "DiLoCo (momentum 0.9) + eager update",
+        dict(method="diloco", overlap="eager"),
+    ),
+    # a merge later than q_H - 1 steps needs intervals of at
+    # least h_min steps: without the token mapper
     "autoloco_fixed_tokens": (
         "AutoLoCo without the token mapper, blocking (the reference of the tau 3 rows)",
         dict(method="autoloco", controller="paper", map_tokens=False),
@@ -56,7 +74,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "autoloco_delayed_tau3": (
         "AutoLoCo without the token mapper + delayed merge (tau 3, alpha 0.5)",
         dict(
-            method="autoloco", controller="paper", map_tokens=False, overlap="delayed", overlap_steps=3, overlap_mix=0.5
+            method="autoloco",
+            controller="paper",
+            map_tokens=False,
+            overlap="delayed",
+            overlap_steps=3,
+            overlap_mix=0.5,
         ),
     ),
     "autoloco_int8_delayed_tau3": (
@@ -84,7 +107,8 @@ def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> di
 
     warmup = max(1, round(0.02 * args.steps))
     fields = VARIANTS[name][1]
-    grid = {"q_h": args.q_h} if fields["method"] == "autoloco" else {}  # only AutoLoCo's horizons round to q_H
+    # only AutoLoCo's horizons round to q_H
+    grid = {"q_h": args.q_h} if fields["method"] == "autoloco" else {}
     config = AutoLoCoConfig(h_base=args.h_base, warmup_steps=warmup, **grid, **fields)
     schedule = warmup_cosine(1.0, warmup, args.steps)
     model = tiny_llama(VOCAB, HIDDEN, LAYERS, HEADS, max_position_embeddings=SEQ_LEN, seed=seed)
@@ -114,7 +138,9 @@ def run_variant(name: str, args: argparse.Namespace, seed: int, data: Any) -> di
     }
 
 
-def report(results: list[dict[str, Any]], variants: list[str], command: str, args: argparse.Namespace) -> str:
+def report(
+    results: list[dict[str, Any]], variants: list[str], command: str, args: argparse.Namespace
+) -> str:
     by = {(r["variant"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
     lines = [
@@ -122,15 +148,18 @@ def report(results: list[dict[str, Any]], variants: list[str], command: str, arg
         "",
         f"Command: `{command}`",
         "",
-        f"Tiny Llama (hidden {HIDDEN}, {LAYERS} layers, vocabulary {VOCAB}) on `pydoc_data.topics`, {args.workers} "
-        f"simulated workers, batch {BATCH} x {SEQ_LEN} per worker, {args.steps} steps, AdamW {PEAK_LR:g}, 2% warm-up "
-        f"then cosine, H_base {args.h_base}, q_H {args.q_h}; seeds {', '.join(map(str, seeds))} (each seed: same "
-        "initialization and batches for every variant). Paired difference = variant minus blocking AutoLoCo of the "
-        "same seed; 'paired std' is the standard deviation of those differences over seeds. The simulation "
-        "applies every average at the step it is due, so these losses are those of a real overlapped run; "
-        "wall time on a bandwidth-limited link is measured by benchmarks/testbeds/wan.py (docs/benchmarks.md).",
+        f"Tiny Llama (hidden {HIDDEN}, {LAYERS} layers, vocabulary {VOCAB}) on "
+        f"`pydoc_data.topics`, {args.workers} simulated workers, batch {BATCH} x {SEQ_LEN} per "
+        f"worker, {args.steps} steps, AdamW {PEAK_LR:g}, 2% warm-up then cosine, H_base "
+        f"{args.h_base}, q_H {args.q_h}; seeds {', '.join(map(str, seeds))} (each seed: same "
+        "initialization and batches for every variant). Paired difference = variant minus "
+        "blocking AutoLoCo of the same seed; 'paired std' is the standard deviation of those "
+        "differences over seeds. The simulation applies every average at the step it is due, so "
+        "these losses are those of a real overlapped run; wall time on a bandwidth-limited link "
+        "is measured by benchmarks/testbeds/wan.py (docs/benchmarks.md).",
         "",
-        "| variant | val loss (mean ± std) | paired diff vs AutoLoCo (mean ± std) | syncs | mean H_step | stale intervals |",
+        "| variant | val loss (mean ± std) | paired diff vs AutoLoCo (mean ± std) | syncs | mean "
+        "H_step | stale intervals |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for v in variants:
@@ -149,21 +178,34 @@ def report(results: list[dict[str, Any]], variants: list[str], command: str, arg
 
         lines.append(
             f"| {v} ({VARIANTS[v][0]}) | {statistics.fmean(losses):.4f} ± {std(losses):.4f} | "
-            f"{statistics.fmean(diffs):+.4f} ± {std(diffs):.4f} | {statistics.fmean(r['syncs'] for r in rows):.1f} | "
-            f"{statistics.fmean(r['mean_h_step'] for r in rows):.2f} | {statistics.fmean(r['stale'] for r in rows):.1f} |"
+            f"{statistics.fmean(diffs):+.4f} ± {std(diffs):.4f} | "
+            f"{statistics.fmean(r['syncs'] for r in rows):.1f} | "
+            f"{statistics.fmean(r['mean_h_step'] for r in rows):.2f} | "
+            f"{statistics.fmean(r['stale'] for r in rows):.1f} |"
         )
-    lines += ["", "Per run:", "", "| variant | seed | val loss | syncs | wall s |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "Per run:",
+        "",
+        "| variant | seed | val loss | syncs | wall s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in sorted(results, key=lambda r: (variants.index(r["variant"]), r["seed"])):
-        lines.append(f"| {r['variant']} | {r['seed']} | {r['val_loss']:.4f} | {r['syncs']} | {r['wall_seconds']:.0f} |")
+        lines.append(
+            f"| {r['variant']} | {r['seed']} | {r['val_loss']:.4f} | {r['syncs']} | "
+            f"{r['wall_seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--h-base", type=int, default=20)
-    parser.add_argument("--q-h", type=int, default=2, help="2 so that the delayed merge (tau 1 < q_H) is admissible")
+    parser.add_argument(
+        "--q-h", type=int, default=2, help="2 so that the delayed merge (tau 1 < q_H) is admissible"
+    )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default="results/overlap")
@@ -183,7 +225,8 @@ def main(argv: list[str]) -> int:
             if path.exists():
                 results.append(json.loads(path.read_text()))
                 continue
-            if data is None:  # built only when something is left to train: a report of finished runs needs none
+            # built only when something is left to train: a report of finished runs needs none
+            if data is None:
                 from autoloco_hf.toy.text import corpus_documents, split_tokens, train_tokenizer
 
                 documents = corpus_documents()

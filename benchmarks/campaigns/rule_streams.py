@@ -1,7 +1,7 @@
 """Synthetic statistic streams and a closed loop that drives ``AutoLoCoPolicy`` as the engine does.
 
-The stream model (docs/algorithm.md#references-and-residuals, #implementation-readings), in log space per interval of
-``h`` steps starting at step ``s``:
+The stream model (docs/algorithm.md#references-and-residuals, #implementation-readings), in log
+space per interval of ``h`` steps starting at step ``s``:
 
     log d = -A log(h / H_base) + drift * V * s / H_base + blow-up(h, s) + noise
     log C = log C0 + B log(h / H_base) - drift * V/2 * s / H_base - blow-up(h, s) / 2 + noise
@@ -34,7 +34,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoloco_hf.algorithm.policies import IntervalOutcome, IntervalPolicy, NextInterval, make_policy
+from autoloco_hf.algorithm.policies import (
+    IntervalOutcome,
+    IntervalPolicy,
+    NextInterval,
+    make_policy,
+)
 from autoloco_hf.algorithm.rules import Delivery, Measured
 from autoloco_hf.algorithm.rules.decisions import Decision
 from autoloco_hf.algorithm.schedule import LRSchedule, lr_mass, warmup_cosine
@@ -105,11 +110,14 @@ class Trace:
 
     def excess(self, critical: int, q_h: int, since_step: int = 0) -> int:
         """Quanta above ``critical`` summed over those intervals: how far, not only how often."""
-        return sum(max(h - critical, 0) // q_h for h, s in zip(self.h_tok, self.start) if s >= since_step)
+        return sum(
+            max(h - critical, 0) // q_h for h, s in zip(self.h_tok, self.start) if s >= since_step
+        )
 
     def recovery(self, last_bad: int) -> int:
-        """Intervals after interval ``last_bad`` until the controller proposes an increase again (the paper rule)
-        or takes a longer horizon (the descent rule's return to the horizon the faults interrupted)."""
+        """Intervals after interval ``last_bad`` until the controller
+        proposes an increase again (the paper rule) or takes a longer horizon
+        (the descent rule's return to the horizon the faults interrupted)."""
         for index in range(last_bad + 1, self.syncs):
             if self.decisions[index] in (Decision.PROPOSE, Decision.ADOPT):
                 return index - last_bad
@@ -140,14 +148,18 @@ class _Noise:
 
 
 def _blowup(stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int) -> float:
-    if stream.blowup == Blowup.SHARP or (stream.blowup == Blowup.LATE and start >= LATE_FROM * total):
+    if stream.blowup == Blowup.SHARP or (
+        stream.blowup == Blowup.LATE and start >= LATE_FROM * total
+    ):
         return SHARP_JUMP if h > stream.critical else 0.0
     if stream.blowup == Blowup.SOFT:
         return SOFT_PER_QUANTUM * max(h - stream.critical, 0) / cfg.q_h
     return 0.0
 
 
-def _logs(stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int, noise: tuple) -> tuple[float, float]:
+def _logs(
+    stream: Stream, cfg: AutoLoCoConfig, h: int, start: int, total: int, noise: tuple
+) -> tuple[float, float]:
     ratio = math.log(h / cfg.h_base)
     drift = stream.drift * DRIFT_UNIT * start / cfg.h_base
     blow = _blowup(stream, cfg, h, start, total)
@@ -165,17 +177,21 @@ def _probed(
     total: int,
     noise: _Noise,
 ) -> NextInterval:
-    """The descent rule's start probe (docs/algorithm.md#descent-rule) on the stream's ``d`` after ``1.5 h_ref`` and ``2 h_ref`` steps.
+    """The descent rule's start probe (docs/algorithm.md#descent-rule) on the stream's ``d`` after
+    ``1.5 h_ref`` and ``2 h_ref`` steps.
 
-    The stream's ``d`` falls as ``h^-A`` (``p = 2 - A`` = 1.5 at a constant LR), so a probe at 1.85 cuts
-    every start here: the column then shows what the cut itself costs and saves.
+    The stream's ``d`` falls as ``h^-A`` (``p = 2 - A`` = 1.5 at a constant LR), so a probe at 1.85
+    cuts every start here: the column then shows what the cut itself costs and saves.
     """
     window = [r.step for r in policy.measurements(interval) if r.delivery == Delivery.SHARED]
     if not window:
         return interval
     drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
     log_d = [
-        -HORIZON_D * math.log(k / cfg.h_base) + drift + _blowup(stream, cfg, k, step, total) + noise.draw()
+        -HORIZON_D * math.log(k / cfg.h_base)
+        + drift
+        + _blowup(stream, cfg, k, step, total)
+        + noise.draw()
         for k in window
     ]
     masses = [lr_mass(policy.schedule, step, k) for k in window]
@@ -195,12 +211,19 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
     anchor_noise = _Noise(stream.noise, random.Random(seed + 10_000))
     trace, step = Trace(), 0
     while step < total:
-        interval = _probed(policy.next_interval(step), policy, stream, cfg, step, total, anchor_noise)
+        interval = _probed(
+            policy.next_interval(step), policy, stream, cfg, step, total, anchor_noise
+        )
         mass = lr_mass(schedule, step, interval.h_step)  # what the engine accumulates step by step
         log_d, log_c = _logs(stream, cfg, interval.h_tok, step, total, noise)
         valid = trace.syncs not in stream.nan_intervals
-        # the drift guard's anchor: the same model after the interval's first h_ref steps (an H_base interval)
-        anchor_mass = lr_mass(schedule, step, interval.h_ref) if interval.h_ref < interval.h_step else math.nan
+        # the drift guard's anchor: the same model after the
+        # interval's first h_ref steps (an H_base interval)
+        anchor_mass = (
+            lr_mass(schedule, step, interval.h_ref)
+            if interval.h_ref < interval.h_step
+            else math.nan
+        )
         drift = stream.drift * DRIFT_UNIT * step / cfg.h_base
         log_anchor = drift + _blowup(stream, cfg, cfg.h_base, step, total) + anchor_noise.draw()
         decision = policy.complete(
@@ -212,7 +235,9 @@ def run_closed_loop(stream: Stream, seed: int, recipe: str = "sft", **overrides:
                 lr_mass=mass,
                 mean_loss=1.0 if valid else math.nan,
                 pseudo_grad_finite=valid,
-                anchor_drift_energy=math.exp(log_anchor) * anchor_mass * anchor_mass if valid else math.nan,
+                anchor_drift_energy=math.exp(log_anchor) * anchor_mass * anchor_mass
+                if valid
+                else math.nan,
                 anchor_lr_mass=anchor_mass,
             )
         )
@@ -239,8 +264,10 @@ class Kind(ValueEnum):
 class Scenario:
     stream: Stream
     kind: Kind
-    from_fraction: float = 0.0  # count intervals above critical only from this fraction of the run on
-    h_min: int | None = None  # NaN scenarios lower h_min so that reductions show (70 -> 80 fits gamma_inc)
+    # count intervals above critical only from this fraction of the run on
+    from_fraction: float = 0.0
+    # NaN scenarios lower h_min so that reductions show (70 -> 80 fits gamma_inc)
+    h_min: int | None = None
 
     def run(self, seed: int, recipe: str = "sft", **overrides: Any) -> Trace:
         if self.h_min is not None:
@@ -248,7 +275,8 @@ class Scenario:
         return run_closed_loop(self.stream, seed, recipe, **overrides)
 
     def since_step(self, recipe: str = "sft") -> int:
-        """First step at which the blow-up counts (the late one appears at ``LATE_FROM`` of the run)."""
+        """First step at which the blow-up counts (the late
+        one appears at ``LATE_FROM`` of the run)."""
         return math.ceil(self.from_fraction * RECIPE_SCHEDULES[recipe]["total_steps"])
 
 
@@ -268,7 +296,9 @@ SCENARIOS: dict[str, Scenario] = {
     "student-t(3)": Scenario(Stream(noise=Noise.STUDENT_T3), Kind.FALSE_ALARM),
     "sharp blow-up > 120": Scenario(Stream(blowup=Blowup.SHARP, critical=120), Kind.BLOWUP),
     "soft blow-up > 110": Scenario(Stream(blowup=Blowup.SOFT, critical=110), Kind.BLOWUP),
-    "late blow-up > 120": Scenario(Stream(blowup=Blowup.LATE, critical=120), Kind.BLOWUP, from_fraction=LATE_FROM),
+    "late blow-up > 120": Scenario(
+        Stream(blowup=Blowup.LATE, critical=120), Kind.BLOWUP, from_fraction=LATE_FROM
+    ),
     "NaN pair at 0": Scenario(_nan(0, 1), Kind.NAN, h_min=70),
     "NaN pair at 20": Scenario(_nan(20, 21), Kind.NAN, h_min=70),
     "NaN x5 at 0": Scenario(_nan(*range(5)), Kind.NAN, h_min=70),

@@ -1,4 +1,5 @@
-"""What makes an upward change of the horizon expensive: open-loop horizon schedules with each suspect neutralized.
+"""What makes an upward change of the horizon expensive:
+open-loop horizon schedules with each suspect neutralized.
 
 Not a test. Plain DiLoCo (outer momentum 0.7) executes a fixed horizon
 schedule such as "10 until step 130, then 15", on the same model, corpus,
@@ -35,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
+# benchmarks/: its kinds import as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from campaigns import frontier, replicate  # noqa: E402
 
 from autoloco_hf.algorithm.policies import IntervalPolicy, NextInterval, PolicyFactory  # noqa: E402
@@ -78,9 +80,11 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Replay:
-    """The horizons a recorded run of the frontier (``FRONTIER/iid/seed<k>/<source>``) executed, replayed open loop.
+    """The horizons a recorded run of the frontier
+    (``FRONTIER/iid/seed<k>/<source>``) executed, replayed open loop.
 
-    ``before`` and ``after`` (H_base and the paper rule's H_max) only pick the report's fixed-H references.
+    ``before`` and ``after`` (H_base and the paper rule's
+    H_max) only pick the report's fixed-H references.
     """
 
     source: str = "autoloco"
@@ -110,13 +114,18 @@ class Variant:
 
     @property
     def name(self) -> str:
-        return self.schedule.label + ("" if self.treatment is Treatment.NONE else f"_{self.treatment.value}")
+        return self.schedule.label + (
+            "" if self.treatment is Treatment.NONE else f"_{self.treatment.value}"
+        )
 
 
 class ScheduledPolicy(IntervalPolicy):
-    """An open-loop horizon schedule; remembers each planned interval so the treatments can see the change."""
+    """An open-loop horizon schedule; remembers each planned
+    interval so the treatments can see the change."""
 
-    def __init__(self, schedule_preview: LRSchedule, total_steps: int, h_base: int, plan: Schedule | Replay) -> None:
+    def __init__(
+        self, schedule_preview: LRSchedule, total_steps: int, h_base: int, plan: Schedule | Replay
+    ) -> None:
         super().__init__(schedule_preview, total_steps, h_base)
         self.plan = plan
         self.planned: list[tuple[int, int, bool]] = []  # (start, h_step, truncated)
@@ -135,11 +144,16 @@ class ScheduledPolicy(IntervalPolicy):
         return interval
 
     def first_after_switch(self) -> bool:
-        """The interval being closed is the first (untruncated) one from the switch step on: the first at the new
-        horizon when the schedule changes it, and the same point in time when it does not (a treatment alone)."""
+        """The interval being closed is the first (untruncated) one from the switch step on: the
+        first at the new horizon when the schedule changes it, and the same point in time when it
+        does not (a treatment alone)."""
         switch = self.plan.switch_step
         start, _, truncated = self.planned[-1]
-        return start >= switch and not truncated and (len(self.planned) < 2 or self.planned[-2][0] < switch)
+        return (
+            start >= switch
+            and not truncated
+            and (len(self.planned) < 2 or self.planned[-2][0] < switch)
+        )
 
 
 def scheduled(plan: Schedule | Replay) -> PolicyFactory:
@@ -154,7 +168,8 @@ def scheduled(plan: Schedule | Replay) -> PolicyFactory:
 
 
 def treat(workers: LocalWorkers, treatment: Treatment) -> None:
-    """Install ``treatment`` through the engine's hooks: on the outer momentum, or the inner optimizers."""
+    """Install ``treatment`` through the engine's hooks: on
+    the outer momentum, or the inner optimizers."""
     policy = workers.engine.policy
     assert isinstance(policy, ScheduledPolicy)
     if treatment is Treatment.INNER_RESET:
@@ -164,7 +179,9 @@ def treat(workers: LocalWorkers, treatment: Treatment) -> None:
         return
     last_norm: list[float | None] = [None]
 
-    def before_outer_step(interval: NextInterval, mean: torch.Tensor, outer: OuterOptimizer) -> None:
+    def before_outer_step(
+        interval: NextInterval, mean: torch.Tensor, outer: OuterOptimizer
+    ) -> None:
         norm = float(mean.norm())
         buffer = outer.momentum_buffer
         if buffer is not None and policy.first_after_switch():
@@ -177,7 +194,9 @@ def treat(workers: LocalWorkers, treatment: Treatment) -> None:
     workers.engine.before_outer_step.append(before_outer_step)
 
 
-def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Corpus, args: argparse.Namespace) -> dict:
+def run_variant(
+    variant: Variant, seed: int, folder: Path, corpus: replicate.Corpus, args: argparse.Namespace
+) -> dict:
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf.sync.communicators import SimulatedCommunicator
@@ -190,7 +209,9 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
         len(corpus.tokenizer), replicate.HIDDEN, replicate.LAYERS, replicate.HEADS,
         max_position_embeddings=demo.SEQ_LEN, seed=seed,
     )  # fmt: skip
-    sampler_args = argparse.Namespace(batch_size=args.batch_size, workers=args.workers, max_docs=args.max_docs)
+    sampler_args = argparse.Namespace(
+        batch_size=args.batch_size, workers=args.workers, max_docs=args.max_docs
+    )
     sampler = frontier.make_sampler(frontier.Regime.IID, corpus, sampler_args, seed)
     writer = RunWriter(str(folder), variant.name)
     plan = variant.schedule.for_seed(seed, args.frontier)
@@ -198,8 +219,12 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
         config,
         model,
         SimulatedCommunicator(args.workers),
-        optimizer_factory=lambda p: torch.optim.AdamW(p, lr=demo.PEAK_LR, weight_decay=demo.WEIGHT_DECAY),
-        scheduler_factory=lambda o: get_cosine_schedule_with_warmup(o, demo.warmup_steps(args.steps), args.steps),
+        optimizer_factory=lambda p: torch.optim.AdamW(
+            p, lr=demo.PEAK_LR, weight_decay=demo.WEIGHT_DECAY
+        ),
+        scheduler_factory=lambda o: get_cosine_schedule_with_warmup(
+            o, demo.warmup_steps(args.steps), args.steps
+        ),
         total_steps=args.steps,
         records_path=writer.intervals_path,
         policy_factory=scheduled(plan),
@@ -209,13 +234,27 @@ def run_variant(variant: Variant, seed: int, folder: Path, corpus: replicate.Cor
     for step in range(1, args.steps + 1):
         lr = float(workers.optimizers[0].param_groups[0]["lr"])
         workers.train_step(sampler.next_batches())
-        writer.log_step(step, sum(workers.last_losses) / len(workers.last_losses), lr, workers.engine.totals, 0.0)
+        writer.log_step(
+            step,
+            sum(workers.last_losses) / len(workers.last_losses),
+            lr,
+            workers.engine.totals,
+            0.0,
+        )
     val_loss = mean_loss(workers.models[0], eval_windows(val, demo.SEQ_LEN, demo.EVAL_BATCH))
     return writer.finish(
-        workers.engine.totals, config.to_dict(), time.perf_counter() - started, val_loss=val_loss, seed=seed,
-        variant=variant.name, schedule=plan.__dict__, treatment=variant.treatment.value,
-        git_commit=replicate.git_commit(), command=args.command, workers=args.workers,
-    )  # fmt: skip
+        workers.engine.totals,
+        config.to_dict(),
+        time.perf_counter() - started,
+        val_loss=val_loss,
+        seed=seed,
+        variant=variant.name,
+        schedule=plan.__dict__,
+        treatment=variant.treatment.value,
+        git_commit=replicate.git_commit(),
+        command=args.command,
+        workers=args.workers,
+    )
 
 
 def variants() -> list[Variant]:
@@ -238,7 +277,8 @@ def variants() -> list[Variant]:
         Variant(Schedule(15, 10, 130), Treatment.MOMENTUM_RESET),
         Variant(Schedule(10, 10, 130), Treatment.MOMENTUM_RESET),  # the shock alone, no change of H
         Variant(Schedule(15, 15, 130), Treatment.MOMENTUM_RESET),
-        Variant(Replay()),  # the paper rule's own horizons without its controller (probing, calibration)
+        # the paper rule's own horizons without its controller (probing, calibration)
+        Variant(Replay()),
         Variant(Replay(), Treatment.PAPER_CORRECTION),
     ]
 
@@ -252,38 +292,73 @@ def report(args: argparse.Namespace) -> Path:
         seeds = sorted(
             int(p.parent.parent.name.removeprefix("seed"))
             for p in out.glob(f"seed*/{v.name}/{frontier.SUMMARY}")
-            if all((ref / p.parent.parent.name / f"diloco_mu0.7_h{h}" / frontier.SUMMARY).exists() for h in (v.schedule.before, v.schedule.after))
-        )  # fmt: skip
+            if all(
+                (ref / p.parent.parent.name / f"diloco_mu0.7_h{h}" / frontier.SUMMARY).exists()
+                for h in (v.schedule.before, v.schedule.after)
+            )
+        )
         if not seeds:
             continue
         own = {s: frontier.load_result(out / f"seed{s}" / v.name) for s in seeds}
-        before = {s: frontier.load_result(ref / f"seed{s}" / f"diloco_mu0.7_h{v.schedule.before}") for s in seeds}
-        after = {s: frontier.load_result(ref / f"seed{s}" / f"diloco_mu0.7_h{v.schedule.after}") for s in seeds}
+        before = {
+            s: frontier.load_result(ref / f"seed{s}" / f"diloco_mu0.7_h{v.schedule.before}")
+            for s in seeds
+        }
+        after = {
+            s: frontier.load_result(ref / f"seed{s}" / f"diloco_mu0.7_h{v.schedule.after}")
+            for s in seeds
+        }
         plain = Variant(v.schedule)
-        rows.append([
-            v.name, str(len(seeds)), f"{statistics.fmean(own[s].syncs for s in seeds):.1f}",
-            frontier.fmt([own[s].val - before[s].val for s in seeds]),
-            frontier.fmt([own[s].val - after[s].val for s in seeds]),
-            frontier.fmt([own[s].val - frontier.load_result(out / f"seed{s}" / plain.name).val for s in seeds
-                          if (out / f"seed{s}" / plain.name / frontier.SUMMARY).exists()]) if v != plain else "-",
-            frontier.fmt([own[s].val - frontier.load_result(ref / f"seed{s}" / v.schedule.source).val for s in seeds])
-            if isinstance(v.schedule, Replay) else "-",
-        ])  # fmt: skip
+        rows.append(
+            [
+                v.name,
+                str(len(seeds)),
+                f"{statistics.fmean(own[s].syncs for s in seeds):.1f}",
+                frontier.fmt([own[s].val - before[s].val for s in seeds]),
+                frontier.fmt([own[s].val - after[s].val for s in seeds]),
+                frontier.fmt(
+                    [
+                        own[s].val - frontier.load_result(out / f"seed{s}" / plain.name).val
+                        for s in seeds
+                        if (out / f"seed{s}" / plain.name / frontier.SUMMARY).exists()
+                    ]
+                )
+                if v != plain
+                else "-",
+                frontier.fmt(
+                    [
+                        own[s].val - frontier.load_result(ref / f"seed{s}" / v.schedule.source).val
+                        for s in seeds
+                    ]
+                )
+                if isinstance(v.schedule, Replay)
+                else "-",
+            ]
+        )
     rows.sort(key=lambda r: names.index(r[0]))
     headers = [
-        "schedule + treatment", "seeds", "syncs", "val - H_before", "val - H_after", "val - untreated", "val - replayed run"
-    ]  # fmt: skip
+        "schedule + treatment",
+        "seeds",
+        "syncs",
+        "val - H_before",
+        "val - H_after",
+        "val - untreated",
+        "val - replayed run",
+    ]
     text = "\n".join(
         [
             "# Switch cost (generated by benchmarks/campaigns/switch_cost.py)",
             "",
-            f"DiLoCo mu 0.7, {args.workers} workers, T {args.steps}, IID; references are the frontier runs under `{args.frontier}/iid`. "
-            "Paired differences over seeds (mean ± s.e.; negative = better). `replay_<run>`: the horizons the frontier's "
-            "`<run>` executed, replayed open loop (H_before / H_after: 10 / 15, H_base and the paper rule's H_max).",
+            f"DiLoCo mu 0.7, {args.workers} workers, T {args.steps}, IID; references are the "
+            f"frontier runs under `{args.frontier}/iid`. Paired differences over seeds (mean ± "
+            "s.e.; negative = better). `replay_<run>`: the horizons the frontier's `<run>` "
+            "executed, replayed open loop (H_before / H_after: 10 / 15, H_base and "
+            "the paper rule's H_max).",
             "",
             replicate.markdown_table(headers, rows),
             "",
-            f"Regenerate: `python benchmarks/campaigns/switch_cost.py --out {args.out} --frontier {args.frontier} --report-only`.",
+            f"Regenerate: `python benchmarks/campaigns/switch_cost.py --out {args.out} --frontier "
+            f"{args.frontier} --report-only`.",
             "",
         ]
     )
@@ -295,7 +370,9 @@ def report(args: argparse.Namespace) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/switch_cost")
-    p.add_argument("--frontier", default="results/frontier", help="the frontier runs (fixed-H references)")
+    p.add_argument(
+        "--frontier", default="results/frontier", help="the frontier runs (fixed-H references)"
+    )
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--workers", type=int, default=8)
@@ -307,7 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
     args.command = shlex.join(
-        ["python", "benchmarks/campaigns/switch_cost.py", *(argv if argv is not None else sys.argv[1:])]
+        [
+            "python",
+            "benchmarks/campaigns/switch_cost.py",
+            *(argv if argv is not None else sys.argv[1:]),
+        ]
     )
     if not args.report_only:
         torch.set_num_threads(1)
@@ -325,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     summary = run_variant(v, seed, folder, corpus, args)
                     replicate.compress_logs(folder)
                     print(
-                        f"done {folder}: val {summary['val_loss']:.4f}, {time.perf_counter() - started:.0f} s",
+                        f"done {folder}: val {summary['val_loss']:.4f}, "
+                        f"{time.perf_counter() - started:.0f} s",
                         flush=True,
                     )
                 finally:

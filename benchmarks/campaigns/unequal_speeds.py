@@ -1,11 +1,12 @@
-"""Workers of unequal speed: lockstep against budget pacing, on the virtual clock (docs/algorithm.md#pacing).
+"""Workers of unequal speed: lockstep against budget pacing,
+on the virtual clock (docs/algorithm.md#pacing).
 
 Not a test. Simulated workers (``LocalWorkers`` + ``SimulatedCommunicator``) train a
 tiny next-token model on a synthetic second-order Markov source (32 tokens; each
 pair of tokens is followed by one of 4 likely successors), every worker reading its own stream; a
 held-out stream gives the validation loss at every sync. Each worker runs at the
-speed of its profile on the virtual clock (docs/algorithm.md#virtual-clock), so the comparison is the same
-on any machine:
+speed of its profile on the virtual clock (docs/algorithm.md#virtual-clock),
+so the comparison is the same on any machine:
 
 - ``a``: one worker at 0.5, the others at 1;
 - ``b``: speeds drawn log-normally with sigma 0.3 (per seed);
@@ -73,7 +74,9 @@ VARIANTS = (
 REFERENCE = "diloco_lockstep"
 
 
-def speeds_of(profile: Profile, workers: int, seed: int, steps: int) -> tuple[list[float], list[list[Any]]]:
+def speeds_of(
+    profile: Profile, workers: int, seed: int, steps: int
+) -> tuple[list[float], list[list[Any]]]:
     """``worker_speeds`` and ``speed_changes`` of a profile."""
     if profile == Profile.HALF:
         return [1.0] * (workers - 1) + [0.5], []
@@ -84,9 +87,11 @@ def speeds_of(profile: Profile, workers: int, seed: int, steps: int) -> tuple[li
 
 
 class MarkovSource:
-    """A fixed random second-order source: a pair of tokens is followed by one of ``SUCCESSORS`` tokens, mostly.
+    """A fixed random second-order source: a pair of tokens
+    is followed by one of ``SUCCESSORS`` tokens, mostly.
 
-    Hard enough for the tiny model that its validation loss falls over the whole run (1024 contexts).
+    Hard enough for the tiny model that its validation loss
+    falls over the whole run (1024 contexts).
     """
 
     def __init__(self) -> None:
@@ -115,10 +120,14 @@ class TinyLM(torch.nn.Module):
         self.mlp = torch.nn.Sequential(torch.nn.Linear(HIDDEN, 2 * HIDDEN), torch.nn.Tanh())
         self.head = torch.nn.Linear(2 * HIDDEN, VOCAB)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels=None) -> Any:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels=None
+    ) -> Any:
         hidden = self.last(input_ids[:, 1:-1]) + self.before(input_ids[:, :-2])
         logits = self.head(self.mlp(hidden))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), input_ids[:, 2:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, VOCAB), input_ids[:, 2:].reshape(-1)
+        )
         return type("Output", (), {"loss": loss})()
 
 
@@ -134,7 +143,9 @@ class Streams:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def run_one(workers: int, profile: Profile, seed: int, variant: Variant, args: argparse.Namespace) -> dict:
+def run_one(
+    workers: int, profile: Profile, seed: int, variant: Variant, args: argparse.Namespace
+) -> dict:
     speeds, changes = speeds_of(profile, workers, seed, args.steps)
     # the committed runs' rule, on AutoLoCo's horizon grid (DiLoCo has none)
     rule = {"controller": "paper", "q_h": 1} if variant.method == "autoloco" else {}
@@ -173,14 +184,24 @@ def run_one(workers: int, profile: Profile, seed: int, variant: Variant, args: a
         tokens += record.tokens
         with torch.no_grad():
             val_loss = float(run.models[0](input_ids=val).loss)
-        curve.append({"step": run.step, "tokens": tokens, "wall": wall, "val_loss": val_loss, "h": record.h_step})
+        curve.append(
+            {
+                "step": run.step,
+                "tokens": tokens,
+                "wall": wall,
+                "val_loss": val_loss,
+                "h": record.h_step,
+            }
+        )
     stragglers = sorted({s for r in run.engine.records for s in (r.stragglers or [])})
     return {
         "workers": workers,
         "profile": str(profile),
         "seed": seed,
         "variant": variant.name,
-        "config": {k: str(v) if isinstance(v, ValueEnum) else v for k, v in config.to_dict().items()},
+        "config": {
+            k: str(v) if isinstance(v, ValueEnum) else v for k, v in config.to_dict().items()
+        },
         "syncs": len(run.engine.records),
         "tokens": tokens,
         "virtual_seconds": wall,
@@ -206,12 +227,16 @@ def run_all(args: argparse.Namespace) -> None:
                         continue
                     result = run_one(workers, profile, seed, variant, args)
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    # a name of its own, then a rename: two campaigns writing the same result never clash
+                    # a name of its own, then a rename: two
+                    # campaigns writing the same result never clash
                     handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
                     with os.fdopen(handle, "w") as f:
                         f.write(json.dumps(result, indent=1))
                     os.replace(partial, path)
-                    print(f"{path}: val {result['final_val_loss']:.4f}, {result['tokens_per_second']:.1f} tok/s")
+                    print(
+                        f"{path}: val {result['final_val_loss']:.4f}, "
+                        f"{result['tokens_per_second']:.1f} tok/s"
+                    )
 
 
 # ------------------------------------------------------------------ report
@@ -226,7 +251,8 @@ def fmt(values: Sequence[float], digits: int = 4) -> str:
 
 
 def time_to(curve: list[dict[str, float]], target: float) -> float:
-    """Virtual seconds at the first sync whose validation loss is at or below ``target`` (inf: never)."""
+    """Virtual seconds at the first sync whose validation
+    loss is at or below ``target`` (inf: never)."""
     return next((p["wall"] for p in curve if p["val_loss"] <= target), math.inf)
 
 
@@ -262,21 +288,28 @@ def report(out: Path) -> Path:
     lines = [
         "# Workers of unequal speed: lockstep against budget pacing",
         "",
-        "Generated by `python benchmarks/campaigns/unequal_speeds.py --out results/unequal_speeds --report-only` from the",
-        "JSON files next to this report (docs/algorithm.md#pacing; what is measured: the module's docstring). Times are",
-        "virtual seconds (an inner step of a worker at speed `v` takes `1/v`; an interval lasts as long as its",
+        "Generated by `python benchmarks/campaigns/unequal_speeds.py --out "
+        "results/unequal_speeds --report-only` from the",
+        "JSON files next to this report (docs/algorithm.md#pacing; what is measured: the "
+        "module's docstring). Times are",
+        "virtual seconds (an inner step of a worker at speed `v` takes `1/v`; an "
+        "interval lasts as long as its",
         "slowest worker's steps; syncs cost nothing). Mean ± standard error over the seeds.",
         "",
     ]
     for (workers, profile), seeds in sorted(runs.items()):
-        complete = [s for s, variants in sorted(seeds.items()) if all(v.name in variants for v in VARIANTS)]
+        complete = [
+            s for s, variants in sorted(seeds.items()) if all(v.name in variants for v in VARIANTS)
+        ]
         if not complete:
             continue
         lines += [
-            f"## {workers} workers, profile ({profile}), seeds {complete[0]}-{complete[-1]} ({len(complete)})",
+            f"## {workers} workers, profile ({profile}), seeds "
+            f"{complete[0]}-{complete[-1]} ({len(complete)})",
             "",
-            "| variant | tokens/s (cluster) | x lockstep DiLoCo | val loss at half of lockstep DiLoCo's tokens | "
-            "at all of them | time to lockstep DiLoCo's final val loss | x shorter |",
+            "| variant | tokens/s (cluster) | x lockstep DiLoCo | val loss at half of lockstep "
+            "DiLoCo's tokens | at all of them | time to lockstep DiLoCo's "
+            "final val loss | x shorter |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         summary: dict[str, dict[str, list[float]]] = {}
@@ -293,33 +326,55 @@ def report(out: Path) -> Path:
                 times.append(reached)
                 if math.isfinite(reached):
                     speedup.append(time_to(ref["curve"], ref["final_val_loss"]) / reached)
-            summary[variant.name] = {"ratio": ratio, "final": final, "at_tokens": at_tokens, "times": times}
+            summary[variant.name] = {
+                "ratio": ratio,
+                "final": final,
+                "at_tokens": at_tokens,
+                "times": times,
+            }
             finite = [t for t in times if math.isfinite(t)]
-            reached_text = f"{fmt(finite, 0)} ({len(finite)}/{len(times)} reached)" if finite else "never"
+            reached_text = (
+                f"{fmt(finite, 0)} ({len(finite)}/{len(times)} reached)" if finite else "never"
+            )
             lines.append(
-                f"| {variant.name} | {fmt(rate, 1)} | {fmt(ratio, 2)} | {fmt(half)} | {fmt(at_tokens)} | "
-                f"{reached_text} | {fmt(speedup, 2) + seeds_note(speedup, complete) if speedup else 'never'} |"
+                f"| {variant.name} | {fmt(rate, 1)} | {fmt(ratio, 2)} | {fmt(half)} | "
+                f"{fmt(at_tokens)} | {reached_text} | "
+                f"{fmt(speedup, 2) + seeds_note(speedup, complete) if speedup else 'never'} |"
             )
         lines.append("")
-        for pacer, reference in (("diloco_budget", "diloco_lockstep"), ("autoloco_budget", "autoloco_lockstep")):
-            ratio = statistics.fmean(summary[pacer]["ratio"]) / statistics.fmean(summary[reference]["ratio"])
-            diff = [a - b for a, b in zip(summary[pacer]["at_tokens"], summary[reference]["at_tokens"])]
+        for pacer, reference in (
+            ("diloco_budget", "diloco_lockstep"),
+            ("autoloco_budget", "autoloco_lockstep"),
+        ):
+            ratio = statistics.fmean(summary[pacer]["ratio"]) / statistics.fmean(
+                summary[reference]["ratio"]
+            )
+            diff = [
+                a - b for a, b in zip(summary[pacer]["at_tokens"], summary[reference]["at_tokens"])
+            ]
             _, ref_se = mean_se(summary[reference]["final"])
             gap, _ = mean_se(diff)
-            # the same pacing's lockstep time over its own, where both reached lockstep DiLoCo's final loss
+            # the same pacing's lockstep time over its own,
+            # where both reached lockstep DiLoCo's final loss
             speed = [
-                b / a for a, b in zip(summary[pacer]["times"], summary[reference]["times"]) if math.isfinite(a + b)
+                b / a
+                for a, b in zip(summary[pacer]["times"], summary[reference]["times"])
+                if math.isfinite(a + b)
             ]
             text = (
-                f"- `{pacer}` against `{reference}`: throughput {ratio:.2f}x; validation loss at equal tokens "
-                f"{fmt(diff)} (paired difference; one standard error of `{reference}`'s final loss: {ref_se:.4f}); "
-                f"time to lockstep DiLoCo's final loss "
-                + (f"{fmt(speed, 2)}x shorter{seeds_note(speed, complete)}" if speed else "not reached by both")
+                f"- `{pacer}` against `{reference}`: throughput {ratio:.2f}x; validation loss at "
+                f"equal tokens {fmt(diff)} (paired difference; one standard error of "
+                f"`{reference}`'s final loss: {ref_se:.4f}); time to lockstep DiLoCo's final loss "
+                + (
+                    f"{fmt(speed, 2)}x shorter{seeds_note(speed, complete)}"
+                    if speed
+                    else "not reached by both"
+                )
             )
             if profile == str(Profile.HALF):
                 text += (
-                    f". Targets for (a): throughput >= 1.5x {mark(ratio >= 1.5)}, loss per token no worse than one "
-                    f"standard error {mark(gap <= ref_se)}, time >= 1.4x shorter "
+                    f". Targets for (a): throughput >= 1.5x {mark(ratio >= 1.5)}, loss per token "
+                    f"no worse than one standard error {mark(gap <= ref_se)}, time >= 1.4x shorter "
                     f"{mark(bool(speed) and statistics.fmean(speed) >= 1.4)}"
                 )
             lines.append(text + ".")
@@ -331,12 +386,14 @@ def report(out: Path) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results/unequal_speeds")
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--profiles", type=Profile, nargs="+", default=list(Profile))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--steps", type=int, default=300, help="steps of the run (each N inner steps)")
+    parser.add_argument(
+        "--steps", type=int, default=300, help="steps of the run (each N inner steps)"
+    )
     parser.add_argument("--h-base", type=int, default=10)
     parser.add_argument("--val-sequences", type=int, default=256)
     parser.add_argument("--report-only", action="store_true")

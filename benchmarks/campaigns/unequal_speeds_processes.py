@@ -1,4 +1,5 @@
-"""Workers of unequal speed on real gloo processes, timed by the wall clock (docs/algorithm.md#pacing).
+"""Workers of unequal speed on real gloo processes, timed by
+the wall clock (docs/algorithm.md#pacing).
 
 Not a test. ``--workers`` processes (one worker each, ``LocalWorkers`` on a
 ``ProcessGroupCommunicator`` over loopback gloo) train the tiny model of
@@ -8,7 +9,8 @@ step, standing for a step's compute), and the last rank sleeps twice as long: it
 runs at half speed. Budget pacing measures every worker's speed with the wall
 clock (no virtual clock), so this checks the mechanism end to end::
 
-    python benchmarks/campaigns/unequal_speeds_processes.py --out results/unequal_speeds/processes.json
+    python benchmarks/campaigns/unequal_speeds_processes.py \\
+        --out results/unequal_speeds/processes.json
 
 Writes one JSON object (one entry per pacing: wall seconds, tokens, tokens per
 second, final validation loss, the last interval's steps per worker) and prints a table.
@@ -31,8 +33,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its kinds import as packages
-from campaigns import unequal_speeds  # noqa: E402  (the source, the model and the batches are that benchmark's)
+# benchmarks/: its kinds import as packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the source, the model and the batches are that benchmark's
+from campaigns import unequal_speeds  # noqa: E402
 
 from autoloco_hf import AutoLoCoConfig  # noqa: E402
 from autoloco_hf.algorithm.schedule import warmup_cosine  # noqa: E402
@@ -47,12 +51,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker(rank: int, world: int, port: int, pacing: str, args: argparse.Namespace, out_dir: str) -> None:
+def worker(
+    rank: int, world: int, port: int, pacing: str, args: argparse.Namespace, out_dir: str
+) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300)
+        "gloo",
+        f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
     )
     delay = args.delay_ms / 1000 * (2 if rank == world - 1 else 1)
 
@@ -63,10 +73,14 @@ def worker(rank: int, world: int, port: int, pacing: str, args: argparse.Namespa
     schedule = warmup_cosine(1.0, args.steps // 50, args.steps)
     torch.manual_seed(args.seed)
     runner = LocalWorkers(
-        AutoLoCoConfig(method="diloco", h_base=args.h_base, pacing=pacing, warmup_steps=args.steps // 50),
+        AutoLoCoConfig(
+            method="diloco", h_base=args.h_base, pacing=pacing, warmup_steps=args.steps // 50
+        ),
         unequal_speeds.TinyLM(),
         ProcessGroupCommunicator(),
-        optimizer_factory=lambda ps: torch.optim.AdamW(ps, lr=unequal_speeds.PEAK_LR, weight_decay=0.0),
+        optimizer_factory=lambda ps: torch.optim.AdamW(
+            ps, lr=unequal_speeds.PEAK_LR, weight_decay=0.0
+        ),
         scheduler_factory=lambda o: torch.optim.lr_scheduler.LambdaLR(o, schedule.lr_at),
         total_steps=args.steps,
         loss_fn=loss_fn,
@@ -106,18 +120,23 @@ def worker(rank: int, world: int, port: int, pacing: str, args: argparse.Namespa
 def run(pacing: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
-            worker, (args.workers, free_port(), pacing, args, out_dir), nprocs=args.workers, start_method="spawn"
+            worker,
+            (args.workers, free_port(), pacing, args, out_dir),
+            nprocs=args.workers,
+            start_method="spawn",
         )
         return torch.load(os.path.join(out_dir, "result.pt"))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="results/unequal_speeds/processes.json")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--h-base", type=int, default=10)
-    parser.add_argument("--delay-ms", type=float, default=50.0, help="sleep per inner step (the last rank: twice)")
+    parser.add_argument(
+        "--delay-ms", type=float, default=50.0, help="sleep per inner step (the last rank: twice)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-sequences", type=int, default=256)
     return parser.parse_args(argv)
@@ -142,10 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| --- | --- | --- | --- | --- |")
     for pacing, r in results.items():
         print(
-            f"| {pacing} | {r['wall_seconds']:.2f} | {r['tokens_per_second']:.0f} | {r['final_val_loss']:.4f} | "
-            f"{r['last_worker_steps']} |"
+            f"| {pacing} | {r['wall_seconds']:.2f} | {r['tokens_per_second']:.0f} | "
+            f"{r['final_val_loss']:.4f} | {r['last_worker_steps']} |"
         )
-    print(f"budget / lockstep: {summary['throughput_ratio']:.2f}x tokens/s, {summary['wall_ratio']:.2f}x shorter")
+    print(
+        f"budget / lockstep: {summary['throughput_ratio']:.2f}x tokens/s, "
+        f"{summary['wall_ratio']:.2f}x shorter"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Bytes one worker sends per synchronization, per wire format, at N = 2, 4 and 8 workers (docs/algorithm.md#owner-reduce).
+"""Bytes one worker sends per synchronization, per wire format, at N = 2, 4 and 8 workers
+(docs/algorithm.md#owner-reduce).
 
 Not a timing: exact byte counts from the package's accounting
 (``autoloco_hf.wire.accounting.wire_bytes_sent``: the owner-reduce's ``all_to_all``
@@ -11,8 +12,10 @@ all-gather still sends fewer bytes than the FP32 ring.
 The model is a decoder-only transformer layout (tensor sizes below, ~58M
 parameters), so blocks are cut at tensor boundaries as in training.
 
-    python benchmarks/campaigns/wire_bytes.py                    # writes results/wire_bytes/wire_bytes.json
-    python benchmarks/campaigns/wire_bytes.py --table            # prints the markdown table of the committed JSON
+    # writes results/wire_bytes/wire_bytes.json
+    python benchmarks/campaigns/wire_bytes.py
+    # prints the markdown table of the committed JSON
+    python benchmarks/campaigns/wire_bytes.py --table
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ FORMATS = (
 )
 
 
-def model_layout(hidden: int = 512, ffn: int = 2048, vocab: int = 32_000, layers: int = 8) -> list[int]:
-    """Tensor sizes of a decoder-only transformer: embedding, per layer norm + q/k/v/o + norm + gate/up/down, head."""
+def model_layout(
+    hidden: int = 512, ffn: int = 2048, vocab: int = 32_000, layers: int = 8
+) -> list[int]:
+    """Tensor sizes of a decoder-only transformer: embedding,
+    per layer norm + q/k/v/o + norm + gate/up/down, head."""
     sizes = [vocab * hidden]
     for _ in range(layers):
         sizes += [hidden, *[hidden * hidden] * 4, hidden, *[hidden * ffn] * 3]
@@ -58,13 +64,25 @@ def measure(block_size: int = 4096) -> dict:
     for wire, topk in FORMATS:
         codec = WireCodec(wire, sizes, block_size, topk)
         whole = codec.wire_bytes(0, numel)
-        row = {"format": label(wire, topk), "wire_dtype": wire, "topk_fraction": topk, "whole_buffer_bytes": whole}
+        row = {
+            "format": label(wire, topk),
+            "wire_dtype": wire,
+            "topk_fraction": topk,
+            "whole_buffer_bytes": whole,
+        }
         for n in WORKERS:
-            row[f"owner_reduce_N{n}"] = max(wire_bytes_sent(codec, n, w) for w in range(n))  # the busiest worker
+            # the busiest worker
+            row[f"owner_reduce_N{n}"] = max(wire_bytes_sent(codec, n, w) for w in range(n))
             row[f"all_gather_N{n}"] = (n - 1) * whole
             row[f"fp32_ring_N{n}"] = 2 * (n - 1) * 4 * numel // n
         rows.append(row)
-    return {"numel": numel, "tensors": len(sizes), "block_size": block_size, "workers": list(WORKERS), "rows": rows}
+    return {
+        "numel": numel,
+        "tensors": len(sizes),
+        "block_size": block_size,
+        "workers": list(WORKERS),
+        "rows": rows,
+    }
 
 
 def all_gather_limit(whole_bytes: int, numel: int) -> int:
@@ -75,7 +93,9 @@ def all_gather_limit(whole_bytes: int, numel: int) -> int:
 def table(data: dict) -> str:
     numel = data["numel"]
     head = ["format", "bits/param", *[f"owner-reduce N={n} (x FP32 ring)" for n in data["workers"]]]
-    head += [f"all-gather N={n} (x FP32 ring)" for n in data["workers"]] + ["all-gather < FP32 ring up to N"]
+    head += [f"all-gather N={n} (x FP32 ring)" for n in data["workers"]] + [
+        "all-gather < FP32 ring up to N"
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in data["rows"]:
         cells = [row["format"], f"{8 * row['whole_buffer_bytes'] / numel:.3f}"]
@@ -90,8 +110,12 @@ def table(data: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--table", action="store_true", help="print the markdown table of the committed JSON")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--table", action="store_true", help="print the markdown table of the committed JSON"
+    )
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(RESULT.read_text())))

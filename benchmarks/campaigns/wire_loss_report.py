@@ -1,4 +1,5 @@
-"""The loss of the lossy wires against FP32 at the same settings, from the runs of ``benchmarks/campaigns/wire_loss.sh``.
+"""The loss of the lossy wires against FP32 at the same settings, from the runs of
+``benchmarks/campaigns/wire_loss.sh``.
 
 Not a test. Every run folder ``OUT/<regime>/seed<k>/<method>__<wire>/summary.json``
 (the frontier harness's layout); each lossy wire is paired with the FP32 run of the
@@ -36,14 +37,20 @@ WIRE_ORDER = ["int4_ef", "fp4_ef", "int2_ef", "int2_top2_ef", "int4", "int2", "i
 
 def mean_se(values: list[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan"))
+    return mean, (
+        statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    )
 
 
 def collect(out: Path) -> dict[tuple[str, str], dict[str, dict[int, dict]]]:
     """(regime, method) -> wire -> seed -> summary."""
     runs: dict[tuple[str, str], dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for path in sorted(out.glob("*/seed*/*__*/summary.json")):
-        regime, seed, name = path.parts[-4], int(path.parts[-3].removeprefix("seed")), path.parts[-2]
+        regime, seed, name = (
+            path.parts[-4],
+            int(path.parts[-3].removeprefix("seed")),
+            path.parts[-2],
+        )
         method, wire = name.split("__")
         runs[regime, method][wire][seed] = json.loads(path.read_text())
     return runs
@@ -63,12 +70,13 @@ def report(out: Path, shown: str | None = None) -> str:
         f"Runs under `{shown}` (`bash benchmarks/campaigns/wire_loss.sh`); regenerate with "
         f"`python benchmarks/campaigns/wire_loss_report.py --out {shown}`.",
         "",
-        "Held-out loss of each wire minus FP32 at the same method, regime and seed (mean ± standard error of the "
-        "paired differences over the seeds both finished). `FP32 s.e.`: the standard error of the FP32 runs' own "
-        "held-out loss over those seeds, the yardstick of the 4-bit target. `kB/worker/sync`: the engine's wire "
-        "bytes per worker per sync.",
+        "Held-out loss of each wire minus FP32 at the same method, regime and seed (mean ± "
+        "standard error of the paired differences over the seeds both finished). `FP32 s.e.`: the "
+        "standard error of the FP32 runs' own held-out loss over those seeds, the yardstick of "
+        "the 4-bit target. `kB/worker/sync`: the engine's wire bytes per worker per sync.",
         "",
-        "| regime | method | wire | seeds | val loss | minus FP32 | FP32 s.e. | kB/worker/sync | target | met |",
+        "| regime | method | wire | seeds | val loss | minus FP32 | FP32 s.e. | "
+        "kB/worker/sync | target | met |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for (regime, method), wires in sorted(collect(out).items()):
@@ -78,7 +86,10 @@ def report(out: Path, shown: str | None = None) -> str:
             mean, se = mean_se(vals)
             kb = statistics.fmean(bytes_per_sync(reference[s]) for s in reference) / 1e3
             seeds = ",".join(str(s) for s in sorted(reference))
-            lines.append(f"| {regime} | {method} | fp32 | {seeds} | {mean:.4f} ± {se:.4f} | - | - | {kb:.1f} | - | - |")
+            lines.append(
+                f"| {regime} | {method} | fp32 | {seeds} | {mean:.4f} ± {se:.4f} | - "
+                f"| - | {kb:.1f} | - | - |"
+            )
         for wire in [w for w in WIRE_ORDER if w in wires]:
             seeds = sorted(set(wires[wire]) & set(reference))
             if not seeds:
@@ -95,20 +106,25 @@ def report(out: Path, shown: str | None = None) -> str:
             elif check is not None and len(seeds) < 5:
                 met += f" ({len(seeds)} of 5 seeds)"
             lines.append(
-                f"| {regime} | {method} | {wire} | {','.join(map(str, seeds))} | {val:.4f} ± {val_se:.4f} "
-                f"| {diff:+.4f} ± {diff_se:.4f} | {ref_se:.4f} | {kb:.1f} | {target} | {met} |"
+                f"| {regime} | {method} | {wire} | {','.join(map(str, seeds))} | {val:.4f} ± "
+                f"{val_se:.4f} | {diff:+.4f} ± {diff_se:.4f} | {ref_se:.4f} | "
+                f"{kb:.1f} | {target} | {met} |"
             )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/wire_loss", help="the runs' folder (report.md goes there)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", default="results/wire_loss", help="the runs' folder (report.md goes there)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if not out.is_dir():
         parser.exit(
-            2, f"wire_loss_report: --out {out} is not a folder of runs: run bash benchmarks/campaigns/wire_loss.sh\n"
+            2,
+            f"wire_loss_report: --out {out} is not a folder of runs: run bash "
+            "benchmarks/campaigns/wire_loss.sh\n",
         )
     text = report(out)
     (out / "report.md").write_text(text)

@@ -1,7 +1,9 @@
 """GPU readiness: one command that exercises every CUDA path of autoloco-hf (docs/gpu.md).
 
-    python benchmarks/testbeds/gpu_check.py --out gpu_check.json            # on a GPU: every check, a few minutes
-    python benchmarks/testbeds/gpu_check.py --cpu-dry-run --out /tmp/r.json  # on CPU: every step at tiny sizes
+    # on a GPU: every check, a few minutes
+    python benchmarks/testbeds/gpu_check.py --out gpu_check.json
+    # on CPU: every step at tiny sizes
+    python benchmarks/testbeds/gpu_check.py --cpu-dry-run --out /tmp/r.json
 
 Checks, in order (each one passes, fails or is skipped with a reason):
 
@@ -63,7 +65,8 @@ from enum import Enum
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOSS_RTOL = 0.02  # bf16 autocast on CUDA vs CPU: mean training loss over the last quarter of the steps
+# bf16 autocast on CUDA vs CPU: mean training loss over the last quarter of the steps
+LOSS_RTOL = 0.02
 TIME_BUDGET_S = 480  # the whole GPU run must fit in 8 minutes
 
 
@@ -163,7 +166,8 @@ def median_seconds(fn: Callable[[], object], device: Any, repeats: int) -> float
 
 
 def bit_mismatches(a: Any, b: Any) -> int:
-    """Elements whose bit patterns differ (NaN == NaN when the bits agree); -1 on a dtype or shape mismatch."""
+    """Elements whose bit patterns differ (NaN == NaN when
+    the bits agree); -1 on a dtype or shape mismatch."""
     import torch
 
     a, b = a.detach().cpu(), b.detach().cpu()
@@ -180,12 +184,21 @@ def check_llama(vocab: int, seed: int) -> Any:
     from autoloco_hf.toy.llama import tiny_llama
 
     return tiny_llama(
-        vocab, 64, 2, 4, 128, max_position_embeddings=64, seed=seed, tie_word_embeddings=False, pad_token_id=0
+        vocab,
+        64,
+        2,
+        4,
+        128,
+        max_position_embeddings=64,
+        seed=seed,
+        tie_word_embeddings=False,
+        pad_token_id=0,
     )
 
 
 def padded_batches(count: int, batch: int, seq: int, vocab: int, seed: int) -> list[dict[str, Any]]:
-    """Right-padded sequences with a learnable pattern; lengths vary, so the token mapper sees real padding."""
+    """Right-padded sequences with a learnable pattern;
+    lengths vary, so the token mapper sees real padding."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -230,8 +243,16 @@ def check_environment(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         bf16_supported=torch.cuda.is_bf16_supported(),
     )
     if not details["bf16_supported"]:
-        return Status.FAIL, f"{props.name} has no bf16 support: the recipes' bf16 autocast cannot run", details
-    return Status.PASS, f"{props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}", details
+        return (
+            Status.FAIL,
+            f"{props.name} has no bf16 support: the recipes' bf16 autocast cannot run",
+            details,
+        )
+    return (
+        Status.PASS,
+        f"{props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}",
+        details,
+    )
 
 
 LOSSY_IDENTITY_WIRES = ("int8", "int4", "fp4", "int2")  # every blockwise wire
@@ -247,8 +268,10 @@ def identity_input(scale: int) -> tuple[Any, list[int]]:
     flat = torch.cat(pieces)
     start = sizes[0] + sizes[1] + sizes[2]  # edge cases at the start of a 4096-aligned segment
     flat[start : start + 4096] = 0.0  # an all-zero block: scale 1
-    flat[start + 4096 : start + 4196] = 1e-38 * torch.randn(100, generator=gen)  # subnormal-range values: scale clamp
-    flat[start + 8192] = 3.0e38  # near the FP32 maximum: upper scale clamp, and bf16 overflow to inf
+    # subnormal-range values: scale clamp
+    flat[start + 4096 : start + 4196] = 1e-38 * torch.randn(100, generator=gen)
+    # near the FP32 maximum: upper scale clamp, and bf16 overflow to inf
+    flat[start + 8192] = 3.0e38
     flat[start + 8193] = -3.0e38
     return flat, sizes
 
@@ -263,23 +286,31 @@ def check_codec_bit_identity(ctx: Context) -> tuple[Status, str, dict[str, Any]]
     non_finite = flat.clone()
     non_finite[-5:] = torch.tensor([math.nan, math.inf, -math.inf, 1.0, -1.0])
     gen = torch.Generator().manual_seed(1)
-    # finite contributions: an overflow to inf could make NaN, whose bit pattern differs between CPU and CUDA
+    # finite contributions: an overflow to inf could make
+    # NaN, whose bit pattern differs between CPU and CUDA
     contributions = [
-        (flat * (1.0 + 0.1 * k)).clamp(-3e38, 3e38) + torch.randn(flat.numel(), generator=gen) for k in range(4)
+        (flat * (1.0 + 0.1 * k)).clamp(-3e38, 3e38) + torch.randn(flat.numel(), generator=gen)
+        for k in range(4)
     ]
     details: dict[str, Any] = {"elements": flat.numel(), "segments": sizes}
     bad = []
     for wire, x in (("bf16", flat), *((w, non_finite) for w in LOSSY_IDENTITY_WIRES)):
         codec = WireCodec(wire, sizes)
         cpu_wire, dev_wire = codec.encode(x, 0), codec.encode(x.to(ctx.device), 0)
-        counts = {f"wire{k}": bit_mismatches(c, d) for k, (c, d) in enumerate(zip(cpu_wire, dev_wire))}
-        counts["decoded"] = bit_mismatches(codec.decode(cpu_wire, 0, x.numel()), codec.decode(dev_wire, 0, x.numel()))
+        counts = {
+            f"wire{k}": bit_mismatches(c, d) for k, (c, d) in enumerate(zip(cpu_wire, dev_wire))
+        }
+        counts["decoded"] = bit_mismatches(
+            codec.decode(cpu_wire, 0, x.numel()), codec.decode(dev_wire, 0, x.numel())
+        )
         for n in (3, 4):  # N = 3: the mean divides by a non-power of two
             cpu_mean = owner_reduce_mean(codec, contributions[:n])
             dev_mean = owner_reduce_mean(codec, [c.to(ctx.device) for c in contributions[:n]])
             counts[f"owner_mean_n{n}"] = bit_mismatches(cpu_mean, dev_mean)
             dev_gathered = gathered_mean(codec, [c.to(ctx.device) for c in contributions[:n]])
-            counts[f"gathered_mean_n{n}"] = bit_mismatches(gathered_mean(codec, contributions[:n]), dev_gathered)
+            counts[f"gathered_mean_n{n}"] = bit_mismatches(
+                gathered_mean(codec, contributions[:n]), dev_gathered
+            )
         details[wire] = counts
         bad += [f"{wire}.{k}={v}" for k, v in counts.items() if v != 0]
     if bad:
@@ -306,14 +337,17 @@ def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         "elements": numel,
         "repeats": repeats,
         "copy_gb_per_s": round(copy_gbs, 2),
-        "convention": "FP32 bytes processed per second (a copy reads and writes: x2 for bus traffic)",
+        "convention": "FP32 bytes processed per second (a copy reads and "
+        "writes: x2 for bus traffic)",
     }
     parts = [f"copy {copy_gbs:.1f} GB/s"]
     for wire in ("bf16", "int8"):
         codec = WireCodec(wire, [numel])
         encoded = codec.encode(x, 0)
         encode_s = median_seconds(lambda c=codec: c.encode(x, 0), ctx.device, repeats)
-        decode_s = median_seconds(lambda c=codec, e=encoded: c.decode(e, 0, numel), ctx.device, repeats)
+        decode_s = median_seconds(
+            lambda c=codec, e=encoded: c.decode(e, 0, numel), ctx.device, repeats
+        )
         both_s = median_seconds(lambda c=codec: c.roundtrip(x, 0), ctx.device, repeats)
         details[wire] = {
             "encode_gb_per_s": round(gigabytes / encode_s, 2),
@@ -329,14 +363,17 @@ def check_codec_throughput(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
 def run_simulated(
     method: str, wire: str, device: Any, sizes: Sizes, model: Any, batches: list, workers: int
 ) -> dict[str, Any]:
-    """Train ``workers`` simulated replicas with bf16 autocast on ``device``; return the trajectory and losses."""
+    """Train ``workers`` simulated replicas with bf16 autocast
+    on ``device``; return the trajectory and losses."""
     import torch
     from transformers import get_cosine_schedule_with_warmup
 
     from autoloco_hf import AutoLoCoConfig, LocalWorkers, SimulatedCommunicator
 
     warmup = max(1, sizes.sim_steps // 20)
-    config = AutoLoCoConfig(method=method, h_base=sizes.sim_h_base, warmup_steps=warmup, wire_dtype=wire)
+    config = AutoLoCoConfig(
+        method=method, h_base=sizes.sim_h_base, warmup_steps=warmup, wire_dtype=wire
+    )
 
     def loss_fn(replica: Any, batch: dict[str, Any]) -> Any:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
@@ -345,7 +382,9 @@ def run_simulated(
     local = LocalWorkers(
         config,
         copy.deepcopy(model).to(device),
-        SimulatedCommunicator(workers, wire_dtype=config.wire_dtype, block_size=config.int8_block_size),
+        SimulatedCommunicator(
+            workers, wire_dtype=config.wire_dtype, block_size=config.int8_block_size
+        ),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01),
         total_steps=sizes.sim_steps,
         scheduler_factory=lambda opt: get_cosine_schedule_with_warmup(opt, warmup, sizes.sim_steps),
@@ -365,7 +404,9 @@ def run_simulated(
         "tail_loss": sum(tail) / len(tail),
         "interval_losses": [r.mean_loss for r in records],
         "syncs": local.engine.totals.syncs,
-        "params": torch.cat([p.detach().float().reshape(-1).cpu() for p in local.models[0].parameters()]),
+        "params": torch.cat(
+            [p.detach().float().reshape(-1).cpu() for p in local.models[0].parameters()]
+        ),
     }
 
 
@@ -403,10 +444,16 @@ def check_simulated_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             "syncs": dev["syncs"],
         }
         if not same:
-            first = next(i for i, (a, b) in enumerate(zip(dev["h_step"] + [None], ref["h_step"] + [None])) if a != b)
+            first = next(
+                i
+                for i, (a, b) in enumerate(zip(dev["h_step"] + [None], ref["h_step"] + [None]))
+                if a != b
+            )
             problems.append(f"{name}: trajectory differs from interval {first}")
         if not math.isfinite(rel) or rel > LOSS_RTOL:
-            problems.append(f"{name}: tail loss {dev['tail_loss']:.4f} vs CPU {ref['tail_loss']:.4f}")
+            problems.append(
+                f"{name}: tail loss {dev['tail_loss']:.4f} vs CPU {ref['tail_loss']:.4f}"
+            )
         parts.append(f"{name} {dev['syncs']} syncs, loss diff {rel:.2%}")
     if problems:
         return Status.FAIL, "; ".join(problems), details
@@ -420,7 +467,10 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 
     vocab, steps = 128, ctx.sizes.trainer_steps
-    data = [{k: v[0] for k, v in b.items()} for b in padded_batches(steps * 8, batch=1, seq=32, vocab=vocab, seed=2)]
+    data = [
+        {k: v[0] for k, v in b.items()}
+        for b in padded_batches(steps * 8, batch=1, seq=32, vocab=vocab, seed=2)
+    ]
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=2, q_h=1, h_max=3)
     callback = AutoLoCoCallback(config)
     out = os.path.join(ctx.workdir, "trainer")
@@ -440,8 +490,11 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = Trainer(model=check_llama(vocab, seed=0), args=args, train_dataset=data, callbacks=[callback])
-    for noisy in (PrinterCallback, ProgressCallback):  # the losses are in the report; keep the output a table
+    trainer = Trainer(
+        model=check_llama(vocab, seed=0), args=args, train_dataset=data, callbacks=[callback]
+    )
+    # the losses are in the report; keep the output a table
+    for noisy in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(noisy)
     trainer.train()
     engine = callback.engine
@@ -471,13 +524,15 @@ def check_trainer_callback(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         return Status.FAIL, "; ".join(problems), details
     return (
         Status.PASS,
-        f"{engine.totals.syncs} syncs in {steps} steps on {model_device}, last loss {losses[-1]:.3f}",
+        f"{engine.totals.syncs} syncs in {steps} steps on {model_device}, "
+        f"last loss {losses[-1]:.3f}",
         details,
     )
 
 
 def sft_inputs(root: str) -> tuple[str, str, str]:
-    """A tiny Llama saved like a hub checkpoint with a tokenizer trained here, and train/test chat JSONL."""
+    """A tiny Llama saved like a hub checkpoint with a
+    tokenizer trained here, and train/test chat JSONL."""
     from autoloco_hf.toy.llama import tiny_llama
     from autoloco_hf.toy.text import corpus_documents, corpus_text, train_tokenizer
 
@@ -506,9 +561,12 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
 
     root = os.path.join(ctx.workdir, "sft")
     model_dir, train, test = sft_inputs(root)
-    spec = importlib.util.spec_from_file_location("sft_ultrachat", os.path.join(REPO, "recipes", "sft_ultrachat.py"))
+    spec = importlib.util.spec_from_file_location(
+        "sft_ultrachat", os.path.join(REPO, "recipes", "sft_ultrachat.py")
+    )
     recipe = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = recipe  # dataclasses look their module up while the recipe is being imported
+    # dataclasses look their module up while the recipe is being imported
+    sys.modules[spec.name] = recipe
     spec.loader.exec_module(recipe)
     config = "sft_autoloco_int8.yaml"  # INT8 wire, normalization and the outer state in host memory
     argv = [
@@ -547,7 +605,8 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     status = recipe.main(argv)
     run_dir = os.path.join(root, "runs", config.removesuffix(".yaml"))
-    with open(os.path.join(run_dir, "autoloco_summary.json")) as f:  # the callback's, extended by the recipe
+    # the callback's, extended by the recipe
+    with open(os.path.join(run_dir, "autoloco_summary.json")) as f:
         summary = json.load(f)
     details = {
         "exit_status": status,
@@ -555,7 +614,9 @@ def check_sft_recipe(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         "test_nll": summary["test_nll"],
         "wire_dtype": summary["config"]["wire_dtype"],
         "outer_on_cpu": summary["config"]["outer_on_cpu"],
-        "peak_device_mib": round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1) if ctx.cuda else None,
+        "peak_device_mib": round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
+        if ctx.cuda
+        else None,
     }
     problems = []
     if status != 0:
@@ -590,10 +651,14 @@ def check_outer_state(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             for on_cpu in (False, True):
                 name = f"{wire}_{'outer_on_cpu' if on_cpu else 'outer_on_device'}"
                 try:
-                    details[name] = measure_outer_state(ctx, wire, on_cpu, layers, width if ctx.cuda else 128)
+                    details[name] = measure_outer_state(
+                        ctx, wire, on_cpu, layers, width if ctx.cuda else 128
+                    )
                 except Exception as err:  # keep measuring the other combinations
                     details[name] = {"error": f"{type(err).__name__}: {err}"}
-                    problems.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+                    problems.append(
+                        f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+                    )
     finally:
         dist.destroy_process_group()
     for wire in ("fp32", "int8"):
@@ -604,28 +669,37 @@ def check_outer_state(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             saved = on_device["peak_extra_mib"] - on_cpu["peak_extra_mib"]
             details[f"{wire}_saved_mib"] = round(saved, 1)
             if saved <= 0:
-                problems.append(f"{wire}: outer_on_cpu did not lower peak device memory ({saved:.1f} MiB)")
+                problems.append(
+                    f"{wire}: outer_on_cpu did not lower peak device memory ({saved:.1f} MiB)"
+                )
             parts.append(
-                f"{wire}: offload saves {saved:.0f} MiB, sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms"
+                f"{wire}: offload saves {saved:.0f} MiB, sync {on_device['sync_ms']:.1f} vs "
+                f"{on_cpu['sync_ms']:.1f} ms"
             )
         else:
             parts.append(
-                f"{wire}: sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms (peak memory: CUDA only)"
+                f"{wire}: sync {on_device['sync_ms']:.1f} vs {on_cpu['sync_ms']:.1f} ms "
+                "(peak memory: CUDA only)"
             )
     if problems:
         return Status.FAIL, "; ".join(problems), details
     return Status.PASS, "; ".join(parts), details
 
 
-def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, width: int) -> dict[str, Any]:
-    """Peak device memory the engine adds to a model, and its sync time, for one outer-state placement."""
+def measure_outer_state(
+    ctx: Context, wire: str, on_cpu: bool, layers: int, width: int
+) -> dict[str, Any]:
+    """Peak device memory the engine adds to a model, and its
+    sync time, for one outer-state placement."""
     import torch
 
     from autoloco_hf import AutoLoCoConfig, ProcessGroupCommunicator, make_engine
     from autoloco_hf.algorithm.schedule import FunctionSchedule
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(ctx.device)
+    model = torch.nn.Sequential(
+        *[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]
+    ).to(ctx.device)
     config = AutoLoCoConfig(method="diloco", h_base=1, wire_dtype=wire, outer_on_cpu=on_cpu)
     synchronize(ctx.device)
     if ctx.cuda:
@@ -634,27 +708,35 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
     before = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else 0
     comm = ProcessGroupCommunicator(wire_dtype=config.wire_dtype, block_size=config.int8_block_size)
     steps = 3
-    engine = make_engine(config, [model], FunctionSchedule(lambda s: 1e-3, steps), comm, total_steps=steps)
+    engine = make_engine(
+        config, [model], FunctionSchedule(lambda s: 1e-3, steps), comm, total_steps=steps
+    )
     wall = []
-    for _ in range(steps):  # one sync per step (h_base = 1); the first one warms the kernels and buffers up
+    # one sync per step (h_base = 1); the first one warms the kernels and buffers up
+    for _ in range(steps):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p), alpha=1e-3)
         synchronize(ctx.device)
         start = time.perf_counter()
         engine.after_optimizer_step(tokens=[1], losses=[1.0])
-        synchronize(ctx.device)  # the outer step and the write-back may still be queued when the engine returns
+        # the outer step and the write-back may still be queued when the engine returns
+        synchronize(ctx.device)
         wall.append(time.perf_counter() - start)
     outer = getattr(engine, "outer", None)
     result = {
         "params": sum(p.numel() for p in model.parameters()),
         "outer_device": str(getattr(outer, "device", "unknown")),
         "sync_ms": round(1e3 * statistics.median(wall[1:]), 2),
-        "engine_sync_ms": round(1e3 * statistics.median(r.sync_seconds for r in engine.records[1:]), 2),
+        "engine_sync_ms": round(
+            1e3 * statistics.median(r.sync_seconds for r in engine.records[1:]), 2
+        ),
         "syncs": engine.totals.syncs,
     }
     if ctx.cuda:
-        result["peak_extra_mib"] = round((torch.cuda.max_memory_allocated(ctx.device) - before) / 2**20, 1)
+        result["peak_extra_mib"] = round(
+            (torch.cuda.max_memory_allocated(ctx.device) - before) / 2**20, 1
+        )
         expected = "cpu" if on_cpu else ctx.device.type
         if not result["outer_device"].startswith(expected):
             raise RuntimeError(f"outer state on {result['outer_device']}, expected {expected}")
@@ -663,8 +745,10 @@ def measure_outer_state(ctx: Context, wire: str, on_cpu: bool, layers: int, widt
 
 
 FSDP_STEPS, FSDP_WARMUP = 24, 3  # as tests/integrations/test_fsdp2_workers.py
-FSDP_RTOL = 1e-3  # TF32-free FP32 on CUDA; reduction orders differ between FSDP's reduce-scatter and one batch
-TRAINER_FSDP_PARAM_ATOL = 2e-3  # FSDP2 vs DDP under the Trainer: same math, other reduction orders, 16 AdamW steps
+# TF32-free FP32 on CUDA; reduction orders differ between FSDP's reduce-scatter and one batch
+FSDP_RTOL = 1e-3
+# FSDP2 vs DDP under the Trainer: same math, other reduction orders, 16 AdamW steps
+TRAINER_FSDP_PARAM_ATOL = 2e-3
 Layout = tuple[int, int]  # (workers, ranks per worker)
 
 
@@ -677,11 +761,12 @@ def worst_line(layout: str, worst: dict[str, float]) -> str:
 
 
 def fsdp_layouts(devices: int) -> list[Layout]:
-    """The worker layouts ``devices`` GPUs run with one rank each (NCCL refuses two ranks on one GPU).
+    """The worker layouts ``devices`` GPUs run with one rank
+    each (NCCL refuses two ranks on one GPU).
 
-    4 or more: 2 workers x 2 ranks (sharded workers synced shard by shard); 2 or 3: 1 worker x 2 ranks
-    (the sharding, its partial sums inside the worker) and 2 workers x 1 rank (the outer collective over
-    local shards); 1: none.
+    4 or more: 2 workers x 2 ranks (sharded workers synced shard by shard); 2 or 3: 1 worker x 2
+    ranks (the sharding, its partial sums inside the worker) and 2 workers x 1 rank (the outer
+    collective over local shards); 1: none.
     """
     if devices >= 4:
         return [(2, 2)]
@@ -695,7 +780,8 @@ def _layout_name(layout: Layout) -> str:
 
 
 def _join_ranks(fn: Callable[..., None], world: int, args: tuple) -> None:
-    """Run ``fn(rank, *args)`` in ``world`` spawned processes and wait (a rank's exception fails the check)."""
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes
+    and wait (a rank's exception fails the check)."""
     import torch.multiprocessing as mp
 
     mp.start_processes(fn, args=args, nprocs=world, start_method="spawn")
@@ -722,7 +808,8 @@ def _rank_device(rank: int, device_type: str) -> Any:
 
 
 def _leave(rank_file: str, result: dict[str, Any]) -> None:
-    """Write a rank's result and exit without interpreter finalization (a joinable C++ thread can abort it)."""
+    """Write a rank's result and exit without interpreter
+    finalization (a joinable C++ thread can abort it)."""
     import torch
 
     torch.save(result, rank_file)
@@ -732,7 +819,8 @@ def _leave(rank_file: str, result: dict[str, Any]) -> None:
 
 
 class _ToyLM:
-    """Embedding -> MLP -> logits, every dim 0 even (exact FSDP halves); built lazily so torch loads late."""
+    """Embedding -> MLP -> logits, every dim 0 even (exact
+    FSDP halves); built lazily so torch loads late."""
 
     @staticmethod
     def build(device: Any) -> Any:
@@ -747,14 +835,17 @@ class _ToyLM:
 
             def forward(self, input_ids, labels):
                 logits = self.head(self.mlp(self.embed(input_ids)))
-                return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 32), labels[:, 1:].reshape(-1))
+                return torch.nn.functional.cross_entropy(
+                    logits[:, :-1].reshape(-1, 32), labels[:, 1:].reshape(-1)
+                )
 
         torch.manual_seed(0)
         return ToyLM().to(device)
 
 
 def _fsdp_batch(shard: int, step: int, device: Any) -> dict[str, Any]:
-    """Rank ``shard``'s batch (shard = R * worker + rank_in_worker) at ``step``: same on every device."""
+    """Rank ``shard``'s batch (shard = R * worker +
+    rank_in_worker) at ``step``: same on every device."""
     import torch
 
     g = torch.Generator().manual_seed(1000 * shard + step)
@@ -764,7 +855,8 @@ def _fsdp_batch(shard: int, step: int, device: Any) -> dict[str, Any]:
 
 
 def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type: str) -> None:
-    """One rank of ``workers`` x FSDP2 over ``R`` devices: trains, syncs its shard, writes its records and full model."""
+    """One rank of ``workers`` x FSDP2 over ``R`` devices: trains,
+    syncs its shard, writes its records and full model."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -777,7 +869,10 @@ def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type
     workers, r = layout
     device = _rank_device(rank, device_type)
     dist.init_process_group(
-        "nccl" if device_type == "cuda" else "gloo", init_method=store, rank=rank, world_size=workers * r
+        "nccl" if device_type == "cuda" else "gloo",
+        init_method=store,
+        rank=rank,
+        world_size=workers * r,
     )
     try:
         topo = build_topology(r)
@@ -787,7 +882,9 @@ def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type
             fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-        config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, ranks_per_worker=r)
+        config = AutoLoCoConfig(
+            method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, ranks_per_worker=r
+        )
         runtime = WorkerRuntime(
             config,
             model,
@@ -801,7 +898,8 @@ def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type
         for step in range(FSDP_STEPS):
             loss = model(**_fsdp_batch(rank, step, device))
             loss.backward()
-            runtime.meter.add_external(loss=float(loss.detach()))  # the forward hooks count the input_ids
+            # the forward hooks count the input_ids
+            runtime.meter.add_external(loss=float(loss.detach()))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             runtime.after_optimizer_step(3e-2)
@@ -817,7 +915,8 @@ def _fsdp2_rank(rank: int, layout: Layout, store: str, out_dir: str, device_type
 
 
 def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[str, Any]]:
-    """Run ``layout`` as FSDP2 workers and compare every rank with single-device workers on the same data."""
+    """Run ``layout`` as FSDP2 workers and compare every rank
+    with single-device workers on the same data."""
     import torch
 
     from autoloco_hf import AutoLoCoConfig
@@ -829,7 +928,10 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     world, name = workers * r, _layout_name(layout)
     store = f"file://{os.path.join(ctx.workdir, f'fsdp_store_{name}')}"
     _join_ranks(_fsdp2_rank, world, (layout, store, ctx.workdir, ctx.device.type))
-    ranks = [torch.load(os.path.join(ctx.workdir, f"fsdp_{name}_rank{k}.pt"), weights_only=False) for k in range(world)]
+    ranks = [
+        torch.load(os.path.join(ctx.workdir, f"fsdp_{name}_rank{k}.pt"), weights_only=False)
+        for k in range(world)
+    ]
 
     # reference: single-device workers, each on its FSDP counterpart's R batches concatenated
     models = [_ToyLM.build(ctx.device) for _ in range(workers)]
@@ -858,7 +960,9 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
     problems, worst = [], {"drift_energy": 0.0, "coherence": 0.0, "params": 0.0}
     for rank, result in enumerate(ranks):
         got = result["records"]
-        if [(g["start_step"], g["h_step"]) for g in got] != [(e["start_step"], e["h_step"]) for e in expected]:
+        if [(g["start_step"], g["h_step"]) for g in got] != [
+            (e["start_step"], e["h_step"]) for e in expected
+        ]:
             problems.append(f"{name} rank {rank}: horizon trajectory differs")
             continue
         for mine, ref in zip(got, expected):
@@ -866,33 +970,45 @@ def compare_fsdp_layout(ctx: Context, layout: Layout) -> tuple[list[str], dict[s
                 worst[key] = max(worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12))
             if mine["wire_bytes"] * r != ref["wire_bytes"]:
                 problems.append(
-                    f"{name} rank {rank}: {mine['wire_bytes']} wire bytes, expected {ref['wire_bytes']}/{r}"
+                    f"{name} rank {rank}: {mine['wire_bytes']} wire bytes, "
+                    f"expected {ref['wire_bytes']}/{r}"
                 )
         if result["outer_numel"] != numel // r:
             problems.append(
-                f"{name} rank {rank}: outer state of {result['outer_numel']} elements, expected {numel // r}"
+                f"{name} rank {rank}: outer state of {result['outer_numel']} "
+                f"elements, expected {numel // r}"
             )
         for p, q in zip(result["full"], models[rank // r].parameters()):
             worst["params"] = max(worst["params"], float((p - q.detach().cpu()).abs().max()))
     if max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL:
-        problems.append(f"{name}: D_t/C_t differ by up to {max(worst['drift_energy'], worst['coherence']):.2e}")
-    return problems, {"intervals": len(expected), "h_step": [e["h_step"] for e in expected], "worst": worst}
+        problems.append(
+            f"{name}: D_t/C_t differ by up to {max(worst['drift_energy'], worst['coherence']):.2e}"
+        )
+    return problems, {
+        "intervals": len(expected),
+        "h_step": [e["h_step"] for e in expected],
+        "worst": worst,
+    }
 
 
 def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
-    """FSDP2 workers (NCCL) == single-device workers on the same data, in every layout the GPUs allow.
+    """FSDP2 workers (NCCL) == single-device workers on the
+    same data, in every layout the GPUs allow.
 
-    The dry run runs 1 worker x 2 ranks over gloo on CPU; tests/integrations/test_fsdp2_workers.py runs 2 x 2.
+    The dry run runs 1 worker x 2 ranks over gloo on CPU;
+    tests/integrations/test_fsdp2_workers.py runs 2 x 2.
     """
     import torch
 
     devices = torch.cuda.device_count() if ctx.cuda else 2
-    layouts = fsdp_layouts(devices) if ctx.cuda else [(1, 2)]  # the dry run: the sharding, over gloo
+    # the dry run: the sharding, over gloo
+    layouts = fsdp_layouts(devices) if ctx.cuda else [(1, 2)]
     if not layouts:
         raise Skip(
-            f"FSDP2 workers over NCCL need at least 2 GPUs (one rank per GPU: NCCL refuses two ranks on one GPU); "
-            f"this machine has {devices}. trainer_fsdp2 runs FSDP2 on one GPU; on CPU the 2 workers x 2 ranks "
-            "equality runs over gloo in tests/integrations/test_fsdp2_workers.py"
+            "FSDP2 workers over NCCL need at least 2 GPUs (one rank per GPU: NCCL refuses two "
+            f"ranks on one GPU); this machine has {devices}. trainer_fsdp2 runs FSDP2 on one GPU; "
+            "on CPU the 2 workers x 2 ranks equality runs over gloo in "
+            "tests/integrations/test_fsdp2_workers.py"
         )
     problems, details, parts = [], {"devices": devices}, []
     for layout in layouts:
@@ -900,24 +1016,33 @@ def check_fsdp2_workers(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         problems += found
         details[_layout_name(layout)] = info
         worst = info["worst"]
-        parts.append(worst_line(f"{layout[0]} worker(s) x {layout[1]}: {info['intervals']} intervals", worst))
+        parts.append(
+            worst_line(f"{layout[0]} worker(s) x {layout[1]}: {info['intervals']} intervals", worst)
+        )
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
-    return Status.PASS, "same horizons, bytes and outer state per rank 1/R; " + "; ".join(parts), details
+    return (
+        Status.PASS,
+        "same horizons, bytes and outer state per rank 1/R; " + "; ".join(parts),
+        details,
+    )
 
 
 class FsdpMode(str, Enum):
-    FSDP2 = "fsdp2"  # accelerate's FSDP2 plugin (the model sharded per worker first when there are several)
+    # accelerate's FSDP2 plugin (the model sharded per worker first when there are several)
+    FSDP2 = "fsdp2"
     DDP = "ddp"  # the reference: the same workers as DDP groups, same data order
 
 
 def trainer_layouts(devices: int) -> list[Layout]:
-    """Layouts for the Trainer's FSDP2 run: those of :func:`fsdp_layouts`, or one worker of one GPU."""
+    """Layouts for the Trainer's FSDP2 run: those of
+    :func:`fsdp_layouts`, or one worker of one GPU."""
     return fsdp_layouts(devices) or [(1, 1)]
 
 
 def trainer_fsdp2_data(steps: int, world: int) -> list[dict[str, Any]]:
-    """Unpadded rows (every rank's loss averages the same number of tokens, as FSDP's and DDP's means assume)."""
+    """Unpadded rows (every rank's loss averages the same
+    number of tokens, as FSDP's and DDP's means assume)."""
     import torch
 
     g = torch.Generator().manual_seed(3)
@@ -929,8 +1054,11 @@ def trainer_fsdp2_data(steps: int, world: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_type: str) -> dict[str, Any]:
-    """One Trainer + AutoLoCoCallback run of this rank; ``{"refused": message}`` when the callback refuses it."""
+def _trainer_run(
+    mode: FsdpMode, layout: Layout, steps: int, out: str, device_type: str
+) -> dict[str, Any]:
+    """One Trainer + AutoLoCoCallback run of this rank;
+    ``{"refused": message}`` when the callback refuses it."""
     import torch
     from torch.distributed.tensor import DTensor
     from transformers import Trainer, TrainingArguments
@@ -959,14 +1087,20 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
     )
     _ = args.device  # the process group and this rank's device, before the worker mesh is built
     model = check_llama(128, seed=0)
-    if mode is FsdpMode.FSDP2 and workers > 1:  # several workers: each sharded over its own ranks first
+    # several workers: each sharded over its own ranks first
+    if mode is FsdpMode.FSDP2 and workers > 1:
         model = shard_worker(model, r, device_type)
     callback = AutoLoCoCallback(
-        AutoLoCoConfig(method="autoloco", controller="paper", h_base=2, q_h=1, h_max=4, ranks_per_worker=r)
+        AutoLoCoConfig(
+            method="autoloco", controller="paper", h_base=2, q_h=1, h_max=4, ranks_per_worker=r
+        )
     )
     try:
         trainer = Trainer(
-            model=model, args=args, train_dataset=trainer_fsdp2_data(steps, workers * r), callbacks=[callback]
+            model=model,
+            args=args,
+            train_dataset=trainer_fsdp2_data(steps, workers * r),
+            callbacks=[callback],
         )
     except AutoLoCoConfigurationError as err:
         return {"refused": str(err)}
@@ -978,12 +1112,17 @@ def _trainer_run(mode: FsdpMode, layout: Layout, steps: int, out: str, device_ty
         "fsdp_enabled": bool(trainer.is_fsdp_enabled),
         "sharded": all(isinstance(p, DTensor) for p in params),
         "records": [rec.__dict__.copy() for rec in callback.engine.records],
-        "full": [(p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu() for p in params],
+        "full": [
+            (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu()
+            for p in params
+        ],
         "outer_numel": callback.engine.outer.numel,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "device": str(params[0].device),
         "dtype": str(params[0].dtype),
-        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device_type == "cuda" else None,
+        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        if device_type == "cuda"
+        else None,
     }
 
 
@@ -992,8 +1131,9 @@ def _trainer_fsdp2_rank(
 ) -> None:
     """One rank of a Trainer launch (torchrun's environment) in ``mode``.
 
-    Each mode gets processes of its own: accelerate leaves ``ACCELERATE_USE_FSDP=true`` in the environment once
-    an FSDP plugin is used, and a later ``Accelerator`` in the same process builds a default plugin (FSDP1) from it.
+    Each mode gets processes of its own: accelerate leaves ``ACCELERATE_USE_FSDP=true`` in the
+    environment once an FSDP plugin is used, and a later ``Accelerator`` in the same process builds
+    a default plugin (FSDP1) from it.
     """
     workers, r = layout
     world = workers * r
@@ -1012,16 +1152,20 @@ def _trainer_fsdp2_rank(
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    _leave(os.path.join(out_dir, f"trainer_{_layout_name(layout)}_{mode.value}_rank{rank}.pt"), result)
+    _leave(
+        os.path.join(out_dir, f"trainer_{_layout_name(layout)}_{mode.value}_rank{rank}.pt"), result
+    )
 
 
 def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
-    """``Trainer`` + ``AutoLoCoCallback`` + accelerate's FSDP2 plugin == the same workers as DDP under the Trainer.
+    """``Trainer`` + ``AutoLoCoCallback`` + accelerate's FSDP2
+    plugin == the same workers as DDP under the Trainer.
 
-    On GPUs: every layout the devices allow (one GPU: one worker of one rank, sharded by the plugin itself;
-    several workers: sharded per worker by ``shard_worker`` first). Same horizons, ``D_t`` / ``C_t`` within
-    ``FSDP_RTOL``, parameters within ``TRAINER_FSDP_PARAM_ATOL``. On CPU accelerate has no FSDP: the dry run
-    checks that the callback refuses the sharded model in one line and that the DDP reference trains.
+    On GPUs: every layout the devices allow (one GPU: one worker of one rank, sharded by
+    the plugin itself; several workers: sharded per worker by ``shard_worker`` first).
+    Same horizons, ``D_t`` / ``C_t`` within ``FSDP_RTOL``, parameters within
+    ``TRAINER_FSDP_PARAM_ATOL``. On CPU accelerate has no FSDP: the dry run checks that
+    the callback refuses the sharded model in one line and that the DDP reference trains.
     """
     import torch
 
@@ -1038,7 +1182,8 @@ def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         ranks = [
             {
                 mode.value: torch.load(
-                    os.path.join(ctx.workdir, f"trainer_{name}_{mode.value}_rank{k}.pt"), weights_only=False
+                    os.path.join(ctx.workdir, f"trainer_{name}_{mode.value}_rank{k}.pt"),
+                    weights_only=False,
                 )
                 for mode in FsdpMode
             }
@@ -1047,32 +1192,52 @@ def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
         if not ctx.cuda:
             refusals = [res["fsdp2"].get("refused", "") for res in ranks]
             ddp_syncs = [len(res["ddp"]["records"]) for res in ranks]
-            if not all("accelerate did not enable FSDP" in m for m in refusals) or min(ddp_syncs) < 2:
-                return Status.FAIL, f"CPU: refusals {refusals!r}, DDP reference syncs {ddp_syncs}", details
+            if (
+                not all("accelerate did not enable FSDP" in m for m in refusals)
+                or min(ddp_syncs) < 2
+            ):
+                return (
+                    Status.FAIL,
+                    f"CPU: refusals {refusals!r}, DDP reference syncs {ddp_syncs}",
+                    details,
+                )
             raise Skip(
-                "accelerate has no FSDP on CPU (AcceleratorState sets the FSDP type for GPU-like devices only): the "
-                f"callback refused the sharded model in one line and the DDP reference trained ({ddp_syncs[0]} syncs)"
+                "accelerate has no FSDP on CPU (AcceleratorState sets the FSDP type for GPU-like "
+                "devices only): the callback refused the sharded model in one line and the DDP "
+                f"reference trained ({ddp_syncs[0]} syncs)"
             )
         worst = {"drift_energy": 0.0, "coherence": 0.0, "params": 0.0}
         for rank, res in enumerate(ranks):
             fsdp, ddp = res["fsdp2"], res["ddp"]
             if "refused" in fsdp or "refused" in ddp:
-                problems.append(f"{name} rank {rank}: refused: {fsdp.get('refused') or ddp.get('refused')}")
+                problems.append(
+                    f"{name} rank {rank}: refused: {fsdp.get('refused') or ddp.get('refused')}"
+                )
                 continue
             if not (fsdp["fsdp_enabled"] and fsdp["sharded"]) or fsdp["dtype"] != "torch.float32":
-                problems.append(f"{name} rank {rank}: FSDP2 {fsdp['fsdp_enabled']}, DTensors {fsdp['sharded']}")
-            a, b = fsdp["records"], ddp["records"]
-            if [(x["start_step"], x["h_step"]) for x in a] != [(x["start_step"], x["h_step"]) for x in b] or not a:
                 problems.append(
-                    f"{name} rank {rank}: horizons {[x['h_step'] for x in a]} vs DDP {[x['h_step'] for x in b]}"
+                    f"{name} rank {rank}: FSDP2 {fsdp['fsdp_enabled']}, DTensors {fsdp['sharded']}"
+                )
+            a, b = fsdp["records"], ddp["records"]
+            if [(x["start_step"], x["h_step"]) for x in a] != [
+                (x["start_step"], x["h_step"]) for x in b
+            ] or not a:
+                problems.append(
+                    f"{name} rank {rank}: horizons {[x['h_step'] for x in a]} vs DDP "
+                    f"{[x['h_step'] for x in b]}"
                 )
                 continue
             for mine, ref in zip(a, b):
                 for key in ("drift_energy", "coherence"):
-                    worst[key] = max(worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12))
+                    worst[key] = max(
+                        worst[key], abs(mine[key] - ref[key]) / max(abs(ref[key]), 1e-12)
+                    )
             for p, q in zip(fsdp["full"], ddp["full"]):
                 worst["params"] = max(worst["params"], float((p - q).abs().max()))
-        if max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL or worst["params"] > TRAINER_FSDP_PARAM_ATOL:
+        if (
+            max(worst["drift_energy"], worst["coherence"]) > FSDP_RTOL
+            or worst["params"] > TRAINER_FSDP_PARAM_ATOL
+        ):
             problems.append(f"{name}: worst differences {worst}")
         good = [res["fsdp2"] for res in ranks if "records" in res["fsdp2"]]
         details[name] = {
@@ -1082,7 +1247,9 @@ def check_trainer_fsdp2(ctx: Context) -> tuple[Status, str, dict[str, Any]]:
             "peak_mib": [res["peak_mib"] for res in good],
             "losses": good[0]["losses"] if good else [],
         }
-        parts.append(worst_line(f"{workers} worker(s) x {r}: {len(details[name]['h_step'])} syncs", worst))
+        parts.append(
+            worst_line(f"{workers} worker(s) x {r}: {len(details[name]['h_step'])} syncs", worst)
+        )
     if problems:
         return Status.FAIL, "; ".join(problems[:4]), details
     return Status.PASS, "Trainer FSDP2 == DDP: " + "; ".join(parts), details
@@ -1101,15 +1268,21 @@ CHECKS: list[tuple[str, Callable[[Context], tuple[Status, str, dict[str, Any]]]]
 ]
 
 
-def run_check(name: str, fn: Callable[[Context], tuple[Status, str, dict[str, Any]]], ctx: Context) -> CheckResult:
-    """Run one check; an exception is a failure with its message, :class:`Skip` a skip with its reason."""
+def run_check(
+    name: str, fn: Callable[[Context], tuple[Status, str, dict[str, Any]]], ctx: Context
+) -> CheckResult:
+    """Run one check; an exception is a failure with its
+    message, :class:`Skip` a skip with its reason."""
     start = time.perf_counter()
     try:
         status, summary, details = fn(ctx)
     except Skip as reason:
         status, summary, details = Status.SKIP, str(reason), {}
     except (Exception, SystemExit) as err:  # SystemExit: the recipe's argument parser
-        status, summary = Status.FAIL, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        status, summary = (
+            Status.FAIL,
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300],
+        )
         details = {"traceback": traceback.format_exc()[-4000:]}
     return CheckResult(name, status, round(time.perf_counter() - start, 2), summary, details)
 
@@ -1123,26 +1296,36 @@ def print_table(results: list[CheckResult]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="gpu_check.json", help="where the JSON report goes (default gpu_check.json)")
+    parser.add_argument(
+        "--out",
+        default="gpu_check.json",
+        help="where the JSON report goes (default gpu_check.json)",
+    )
     parser.add_argument(
         "--cpu-dry-run",
         action="store_true",
-        help="run every step on CPU at tiny sizes; CUDA-only measurements are skipped with a reason",
+        help="run every step on CPU at tiny sizes; CUDA-only measurements "
+        "are skipped with a reason",
     )
-    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(name for name, _ in CHECKS)}")
+    parser.add_argument(
+        "--only", help=f"comma-separated subset of: {', '.join(name for name, _ in CHECKS)}"
+    )
     args = parser.parse_args(argv)
     known = [name for name, _ in CHECKS]
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(known))
         if unknown:
-            parser.error(f"--only {args.only!r}: unknown check(s) {unknown}; choose from {', '.join(known)}")
+            parser.error(
+                f"--only {args.only!r}: unknown check(s) {unknown}; choose from {', '.join(known)}"
+            )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.cpu_dry_run:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch touches CUDA: the recipe picks CUDA when it sees one
+        # before torch touches CUDA: the recipe picks CUDA when it sees one
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         import autoloco_hf  # noqa: F401
     except ImportError:  # a bare checkout on a lent GPU machine, where the project is not installed
@@ -1155,16 +1338,24 @@ def main(argv: list[str] | None = None) -> int:
     elif torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     else:
-        print("gpu_check: no CUDA device is visible; on a CPU machine run with --cpu-dry-run", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device is visible; on a CPU machine run with --cpu-dry-run",
+            file=sys.stderr,
+        )
         return 2
     selected = [(n, fn) for n, fn in CHECKS if not args.only or n in args.only.split(",")]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as workdir:
-        ctx = Context(device, args.cpu_dry_run, DRY_RUN_SIZES if args.cpu_dry_run else GPU_SIZES, workdir)
+        ctx = Context(
+            device, args.cpu_dry_run, DRY_RUN_SIZES if args.cpu_dry_run else GPU_SIZES, workdir
+        )
         results = []
         for name, fn in selected:
             results.append(run_check(name, fn, ctx))
-            print(f"[{time.perf_counter() - started:6.1f} s] {name}: {results[-1].status.value}", flush=True)
+            print(
+                f"[{time.perf_counter() - started:6.1f} s] {name}: {results[-1].status.value}",
+                flush=True,
+            )
     total = time.perf_counter() - started
     failed = [r.name for r in results if r.status == Status.FAIL]
     report = {
@@ -1183,8 +1374,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(results)
     print(
-        f"\n{len(results) - len(failed)} of {len(results)} checks did not fail, {total:.0f} s"
-        f"{'' if total <= TIME_BUDGET_S else f' (over the {TIME_BUDGET_S} s budget)'}; report: {args.out}"
+        f"\n{len(results) - len(failed)} of {len(results)} checks did not fail, {total:.0f} "
+        f"s{'' if total <= TIME_BUDGET_S else f' (over the {TIME_BUDGET_S} s budget)'}; report: "
+        f"{args.out}"
     )
     return 1 if failed else 0
 

@@ -1,4 +1,5 @@
-"""Live membership on loopback: faults that the survivors ride out in process (docs/reliability.md "Live membership").
+"""Live membership on loopback: faults that the survivors
+ride out in process (docs/reliability.md "Live membership").
 
 Not a test (``tests/integrations/elastic/test_membership.py`` runs the same worker). Real
 processes on one machine, gloo over loopback, the toy language model of ``autoloco_hf.toy.pattern``,
@@ -7,9 +8,11 @@ the membership store on a 3-member etcd cluster (``--store tcp``: a ``TCPStore``
 process). Scenarios, 3 workers at the start unless said:
 
 * ``fault_free``: nothing happens (the loss spread over seeds is the yardstick);
-* ``fault_free_two``: two workers from the start, nothing happens (what a run that loses one worker tends to);
+* ``fault_free_two``: two workers from the start, nothing
+  happens (what a run that loses one worker tends to);
 * ``node_lost``: worker 2 dies at step 10 (a closed connection);
-* ``node_lost_exact_redo``: the same, each worker restoring its AdamW state of the boundary it goes on from;
+* ``node_lost_exact_redo``: the same, each worker restoring
+  its AdamW state of the boundary it goes on from;
 * ``node_back``: ``node_lost``, and a new process joins after step 24;
 * ``partition``: worker 2 stops answering at step 10 (SIGSTOP: a silent partition);
 * ``two_lost``: worker 2 dies at step 10, worker 1 at step 30;
@@ -21,8 +24,10 @@ step after the reform), steps redone, goodput (the run's steps over the steps tr
 summed over the workers that finished), the final held-out loss (16 batches no worker
 trains on) and its difference to the fault-free run of the same seed::
 
-    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py                  # writes results/elastic/live_testbed.json
-    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --report-only    # the table from the committed JSON
+    # writes results/elastic/live_testbed.json
+    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py
+    # the table from the committed JSON
+    PYTHONPATH=. python benchmarks/testbeds/live_testbed.py --report-only
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its kinds import as packages
 
 STEPS, H, STEP_SECONDS, SYNC_TIMEOUT_S = 60, 4, 0.02, 5.0
-STORE_TIMEOUT_S = 10.0  # a store request unanswered this long: cut off (a failover to a live member takes ~0-5 s)
+# a store request unanswered this long: cut off (a failover to a live member takes ~0-5 s)
+STORE_TIMEOUT_S = 10.0
 HELD_OUT_WORKER, HELD_OUT_BATCHES = 999, 16
 SCENARIOS = (
     "fault_free",
@@ -87,24 +93,26 @@ def run_worker(
     step_seconds: float = STEP_SECONDS,
     trace: str | None = None,
 ) -> None:
-    """One worker: trains, survives lost peers, lets others in; writes what it saw to ``<out>/<name>.json``.
+    """One worker: trains, survives lost peers, lets others
+    in; writes what it saw to ``<out>/<name>.json``.
 
     ``first_world``: the processes of round 0 (0: this process joins a running run).
-    ``wait_for_joiner_at``: before these steps, wait until a process has registered for the next round, so
-    that a run on a loaded machine does not end before the process it should take in has started.
-    ``exact_redo``: keep the optimizer's state at each boundary and restore it with the boundary
-    (``attach(local_state=...)``).
-    ``pause_at``: before this step, write ``test/<name>/paused`` and wait for ``test/resume`` (the driver
-    kills an etcd member while no process waits on the store: see docs/reliability.md on a member lost while a
-    round forms); with ``resume_file``, write ``<out>/<name>.paused`` and wait until that file exists instead.
-    ``die_entering_round``: end the process after that membership round closed, when its process group is set
-    up (the others' set-up fails; they form the next round without it). ``start_delay_s``: reach round 0
-    that much later (a slow start-up). ``joiner_fault`` (a joiner): ``"dies_before_saying_who"`` ends the
-    process between taking its slot and writing who it is; ``"hangs_after_its_slot"`` stops it (SIGSTOP)
-    right after it wrote its slot: a slot whose owner is gone or silent.
-    ``steps``, ``step_seconds``: the run's length and the pause per step (a long run: the chaos run of
-    ``netns_live_testbed.py``). ``trace``: append one JSON line per round entered and per step trained
-    to this file, flushed at once, so a driver reads the history of a process that was killed.
+    ``wait_for_joiner_at``: before these steps, wait until a process has registered for the
+    next round, so that a run on a loaded machine does not end before the process it should
+    take in has started. ``exact_redo``: keep the optimizer's state at each boundary and
+    restore it with the boundary (``attach(local_state=...)``). ``pause_at``: before this step,
+    write ``test/<name>/paused`` and wait for ``test/resume`` (the driver kills an etcd member
+    while no process waits on the store: see docs/reliability.md on a member lost while a round
+    forms); with ``resume_file``, write ``<out>/<name>.paused`` and wait until that file exists
+    instead. ``die_entering_round``: end the process after that membership round closed, when
+    its process group is set up (the others' set-up fails; they form the next round without
+    it). ``start_delay_s``: reach round 0 that much later (a slow start-up). ``joiner_fault``
+    (a joiner): ``"dies_before_saying_who"`` ends the process between taking its slot and
+    writing who it is; ``"hangs_after_its_slot"`` stops it (SIGSTOP) right after it wrote its
+    slot: a slot whose owner is gone or silent. ``steps``, ``step_seconds``: the run's length
+    and the pause per step (a long run: the chaos run of ``netns_live_testbed.py``). ``trace``:
+    append one JSON line per round entered and per step trained to this file, flushed at once,
+    so a driver reads the history of a process that was killed.
     """
     import torch.distributed as dist
 
@@ -138,12 +146,19 @@ def run_worker(
     optimizer = adamw(model.parameters())
     scheduler = cosine(steps, 4)(optimizer)
     live = LiveMembership(
-        store, name, config, model, settle_s=1.0, round_timeout_s=60.0, store_timeout_s=STORE_TIMEOUT_S
+        store,
+        name,
+        config,
+        model,
+        settle_s=1.0,
+        round_timeout_s=60.0,
+        store_timeout_s=STORE_TIMEOUT_S,
     )
     if joiner_fault is not None:
         live.store = _FaultAfterSlot(store, joiner_fault)
     seen: dict[str, Any] = {"name": name, "rounds": [], "steps": [], "faults": []}
-    traced = open(trace, "a", buffering=1) if trace else None  # line-buffered: each line written at once
+    # line-buffered: each line written at once
+    traced = open(trace, "a", buffering=1) if trace else None
 
     def write() -> None:
         with open(os.path.join(out, f"{name}.json"), "w") as f:
@@ -151,7 +166,9 @@ def run_worker(
 
     def enter(agreement) -> tuple:
         comm = make_communicator(config, True)
-        engine = make_engine(config, [model], SchedulerPreview(scheduler, steps), comm, steps, optimizers=[optimizer])
+        engine = make_engine(
+            config, [model], SchedulerPreview(scheduler, steps), comm, steps, optimizers=[optimizer]
+        )
         step = 0
         if agreement.state is not None:
             engine.resume_at_boundary(agreement.state["engine"])
@@ -162,7 +179,9 @@ def run_worker(
                 group["lr"] = lr
             step = engine.step
         local = (lambda: {"optimizer": optimizer.state_dict()}) if exact_redo else None
-        live.attach(engine, extra_state=lambda: {"scheduler": scheduler.state_dict()}, local_state=local)
+        live.attach(
+            engine, extra_state=lambda: {"scheduler": scheduler.state_dict()}, local_state=local
+        )
         adam = optimizer.state_dict()["state"].get(0, {})
         seen["rounds"].append(
             {
@@ -170,7 +189,8 @@ def run_worker(
                 "rank": agreement.rank,
                 "members": agreement.members,
                 "from_step": step,
-                "adam_step": float(adam["step"]) if "step" in adam else 0.0,  # AdamW's own count of its steps
+                # AdamW's own count of its steps
+                "adam_step": float(adam["step"]) if "step" in adam else 0.0,
             }
         )
         if traced:
@@ -196,8 +216,10 @@ def run_worker(
             os._exit(1)  # a closed connection for the others
         if freeze_at_step is not None and step == freeze_at_step:
             store.set(f"test/{name}/fault_at", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGSTOP)  # a silent partition: the connection stays open, nothing answers
-        if step == pause_at and resume_file:  # a driver that cannot reach the store (another network namespace)
+            # a silent partition: the connection stays open, nothing answers
+            os.kill(os.getpid(), signal.SIGSTOP)
+        # a driver that cannot reach the store (another network namespace)
+        if step == pause_at and resume_file:
             Path(out, f"{name}.paused").write_text(str(step))
             until = time.monotonic() + 120
             while not os.path.exists(resume_file) and time.monotonic() < until:
@@ -220,7 +242,9 @@ def run_worker(
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            engine.after_optimizer_step([count_non_padding_tokens(batch)], [float(loss.detach())], lr=lr)
+            engine.after_optimizer_step(
+                [count_non_padding_tokens(batch)], [float(loss.detach())], lr=lr
+            )
             seen["steps"].append(step)
             if traced:
                 traced.write(f'{{"step": {step}, "t": {time.time()!r}}}\n')
@@ -239,14 +263,17 @@ def run_worker(
     seen["theta"] = engine.outer.params.detach().tolist()
     seen["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
     with torch.no_grad():
-        held_out = [float(model(**batch_for(HELD_OUT_WORKER, s)).loss) for s in range(HELD_OUT_BATCHES)]
+        held_out = [
+            float(model(**batch_for(HELD_OUT_WORKER, s)).loss) for s in range(HELD_OUT_BATCHES)
+        ]
     seen["held_out_loss"] = statistics.fmean(held_out)
     write()
     dist.destroy_process_group()
 
 
 class _FaultAfterSlot:
-    """A store proxy for a joiner that fails right around writing its slot (``run_worker``'s ``joiner_fault``)."""
+    """A store proxy for a joiner that fails right around
+    writing its slot (``run_worker``'s ``joiner_fault``)."""
 
     def __init__(self, store: Any, fault: str) -> None:
         self._store, self._fault = store, fault
@@ -264,7 +291,9 @@ class _FaultAfterSlot:
 
 
 def spawn(ctx, out: str, port: int, name: str, data_index: int, first_world: int, **kwargs) -> Any:
-    process = ctx.Process(target=run_worker, args=(name, data_index, port, out, first_world), kwargs=kwargs)
+    process = ctx.Process(
+        target=run_worker, args=(name, data_index, port, out, first_world), kwargs=kwargs
+    )
     process.start()
     return process
 
@@ -286,7 +315,8 @@ def wait_round(store: Any, number: int, deadline: float) -> None:
 
 
 def kill_store_member(store: Any, cluster: Any, paused: list[str], deadline: float) -> None:
-    """Once the ``paused`` workers wait (``pause_at``), kill etcd member 0, let the others elect, resume them."""
+    """Once the ``paused`` workers wait (``pause_at``), kill
+    etcd member 0, let the others elect, resume them."""
     while not all(store.check([f"test/{name}/paused"]) for name in paused):
         if time.monotonic() > deadline:
             raise TimeoutError("the workers never paused")
@@ -327,7 +357,10 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
         cluster = EtcdCluster([("127.0.0.1", free_port(), free_port()) for _ in range(3)], out)
         cluster.start()
         endpoints = ",".join(cluster.endpoints)
-        store, where = etcd_store(endpoints, f"run-{port}", timeout), {"store_kind": "etcd", "endpoints": endpoints}
+        store, where = (
+            etcd_store(endpoints, f"run-{port}", timeout),
+            {"store_kind": "etcd", "endpoints": endpoints},
+        )
     ctx = multiprocessing.get_context("spawn")
     deadline = time.monotonic() + 240
     common = {"seed": seed, "exact_redo": scenario == "node_lost_exact_redo", **where}
@@ -346,7 +379,8 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
         joins = {"pause_at": 20}
     try:
         workers = {
-            f"w{i}": spawn(ctx, out, port, f"w{i}", i, 3, **common, **joins, **faults.get(i, {})) for i in range(3)
+            f"w{i}": spawn(ctx, out, port, f"w{i}", i, 3, **common, **joins, **faults.get(i, {}))
+            for i in range(3)
         }
         finishing = [f"w{i}" for i in range(3) if i not in faults]
         if scenario == "store_member_lost":
@@ -363,24 +397,41 @@ def run_scenario(scenario: str, seed: int, store_kind: str) -> dict[str, Any]:
                     os.kill(process.pid, signal.SIGKILL)
                 process.join()
         fault_at = {
-            f"w{i}": float(store.get(f"test/w{i}/fault_at")) for i in faults if store.check([f"test/w{i}/fault_at"])
+            f"w{i}": float(store.get(f"test/w{i}/fault_at"))
+            for i in faults
+            if store.check([f"test/w{i}/fault_at"])
         }
     finally:
         if cluster is not None:
             cluster.stop()
-    for worker in seen.values():  # the raw file keeps a digest of each worker's final theta, not the tensor
+    # the raw file keeps a digest of each worker's final theta, not the tensor
+    for worker in seen.values():
         worker["theta"] = hashlib.sha256(json.dumps(worker["theta"]).encode()).hexdigest()
         del worker["params"]
-    return {"scenario": scenario, "seed": seed, "store": store_kind, "seen": seen, "fault_at": fault_at}
+    return {
+        "scenario": scenario,
+        "seed": seed,
+        "store": store_kind,
+        "seen": seen,
+        "fault_at": fault_at,
+    }
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """Seconds back to training after each fault, steps redone, goodput and held-out loss of one run."""
+    """Seconds back to training after each fault, steps
+    redone, goodput and held-out loss of one run."""
     seen, fault_times = run["seen"], sorted(run["fault_at"].values())
     back = []
     for fault_time in fault_times:  # until the slowest survivor trains again
         again = [
-            min((f["training_again_at"] for f in w["faults"] if f.get("training_again_at", 0) > fault_time), default=0)
+            min(
+                (
+                    f["training_again_at"]
+                    for f in w["faults"]
+                    if f.get("training_again_at", 0) > fault_time
+                ),
+                default=0,
+            )
             for w in seen.values()
             if w["faults"]
         ]
@@ -403,8 +454,8 @@ def report(runs: list[dict[str, Any]]) -> str:
     base = {r["seed"]: summarize(r)["held_out_loss"] for r in runs if r["scenario"] == "fault_free"}
     spread = max(base.values()) - min(base.values()) if base else float("nan")
     lines = [
-        "| scenario | seeds | fault to training again, s (each fault) | steps redone | goodput | held-out loss | "
-        "minus fault-free (per seed) | members agree |",
+        "| scenario | seeds | fault to training again, s (each fault) | steps redone | goodput | "
+        "held-out loss | minus fault-free (per seed) | members agree |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for scenario in SCENARIOS:
@@ -413,13 +464,17 @@ def report(runs: list[dict[str, Any]]) -> str:
             continue
         rows = [summarize(r) for r in mine]
         back = [b for row in rows for b in row["back_to_training_s"]]
-        diffs = [row["held_out_loss"] - base[r["seed"]] for row, r in zip(rows, mine) if r["seed"] in base]
+        diffs = [
+            row["held_out_loss"] - base[r["seed"]]
+            for row, r in zip(rows, mine)
+            if r["seed"] in base
+        ]
         lines.append(
             f"| {scenario} | {','.join(str(r['seed']) for r in mine)} | "
             + (f"{min(back):.2f}-{max(back):.2f}" if back else "-")
             + f" | {max(row['steps_redone'] for row in rows)} | "
-            f"{min(row['goodput'] for row in rows):.3f}-{max(row['goodput'] for row in rows):.3f} | "
-            f"{statistics.fmean(row['held_out_loss'] for row in rows):.4f} | "
+            f"{min(row['goodput'] for row in rows):.3f}-{max(row['goodput'] for row in rows):.3f} "
+            f"| {statistics.fmean(row['held_out_loss'] for row in rows):.4f} | "
             + ", ".join(f"{d:+.4f}" for d in diffs)
             + f" | {all(row['members_agree'] for row in rows)} |"
         )
@@ -429,11 +484,13 @@ def report(runs: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the raw results (JSON)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
-    parser.add_argument("--store", choices=("etcd", "tcp"), default="etcd", help="where the membership rounds live")
+    parser.add_argument(
+        "--store", choices=("etcd", "tcp"), default="etcd", help="where the membership rounds live"
+    )
     parser.add_argument("--report-only", action="store_true", help="print the table from --out")
     args = parser.parse_args()
     if not args.report_only:
@@ -443,7 +500,11 @@ def main() -> None:
                 store = "etcd" if scenario == "store_member_lost" else args.store
                 started = time.monotonic()
                 runs.append(run_scenario(scenario, seed, store))
-                print(f"{scenario} seed {seed}: {summarize(runs[-1])} ({time.monotonic() - started:.0f} s)", flush=True)
+                print(
+                    f"{scenario} seed {seed}: {summarize(runs[-1])} "
+                    f"({time.monotonic() - started:.0f} s)",
+                    flush=True,
+                )
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "runs": runs}, f)

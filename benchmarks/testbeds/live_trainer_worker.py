@@ -8,7 +8,8 @@ process ends (a closed connection for the others) before that step; ``wait_for_j
 before that step, wait until a process has taken a slot of the next round (so that a loaded
 machine does not end the run before the joiner starts); ``pause_at``: before that step, wait for
 ``test/resume`` on the store; ``endpoints``: the rounds on that etcd cluster instead of the
-``TCPStore``; ``batch_size``: another ``per_device_train_batch_size`` than the run's 4. What it saw goes to ``<out>/<name>.json``.
+``TCPStore``; ``batch_size``: another ``per_device_train_batch_size`` than the run's 4. What it saw
+goes to ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 
 
 def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **options) -> None:
-    os.environ.setdefault("LOCAL_RANK", "0")  # accelerate: a distributed CPU process (one per worker)
+    # accelerate: a distributed CPU process (one per worker)
+    os.environ.setdefault("LOCAL_RANK", "0")
     torch.set_num_threads(1)
     import torch.distributed as dist
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -84,7 +86,8 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
             if state.global_step == options.get("die_at"):
                 store.set(f"test/{name}/fault_at", repr(time.time()))
                 os._exit(1)
-            if state.global_step == options.get("pause_at"):  # the driver kills an etcd member meanwhile
+            # the driver kills an etcd member meanwhile
+            if state.global_step == options.get("pause_at"):
                 store.set(f"test/{name}/paused", str(state.global_step))
                 until = time.monotonic() + 120
                 while not store.check(["test/resume"]) and time.monotonic() < until:
@@ -92,7 +95,9 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
             if state.global_step in options.get("wait_for_joiner_at", ()):
                 key = f"autoloco/round{live.round + 1}/count"
                 until = time.monotonic() + 120
-                while not (store.check([key]) and store.add(key, 0) > 0) and time.monotonic() < until:
+                while (
+                    not (store.check([key]) and store.add(key, 0) > 0) and time.monotonic() < until
+                ):
                     time.sleep(0.05)
             seen["steps"].append(state.global_step + 1)  # the step this process trains now
             seen["begins"][-1].setdefault("first_step_at", time.time())
@@ -112,7 +117,8 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
         learning_rate=3e-3,
         lr_scheduler_type="cosine",
         warmup_steps=2,
-        logging_steps=options.get("logging_steps", 3),  # 3: the Trainer's own loss gather between boundaries
+        # 3: the Trainer's own loss gather between boundaries
+        logging_steps=options.get("logging_steps", 3),
         save_strategy="steps" if options.get("save_steps") else "no",
         save_steps=options.get("save_steps", 500),
         report_to=[],
@@ -121,7 +127,10 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     )
     autoloco = AutoLoCoCallback(config, membership=live)
     trainer = Trainer(
-        model=model, args=args, train_dataset=PaddedTokens(512, seed=1 + seed), callbacks=[autoloco, Probe()]
+        model=model,
+        args=args,
+        train_dataset=PaddedTokens(512, seed=1 + seed),
+        callbacks=[autoloco, Probe()],
     )
     try:
         train_live(trainer, live, agreement)
@@ -133,6 +142,7 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     seen["theta"] = engine.outer.params.detach().tolist()
     seen["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
     seen["global_step"] = trainer.state.global_step
-    seen["held_out_loss"] = trainer.evaluate(PaddedTokens(64, seed=1000))["eval_loss"]  # no worker trains on it
+    # no worker trains on it
+    seen["held_out_loss"] = trainer.evaluate(PaddedTokens(64, seed=1000))["eval_loss"]
     write()
     dist.destroy_process_group()

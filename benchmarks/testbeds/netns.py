@@ -1,4 +1,5 @@
-"""Two "nodes" on one machine: two network namespaces joined by a veth pair, one torchrun agent in each.
+"""Two "nodes" on one machine: two network namespaces joined
+by a veth pair, one torchrun agent in each.
 
 Needs root and ``ip netns``; :func:`netns_skip_reason` says why not when they
 are missing. Taking the link down (``ip link set ... down`` on node 0's end)
@@ -8,7 +9,8 @@ loses power or its network.
     nodes = TwoNodes(k=0)          # namespaces alh-faults-0-{0,1}, veth alhf0 / alhfp0
     try:
         nodes.create()
-        procs = launch_on_nodes(nodes, "trainer_worker.py", spec_path, logs)  # tests/integrations/launch.py
+        # launch_on_nodes: tests/integrations/launch.py
+        procs = launch_on_nodes(nodes, "trainer_worker.py", spec_path, logs)
         ...
         nodes.link_down()
     finally:
@@ -26,7 +28,8 @@ MASTER_PORT = 29517  # inside fresh namespaces nothing else listens
 
 
 def process_env(**extra: str) -> dict[str, str]:
-    """The environment of a process started in a namespace: one thread, offline, no inherited WORLD_SIZE."""
+    """The environment of a process started in a namespace:
+    one thread, offline, no inherited WORLD_SIZE."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -59,7 +62,8 @@ def netns_skip_reason() -> str | None:
 
 
 class TwoNodes:
-    """Namespaces ``alh-faults-<k>-0/1``, veth ``alhf<k>`` (node 0) / ``alhfp<k>`` (node 1), 10.231.0.(4k+1, 4k+2)/30."""
+    """Namespaces ``alh-faults-<k>-0/1``, veth ``alhf<k>`` (node
+    0) / ``alhfp<k>`` (node 1), 10.231.0.(4k+1, 4k+2)/30."""
 
     def __init__(self, k: int = 0) -> None:
         self.ns = [f"alh-faults-{k}-0", f"alh-faults-{k}-1"]

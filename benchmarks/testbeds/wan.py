@@ -1,20 +1,20 @@
-"""Bandwidth-limited multi-node benchmark: Trainer + AutoLoCoCallback across network namespaces (not a test).
+"""Bandwidth-limited multi-node benchmark: Trainer +
+AutoLoCoCallback across network namespaces (not a test).
 
-    sudo python benchmarks/testbeds/wan.py                      # all rows at 100mbit, 1gbit, unlimited
+    sudo python benchmarks/testbeds/wan.py              # all rows at 100mbit, 1gbit, unlimited
     sudo python benchmarks/testbeds/wan.py --rates 100mbit --rows diloco autoloco-int8 --steps 40
-    sudo python benchmarks/testbeds/wan.py --smoke              # a few steps, 2 nodes, one row (the CI smoke run)
+    sudo python benchmarks/testbeds/wan.py --smoke      # a few steps, 2 nodes, one row (CI smoke)
 
-Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24; another prefix with
-``--netns-prefix``, so that two testbeds on one machine never meet).
-Two nodes are joined by one veth pair (``alhl0`` <-> ``alhl1``); more nodes hang
-off a bridge ``alhlbr0`` in its own namespace ``alh-lp-br`` through veth pairs
-``alhl<k>`` (in the node) / ``alhlp<k>`` (at the bridge). Each node's interface
-gets a ``tbf`` egress limit per rate (``unlimited``: no qdisc), MTU ``--mtu``.
-Per run, one ``torchrun --nnodes N --node_rank k`` launcher agent per namespace
-starts a user-style ``Trainer`` + ``AutoLoCoCallback`` script (this file with
-``--worker``), gloo bound to the namespace's interface (``GLOO_SOCKET_IFNAME``).
-Everything is torn down afterwards, also on error and Ctrl-C. Only addresses in
-the namespaces this script created are used. Needs root (``ip netns``, ``tc``).
+Builds ``--nodes`` network namespaces ``alh-lp-<k>`` (addresses 10.232.0.<k+1>/24; another
+prefix with ``--netns-prefix``, so that two testbeds on one machine never meet). Two nodes
+are joined by one veth pair (``alhl0`` <-> ``alhl1``); more nodes hang off a bridge
+``alhlbr0`` in its own namespace ``alh-lp-br`` through veth pairs ``alhl<k>`` (in the node)
+/ ``alhlp<k>`` (at the bridge). Each node's interface gets a ``tbf`` egress limit per rate
+(``unlimited``: no qdisc), MTU ``--mtu``. Per run, one ``torchrun --nnodes N --node_rank k``
+launcher agent per namespace starts a user-style ``Trainer`` + ``AutoLoCoCallback`` script
+(this file with ``--worker``), gloo bound to the namespace's interface
+(``GLOO_SOCKET_IFNAME``). Everything is torn down afterwards, also on error and Ctrl-C. Only
+addresses in the namespaces this script created are used. Needs root (``ip netns``, ``tc``).
 
 Rows (``--rows``):
 
@@ -40,18 +40,21 @@ Rows (``--rows``):
 * ``wire-<format>-f{1,4}-delayed`` (``WIRE_ROWS``): DiLoCo at ``H = h_base`` with the delayed
   overlap and ``F`` fragments in each wire format (``fp32``, ``int8``, and the lossy
   ``int4-ef``, ``fp4-ef``, ``int2-ef``, ``int2-top2-ef``: error feedback, top-k 2 %). A lossy wire's
-  overlapped average is the all-gather of the encoded buffers; ``wire-<format>-f{1,4}-delayed-thread``
-  runs the earlier owner-reduce on a background thread (``overlap_aggregation="owner_reduce"``) beside it.
-* ``torchft-diloco``, ``torchft-diloco-f4-delayed`` (``TORCHFT_ROWS``, optional: ``pip install torchft``):
-  torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner AdamW and link,
-  next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica group (its own
-  ``torchrun --nnodes 1``, ``REPLICA_GROUP_ID=k``), a ``torchft_lighthouse`` runs in node 0 on node 0's
-  address, and the loop is plain PyTorch (torchft hooks the inner optimizer; ``torchft_worker`` says what it
-  mirrors of the Trainer). FP32 only: torchft's ``should_quantize`` needs triton and an accelerator (without
-  triton it silently sends FP32). The fragment row (4 fragments of the project's layout, the all-reduce started
-  ``min(--overlap-steps, h_base // 4 - 1)`` steps before the merge, ``fragment_update_alpha = overlap_mix``)
-  needs ``--h-base`` divisible by 4. ``sync %`` is the time inside torchft's post-step hook; the engine
-  columns read ``-``.
+  overlapped average is the all-gather of the encoded buffers;
+  ``wire-<format>-f{1,4}-delayed-thread`` runs the earlier owner-reduce on a background thread
+  (``overlap_aggregation="owner_reduce"``) beside it.
+* ``torchft-diloco``, ``torchft-diloco-f4-delayed``
+  (``TORCHFT_ROWS``, optional: ``pip install torchft``):
+  torchft's own ``DiLoCo`` (``torchft.local_sgd``, gloo) on the same model, data, batch, H, inner
+  AdamW and link, next to ``diloco`` and ``wire-fp32-f4-delayed``. Each node is a 1-rank replica
+  group (its own ``torchrun --nnodes 1``, ``REPLICA_GROUP_ID=k``), a ``torchft_lighthouse`` runs in
+  node 0 on node 0's address, and the loop is plain PyTorch (torchft hooks the inner optimizer;
+  ``torchft_worker`` says what it mirrors of the Trainer). FP32 only: torchft's ``should_quantize``
+  needs triton and an accelerator (without triton it silently sends FP32). The fragment row (4
+  fragments of the project's layout, the all-reduce started
+  ``min(--overlap-steps, h_base // 4 - 1)`` steps before the merge,
+  ``fragment_update_alpha = overlap_mix``) needs ``--h-base`` divisible by 4. ``sync %`` is the time
+  inside torchft's post-step hook; the engine columns read ``-``.
 
 Per run (columns): steps/s (training loop, rank 0), ``sync %`` (share of the
 training wall time the engine spent blocked in synchronization; ``steady %`` the
@@ -104,14 +107,20 @@ class Row:
     ranks_per_worker: int = 1
     hierarchical: bool = False
     overlap: str = "none"
-    every_node: bool = False  # method "none": every node trains alone at once (independent launchers)
-    # streaming rows (docs/algorithm.md#fragments): F fragments, h_min = h_base; 0: not a streaming row
+    # method "none": every node trains alone at once (independent launchers)
+    every_node: bool = False
+    # streaming rows (docs/algorithm.md#fragments): F
+    # fragments, h_min = h_base; 0: not a streaming row
     fragments: int = 0
-    pacing: str = "lockstep"  # "budget": each node takes the steps its measured speed allows (docs/algorithm.md#pacing)
-    slow: bool = False  # the last node runs at half speed: after each step's work it sleeps as long again
-    topk_fraction: float | None = None  # top-k sparsification of the wire (docs/algorithm.md#wire-codecs)
+    # "budget": each node takes the steps its measured speed allows (docs/algorithm.md#pacing)
+    pacing: str = "lockstep"
+    # the last node runs at half speed: after each step's work it sleeps as long again
+    slow: bool = False
+    # top-k sparsification of the wire (docs/algorithm.md#wire-codecs)
+    topk_fraction: float | None = None
     error_feedback: bool = False
-    # an overlapped lossy average: "all_gather" (the default) or "owner_reduce" on the background thread
+    # an overlapped lossy average: "all_gather" (the default)
+    # or "owner_reduce" on the background thread
     overlap_aggregation: str = "all_gather"
 
     @property
@@ -146,33 +155,53 @@ ROWS = {
         Row("autoloco-int8-eager", "autoloco", wire_dtype="int8", overlap="eager"),
         Row("diloco-2x2-flat", "diloco", ranks_per_node=2, ranks_per_worker=2),
         Row("diloco-2x2-hier", "diloco", ranks_per_node=2, ranks_per_worker=2, hierarchical=True),
-        # workers of unequal speed (docs/algorithm.md#pacing): the last node at half speed, lockstep or budget pacing
+        # workers of unequal speed (docs/algorithm.md#pacing):
+        # the last node at half speed, lockstep or budget pacing
         *(
-            Row(f"{method}-slow{'-budget' if pacing == 'budget' else ''}", method, pacing=pacing, slow=True)
+            Row(
+                f"{method}-slow{'-budget' if pacing == 'budget' else ''}",
+                method,
+                pacing=pacing,
+                slow=True,
+            )
             for method in ("diloco", "autoloco")
             for pacing in ("lockstep", "budget")
         ),
         *(
-            Row(f"stream{'-int8' if wire == 'int8' else ''}-f{f}{'-delayed' if overlap else ''}", "autoloco", **kw)
+            Row(
+                f"stream{'-int8' if wire == 'int8' else ''}-f{f}{'-delayed' if overlap else ''}",
+                "autoloco",
+                **kw,
+            )
             for wire in ("fp32", "int8")
             for overlap in (False, True)
             for f in (1, 2, 4)
             for kw in [dict(wire_dtype=wire, overlap="delayed" if overlap else "none", fragments=f)]
         ),
-        # every wire format on the link (issue 36): DiLoCo, delayed overlap, the whole model or 4 fragments
+        # every wire format on the link (issue 36): DiLoCo,
+        # delayed overlap, the whole model or 4 fragments
         *(
             Row(f"wire-{label}-f{f}-delayed", "diloco", overlap="delayed", fragments=f, **wire)
             for label, wire in WIRES.items()
             for f in (1, 4)
         ),
-        # the lossy wires' earlier overlapped average (owner-reduce on a Python thread), beside the all-gather
+        # the lossy wires' earlier overlapped average
+        # (owner-reduce on a Python thread), beside the all-gather
         *(
-            Row(f"wire-{label}-f{f}-delayed-thread", "diloco", overlap="delayed", fragments=f, **wire, **THREAD)
+            Row(
+                f"wire-{label}-f{f}-delayed-thread",
+                "diloco",
+                overlap="delayed",
+                fragments=f,
+                **wire,
+                **THREAD,
+            )
             for label, wire in WIRES.items()
             if label != "fp32"
             for f in (1, 4)
         ),
-        # torchft's DiLoCo on the same model, data and link (issue 36): a plain loop, one replica group per node
+        # torchft's DiLoCo on the same model, data and link
+        # (issue 36): a plain loop, one replica group per node
         Row("torchft-diloco", "torchft"),
         Row("torchft-diloco-f4-delayed", "torchft", overlap="delayed", fragments=4),
     )
@@ -191,7 +220,8 @@ def _ip(*args: str, ns: str | None = None) -> None:
 
 @dataclass(frozen=True)
 class Names:
-    """The namespace, interface and address names of one testbed (each benchmark its own, so two can run at once)."""
+    """The namespace, interface and address names of one testbed
+    (each benchmark its own, so two can run at once)."""
 
     prefix: str  # namespaces <prefix><k>, the bridge's <prefix>br
     dev: str  # node k's interface <dev><k>, its bridge end <dev>p<k>, the bridge <dev>br0
@@ -224,7 +254,8 @@ def names_with_prefix(prefix: str) -> Names:
 
 
 class Network:
-    """The namespaces, links and qdiscs of one benchmark; a context manager that always removes them."""
+    """The namespaces, links and qdiscs of one benchmark; a
+    context manager that always removes them."""
 
     def __init__(self, nodes: int, mtu: int, names: Names = WAN) -> None:
         if nodes < 2:
@@ -255,7 +286,8 @@ class Network:
         stale = [n for n in _list_namespaces() if n.startswith(names.prefix)]
         if stale:
             raise RuntimeError(
-                f"namespaces {stale} exist already (an earlier run?): remove them with `ip netns del NAME` and rerun"
+                f"namespaces {stale} exist already (an earlier run?): remove them with `ip "
+                "netns del NAME` and rerun"
             )
         for k in range(self.nodes):
             self._add_ns(names.ns(k))
@@ -296,9 +328,22 @@ class Network:
                     "netns",
                     names.bridge_ns,
                 )
-                _ip("ip", "link", "set", peer, "mtu", str(self.mtu), "master", names.bridge, "up", ns=names.bridge_ns)
+                _ip(
+                    "ip",
+                    "link",
+                    "set",
+                    peer,
+                    "mtu",
+                    str(self.mtu),
+                    "master",
+                    names.bridge,
+                    "up",
+                    ns=names.bridge_ns,
+                )
         for k in range(self.nodes):
-            _ip("ip", "addr", "add", f"{names.addr(k)}/24", "dev", names.node_dev(k), ns=names.ns(k))
+            _ip(
+                "ip", "addr", "add", f"{names.addr(k)}/24", "dev", names.node_dev(k), ns=names.ns(k)
+            )
             _ip("ip", "link", "set", names.node_dev(k), "mtu", str(self.mtu), "up", ns=names.ns(k))
 
     def set_rate(self, rate: str) -> None:
@@ -311,7 +356,8 @@ class Network:
                 stderr=subprocess.DEVNULL,
             )  # none yet is fine
             if rate != "unlimited":
-                burst = max(256 * 1024, _rate_bits(rate) // 8 // 100)  # >= 10 ms of traffic, > a 64 KB GSO packet
+                # >= 10 ms of traffic, > a 64 KB GSO packet
+                burst = max(256 * 1024, _rate_bits(rate) // 8 // 100)
                 _ip(
                     "tc",
                     "qdisc",
@@ -337,17 +383,25 @@ class Network:
 
     def exec_prefix(self, k: int) -> list[str]:
         """What runs a command in node ``k``: inside its namespace, gloo bound to its interface."""
-        return ["ip", "netns", "exec", self.names.ns(k), "env", f"GLOO_SOCKET_IFNAME={self.names.node_dev(k)}"]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.names.ns(k),
+            "env",
+            f"GLOO_SOCKET_IFNAME={self.names.node_dev(k)}",
+        ]
 
     def addr(self, k: int) -> str:
         return self.names.addr(k)
 
 
 class Loopback:
-    """Every node on this machine's loopback interface: no namespaces, no rate limit, no root (the torchft test).
+    """Every node on this machine's loopback interface: no
+    namespaces, no rate limit, no root (the torchft test).
 
-    Only rows that give each node its own ports (the torchft rows) run on it; ``tx MB/node`` is then every
-    process's loopback traffic, both nodes' included."""
+    Only rows that give each node its own ports (the torchft rows) run on it; ``tx MB/node`` is then
+    every process's loopback traffic, both nodes' included."""
 
     def __init__(self, nodes: int) -> None:
         self.nodes = nodes
@@ -374,7 +428,9 @@ def _list_namespaces() -> list[str]:
 
 def _kill_namespace_processes(ns: str) -> None:
     """SIGKILL what still runs inside one of our namespaces (left-over launchers after an error)."""
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True
+    ).stdout.split()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
@@ -383,7 +439,9 @@ def _kill_namespace_processes(ns: str) -> None:
 def check_root() -> str | None:
     """Why this machine cannot run the benchmark (one line), or None."""
     if os.geteuid() != 0:
-        return "benchmarks/testbeds/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
+        return (
+            "benchmarks/testbeds/wan.py needs root (network namespaces, veth, tc): rerun with sudo"
+        )
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"benchmarks/testbeds/wan.py needs `{tool}` (iproute2): install it"
@@ -397,7 +455,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+def run_row(
+    net: Network | Loopback, row: Row, rate: str, args: argparse.Namespace, workdir: str
+) -> dict[str, Any]:
     """Launch one row (one torchrun agent per node namespace) and collect rank 0's result."""
     nodes = 1 if row.single else net.nodes
     out = os.path.join(workdir, f"{row.name}-{rate}")
@@ -416,7 +476,8 @@ def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespa
         threads=args.threads,
         overlap_steps=args.overlap_steps,
         nodes=nodes,
-        barrier=f"{net.addr(0)}:{_free_port()}" if torchft else None,  # the torchft rows' cross-node barrier
+        # the torchft rows' cross-node barrier
+        barrier=f"{net.addr(0)}:{_free_port()}" if torchft else None,
     )
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
@@ -448,11 +509,17 @@ def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespa
             ]
             log = open(os.path.join(out, "lighthouse.log"), "w")
             procs.append(
-                (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
+                (
+                    subprocess.Popen(
+                        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    ),
+                    log,
+                )
             )
         launchers = []
         for k in range(nodes):
-            # torchft: every node its own replica group, a 1-rank torchrun job with its own store on its own address
+            # torchft: every node its own replica group, a 1-rank
+            # torchrun job with its own store on its own address
             separate = row.every_node or torchft
             cmd = net.exec_prefix(k) + [
                 f"ALH_WAN_NODE={k}",
@@ -472,20 +539,25 @@ def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespa
                 "--master_addr",
                 net.addr(k if separate else 0),  # every_node: k independent single-node jobs
                 "--master_port",
-                str(_free_port() if torchft else port),  # distinct ports: the loopback test runs every node on lo
+                # distinct ports: the loopback test runs every node on lo
+                str(_free_port() if torchft else port),
                 os.path.abspath(__file__),
                 "--worker",
                 spec_path,
             ]
             log = open(os.path.join(out, f"node{k}.log"), "w")
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             procs.append((proc, log))
             launchers.append(proc)
         deadline = time.monotonic() + args.run_timeout
         for proc in launchers:
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             if rc != 0:
-                raise RuntimeError(f"row {row.name} at {rate}: a launcher exited with {rc}; see {out}/node*.log")
+                raise RuntimeError(
+                    f"row {row.name} at {rate}: a launcher exited with {rc}; see {out}/node*.log"
+                )
     finally:
         for proc, log in procs:
             if proc.poll() is None:
@@ -502,11 +574,14 @@ def run_row(net: Network | Loopback, row: Row, rate: str, args: argparse.Namespa
 
 
 def _lighthouse_binary() -> str:
-    """torchft's ``torchft_lighthouse``, next to this interpreter (a virtual environment's bin/) or on PATH."""
+    """torchft's ``torchft_lighthouse``, next to this
+    interpreter (a virtual environment's bin/) or on PATH."""
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     found = shutil.which("torchft_lighthouse", path=path)
     if found is None:
-        raise RuntimeError(TORCHFT_MISSING + " (no torchft_lighthouse next to the interpreter or on PATH)")
+        raise RuntimeError(
+            TORCHFT_MISSING + " (no torchft_lighthouse next to the interpreter or on PATH)"
+        )
     return found
 
 
@@ -527,10 +602,14 @@ def torchft_unavailable(row: Row, h_base: int) -> str | None:
 
 
 def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One table row from the per-rank results (kernel bytes per node, engine bytes per node, times)."""
+    """One table row from the per-rank results (kernel bytes
+    per node, engine bytes per node, times)."""
     rank0 = next(r for r in results if r["rank"] == 0 and r["node"] == 0)
     nodes = sorted({r["node"] for r in results})
-    tx = [sum(r["tx_bytes"] for r in results if r["node"] == n and r["local_rank"] == 0) for n in nodes]
+    tx = [
+        sum(r["tx_bytes"] for r in results if r["node"] == n and r["local_rank"] == 0)
+        for n in nodes
+    ]
     engine = [sum(r["wire_bytes"] for r in results if r["node"] == n) for n in nodes]
     wall = rank0["train_seconds"]
     return dict(
@@ -540,7 +619,8 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
         steps_per_s=rank0["steps"] / wall,
         step_seconds=statistics.median(rank0["step_seconds"]) if rank0["step_seconds"] else wall,
         sync_share=rank0["sync_seconds"] / wall,
-        # without the run's last sync, which blocks with or without overlap (the run ends on one model)
+        # without the run's last sync, which blocks with or
+        # without overlap (the run ends on one model)
         steady_share=(rank0["sync_seconds"] - rank0["last_sync_seconds"]) / wall,
         syncs=rank0["syncs"],
         tx_bytes_per_node=max(tx),
@@ -567,7 +647,8 @@ def summarize(row: Row, rate: str, results: list[dict[str, Any]]) -> dict[str, A
 
 
 def time_to_target(losses: list[float], times: list[float], target: float) -> float | None:
-    """Seconds until the mean of the last ``LOSS_WINDOW`` losses (fewer at the start) first reaches ``target``."""
+    """Seconds until the mean of the last ``LOSS_WINDOW``
+    losses (fewer at the start) first reaches ``target``."""
     for i in range(len(losses)):
         if statistics.fmean(losses[max(0, i - LOSS_WINDOW + 1) : i + 1]) <= target:
             return times[i]
@@ -580,15 +661,18 @@ def final_loss(losses: list[float]) -> float:
 
 def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
     header = (
-        f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'steady %':>8} {'syncs':>5} "
-        f"{'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} {'s to target':>11} "
-        f"{'outer MB/rank':>13} {'F':>2} {'peak Mbit/s':>11} {'kB/event':>9}"
+        f"{'rate':>9} {'row':<21} {'steps/s':>7} {'x bound':>8} {'sync %':>7} {'steady %':>8} "
+        f"{'syncs':>5} {'tx MB/node':>10} {'engine MB/node':>14} {'tx/engine':>9} {'target':>6} "
+        f"{'s to target':>11} {'outer MB/rank':>13} {'F':>2} {'peak Mbit/s':>11} {'kB/event':>9}"
     )
     print(header)
     for rate in dict.fromkeys(r["rate"] for r in rows):
         mine = [r for r in rows if r["rate"] == rate]
-        target = target_loss if target_loss is not None else max(final_loss(r["losses"]) for r in mine)
-        local = next((r for r in mine if r["row"] == "local"), None)  # the lower bound under the same load
+        target = (
+            target_loss if target_loss is not None else max(final_loss(r["losses"]) for r in mine)
+        )
+        # the lower bound under the same load
+        local = next((r for r in mine if r["row"] == "local"), None)
         single = local or next((r for r in mine if r["method"] == "none"), None)
         for r in mine:
             share = f"{100 * r['sync_share']:>7.1f}"
@@ -602,7 +686,9 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
             # torchft's rows: no engine, so no engine accounting
             engine = "-" if r["method"] == "torchft" else f"{r['engine_bytes_per_node'] / 1e6:.2f}"
             reach = time_to_target(r["losses"], r["loss_times"], target)
-            vs_single = f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
+            vs_single = (
+                f"{single['steps_per_s'] / r['steps_per_s']:>8.2f}" if single else f"{'-':>8}"
+            )
             print(
                 f"{rate:>9} {r['row']:<21} {r['steps_per_s']:>7.2f} {vs_single} {share} "
                 f"{100 * r['steady_share']:>8.1f} {r['syncs']:>5} "
@@ -615,13 +701,15 @@ def print_table(rows: list[dict[str, Any]], target_loss: float | None) -> None:
 
 
 def print_speed_table(rows: list[dict[str, Any]]) -> None:
-    """The unequal-speed rows (docs/algorithm.md#pacing): the cluster's tokens per second, and the wall time to
-    lockstep DiLoCo's final loss (the mean loss of all workers over the last 3 intervals)."""
+    """The unequal-speed rows (docs/algorithm.md#pacing): the cluster's
+    tokens per second, and the wall time to lockstep DiLoCo's final
+    loss (the mean loss of all workers over the last 3 intervals)."""
     slow = [r for r in rows if r["row"].endswith(("-slow", "-slow-budget"))]
     if not slow:
         return
     print(
-        f"{'rate':>9} {'row':<21} {'wall s':>7} {'tok/s':>8} {'x lockstep':>10} {'loss':>6} {'s to target':>11} steps"
+        f"{'rate':>9} {'row':<21} {'wall s':>7} {'tok/s':>8} {'x lockstep':>10} {'loss':>6} "
+        f"{'s to target':>11} steps"
     )
     for rate in dict.fromkeys(r["rate"] for r in slow):
         mine = [r for r in slow if r["rate"] == rate]
@@ -631,14 +719,16 @@ def print_speed_table(rows: list[dict[str, Any]]) -> None:
             tokens = sum(tokens for _, _, tokens in r["intervals"])
             rate_tok = tokens / r["train_seconds"]
             vs = (
-                f"{rate_tok / (sum(t for _, _, t in base['intervals']) / base['train_seconds']):>10.2f}"
+                # the f-string's field cannot break across lines before Python 3.12
+                f"{rate_tok / (sum(t for _, _, t in base['intervals']) / base['train_seconds']):>10.2f}"  # noqa: E501
                 if base
                 else "-"
             )
             reach = interval_time_to(r, target) if target is not None else None
             print(
                 f"{rate:>9} {r['row']:<21} {r['train_seconds']:>7.1f} {rate_tok:>8.0f} {vs:>10} "
-                f"{interval_loss(r):>6.3f} {reach if reach is None else round(reach, 1)!s:>11} {r['worker_steps']}"
+                f"{interval_loss(r):>6.3f} {reach if reach is None else round(reach, 1)!s:>11} "
+                f"{r['worker_steps']}"
             )
 
 
@@ -649,21 +739,35 @@ def interval_loss(row: dict[str, Any], window: int = 3) -> float:
 def interval_time_to(row: dict[str, Any], target: float, window: int = 3) -> float | None:
     """Seconds until the mean loss of the last ``window`` intervals first reaches ``target``."""
     for i in range(len(row["intervals"])):
-        if statistics.fmean(loss for _, loss, _ in row["intervals"][max(0, i - window + 1) : i + 1]) <= target:
+        if (
+            statistics.fmean(
+                loss for _, loss, _ in row["intervals"][max(0, i - window + 1) : i + 1]
+            )
+            <= target
+        ):
             return row["intervals"][i][0]
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
-    parser.add_argument("--nodes", type=int, default=2, help="network namespaces (2: one veth pair; more: a bridge)")
-    parser.add_argument("--rates", nargs="+", default=list(RATES), help="tbf egress rate per node, or 'unlimited'")
     parser.add_argument(
-        "--rows", nargs="+", choices=list(ROWS), help="default: every row (the torchft ones where they can run)"
+        "--nodes", type=int, default=2, help="network namespaces (2: one veth pair; more: a bridge)"
+    )
+    parser.add_argument(
+        "--rates", nargs="+", default=list(RATES), help="tbf egress rate per node, or 'unlimited'"
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=list(ROWS),
+        help="default: every row (the torchft ones where they can run)",
     )
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--h-base", type=int, default=10, help="DiLoCo H / AutoLoCo h_base (optimizer steps)")
+    parser.add_argument(
+        "--h-base", type=int, default=10, help="DiLoCo H / AutoLoCo h_base (optimizer steps)"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
@@ -674,19 +778,29 @@ def main(argv: list[str] | None = None) -> int:
         "--overlap-steps",
         type=int,
         default=3,
-        help="delayed rows: inner steps between a boundary and the merge of its average (below AutoLoCo's h_min)",
+        help="delayed rows: inner steps between a boundary and the merge of its average "
+        "(below AutoLoCo's h_min)",
     )
     parser.add_argument(
-        "--netns-prefix", default=WAN.prefix, help="namespace names <prefix><k> (one prefix per concurrent testbed)"
+        "--netns-prefix",
+        default=WAN.prefix,
+        help="namespace names <prefix><k> (one prefix per concurrent testbed)",
     )
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--target-loss", type=float, default=None)
-    parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds per row before it is killed")
-    parser.add_argument("--json", help="also write every row's numbers to this file")
-    parser.add_argument("--smoke", action="store_true", help="CI: 2 nodes, unlimited, diloco, 4 steps, H=2")
     parser.add_argument(
-        "--from-json", nargs="+", metavar="JSON", help="print the tables of runs saved with --json (no namespaces)"
+        "--run-timeout", type=float, default=900.0, help="seconds per row before it is killed"
+    )
+    parser.add_argument("--json", help="also write every row's numbers to this file")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: 2 nodes, unlimited, diloco, 4 steps, H=2"
+    )
+    parser.add_argument(
+        "--from-json",
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of runs saved with --json (no namespaces)",
     )
     args = parser.parse_args(argv)
     if args.worker:
@@ -703,7 +817,13 @@ def main(argv: list[str] | None = None) -> int:
         if rate != "unlimited":
             _rate_bits(rate)
     if args.smoke:
-        args.nodes, args.rates, args.rows, args.steps, args.h_base = 2, ["unlimited"], ["diloco"], 4, 2
+        args.nodes, args.rates, args.rows, args.steps, args.h_base = (
+            2,
+            ["unlimited"],
+            ["diloco"],
+            4,
+            2,
+        )
         args.hidden, args.layers, args.vocab, args.seq = 32, 1, 128, 16
     reason = check_root()
     if reason:
@@ -739,7 +859,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = tempfile.mkdtemp(prefix="alh-wan-")
     try:
         with Network(args.nodes, args.mtu, names_with_prefix(args.netns_prefix)) as net:
-            for rate in args.rates:  # rows interleaved within each rate, so load swings hit them alike
+            # rows interleaved within each rate, so load swings hit them alike
+            for rate in args.rates:
                 net.set_rate(rate)
                 for row in rows:
                     print(f"  {rate} {row.name} ...", flush=True)
@@ -759,10 +880,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- the user-style training script
+# -----------------------------------------------------------------------------
+# the user-style training script
 def markov_sequences(vocab: int, n_seq: int, seq: int, draw_seed: int | None = None):
-    """Sequences of a fixed random Markov chain with 4 successors per token: learnable, loss falls from ln(vocab)
-    to ~ln(4). ``draw_seed``: other sequences of the same chain (a held-out set)."""
+    """Sequences of a fixed random Markov chain with 4 successors per token: learnable, loss falls
+    from ln(vocab) to ~ln(4). ``draw_seed``: other sequences of the same chain (a held-out set)."""
     import torch
 
     g = torch.Generator().manual_seed(1)
@@ -777,7 +899,8 @@ def markov_sequences(vocab: int, n_seq: int, seq: int, draw_seed: int | None = N
 
 
 def worker(spec_path: str) -> int:
-    """One rank: a tiny GPT-2 trained by ``Trainer`` (+ ``AutoLoCoCallback`` unless the row is ``single``)."""
+    """One rank: a tiny GPT-2 trained by ``Trainer`` (+
+    ``AutoLoCoCallback`` unless the row is ``single``)."""
     with open(spec_path) as f:
         spec = json.load(f)
     if spec["method"] == "torchft":
@@ -786,7 +909,13 @@ def worker(spec_path: str) -> int:
 
     torch.set_num_threads(spec["threads"])
     import torch.distributed as dist
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
 
@@ -798,9 +927,18 @@ def worker(spec_path: str) -> int:
     torch.manual_seed(0)
     vocab, seq = spec["vocab"], spec["seq"]
     model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"], n_layer=spec["layers"], n_head=4)
+        GPT2Config(
+            vocab_size=vocab,
+            n_positions=seq,
+            n_embd=spec["hidden"],
+            n_layer=spec["layers"],
+            n_head=4,
+        )
     )
-    data = [{"input_ids": x, "labels": x} for x in markov_sequences(vocab, spec["steps"] * spec["batch"] * world, seq)]
+    data = [
+        {"input_ids": x, "labels": x}
+        for x in markov_sequences(vocab, spec["steps"] * spec["batch"] * world, seq)
+    ]
 
     def tx_bytes() -> int:
         if dev is None or local_rank != 0:
@@ -815,14 +953,16 @@ def worker(spec_path: str) -> int:
     step_ends: list[float] = []
     marks: dict[str, float] = {}
 
-    class TimedTrainer(Trainer):  # the local loss of every step, without the Trainer's per-log gather
+    # the local loss of every step, without the Trainer's per-log gather
+    class TimedTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
             out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
             loss = out[0] if return_outputs else out
             losses.append(float(loss.detach()))
             return out
 
-    intervals: list[tuple[float, float, int]] = []  # (seconds since start, mean loss of all workers, tokens) per sync
+    # (seconds since start, mean loss of all workers, tokens) per sync
+    intervals: list[tuple[float, float, int]] = []
     nodes = int(os.environ.get("WORLD_SIZE", "1")) // spec["ranks_per_node"]
     half_speed = spec["slow"] and node == nodes - 1
 
@@ -830,7 +970,8 @@ def worker(spec_path: str) -> int:
         def on_train_begin(self, args, state, control, **kwargs):
             if dist.is_initialized():
                 dist.barrier()
-            if autoloco is not None:  # the engine exists now: pick the row's overlapped lossy aggregation
+            # the engine exists now: pick the row's overlapped lossy aggregation
+            if autoloco is not None:
                 autoloco.engine.comm.overlap_aggregation = spec["overlap_aggregation"]
             marks["tx0"], marks["t0"] = tx_bytes(), time.perf_counter()
             sampler.start()
@@ -839,7 +980,8 @@ def worker(spec_path: str) -> int:
             marks["step"] = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            if half_speed:  # an injected delay as long as the step's own work: this node runs at half speed
+            # an injected delay as long as the step's own work: this node runs at half speed
+            if half_speed:
                 time.sleep(time.perf_counter() - marks["step"])
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -869,7 +1011,8 @@ def worker(spec_path: str) -> int:
         )
         if spec["method"] == "autoloco":
             q_h = max(1, spec["h_base"] // 5)
-            config.update(h_min=max(q_h, spec["h_base"] // 2 // q_h * q_h), q_h=q_h)  # h_min a multiple of q_H
+            # h_min a multiple of q_H
+            config.update(h_min=max(q_h, spec["h_base"] // 2 // q_h * q_h), q_h=q_h)
             config["controller"] = "paper"  # the committed link rows' rule
         if spec.get("error_feedback"):
             config["error_feedback"] = True
@@ -879,17 +1022,22 @@ def worker(spec_path: str) -> int:
             config["hierarchical_sync"] = spec["hierarchical"]
         if spec["overlap"] != "none":
             config.update(overlap=spec["overlap"], overlap_steps=spec["overlap_steps"])
-            if spec["method"] == "autoloco" and not spec["fragments"]:  # every step has the same tokens here;
+            # every step has the same tokens here;
+            if spec["method"] == "autoloco" and not spec["fragments"]:
                 config["map_tokens"] = (
-                    False  # without the mapper intervals are >= h_min: a merge may land h_min - 1 late
+                    # without the mapper intervals are >= h_min: a merge may land h_min - 1 late
+                    False
                 )
-        if spec["fragments"]:  # streaming rows: H never below h_base, every fragment's merge before the next sync
+        # streaming rows: H never below h_base, every fragment's merge before the next sync
+        if spec["fragments"]:
             fragments = spec["fragments"]
             config["fragments"] = fragments
             if spec["method"] == "autoloco":
                 config["h_min"] = spec["h_base"]
             if spec["overlap"] != "none":
-                config["overlap_steps"] = min(spec["overlap_steps"], spec["h_base"] // fragments - 1)
+                config["overlap_steps"] = min(
+                    spec["overlap_steps"], spec["h_base"] // fragments - 1
+                )
         autoloco = AutoLoCoCallback(AutoLoCoConfig(**config), log_metrics=False)
         callbacks.append(autoloco)
     callbacks.append(Meter())
@@ -910,7 +1058,11 @@ def worker(spec_path: str) -> int:
     )
     TimedTrainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
     totals = autoloco.engine.totals if autoloco is not None else None
-    outer = autoloco.engine.outer if autoloco is not None and autoloco.engine.outer is not None else None
+    outer = (
+        autoloco.engine.outer
+        if autoloco is not None and autoloco.engine.outer is not None
+        else None
+    )
     steps_between = [b - a for a, b in zip(step_ends, step_ends[1:])]
     result = dict(
         rank=rank,
@@ -920,7 +1072,9 @@ def worker(spec_path: str) -> int:
         train_seconds=marks["t1"] - marks["t0"],
         step_seconds=steps_between,
         sync_seconds=totals.sync_seconds if totals else 0.0,
-        last_sync_seconds=autoloco.engine.records[-1].sync_seconds if autoloco and autoloco.engine.records else 0.0,
+        last_sync_seconds=autoloco.engine.records[-1].sync_seconds
+        if autoloco and autoloco.engine.records
+        else 0.0,
         syncs=totals.syncs if totals else 0,
         wire_bytes=totals.wire_bytes if totals else 0,
         tx_bytes=marks["tx1"] - marks["tx0"],
@@ -930,9 +1084,13 @@ def worker(spec_path: str) -> int:
         peak_bits_per_s=sampler.peak_rate(PEAK_WINDOW_S) * 8,
         tx_samples=len(sampler.samples),
         fragments=autoloco.engine.config.fragments if autoloco is not None else 0,
-        fragment_payload_bytes=list(getattr(autoloco.engine, "fragment_payload_bytes", [])) if autoloco else [],
+        fragment_payload_bytes=list(getattr(autoloco.engine, "fragment_payload_bytes", []))
+        if autoloco
+        else [],
         intervals=intervals,
-        worker_steps=autoloco.engine.records[-1].worker_steps if autoloco and autoloco.engine.records else None,
+        worker_steps=autoloco.engine.records[-1].worker_steps
+        if autoloco and autoloco.engine.records
+        else None,
         aggregations=dict(getattr(autoloco.engine.comm, "aggregations", {})) if autoloco else {},
     )
     with open(os.path.join(spec["output_dir"], f"result_node{node}_rank{rank}.json"), "w") as f:
@@ -941,17 +1099,20 @@ def worker(spec_path: str) -> int:
 
 
 def torchft_worker(spec: dict[str, Any]) -> int:
-    """One replica group of the torchft rows: torchft's ``DiLoCo`` around a plain PyTorch loop on the same model.
+    """One replica group of the torchft rows: torchft's
+    ``DiLoCo`` around a plain PyTorch loop on the same model.
 
-    torchft's DiLoCo hooks the inner optimizer's ``step`` and needs a ``Manager`` (quorum from the Lighthouse,
-    a reconfigurable gloo group across replica groups), which the Trainer cannot host without patching its loop,
-    so this loop does by hand what the Trainer does for the other rows: the same model (seed 0), the same
-    sequences (``markov_sequences``, each node a disjoint shard, shuffled with seed 0: the order differs from the
-    Trainer's sampler), batch, fused AdamW (lr 3e-3, Trainer's defaults otherwise), linear schedule with 2 warmup
-    steps, gradient clipping at 1.0, dropout on, and the loss normalized as the Trainer does. The outer step is the project's DiLoCo defaults (Nesterov
-    SGD, ``outer_lr``, ``outer_momentum``); the delayed row merges with ``fragment_update_alpha =
-    overlap_mix``. ``sync_seconds`` is the time spent inside torchft's post-step hook (quorum, pseudo-gradients,
-    starting and waiting for the all-reduce, outer step), so it is the blocked sync time, measured directly.
+    torchft's DiLoCo hooks the inner optimizer's ``step`` and needs a ``Manager`` (quorum from the
+    Lighthouse, a reconfigurable gloo group across replica groups), which the Trainer cannot host
+    without patching its loop, so this loop does by hand what the Trainer does for the other rows:
+    the same model (seed 0), the same sequences (``markov_sequences``, each node a disjoint shard,
+    shuffled with seed 0: the order differs from the Trainer's sampler), batch, fused AdamW (lr
+    3e-3, Trainer's defaults otherwise), linear schedule with 2 warmup steps, gradient clipping at
+    1.0, dropout on, and the loss normalized as the Trainer does. The outer step is the project's
+    DiLoCo defaults (Nesterov SGD, ``outer_lr``, ``outer_momentum``); the delayed row merges with
+    ``fragment_update_alpha = overlap_mix``. ``sync_seconds`` is the time spent inside torchft's
+    post-step hook (quorum, pseudo-gradients, starting and waiting for the all-reduce, outer step),
+    so it is the blocked sync time, measured directly.
     """
     try:
         from torchft.local_sgd import DiLoCo
@@ -972,8 +1133,9 @@ def torchft_worker(spec: dict[str, Any]) -> int:
 
     node, nodes = int(os.environ["ALH_WAN_NODE"]), spec["nodes"]
     h_base, fragments = spec["h_base"], max(spec["fragments"], 1)
-    # torchft's delay: the fragment's all-reduce starts `delay` steps before its merge, as the project's delayed
-    # rows start it `overlap_steps` steps before theirs (one fragment in flight: delay < h_base / F)
+    # torchft's delay: the fragment's all-reduce starts `delay` steps before
+    # its merge, as the project's delayed rows start it `overlap_steps`
+    # steps before theirs (one fragment in flight: delay < h_base / F)
     delay = min(spec["overlap_steps"], h_base // fragments - 1) if spec["overlap"] != "none" else 0
     defaults = AutoLoCoConfig(method="diloco", h_base=h_base)
     dev = os.environ.get("GLOO_SOCKET_IFNAME")
@@ -982,13 +1144,20 @@ def torchft_worker(spec: dict[str, Any]) -> int:
     torch.manual_seed(0)
     vocab, seq, batch, steps = spec["vocab"], spec["seq"], spec["batch"], spec["steps"]
     model = GPT2LMHeadModel(
-        GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=spec["hidden"], n_layer=spec["layers"], n_head=4)
+        GPT2Config(
+            vocab_size=vocab,
+            n_positions=seq,
+            n_embd=spec["hidden"],
+            n_layer=spec["layers"],
+            n_head=4,
+        )
     )
     model.train()
     data = markov_sequences(vocab, steps * batch * nodes, seq)
     shard = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[node::nodes]
     params = list(model.parameters())
-    # the project's layout (docs/algorithm.md#fragment-layout): contiguous tensors, balanced by elements
+    # the project's layout (docs/algorithm.md#fragment-layout):
+    # contiguous tensors, balanced by elements
     if fragments > 1:
         layout = split_fragments([p.numel() for p in params], fragments)
         pieces: list[torch.nn.Module] = []
@@ -997,16 +1166,25 @@ def torchft_worker(spec: dict[str, Any]) -> int:
             piece.params = torch.nn.ParameterList(params[frag.first : frag.last])
             pieces.append(piece)
         outer: Any = [
-            torch.optim.SGD(piece.parameters(), lr=defaults.outer_lr, momentum=defaults.outer_momentum, nesterov=True)
+            torch.optim.SGD(
+                piece.parameters(),
+                lr=defaults.outer_lr,
+                momentum=defaults.outer_momentum,
+                nesterov=True,
+            )
             for piece in pieces
         ]
     else:
         pieces = [model]
-        outer = torch.optim.SGD(params, lr=defaults.outer_lr, momentum=defaults.outer_momentum, nesterov=True)
-    inner = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0, fused=True)  # the Trainer's adamw_torch_fused
+        outer = torch.optim.SGD(
+            params, lr=defaults.outer_lr, momentum=defaults.outer_momentum, nesterov=True
+        )
+    # the Trainer's adamw_torch_fused
+    inner = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0, fused=True)
     schedule = get_linear_schedule_with_warmup(inner, num_warmup_steps=2, num_training_steps=steps)
 
-    # a cross-node barrier on node 0's store (the other rows use torch.distributed's), around the measured loop
+    # a cross-node barrier on node 0's store (the other rows
+    # use torch.distributed's), around the measured loop
     store = torch.distributed.TCPStore(
         spec["barrier"].rsplit(":", 1)[0],
         int(spec["barrier"].rsplit(":", 1)[1]),
@@ -1054,8 +1232,8 @@ def torchft_worker(spec: dict[str, Any]) -> int:
             if merged:
                 events.append(seconds)
 
-    # the first quorum (the Lighthouse, connecting the gloo group) before the clock starts, as the other rows
-    # connect their process group before training
+    # the first quorum (the Lighthouse, connecting the gloo group) before the clock starts, as the
+    # other rows connect their process group before training
     manager.start_quorum()
     manager.wait_quorum()
     sampler = TxSampler(tx_bytes)
@@ -1078,8 +1256,11 @@ def torchft_worker(spec: dict[str, Any]) -> int:
         for i in range(steps):
             ids = data[shard[i * batch : (i + 1) * batch]]
             inner.zero_grad()
-            # the loss over the labels the Trainer counts (all of them: GPT-2 sets no loss_type), so the scale matches
-            loss = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(ids.numel())).loss
+            # the loss over the labels the Trainer counts (all of
+            # them: GPT-2 sets no loss_type), so the scale matches
+            loss = model(
+                input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(ids.numel())
+            ).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             inner.step()  # torchft's hooks synchronize here every h_base / F steps
@@ -1094,8 +1275,14 @@ def torchft_worker(spec: dict[str, Any]) -> int:
         tx1 = tx_bytes()
     commits = manager.current_step()  # one per committed fragment sync
     if commits != len(events):
-        raise RuntimeError(f"torchft committed {commits} of {len(events)} syncs (should_commit refused the rest)")
-    backup = sum(t.numel() * t.element_size() for f in diloco._fragments for t in f.original_parameters.values())
+        raise RuntimeError(
+            f"torchft committed {commits} of {len(events)} syncs (should_commit refused the rest)"
+        )
+    backup = sum(
+        t.numel() * t.element_size()
+        for f in diloco._fragments
+        for t in f.original_parameters.values()
+    )
     momentum = sum(
         state["momentum_buffer"].numel() * state["momentum_buffer"].element_size()
         for opt in (outer if isinstance(outer, list) else [outer])
@@ -1117,7 +1304,8 @@ def torchft_worker(spec: dict[str, Any]) -> int:
         tx_bytes=tx1 - tx0,
         losses=losses,
         loss_times=loss_times,
-        outer_state_bytes=backup + momentum,  # the FP32 backup of the global parameters plus the momentum
+        # the FP32 backup of the global parameters plus the momentum
+        outer_state_bytes=backup + momentum,
         peak_bits_per_s=sampler.peak_rate(PEAK_WINDOW_S) * 8,
         tx_samples=len(sampler.samples),
         fragments=spec["fragments"],
@@ -1133,13 +1321,15 @@ def torchft_worker(spec: dict[str, Any]) -> int:
     if node != 0:
         store.set(f"left/{node}", "1")  # the last use of node 0's store
     else:
-        store.wait([f"left/{k}" for k in range(1, nodes)])  # keep the store up until every node is done with it
+        # keep the store up until every node is done with it
+        store.wait([f"left/{k}" for k in range(1, nodes)])
     manager.shutdown(wait=False)
     return 0
 
 
 class TxSampler:
-    """Reads the interface's kernel ``tx_bytes`` every ``period`` seconds on a thread, from train begin to end."""
+    """Reads the interface's kernel ``tx_bytes`` every
+    ``period`` seconds on a thread, from train begin to end."""
 
     def __init__(self, read: Any, period: float = SAMPLE_PERIOD_S) -> None:
         import threading
@@ -1163,12 +1353,14 @@ class TxSampler:
         self.samples.append((time.perf_counter(), self.read()))
 
     def peak_rate(self, window: float) -> float:
-        """Largest bytes/s over any span of at least ``window`` seconds between two samples (0 without traffic)."""
+        """Largest bytes/s over any span of at least ``window``
+        seconds between two samples (0 without traffic)."""
         return peak_rate(self.samples, window)
 
 
 def peak_rate(samples: list[tuple[float, int]], window: float) -> float:
-    """Largest ``(b_j - b_i) / (t_j - t_i)`` over sample pairs, ``j`` the first sample ``window`` after ``i``."""
+    """Largest ``(b_j - b_i) / (t_j - t_i)`` over sample
+    pairs, ``j`` the first sample ``window`` after ``i``."""
     best, j = 0.0, 0
     for i, (t_i, b_i) in enumerate(samples):
         j = max(j, i + 1)

@@ -8,8 +8,10 @@ worker, AdamW, DiLoCo at H 10, so every tenth step includes a sync) with
 variants alternate block by block (one block = one interval of 10 steps), so a shared
 machine's load hits all of them alike; the JSON keeps every block's seconds per step::
 
-    python benchmarks/throughput/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 --compile --json results/batched_workers/cpu.json
-    python benchmarks/throughput/bench_batched_workers.py --from-json results/batched_workers/cpu.json
+    python benchmarks/throughput/bench_batched_workers.py --sizes 64x2 128x4 --repeats 3 \\
+        --compile --json results/batched_workers/cpu.json
+    python benchmarks/throughput/bench_batched_workers.py \\
+        --from-json results/batched_workers/cpu.json
 """
 
 from __future__ import annotations
@@ -74,7 +76,13 @@ def measure(args: argparse.Namespace, command: str) -> dict[str, Any]:
     steps = (args.repeats + WARMUP_BLOCKS) * H + 10  # a margin for compile_losses' step
     generator = torch.Generator().manual_seed(0)
     result: dict[str, Any] = dict(
-        command=command, workers=args.workers, threads=args.threads, batch=BATCH, seq_len=SEQ_LEN, h=H, sizes={}
+        command=command,
+        workers=args.workers,
+        threads=args.threads,
+        batch=BATCH,
+        seq_len=SEQ_LEN,
+        h=H,
+        sizes={},
     )
     for hidden, layers in args.sizes:
         runners = {v: make_runner(v, hidden, layers, args.workers, steps) for v in variants}
@@ -90,7 +98,9 @@ def measure(args: argparse.Namespace, command: str) -> dict[str, Any]:
                     runner.train_step(batches)
                 if block >= WARMUP_BLOCKS:
                     seconds[variant].append((time.perf_counter() - started) / H)
-        result["sizes"][f"{hidden}x{layers}"] = dict(hidden=hidden, layers=layers, params=params, seconds=seconds)
+        result["sizes"][f"{hidden}x{layers}"] = dict(
+            hidden=hidden, layers=layers, params=params, seconds=seconds
+        )
         result["load_average"] = os.getloadavg()  # at the end of the last size measured
         print(table(result), flush=True)
         if args.json:  # after every size: a run cut short keeps what it measured
@@ -109,27 +119,44 @@ def table(result: dict[str, Any]) -> str:
         for variant, values in size["seconds"].items():
             median = statistics.median(values)
             rows.append(
-                f"| hidden {size['hidden']}, {size['layers']} layers | {size['params'] / 1e6:.2f}M | {variant} "
-                f"| {median:.4f} | {min(values):.4f}-{max(values):.4f} | {loop / median:.2f}x |"
+                f"| hidden {size['hidden']}, {size['layers']} layers | {size['params'] / 1e6:.2f}M "
+                f"| {variant} | {median:.4f} | {min(values):.4f}-{max(values):.4f} "
+                f"| {loop / median:.2f}x |"
             )
     return "\n".join(rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["64x2", "128x4"], help="HIDDENxLAYERS (default 64x2 128x4)")
+    p.add_argument(
+        "--sizes", nargs="+", default=["64x2", "128x4"], help="HIDDENxLAYERS (default 64x2 128x4)"
+    )
     p.add_argument("--workers", type=int, default=8, help="simulated workers (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="timed blocks of 10 steps per variant (default 3)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the campaigns)")
-    p.add_argument("--compile", action="store_true", help="also time the batched step under torch.compile")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed blocks of 10 steps per variant (default 3)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default 1, as the campaigns)"
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="also time the batched step under torch.compile"
+    )
     p.add_argument("--json", help="write the raw seconds here")
     p.add_argument("--from-json", help="print the table of a saved run; train nothing")
     args = p.parse_args(argv)
     try:
         args.sizes = [parse_size(s) for s in args.sizes]
     except ValueError:
-        p.exit(2, f"bench_batched_workers: --sizes {' '.join(args.sizes)}: pass HIDDENxLAYERS, e.g. 64x2 128x4\n")
-    for flag, value in (("--workers", args.workers), ("--repeats", args.repeats), ("--threads", args.threads)):
+        p.exit(
+            2,
+            f"bench_batched_workers: --sizes {' '.join(args.sizes)}: pass "
+            "HIDDENxLAYERS, e.g. 64x2 128x4\n",
+        )
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--repeats", args.repeats),
+        ("--threads", args.threads),
+    ):
         if value < 1:
             p.exit(2, f"bench_batched_workers: {flag} {value}: pass a positive integer\n")
     return args
@@ -141,8 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(json.loads(Path(args.from_json).read_text())))
         return 0
     torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", message=".*batching rule.*")  # SDPA falls back to a loop under vmap
-    measure(args, " ".join(["python", "benchmarks/throughput/bench_batched_workers.py", *(argv or sys.argv[1:])]))
+    # SDPA falls back to a loop under vmap
+    warnings.filterwarnings("ignore", message=".*batching rule.*")
+    measure(
+        args,
+        " ".join(
+            ["python", "benchmarks/throughput/bench_batched_workers.py", *(argv or sys.argv[1:])]
+        ),
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Cost of one outer synchronization on real gloo processes (docs/algorithm.md#wire-codecs, #accounting).
+"""Cost of one outer synchronization on real gloo processes
+(docs/algorithm.md#wire-codecs, #accounting).
 
 Not a test. Spawns ``--world-size`` gloo processes on this machine (one thread each)
 and times, for a flat FP32 buffer of each ``--sizes`` with a transformer-like segment
@@ -14,10 +15,11 @@ layout (a few hundred tensors):
 Median of ``--repeats`` runs after one warm-up, rank 0's clock, a barrier before each
 run; the methods take turns within each repeat (interleaved), and ``x bare`` is the
 median over repeats of each method's time over the bare all-reduce timed just before
-it (``max x``: the largest), so a load swing hits both sides of a ratio alike. Also printed: wire bytes one worker sends (ring ``2 (N-1)/N`` for the all-reduces,
-exact all_to_all splits for owner-reduce), the encode / collective / decode split that
-the communicator reports, and the codec's encode+decode throughput on the whole buffer
-into persistent wire buffers (``_median_seconds`` of ``bench_codec_throughput.py``).
+it (``max x``: the largest), so a load swing hits both sides of a ratio alike. Also printed: wire
+bytes one worker sends (ring ``2 (N-1)/N`` for the all-reduces, exact all_to_all splits for
+owner-reduce), the encode / collective / decode split that the communicator reports, and the codec's
+encode+decode throughput on the whole buffer into persistent wire buffers (``_median_seconds`` of
+``bench_codec_throughput.py``).
 
     python benchmarks/throughput/bench_sync.py [--sizes 16M 64M] [--world-size 2] [--repeats 5]
 
@@ -43,9 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)  # benchmarks/: its kinds import as packages
+# benchmarks/: its kinds import as packages
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from throughput.bench_codec_throughput import _median_seconds, _parse_size  # noqa: E402
 
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator  # noqa: E402
@@ -77,8 +78,11 @@ def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list
     return out
 
 
-def _timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, list[float]], dict]:
-    """Every ``fn``'s seconds per repeat, the methods taking turns within each repeat, and each one's results.
+def _timed_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, list[float]], dict]:
+    """Every ``fn``'s seconds per repeat, the methods taking
+    turns within each repeat, and each one's results.
 
     Interleaved so that a load swing on a shared machine hits the reference and
     the codec paths alike: their per-repeat ratios compare like with like.
@@ -97,7 +101,9 @@ def _timed_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple
     return times, results
 
 
-def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, threads: int, queue) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, sizes: list[int], repeats: int, threads: int, queue
+) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group(
         "gloo",
@@ -125,8 +131,11 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
         fns: dict[str, Callable[[], Any]] = {"all_reduce fp32": bare}
         for wire, comm in comms.items():
             fns[f"average {wire}"] = lambda comm=comm: comm.average([x], [scalars], segments)
-        for wire, comm in list(comms.items())[1:]:  # the overlapped lossy average's all-gather, waited for at once
-            fns[f"gathered {wire}"] = lambda comm=comm: comm.start_average([x], [scalars], segments).wait()
+        # the overlapped lossy average's all-gather, waited for at once
+        for wire, comm in list(comms.items())[1:]:
+            fns[f"gathered {wire}"] = lambda comm=comm: comm.start_average(
+                [x], [scalars], segments
+            ).wait()
         times, results = _timed_interleaved(fns, repeats)
         reference = times["all_reduce fp32"]
         for name, seconds in times.items():
@@ -155,13 +164,21 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: in
                 codec = WireCodec(wire, segments)
                 bufs, out = codec.empty_wire(0, numel), torch.empty_like(x)
                 t_rt = _median_seconds(
-                    lambda: codec.decode(codec.encode(x, 0, out=bufs), 0, numel, out=out), repeats, x.device
+                    lambda: codec.decode(codec.encode(x, 0, out=bufs), 0, numel, out=out),
+                    repeats,
+                    x.device,
                 )
                 rows.append(
-                    dict(numel=numel, segments=len(segments), method=f"codec {wire}", gbps=4 * numel / 1e9 / t_rt)
+                    dict(
+                        numel=numel,
+                        segments=len(segments),
+                        method=f"codec {wire}",
+                        gbps=4 * numel / 1e9 / t_rt,
+                    )
                 )
         dist.barrier()
-        x = buf = magnitudes = None  # free this size's buffers before the next size allocates its own
+        # free this size's buffers before the next size allocates its own
+        x = buf = magnitudes = None
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -175,19 +192,24 @@ def _free_port() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="FP32 elements, e.g. 16M")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes", nargs="+", default=["16M", "64M"], help="FP32 elements, e.g. 16M"
+    )
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--json", help="also write every row (each repeat's seconds included) to this file")
+    parser.add_argument(
+        "--json", help="also write every row (each repeat's seconds included) to this file"
+    )
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
 
     print(
         f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "
-        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} interleaved after 1 warm-up"
+        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, median of {args.repeats} "
+        "interleaved after 1 warm-up"
     )
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -208,7 +230,8 @@ def main() -> None:
         bare = mine[0]
         for r in mine:
             split = (
-                f"{r['encode_seconds']:>9.3f} {r['collective_seconds']:>10.3f} {r['decode_seconds']:>9.3f}"
+                f"{r['encode_seconds']:>9.3f} {r['collective_seconds']:>10.3f} "
+                f"{r['decode_seconds']:>9.3f}"
                 if "encode_seconds" in r
                 else f"{'':>9} {'':>10} {'':>9}"
             )
@@ -217,13 +240,20 @@ def main() -> None:
                 f"{r['x_bare']:>7.2f} {r['x_bare_max']:>6.2f} {r['wire_bytes'] / 1e6:>15.2f} "
                 f"{r['wire_bytes'] / bare['wire_bytes']:>7.4f} {split}"
             )
-    print("codec encode+decode of the whole buffer into persistent buffers (rank 0), GB/s of FP32 input:")
+    print(
+        "codec encode+decode of the whole buffer into persistent buffers "
+        "(rank 0), GB/s of FP32 input:"
+    )
     for r in rows:
         if "gbps" in r:
             print(f"{r['numel']:>12,} {r['segments']:>4} {r['method']:<16} {r['gbps']:>8.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"load_average": os.getloadavg(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump(
+                {"load_average": os.getloadavg(), "torch": torch.__version__, "rows": rows},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Throughput between syncs: AutoLoCo Trainer workers vs a plain single-process Trainer (not a test).
+"""Throughput between syncs: AutoLoCo Trainer workers vs a
+plain single-process Trainer (not a test).
 
-    python benchmarks/throughput/bench_trainer_throughput.py [ROUNDS]   # runs all three ROUNDS times (default 2), prints the ratios
+    # runs all three ROUNDS times (default 2), prints the ratios
+    python benchmarks/throughput/bench_trainer_throughput.py [ROUNDS]
 
 * ``plain``: one process, ``Trainer`` without the callback;
-* ``autoloco1``: one process, ``Trainer`` + ``AutoLoCoCallback`` (the callback's own cost between syncs);
+* ``autoloco1``: one process, ``Trainer`` +
+  ``AutoLoCoCallback`` (the callback's own cost between syncs);
 * ``autoloco``: ``torchrun --nproc_per_node 2``, ``Trainer`` + ``AutoLoCoCallback`` (DiLoCo, H=20);
 * ``ddp``: ``torchrun --nproc_per_node 2``, plain DDP ``Trainer`` (gradient all-reduce every step).
 
@@ -37,10 +40,15 @@ def worker(mode: str, out: str) -> None:
     from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig
     from autoloco_hf.toy.llama import tiny_llama
 
-    model = tiny_llama(2048, 128, 3, 4, 256, max_position_embeddings=256, seed=0, tie_word_embeddings=False)
+    model = tiny_llama(
+        2048, 128, 3, 4, 256, max_position_embeddings=256, seed=0, tie_word_embeddings=False
+    )
     g = torch.Generator().manual_seed(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 2048, (STEPS * 8 * world, 128), generator=g)]
+    data = [
+        {"input_ids": ids, "labels": ids}
+        for ids in torch.randint(0, 2048, (STEPS * 8 * world, 128), generator=g)
+    ]
     times: list[float] = []
     synced: list[bool] = []
 
@@ -52,11 +60,16 @@ def worker(mode: str, out: str) -> None:
                 bool(
                     engine
                     and engine.totals.syncs
-                    and engine.records[-1].start_step + engine.records[-1].h_step == state.global_step
+                    and engine.records[-1].start_step + engine.records[-1].h_step
+                    == state.global_step
                 )
             )
 
-    autoloco = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=H)) if mode.startswith("autoloco") else None
+    autoloco = (
+        AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=H))
+        if mode.startswith("autoloco")
+        else None
+    )
     args = TrainingArguments(
         output_dir=out,
         per_device_train_batch_size=8,
@@ -111,7 +124,8 @@ def launch(mode: str, out: str, nproc: int) -> dict:
 
 
 def main(rounds: int = 2) -> None:
-    """Alternate the three runs ``rounds`` times; keep each one's best median (the machine may be shared)."""
+    """Alternate the three runs ``rounds`` times; keep each
+    one's best median (the machine may be shared)."""
     out = tempfile.mkdtemp()
     best: dict[str, dict] = {}
     for _ in range(rounds):
@@ -122,8 +136,8 @@ def main(rounds: int = 2) -> None:
     plain, auto, ddp, one = best["plain"], best["autoloco"], best["ddp"], best["autoloco1"]
     print(f"plain single-process Trainer: {1 / plain['between_syncs']:.2f} steps/s")
     print(
-        f"single-process Trainer + AutoLoCoCallback between syncs: {1 / one['between_syncs']:.2f} steps/s "
-        f"(ratio {plain['between_syncs'] / one['between_syncs']:.3f})"
+        f"single-process Trainer + AutoLoCoCallback between syncs: {1 / one['between_syncs']:.2f} "
+        f"steps/s (ratio {plain['between_syncs'] / one['between_syncs']:.3f})"
     )
     print(
         f"AutoLoCo worker between syncs: {1 / auto['between_syncs']:.2f} steps/s per worker "
