@@ -42,12 +42,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, init_method: str, out_dir: str, args: tuple) -> None:
+def _entry(
+    rank: int, fn: Callable[..., Any], world_size: int, init_method: str, out_dir: str, args: tuple
+) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
     )
     try:
         result = fn(rank, world_size, *args)
@@ -55,16 +61,20 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, init_method: str,
         dist.barrier()  # nobody tears the group down while a peer is still in a collective
     finally:
         dist.destroy_process_group()
-    # The rank's work is done and saved, its groups destroyed: leave without interpreter finalization. A C++
-    # thread still joinable when static objects are destroyed at exit aborts the process ("terminate called
-    # without an active exception", SIGABRT) after a successful run, which join() reports as a failed rank.
+    # The rank's work is done and saved, its groups destroyed: leave without interpreter
+    # finalization. A C++ thread still joinable when static objects are destroyed at exit aborts the
+    # process ("terminate called without an active exception", SIGABRT) after a successful run,
+    # which join() reports as a failed rank.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; returns each rank's return value."""
+def run_gloo(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size``
+    gloo ranks; returns each rank's return value."""
     with tempfile.TemporaryDirectory(prefix="autoloco_gloo_") as out_dir:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.start_processes(
@@ -83,5 +93,10 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
                         p.terminate()
                 for p in ctx.processes:
                     p.join(10)
-                raise TimeoutError(f"{world_size} gloo processes running {fn.__name__} took over {timeout:.0f} s")
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+                raise TimeoutError(
+                    f"{world_size} gloo processes running {fn.__name__} took over {timeout:.0f} s"
+                )
+        return [
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+            for r in range(world_size)
+        ]

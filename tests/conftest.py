@@ -1,20 +1,22 @@
 """Shared test set-up: the ``slow`` mark given by cause.
 
 ``tests/`` and ``benchmarks/`` are on ``sys.path`` (``pythonpath`` in setup.cfg): test modules in
-sub-folders share the helpers of ``tests/`` (``_dist``, ``slow_causes``) and import the benchmarks by
-kind (``from campaigns import replicate``).
+sub-folders share the helpers of ``tests/`` (``_dist``, ``slow_causes``) and import the benchmarks
+by kind (``from campaigns import replicate``).
 
-The quick tier, for use before every commit, is ``python -m pytest -q -m "not slow"``. A test is ``slow``
-when it is marked so, or when it, a fixture it requests or a test helper they call spawns processes or
-trains a Trainer (``slow_causes.SLOW_CAUSES``): a new test of that kind joins the slow tier with no mark to
-remember. A test slow for another reason (a long in-process run, such as the demo) is marked by hand.
+The quick tier, for use before every commit, is ``python -m pytest -q -m "not slow"``.
+A test is ``slow`` when it is marked so, or when it, a fixture it requests or a test
+helper they call spawns processes or trains a Trainer (``slow_causes.SLOW_CAUSES``): a
+new test of that kind joins the slow tier with no mark to remember. A test slow for
+another reason (a long in-process run, such as the demo) is marked by hand.
 
-The README's test command runs on two pytest-xdist workers (``-n 2 --dist loadscope``), with the scopes of
-:func:`scope_of`: a module's tests run on one worker, so that a module-scoped fixture (a launch its tests
-share) runs once; every module that builds network namespaces (it uses ``netns_skip_reason``) shares one
-scope, so that two namespace tests never run at once (their timing bounds assume no second testbed beside
-them); the documented commands' shards are scopes of their own. (``xdist_group`` marks and ``--dist
-loadgroup`` would say the same, but pytest 9.2's node ids no longer carry xdist's group suffix.)
+The README's test command runs on two pytest-xdist workers (``-n 2 --dist loadscope``), with the
+scopes of :func:`scope_of`: a module's tests run on one worker, so that a module-scoped fixture (a
+launch its tests share) runs once; every module that builds network namespaces (it uses
+``netns_skip_reason``) shares one scope, so that two namespace tests never run at once (their timing
+bounds assume no second testbed beside them); the documented commands' shards are scopes of their
+own. (``xdist_group`` marks and ``--dist loadgroup`` would say the same, but pytest 9.2's node ids
+no longer carry xdist's group suffix.)
 """
 
 import pytest
@@ -22,7 +24,8 @@ from slow_causes import slow_cause
 from xdist_scopes import scope_of
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (.ci/min_versions) it is never called
+# a hook of pytest-xdist: without it (.ci/min_versions) it is never called
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` with the scopes of :func:`scope_of`."""
     if config.getvalue("dist") != "loadscope":

@@ -1,8 +1,10 @@
-"""Why a test is ``slow``: its code reaches a name of ``SLOW_CAUSES`` (``tests/conftest.py`` applies it).
+"""Why a test is ``slow``: its code reaches a name of
+``SLOW_CAUSES`` (``tests/conftest.py`` applies it).
 
-The search follows the test function, the fixtures it requests and the helpers they name that live under
-``tests/`` (functions of the same module, or of a helper module such as ``launch``), to any depth. Code
-outside ``tests/`` (the package, pytest, torch) is not followed: the causes are the test helpers' own calls.
+The search follows the test function, the fixtures it requests and the helpers
+they name that live under ``tests/`` (functions of the same module, or of a helper
+module such as ``launch``), to any depth. Code outside ``tests/`` (the package,
+pytest, torch) is not followed: the causes are the test helpers' own calls.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-# A name in the code, and why reaching it makes a test slow. Each costs seconds: a spawned interpreter
-# imports torch (2-3 s) and, through transformers' Trainer, much more (~9 s); a Trainer run trains.
+# A name in the code, and why reaching it makes a test slow. Each costs
+# seconds: a spawned interpreter imports torch (2-3 s) and, through
+# transformers' Trainer, much more (~9 s); a Trainer run trains.
 SLOW_CAUSES = {
     "run_gloo": "spawns gloo ranks (_dist.run_gloo)",
     "torchrun": "launches torchrun (launch.torchrun)",
@@ -28,7 +31,9 @@ SLOW_CAUSES = {
 
 
 def _under_tests(obj: object) -> bool:
-    path = getattr(getattr(obj, "__code__", None), "co_filename", None) or getattr(obj, "__file__", None)
+    path = getattr(getattr(obj, "__code__", None), "co_filename", None) or getattr(
+        obj, "__file__", None
+    )
     return path is not None and Path(path).resolve().is_relative_to(TESTS)
 
 
@@ -44,7 +49,8 @@ def _names(code: types.CodeType) -> set[str]:
 def slow_cause(func: object, seen: dict[types.CodeType, str | None] | None = None) -> str | None:
     """Why calling ``func`` is slow (a ``SLOW_CAUSES`` value), or None.
 
-    ``seen``: the answers so far, shared across calls (a collection asks about the same helpers many times).
+    ``seen``: the answers so far, shared across calls (a
+    collection asks about the same helpers many times).
     """
     seen = {} if seen is None else seen
     func = inspect.unwrap(func)
@@ -57,7 +63,9 @@ def slow_cause(func: object, seen: dict[types.CodeType, str | None] | None = Non
     names = _names(code)
     cause = next((SLOW_CAUSES[name] for name in sorted(names & SLOW_CAUSES.keys())), None)
     scope = func.__globals__
-    helper_modules = [m for m in (scope.get(n) for n in names) if inspect.ismodule(m) and _under_tests(m)]
+    helper_modules = [
+        m for m in (scope.get(n) for n in names) if inspect.ismodule(m) and _under_tests(m)
+    ]
     for name in sorted(names):
         if cause is not None:
             break

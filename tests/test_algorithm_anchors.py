@@ -13,7 +13,9 @@ NUMBERED = re.compile(r"§\d")  # the old citation by section number, which renu
 
 
 def _tracked(*patterns: str) -> list[Path]:
-    names = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    names = subprocess.run(
+        ["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     return [ROOT / name for name in names if not name.startswith("results/")]
 
 
@@ -30,10 +32,16 @@ def test_every_cited_anchor_exists_and_code_cites_no_section_number() -> None:
     missing, numbered = [], []
     for path in _tracked("*.py", "*.md", "*.cfg", "*.yaml"):
         text = path.read_text()
-        missing += [f"{path.relative_to(ROOT)}: #{slug}" for slug in CITED.findall(text) if slug not in anchors]
+        missing += [
+            f"{path.relative_to(ROOT)}: #{slug}"
+            for slug in CITED.findall(text)
+            if slug not in anchors
+        ]
         if path.suffix != ".md":
             numbered += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in NUMBERED.finditer(text)]
-    in_docs = [a for a in re.findall(r"\(#([a-z0-9-]+)\)", (ROOT / "docs" / "algorithm.md").read_text())]
+    in_docs = [
+        a for a in re.findall(r"\(#([a-z0-9-]+)\)", (ROOT / "docs" / "algorithm.md").read_text())
+    ]
     missing += [f"docs/algorithm.md: #{a}" for a in in_docs if a not in anchors]
     assert not missing, missing
     assert not numbered, numbered

@@ -8,20 +8,41 @@ import math
 import pytest
 
 from autoloco_hf import AutoLoCoConfig, ConfigError
-from autoloco_hf.config import RECIPE_SCHEDULES, RECIPES, Method, Overlap, ReferenceClip, WireDtype, field_types
+from autoloco_hf.config import (
+    RECIPE_SCHEDULES,
+    RECIPES,
+    Method,
+    Overlap,
+    ReferenceClip,
+    WireDtype,
+    field_types,
+)
 
 
 def test_spec_defaults() -> None:
-    """The spec's default constants (sections 3, 4, 5): the paper rule's (the default rule is descent, below)."""
+    """The spec's default constants (sections 3, 4, 5): the
+    paper rule's (the default rule is descent, below)."""
     c = AutoLoCoConfig(controller="paper")
     assert c.method == "autoloco" and c.h_base == 500
     assert (c.q_h, c.h_min, c.h_max) == (50, 500, 750)
-    assert (c.outer_lr, c.outer_momentum, c.mu_min, c.mu_max, c.kappa_max, c.eps) == (0.7, 0.7, 0.5, 0.9, 1.5, 1e-8)
+    assert (c.outer_lr, c.outer_momentum, c.mu_min, c.mu_max, c.kappa_max, c.eps) == (
+        0.7,
+        0.7,
+        0.5,
+        0.9,
+        1.5,
+        1e-8,
+    )
     assert (c.adjust_momentum, c.scale_outer_lr, c.normalize_pseudo_grad) == (True, True, False)
     assert (c.token_calibration_intervals, c.token_ema_beta) == (3, 0.9)
     o = c.rule_options  # the paper rule's
     assert o.calibration_delay_steps == 0
-    assert (o.calibration_intervals, o.recalibration_intervals, o.variability_intervals, o.monitoring_holdoff) == (
+    assert (
+        o.calibration_intervals,
+        o.recalibration_intervals,
+        o.variability_intervals,
+        o.monitoring_holdoff,
+    ) == (
         2,
         1,
         3,
@@ -53,16 +74,21 @@ def test_spec_defaults() -> None:
 )
 def test_horizon_defaults_resolve(h_base: int, q_h: int, h_max: int) -> None:
     """q_H = H_base / 10 (the largest divisor of H_base up to that); H_min = H_base;
-    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md#notation), for the paper rule; the
-    default rule's is 2 H_base."""
+    H_max = 1.5 H_base rounded down to a multiple of q_H (docs/algorithm.md#notation), for the paper
+    rule; the default rule's is 2 H_base."""
     c = AutoLoCoConfig(h_base=h_base, controller="paper")
     assert (c.q_h, c.h_min, c.h_max) == (q_h, h_base, h_max)
     default = AutoLoCoConfig(h_base=h_base)
-    assert (default.q_h, default.h_min, default.h_max) == (q_h, h_base, max(h_base, (2 * h_base // q_h) * q_h))
+    assert (default.q_h, default.h_min, default.h_max) == (
+        q_h,
+        h_base,
+        max(h_base, (2 * h_base // q_h) * q_h),
+    )
 
 
 def test_default_q_h_always_divides_h_base() -> None:
-    """H_base must be an admissible horizon (a multiple of q_H), or the token mapper rounds it away (docs/algorithm.md#token-mapper)."""
+    """H_base must be an admissible horizon (a multiple of q_H), or the token mapper rounds it away
+    (docs/algorithm.md#token-mapper)."""
     for h_base in range(1, 1001):
         c = AutoLoCoConfig(h_base=h_base)
         assert h_base % c.q_h == 0 and 10 * c.q_h <= max(10, h_base)
@@ -81,10 +107,12 @@ def test_explicit_horizon_fields_are_kept() -> None:
 
 
 @pytest.mark.parametrize(
-    "method, momentum", [("diloco", 0.9), ("autoloco", 0.5), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)]
+    "method, momentum",
+    [("diloco", 0.9), ("autoloco", 0.5), ("qsr", 0.7), ("linear", 0.7), ("ddp", 0.7)],
 )
 def test_outer_momentum_default_depends_on_method(method: str, momentum: float) -> None:
-    """docs/algorithm.md#outer-correction, 6: DiLoCo's baseline momentum is 0.9, AutoLoCo's mu_base its rule's (descent: 0.5)."""
+    """docs/algorithm.md#outer-correction, 6: DiLoCo's baseline
+    momentum is 0.9, AutoLoCo's mu_base its rule's (descent: 0.5)."""
     assert AutoLoCoConfig(method=method).outer_momentum == momentum
     assert (
         AutoLoCoConfig(method=method, outer_momentum=0.7).outer_momentum == 0.7
@@ -177,8 +205,11 @@ def test_invalid_field_is_named(field: str, value: object) -> None:
     ],
 )
 def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) -> None:
-    """The paper rule's options are validated against PaperOptions' types and ranges: the error names both."""
-    with pytest.raises(ConfigError, match=rf"^rule_options\['{option}'\]=.* of rule 'paper' is invalid: "):
+    """The paper rule's options are validated against
+    PaperOptions' types and ranges: the error names both."""
+    with pytest.raises(
+        ConfigError, match=rf"^rule_options\['{option}'\]=.* of rule 'paper' is invalid: "
+    ):
         AutoLoCoConfig(controller="paper", rule_options={option: value})
 
 
@@ -189,17 +220,26 @@ def test_invalid_rule_option_is_named_with_its_rule(option: str, value: object) 
         (dict(h_base=500, h_max=400), "h_max"),
         (dict(mu_min=0.8, mu_max=0.6), "mu_min"),
         (dict(controller="paper", rule_options={"k_moderate": 3.0, "k_severe": 2.0}), "k_severe"),
-        (dict(controller="paper", rule_options={"history_size": 3, "min_history": 4}), "min_history"),
-        (dict(outer_momentum=0.95), "outer_momentum"),  # AutoLoCo's mu_base must lie in [mu_min, mu_max]
+        (
+            dict(controller="paper", rule_options={"history_size": 3, "min_history": 4}),
+            "min_history",
+        ),
+        # AutoLoCo's mu_base must lie in [mu_min, mu_max]
+        (dict(outer_momentum=0.95), "outer_momentum"),
         (dict(outer_momentum=0.3), "outer_momentum"),
         (dict(method="diloco", outer_momentum=1.0), "outer_momentum"),
         (dict(error_feedback=True), "error_feedback"),  # needs a lossy wire
         (dict(topk_fraction=0.02), "topk_fraction"),  # sparsifies a blockwise wire, not fp32
         (dict(wire_dtype="bf16", topk_fraction=0.02), "topk_fraction"),
-        (dict(wire_dtype="int2", topk_fraction=0.02, int8_block_size=70_000), "int8_block_size"),  # 16-bit offsets
-        (dict(codec_kernel="compiled"), "codec_kernel='compiled' is invalid: the compiled kernel computes the codes"),
+        # 16-bit offsets
+        (dict(wire_dtype="int2", topk_fraction=0.02, int8_block_size=70_000), "int8_block_size"),
+        (
+            dict(codec_kernel="compiled"),
+            "codec_kernel='compiled' is invalid: the compiled kernel computes the codes",
+        ),
         (dict(wire_dtype="int8", codec_kernel="compiled"), "codec_kernel"),  # int8 has one kernel
-        # the flat worker-group layout counts tokens per outer group: groups could map them to different horizons
+        # the flat worker-group layout counts tokens per outer
+        # group: groups could map them to different horizons
         (dict(ranks_per_worker=2, hierarchical_sync=False), "hierarchical_sync"),
     ],
 )
@@ -223,7 +263,8 @@ def test_inconsistent_fields_are_named(kwargs: dict, named: str) -> None:
 )
 @pytest.mark.parametrize("value", [1, 0, "false", None])
 def test_switches_must_be_bools(field: str, value: object) -> None:
-    """A switch given as a number or a string (``"false"`` is truthy) fails instead of silently turning on."""
+    """A switch given as a number or a string (``"false"`` is
+    truthy) fails instead of silently turning on."""
     with pytest.raises(ConfigError, match=rf"AutoLoCoConfig\.{field}="):
         AutoLoCoConfig(**{field: value})
 
@@ -233,7 +274,10 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
     [
         (dict(h_base=0), "AutoLoCoConfig.h_base=0 is invalid: it must be >= 1"),
         (dict(outer_lr=0.0), "AutoLoCoConfig.outer_lr=0.0 is invalid: it must be > 0.0"),
-        (dict(token_ema_beta=1.0), "AutoLoCoConfig.token_ema_beta=1.0 is invalid: it must be in [0.0, 1.0)"),
+        (
+            dict(token_ema_beta=1.0),
+            "AutoLoCoConfig.token_ema_beta=1.0 is invalid: it must be in [0.0, 1.0)",
+        ),
         (dict(eps=2.0), "AutoLoCoConfig.eps=2.0 is invalid: it must be in (0.0, 1.0]"),
         (dict(q_h=2.5), "AutoLoCoConfig.q_h=2.5 is invalid: pass an integer"),
         (dict(outer_lr=math.nan), "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
@@ -243,12 +287,22 @@ def test_switches_must_be_bools(field: str, value: object) -> None:
         ),
         (
             dict(wire_dtype="fp16"),
-            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8, int4, fp4, int2",
+            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, "
+            "bf16, int8, int4, fp4, int2",
         ),
-        (dict(topk_fraction=0.0), "AutoLoCoConfig.topk_fraction=0.0 is invalid: it must be in (0.0, 1.0]"),
-        (dict(topk_fraction=1.5), "AutoLoCoConfig.topk_fraction=1.5 is invalid: it must be in (0.0, 1.0]"),
+        (
+            dict(topk_fraction=0.0),
+            "AutoLoCoConfig.topk_fraction=0.0 is invalid: it must be in (0.0, 1.0]",
+        ),
+        (
+            dict(topk_fraction=1.5),
+            "AutoLoCoConfig.topk_fraction=1.5 is invalid: it must be in (0.0, 1.0]",
+        ),
         (dict(int8_block_size=-3), "AutoLoCoConfig.int8_block_size=-3 is invalid: it must be >= 1"),
-        (dict(overlap="x"), "AutoLoCoConfig.overlap='x' is invalid: use one of none, delayed, eager"),
+        (
+            dict(overlap="x"),
+            "AutoLoCoConfig.overlap='x' is invalid: use one of none, delayed, eager",
+        ),
     ],
 )
 def test_a_field_error_names_field_value_and_fix(kwargs: dict, message: str) -> None:
@@ -258,7 +312,8 @@ def test_a_field_error_names_field_value_and_fix(kwargs: dict, message: str) -> 
 
 
 def test_every_field_has_help_and_every_number_a_range() -> None:
-    """The metadata that one loop checks and AutoLoCoArguments shows: a field added without it fails here."""
+    """The metadata that one loop checks and AutoLoCoArguments
+    shows: a field added without it fails here."""
     kinds = field_types(AutoLoCoConfig)
     for f in dataclasses.fields(AutoLoCoConfig):
         assert len(f.metadata["help"]) > 20, f.name
@@ -268,8 +323,18 @@ def test_every_field_has_help_and_every_number_a_range() -> None:
 
 
 def test_enum_fields_become_enums() -> None:
-    c = AutoLoCoConfig(wire_dtype="int8", controller="paper", rule_options={"reference_clip": "zero"}, overlap="eager")
-    assert (type(c.method), type(c.wire_dtype), type(c.rule_options.reference_clip), type(c.overlap)) == (
+    c = AutoLoCoConfig(
+        wire_dtype="int8",
+        controller="paper",
+        rule_options={"reference_clip": "zero"},
+        overlap="eager",
+    )
+    assert (
+        type(c.method),
+        type(c.wire_dtype),
+        type(c.rule_options.reference_clip),
+        type(c.overlap),
+    ) == (
         Method,
         WireDtype,
         ReferenceClip,
@@ -278,8 +343,15 @@ def test_enum_fields_become_enums() -> None:
 
 
 def test_the_flat_worker_group_layout_needs_no_token_mapping() -> None:
-    assert not AutoLoCoConfig(ranks_per_worker=2, hierarchical_sync=False, map_tokens=False).map_tokens
-    assert AutoLoCoConfig(method="diloco", ranks_per_worker=2, hierarchical_sync=False).ranks_per_worker == 2
+    assert not AutoLoCoConfig(
+        ranks_per_worker=2, hierarchical_sync=False, map_tokens=False
+    ).map_tokens
+    assert (
+        AutoLoCoConfig(
+            method="diloco", ranks_per_worker=2, hierarchical_sync=False
+        ).ranks_per_worker
+        == 2
+    )
 
 
 def test_config_error_is_value_error() -> None:
@@ -325,7 +397,8 @@ def test_to_dict_from_dict_round_trip() -> None:
 
 @pytest.mark.parametrize("method", [m.value for m in Method])
 def test_every_method_round_trips_its_derived_horizon_fields(method: str) -> None:
-    """q_h, h_min and h_max come back at the values they derived, which count as unset where nothing reads them."""
+    """q_h, h_min and h_max come back at the values they
+    derived, which count as unset where nothing reads them."""
     c = AutoLoCoConfig(method=method, h_base=40)
     assert AutoLoCoConfig.from_dict(c.to_dict()) == c
 
@@ -334,9 +407,12 @@ def test_from_dict_rejects_unknown_fields() -> None:
     with pytest.raises(ConfigError) as err:
         AutoLoCoConfig.from_dict({"h_bse": 500, "q_hh": 5})
     assert (
-        str(err.value) == "AutoLoCoConfig has no field 'h_bse' (given 500): did you mean h_base? (also unknown: q_hh)"
+        str(err.value) == "AutoLoCoConfig has no field 'h_bse' (given 500): did you mean "
+        "h_base? (also unknown: q_hh)"
     )
-    with pytest.raises(ConfigError, match=r"no field 'zzz' \(given 1\): help\(AutoLoCoConfig\) lists the fields$"):
+    with pytest.raises(
+        ConfigError, match=r"no field 'zzz' \(given 1\): help\(AutoLoCoConfig\) lists the fields$"
+    ):
         AutoLoCoConfig.from_dict({"zzz": 1})
 
 
@@ -347,9 +423,16 @@ def test_from_dict_validates() -> None:
 
 # ------------------------------------------------------------------ presets
 def test_recipes() -> None:
-    """docs/algorithm.md#notation, 5.4: C4 (H_base 500, q_H 50, H_max 750); SFT (100, 10, 150, normalization on)."""
+    """docs/algorithm.md#notation, 5.4: C4 (H_base 500, q_H
+    50, H_max 750); SFT (100, 10, 150, normalization on)."""
     c4 = AutoLoCoConfig.for_recipe("c4")
-    assert (c4.h_base, c4.q_h, c4.h_max, c4.normalize_pseudo_grad, c4.method) == (500, 50, 750, False, "autoloco")
+    assert (c4.h_base, c4.q_h, c4.h_max, c4.normalize_pseudo_grad, c4.method) == (
+        500,
+        50,
+        750,
+        False,
+        "autoloco",
+    )
     sft = AutoLoCoConfig.for_recipe("sft")
     assert (sft.h_base, sft.q_h, sft.h_max, sft.normalize_pseudo_grad) == (100, 10, 150, True)
     assert RECIPE_SCHEDULES["c4"] == dict(total_steps=50_000, warmup_steps=1_000, schedule="cosine")
@@ -360,7 +443,8 @@ def test_recipes() -> None:
 def test_recipe_overrides() -> None:
     c = AutoLoCoConfig.for_recipe("c4", method="diloco")
     assert (c.method, c.outer_momentum, c.h_base) == ("diloco", 0.9, 500)
-    assert not AutoLoCoConfig.for_recipe("sft", method="diloco").normalize_pseudo_grad  # AutoLoCo's switch: left out
+    # AutoLoCo's switch: left out
+    assert not AutoLoCoConfig.for_recipe("sft", method="diloco").normalize_pseudo_grad
     assert AutoLoCoConfig.for_recipe("c4", h_max=600).h_max == 600
     with pytest.raises(ConfigError, match=r"h_max=90 is invalid: it must be at least h_base=100"):
         AutoLoCoConfig.for_recipe("sft", h_max=90)
@@ -403,27 +487,63 @@ def test_unknown_ablation() -> None:
     ],
 )
 def test_method_properties(method: str, interval: bool, nesterov: bool, corrected: bool) -> None:
-    """docs/algorithm.md#baselines: DiLoCo/AutoLoCo take a Nesterov outer step, QSR/Linear average, DDP has no intervals."""
+    """docs/algorithm.md#baselines: DiLoCo/AutoLoCo take a Nesterov
+    outer step, QSR/Linear average, DDP has no intervals."""
     c = AutoLoCoConfig(method=method)
-    assert (c.is_interval_method, c.uses_nesterov_outer, c.outer_correction_enabled) == (interval, nesterov, corrected)
+    assert (c.is_interval_method, c.uses_nesterov_outer, c.outer_correction_enabled) == (
+        interval,
+        nesterov,
+        corrected,
+    )
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(worker_speeds=[1, 0, 1]), r"^AutoLoCoConfig\.worker_speeds=\[1, 0, 1\] is invalid: every speed must be"),
-        (dict(worker_speeds="1,-0.5"), r"^AutoLoCoConfig\.worker_speeds='1,-0.5' is invalid: every speed must be"),
-        (dict(worker_speeds=[1, math.inf]), r"^AutoLoCoConfig\.worker_speeds=.* every speed must be a finite"),
-        (dict(worker_speeds="1,fast"), r"^AutoLoCoConfig\.worker_speeds='1,fast' is invalid: 'fast' is not a number"),
-        (dict(worker_speeds=""), r"^AutoLoCoConfig\.worker_speeds='' is invalid: give one speed per worker"),
-        (dict(speed_changes="10:0:0.5"), r"^AutoLoCoConfig\.speed_changes=.* set worker_speeds too"),
-        (dict(worker_speeds=[1, 1], speed_changes="10:2:0.5"), r"^AutoLoCoConfig\.speed_changes=.*worker in 0\.\.1"),
-        (dict(worker_speeds=[1, 1], speed_changes="10:1:0"), r"^AutoLoCoConfig\.speed_changes=.* > 0, got '0'"),
-        (dict(worker_speeds=[1, 1], speed_changes="10:1"), r"^AutoLoCoConfig\.speed_changes=.* is not step:worker"),
-        (dict(pacing="paced"), r"^AutoLoCoConfig\.pacing='paced' is invalid: use one of lockstep, budget"),
+        (
+            dict(worker_speeds=[1, 0, 1]),
+            r"^AutoLoCoConfig\.worker_speeds=\[1, 0, 1\] is invalid: every speed must be",
+        ),
+        (
+            dict(worker_speeds="1,-0.5"),
+            r"^AutoLoCoConfig\.worker_speeds='1,-0.5' is invalid: every speed must be",
+        ),
+        (
+            dict(worker_speeds=[1, math.inf]),
+            r"^AutoLoCoConfig\.worker_speeds=.* every speed must be a finite",
+        ),
+        (
+            dict(worker_speeds="1,fast"),
+            r"^AutoLoCoConfig\.worker_speeds='1,fast' is invalid: 'fast' is not a number",
+        ),
+        (
+            dict(worker_speeds=""),
+            r"^AutoLoCoConfig\.worker_speeds='' is invalid: give one speed per worker",
+        ),
+        (
+            dict(speed_changes="10:0:0.5"),
+            r"^AutoLoCoConfig\.speed_changes=.* set worker_speeds too",
+        ),
+        (
+            dict(worker_speeds=[1, 1], speed_changes="10:2:0.5"),
+            r"^AutoLoCoConfig\.speed_changes=.*worker in 0\.\.1",
+        ),
+        (
+            dict(worker_speeds=[1, 1], speed_changes="10:1:0"),
+            r"^AutoLoCoConfig\.speed_changes=.* > 0, got '0'",
+        ),
+        (
+            dict(worker_speeds=[1, 1], speed_changes="10:1"),
+            r"^AutoLoCoConfig\.speed_changes=.* is not step:worker",
+        ),
+        (
+            dict(pacing="paced"),
+            r"^AutoLoCoConfig\.pacing='paced' is invalid: use one of lockstep, budget",
+        ),
         (
             dict(pacing="budget", ranks_per_worker=2, hierarchical_sync=False, map_tokens=False),
-            r"^AutoLoCoConfig\.hierarchical_sync=False is invalid: pacing='budget' .* use hierarchical_sync=True",
+            r"^AutoLoCoConfig\.hierarchical_sync=False is invalid: pacing='budget' .* "
+            r"use hierarchical_sync=True",
         ),
         (
             dict(straggler_fraction=0.3),
@@ -433,7 +553,10 @@ def test_method_properties(method: str, interval: bool, nesterov: bool, correcte
             dict(pacing="budget", straggler_fraction=1.0),
             r"^AutoLoCoConfig\.straggler_fraction=1\.0 .* in \(0\.0, 1\.0\)",
         ),
-        (dict(method="ddp", pacing="budget"), r"^AutoLoCoConfig\.pacing='budget' .* only applies with an interval"),
+        (
+            dict(method="ddp", pacing="budget"),
+            r"^AutoLoCoConfig\.pacing='budget' .* only applies with an interval",
+        ),
     ],
 )
 def test_unequal_speed_settings_are_refused_naming_the_option(kwargs: dict, message: str) -> None:
@@ -443,17 +566,27 @@ def test_unequal_speed_settings_are_refused_naming_the_option(kwargs: dict, mess
     assert "\n" not in str(caught.value)
 
 
-RULE_ONLY = "it only applies with method='autoloco' and adaptive_horizon=True (a horizon rule runs): remove it"
+RULE_ONLY = (
+    "it only applies with method='autoloco' and adaptive_horizon=True (a "
+    "horizon rule runs): remove it"
+)
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(method="diloco", h_max=40), f"h_max=40 is invalid: {RULE_ONLY} (here method=diloco)"),
-        (dict(method="qsr", h_base=10, h_min=5), f"h_min=5 is invalid: {RULE_ONLY} (here method=qsr)"),
+        (
+            dict(method="qsr", h_base=10, h_min=5),
+            f"h_min=5 is invalid: {RULE_ONLY} (here method=qsr)",
+        ),
         (dict(method="linear", h_max=20), f"h_max=20 is invalid: {RULE_ONLY} (here method=linear)"),
-        (dict(adaptive_horizon=False, h_max=1000), f"h_max=1000 is invalid: {RULE_ONLY} (here method=autoloco)"),
-        # a rule option named at its default value was typed (to_dict writes every option of the rule)
+        (
+            dict(adaptive_horizon=False, h_max=1000),
+            f"h_max=1000 is invalid: {RULE_ONLY} (here method=autoloco)",
+        ),
+        # a rule option named at its default value was typed
+        # (to_dict writes every option of the rule)
         (
             dict(method="diloco", rule_options={"gain": 0.9}),
             f"rule_options={{'gain': 0.9}} is invalid: {RULE_ONLY} (here method=diloco)",
@@ -464,16 +597,19 @@ RULE_ONLY = "it only applies with method='autoloco' and adaptive_horizon=True (a
         ),
         (
             dict(method="diloco", h_base=20, q_h=1),
-            "q_h=1 is invalid: it only applies with method='autoloco': remove it (here method=diloco)",
+            "q_h=1 is invalid: it only applies with method='autoloco': "
+            "remove it (here method=diloco)",
         ),
         (
             dict(method="ddp", q_h=25),
-            "q_h=25 is invalid: it only applies with method='autoloco': remove it (here method=ddp)",
+            "q_h=25 is invalid: it only applies with method='autoloco': "
+            "remove it (here method=ddp)",
         ),
     ],
 )
 def test_a_horizon_field_is_refused_where_nothing_reads_it(kwargs: dict, message: str) -> None:
-    """Only AutoLoCo rounds horizons to q_h, only a horizon rule reads h_min and h_max: elsewhere they do nothing."""
+    """Only AutoLoCo rounds horizons to q_h, only a horizon
+    rule reads h_min and h_max: elsewhere they do nothing."""
     with pytest.raises(ConfigError) as caught:
         AutoLoCoConfig(**kwargs)
     assert str(caught.value) == f"AutoLoCoConfig.{message}"
@@ -482,13 +618,17 @@ def test_a_horizon_field_is_refused_where_nothing_reads_it(kwargs: dict, message
 def test_the_horizon_fields_are_taken_where_they_are_read() -> None:
     rule = AutoLoCoConfig(controller="paper", h_base=100, q_h=20, h_min=60, h_max=200)
     assert (rule.q_h, rule.h_min, rule.h_max) == (20, 60, 200)
-    assert AutoLoCoConfig(adaptive_horizon=False, h_base=100, q_h=20).q_h == 20  # the token mapper's grid
-    diloco = AutoLoCoConfig(method="diloco", h_base=100, q_h=10, h_min=100, h_max=150)  # the values it derives
+    # the token mapper's grid
+    assert AutoLoCoConfig(adaptive_horizon=False, h_base=100, q_h=20).q_h == 20
+    # the values it derives
+    diloco = AutoLoCoConfig(method="diloco", h_base=100, q_h=10, h_min=100, h_max=150)
     assert (diloco.q_h, diloco.h_min, diloco.h_max) == (10, 100, 150)
 
 
 def test_speeds_are_normalized_and_round_trip() -> None:
-    c = AutoLoCoConfig(pacing="budget", worker_speeds="1, 1,0.5", speed_changes=["20:2:0.25", (5, 0, 2)])
+    c = AutoLoCoConfig(
+        pacing="budget", worker_speeds="1, 1,0.5", speed_changes=["20:2:0.25", (5, 0, 2)]
+    )
     assert c.pacing == "budget" and c.worker_speeds == [1.0, 1.0, 0.5]
     assert c.speed_changes == [[5, 0, 2.0], [20, 2, 0.25]]
     assert AutoLoCoConfig.from_dict(c.to_dict()) == c

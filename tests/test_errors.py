@@ -1,4 +1,5 @@
-"""Every exception class of the package derives from ``AutoLoCoError``, so one ``except`` catches them all."""
+"""Every exception class of the package derives from
+``AutoLoCoError``, so one ``except`` catches them all."""
 
 from __future__ import annotations
 

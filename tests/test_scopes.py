@@ -1,4 +1,5 @@
-"""tests/conftest.py's xdist scopes: a module on one worker, every namespace test in one scope, shards apart."""
+"""tests/conftest.py's xdist scopes: a module on one worker,
+every namespace test in one scope, shards apart."""
 
 from xdist_scopes import NAMESPACES, SHARDED, scope_of
 

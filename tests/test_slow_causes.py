@@ -1,4 +1,5 @@
-"""The slow tier's rule (tests/slow_causes.py, applied by tests/conftest.py): marked by cause, followed to any depth."""
+"""The slow tier's rule (tests/slow_causes.py, applied by
+tests/conftest.py): marked by cause, followed to any depth."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_pure_code_and_code_outside_tests_have_no_cause() -> None:
 
 @pytest.fixture
 def child_python():
-    """Would start a child interpreter: requesting it makes a test slow, even when the test never calls it."""
+    """Would start a child interpreter: requesting it makes a
+    test slow, even when the test never calls it."""
     return lambda: subprocess.run([sys.executable, "-c", "pass"], check=True)
 
 

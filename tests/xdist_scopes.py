@@ -1,4 +1,5 @@
-"""The xdist scopes of the suite (tests/conftest.py's scheduler): a module, ``namespaces`` or a shard."""
+"""The xdist scopes of the suite (tests/conftest.py's
+scheduler): a module, ``namespaces`` or a shard."""
 
 import functools
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Outer-optimizer correction: rho, mu, kappa and the three switches (docs/algorithm.md#outer-correction)."""
+"""Outer-optimizer correction: rho, mu, kappa and the three switches
+(docs/algorithm.md#outer-correction)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,27 @@ BASE = dict(mu_base=0.7, outer_lr=0.7)
 
 @pytest.mark.parametrize(
     "lam, lam_base, expected",
-    [(1.0, 1.0, 1.0), (0.5, 1.0, 1.0), (0.0, 1.0, 1.0), (1.49, 1.0, 1.49), (3.0, 2.0, 1.5), (1.0, 0.0, 1.0 / EPS)],
+    [
+        (1.0, 1.0, 1.0),
+        (0.5, 1.0, 1.0),
+        (0.0, 1.0, 1.0),
+        (1.49, 1.0, 1.49),
+        (3.0, 2.0, 1.5),
+        (1.0, 0.0, 1.0 / EPS),
+    ],
 )
 def test_interval_ratio(lam: float, lam_base: float, expected: float) -> None:
     """docs/algorithm.md#outer-correction: rho = max(Lambda / (Lambda_base + eps), 1)."""
-    assert interval_ratio(lam, lam_base) == pytest.approx(max(lam / (lam_base + EPS), 1.0), rel=1e-15)
+    assert interval_ratio(lam, lam_base) == pytest.approx(
+        max(lam / (lam_base + EPS), 1.0), rel=1e-15
+    )
     assert interval_ratio(lam, lam_base) == pytest.approx(expected, rel=1e-7)
     assert interval_ratio(lam, lam_base) >= 1.0
 
 
 def test_spec_worked_example() -> None:
-    """docs/algorithm.md#outer-correction: at H = 1.5 H_base near peak LR, rho ~ 1.49, mu ~ 0.588, eta ~ 0.96; kappa_max does not bind."""
+    """docs/algorithm.md#outer-correction: at H = 1.5 H_base near peak LR, rho ~ 1.49, mu ~ 0.588,
+    eta ~ 0.96; kappa_max does not bind."""
     c = outer_correction(lr_mass=1.49, lr_mass_base=1.0, **BASE)
     assert c.rho == pytest.approx(1.49, rel=1e-7)
     assert c.momentum == pytest.approx(0.7**1.49, rel=1e-7)
@@ -37,7 +48,8 @@ def test_spec_worked_example() -> None:
 
 @pytest.mark.parametrize("rho", [1.0, 1.1, 1.3, 1.49, 1.6, 1.7, 2.0, 3.0, 10.0])
 def test_formulas_and_bounds(rho: float) -> None:
-    """docs/algorithm.md#outer-correction: mu = clip(mu_base**rho, mu_min, mu_max); kappa = min(kappa_max, (1-mu)/(1-mu_base)); eta = eta_base kappa."""
+    """docs/algorithm.md#outer-correction: mu = clip(mu_base**rho, mu_min, mu_max); kappa =
+    min(kappa_max, (1-mu)/(1-mu_base)); eta = eta_base kappa."""
     c = outer_correction(lr_mass=rho, lr_mass_base=1.0, **BASE, normalize_pseudo_grad=True)
     mu = min(max(0.7**c.rho, 0.5), 0.9)
     kappa = min(1.5, (1 - mu) / 0.3)
@@ -49,7 +61,8 @@ def test_formulas_and_bounds(rho: float) -> None:
 
 
 def test_kappa_max_binds_only_beyond_the_domain() -> None:
-    """kappa reaches 1.5 when (1 - mu)/0.3 > 1.5, i.e. mu < 0.55, rho > log 0.55 / log 0.7 ~ 1.676."""
+    """kappa reaches 1.5 when (1 - mu)/0.3 > 1.5, i.e. mu <
+    0.55, rho > log 0.55 / log 0.7 ~ 1.676."""
     threshold = math.log(0.55) / math.log(0.7)
     below = outer_correction(lr_mass=threshold - 0.01, lr_mass_base=1.0, **BASE)
     above = outer_correction(lr_mass=threshold + 0.01, lr_mass_base=1.0, **BASE)
@@ -77,15 +90,22 @@ def test_rho_below_one_is_identity() -> None:
 
 @pytest.mark.parametrize("rho", [1.0, 1.3, 1.49, 2.5])
 def test_all_switches_off_is_diloco(rho: float) -> None:
-    """docs/algorithm.md#outer-correction special case: all three switches off -> mu_base, eta_base, no normalization."""
+    """docs/algorithm.md#outer-correction special case: all three
+    switches off -> mu_base, eta_base, no normalization."""
     c = outer_correction(
-        lr_mass=rho, lr_mass_base=1.0, **BASE, adjust_momentum=False, scale_outer_lr=False, normalize_pseudo_grad=False
+        lr_mass=rho,
+        lr_mass_base=1.0,
+        **BASE,
+        adjust_momentum=False,
+        scale_outer_lr=False,
+        normalize_pseudo_grad=False,
     )
     assert (c.momentum, c.kappa, c.outer_lr, c.grad_divisor) == (0.7, 1.0, 0.7, None)
 
 
 def test_switches_are_independent() -> None:
-    """docs/algorithm.md#outer-correction: each switch off keeps its base value; the divisor exists only with normalization on."""
+    """docs/algorithm.md#outer-correction: each switch off keeps its base value; the divisor exists
+    only with normalization on."""
     kw = dict(lr_mass=1.49, lr_mass_base=1.0, **BASE)
     full = outer_correction(**kw)
     no_mom = outer_correction(**kw, adjust_momentum=False)

@@ -1,4 +1,5 @@
-"""The descent rule (docs/algorithm.md#descent-rule): starts at h_max, follows the coherence down, never lengthens."""
+"""The descent rule (docs/algorithm.md#descent-rule): starts
+at h_max, follows the coherence down, never lengthens."""
 
 from __future__ import annotations
 
@@ -19,10 +20,18 @@ from autoloco_hf.config import AutoLoCoConfig, ConfigError, Controller
 
 
 def descent_config(**kw) -> AutoLoCoConfig:
-    """The rule's mechanics at round numbers: gain 1, no smoothing, no guard, from 4 h_base (h_max 40)."""
+    """The rule's mechanics at round numbers: gain 1, no
+    smoothing, no guard, from 4 h_base (h_max 40)."""
     options = {"smoothing": 0.0, "gain": 1.0, "drift_guard": False, **kw.pop("rule_options", {})}
     return AutoLoCoConfig(
-        **{"h_base": 10, "q_h": 1, "h_max": 40, "controller": Controller.DESCENT, "rule_options": options, **kw}
+        **{
+            "h_base": 10,
+            "q_h": 1,
+            "h_max": 40,
+            "controller": Controller.DESCENT,
+            "rule_options": options,
+            **kw,
+        }
     )
 
 
@@ -32,7 +41,13 @@ def feed(ctl: DescentRule, coherences, step: int = 0, **kw) -> tuple[list[int], 
     for c in coherences:
         h = ctl.h_tok
         obs = IntervalObservation(
-            h_tok=h, start_step=step, end_step=step + h, drift_energy=1.0, coherence=c, lr_mass=1.0, **kw
+            h_tok=h,
+            start_step=step,
+            end_step=step + h,
+            drift_energy=1.0,
+            coherence=c,
+            lr_mass=1.0,
+            **kw,
         )
         ctl.observe(obs, preview=lambda h_tok: float(h_tok))
         executed.append(h)
@@ -48,14 +63,16 @@ def test_the_default_rule_is_descent_from_two_h_base_at_momentum_half_with_the_g
     assert (default.rule_options.gain, default.rule_options.drift_guard) == (0.9, None)
     assert DescentRule(default).guarded and DescentRule(default).h_tok == 20
     assert AutoLoCoConfig(h_base=500).h_max == 1000
-    paper = AutoLoCoConfig(h_base=10, controller="paper")  # the paper rule keeps 1.5 h_base and momentum 0.7
+    # the paper rule keeps 1.5 h_base and momentum 0.7
+    paper = AutoLoCoConfig(h_base=10, controller="paper")
     assert (paper.h_max, paper.outer_momentum) == (15, 0.7)
     assert AutoLoCoConfig(method="diloco").outer_momentum == 0.9
 
 
 def test_the_guard_is_on_unless_set_off_or_the_overlap_is_eager() -> None:
     assert DescentRule(AutoLoCoConfig(h_base=10, overlap="delayed")).guarded
-    assert not DescentRule(AutoLoCoConfig(h_base=10, overlap="eager")).guarded  # no anchor there, not refused
+    # no anchor there, not refused
+    assert not DescentRule(AutoLoCoConfig(h_base=10, overlap="eager")).guarded
     assert not DescentRule(AutoLoCoConfig(h_base=10, rule_options={"drift_guard": False})).guarded
 
 
@@ -78,7 +95,8 @@ def test_the_gain_is_the_exponent_of_the_coherence_ratio() -> None:
     # calibrated at log 3, re-based so that h_max stays the target; then 40 * (0.75 / 3) ** 0.5 = 20
     assert executed == [40, 40, 40, 40]
     assert ctl.h_tok == 20
-    # a recalibration at 20 keeps 20 as the target; a halving then shortens by 2 ** -0.5, not by half
+    # a recalibration at 20 keeps 20 as the target; a halving
+    # then shortens by 2 ** -0.5, not by half
     ctl.recalibrate_for_new_workers()
     executed, _ = feed(ctl, [1.0, 1.0, 0.5])
     assert executed == [20, 20, 20]
@@ -109,7 +127,13 @@ def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> No
     executed, step = feed(ctl, [9.0])  # ends at 40 < 50: warm-up
     assert ctl.phase == Phase.WARMUP and executed == [40]
     obs = IntervalObservation(
-        h_tok=40, start_step=step, end_step=step + 5, drift_energy=1.0, coherence=0.1, lr_mass=1.0, truncated=True
+        h_tok=40,
+        start_step=step,
+        end_step=step + 5,
+        drift_energy=1.0,
+        coherence=0.1,
+        lr_mass=1.0,
+        truncated=True,
     )
     decision = ctl.observe(obs, preview=float)
     assert decision.assessment == Assessment.TRUNCATED and ctl.h_tok == 40
@@ -118,9 +142,15 @@ def test_warmup_intervals_are_unused_and_truncated_ones_take_no_decision() -> No
 def test_a_non_finite_interval_halves_the_horizon() -> None:
     ctl = DescentRule(descent_config())
     feed(ctl, [2.0, 2.0])
-    obs = IntervalObservation(h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0)
+    obs = IntervalObservation(
+        h_tok=40, start_step=80, end_step=120, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
+    )
     decision = ctl.observe(obs, preview=float)
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.INVALID, Decision.FALLBACK, 20)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (
+        Assessment.INVALID,
+        Decision.FALLBACK,
+        20,
+    )
     for _ in range(5):
         ctl.observe(obs, preview=float)
     assert ctl.h_tok == 10  # never below h_min
@@ -129,7 +159,12 @@ def test_a_non_finite_interval_halves_the_horizon() -> None:
 def observe_nan(ctl: DescentRule, h: int, step: int) -> None:
     ctl.observe(
         IntervalObservation(
-            h_tok=h, start_step=step, end_step=step + h, drift_energy=math.nan, coherence=2.0, lr_mass=1.0
+            h_tok=h,
+            start_step=step,
+            end_step=step + h,
+            drift_energy=math.nan,
+            coherence=2.0,
+            lr_mass=1.0,
         ),
         preview=float,
     )
@@ -143,8 +178,9 @@ def test_after_a_fault_the_rule_returns_to_the_interrupted_horizon_and_calibrate
     observe_nan(ctl, 15, step + 30)
     assert ctl.h_tok == 10  # halved twice (7.5), not below h_min
     executed, _ = feed(ctl, [0.5, 0.5, 1.0, 1.0, 1.0], step=step + 45)
-    # two finite intervals at the fallback horizon (their coherence is not used), then back to 30, where the
-    # next two intervals calibrate: the restored horizon is the new target, and a steady C_t keeps it
+    # two finite intervals at the fallback horizon (their coherence is
+    # not used), then back to 30, where the next two intervals calibrate:
+    # the restored horizon is the new target, and a steady C_t keeps it
     assert executed == [10, 10, 30, 30, 30] and ctl.h_tok == 30 and ctl.phase == Phase.MONITORING
 
 
@@ -186,7 +222,9 @@ def test_new_workers_recalibrate_at_the_horizon_in_force() -> None:
 def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_max() -> None:
     assert isinstance(make_rule(descent_config(), 0), DescentRule)
     sched = FunctionSchedule(lambda s: 1.0, 10_000)
-    policy = AutoLoCoPolicy(descent_config(token_calibration_intervals=2), sched, 10_000, warmup_steps=0)
+    policy = AutoLoCoPolicy(
+        descent_config(token_calibration_intervals=2), sched, 10_000, warmup_steps=0
+    )
     first = policy.next_interval(0)
     assert (first.h_tok, first.h_step) == (40, 40)
     policy.complete(outcome(first, tokens_per_step=100))
@@ -198,14 +236,21 @@ def test_the_policy_builds_the_configured_rule_and_calibrates_the_mapper_at_h_ma
 
 # ------------------------------------------------------------------ the drift guard
 def feed_stats(ctl: DescentRule, stats, step: int = 0) -> tuple[list[int], int]:
-    """Like ``feed`` over ``(C_t, d_t, anchor d)`` triples (``lr_mass`` 1, the anchor's 0.25: ``d = D / mass^2``)."""
+    """Like ``feed`` over ``(C_t, d_t, anchor d)`` triples
+    (``lr_mass`` 1, the anchor's 0.25: ``d = D / mass^2``)."""
     executed = []
     for coherence, drift, anchor in stats:
         h = ctl.h_tok
         obs = IntervalObservation(
-            h_tok=h, start_step=step, end_step=step + h, drift_energy=drift, coherence=coherence, lr_mass=1.0,
-            anchor_drift_energy=anchor * 0.25**2, anchor_lr_mass=0.25,
-        )  # fmt: skip
+            h_tok=h,
+            start_step=step,
+            end_step=step + h,
+            drift_energy=drift,
+            coherence=coherence,
+            lr_mass=1.0,
+            anchor_drift_energy=anchor * 0.25**2,
+            anchor_lr_mass=0.25,
+        )
         ctl.observe(obs, preview=float)
         executed.append(h)
         step += h
@@ -232,38 +277,59 @@ def test_an_interval_whose_drift_does_not_fall_below_its_anchor_halves_the_horiz
     ctl = guarded()
     _, step = feed_stats(ctl, [HEALTHY] * 3)
     obs = IntervalObservation(
-        h_tok=40, start_step=step, end_step=step + 40, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
-        anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.25,
-    )  # fmt: skip
+        h_tok=40,
+        start_step=step,
+        end_step=step + 40,
+        drift_energy=math.e**2,
+        coherence=2.0,
+        lr_mass=1.0,
+        anchor_drift_energy=math.e**2 * 0.25**2,
+        anchor_lr_mass=0.25,
+    )
     decision = ctl.observe(obs, preview=float)  # d equal to the anchor's: not falling is enough
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (
+        Assessment.SEVERE,
+        Decision.REDUCE,
+        20,
+    )
     assert decision.residual_drift == pytest.approx(0.0)
     executed, _ = feed_stats(ctl, [BLOWN, HEALTHY, HEALTHY])
-    assert executed == [20, 10, 10] and ctl.h_tok == 10  # halved again, then h_min (10 is below 1.5 h_base: not judged)
+    # halved again, then h_min (10 is below 1.5 h_base: not judged)
+    assert executed == [20, 10, 10] and ctl.h_tok == 10
 
 
 def test_a_blow_up_during_calibration_restarts_it_at_the_halved_horizon() -> None:
     ctl = guarded()
-    executed, _ = feed_stats(ctl, [HEALTHY, BLOWN, (3.0, math.e, math.e**2), (3.0, math.e, math.e**2), (1.5, 1, 9)])
-    # calibrated at 20 on the two intervals after the blow-up (log 3): the halved horizon is the target there
+    executed, _ = feed_stats(
+        ctl, [HEALTHY, BLOWN, (3.0, math.e, math.e**2), (3.0, math.e, math.e**2), (1.5, 1, 9)]
+    )
+    # calibrated at 20 on the two intervals after the blow-up
+    # (log 3): the halved horizon is the target there
     assert executed == [40, 40, 20, 20, 20] and ctl.h_tok == 10 and ctl.phase == Phase.MONITORING
 
 
 def test_a_drift_exactly_equal_to_its_anchors_is_blown_up() -> None:
-    """The boundary of "does not fall below the anchor's": a fall of exactly 0 halves the horizon."""
+    """The boundary of "does not fall below the anchor's": a
+    fall of exactly 0 halves the horizon."""
     ctl = guarded()
     _, step = feed_stats(ctl, [HEALTHY] * 3)
     obs = IntervalObservation(
         h_tok=40, start_step=step, end_step=step + 40, drift_energy=1.0, coherence=2.0, lr_mass=1.0,
         anchor_drift_energy=0.0625, anchor_lr_mass=0.25,
     )  # fmt: skip
-    assert drift_growth(1.0, 1.0, 0.0625, 0.25)[0] == 0.0  # d = 1 / 1**2 = 0.0625 / 0.25**2, in floats too
+    # d = 1 / 1**2 = 0.0625 / 0.25**2, in floats too
+    assert drift_growth(1.0, 1.0, 0.0625, 0.25)[0] == 0.0
     decision = ctl.observe(obs, preview=float)
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 20)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (
+        Assessment.SEVERE,
+        Decision.REDUCE,
+        20,
+    )
 
 
 def test_the_guard_does_not_judge_warm_up_or_the_hold_after_a_fault() -> None:
-    """Documented in docs/algorithm.md#descent-rule: a blown-up interval there keeps the horizon; the same interval later halves it."""
+    """Documented in docs/algorithm.md#descent-rule: a blown-up interval there keeps the horizon;
+    the same interval later halves it."""
     ctl = DescentRule(descent_config(rule_options={"drift_guard": True}), warmup_steps=100)
     executed, step = feed_stats(ctl, [BLOWN, BLOWN])  # both end by step 80, inside the warm-up
     assert executed == [40, 40] and ctl.h_tok == 40 and ctl.phase == Phase.WARMUP
@@ -290,7 +356,9 @@ def test_the_guard_judges_horizons_of_at_least_one_and_a_half_h_base_only() -> N
     ctl = guarded(h_max=15)
     assert feed_stats(ctl, [BLOWN])[0] == [15] and ctl.h_tok == 10
     ctl = guarded()
-    obs = IntervalObservation(h_tok=40, start_step=0, end_step=40, drift_energy=9.0, coherence=2.0, lr_mass=1.0)
+    obs = IntervalObservation(
+        h_tok=40, start_step=0, end_step=40, drift_energy=9.0, coherence=2.0, lr_mass=1.0
+    )
     ctl.observe(obs, preview=float)  # no anchor measured (NaN): nothing to judge
     assert ctl.h_tok == 40
 
@@ -302,7 +370,9 @@ def test_without_the_guard_the_anchor_is_not_read() -> None:
 
 def test_resume_equals_uninterrupted_with_the_guard() -> None:
     rng = random.Random(2)
-    stream = [(math.exp(rng.gauss(0.0, 0.3)), math.exp(rng.gauss(0.0, 0.5)), 1.0) for i in range(30)]
+    stream = [
+        (math.exp(rng.gauss(0.0, 0.3)), math.exp(rng.gauss(0.0, 0.5)), 1.0) for i in range(30)
+    ]
     whole = guarded(rule_options={"smoothing": 0.3})
     full, _ = feed_stats(whole, stream)
     for cut in (1, 3, 12):
@@ -316,23 +386,45 @@ def test_resume_equals_uninterrupted_with_the_guard() -> None:
 
 
 def test_the_guard_is_refused_with_the_eager_overlap_naming_the_field() -> None:
-    with pytest.raises(ConfigError, match=r"rule_options\['drift_guard'\]=True of rule 'descent'.*overlap='delayed'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rule_options\['drift_guard'\]=True of rule 'descent'.*overlap='delayed'",
+    ):
         descent_config(rule_options={"drift_guard": True}, overlap="eager")
     delayed = DescentRule(descent_config(rule_options={"drift_guard": True}, overlap="delayed"))
-    assert delayed.measurements(NextInterval(0, 40, 40, 10, False, 1.0, 1.0)) == (DisplacementAt(10),)
-    with pytest.raises(ConfigError, match="not an option of rule 'paper'.*option of rule 'descent'"):
+    assert delayed.measurements(NextInterval(0, 40, 40, 10, False, 1.0, 1.0)) == (
+        DisplacementAt(10),
+    )
+    with pytest.raises(
+        ConfigError, match="not an option of rule 'paper'.*option of rule 'descent'"
+    ):
         AutoLoCoConfig(h_base=10, controller="paper", rule_options={"drift_guard": True})
 
 
-# ------------------------------------------------------------------ the start probe (docs/algorithm.md#descent-rule)
+# ------------------------------------------------------------------ the start probe
+# (docs/algorithm.md#descent-rule)
 def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calibration() -> None:
-    ctl = DescentRule(descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1}))
-    cut = IntervalObservation(
-        h_tok=20, start_step=0, end_step=20, drift_energy=1.0, coherence=2.0, lr_mass=1.0, cut_short=True
+    ctl = DescentRule(
+        descent_config(rule_options={"start_probe": 1.85, "calibration_intervals": 1})
     )
-    decision = ctl.observe(cut, preview=float)  # the first interval, planned at h_max = 40, cut at 20
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.BENT, Decision.REDUCE, 20)
-    assert ctl.state.calibration_logs == [] and ctl.phase == Phase.WARMUP  # its coherence is not a calibration
+    cut = IntervalObservation(
+        h_tok=20,
+        start_step=0,
+        end_step=20,
+        drift_energy=1.0,
+        coherence=2.0,
+        lr_mass=1.0,
+        cut_short=True,
+    )
+    # the first interval, planned at h_max = 40, cut at 20
+    decision = ctl.observe(cut, preview=float)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (
+        Assessment.BENT,
+        Decision.REDUCE,
+        20,
+    )
+    # its coherence is not a calibration
+    assert ctl.state.calibration_logs == [] and ctl.phase == Phase.WARMUP
     executed, _ = feed(ctl, [3.0, 1.5], step=20)
     assert executed == [20, 20] and ctl.h_tok == 10  # calibrated at 20 on log 3: 1.5 halves it
 
@@ -340,13 +432,21 @@ def test_an_interval_the_start_probe_cut_sets_the_horizon_and_restarts_the_calib
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (dict(overlap="delayed"), "start_probe.*1.85 of rule 'descent'.*overlap=delayed cannot follow"),
+        (
+            dict(overlap="delayed"),
+            "start_probe.*1.85 of rule 'descent'.*overlap=delayed cannot follow",
+        ),
         (dict(fragments=2), "start_probe.*1.85 of rule 'descent'.*fragments=2 cannot follow"),
-        (dict(rule_options={"start_probe": 2.5}), r"\['start_probe'\]=2.5 of rule 'descent'.*\(0.0, 2.0\]"),
+        (
+            dict(rule_options={"start_probe": 2.5}),
+            r"\['start_probe'\]=2.5 of rule 'descent'.*\(0.0, 2.0\]",
+        ),
         (dict(rule_options={"start_probe": 0.0}), r"\['start_probe'\]=0.0 of rule 'descent'"),
     ],
 )
-def test_the_start_probe_is_refused_where_an_interval_cannot_end_early_naming_the_field(overrides, named) -> None:
+def test_the_start_probe_is_refused_where_an_interval_cannot_end_early_naming_the_field(
+    overrides, named
+) -> None:
     options = {"start_probe": 1.85, **overrides.pop("rule_options", {})}
     with pytest.raises(ConfigError, match=named):
         descent_config(rule_options=options, **overrides)
@@ -355,8 +455,12 @@ def test_the_start_probe_is_refused_where_an_interval_cannot_end_early_naming_th
 def test_only_the_descent_rule_probes_its_start() -> None:
     first = NextInterval(0, 40, 40, 10, False, 1.0, 1.0)
     probing = DescentRule(descent_config(rule_options={"start_probe": 1.85}))
-    assert probing.measurements(first) == (DisplacementAt(15, Delivery.SHARED), DisplacementAt(20, Delivery.SHARED))
-    assert probing.measurements(replace(first, start_step=40)) == ()  # the run's first interval only
+    assert probing.measurements(first) == (
+        DisplacementAt(15, Delivery.SHARED),
+        DisplacementAt(20, Delivery.SHARED),
+    )
+    # the run's first interval only
+    assert probing.measurements(replace(first, start_step=40)) == ()
     assert DescentRule(descent_config()).measurements(first) == ()
     with pytest.raises(ConfigError, match="not an option of rule 'paper'"):
         AutoLoCoConfig(h_base=10, controller="paper", rule_options={"start_probe": 1.85})
@@ -368,5 +472,10 @@ def test_the_drift_guard_still_judges_an_interval_the_start_probe_cut() -> None:
         h_tok=20, start_step=0, end_step=20, drift_energy=math.e**2, coherence=2.0, lr_mass=1.0,
         anchor_drift_energy=math.e**2 * 0.25**2, anchor_lr_mass=0.5, cut_short=True,
     )  # fmt: skip
-    decision = ctl.observe(cut, preview=float)  # d rose from its anchor's over the cut interval: blown up too
-    assert (decision.assessment, decision.decision, ctl.h_tok) == (Assessment.SEVERE, Decision.REDUCE, 10)
+    # d rose from its anchor's over the cut interval: blown up too
+    decision = ctl.observe(cut, preview=float)
+    assert (decision.assessment, decision.decision, ctl.h_tok) == (
+        Assessment.SEVERE,
+        Decision.REDUCE,
+        10,
+    )

@@ -1,4 +1,5 @@
-"""The rules' and the config's docstring examples run as written: they state the defaults (gain, h_max)."""
+"""The rules' and the config's docstring examples run as
+written: they state the defaults (gain, h_max)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ def flat(h_tok: int) -> float:
 
 
 class Driver:
-    """Feeds hand-made intervals to a controller; each interval runs at the controller's ``h_tok``."""
+    """Feeds hand-made intervals to a controller; each
+    interval runs at the controller's ``h_tok``."""
 
     def __init__(
         self,
@@ -90,7 +91,8 @@ class Driver:
         assert self.ctl.state.history_drift == [0.0, 0.0, 0.0]
 
     def accept_at_max(self) -> None:
-        """Reach an accepted horizon of ``h_max`` (flat previews propose it at once), then monitoring."""
+        """Reach an accepted horizon of ``h_max`` (flat
+        previews propose it at once), then monitoring."""
         assert self.preview is flat
         self.to_monitoring()
         assert self.feed().decision == "propose"
@@ -106,7 +108,8 @@ def decisions(log: list[RuleDecision]) -> list[str]:
 
 # --------------------------------------------------------------------- 5.4
 def test_always_supporting_stream_climbs_one_q_per_five_intervals() -> None:
-    """docs/algorithm.md#phases/5.4: 2 calibration + 3 variability + 1 monitoring at H_base, then 5 per adopted horizon."""
+    """docs/algorithm.md#phases/5.4: 2 calibration + 3 variability
+    + 1 monitoring at H_base, then 5 per adopted horizon."""
     d = Driver()
     trace = []
     for _ in range(30):
@@ -119,7 +122,8 @@ def test_always_supporting_stream_climbs_one_q_per_five_intervals() -> None:
 
 
 def test_candidate_is_longest_horizon_within_lr_mass_budget() -> None:
-    """docs/algorithm.md#candidate-selection: the longest admissible horizon whose preview is <= gamma_inc x the accepted one's."""
+    """docs/algorithm.md#candidate-selection: the longest admissible horizon whose preview is <=
+    gamma_inc x the accepted one's."""
     masses = {500: 1.0, 550: 1.10, 600: 1.15, 650: 1.1500001, 700: 1.3, 750: 1.4}
     d = Driver(preview=lambda h: masses[h])
     d.to_monitoring()
@@ -136,16 +140,23 @@ def test_no_candidate_within_budget_keeps() -> None:
 
 # ------------------------------------------------------------- warm-up 5.3.1
 def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> None:
-    """docs/algorithm.md#warm-up: intervals ending before warm-up ends are unused; the one completing it is calibration #1."""
+    """docs/algorithm.md#warm-up: intervals ending before warm-up ends are unused; the one
+    completing it is calibration #1."""
     d = Driver(warmup_steps=1000)
     first = d.feed(log_d=5.0, log_c=-3.0)  # wild values: must not enter the reference
-    assert (first.phase, first.assessment, first.decision) == (Phase.WARMUP, Assessment.UNUSED, "keep")
+    assert (first.phase, first.assessment, first.decision) == (
+        Phase.WARMUP,
+        Assessment.UNUSED,
+        "keep",
+    )
     assert d.ctl.phase == Phase.WARMUP and d.ctl.state.ref_log_drift is None
     second = d.feed()  # [500, 1000): warm-up completes in it
     assert second.phase == Phase.CALIBRATION and d.ctl.phase == Phase.CALIBRATION
     d.feed()
     assert d.ctl.phase == Phase.VARIABILITY
-    assert d.ctl.state.ref_log_drift == 0.0 and d.ctl.state.ref_log_coherence == pytest.approx(0.0, abs=1e-7)
+    assert d.ctl.state.ref_log_drift == 0.0 and d.ctl.state.ref_log_coherence == pytest.approx(
+        0.0, abs=1e-7
+    )
     d.feed_many(3)
     assert d.feed().decision == "propose"
     assert len(d.log) == 7  # docs/algorithm.md#paper-trajectory: 500 x 7 with a 1,000-step warm-up
@@ -153,10 +164,19 @@ def test_warmup_intervals_are_unused_and_completing_interval_calibrates() -> Non
 
 @pytest.mark.parametrize(
     "warmup, delay, unused",
-    [(0, 0, 0), (1000, 0, 1), (999, 0, 1), (1001, 0, 2), (1200, 0, 2), (1000, 500, 2), (1000, 501, 3)],
+    [
+        (0, 0, 0),
+        (1000, 0, 1),
+        (999, 0, 1),
+        (1001, 0, 2),
+        (1200, 0, 2),
+        (1000, 500, 2),
+        (1000, 501, 3),
+    ],
 )
 def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> None:
-    """docs/algorithm.md#warm-up: an interval ending before ``warmup + calibration_delay_steps`` is unused."""
+    """docs/algorithm.md#warm-up: an interval ending before
+    ``warmup + calibration_delay_steps`` is unused."""
     d = Driver(
         PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"calibration_delay_steps": delay}),
         warmup_steps=warmup,
@@ -168,7 +188,8 @@ def test_warmup_and_calibration_delay(warmup: int, delay: int, unused: int) -> N
 
 # ------------------------------------------------------------ reference 5.1
 def test_reference_is_geometric_mean_of_calibration_then_clipped_ema() -> None:
-    """docs/algorithm.md#references-and-residuals: reference = mean of calibration logs; then EMA alpha 0.2 with residual clipped to +-2 sigma."""
+    """docs/algorithm.md#references-and-residuals: reference = mean of calibration logs; then EMA
+    alpha 0.2 with residual clipped to +-2 sigma."""
     d = Driver()
     d.feed(log_d=0.0, log_c=math.log(2.0))
     d.feed(log_d=0.1, log_c=math.log(8.0))
@@ -185,7 +206,8 @@ def test_reference_is_geometric_mean_of_calibration_then_clipped_ema() -> None:
 
 
 def test_variability_intervals_cannot_be_moderate_or_severe() -> None:
-    """docs/algorithm.md#interval-assessment: with fewer than 3 residuals only invalid is assessed."""
+    """docs/algorithm.md#interval-assessment: with fewer than
+    3 residuals only invalid is assessed."""
     d = Driver()
     d.feed_many(2)
     out = [d.feed(log_d=3.0, log_c=-3.0) for _ in range(3)]
@@ -195,7 +217,8 @@ def test_variability_intervals_cannot_be_moderate_or_severe() -> None:
 
 
 def test_candidate_intervals_do_not_update_reference() -> None:
-    """docs/algorithm.md#references-and-residuals: the EMA follows intervals at the accepted horizon, not candidate intervals."""
+    """docs/algorithm.md#references-and-residuals: the EMA follows intervals at the accepted
+    horizon, not candidate intervals."""
     d = Driver()
     d.to_monitoring()
     d.feed()  # propose 550
@@ -218,9 +241,12 @@ def test_two_consecutive_moderates_reduce_by_1_2_with_tie_toward_larger() -> Non
     assert d.ctl.phase == Phase.CALIBRATION
 
 
-@pytest.mark.parametrize("h_acc, expected", [(750, 650), (700, 600), (650, 550), (600, 500), (550, 500)])
+@pytest.mark.parametrize(
+    "h_acc, expected", [(750, 650), (700, 600), (650, 550), (600, 500), (550, 500)]
+)
 def test_moderate_reduction_targets(h_acc: int, expected: int) -> None:
-    """docs/algorithm.md#reduction: nearest admissible multiple of q_H to H_acc / 1.2, strictly smaller, >= H_min."""
+    """docs/algorithm.md#reduction: nearest admissible multiple
+    of q_H to H_acc / 1.2, strictly smaller, >= H_min."""
     d = Driver(PaperConfig(h_base=500, q_h=50, h_max=h_acc), preview=flat)
     d.accept_at_max()
     d.feed(log_c=-MODERATE_R)  # less coherence is adverse too
@@ -229,7 +255,8 @@ def test_moderate_reduction_targets(h_acc: int, expected: int) -> None:
 
 
 def test_moderate_then_consistent_does_not_reduce() -> None:
-    """docs/algorithm.md#monitoring: only *consecutive* moderates reduce; a consistent interval resets the streak."""
+    """docs/algorithm.md#monitoring: only *consecutive* moderates
+    reduce; a consistent interval resets the streak."""
     d = Driver(preview=flat)
     d.accept_at_max()
     out = [d.feed(log_d=r) for r in (MODERATE_R, CONSISTENT_R, MODERATE_R, 0.0, MODERATE_R)]
@@ -246,7 +273,8 @@ def test_moderate_then_consistent_does_not_reduce() -> None:
 
 @pytest.mark.parametrize("log_d, log_c", [(SEVERE_R, 0.0), (0.0, -SEVERE_R), (SEVERE_R, -SEVERE_R)])
 def test_severe_reduces_by_1_5_at_once(log_d: float, log_c: float) -> None:
-    """docs/algorithm.md#monitoring: severe (a > 4) -> reduce by 1.5 immediately: 750 / 1.5 = 500."""
+    """docs/algorithm.md#monitoring: severe (a > 4) -> reduce
+    by 1.5 immediately: 750 / 1.5 = 500."""
     d = Driver(preview=flat)
     d.accept_at_max()
     out = d.feed(log_d=log_d, log_c=log_c)
@@ -266,7 +294,8 @@ def test_severe_reduces_by_1_5_at_once(log_d: float, log_c: float) -> None:
     ],
 )
 def test_thresholds_are_strict(r: float, assessment: str) -> None:
-    """docs/algorithm.md#interval-assessment: moderate is ``k_moderate < a <= k_severe``, severe ``a > k_severe``."""
+    """docs/algorithm.md#interval-assessment: moderate is
+    ``k_moderate < a <= k_severe``, severe ``a > k_severe``."""
     d = Driver(preview=flat)
     d.accept_at_max()
     # the reference sits exactly at 0 and the history is [0, 0, 0]: z = r / 0.1
@@ -274,7 +303,8 @@ def test_thresholds_are_strict(r: float, assessment: str) -> None:
 
 
 def test_below_h_base_reductions() -> None:
-    """docs/algorithm.md#reduction with H_min < H_base: 500/1.5 = 333 -> 350; 500/1.2 = 417 -> 400."""
+    """docs/algorithm.md#reduction with H_min < H_base:
+    500/1.5 = 333 -> 350; 500/1.2 = 417 -> 400."""
     cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=500)
     d = Driver(cfg)
     d.to_monitoring()
@@ -288,14 +318,17 @@ def test_below_h_base_reductions() -> None:
 
 
 def test_holdoff_after_reduction() -> None:
-    """docs/algorithm.md#reduction: after a reduction 1 calibration + 3 variability + 1 monitoring interval before an increase."""
+    """docs/algorithm.md#reduction: after a reduction 1 calibration + 3 variability + 1 monitoring
+    interval before an increase."""
     d = Driver(PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750))
     d.to_monitoring()
     d.feed(log_d=MODERATE_R)
     assert d.feed(log_d=MODERATE_R).decision == "reduce"
     assert d.ctl.h_accepted == 400
     after = d.feed_many(5)
-    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [Phase.MONITORING]
+    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [
+        Phase.MONITORING
+    ]
     assert decisions(after) == ["keep"] * 4 + ["propose"]
     assert d.ctl.h_tok == 450  # 460 budget at proportional previews
 
@@ -305,7 +338,8 @@ FALLBACK_CFG = PaperConfig(h_base=500, q_h=50, h_min=100, h_max=750)
 
 
 def test_severe_then_invalid_falls_back_to_h_min() -> None:
-    """docs/algorithm.md#monitoring: two severe-or-invalid events with nothing supporting/consistent between -> H_min."""
+    """docs/algorithm.md#monitoring: two severe-or-invalid events
+    with nothing supporting/consistent between -> H_min."""
     d = Driver(FALLBACK_CFG)
     d.to_monitoring()
     assert d.feed(log_d=SEVERE_R).decision == "reduce"
@@ -326,7 +360,8 @@ def test_invalid_invalid_falls_back_and_no_decision_intervals_do_not_separate() 
 
 
 def test_consistent_interval_between_bad_events_prevents_fallback() -> None:
-    """A finite calibration interval counts as consistent (docs/algorithm.md#interval-assessment), so the second event only reduces."""
+    """A finite calibration interval counts as consistent (docs/algorithm.md#interval-assessment),
+    so the second event only reduces."""
     d = Driver(FALLBACK_CFG)
     d.to_monitoring()
     d.feed(log_d=SEVERE_R)  # 500 -> 350
@@ -341,7 +376,8 @@ def test_rejected_severe_candidate_then_invalid_falls_back() -> None:
     d.to_monitoring()
     d.feed()  # propose 550
     assert d.feed(log_d=SEVERE_R).decision == "reject"
-    assert d.ctl.h_accepted == d.ctl.h_tok == 500  # no extra reduction on rejection (docs/algorithm.md#reduction)
+    # no extra reduction on rejection (docs/algorithm.md#reduction)
+    assert d.ctl.h_accepted == d.ctl.h_tok == 500
     assert d.feed(drift_energy=math.inf).decision == "fallback"
     assert d.ctl.h_accepted == 100
 
@@ -349,7 +385,8 @@ def test_rejected_severe_candidate_then_invalid_falls_back() -> None:
 # ---------------------------------------------------- recalibration at H_min
 @pytest.mark.parametrize("trigger", ["severe", "moderate", "fallback"])
 def test_reduction_impossible_at_h_min_recalibrates_without_deadlock(trigger: str) -> None:
-    """docs/algorithm.md#reduction: no smaller admissible horizon -> keep it but recalibrate; later increases resume."""
+    """docs/algorithm.md#reduction: no smaller admissible horizon
+    -> keep it but recalibrate; later increases resume."""
     d = Driver()  # H_min = H_base = 500
     d.to_monitoring()
     if trigger == "severe":
@@ -368,7 +405,9 @@ def test_reduction_impossible_at_h_min_recalibrates_without_deadlock(trigger: st
     # the stream settles at a new level (the literal reading deadlocked here in "severe")
     level = SEVERE_R + 0.5
     after = [d.feed(log_d=level) for _ in range(5)]
-    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [Phase.MONITORING]
+    assert [x.phase for x in after] == [Phase.CALIBRATION] + [Phase.VARIABILITY] * 3 + [
+        Phase.MONITORING
+    ]
     assert decisions(after)[-1] == "propose"
     assert d.feed(log_d=level).decision == "adopt"
     assert d.ctl.h_accepted == 550
@@ -399,7 +438,8 @@ def test_candidate_consistent_then_adopted_on_second_interval() -> None:
     assert (second.assessment, second.decision) == (Assessment.CONSISTENT, "adopt")
     assert d.ctl.h_accepted == d.ctl.h_tok == 550
     assert d.ctl.phase == Phase.VARIABILITY
-    assert d.ctl.state.ref_log_drift == pytest.approx(1.5 * CONSISTENT_R)  # the last candidate interval
+    # the last candidate interval
+    assert d.ctl.state.ref_log_drift == pytest.approx(1.5 * CONSISTENT_R)
 
 
 @pytest.mark.parametrize(
@@ -415,7 +455,8 @@ def test_candidate_consistent_then_adopted_on_second_interval() -> None:
     ],
 )
 def test_candidate_rejected_creates_bound_and_returns(first: dict, second: dict | None) -> None:
-    """docs/algorithm.md#candidate-evaluation: moderate, severe or invalid in either candidate interval -> reject, bound, return."""
+    """docs/algorithm.md#candidate-evaluation: moderate, severe or invalid in either candidate
+    interval -> reject, bound, return."""
     d = Driver()
     d.to_monitoring()
     d.feed()
@@ -431,7 +472,8 @@ def test_candidate_rejected_creates_bound_and_returns(first: dict, second: dict 
 
 
 def test_rejected_bound_uses_geometric_midpoint() -> None:
-    """docs/algorithm.md#candidate-selection: below an active bound the next proposal is nearest sqrt(H_acc * H_rej), strictly between."""
+    """docs/algorithm.md#candidate-selection: below an active bound the next proposal is nearest
+    sqrt(H_acc * H_rej), strictly between."""
     d = Driver(preview=flat)
     d.to_monitoring()
     d.feed()
@@ -445,7 +487,8 @@ def test_rejected_bound_uses_geometric_midpoint() -> None:
     # 1 calibration + 3 variability + 1 monitoring, then sqrt(500*750) = 612 -> 600
     assert trace[:5] == [("keep", 500)] * 4 + [("propose", 600)]
     assert trace[5] == ("adopt", 600)
-    # sqrt(600*750) = 670.8 -> 650; sqrt(650*750) = 698.2 -> 700; nothing strictly between 700 and 750
+    # sqrt(600*750) = 670.8 -> 650; sqrt(650*750) = 698.2 ->
+    # 700; nothing strictly between 700 and 750
     assert trace[9] == ("propose", 650)
     assert trace[14] == ("propose", 700)
     assert trace[15] == ("adopt", 700)
@@ -453,7 +496,8 @@ def test_rejected_bound_uses_geometric_midpoint() -> None:
 
 
 def test_rejected_bound_one_q_above_blocks_until_max_age() -> None:
-    """docs/algorithm.md#candidate-selection: a bound retires after ``rejected_bound_max_age = 20`` intervals."""
+    """docs/algorithm.md#candidate-selection: a bound retires
+    after ``rejected_bound_max_age = 20`` intervals."""
     d = Driver()
     d.to_monitoring()
     d.feed()
@@ -465,7 +509,9 @@ def test_rejected_bound_one_q_above_blocks_until_max_age() -> None:
 
 
 def test_rejected_bound_max_age_is_configurable() -> None:
-    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_max_age": 7}))
+    d = Driver(
+        PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_max_age": 7})
+    )
     d.to_monitoring()
     d.feed()
     d.feed(log_d=MODERATE_R)
@@ -473,12 +519,18 @@ def test_rejected_bound_max_age_is_configurable() -> None:
     assert decisions(rest) == ["keep"] * 6 + ["propose"]
 
 
-@pytest.mark.parametrize("level, retired", [(0.95, False), (0.9001, False), (0.90, True), (0.5, True)])
-def test_rejected_bound_retires_when_preview_falls_to_release_fraction(level: float, retired: bool) -> None:
-    """docs/algorithm.md#candidate-selection: retire when preview(bound) <= 0.90 x the LR mass observed at its creation."""
+@pytest.mark.parametrize(
+    "level, retired", [(0.95, False), (0.9001, False), (0.90, True), (0.5, True)]
+)
+def test_rejected_bound_retires_when_preview_falls_to_release_fraction(
+    level: float, retired: bool
+) -> None:
+    """docs/algorithm.md#candidate-selection: retire when
+    preview(bound) <= 0.90 x the LR mass observed at its creation."""
     scale = {"v": 1.0}
 
-    def preview(h: int) -> float:  # preview(550) == scale; the rejected interval measured Lambda = 1
+    # preview(550) == scale; the rejected interval measured Lambda = 1
+    def preview(h: int) -> float:
         return scale["v"] * h / 550
 
     d = Driver(preview=preview)
@@ -535,7 +587,8 @@ def _drive_to(phase: str) -> Driver:
 @pytest.mark.parametrize("bad", INVALID_OBS)
 @pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING])
 def test_invalid_takes_invalid_path_in_every_phase(phase: str, bad: dict) -> None:
-    """docs/algorithm.md#interval-assessment/5.3: non-finite D, C, Lambda, loss or pseudo-gradient -> invalid, handled like severe."""
+    """docs/algorithm.md#interval-assessment/5.3: non-finite D, C, Lambda, loss or pseudo-gradient
+    -> invalid, handled like severe."""
     d = _drive_to(phase)
     out = d.feed(**bad)
     assert (out.assessment, out.decision) == (Assessment.INVALID, "reduce")
@@ -554,7 +607,8 @@ def test_invalid_candidate_is_rejected(bad: dict) -> None:
 
 @pytest.mark.parametrize("bad", INVALID_OBS)
 def test_invalid_during_warmup_is_assessed_but_recipe_horizon_kept(bad: dict) -> None:
-    """docs/algorithm.md#warm-up: the recipe horizon is kept throughout warm-up; invalid is still detected."""
+    """docs/algorithm.md#warm-up: the recipe horizon is kept
+    throughout warm-up; invalid is still detected."""
     d = _drive_to(Phase.WARMUP)
     out = d.feed(**bad)
     assert out.assessment == Assessment.INVALID
@@ -569,9 +623,14 @@ def test_invalid_during_warmup_is_assessed_but_recipe_horizon_kept(bad: dict) ->
         (dict(drift_energy=0.0), Assessment.NO_DECISION),
     ],
 )
-@pytest.mark.parametrize("phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING, Phase.CANDIDATE])
-def test_truncated_and_zero_mass_intervals_take_no_decision(phase: str, kw: dict, assessment: str) -> None:
-    """docs/algorithm.md#references-and-residuals, 5.3.8: truncated intervals and Lambda = 0 (or D = 0) leave the state unchanged."""
+@pytest.mark.parametrize(
+    "phase", [Phase.CALIBRATION, Phase.VARIABILITY, Phase.MONITORING, Phase.CANDIDATE]
+)
+def test_truncated_and_zero_mass_intervals_take_no_decision(
+    phase: str, kw: dict, assessment: str
+) -> None:
+    """docs/algorithm.md#references-and-residuals, 5.3.8: truncated intervals and Lambda = 0 (or D =
+    0) leave the state unchanged."""
     d = _drive_to(phase)
     before = json.dumps(d.ctl.state_dict())
     out = d.feed(**kw)
@@ -580,15 +639,22 @@ def test_truncated_and_zero_mass_intervals_take_no_decision(phase: str, kw: dict
 
 
 # ----------------------------------------------------------- drift, no alarm
-def _noisy_stream(seed: int, n: int = 200, drift_d: float = -0.002, drift_c: float = 0.001, noise: float = 0.04):
+def _noisy_stream(
+    seed: int, n: int = 200, drift_d: float = -0.002, drift_c: float = 0.001, noise: float = 0.04
+):
     rng = random.Random(seed)
-    return [(drift_d * i + rng.gauss(0.0, noise), drift_c * i + rng.gauss(0.0, noise)) for i in range(n)]
+    return [
+        (drift_d * i + rng.gauss(0.0, noise), drift_c * i + rng.gauss(0.0, noise)) for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("drift_d, drift_c", [(-0.002, 0.001), (0.002, -0.001)])
-def test_slow_drift_with_realistic_noise_raises_no_alarm(seed: int, drift_d: float, drift_c: float) -> None:
-    """docs/algorithm.md#references-and-residuals, 10: noise ~0.04 in log d and log C plus slow drift: no reduction, no severe, no fallback."""
+def test_slow_drift_with_realistic_noise_raises_no_alarm(
+    seed: int, drift_d: float, drift_c: float
+) -> None:
+    """docs/algorithm.md#references-and-residuals, 10: noise ~0.04 in log d and log C plus slow
+    drift: no reduction, no severe, no fallback."""
     d = Driver(warmup_steps=0)
     for log_d, log_c in _noisy_stream(seed, drift_d=drift_d, drift_c=drift_c):
         d.feed(log_d, log_c)
@@ -618,7 +684,8 @@ def _eventful_stream() -> list[dict]:
 
 
 def test_state_dict_round_trip_reproduces_decisions_at_every_split() -> None:
-    """docs/algorithm.md#state: the controller state is JSON-serializable and resuming continues the same trajectory."""
+    """docs/algorithm.md#state: the controller state is
+    JSON-serializable and resuming continues the same trajectory."""
     cfg = PaperConfig(h_base=500, q_h=50, h_min=250, h_max=750)
     stream = _eventful_stream()
     full = Driver(cfg)
@@ -638,7 +705,9 @@ def test_state_dict_round_trip_reproduces_decisions_at_every_split() -> None:
         resumed.step = first.step
         for kw in stream[split:]:
             resumed.feed(**kw)
-        assert [vars(x) for x in first.log + resumed.log] == expected, f"diverged after a split at {split}"
+        assert [vars(x) for x in first.log + resumed.log] == expected, (
+            f"diverged after a split at {split}"
+        )
         assert resumed.ctl.state_dict() == full.ctl.state_dict()
 
 
@@ -656,7 +725,8 @@ def test_state_dict_with_rejected_bound_is_json_serializable() -> None:
 
 # ------------------------------------------------------- scores, 5.1 / 5.2
 def test_scores_follow_robust_centre_and_scale() -> None:
-    """docs/algorithm.md#references-and-residuals: z = (r - median(history)) / max(1.4826 MAD(history), sigma_floor); a = max(z_D, -z_C)."""
+    """docs/algorithm.md#references-and-residuals: z = (r - median(history)) / max(1.4826
+    MAD(history), sigma_floor); a = max(z_D, -z_C)."""
     import statistics
 
     def centre_scale(hist: list[float]) -> tuple[float, float]:
@@ -688,7 +758,8 @@ def test_scores_follow_robust_centre_and_scale() -> None:
 
 
 def test_monitoring_intervals_move_reference_by_clipped_ema() -> None:
-    """docs/algorithm.md#references-and-residuals: every finite accepted-horizon interval (moderate included) updates the reference."""
+    """docs/algorithm.md#references-and-residuals: every finite accepted-horizon interval (moderate
+    included) updates the reference."""
     d = Driver(preview=flat)
     d.accept_at_max()
     st = d.ctl.state
@@ -713,7 +784,8 @@ def test_residual_history_keeps_last_16() -> None:
 
 
 def test_second_rejection_replaces_bound() -> None:
-    """docs/algorithm.md#candidate-evaluation: a rejection creates or *replaces* the rejected bound (with a fresh age)."""
+    """docs/algorithm.md#candidate-evaluation: a rejection creates
+    or *replaces* the rejected bound (with a fresh age)."""
     d = Driver(preview=flat)
     d.to_monitoring()
     d.feed()  # propose 750
@@ -728,9 +800,14 @@ def test_second_rejection_replaces_bound() -> None:
 
 # ------------------------------------------------------- documented knobs
 def test_increase_requires_support() -> None:
-    """docs/algorithm.md#monitoring default proposes after a consistent interval; the switch requires a supporting one."""
+    """docs/algorithm.md#monitoring default proposes after a
+    consistent interval; the switch requires a supporting one."""
     for requires, expected in ((False, "propose"), (True, "keep")):
-        d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}))
+        d = Driver(
+            PaperConfig(
+                h_base=500, q_h=50, h_max=750, rule_options={"increase_requires_support": requires}
+            )
+        )
         d.to_monitoring()
         assert d.feed(log_d=CONSISTENT_R).decision == expected
     assert d.feed(log_d=-0.01).decision == "propose"
@@ -743,15 +820,24 @@ def test_monitoring_holdoff() -> None:
 
 
 def test_candidate_max_intervals() -> None:
-    d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_intervals": 3}))
+    d = Driver(
+        PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_intervals": 3})
+    )
     d.to_monitoring()
     d.feed()
-    assert decisions([d.feed(log_d=CONSISTENT_R) for _ in range(3)]) == ["continue", "continue", "adopt"]
+    assert decisions([d.feed(log_d=CONSISTENT_R) for _ in range(3)]) == [
+        "continue",
+        "continue",
+        "adopt",
+    ]
 
 
 def test_calibration_and_variability_counts() -> None:
     cfg = PaperConfig(
-        h_base=500, q_h=50, h_max=750, rule_options={"calibration_intervals": 3, "variability_intervals": 1}
+        h_base=500,
+        q_h=50,
+        h_max=750,
+        rule_options={"calibration_intervals": 3, "variability_intervals": 1},
     )
     d = Driver(cfg)
     out = d.feed_many(5)
@@ -760,7 +846,8 @@ def test_calibration_and_variability_counts() -> None:
 
 
 def test_another_number_of_workers_recalibrates_at_the_accepted_horizon() -> None:
-    """docs/algorithm.md#boundary-snapshots: a candidate in progress is dropped; the reference is re-estimated, warm-up stays warm-up."""
+    """docs/algorithm.md#boundary-snapshots: a candidate in progress is dropped; the reference is
+    re-estimated, warm-up stays warm-up."""
     d = Driver(preview=flat)
     d.to_monitoring()
     assert d.feed().decision == "propose" and d.ctl.h_tok > d.ctl.h_accepted
@@ -769,9 +856,14 @@ def test_another_number_of_workers_recalibrates_at_the_accepted_horizon() -> Non
     assert (d.ctl.phase, d.ctl.h_tok, d.ctl.h_accepted) == (Phase.CALIBRATION, accepted, accepted)
     assert d.ctl.state.calibration_needed == d.cfg.rule_options.recalibration_intervals
     assert d.ctl.state.history_drift == [] and d.ctl.state.calibration_logs == []
-    new_level = [d.feed(log_d=1.0, log_c=-0.5) for _ in range(d.cfg.rule_options.recalibration_intervals)]
-    assert all(x.assessment == Assessment.CONSISTENT for x in new_level)  # the new level is the reference
-    assert d.ctl.state.ref_log_drift == pytest.approx(1.0) and d.ctl.state.ref_log_coherence == pytest.approx(-0.5)
+    new_level = [
+        d.feed(log_d=1.0, log_c=-0.5) for _ in range(d.cfg.rule_options.recalibration_intervals)
+    ]
+    # the new level is the reference
+    assert all(x.assessment == Assessment.CONSISTENT for x in new_level)
+    assert d.ctl.state.ref_log_drift == pytest.approx(
+        1.0
+    ) and d.ctl.state.ref_log_coherence == pytest.approx(-0.5)
 
     warm = Driver(warmup_steps=10_000)
     warm.ctl.recalibrate_for_new_workers()

@@ -1,4 +1,5 @@
-"""Controller robustness (issue 11): centred reference clip, warm-up faults, h_min on the grid, opt-ins.
+"""Controller robustness (issue 11): centred reference clip,
+warm-up faults, h_min on the grid, opt-ins.
 
 Scripted streams as in ``test_paper_rule.py`` (``lr_mass = 1``, so a residual
 ``r`` against a flat history scores ``z = 10 r``).
@@ -20,7 +21,8 @@ from autoloco_hf.config import AutoLoCoConfig, ConfigError, ReferenceClip
 
 # ------------------------------------------------------------------ config
 def test_h_min_must_lie_on_the_q_h_grid() -> None:
-    """h_min=95 with q_h=10 used to make the fallback execute 95, a horizon the grid does not contain."""
+    """h_min=95 with q_h=10 used to make the fallback execute
+    95, a horizon the grid does not contain."""
     with pytest.raises(ConfigError, match=r"h_min=95 .*multiple of q_h=10 .*h_min=90"):
         PaperConfig(h_base=100, q_h=10, h_min=95)
     assert PaperConfig(h_base=100, q_h=10, h_min=50).h_min == 50
@@ -37,7 +39,9 @@ def test_h_min_must_lie_on_the_q_h_grid() -> None:
     ],
 )
 def test_robustness_fields_are_validated(field: str, value) -> None:
-    with pytest.raises(ConfigError, match=rf"rule_options\['{field}'\]={value!r} of rule 'paper' is invalid"):
+    with pytest.raises(
+        ConfigError, match=rf"rule_options\['{field}'\]={value!r} of rule 'paper' is invalid"
+    ):
         PaperConfig(rule_options={field: value})
 
 
@@ -60,7 +64,8 @@ def test_one_log_drift_function_for_statistics_and_controller() -> None:
 # ----------------------------------------------------------- reference 5.1
 @pytest.mark.parametrize("clip, moved", [("centre", 0.2 * (0.5 + 0.2)), ("zero", 0.2 * 0.2)])
 def test_reference_clip_centre_follows_the_lag_zero_caps_it(clip: str, moved: float) -> None:
-    """A history centred on a steady lag of 0.5: the centred clip moves by alpha (c + clip(r - c))."""
+    """A history centred on a steady lag of 0.5: the centred
+    clip moves by alpha (c + clip(r - c))."""
     d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"reference_clip": clip}))
     d.to_monitoring()
     st = d.ctl.state
@@ -76,7 +81,8 @@ SFT_LIKE = PaperConfig(h_base=100, q_h=10, h_min=50, h_max=150)
 
 @pytest.mark.parametrize("warmup", [0, 50])
 def test_invalid_first_calibration_interval_reduces(warmup: int) -> None:
-    """The interval completing warm-up (or interval 0 without one) is no warm-up interval: invalid acts."""
+    """The interval completing warm-up (or interval 0 without
+    one) is no warm-up interval: invalid acts."""
     d = Driver(SFT_LIKE, warmup_steps=warmup)
     out = d.feed(drift_energy=math.nan)
     assert (out.assessment, out.decision) == (Assessment.INVALID, "reduce")
@@ -106,14 +112,19 @@ def test_finite_warmup_interval_disarms_the_fallback() -> None:
 def test_candidate_max_quanta_caps_the_jump() -> None:
     """Flat previews admit H_max at once; the cap admits that many q_H."""
     for cap, expected in [(0, 750), (1, 550), (2, 600)]:
-        d = Driver(PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_quanta": cap}), preview=flat)
+        d = Driver(
+            PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"candidate_max_quanta": cap}),
+            preview=flat,
+        )
         d.to_monitoring()
         assert d.feed().decision == "propose"
         assert d.ctl.h_tok == expected
 
 
 def _bound_after_rejection(min_age: int) -> Driver:
-    cfg = PaperConfig(h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_min_age": min_age})
+    cfg = PaperConfig(
+        h_base=500, q_h=50, h_max=750, rule_options={"rejected_bound_min_age": min_age}
+    )
     d = Driver(cfg, preview=flat)
     d.to_monitoring()
     d.feed()  # propose 750

@@ -1,4 +1,5 @@
-"""Interval policies: DiLoCo, QSR, Linear Interval and AutoLoCo behind one interface (docs/algorithm.md#token-mapper, 5, 6)."""
+"""Interval policies: DiLoCo, QSR, Linear Interval and AutoLoCo behind one interface
+(docs/algorithm.md#token-mapper, 5, 6)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def execute(policy: IntervalPolicy, total: int, **kw) -> list:
 
 # ------------------------------------------------------------------ DiLoCo
 def test_fixed_policy_and_truncation() -> None:
-    """docs/algorithm.md#baselines DiLoCo: fixed H_base; docs/algorithm.md#truncation: the last interval is cut to the remaining budget."""
+    """docs/algorithm.md#baselines DiLoCo: fixed H_base; docs/algorithm.md#truncation: the last
+    interval is cut to the remaining budget."""
     sched = warmup_cosine(1e-3, 100, 1050)
     p = FixedPolicy(sched, total_steps=1050, h_base=500)
     intervals = execute(p, 1050)
@@ -65,7 +67,8 @@ def test_fixed_policy_and_truncation() -> None:
 
 # ---------------------------------------------------------- Linear Interval
 def test_linear_interval_c4() -> None:
-    """docs/algorithm.md#baselines: 10, 20, ..., 990 then the 500-step remainder: 100 syncs in 50,000 steps."""
+    """docs/algorithm.md#baselines: 10, 20, ..., 990 then the
+    500-step remainder: 100 syncs in 50,000 steps."""
     p = make_policy(AutoLoCoConfig(method="linear", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, LinearIntervalPolicy)
     intervals = execute(p, 50_000)
@@ -73,7 +76,9 @@ def test_linear_interval_c4() -> None:
     assert len(intervals) == 100 and intervals[-1].truncated and not intervals[-2].truncated
 
 
-@pytest.mark.parametrize("a, total, expected", [(25, 200, [25, 50, 75, 50]), (1, 10, [1, 2, 3, 4]), (5, 15, [5, 10])])
+@pytest.mark.parametrize(
+    "a, total, expected", [(25, 200, [25, 50, 75, 50]), (1, 10, [1, 2, 3, 4]), (5, 15, [5, 10])]
+)
 def test_linear_interval_general(a: int, total: int, expected: list) -> None:
     """docs/algorithm.md#baselines: H_k = a k, cut at the budget."""
     assert [x.h_step for x in execute(LinearIntervalPolicy(a, total), total)] == expected
@@ -81,12 +86,21 @@ def test_linear_interval_general(a: int, total: int, expected: list) -> None:
 
 def test_linear_next_interval_is_idempotent() -> None:
     p = LinearIntervalPolicy(increment=10, total_steps=1000)
-    assert [p.next_interval(s).h_step for s in (0, 0, 10, 30, 30, 60, 100)] == [10, 10, 20, 30, 30, 40, 50]
+    assert [p.next_interval(s).h_step for s in (0, 0, 10, 30, 30, 60, 100)] == [
+        10,
+        10,
+        20,
+        30,
+        30,
+        40,
+        50,
+    ]
 
 
 # --------------------------------------------------------------------- QSR
 def test_qsr_c4_paper_figures() -> None:
-    """docs/algorithm.md#baselines: with the C4 schedule and the default alpha QSR executes 41 intervals, median 603."""
+    """docs/algorithm.md#baselines: with the C4 schedule and
+    the default alpha QSR executes 41 intervals, median 603."""
     p = make_policy(AutoLoCoConfig(method="qsr", h_base=500), C4, 50_000, 1000)
     assert isinstance(p, QSRPolicy)
     assert p.alpha == pytest.approx(math.sqrt(500) * 3e-4, rel=1e-12)  # alpha^2 = H_base eta_peak^2
@@ -98,11 +112,13 @@ def test_qsr_c4_paper_figures() -> None:
 
 
 def test_qsr_rule() -> None:
-    """docs/algorithm.md#baselines: H = max(H_base, floor((alpha / eta(s_t))^2)); warm-up intervals H_base; capped at the budget."""
+    """docs/algorithm.md#baselines: H = max(H_base, floor((alpha / eta(s_t))^2)); warm-up intervals
+    H_base; capped at the budget."""
     sched = warmup_cosine(1.0, 100, 20_000)
     alpha = math.sqrt(50) * 1.0
     p = QSRPolicy(sched, 20_000, h_base=50, alpha=alpha, gamma=2.0, warmup_steps=100)
-    assert p.next_interval(0).h_step == 50 and p.next_interval(99).h_step == 50  # starts inside the warm-up
+    # starts inside the warm-up
+    assert p.next_interval(0).h_step == 50 and p.next_interval(99).h_step == 50
     for s in (100, 5000, 10_000, 15_000, 17_000):
         expected = max(50, math.floor((alpha / sched.lr_at(s)) ** 2))
         assert p.next_interval(s).h_step == min(expected, 20_000 - s)
@@ -114,7 +130,9 @@ def test_qsr_rule() -> None:
 
 def test_qsr_alpha_override_and_gamma() -> None:
     sched = FunctionSchedule(lambda s: 0.5, 10_000)
-    p = make_policy(AutoLoCoConfig(method="qsr", h_base=10, qsr_alpha=4.0, qsr_gamma=3.0), sched, 10_000, 0)
+    p = make_policy(
+        AutoLoCoConfig(method="qsr", h_base=10, qsr_alpha=4.0, qsr_gamma=3.0), sched, 10_000, 0
+    )
     assert p.next_interval(0).h_step == math.floor((4.0 / 0.5) ** 3) == 512
 
 
@@ -134,17 +152,20 @@ def small_autoloco(**overrides) -> tuple[AutoLoCoPolicy, FunctionSchedule]:
 
 
 def test_autoloco_constant_density_trajectory() -> None:
-    """docs/algorithm.md#paper-trajectory pattern at H_base = 100: 6 intervals at 100, then 5 per adopted horizon."""
+    """docs/algorithm.md#paper-trajectory pattern at H_base =
+    100: 6 intervals at 100, then 5 per adopted horizon."""
     p, _ = small_autoloco()
     intervals = execute(p, 4000)
     steps = [x.h_step for x in intervals]
     assert steps[:16] == [100] * 6 + [110] * 5 + [120] * 5
-    assert all(x.h_step == x.h_tok for x in intervals)  # constant density: the mapper is the identity
+    # constant density: the mapper is the identity
+    assert all(x.h_step == x.h_tok for x in intervals)
     assert max(steps) == 150
 
 
 def test_autoloco_follows_token_density() -> None:
-    """docs/algorithm.md#token-mapper: three recipe-horizon intervals give M_base; then fewer tokens per step -> more steps."""
+    """docs/algorithm.md#token-mapper: three recipe-horizon intervals
+    give M_base; then fewer tokens per step -> more steps."""
     p, sched = small_autoloco(adaptive_horizon=False)
     step = 0
     intervals = []
@@ -166,7 +187,8 @@ def test_autoloco_follows_token_density() -> None:
 
 
 def test_autoloco_maps_next_horizon_after_updating_n_hat() -> None:
-    """docs/algorithm.md#token-mapper: the horizon right after an interval is mapped with n_hat including that interval."""
+    """docs/algorithm.md#token-mapper: the horizon right after
+    an interval is mapped with n_hat including that interval."""
     p, _ = small_autoloco(adaptive_horizon=False)
     step = 0
     for _ in range(3):
@@ -186,7 +208,8 @@ def test_autoloco_without_token_mapping_is_identity() -> None:
 
 
 def test_autoloco_fixed_horizon_ignores_statistics() -> None:
-    """adaptive_horizon=False keeps H_base whatever the statistics say (DiLoCo special case, docs/algorithm.md#outer-correction)."""
+    """adaptive_horizon=False keeps H_base whatever the statistics say (DiLoCo special case,
+    docs/algorithm.md#outer-correction)."""
     p, _ = small_autoloco(adaptive_horizon=False, map_tokens=False)
     assert all(x.h_step == 100 for x in execute(p, 3000))
     assert p.complete(outcome(p.next_interval(3000), drift_energy=math.nan)) is None
@@ -194,7 +217,12 @@ def test_autoloco_fixed_horizon_ignores_statistics() -> None:
 
 def test_autoloco_truncated_last_interval_takes_no_decision() -> None:
     sched = warmup_cosine(1e-3, 0, 1030)
-    p = AutoLoCoPolicy(AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 1030, warmup_steps=0)
+    p = AutoLoCoPolicy(
+        AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150),
+        sched,
+        1030,
+        warmup_steps=0,
+    )
     step, decisions = 0, []
     while step < 1030:
         interval = p.next_interval(step)
@@ -236,7 +264,8 @@ def test_autoloco_state_dict_resumes_same_trajectory() -> None:
 
 
 def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
-    """docs/algorithm.md#token-mapper: M_1..M_3 come from full intervals executed at the recipe horizon."""
+    """docs/algorithm.md#token-mapper: M_1..M_3 come from
+    full intervals executed at the recipe horizon."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)
     cfg = AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_min=50, h_max=150)
     p = AutoLoCoPolicy(cfg, sched, 100_000, warmup_steps=0)
@@ -255,17 +284,26 @@ def test_autoloco_counts_base_tokens_only_at_recipe_horizon() -> None:
 
 def test_autoloco_truncated_interval_is_not_a_base_count() -> None:
     sched = FunctionSchedule(lambda s: 1.0, 250)
-    p = AutoLoCoPolicy(AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 250, warmup_steps=0)
+    p = AutoLoCoPolicy(
+        AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150),
+        sched,
+        250,
+        warmup_steps=0,
+    )
     intervals = execute(p, 250)
     assert [x.h_step for x in intervals] == [100, 100, 50] and intervals[-1].truncated
     assert len(p.mapper.base_counts) == 2
 
 
 def test_autoloco_candidate_previews_use_mapped_steps() -> None:
-    """docs/algorithm.md#candidate-selection: candidates are previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
+    """docs/algorithm.md#candidate-selection: candidates are
+    previewed as Lambda(s_next, map(H)), i.e. in executable steps."""
     sched = FunctionSchedule(lambda s: 1.0, 100_000)  # constant LR: the preview counts steps
     p = AutoLoCoPolicy(
-        AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150), sched, 100_000, warmup_steps=0
+        AutoLoCoConfig(controller="paper", h_base=100, q_h=10, h_max=150),
+        sched,
+        100_000,
+        warmup_steps=0,
     )
     density = 1000 / 0.45  # 2.2x the base density: map(H) = round10(0.45 H)
     p.mapper.load_state_dict({"base_counts": [100_000] * 3, "tokens_per_step": density})
@@ -278,9 +316,12 @@ def test_autoloco_candidate_previews_use_mapped_steps() -> None:
 
 @pytest.mark.parametrize("h_base", [25, 45, 100, 500])
 def test_autoloco_recipe_horizon_survives_token_mapping(h_base: int) -> None:
-    """docs/algorithm.md#token-mapper: at constant density the mapper is the identity, also once M_base and n_hat exist."""
+    """docs/algorithm.md#token-mapper: at constant density the
+    mapper is the identity, also once M_base and n_hat exist."""
     cfg = AutoLoCoConfig(h_base=h_base, adaptive_horizon=False)
-    p = AutoLoCoPolicy(cfg, FunctionSchedule(lambda s: 1.0, 100 * h_base), 100 * h_base, warmup_steps=0)
+    p = AutoLoCoPolicy(
+        cfg, FunctionSchedule(lambda s: 1.0, 100 * h_base), 100 * h_base, warmup_steps=0
+    )
     assert {x.h_step for x in execute(p, 10 * h_base)} == {h_base}
 
 
@@ -290,10 +331,15 @@ def test_an_interval_shorter_than_min_steps_is_stretched_to_whole_quanta_and_tak
     plain = policy.next_interval(10_000)
     assert not plain.stretched and policy.next_interval(10_000, min_steps=plain.h_step) == plain
     stretched = policy.next_interval(10_000, min_steps=plain.h_step + 1)
-    assert stretched.stretched and stretched.h_step == plain.h_step + 50 and stretched.h_tok == plain.h_tok
+    assert (
+        stretched.stretched
+        and stretched.h_step == plain.h_step + 50
+        and stretched.h_tok == plain.h_tok
+    )
     assert stretched.lr_mass == pytest.approx(lr_mass(C4, 10_000, stretched.h_step))
     assert outcome(stretched).observation(10_550).truncated  # ran another length than H_tok maps to
     end = policy.next_interval(49_980, min_steps=plain.h_step + 1)  # the budget still ends the run
     assert end.h_step == 20 and end.truncated
     fixed = FixedPolicy(C4, 50_000, 10).next_interval(0, min_steps=13)
-    assert (fixed.h_step, fixed.stretched) == (13, True)  # DiLoCo executes any length: a quantum of 1
+    # DiLoCo executes any length: a quantum of 1
+    assert (fixed.h_step, fixed.stretched) == (13, True)

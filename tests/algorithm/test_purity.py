@@ -1,4 +1,5 @@
-"""The pure algorithm imports neither ``torch`` nor ``transformers``: it runs in milliseconds on scripted numbers."""
+"""The pure algorithm imports neither ``torch`` nor
+``transformers``: it runs in milliseconds on scripted numbers."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ HEAVY = ["torch", "torch.distributed", "transformers", "accelerate"]
 
 @pytest.mark.parametrize("module", PURE_MODULES)
 def test_pure_module_loads_no_torch_or_transformers(module):
-    probe = f"import importlib, json, sys; importlib.import_module({module!r}); print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    probe = (
+        f"import importlib, json, sys; importlib.import_module({module!r}); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
     loaded = set(json.loads(out))
-    assert not [m for m in HEAVY if m in loaded], f"{module} loads {[m for m in HEAVY if m in loaded]}"
+    assert not [m for m in HEAVY if m in loaded], (
+        f"{module} loads {[m for m in HEAVY if m in loaded]}"
+    )

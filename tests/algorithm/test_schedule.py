@@ -9,7 +9,13 @@ import torch
 from torch.optim import lr_scheduler
 from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from autoloco_hf.algorithm.schedule import FunctionSchedule, SchedulerPreview, lr_mass, warmup_cosine, warmup_linear
+from autoloco_hf.algorithm.schedule import (
+    FunctionSchedule,
+    SchedulerPreview,
+    lr_mass,
+    warmup_cosine,
+    warmup_linear,
+)
 
 TOTAL = 120
 
@@ -19,7 +25,8 @@ def make_optimizer(lr: float = 1e-3) -> torch.optim.Optimizer:
 
 
 def stepped_lrs(scheduler_factory, steps: int) -> list[float]:
-    """The learning rate of optimizer steps 0 .. steps-1 from a separately built, actually stepped scheduler."""
+    """The learning rate of optimizer steps 0 .. steps-1 from
+    a separately built, actually stepped scheduler."""
     opt = make_optimizer()
     sched = scheduler_factory(opt)
     lrs = []
@@ -31,8 +38,12 @@ def stepped_lrs(scheduler_factory, steps: int) -> list[float]:
 
 
 HF_FACTORIES = {
-    "cosine": lambda opt: get_cosine_schedule_with_warmup(opt, num_warmup_steps=10, num_training_steps=TOTAL),
-    "linear": lambda opt: get_linear_schedule_with_warmup(opt, num_warmup_steps=10, num_training_steps=TOTAL),
+    "cosine": lambda opt: get_cosine_schedule_with_warmup(
+        opt, num_warmup_steps=10, num_training_steps=TOTAL
+    ),
+    "linear": lambda opt: get_linear_schedule_with_warmup(
+        opt, num_warmup_steps=10, num_training_steps=TOTAL
+    ),
 }
 OTHER_FACTORIES = {
     "step": lambda opt: lr_scheduler.StepLR(opt, step_size=17, gamma=0.5),
@@ -47,14 +58,29 @@ OTHER_FACTORIES = {
     ),
     "exponential": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.97),
     "chained": lambda opt: lr_scheduler.ChainedScheduler(
-        [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=15), lr_scheduler.ExponentialLR(opt, gamma=0.98)]
+        [
+            lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=15),
+            lr_scheduler.ExponentialLR(opt, gamma=0.98),
+        ]
     ),
     "polynomial": lambda opt: lr_scheduler.PolynomialLR(opt, total_iters=TOTAL, power=2.0),
     "warm_restarts": lambda opt: lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=20, T_mult=2),
-    "cyclic": lambda opt: lr_scheduler.CyclicLR(opt, base_lr=1e-4, max_lr=1e-2, step_size_up=9, cycle_momentum=False),
+    "cyclic": lambda opt: lr_scheduler.CyclicLR(
+        opt, base_lr=1e-4, max_lr=1e-2, step_size_up=9, cycle_momentum=False
+    ),
 }
 ALL_FACTORIES = {**HF_FACTORIES, **OTHER_FACTORIES}
-INTERVALS = [(0, 10), (0, 25), (5, 13), (10, 50), (37, 41), (100, 20), (110, 30), (119, 1), (TOTAL, 5)]
+INTERVALS = [
+    (0, 10),
+    (0, 25),
+    (5, 13),
+    (10, 50),
+    (37, 41),
+    (100, 20),
+    (110, 30),
+    (119, 1),
+    (TOTAL, 5),
+]
 
 
 def _epoch(scheduler) -> int:
@@ -66,7 +92,8 @@ def _epoch(scheduler) -> int:
 
 # ------------------------------------------------------------- lr_mass
 def test_lr_mass_clamps_at_budget() -> None:
-    """docs/algorithm.md#interval-statistics: steps at or beyond the training budget contribute 0."""
+    """docs/algorithm.md#interval-statistics: steps at or
+    beyond the training budget contribute 0."""
     sched = FunctionSchedule(lambda s: 1.0 + s, total_steps=10)
     assert lr_mass(sched, 0, 10) == sum(1.0 + s for s in range(10))
     assert lr_mass(sched, 8, 5) == 9.0 + 10.0
@@ -96,10 +123,14 @@ def test_hf_cosine_rises_past_its_end_but_preview_clamps() -> None:
     assert fn(TOTAL + 20) > fn(TOTAL) >= 0.0  # HF's cosine rises again past the budget
     preview = SchedulerPreview(sched, total_steps=TOTAL)
     assert preview.lr_at(TOTAL + 20) == 0.0
-    assert preview.lr_mass(TOTAL - 5, 50) == pytest.approx(sum(fn(s) for s in range(TOTAL - 5, TOTAL)), rel=1e-12)
+    assert preview.lr_mass(TOTAL - 5, 50) == pytest.approx(
+        sum(fn(s) for s in range(TOTAL - 5, TOTAL)), rel=1e-12
+    )
     f = warmup_cosine(1.0, 10, TOTAL)
     assert f.lr_at(TOTAL + 20) == 0.0
-    assert f.lr_mass(TOTAL - 5, 50) == pytest.approx(sum(fn(s) for s in range(TOTAL - 5, TOTAL)), rel=1e-12)
+    assert f.lr_mass(TOTAL - 5, 50) == pytest.approx(
+        sum(fn(s) for s in range(TOTAL - 5, TOTAL)), rel=1e-12
+    )
 
 
 # -------------------------------------------------- function schedules
@@ -133,7 +164,8 @@ def test_warmup_cosine_min_ratio_matches_transformers() -> None:
 # ---------------------------------------------------- SchedulerPreview
 @pytest.mark.parametrize("name", sorted(ALL_FACTORIES))
 def test_preview_equals_actually_stepped_scheduler(name: str) -> None:
-    """docs/algorithm.md#interval-statistics: the preview's per-step LR and interval sums equal a separate copy stepped for real."""
+    """docs/algorithm.md#interval-statistics: the preview's per-step LR and interval sums equal a
+    separate copy stepped for real."""
     factory = ALL_FACTORIES[name]
     actual = stepped_lrs(factory, TOTAL)
     opt = make_optimizer()
@@ -147,7 +179,8 @@ def test_preview_equals_actually_stepped_scheduler(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(ALL_FACTORIES))
 def test_preview_does_not_mutate_live_scheduler(name: str) -> None:
-    """docs/algorithm.md#interval-statistics: previewing never steps the live scheduler nor touches its optimizer's learning rate."""
+    """docs/algorithm.md#interval-statistics: previewing never steps the live scheduler nor touches
+    its optimizer's learning rate."""
     opt = make_optimizer()
     live = ALL_FACTORIES[name](opt)
     for _ in range(7):  # training has started
@@ -198,7 +231,9 @@ def test_non_lambda_preview_cannot_look_before_capture() -> None:
 
 def test_preview_param_group() -> None:
     params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
-    opt = torch.optim.AdamW([{"params": [params[0]], "lr": 1e-3}, {"params": [params[1]], "lr": 5e-3}])
+    opt = torch.optim.AdamW(
+        [{"params": [params[0]], "lr": 1e-3}, {"params": [params[1]], "lr": 5e-3}]
+    )
     live = get_cosine_schedule_with_warmup(opt, 10, TOTAL)
     assert SchedulerPreview(live, TOTAL, param_group=1).lr_at(50) == pytest.approx(
         5 * SchedulerPreview(live, TOTAL, param_group=0).lr_at(50)

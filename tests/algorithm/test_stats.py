@@ -59,7 +59,8 @@ def test_opposite_workers_have_zero_coherence() -> None:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_random_deltas_match_definitions(seed: int, n: int) -> None:
-    """C in [0, N] and V = D (1 - C/N) = (1/N) sum ||Delta_i - mean||^2 (docs/algorithm.md#interval-statistics)."""
+    """C in [0, N] and V = D (1 - C/N) = (1/N) sum ||Delta_i - mean||^2
+    (docs/algorithm.md#interval-statistics)."""
     g = torch.Generator().manual_seed(seed)
     common = torch.randn(50, generator=g, dtype=torch.float64) * (seed % 3)
     deltas = common + torch.randn(n, 50, generator=g, dtype=torch.float64)
@@ -71,7 +72,9 @@ def test_random_deltas_match_definitions(seed: int, n: int) -> None:
     assert 0.0 <= s.coherence <= n
     direct_v = float(((deltas - mean) ** 2).sum(1).mean())
     assert s.disagreement == pytest.approx(direct_v, rel=1e-6, abs=1e-7)  # equal up to eps
-    assert s.disagreement == pytest.approx(s.drift_energy * (1 - s.coherence / n), rel=1e-12, abs=1e-12)
+    assert s.disagreement == pytest.approx(
+        s.drift_energy * (1 - s.coherence / n), rel=1e-12, abs=1e-12
+    )
     assert 0.0 <= s.disagreement <= s.drift_energy
     lam = 0.01 * (seed + 1)
     assert s.normalized_drift == pytest.approx(d / (lam**2 + EPS), rel=1e-12)
@@ -79,25 +82,34 @@ def test_random_deltas_match_definitions(seed: int, n: int) -> None:
 
 
 def test_non_finite_and_undefined() -> None:
-    bad = interval_statistics(sum_local_sq_norms=math.nan, mean_sq_norm=1.0, num_workers=2, lr_mass=1.0)
+    bad = interval_statistics(
+        sum_local_sq_norms=math.nan, mean_sq_norm=1.0, num_workers=2, lr_mass=1.0
+    )
     assert not bad.finite and math.isnan(bad.log_normalized_drift)
     assert not interval_statistics(1.0, math.inf, 2, 1.0).finite
     assert not interval_statistics(1.0, 1.0, 2, math.nan).finite
-    zero_mass = interval_statistics(sum_local_sq_norms=2.0, mean_sq_norm=1.0, num_workers=2, lr_mass=0.0)
+    zero_mass = interval_statistics(
+        sum_local_sq_norms=2.0, mean_sq_norm=1.0, num_workers=2, lr_mass=0.0
+    )
     assert zero_mass.finite and math.isnan(zero_mass.log_normalized_drift)
-    zero_drift = interval_statistics(sum_local_sq_norms=0.0, mean_sq_norm=0.0, num_workers=2, lr_mass=1.0)
+    zero_drift = interval_statistics(
+        sum_local_sq_norms=0.0, mean_sq_norm=0.0, num_workers=2, lr_mass=1.0
+    )
     assert zero_drift.coherence == 0.0 and math.isnan(zero_drift.log_normalized_drift)
 
 
 def walk_sq_norm(steps: int, signal: float, noise: float, seed: int = 0) -> float:
-    """``||sum of steps||^2`` of a walk: a constant ``signal`` direction plus unit-LR Gaussian ``noise``."""
+    """``||sum of steps||^2`` of a walk: a constant
+    ``signal`` direction plus unit-LR Gaussian ``noise``."""
     gen = torch.Generator().manual_seed(seed)
     moves = signal + noise * torch.randn(steps, 20_000, generator=gen, dtype=torch.float64)
     return float((moves.sum(0) ** 2).sum())
 
 
 @pytest.mark.parametrize(("signal", "noise", "expected"), [(1.0, 0.0, 2.0), (0.0, 1.0, 1.0)])
-def test_the_drift_exponent_is_two_for_a_ballistic_walk_and_one_for_a_diffusive_one(signal, noise, expected) -> None:
+def test_the_drift_exponent_is_two_for_a_ballistic_walk_and_one_for_a_diffusive_one(
+    signal, noise, expected
+) -> None:
     anchor, whole = walk_sq_norm(10, signal, noise), walk_sq_norm(40, signal, noise)
     fall, growth = drift_growth(whole, 40.0, anchor, 10.0)
     assert growth == pytest.approx(math.log(4.0))

@@ -7,7 +7,11 @@ import statistics
 import pytest
 import torch
 
-from autoloco_hf.algorithm.token_mapper import TokenMapper, count_non_padding_tokens, round_to_multiple
+from autoloco_hf.algorithm.token_mapper import (
+    TokenMapper,
+    count_non_padding_tokens,
+    round_to_multiple,
+)
 
 
 @pytest.mark.parametrize(
@@ -26,11 +30,14 @@ from autoloco_hf.algorithm.token_mapper import TokenMapper, count_non_padding_to
     ],
 )
 def test_round_to_multiple(value: float, multiple: int, expected: int) -> None:
-    """docs/algorithm.md#token-mapper: nearest multiple of q_H, ties toward the larger, at least q_H."""
+    """docs/algorithm.md#token-mapper: nearest multiple of
+    q_H, ties toward the larger, at least q_H."""
     assert round_to_multiple(value, multiple) == expected
 
 
-def calibrated(counts=(1000, 1000, 1000), h_base: int = 10, q_h: int = 1, beta: float = 0.9) -> TokenMapper:
+def calibrated(
+    counts=(1000, 1000, 1000), h_base: int = 10, q_h: int = 1, beta: float = 0.9
+) -> TokenMapper:
     m = TokenMapper(h_base=h_base, q_h=q_h, beta=beta)
     for c in counts:
         m.observe(global_tokens=c, h_step=h_base, calibrates=True)
@@ -48,7 +55,8 @@ def test_identity_before_calibration() -> None:
 
 
 def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
-    """docs/algorithm.md#token-mapper: M_base = median(M_1, M_2, M_3) of recipe-horizon intervals; later ones do not count."""
+    """docs/algorithm.md#token-mapper: M_base = median(M_1, M_2,
+    M_3) of recipe-horizon intervals; later ones do not count."""
     m = TokenMapper(h_base=10, q_h=1)
     m.observe(global_tokens=9999, h_step=12, calibrates=False)  # not at the recipe horizon
     for c in (3000, 1000, 1200):
@@ -60,7 +68,8 @@ def test_base_tokens_is_median_of_first_three_recipe_intervals() -> None:
 
 
 def test_tokens_per_step_ema() -> None:
-    """docs/algorithm.md#token-mapper: n_hat initialised from the first interval, then n <- 0.9 n + 0.1 M_t / H_t."""
+    """docs/algorithm.md#token-mapper: n_hat initialised from
+    the first interval, then n <- 0.9 n + 0.1 M_t / H_t."""
     m = TokenMapper(h_base=10, q_h=1)
     m.observe(global_tokens=1000, h_step=10, calibrates=True)
     assert m.tokens_per_step == pytest.approx(100.0)
@@ -71,7 +80,8 @@ def test_tokens_per_step_ema() -> None:
 
 
 def test_mapping_formula() -> None:
-    """docs/algorithm.md#token-mapper: H_step = round_q(H_tok * (M_base / H_base) / n_hat), at least q_H."""
+    """docs/algorithm.md#token-mapper: H_step = round_q(H_tok
+    * (M_base / H_base) / n_hat), at least q_H."""
     m = TokenMapper(h_base=100, q_h=10)
     counts = [51_200, 48_000, 50_000]
     for c in counts:
@@ -97,7 +107,8 @@ def test_identity_at_constant_density(h_tok: int) -> None:
 
 
 def test_lower_density_means_more_steps() -> None:
-    """docs/algorithm.md#token-mapper: with fewer real tokens per step the same token budget takes more steps."""
+    """docs/algorithm.md#token-mapper: with fewer real tokens
+    per step the same token budget takes more steps."""
     m = calibrated(counts=(1000 * 100,) * 3, h_base=100, q_h=10)
     assert m.map(100) == 100
     previous = 100
@@ -145,7 +156,8 @@ def test_count_without_attention_mask_counts_every_position() -> None:
 
 
 def test_count_ignores_label_masking() -> None:
-    """docs/algorithm.md#token-mapper: prompt tokens masked in the labels (-100) still count: the paper counts input tokens."""
+    """docs/algorithm.md#token-mapper: prompt tokens masked in the
+    labels (-100) still count: the paper counts input tokens."""
     batch = {
         "input_ids": torch.tensor([[1, 2, 3, 4, 0]]),
         "attention_mask": torch.tensor([[1, 1, 1, 1, 0]]),
@@ -160,7 +172,10 @@ def test_count_batch_encoding() -> None:
     from transformers import BatchEncoding
 
     enc = BatchEncoding(
-        {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+        {
+            "input_ids": torch.ones(2, 3, dtype=torch.long),
+            "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+        }
     )
     assert count_non_padding_tokens(enc) == 3
 
@@ -169,17 +184,22 @@ def test_count_non_padding_tokens_accepts_plain_lists():
     from autoloco_hf.algorithm.token_mapper import count_non_padding_tokens
 
     assert (
-        count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5, 0]], "attention_mask": [[1, 1, 1], [1, 1, 0]]}) == 5
+        count_non_padding_tokens(
+            {"input_ids": [[1, 2, 3], [4, 5, 0]], "attention_mask": [[1, 1, 1], [1, 1, 0]]}
+        )
+        == 5
     )
     assert count_non_padding_tokens({"input_ids": [[1, 2, 3], [4, 5]]}) == 5
 
 
 def test_count_forward_call_stays_on_device_and_falls_back() -> None:
-    """The Trainer hooks call it with a forward's (kwargs, args): a mask sum stays a tensor (no host sync)."""
+    """The Trainer hooks call it with a forward's (kwargs,
+    args): a mask sum stays a tensor (no host sync)."""
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     counted = count_non_padding_tokens({"attention_mask": mask})
     assert isinstance(counted, torch.Tensor) and int(counted) == 3
-    assert count_non_padding_tokens({}, (torch.zeros(2, 5, dtype=torch.long),)) == 10  # positional input_ids
+    # positional input_ids
+    assert count_non_padding_tokens({}, (torch.zeros(2, 5, dtype=torch.long),)) == 10
     assert count_non_padding_tokens({"inputs_embeds": torch.zeros(2, 4, 8)}) == 8
     four_d = torch.ones(2, 1, 3, 3)  # a 4-D attention mask is not a padding mask: count input_ids
     assert count_non_padding_tokens({"attention_mask": four_d, "input_ids": torch.zeros(2, 3)}) == 6
@@ -187,8 +207,10 @@ def test_count_forward_call_stays_on_device_and_falls_back() -> None:
 
 
 def test_another_number_of_workers_keeps_the_per_worker_mapping() -> None:
-    """docs/algorithm.md#boundary-snapshots: global counts scale with N'/N; the same per-worker density maps to the same steps."""
-    m = calibrated(counts=(1000, 1000, 1000))  # 2 workers, 100 tokens per step at the recipe horizon
+    """docs/algorithm.md#boundary-snapshots: global counts scale with N'/N; the same per-worker
+    density maps to the same steps."""
+    # 2 workers, 100 tokens per step at the recipe horizon
+    m = calibrated(counts=(1000, 1000, 1000))
     for _ in range(60):  # sparser batches: 60 tokens per step
         m.observe(global_tokens=600, h_step=10, calibrates=False)
     before = m.map(10)

@@ -1,4 +1,5 @@
-"""benchmarks/testbeds/gpu_check.py: its CPU dry run stays green, and a failing check makes it exit non-zero."""
+"""benchmarks/testbeds/gpu_check.py: its CPU dry run stays
+green, and a failing check makes it exit non-zero."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def load_script():
 
 
 def test_cpu_dry_run(tmp_path):
-    """Every step runs on CPU (the CI guard against rot); only CUDA-only parts are skipped, with a reason."""
+    """Every step runs on CPU (the CI guard against rot);
+    only CUDA-only parts are skipped, with a reason."""
     out = tmp_path / "report.json"
     env = {
         **os.environ,
@@ -55,7 +57,12 @@ def test_cpu_dry_run(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == CHECKS and report["mode"] == "cpu-dry-run" and report["passed"] and report["failed"] == []
+    assert (
+        list(checks) == CHECKS
+        and report["mode"] == "cpu-dry-run"
+        and report["passed"]
+        and report["failed"] == []
+    )
     assert {n for n, c in checks.items() if c["status"] == "skip"} == {"trainer_fsdp2"}
     assert "callback refused the sharded model" in checks["trainer_fsdp2"]["summary"]
     assert "DDP reference trained" in checks["trainer_fsdp2"]["summary"]
@@ -64,14 +71,20 @@ def test_cpu_dry_run(tmp_path):
     assert "peak memory: CUDA only" in checks["outer_state"]["summary"]
     identity = checks["codec_bit_identity"]["details"]
     means = {f"{kind}_mean_n{n}" for kind in ("owner", "gathered") for n in (3, 4)}
-    for wire in ("int8", "int4", "fp4", "int2"):  # every blockwise wire, the 4- and 2-bit ones included
+    # every blockwise wire, the 4- and 2-bit ones included
+    for wire in ("int8", "int4", "fp4", "int2"):
         assert set(identity[wire]) == {"wire0", "wire1", "decoded"} | means
-    assert all(v == 0 for wire in ("bf16", "int8", "int4", "fp4", "int2") for v in identity[wire].values())
+    assert all(
+        v == 0 for wire in ("bf16", "int8", "int4", "fp4", "int2") for v in identity[wire].values()
+    )
     simulated = checks["simulated_workers"]["details"]
     for name in ("diloco_fp32", "autoloco_fp32", "autoloco_int8"):
         assert simulated[name]["same_trajectory"] and simulated[name]["syncs"] >= 2
     assert checks["trainer_callback"]["details"]["records_written"]
-    assert checks["sft_recipe"]["details"]["wire_dtype"] == "int8" and checks["sft_recipe"]["details"]["syncs"] >= 2
+    assert (
+        checks["sft_recipe"]["details"]["wire_dtype"] == "int8"
+        and checks["sft_recipe"]["details"]["syncs"] >= 2
+    )
     assert "check" in done.stdout and "status" in done.stdout  # the table
 
 
@@ -81,8 +94,11 @@ def test_a_failing_check_fails_the_run(tmp_path, monkeypatch):
     def broken(ctx):
         raise RuntimeError("planted failure")
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # main() sets it in dry runs; monkeypatch restores it
-    monkeypatch.setattr(gpu_check, "CHECKS", [("environment", gpu_check.check_environment), ("broken", broken)])
+    # main() sets it in dry runs; monkeypatch restores it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(
+        gpu_check, "CHECKS", [("environment", gpu_check.check_environment), ("broken", broken)]
+    )
     threads = torch.get_num_threads()
     try:
         assert gpu_check.main(["--cpu-dry-run", "--out", str(tmp_path / "r.json")]) == 1
@@ -114,9 +130,13 @@ def test_bit_mismatches_sees_one_ulp():
 
 
 def test_fsdp_layouts_follow_the_gpus():
-    """One rank per GPU: 4+ GPUs shard 2 workers x 2; 2-3 run each half of that; one GPU runs the Trainer's plugin alone."""
+    """One rank per GPU: 4+ GPUs shard 2 workers x 2; 2-3 run each
+    half of that; one GPU runs the Trainer's plugin alone."""
     gpu_check = load_script()
     assert gpu_check.fsdp_layouts(8) == gpu_check.fsdp_layouts(4) == [(2, 2)]
     assert gpu_check.fsdp_layouts(3) == gpu_check.fsdp_layouts(2) == [(1, 2), (2, 1)]
     assert gpu_check.fsdp_layouts(1) == gpu_check.fsdp_layouts(0) == []
-    assert gpu_check.trainer_layouts(1) == [(1, 1)] and gpu_check.trainer_layouts(2) == [(1, 2), (2, 1)]
+    assert gpu_check.trainer_layouts(1) == [(1, 1)] and gpu_check.trainer_layouts(2) == [
+        (1, 2),
+        (2, 1),
+    ]

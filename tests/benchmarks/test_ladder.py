@@ -1,4 +1,5 @@
-"""benchmarks/campaigns/ladder.py: the size ladder's report, regenerated from the committed runs, and a rung read end to end."""
+"""benchmarks/campaigns/ladder.py: the size ladder's report, regenerated from the committed runs,
+and a rung read end to end."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ def load(name: str):
 
 
 def test_the_committed_ladder_report_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
-    """Every number of results/ladder.md comes from the run folders: the 197k rung and results/ladder."""
+    """Every number of results/ladder.md comes from the run
+    folders: the 197k rung and results/ladder."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
-    regenerated = ladder.write_report(ladder.parse_args(["--report", str(tmp_path / "ladder.md")])).read_text()
+    regenerated = ladder.write_report(
+        ladder.parse_args(["--report", str(tmp_path / "ladder.md")])
+    ).read_text()
     assert regenerated == (ROOT / ladder.REPORT).read_text()
     assert "| 197k (`results/frontier`) |" in regenerated
 
@@ -34,26 +38,46 @@ def copy_run(source: Path, target: Path) -> None:
 
 
 def test_a_rung_is_read_from_its_folder_and_says_what_is_missing(tmp_path, monkeypatch):
-    """A CPU rung made of the 197k runs of two seeds, renamed as the ladder names them: its comparators are the
-    default minus the tuned DiLoCo, and the runs the plan has that are not there are listed by seed."""
+    """A CPU rung made of the 197k runs of two seeds, renamed as the ladder
+    names them: its comparators are the default minus the tuned DiLoCo, and
+    the runs the plan has that are not there are listed by seed."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
     rung = tmp_path / "ladder" / "h128_l4" / "iid"
     for seed in (0, 1):
         for name in ladder.CPU_PLAN:
-            source = BASE / "iid" / f"seed{seed}" / (ladder.BASE_DEFAULT if name == ladder.DEFAULT else name)
+            source = (
+                BASE
+                / "iid"
+                / f"seed{seed}"
+                / (ladder.BASE_DEFAULT if name == ladder.DEFAULT else name)
+            )
             if source.exists():
                 copy_run(source, rung / f"seed{seed}" / name)
     (tmp_path / "ladder" / "h192_l4").mkdir()  # started, nothing finished
     report = tmp_path / "ladder.md"
-    ladder.main(["--out", str(tmp_path / "ladder"), "--base", str(tmp_path / "none"), "--report", str(report)])
+    ladder.main(
+        [
+            "--out",
+            str(tmp_path / "ladder"),
+            "--base",
+            str(tmp_path / "none"),
+            "--report",
+            str(report),
+        ]
+    )
     text = report.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 1.18M"))
     vals = {
-        name: [json.loads((rung / f"seed{s}" / name / "summary.json").read_text())["val_loss"] for s in (0, 1)]
+        name: [
+            json.loads((rung / f"seed{s}" / name / "summary.json").read_text())["val_loss"]
+            for s in (0, 1)
+        ]
         for name in ("default", "diloco_mu0.5_h10", "diloco_lr1_mu0.5_h10")
     }
-    tuned = min(("diloco_mu0.5_h10", "diloco_lr1_mu0.5_h10"), key=lambda n: statistics.fmean(vals[n]))
+    tuned = min(
+        ("diloco_mu0.5_h10", "diloco_lr1_mu0.5_h10"), key=lambda n: statistics.fmean(vals[n])
+    )
     a = statistics.fmean(d - t for d, t in zip(vals["default"], vals[tuned]))
     assert f"| {a:+.3f} ± " in row and f"({tuned}; seeds 0-1)" in row
     assert "| 0-1 | none |" in row  # the default's seeds; no seed has every planned run
@@ -66,22 +90,28 @@ def test_a_rung_is_read_from_its_folder_and_says_what_is_missing(tmp_path, monke
     assert "* 114.05M" in text and "seed 0: not started (40 runs)" in text  # the GPU rung not run
 
 
-@pytest.mark.parametrize(("count", "text"), [(196_928, "197k"), (1_179_776, "1.18M"), (14_550_000, "14.55M")])
+@pytest.mark.parametrize(
+    ("count", "text"), [(196_928, "197k"), (1_179_776, "1.18M"), (14_550_000, "14.55M")]
+)
 def test_parameter_counts_read_as_a_reader_writes_them(count, text):
     assert load("ladder").parameters_text(count) == text
 
 
 def test_every_number_of_the_readmes_results_table_comes_from_the_committed_runs(monkeypatch):
-    """The results table of the README and of docs/results.md is `python benchmarks/campaigns/ladder.py --readme` over the
-    committed runs, row for row."""
+    """The results table of the README and of docs/results.md is
+    `python benchmarks/campaigns/ladder.py --readme` over the committed runs, row for row."""
     ladder = load("ladder")
     monkeypatch.chdir(ROOT)
-    expected = ladder.readme_table(Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base))
+    expected = ladder.readme_table(
+        Path(ladder.parse_args([]).out), Path(ladder.parse_args([]).base)
+    )
     assert "| A (IID) | 197k | the default |" in expected
     for doc in ladder.TABLE_DOCS:
         lines = (ROOT / doc).read_text().splitlines()
         start, end = ladder.table_span(lines)
-        assert "\n".join(lines[start:end]) == expected, f"{doc}: rerun python benchmarks/campaigns/ladder.py --readme"
+        assert "\n".join(lines[start:end]) == expected, (
+            f"{doc}: rerun python benchmarks/campaigns/ladder.py --readme"
+        )
 
 
 def study(ladder, table: dict[str, dict[str, tuple[float, float, float]]]):
@@ -94,30 +124,44 @@ def study(ladder, table: dict[str, dict[str, tuple[float, float, float]]]):
 
 
 def test_the_rule_study_applies_its_written_criterion():
-    """Eligible: (b) <= 0 on every rung; the lowest (b) on the largest rung wins, a tie there goes to fewer syncs."""
+    """Eligible: (b) <= 0 on every rung; the lowest (b) on the
+    largest rung wins, a tie there goes to fewer syncs."""
     ladder = load("ladder")
     order = ["197k", "1.18M", "2.56M"]
     both = {"197k": (-0.03, 0.01, 95.0), "1.18M": (-0.02, 0.01, 92.0)}
     rows = {
-        "default": {**both, "2.56M": (0.05, 0.01, 90.0)},  # above the frontier on the largest rung: not eligible
+        # above the frontier on the largest rung: not eligible
+        "default": {**both, "2.56M": (0.05, 0.01, 90.0)},
         "cand_hmin5": {**both, "2.56M": (-0.010, 0.004, 120.0)},
         "cand_hmin5_k1.8": {**both, "2.56M": (-0.020, 0.004, 130.0)},  # the lowest (b) at 2.56M
-        "cand_from_hbase": {**both, "197k": (0.01, 0.01, 140.0), "2.56M": (-0.09, 0.01, 150.0)},  # above at 197k
+        # above at 197k
+        "cand_from_hbase": {**both, "197k": (0.01, 0.01, 140.0), "2.56M": (-0.09, 0.01, 150.0)},
     }
     verdict = ladder.study_verdict(study(ladder, rows), "default", order)
-    assert "Eligible: cand_hmin5, cand_hmin5_k1.8." in verdict and "Chosen: cand_hmin5_k1.8 (the lowest" in verdict
+    assert (
+        "Eligible: cand_hmin5, cand_hmin5_k1.8." in verdict
+        and "Chosen: cand_hmin5_k1.8 (the lowest" in verdict
+    )
     rows["cand_hmin5"]["197k"] = (-0.03, 0.01, 80.0)  # fewer syncs at 197k ...
-    rows["cand_hmin5"]["2.56M"] = (-0.017, 0.004, 120.0)  # ... and within one s.e. of the lowest at 2.56M
-    assert "Chosen: cand_hmin5 (within 0.004" in ladder.study_verdict(study(ladder, rows), "default", order)
+    # ... and within one s.e. of the lowest at 2.56M
+    rows["cand_hmin5"]["2.56M"] = (-0.017, 0.004, 120.0)
+    assert "Chosen: cand_hmin5 (within 0.004" in ladder.study_verdict(
+        study(ladder, rows), "default", order
+    )
     del rows["cand_hmin5"]["2.56M"]
-    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("Not decided: cand_hmin5 ")
+    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith(
+        "Not decided: cand_hmin5 "
+    )
     rows["cand_hmin5"]["2.56M"] = rows["cand_hmin5_k1.8"]["2.56M"] = (0.01, 0.01, 100.0)
     rows["cand_from_hbase"]["197k"] = (0.001, 0.01, 100.0)
-    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith("No rule is eligible")
+    assert ladder.study_verdict(study(ladder, rows), "default", order).startswith(
+        "No rule is eligible"
+    )
 
 
 def test_the_diagnostic_compares_a_rule_with_the_fixed_curve_at_its_own_outer_settings():
-    """Interpolated in log(syncs) on the fixed DiLoCo at the rule's outer LR and momentum, other LRs ignored."""
+    """Interpolated in log(syncs) on the fixed DiLoCo at the
+    rule's outer LR and momentum, other LRs ignored."""
     import math
 
     ladder = load("ladder")
@@ -130,11 +174,14 @@ def test_the_diagnostic_compares_a_rule_with_the_fixed_curve_at_its_own_outer_se
         "default": {0: run(150, 3.6, 0.7), 1: run(300, 3.0, 0.7)},
         "diloco_mu0.5_h10": {0: run(100, 4.0, 0.7), 1: run(100, 4.0, 0.7)},
         "diloco_mu0.5_h5": {0: run(200, 3.0, 0.7), 1: run(200, 3.0, 0.7)},
-        "diloco_lr0.35_mu0.5_h5": {0: run(200, 1.0, 0.35)},  # another outer LR: not the default's curve
+        # another outer LR: not the default's curve
+        "diloco_lr0.35_mu0.5_h5": {0: run(200, 1.0, 0.35)},
         "diloco_lr0.35_mu0.5_h10": {0: run(100, 2.0, 0.35)},
         "diag_lr0.35": {0: run(100, 2.5, 0.35)},
     }
     expected = 3.6 - (4.0 - 1.0 * math.log(1.5) / math.log(2))
     assert ladder.same_settings_excess(cells, "default", 0) == pytest.approx(expected)
-    assert ladder.same_settings_excess(cells, "diag_lr0.35", 0) == pytest.approx(0.5)  # its own LR's curve
-    assert math.isnan(ladder.same_settings_excess(cells, "default", 1))  # beyond the curve: not extrapolated
+    # its own LR's curve
+    assert ladder.same_settings_excess(cells, "diag_lr0.35", 0) == pytest.approx(0.5)
+    # beyond the curve: not extrapolated
+    assert math.isnan(ladder.same_settings_excess(cells, "default", 1))

@@ -1,4 +1,5 @@
-"""docs/reliability.md's tables on real links are what netns_live_testbed.py reports from the committed runs.
+"""docs/reliability.md's tables on real links are what
+netns_live_testbed.py reports from the committed runs.
 
 The raw files hold what issue 50 asks of the evidence: every scenario on three seeds, and a chaos
 run of at least 20 faults of every kind over at least 20 minutes, whose finishing members are
@@ -42,14 +43,21 @@ def test_every_scenario_ran_on_three_seeds_and_its_finishing_members_are_identic
         assert len([r for r in runs if r["scenario"] == scenario]) >= 3, scenario
     for run in runs:
         summary = summarize_run(run)
-        assert summary["identical"] and summary["finished_all_steps"], (run["scenario"], run["seed"])
+        assert summary["identical"] and summary["finished_all_steps"], (
+            run["scenario"],
+            run["seed"],
+        )
         assert not run["hung"], (run["scenario"], run["seed"])
         if run["scenario"] == "link_down":  # the cut-off side: one line, within the bound
             cut = summary["cut_off"]
-            assert cut["lines"] == 1 and cut["line"].startswith("live membership: the run's store failed")
+            assert cut["lines"] == 1 and cut["line"].startswith(
+                "live membership: the run's store failed"
+            )
             assert cut["line_s"] <= CUT_OFF_BOUND_S + LINE_MARGIN_S, cut
         if run["scenario"].startswith("host_lost"):  # the member lost led, or followed
-            assert (run["leader_before"] == 2) == (run["scenario"] == "host_lost_leader"), run["seed"]
+            assert (run["leader_before"] == 2) == (run["scenario"] == "host_lost_leader"), run[
+                "seed"
+            ]
         for inst in run["instances"]:
             if "theta" in inst:
                 assert inst["segments"][-1]["last_step"] == STEPS - 1
@@ -58,7 +66,10 @@ def test_every_scenario_ran_on_three_seeds_and_its_finishing_members_are_identic
 def test_the_chaos_run_has_20_faults_of_every_kind_over_20_minutes_and_lost_nothing() -> None:
     raw = json.loads(CHAOS_OUT.read_text())
     summary = summarize_chaos(raw)
-    assert summary["faults"] >= 20 and summary["minutes"] >= 20, (summary["faults"], summary["minutes"])
+    assert summary["faults"] >= 20 and summary["minutes"] >= 20, (
+        summary["faults"],
+        summary["minutes"],
+    )
     assert {f["kind"] for f in raw["faults"]} == set(KINDS)
     assert any(f["kind"] == "host" and f["leader"] for f in raw["faults"])  # the etcd leader lost
     assert any(f["kind"] == "host" and not f["leader"] for f in raw["faults"])  # a follower lost

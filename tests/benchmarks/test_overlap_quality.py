@@ -1,4 +1,5 @@
-"""benchmarks/campaigns/overlap_quality.py: the paired differences of its report (the training itself is not run in CI)."""
+"""benchmarks/campaigns/overlap_quality.py: the paired differences
+of its report (the training itself is not run in CI)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def test_report_pairs_each_variant_with_blocking_autoloco_of_the_same_seed():
     ]
     args = argparse.Namespace(workers=2, steps=10, h_base=4, q_h=2)
     text = script.report(
-        results, ["autoloco", "autoloco_eager"], "python benchmarks/campaigns/overlap_quality.py", args
+        results,
+        ["autoloco", "autoloco_eager"],
+        "python benchmarks/campaigns/overlap_quality.py",
+        args,
     )
     eager = next(line for line in text.splitlines() if line.startswith("| autoloco_eager ("))
     # losses 3.1, 4.3: mean 3.7; paired diffs 0.1, 0.3: mean +0.2, std 0.1414
@@ -54,15 +58,21 @@ RUNS = os.path.join(REPO, "results", "overlap")
 
 
 def test_the_committed_overlap_table_regenerates_from_the_committed_runs(tmp_path, monkeypatch):
-    """docs/results_overlap.md's generated part (above its reading) comes from results/overlap/*.json."""
+    """docs/results_overlap.md's generated part (above its
+    reading) comes from results/overlap/*.json."""
     script = load_script()
     committed = open(COMMITTED).read()
     generated, reading = committed.split("\n## Reading", 1)
     command = next(line for line in committed.splitlines() if line.startswith("Command: "))
-    argv = command.removeprefix("Command: `python benchmarks/campaigns/overlap_quality.py ").removesuffix("`").split()
+    argv = (
+        command.removeprefix("Command: `python benchmarks/campaigns/overlap_quality.py ")
+        .removesuffix("`")
+        .split()
+    )
     out = argv.index("--out") + 1
     assert argv[out] == "results/overlap" and len(os.listdir(RUNS)) >= 27
-    # the command as committed, run where results/overlap is the committed folder and the report lands in tmp
+    # the command as committed, run where results/overlap is
+    # the committed folder and the report lands in tmp
     (tmp_path / "results").mkdir()
     (tmp_path / "docs").mkdir()
     os.symlink(RUNS, tmp_path / "results" / "overlap")

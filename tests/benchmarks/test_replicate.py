@@ -1,4 +1,5 @@
-"""Smoke run of benchmarks/campaigns/replicate.py at a tiny scale: run folders, resume, report, refusals; and the no-repeat sampler."""
+"""Smoke run of benchmarks/campaigns/replicate.py at a tiny scale: run folders, resume, report,
+refusals; and the no-repeat sampler."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_replicate():
-    spec = importlib.util.spec_from_file_location("replicate", ROOT / "benchmarks" / "campaigns" / "replicate.py")
+    spec = importlib.util.spec_from_file_location(
+        "replicate", ROOT / "benchmarks" / "campaigns" / "replicate.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
@@ -36,9 +39,12 @@ def test_disjoint_sampler_never_repeats_a_window_and_stops_when_used_up():
     assert len(seen) == len(set(seen)) == 78
     with pytest.raises(RuntimeError, match="corpus exhausted"):
         sampler.next_batches()
-    again = DisjointWindowSampler(tokens, seq_len=8, batch_size=2, num_workers=3, seed=1).next_batches()
+    again = DisjointWindowSampler(
+        tokens, seq_len=8, batch_size=2, num_workers=3, seed=1
+    ).next_batches()
     assert torch.equal(
-        again[0]["input_ids"], DisjointWindowSampler(tokens, 8, 2, 3, seed=1).next_batches()[0]["input_ids"]
+        again[0]["input_ids"],
+        DisjointWindowSampler(tokens, 8, 2, 3, seed=1).next_batches()[0]["input_ids"],
     )
 
 
@@ -69,16 +75,35 @@ def test_tiny_campaign_runs_resumes_and_reports(tmp_path, capsys):
     ]
     assert replicate.main(argv) == 0
     first = capsys.readouterr().out
-    names = ["ddp", "diloco", "diloco_mu07", "autoloco", "autoloco_descent", "autoloco_probe", "qsr", "linear"]
+    names = [
+        "ddp",
+        "diloco",
+        "diloco_mu07",
+        "autoloco",
+        "autoloco_descent",
+        "autoloco_probe",
+        "qsr",
+        "linear",
+    ]
     for seed in (0, 1):
         for name in names:
-            summary = json.loads((out / "table1" / f"seed{seed}" / name / "summary.json").read_text())
-            assert summary["seed"] == seed and summary["table"] == "table1" and summary["steps"] == 10
+            summary = json.loads(
+                (out / "table1" / f"seed{seed}" / name / "summary.json").read_text()
+            )
+            assert (
+                summary["seed"] == seed and summary["table"] == "table1" and summary["steps"] == 10
+            )
             assert len(summary["git_commit"]) >= 40 and summary["val_loss"] > 0
             assert summary["corpus"]["train_tokens"] > 4 * summary["train_tokens_per_step"] * 10
-        norm = json.loads((out / "table8" / f"seed{seed}" / "autoloco_norm" / "summary.json").read_text())
+        norm = json.loads(
+            (out / "table8" / f"seed{seed}" / "autoloco_norm" / "summary.json").read_text()
+        )
         assert norm["config"]["normalize_pseudo_grad"] is True
-        for name, rule in (("autoloco", "paper"), ("autoloco_descent", "descent"), ("autoloco_probe", "descent")):
+        for name, rule in (
+            ("autoloco", "paper"),
+            ("autoloco_descent", "descent"),
+            ("autoloco_probe", "descent"),
+        ):
             ran = json.loads((out / "table1" / f"seed{seed}" / name / "summary.json").read_text())
             assert ran["config"]["controller"] == rule
         options = ran["config"]["rule_options"]
@@ -138,8 +163,10 @@ def test_refusals_exit_with_a_message(tmp_path):
         )
 
 
-# One campaign: build (or read) the corpus cache, rewrite it many times, read it back; print the tokens' digest.
-CACHE_WRITER = """
+# One campaign: build (or read) the corpus cache, rewrite it
+# many times, read it back; print the tokens' digest.
+CACHE_WRITER = (
+    """
 import hashlib, importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("replicate", sys.argv[1])
 replicate = importlib.util.module_from_spec(spec)
@@ -153,13 +180,17 @@ tokens = dict(train=corpus.splits.train.int(), val=corpus.splits.val.int(), info
 for _ in range(40):
     replicate.write_cache(folder, corpus.tokenizer, tokens)
 again = replicate.load_corpus(cache, 300, 5)
-print(hashlib.sha256(again.splits.train.numpy().tobytes() + again.splits.val.numpy().tobytes()).hexdigest())
 """
+    # the script's last line, split where it is over 100 characters (the text is unchanged)
+    "print(hashlib.sha256(again.splits.train.numpy().tobytes()"
+    " + again.splits.val.numpy().tobytes()).hexdigest())\n"
+)
 
 
 @pytest.mark.slow
 def test_campaigns_started_together_share_the_corpus_cache(tmp_path):
-    """Two writers of one cache (was: FileNotFoundError on the shared tokens.pt.tmp) both finish and read equal tokens."""
+    """Two writers of one cache (was: FileNotFoundError on the
+    shared tokens.pt.tmp) both finish and read equal tokens."""
     import time
 
     go = time.time() + 8  # past both imports of torch and transformers
@@ -171,10 +202,15 @@ def test_campaigns_started_together_share_the_corpus_cache(tmp_path):
         str(tmp_path),
         str(go),
     ]
-    writers = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    writers = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     done = [writer.communicate(timeout=300) for writer in writers]
     assert [writer.returncode for writer in writers] == [0, 0], [err[-2000:] for _, err in done]
     digests = {out.strip() for out, _ in done}
     assert len(digests) == 1 and len(digests.pop()) == 64
     folder = next(tmp_path.iterdir())
-    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer", "tokens.pt"], "no partial files are left"
+    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer", "tokens.pt"], (
+        "no partial files are left"
+    )

@@ -1,5 +1,5 @@
-"""benchmarks/campaigns/switch_cost.py: when a treatment fires (the first interval from the switch step on, with or without a
-change of horizon)."""
+"""benchmarks/campaigns/switch_cost.py: when a treatment fires (the first interval from the switch
+step on, with or without a change of horizon)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from autoloco_hf.algorithm.schedule import FunctionSchedule
 def intervals_treated(before: int, after: int, switch: int, steps: int = 200) -> list[int]:
     switch_cost = load("switch_cost")
     plan = switch_cost.Schedule(before, after, switch)
-    policy = switch_cost.ScheduledPolicy(FunctionSchedule(lambda s: 1e-3, steps), steps, before, plan)
+    policy = switch_cost.ScheduledPolicy(
+        FunctionSchedule(lambda s: 1e-3, steps), steps, before, plan
+    )
     treated, start = [], 0
     while start < steps:
         interval = policy.next_interval(start)
@@ -35,7 +37,9 @@ def test_a_replay_executes_the_recorded_runs_horizons_interval_for_interval():
     recorded = switch_cost.Replay("autoloco").for_seed(0, str(ROOT / "results" / "frontier"))
     steps = recorded.horizons[-1][0] + recorded.horizons[-1][1]
     assert len(set(h for _, h in recorded.horizons)) > 3  # the paper rule's run climbed
-    policy = switch_cost.ScheduledPolicy(FunctionSchedule(lambda s: 1e-3, steps), steps, 10, recorded)
+    policy = switch_cost.ScheduledPolicy(
+        FunctionSchedule(lambda s: 1e-3, steps), steps, 10, recorded
+    )
     planned, start = [], 0
     while start < steps:
         planned.append((start, policy.next_interval(start).h_step))

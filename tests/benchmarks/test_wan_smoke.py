@@ -1,4 +1,5 @@
-"""``benchmarks/testbeds/wan.py`` keeps working: a few steps on 2 network namespaces (root only), and its one-line refusal otherwise."""
+"""``benchmarks/testbeds/wan.py`` keeps working: a few steps on 2 network namespaces (root only),
+and its one-line refusal otherwise."""
 
 from __future__ import annotations
 
@@ -61,12 +62,19 @@ def test_peak_rate_is_the_largest_mean_rate_over_a_window() -> None:
 def test_smoke_run_on_two_namespaces(tmp_path) -> None:
     out = tmp_path / "rows.json"
     proc = subprocess.run(
-        [sys.executable, str(WAN), "--smoke", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT
+        [sys.executable, str(WAN), "--smoke", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (row,) = json.loads(out.read_text())
     assert row["row"] == "diloco" and row["steps"] == 4 and row["syncs"] == 2
     # the engine's bytes crossed the link, plus TCP/IP headers, ACKs and the scalar vectors
-    assert row["engine_bytes_per_node"] > 0 and 1.0 <= row["tx_bytes_per_node"] / row["engine_bytes_per_node"] < 1.5
+    assert (
+        row["engine_bytes_per_node"] > 0
+        and 1.0 <= row["tx_bytes_per_node"] / row["engine_bytes_per_node"] < 1.5
+    )
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "alh-lp-" not in names

@@ -1,7 +1,9 @@
-"""``benchmarks/testbeds/wan.py``'s torchft rows run end to end on loopback: a Lighthouse and two 1-rank replica groups.
+"""``benchmarks/testbeds/wan.py``'s torchft rows run end to
+end on loopback: a Lighthouse and two 1-rank replica groups.
 
-No namespaces and no root (``wan.Loopback``): the same ``run_row`` the link benchmark calls, so the launch,
-the quorum, torchft's syncs, the timing and the bytes are the ones a link run gets. Skipped without torchft.
+No namespaces and no root (``wan.Loopback``): the same ``run_row`` the link
+benchmark calls, so the launch, the quorum, torchft's syncs, the timing and
+the bytes are the ones a link run gets. Skipped without torchft.
 """
 
 from __future__ import annotations
@@ -53,20 +55,24 @@ def test_torchft_rows_are_refused_in_one_line_where_they_cannot_run(monkeypatch)
     assert "pip install torchft" in wan.TORCHFT_MISSING
 
 
-@pytest.mark.slow  # run_row launches torchrun and a Lighthouse (benchmarks/testbeds/wan.py: the conftest rule cannot see it)
+# run_row launches torchrun and a Lighthouse
+# (benchmarks/testbeds/wan.py: the conftest rule cannot see it)
+@pytest.mark.slow
 @pytest.mark.skipif(not TORCHFT, reason="torchft is not installed (pip install torchft)")
 @pytest.mark.parametrize("name", ["torchft-diloco", "torchft-diloco-f4-delayed"])
 def test_torchft_row_on_loopback(tmp_path, name) -> None:
     wan = _load_wan()
-    steps, h_base = 16, 8  # 2 rounds; 4 fragments: one every 2 steps, its all-reduce started 1 step early
+    # 2 rounds; 4 fragments: one every 2 steps, its all-reduce started 1 step early
+    steps, h_base = 16, 8
     row = wan.ROWS[name]
     out = wan.run_row(wan.Loopback(2), row, "loopback", _args(steps, h_base), str(tmp_path))
     fragments = max(row.fragments, 1)
     assert out["steps"] == steps and out["syncs"] == steps // h_base
     assert out["sync_events"] == fragments * steps // h_base
     assert 0.0 < out["sync_share"] < 1.0
-    # every sync event crossed lo: each node sends at least its fragment's FP32 bytes (lo counts both nodes)
-    model_bytes = out["outer_state_bytes"] / 2  # the FP32 backup of the parameters, plus as many momentum bytes
+    # every sync event crossed lo: each node sends at least its fragment's FP32 bytes (lo counts
+    # both nodes) the FP32 backup of the parameters, plus as many momentum bytes
+    model_bytes = out["outer_state_bytes"] / 2
     assert out["tx_bytes_per_node"] >= out["syncs"] * model_bytes
     assert out["engine_bytes_per_node"] == 0 and out["method"] == "torchft"
     assert out["fragments"] == row.fragments

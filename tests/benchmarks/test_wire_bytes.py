@@ -1,5 +1,5 @@
-"""benchmarks/campaigns/wire_bytes.py: the committed bytes-per-sync data is what the package counts today, and
-docs/benchmarks.md shows the table generated from it."""
+"""benchmarks/campaigns/wire_bytes.py: the committed bytes-per-sync data is what the package counts
+today, and docs/benchmarks.md shows the table generated from it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""benchmarks/campaigns/wire_loss_report.py: the committed report regenerates from the committed runs; one-sided targets."""
+"""benchmarks/campaigns/wire_loss_report.py: the committed report
+regenerates from the committed runs; one-sided targets."""
 
 from __future__ import annotations
 
@@ -39,8 +40,14 @@ def test_targets_are_one_sided_and_paired_by_seed(tmp_path):
         write_run(tmp_path, seed, "int4_ef", val + 0.05)  # above FP32, inside its s.e.
         write_run(tmp_path, seed, "int2_ef", val - 0.3)  # far below: nothing lost
         write_run(tmp_path, seed, "fp4_ef", val + 0.1 + 0.01 * seed)  # above by more than the s.e.
-    rows = {line.split(" | ")[2]: line for line in load().report(tmp_path).splitlines() if line.startswith("| iid")}
-    assert "| +0.0500 ± 0.0000 | 0.0707 | 2.0 | at most 1 FP32 s.e. above | met |" in rows["int4_ef"]
+    rows = {
+        line.split(" | ")[2]: line
+        for line in load().report(tmp_path).splitlines()
+        if line.startswith("| iid")
+    }
+    assert (
+        "| +0.0500 ± 0.0000 | 0.0707 | 2.0 | at most 1 FP32 s.e. above | met |" in rows["int4_ef"]
+    )
     assert "| -0.3000 ± 0.0000 |" in rows["int2_ef"] and rows["int2_ef"].endswith("| met |")
     assert rows["fp4_ef"].endswith("| missed |")
     assert "| 0,1,2,3,4 | 4.1000 ± 0.0707 | - |" in rows["fp32"]

@@ -1,4 +1,5 @@
-"""`autoloco demo` end to end at a tiny scale: every artifact of the run folder, and tables that match the records."""
+"""`autoloco demo` end to end at a tiny scale: every artifact
+of the run folder, and tables that match the records."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
     out = tmp_path / "demo"
     # the default run shows each rule beside DiLoCo at that rule's own base momentum
     methods = ["diloco", "diloco_mu07", "autoloco", "diloco_mu05", "autoloco_descent"]
-    assert main(["demo", "--steps", "40", "--workers", "2", "--h-base", "4", "--out", str(out)]) == 0
+    assert (
+        main(["demo", "--steps", "40", "--workers", "2", "--h-base", "4", "--out", str(out)]) == 0
+    )
     printed = capsys.readouterr().out
 
     report = (out / "report.md").read_text()
     assert "autoloco demo --steps 40 --workers 2" in report
-    assert "H_max 6 (autoloco), 8 (autoloco_descent);" in report  # each rule's own: 1.5 and 2 H_base
+    # each rule's own: 1.5 and 2 H_base
+    assert "H_max 6 (autoloco), 8 (autoloco_descent);" in report
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000, name
         assert f"]({name})" in report
@@ -44,7 +48,9 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
     for method in methods:
         for artifact in ("intervals.jsonl", "steps.jsonl", "summary.json"):
             assert (out / method / artifact).stat().st_size > 0, (method, artifact)
-        intervals = [json.loads(line) for line in (out / method / "intervals.jsonl").read_text().splitlines()]
+        intervals = [
+            json.loads(line) for line in (out / method / "intervals.jsonl").read_text().splitlines()
+        ]
         steps = (out / method / "steps.jsonl").read_text().splitlines()
         summary = json.loads((out / method / "summary.json").read_text())
         assert len(steps) == 40 and sum(r["h_step"] for r in intervals) == 40
@@ -56,24 +62,32 @@ def test_demo_writes_every_artifact(tmp_path, capsys):
     mu07 = json.loads((out / "diloco_mu07" / "summary.json").read_text())
     assert mu07["config"]["outer_momentum"] == 0.7
     default = json.loads((out / "autoloco_descent" / "summary.json").read_text())["config"]
-    assert default["controller"] == "descent" and default["outer_momentum"] == 0.5  # AutoLoCoConfig's own default
+    # AutoLoCoConfig's own default
+    assert default["controller"] == "descent" and default["outer_momentum"] == 0.5
     mu05 = json.loads((out / "diloco_mu05" / "summary.json").read_text())["config"]
     assert mu05["method"] == "diloco" and mu05["outer_momentum"] == default["outer_momentum"]
 
 
 def test_demo_baselines_and_same_data(tmp_path):
-    """DDP, QSR, Linear Interval and the descent rule run too, from the same initialization on the same first
-    batches."""
+    """DDP, QSR, Linear Interval and the descent rule run too,
+    from the same initialization on the same first batches."""
     out = tmp_path / "baselines"
     methods = "ddp,qsr,linear,autoloco_descent"
-    assert main(["demo", "--steps", "20", "--workers", "2", "--methods", methods, "--out", str(out)]) == 0
+    assert (
+        main(["demo", "--steps", "20", "--workers", "2", "--methods", methods, "--out", str(out)])
+        == 0
+    )
     descent = json.loads((out / "autoloco_descent" / "summary.json").read_text())
     assert (
-        descent["config"]["controller"] == "descent" and descent["config"]["h_max"] == 2 * descent["config"]["h_base"]
+        descent["config"]["controller"] == "descent"
+        and descent["config"]["h_max"] == 2 * descent["config"]["h_base"]
     )
     ddp = json.loads((out / "ddp" / "summary.json").read_text())
     assert ddp["totals"]["syncs"] == 20  # one gradient all-reduce per step
-    firsts = {m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"] for m in methods.split(",")}
+    firsts = {
+        m: json.loads((out / m / "steps.jsonl").read_text().splitlines()[0])["loss"]
+        for m in methods.split(",")
+    }
     assert len(set(firsts.values())) == 1  # same initialization and the same first batches
 
 

@@ -46,7 +46,8 @@ def test_run_length() -> None:
 
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 def test_c4_trajectory(make) -> None:
-    """docs/algorithm.md#paper-trajectory: always-supporting stream on the C4 recipe -> the paper's 73-interval trajectory."""
+    """docs/algorithm.md#paper-trajectory: always-supporting stream
+    on the C4 recipe -> the paper's 73-interval trajectory."""
     p = preview_run(AutoLoCoConfig.for_recipe("c4"), make(3e-4, 1000, 50_000), warmup_steps=1000)
     assert run_length(p.intervals) == C4_TRAJECTORY
     assert p.syncs == 73 and p.steps == 50_000
@@ -55,16 +56,23 @@ def test_c4_trajectory(make) -> None:
 @pytest.mark.parametrize("make", [warmup_cosine, warmup_linear])
 @pytest.mark.parametrize("warmup", [0, 10, 65, 100, 195])
 def test_sft_gives_49_syncs(make, warmup: int) -> None:
-    """docs/algorithm.md#paper-trajectory: 6,490 steps, H_base 100, any short warm-up, cosine or linear decay -> 49 syncs."""
+    """docs/algorithm.md#paper-trajectory: 6,490 steps, H_base
+    100, any short warm-up, cosine or linear decay -> 49 syncs."""
     p = preview_run(AutoLoCoConfig.for_recipe("sft"), make(2e-5, warmup, 6490), warmup_steps=warmup)
     assert p.syncs == 49 and p.steps == 6490
 
 
 def test_diloco_ddp_plans() -> None:
     sched = warmup_cosine(3e-4, 1000, 50_000)
-    assert preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals == [500] * 100
-    sft = preview_run(AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65)
-    assert sft.syncs == 65 and sft.intervals[-1] == 90  # DiLoCo's 65 SFT syncs (docs/algorithm.md#paper-trajectory)
+    assert (
+        preview_run(AutoLoCoConfig.for_recipe("c4", method="diloco"), sched, 1000).intervals
+        == [500] * 100
+    )
+    sft = preview_run(
+        AutoLoCoConfig.for_recipe("sft", method="diloco"), warmup_cosine(1.0, 65, 6490), 65
+    )
+    # DiLoCo's 65 SFT syncs (docs/algorithm.md#paper-trajectory)
+    assert sft.syncs == 65 and sft.intervals[-1] == 90
     ddp = preview_run(AutoLoCoConfig(method="ddp"), warmup_cosine(1.0, 0, 300), 0)
     assert ddp.syncs == 300 and ddp.steps == 300
 
@@ -72,7 +80,8 @@ def test_diloco_ddp_plans() -> None:
 def test_payload_bytes() -> None:
     assert payload_bytes(10, 1000, "fp32") == 40_000
     assert payload_bytes(10, 1000, "bf16") == 20_000
-    assert payload_bytes(10, 8192, "int8") == 10 * (8192 + 4 * 2)  # INT8 plus an FP32 scale per block
+    # INT8 plus an FP32 scale per block
+    assert payload_bytes(10, 8192, "int8") == 10 * (8192 + 4 * 2)
     assert payload_bytes(1, 4097, "int8") == 4097 + 8
 
 
@@ -135,17 +144,33 @@ def test_cli_diloco(capsys) -> None:
     "argv, check",
     [
         (["--steps", "20000"], lambda d: d["steps"] == 20_000 and sum(d["intervals"]) == 20_000),
-        (["--warmup", "3000"], lambda d: d["intervals"][:9] == [500] * 9 and d["warmup_steps"] == 3000),
+        (
+            ["--warmup", "3000"],
+            lambda d: d["intervals"][:9] == [500] * 9 and d["warmup_steps"] == 3000,
+        ),
         (
             ["--h-base", "200"],
-            lambda d: (d["h_base"], d["q_h"], d["h_max"]) == (200, 20, 300) and d["intervals"][0] == 200,
+            lambda d: (
+                (d["h_base"], d["q_h"], d["h_max"]) == (200, 20, 300) and d["intervals"][0] == 200
+            ),
         ),
         (["--q-h", "25"], lambda d: d["q_h"] == 25 and d["intervals"][7] == 575),
         (["--h-max", "600"], lambda d: d["h_max"] == 600 and max(d["intervals"]) == 600),
         (["--h-max", "1000"], lambda d: max(d["intervals"]) > 750),
         (["--method", "diloco"], lambda d: d["syncs"] == 100),
         (
-            ["--h-base", "250", "--q-h", "50", "--h-max", "500", "--steps", "10000", "--warmup", "100"],
+            [
+                "--h-base",
+                "250",
+                "--q-h",
+                "50",
+                "--h-max",
+                "500",
+                "--steps",
+                "10000",
+                "--warmup",
+                "100",
+            ],
             lambda d: (
                 (d["q_h"], d["h_max"], d["warmup_steps"]) == (50, 500, 100)
                 and d["run_length"] == "250x36, 300x3, 100x1"
@@ -162,7 +187,9 @@ def test_cli_overrides_change_the_plan(capsys, argv: list, check) -> None:
 
 def test_cli_h_base_override_matches_preview_run(capsys) -> None:
     data = cli_json(capsys, "--h-base", "200", "--steps", "10000", "--warmup", "100")
-    expected = preview_run(AutoLoCoConfig(h_base=200, controller="paper"), warmup_cosine(1.0, 100, 10_000), 100)
+    expected = preview_run(
+        AutoLoCoConfig(h_base=200, controller="paper"), warmup_cosine(1.0, 100, 10_000), 100
+    )
     assert data["intervals"] == expected.intervals
 
 
@@ -203,7 +230,8 @@ def test_h_max_off_the_q_h_grid_is_refused(capsys) -> None:
 
 
 def test_h_max_help_states_each_rules_own_default(capsys) -> None:
-    """The help reads the factor from the rules: descent starts at 2 H_base since its default changed from 4."""
+    """The help reads the factor from the rules: descent
+    starts at 2 H_base since its default changed from 4."""
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
@@ -213,7 +241,8 @@ def test_h_max_help_states_each_rules_own_default(capsys) -> None:
 
 
 def test_payload_uses_the_recipe_model_size(capsys) -> None:
-    """The SFT recipe trains Llama-3.1-8B: its payload is 8.03B parameters' worth, not the C4 model's 215M."""
+    """The SFT recipe trains Llama-3.1-8B: its payload is
+    8.03B parameters' worth, not the C4 model's 215M."""
     sft = cli_json(capsys, "--recipe", "sft")
     c4 = cli_json(capsys, "--recipe", "c4")
     assert sft["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 8_030_261_248, "bf16")
@@ -223,7 +252,9 @@ def test_payload_uses_the_recipe_model_size(capsys) -> None:
     assert explicit["payload_bytes_per_worker"] == payload_bytes(sft["syncs"], 10**9, "bf16")
 
 
-@pytest.mark.parametrize("argv", [["--recipe", "wiki"], ["--steps", "many"], ["--schedule", "step"]])
+@pytest.mark.parametrize(
+    "argv", [["--recipe", "wiki"], ["--steps", "many"], ["--schedule", "step"]]
+)
 def test_cli_argparse_errors(capsys, argv: list) -> None:
     with pytest.raises(SystemExit) as info:
         main(["plan", *argv])
@@ -232,35 +263,50 @@ def test_cli_argparse_errors(capsys, argv: list) -> None:
 
 
 def test_plan_outer_state_per_rank_falls_with_ranks_per_worker(capsys) -> None:
-    """FP32 theta_t + momentum = 8 bytes per parameter, split over the worker's FSDP2 ranks (issue 16)."""
+    """FP32 theta_t + momentum = 8 bytes per parameter, split
+    over the worker's FSDP2 ranks (issue 16)."""
     whole = cli_json(capsys, "--recipe", "sft", "--params", "8e9")
     sharded = cli_json(capsys, "--recipe", "sft", "--params", "8e9", "--ranks-per-worker", "8")
     assert whole["outer_state_bytes_per_rank"] == 8 * 8_000_000_000
     assert sharded["outer_state_bytes_per_rank"] == 8 * 1_000_000_000
-    averaging = cli_json(capsys, "--recipe", "sft", "--params", "8e9", "--method", "qsr", "--ranks-per-worker", "8")
-    assert averaging["outer_state_bytes_per_rank"] == 4 * 1_000_000_000  # model averaging keeps no momentum
+    averaging = cli_json(
+        capsys, "--recipe", "sft", "--params", "8e9", "--method", "qsr", "--ranks-per-worker", "8"
+    )
+    # model averaging keeps no momentum
+    assert averaging["outer_state_bytes_per_rank"] == 4 * 1_000_000_000
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback():
-    """`autoloco plan --json | head`: the pipe closes before the plan is written; the command stops quietly."""
+    """`autoloco plan --json | head`: the pipe closes before
+    the plan is written; the command stops quietly."""
     import os
     import subprocess
     import sys
 
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written
-    script = "import sys; from autoloco_hf.cli import main; sys.exit(main(['plan', '--recipe', 'c4', '--json']))"
-    done = subprocess.run([sys.executable, "-c", script], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    script = (
+        "import sys; from autoloco_hf.cli import main; sys.exit(main(['plan', "
+        "'--recipe', 'c4', '--json']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+    )
     os.close(write)
     assert done.returncode == 128 + 13 and done.stderr == "", done.stderr
 
 
 def test_plan_previews_budget_pacing_at_given_speeds(capsys) -> None:
-    """docs/algorithm.md#pacing: one worker at half speed of four takes half the others' steps; the run ~1.74x shorter."""
-    pace = cli_json(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")["pacing"]
-    assert pace["worker_steps"] == [571, 571, 571, 285]  # floor(500 * 4 * share): 2000 * 2/7 and 2000 * 1/7
+    """docs/algorithm.md#pacing: one worker at half speed of four
+    takes half the others' steps; the run ~1.74x shorter."""
+    pace = cli_json(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")[
+        "pacing"
+    ]
+    # floor(500 * 4 * share): 2000 * 2/7 and 2000 * 1/7
+    assert pace["worker_steps"] == [571, 571, 571, 285]
     assert pace["lockstep_time"] == 100 * 500 / 0.5
-    assert pace["budget_time"] == 500 / 0.5 + 99 * 571  # the first interval in lockstep, then the fast workers'
+    # the first interval in lockstep, then the fast workers'
+    assert pace["budget_time"] == 500 / 0.5 + 99 * 571
     text = cli(capsys, "--recipe", "c4", "--method", "diloco", "--speeds", "1,1,1,0.5")
     assert "inner steps per interval of 500 steps: 571, 571, 571, 285 (lockstep: 500 each)" in text
     assert "1.74x shorter" in text
@@ -272,4 +318,6 @@ def test_plan_refuses_bad_speeds_naming_the_flag(capsys, speeds: str) -> None:
     with pytest.raises(SystemExit) as info:
         main(["plan", "--speeds", speeds])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and err.startswith(f"autoloco plan: error: --speeds={speeds!r} is invalid")
+    assert info.value.code == 2 and err.startswith(
+        f"autoloco plan: error: --speeds={speeds!r} is invalid"
+    )

@@ -20,7 +20,14 @@ from autoloco_hf.cli.report import (
     workers_table,
 )
 from autoloco_hf.state.records import RunTotals, read_jsonl
-from autoloco_hf.state.run_folder import Run, RunWriter, find_runs, last_fraction_mean, load_run, moving_average
+from autoloco_hf.state.run_folder import (
+    Run,
+    RunWriter,
+    find_runs,
+    last_fraction_mean,
+    load_run,
+    moving_average,
+)
 from autoloco_hf.state.run_plots import PLOTS, _zoom_on_tail, horizon_series
 from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
@@ -28,11 +35,16 @@ from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 
 def interval(start: int, h: int, mu: float = 0.9) -> dict:
-    return dict(start_step=start, h_step=h, mu=mu, eta=0.7, drift_energy=1.0 / (start + 1), coherence=2.0)
+    return dict(
+        start_step=start, h_step=h, mu=mu, eta=0.7, drift_energy=1.0 / (start + 1), coherence=2.0
+    )
 
 
-def fake_run(root, name: str, method: str, syncs_every: int, final_loss: float, steps: int = 100) -> None:
-    """A run folder whose loss falls linearly from 5 to ``final_loss`` and that syncs every ``syncs_every`` steps."""
+def fake_run(
+    root, name: str, method: str, syncs_every: int, final_loss: float, steps: int = 100
+) -> None:
+    """A run folder whose loss falls linearly from 5 to
+    ``final_loss`` and that syncs every ``syncs_every`` steps."""
     writer = RunWriter(str(root / name), name)
     totals = RunTotals()
     with open(writer.intervals_path, "w") as f:
@@ -60,8 +72,12 @@ def test_tables_and_report(tmp_path, capsys):
     runs = find_runs([str(tmp_path / "a")])
     assert [r.name for r in runs] == ["autoloco", "diloco"]
     text = table1(runs)
-    assert "| autoloco | autoloco | 5 | 5.0 | -50.0% |" in text and "| diloco | diloco | 10 | 10.0 | +0.0% |" in text
-    assert text.splitlines()[0].startswith("| run | method | syncs |")  # was: run names under "method"
+    assert (
+        "| autoloco | autoloco | 5 | 5.0 | -50.0% |" in text
+        and "| diloco | diloco | 10 | 10.0 | +0.0% |" in text
+    )
+    # was: run names under "method"
+    assert text.splitlines()[0].startswith("| run | method | syncs |")
     assert text.splitlines()[0].endswith("| wall (s) | CPU (s) |")
     assert default_thresholds(runs) == [3.01, 2.92]  # each run's final smoothed loss
     hit = reach(runs[0], 4.0)
@@ -94,16 +110,21 @@ def test_tables_and_report(tmp_path, capsys):
 
 
 def test_budget_truncated_intervals_are_not_a_drop_of_h():
-    """DiLoCo's last interval (2 of 10 steps) and AutoLoCo's `truncated` one are drawn apart, not as H falling to 2."""
+    """DiLoCo's last interval (2 of 10 steps) and AutoLoCo's
+    `truncated` one are drawn apart, not as H falling to 2."""
     diloco = [dict(interval(s, 10), assessment="fixed") for s in range(0, 100, 10)] + [
         dict(interval(100, 2), assessment="fixed")
     ]
     xs, ys, cut = horizon_series(diloco)
     assert (xs[-1], ys[-1], min(ys), cut) == (100, 10, 10, [(100, 2)])
-    autoloco = [dict(interval(0, 5), assessment="grow"), dict(interval(5, 3), assessment="truncated")]
+    autoloco = [
+        dict(interval(0, 5), assessment="grow"),
+        dict(interval(5, 3), assessment="truncated"),
+    ]
     assert horizon_series(autoloco) == ([0, 5], [5, 5], [(5, 3)])
     shrunk = [dict(interval(0, 8), assessment="shrink"), dict(interval(8, 4), assessment="accept")]
-    assert horizon_series(shrunk)[2] == []  # a controller's shorter last interval is its decision: drawn as one
+    # a controller's shorter last interval is its decision: drawn as one
+    assert horizon_series(shrunk)[2] == []
 
 
 def test_loss_plot_says_when_it_clips_the_first_points(tmp_path):
@@ -130,7 +151,11 @@ def test_loss_plot_says_when_it_clips_the_first_points(tmp_path):
 
 def test_table2_rows_are_runs(tmp_path):
     fake_run(tmp_path, "a", "diloco", 10, 3.0)
-    assert table2(find_runs([str(tmp_path / "a")]), [4.0]).splitlines()[0].startswith("| run | loss <= 4")
+    assert (
+        table2(find_runs([str(tmp_path / "a")]), [4.0])
+        .splitlines()[0]
+        .startswith("| run | loss <= 4")
+    )
 
 
 def test_report_rejects_a_folder_without_runs(tmp_path, capsys):
@@ -140,29 +165,48 @@ def test_report_rejects_a_folder_without_runs(tmp_path, capsys):
 
 
 def test_a_committed_benchmark_run_with_a_thinned_gzipped_step_log_reports(tmp_path):
-    """benchmarks/ commit runs with gzipped logs and steps of (step, loss) only: syncs and payload come from the intervals."""
+    """benchmarks/ commit runs with gzipped logs and steps of (step,
+    loss) only: syncs and payload come from the intervals."""
     import gzip
     import json
 
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "summary.json").write_text(
-        json.dumps({"name": "r", "method": "diloco", "steps": 4, "totals": {"syncs": 2, "payload_bytes": 20}})
+        json.dumps(
+            {
+                "name": "r",
+                "method": "diloco",
+                "steps": 4,
+                "totals": {"syncs": 2, "payload_bytes": 20},
+            }
+        )
     )
     with gzip.open(folder / "steps.jsonl.gz", "wt") as f:
         f.writelines(json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in range(1, 5))
     with gzip.open(folder / "intervals.jsonl.gz", "wt") as f:
-        f.writelines(json.dumps({"start_step": a, "h_step": 2, "payload_bytes": 10}) + "\n" for a in (0, 2))
+        f.writelines(
+            json.dumps({"start_step": a, "h_step": 2, "payload_bytes": 10}) + "\n" for a in (0, 2)
+        )
     run = load_run(str(folder))
-    assert [(s["syncs"], s["payload_bytes"]) for s in run.steps] == [(0, 0), (1, 10), (1, 10), (2, 20)]
+    assert [(s["syncs"], s["payload_bytes"]) for s in run.steps] == [
+        (0, 0),
+        (1, 10),
+        (1, 10),
+        (2, 20),
+    ]
     assert len(run.intervals) == 2 and run.summary["train_loss_last"] == 1.0
 
 
 def budget_run(root, steps: int = 24) -> None:
-    """A real run folder: 4 simulated workers with budget pacing; worker 2 at 0.3 is a straggler, worker 3 at
-    0.01 too slow for one step of an interval (idle after the first, lockstep one)."""
+    """A real run folder: 4 simulated workers with budget pacing; worker 2 at 0.3 is a straggler,
+    worker 3 at 0.01 too slow for one step of an interval (idle after the first, lockstep one)."""
     config = AutoLoCoConfig(
-        method="diloco", h_base=4, pacing="budget", worker_speeds=[1, 1, 0.3, 0.01], straggler_intervals=2
+        method="diloco",
+        h_base=4,
+        pacing="budget",
+        worker_speeds=[1, 1, 0.3, 0.01],
+        straggler_intervals=2,
     )
     writer = RunWriter(str(root / "budget"), "budget")
     workers = LocalWorkers(
@@ -183,7 +227,9 @@ def budget_run(root, steps: int = 24) -> None:
     for step in range(1, steps + 1):
         workers.train_paced(draw)
         losses = [loss for loss in workers.last_losses if not math.isnan(loss)]
-        writer.log_step(step, sum(losses) / len(losses), 1e-3, workers.engine.totals, seconds=float(step))
+        writer.log_step(
+            step, sum(losses) / len(losses), 1e-3, workers.engine.totals, seconds=float(step)
+        )
     writer.finish(workers.engine.totals, config.to_dict(), wall_seconds=1.0)
 
 
@@ -194,7 +240,8 @@ def cells(text: str, first: str) -> list[str]:
 
 
 def test_a_budget_paced_run_reports_each_workers_tokens_steps_and_speed(tmp_path, capsys):
-    """The per-worker table and the tokens per interval are the records' own numbers, summed by hand here."""
+    """The per-worker table and the tokens per interval are
+    the records' own numbers, summed by hand here."""
     budget_run(tmp_path)
     records = read_jsonl(str(tmp_path / "budget" / "intervals.jsonl"))
     host = socket.gethostname()
@@ -210,7 +257,13 @@ def test_a_budget_paced_run_reports_each_workers_tokens_steps_and_speed(tmp_path
         speed = steps / sum(r["worker_seconds"][i] for r in records)
         stragglers = sum(label in r["stragglers"] for r in records)
         idle = sum(label in r["idle_workers"] for r in records)
-        expected = [label, f"{tokens:,}", f"{100 * tokens / cluster:.1f}%", f"{steps:,}", f"{speed:.3f}"]
+        expected = [
+            label,
+            f"{tokens:,}",
+            f"{100 * tokens / cluster:.1f}%",
+            f"{steps:,}",
+            f"{speed:.3f}",
+        ]
         assert cells(report, label) == expected + [str(stragglers), str(idle)]
     # the straggler and the idle worker are there to be counted
     assert (
@@ -245,8 +298,11 @@ def test_a_lockstep_run_has_no_workers_section(tmp_path):
 
 
 def test_records_from_before_the_labels_name_their_workers_by_index():
-    """Older budget-paced records: no worker_labels, stragglers named ``worker i``; older still: no per-worker counts."""
-    old = dict(interval(0, 4), worker_steps=[5, 3], worker_tokens=[50, 30], worker_seconds=[5.0, 6.0])
+    """Older budget-paced records: no worker_labels, stragglers
+    named ``worker i``; older still: no per-worker counts."""
+    old = dict(
+        interval(0, 4), worker_steps=[5, 3], worker_tokens=[50, 30], worker_seconds=[5.0, 6.0]
+    )
     records = [
         dict(old, stragglers=[], idle_workers=[]),
         dict(old, stragglers=["worker 1"], idle_workers=[]),

@@ -1,4 +1,5 @@
-"""Every place a user types: a bad value is one line naming the flag, the value and the fix, exit code 2, no traceback."""
+"""Every place a user types: a bad value is one line naming
+the flag, the value and the fix, exit code 2, no traceback."""
 
 from __future__ import annotations
 
@@ -25,22 +26,35 @@ def recipe(name: str):
 # case -> (entry point, argv, texts the one line must contain: the flag, the value, the fix)
 CASES = {
     "demo --h-base -5": ("autoloco", ["demo", "--h-base", "-5"], ["--h-base", "'-5'", ">= 1"]),
-    "demo --h-base 0": ("autoloco", ["demo", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),  # was: the default
+    # was: the default
+    "demo --h-base 0": ("autoloco", ["demo", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),
     "demo --threads 0": ("autoloco", ["demo", "--threads", "0"], ["--threads", "'0'", ">= 1"]),
     "report --thresholds abc": (
         "autoloco",
         ["report", "{tmp}", "--thresholds", "abc"],
         ["--thresholds", "'abc'", "3.5,3.2"],
     ),
-    "report --out FILE": ("autoloco", ["report", "{tmp}", "--out", "{file}"], ["--out", "{file}", "existing file"]),
+    "report --out FILE": (
+        "autoloco",
+        ["report", "{tmp}", "--out", "{file}"],
+        ["--out", "{file}", "existing file"],
+    ),
     "report --out inside a FILE": (
         "autoloco",
         ["report", "{run}", "--out", "{file}/report"],
         ["--out", "{file}/report", "existing file"],
     ),  # was: NotADirectoryError traceback
-    "report MISSING": ("autoloco", ["report", "{tmp}/missing"], ["RUN_DIR", "missing", "does not exist"]),
+    "report MISSING": (
+        "autoloco",
+        ["report", "{tmp}/missing"],
+        ["RUN_DIR", "missing", "does not exist"],
+    ),
     "report a file": ("autoloco", ["report", "{file}"], ["RUN_DIR", "existing.txt", "is a file"]),
-    "report a folder without runs": ("autoloco", ["report", "{tmp}/a_folder"], ["RUN_DIR", "a_folder", "finished run"]),
+    "report a folder without runs": (
+        "autoloco",
+        ["report", "{tmp}/a_folder"],
+        ["RUN_DIR", "a_folder", "finished run"],
+    ),
     "report broken summary": (
         "autoloco",
         ["report", "{tmp}/broken_summary"],
@@ -98,8 +112,13 @@ CASES = {
     ),
     "report no RUN_DIR": ("autoloco", ["report"], ["autoloco report", "RUN_DIR"]),
     # autoloco plan
-    "plan --bogus": ("autoloco", ["plan", "--bogus"], ["autoloco plan: error", "--bogus", "see autoloco plan --help"]),
-    "plan --steps 0": ("autoloco", ["plan", "--steps", "0"], ["--steps", "'0'", ">= 1"]),  # was: blamed --warmup (1000)
+    "plan --bogus": (
+        "autoloco",
+        ["plan", "--bogus"],
+        ["autoloco plan: error", "--bogus", "see autoloco plan --help"],
+    ),
+    # was: blamed --warmup (1000)
+    "plan --steps 0": ("autoloco", ["plan", "--steps", "0"], ["--steps", "'0'", ">= 1"]),
     "plan --steps below the warm-up": (
         "autoloco",
         ["plan", "--steps", "500"],
@@ -144,16 +163,36 @@ CASES = {
         ["rule_module='no_such_rules'", "PYTHONPATH"],
     ),
     "plan --h-base 0": ("autoloco", ["plan", "--h-base", "0"], ["--h-base", "'0'", ">= 1"]),
-    "plan --h-max off the grid": ("autoloco", ["plan", "--h-max", "740"], ["--h-max 740", "use 700 or 750"]),
-    "plan --params 0": ("autoloco", ["plan", "--params", "0"], ["--params 0", "positive parameter count"]),
+    "plan --h-max off the grid": (
+        "autoloco",
+        ["plan", "--h-max", "740"],
+        ["--h-max 740", "use 700 or 750"],
+    ),
+    "plan --params 0": (
+        "autoloco",
+        ["plan", "--params", "0"],
+        ["--params 0", "positive parameter count"],
+    ),
     "plan --ranks-per-worker 0": (
         "autoloco",
         ["plan", "--ranks-per-worker", "0"],
         ["--ranks-per-worker", "'0'", ">= 1"],
     ),
-    "plan --recipe wiki": ("autoloco", ["plan", "--recipe", "wiki"], ["--recipe", "'wiki'", "'c4'"]),
-    "plan --wire-dtype fp8": ("autoloco", ["plan", "--wire-dtype", "fp8"], ["--wire-dtype", "'fp8'", "'int8'"]),
-    "eval --out FILE": ("autoloco", ["eval", "{tmp}", "--out", "{file}"], ["--out", "{file}", "existing file"]),
+    "plan --recipe wiki": (
+        "autoloco",
+        ["plan", "--recipe", "wiki"],
+        ["--recipe", "'wiki'", "'c4'"],
+    ),
+    "plan --wire-dtype fp8": (
+        "autoloco",
+        ["plan", "--wire-dtype", "fp8"],
+        ["--wire-dtype", "'fp8'", "'int8'"],
+    ),
+    "eval --out FILE": (
+        "autoloco",
+        ["eval", "{tmp}", "--out", "{file}"],
+        ["--out", "{file}", "existing file"],
+    ),
     "eval --compare MISSING": (
         "autoloco",
         ["eval", "--compare", "{tmp}/missing.json"],
@@ -180,10 +219,23 @@ CASES = {
         ["--autoloco", "h_bse=5", "did you mean h_base"],
     ),
     "c4 --method foo": ("pretrain_c4", ["--method", "foo"], ["--method", "'foo'", "'diloco'"]),
-    "c4 --ablation fulll": ("pretrain_c4", ["--ablation", "fulll"], ["--ablation", "'fulll'", "'full'"]),
-    "c4 --bf16 ture": ("pretrain_c4", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),  # was: False
-    "c4 unknown flag": ("pretrain_c4", ["--batch-siz", "3"], ["--batch-siz", "did you mean batch_size"]),
-    "c4 bad engine field": ("pretrain_c4", ["--autoloco", "q_h=3"], ["q_h=3", "it must divide h_base=500"]),
+    "c4 --ablation fulll": (
+        "pretrain_c4",
+        ["--ablation", "fulll"],
+        ["--ablation", "'fulll'", "'full'"],
+    ),
+    # was: False
+    "c4 --bf16 ture": ("pretrain_c4", ["--bf16", "ture"], ["--bf16", "ture", "true/false"]),
+    "c4 unknown flag": (
+        "pretrain_c4",
+        ["--batch-siz", "3"],
+        ["--batch-siz", "did you mean batch_size"],
+    ),
+    "c4 bad engine field": (
+        "pretrain_c4",
+        ["--autoloco", "q_h=3"],
+        ["q_h=3", "it must divide h_base=500"],
+    ),
     "c4 a rule under DiLoCo": (  # the default rule, typed: it would never run
         "pretrain_c4",
         ["--method", "diloco", "--autoloco", "controller=descent"],
@@ -192,7 +244,12 @@ CASES = {
     "c4 hierarchical_sync=false on one rank": (  # was: accepted, and did nothing
         "pretrain_c4",
         ["--autoloco", "hierarchical_sync=false"],
-        ["hierarchical_sync=False", "only applies with ranks_per_worker > 1", "remove it", "here ranks_per_worker=1"],
+        [
+            "hierarchical_sync=False",
+            "only applies with ranks_per_worker > 1",
+            "remove it",
+            "here ranks_per_worker=1",
+        ],
     ),
     "c4 hierarchical_sync typed on one rank": (  # its default, typed: it would do nothing either
         "pretrain_c4",
@@ -309,7 +366,11 @@ CASES = {
         ["--chat-template", "{tmp}/missing.jinja"],
         ["--chat-template", "missing.jinja", "no such file"],
     ),
-    "sft --global-batch-size 0": ("sft_ultrachat", ["--global-batch-size", "0"], ["--global-batch-size 0", ">= 1"]),
+    "sft --global-batch-size 0": (
+        "sft_ultrachat",
+        ["--global-batch-size", "0"],
+        ["--global-batch-size 0", ">= 1"],
+    ),
     "sft --test-files FOLDER": (
         "sft_ultrachat",
         ["--train-files", "{chats}", "--test-files", "{tmp}"],
@@ -331,7 +392,10 @@ def test_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
     (tmp_path / "malformed.jsonl").write_text('{"text": "fine", "messages": []}\n{"text": "cut\n')
     docs, chats = tmp_path / "docs.jsonl", tmp_path / "chats.jsonl"
     docs.write_text('{"text": "a document"}\n')
-    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    chats.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": '
+        '"assistant", "content": "hello"}]}\n'
+    )
 
     run = tmp_path / "run"
     RunWriter(str(run), "run").finish(RunTotals(), {"method": "diloco"}, 1.0)
@@ -357,7 +421,8 @@ def test_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(summary)
     steps = "".join(f'{{"step": {i}, "loss": 3.0}}\n' for i in range(1, 200)).encode()
-    (tmp_path / "cut_gz" / "steps.jsonl.gz").write_bytes(gzip.compress(steps)[:-12])  # what a kill leaves
+    # what a kill leaves
+    (tmp_path / "cut_gz" / "steps.jsonl.gz").write_bytes(gzip.compress(steps)[:-12])
     (tmp_path / "plain_gz" / "steps.jsonl.gz").write_bytes(steps)  # a plain log under the .gz name
     (tmp_path / "rules_with_syntax_error.py").write_text("def rule(:\n")
     (tmp_path / "rules_raising.py").write_text("raise RuntimeError('no GPU here')\n")
@@ -365,7 +430,9 @@ def test_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def fill(text: str) -> str:
-        return text.format(tmp=tmp_path, file=existing, yaml=bad_yaml, docs=docs, chats=chats, run=run)
+        return text.format(
+            tmp=tmp_path, file=existing, yaml=bad_yaml, docs=docs, chats=chats, run=run
+        )
 
     with pytest.raises(SystemExit) as exc:
         if entry == "autoloco":

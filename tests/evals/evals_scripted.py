@@ -27,18 +27,22 @@ from autoloco_hf.toy.llama import tiny_llama as build
 # ChatML with generation markers, so tests can get the assistant mask from transformers itself.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
-    "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n"
+    "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
 )
 
 
 def fixture_rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (FIXTURES_DIR / name).read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in (FIXTURES_DIR / name).read_text().splitlines() if line.strip()
+    ]
 
 
 def build_tokenizer(replies: list[str] = (), chat: bool = True) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the fixtures in well under a second; replies become single tokens."""
+    """Byte-level BPE trained on the fixtures in well under a
+    second; replies become single tokens."""
     corpus = [p.read_text() for p in sorted(FIXTURES_DIR.rglob("*.jsonl"))]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -47,7 +51,9 @@ def build_tokenizer(replies: list[str] = (), chat: bool = True) -> PreTrainedTok
     tok.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=600, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=600,
+            special_tokens=special,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
     fast = PreTrainedTokenizerFast(
@@ -73,11 +79,15 @@ class ScriptedLM(PreTrainedModel, GenerationMixin):
 
     config_class = ScriptedConfig
 
-    def __init__(self, config: ScriptedConfig, tokenizer=None, script: dict[str, str] | None = None):
+    def __init__(
+        self, config: ScriptedConfig, tokenizer=None, script: dict[str, str] | None = None
+    ):
         super().__init__(config)
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the model a device and dtype
         self.tokenizer = tokenizer
-        self.keys = {key: tokenizer.convert_tokens_to_ids(reply) for key, reply in (script or {}).items()}
+        self.keys = {
+            key: tokenizer.convert_tokens_to_ids(reply) for key, reply in (script or {}).items()
+        }
         self.reply_ids = set(self.keys.values())
         self.post_init()
 
@@ -91,12 +101,18 @@ class ScriptedLM(PreTrainedModel, GenerationMixin):
                 text = self.tokenizer.decode(ids)
                 where = {key: text.rfind(key) for key in self.keys}
                 key = max(where, key=where.get, default=None)
-                nxt = self.keys[key] if key is not None and where[key] >= 0 else self.config.eos_token_id
+                nxt = (
+                    self.keys[key]
+                    if key is not None and where[key] >= 0
+                    else self.config.eos_token_id
+                )
             logits[row, -1, nxt] = 100.0
         return CausalLMOutputWithPast(logits=logits)
 
 
-def scripted_model(script: dict[str, str], chat: bool = True) -> tuple[ScriptedLM, PreTrainedTokenizerFast]:
+def scripted_model(
+    script: dict[str, str], chat: bool = True
+) -> tuple[ScriptedLM, PreTrainedTokenizerFast]:
     """A model that answers a prompt containing ``key`` with ``script[key]``."""
     tokenizer = build_tokenizer(list(script.values()), chat=chat)
     config = ScriptedConfig(
@@ -112,6 +128,13 @@ def tiny_llama() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """A randomly initialised 2-layer Llama with the fixture tokenizer (chat template included)."""
     tokenizer = build_tokenizer()
     model = build(
-        len(tokenizer), 32, 2, 4, 64, max_position_embeddings=512, num_key_value_heads=2, tie_word_embeddings=False
+        len(tokenizer),
+        32,
+        2,
+        4,
+        64,
+        max_position_embeddings=512,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
     )
     return model.eval(), tokenizer

@@ -1,4 +1,5 @@
-"""`autoloco eval` on bad inputs: one line naming the option or file, the value and the fix; exit 2; nothing loaded or written.
+"""`autoloco eval` on bad inputs: one line naming the option or
+file, the value and the fix; exit 2; nothing loaded or written.
 
 The model folder of these cases holds a config.json that cannot be loaded: a
 check that ran after the model load would report "cannot load it" instead.
@@ -44,7 +45,8 @@ def bad_files(root) -> None:
     (root / "no_model").mkdir()
 
 
-# case -> (argv after MODEL_DIR, texts the one line must contain: the option or file, the value, the fix)
+# case -> (argv after MODEL_DIR, texts the one line must
+# contain: the option or file, the value, the fix)
 NLL = ["--tasks", "nll", "--offline"]
 CASES = {
     "empty c4 file": (
@@ -67,8 +69,14 @@ CASES = {
         NLL + ["--c4-path", "{tmp}/plain.jsonl", "--chat-path", CHAT],
         ["--c4-path", "plain.jsonl", "line 1", "one JSON object"],
     ),
-    "unknown file type": (NLL + ["--c4-path", "{tmp}/rows.csvx", "--chat-path", CHAT], ["rows.csvx", ".jsonl"]),
-    "a folder for a file": (NLL + ["--c4-path", "{tmp}/a_folder", "--chat-path", CHAT], ["a_folder", "not a file"]),
+    "unknown file type": (
+        NLL + ["--c4-path", "{tmp}/rows.csvx", "--chat-path", CHAT],
+        ["rows.csvx", ".jsonl"],
+    ),
+    "a folder for a file": (
+        NLL + ["--c4-path", "{tmp}/a_folder", "--chat-path", CHAT],
+        ["a_folder", "not a file"],
+    ),
     "empty gzipped file": (
         NLL + ["--c4-path", "{tmp}/empty.jsonl.gz", "--chat-path", CHAT],
         ["--c4-path", "empty.jsonl.gz", "empty"],
@@ -89,16 +97,31 @@ CASES = {
         ["--tasks", "ifeval", "--offline", "--ifeval-path", "{tmp}/ifeval.jsonl"],
         ["--ifeval-path", "ifeval.jsonl", "'instruction_id_list'"],
     ),
-    "--dtype float17": (NLL + ["--fixtures", "--dtype", "float17"], ["--dtype", "'float17'", "'bfloat16'"]),
+    "--dtype float17": (
+        NLL + ["--fixtures", "--dtype", "float17"],
+        ["--dtype", "'float17'", "'bfloat16'"],
+    ),
     "--device gpu": (NLL + ["--fixtures", "--device", "gpu"], ["--device", "'gpu'", "cpu, cuda"]),
-    "--device mps here": (NLL + ["--fixtures", "--device", "mps"], ["--device mps", "no mps device", "--device cpu"]),
-    "--tasks with a typo": (["--tasks", "nll,ifevl", "--fixtures"], ["--tasks", "'ifevl'", "did you mean ifeval"]),
+    "--device mps here": (
+        NLL + ["--fixtures", "--device", "mps"],
+        ["--device mps", "no mps device", "--device cpu"],
+    ),
+    "--tasks with a typo": (
+        ["--tasks", "nll,ifevl", "--fixtures"],
+        ["--tasks", "'ifevl'", "did you mean ifeval"],
+    ),
     "--limit 0": (NLL + ["--fixtures", "--limit", "0"], ["--limit", "'0'", ">= 1"]),
 }
 MODEL_CASES = {  # a bad MODEL_DIR itself
     "missing MODEL_DIR": ("{tmp}/nope", ["MODEL_DIR", "nope", "does not exist", "save_pretrained"]),
-    "MODEL_DIR without a model": ("{tmp}/no_model", ["MODEL_DIR", "no_model", "checkpoint-N", "save_pretrained"]),
-    "MODEL_DIR a file": ("{tmp}/ifeval.jsonl", ["MODEL_DIR", "ifeval.jsonl", "is a file", "save_pretrained"]),
+    "MODEL_DIR without a model": (
+        "{tmp}/no_model",
+        ["MODEL_DIR", "no_model", "checkpoint-N", "save_pretrained"],
+    ),
+    "MODEL_DIR a file": (
+        "{tmp}/ifeval.jsonl",
+        ["MODEL_DIR", "ifeval.jsonl", "is a file", "save_pretrained"],
+    ),
 }
 if not torch.cuda.is_available():
     CASES["--device cuda on a CPU build"] = (
@@ -126,27 +149,35 @@ def test_bad_input_is_one_line_before_the_model_loads(case, tmp_path, capsys):
     model.mkdir()
     (model / "config.json").write_text("{}")  # loading it would fail with "cannot load it"
     argv, expected = CASES[case]
-    one_line_exit_2([str(model)] + [a.format(tmp=tmp_path) for a in argv], expected, tmp_path, capsys)
+    one_line_exit_2(
+        [str(model)] + [a.format(tmp=tmp_path) for a in argv], expected, tmp_path, capsys
+    )
 
 
 @pytest.mark.parametrize("case", list(MODEL_CASES))
 def test_bad_model_dir_is_one_line(case, tmp_path, capsys):
     bad_files(tmp_path)
     model, expected = MODEL_CASES[case]
-    one_line_exit_2([model.format(tmp=tmp_path), "--tasks", "nll", "--fixtures"], expected, tmp_path, capsys)
+    one_line_exit_2(
+        [model.format(tmp=tmp_path), "--tasks", "nll", "--fixtures"], expected, tmp_path, capsys
+    )
 
 
 def test_missing_model_dir_imports_nothing_heavy(tmp_path):
-    """The path check comes first: no torch, transformers, datasets or nltk (5 to 18 s) to say a folder is missing."""
+    """The path check comes first: no torch, transformers,
+    datasets or nltk (5 to 18 s) to say a folder is missing."""
     script = (
         "import sys\n"
-        "from autoloco_hf.cli import main\n"
-        "try:\n"
-        f"    main(['eval', {str(tmp_path / 'nope')!r}, '--tasks', 'nll', '--fixtures', '--offline'])\n"
+        "from autoloco_hf.cli import main\ntry:\n"
+        f"    main(['eval', {str(tmp_path / 'nope')!r}, '--tasks', 'nll', '--fixtures', "
+        "'--offline'])\n"
         "except SystemExit as exc:\n"
-        "    print(exc.code, *[m for m in ('torch', 'transformers', 'datasets', 'nltk') if m in sys.modules])\n"
+        "    print(exc.code, *[m for m in ('torch', 'transformers', 'datasets', "
+        "'nltk') if m in sys.modules])\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.stdout.split() == ["2"], done.stdout + done.stderr[-2000:]
 
 
@@ -157,10 +188,16 @@ def test_lm_eval_spellings_are_accepted(tmp_path):
 
     parser = OneLineParser(prog="autoloco eval")
     add_arguments(parser)
-    ours = parser.parse_args(["m", "--out", str(tmp_path), "--batch-size", "4", "--tasks", "nll", "ifeval"])
-    theirs = parser.parse_args(["m", "--output_path", str(tmp_path), "--batch_size", "4", "--tasks", "nll,ifeval"])
+    ours = parser.parse_args(
+        ["m", "--out", str(tmp_path), "--batch-size", "4", "--tasks", "nll", "ifeval"]
+    )
+    theirs = parser.parse_args(
+        ["m", "--output_path", str(tmp_path), "--batch_size", "4", "--tasks", "nll,ifeval"]
+    )
     assert (theirs.out, theirs.batch_size) == (ours.out, ours.batch_size) == (tmp_path, 4)
-    assert [t for group in theirs.tasks for t in group] == [t for group in ours.tasks for t in group]
+    assert [t for group in theirs.tasks for t in group] == [
+        t for group in ours.tasks for t in group
+    ]
 
 
 def test_a_trainer_output_dir_evaluates_its_last_checkpoint(tmp_path, capsys, monkeypatch):
@@ -173,26 +210,44 @@ def test_a_trainer_output_dir_evaluates_its_last_checkpoint(tmp_path, capsys, mo
         model.save_pretrained(output_dir / f"checkpoint-{step}")
         tokenizer.save_pretrained(output_dir / f"checkpoint-{step}")
     (output_dir / "checkpoint-20").mkdir()  # not a checkpoint: no config.json
-    argv = ["eval", str(output_dir), "--tasks", "nll", "--fixtures", "--offline", "--out", str(tmp_path / "out")]
+    argv = [
+        "eval",
+        str(output_dir),
+        "--tasks",
+        "nll",
+        "--fixtures",
+        "--offline",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(argv + ["--num-documents", "4", "--num-conversations", "4"]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "checkpoint" in line]
     assert said == [
-        f"autoloco eval: {output_dir} holds no final model (config.json): evaluating its last checkpoint, {output_dir / 'checkpoint-10'}"
+        f"autoloco eval: {output_dir} holds no final model (config.json): evaluating its last "
+        f"checkpoint, {output_dir / 'checkpoint-10'}"
     ]
     record = json.loads((tmp_path / "out" / "trainer_out.json").read_text())
     assert record["model"] == str(output_dir / "checkpoint-10") and record["run"] == "trainer_out"
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["refused", "--approximate-punkt"])
-def test_ifeval_without_punkt_tab_is_refused_before_the_model_loads(allow, tmp_path, capsys, monkeypatch):
-    """No official sentence splitter: one line with the command that installs it, unless the user allows the empty one."""
+def test_ifeval_without_punkt_tab_is_refused_before_the_model_loads(
+    allow, tmp_path, capsys, monkeypatch
+):
+    """No official sentence splitter: one line with the command
+    that installs it, unless the user allows the empty one."""
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no_nltk_data")])  # punkt_tab is nowhere
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     ifeval = str(FIXTURES_DIR / "ifeval.jsonl")
-    argv = [str(model), "--tasks", "ifeval", "--offline", "--ifeval-path", ifeval] + (["--approximate-punkt"] * allow)
-    expected = (
-        ["cannot load it"] if allow else ["punkt_tab", "python -m nltk.downloader punkt_tab", "--approximate-punkt"]
+    argv = [str(model), "--tasks", "ifeval", "--offline", "--ifeval-path", ifeval] + (
+        ["--approximate-punkt"] * allow
     )
-    one_line_exit_2(argv, expected, tmp_path, capsys)  # allowed: it goes on to the model, which fails to load
+    expected = (
+        ["cannot load it"]
+        if allow
+        else ["punkt_tab", "python -m nltk.downloader punkt_tab", "--approximate-punkt"]
+    )
+    # allowed: it goes on to the model, which fails to load
+    one_line_exit_2(argv, expected, tmp_path, capsys)

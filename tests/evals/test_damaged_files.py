@@ -1,4 +1,5 @@
-"""A damaged data file, in each format, under each entry point: one line naming the file and the problem, exit 2.
+"""A damaged data file, in each format, under each entry
+point: one line naming the file and the problem, exit 2.
 
 The formats are Parquet, JSON (one array), JSON Lines and gzipped JSON Lines;
 the damage is what a real copy suffers: bytes flipped mid-file, a file cut in
@@ -32,7 +33,10 @@ RACE_RUNS = 5  # the case that once aborted at exit, started together
 
 def rows(n: int = 400) -> list[dict]:
     """Documents long enough that a gzip of them spans several deflate blocks."""
-    return [{"text": f"document {i} " + " ".join(f"w{(i * j) % 977}" for j in range(60))} for i in range(n)]
+    return [
+        {"text": f"document {i} " + " ".join(f"w{(i * j) % 977}" for j in range(60))}
+        for i in range(n)
+    ]
 
 
 def jsonl(records: list[dict]) -> str:
@@ -51,7 +55,8 @@ def flipped_gzip(path: Path) -> Path:
 
 
 def flipped_mid_gzip(path: Path) -> Path:
-    """A gzip with bytes flipped in the middle: it decompresses to garbage lines, then fails its CRC."""
+    """A gzip with bytes flipped in the middle: it
+    decompresses to garbage lines, then fails its CRC."""
     data = bytearray(gzip.compress(jsonl(rows()).encode()))
     for k in range(len(data) // 2, len(data) // 2 + 16):
         data[k] ^= 0xFF
@@ -71,7 +76,9 @@ def truncated_gzip(path: Path) -> Path:
 def cut_jsonl(path: Path) -> Path:
     """The last line cut at character 40 (a copy that stopped)."""
     text = jsonl(rows(3))
-    path.write_text(text[: text.index("\n", text.index("\n") + 1) + 1] + json.dumps(rows(3)[2])[:40])
+    path.write_text(
+        text[: text.index("\n", text.index("\n") + 1) + 1] + json.dumps(rows(3)[2])[:40]
+    )
     return path
 
 
@@ -96,8 +103,16 @@ def parquet_without(path: Path) -> Path:
 
 # case -> (writer, file name, texts the line must hold besides the file name)
 DAMAGED = {
-    "gzip, header bytes flipped": (flipped_gzip, "flipped.jsonl.gz", ["corrupt or cut short", "zlib"]),
-    "gzip, bytes flipped mid-file": (flipped_mid_gzip, "mid.jsonl.gz", ["corrupt or cut short", "CRC"]),
+    "gzip, header bytes flipped": (
+        flipped_gzip,
+        "flipped.jsonl.gz",
+        ["corrupt or cut short", "zlib"],
+    ),
+    "gzip, bytes flipped mid-file": (
+        flipped_mid_gzip,
+        "mid.jsonl.gz",
+        ["corrupt or cut short", "CRC"],
+    ),
     "gzip, cut in half": (truncated_gzip, "half.json.gz", ["corrupt or cut short", "EOFError"]),
     "jsonl, line cut at 40": (cut_jsonl, "cut.jsonl", ["line 3 column 41", "Unterminated string"]),
     "json array cut": (cut_json_array, "cut.json", ["not valid JSON", "line "]),
@@ -108,7 +123,9 @@ DAMAGED = {
 def one_line(done: subprocess.CompletedProcess, *texts: str) -> str:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
-    assert len(lines) == 1 and "Traceback" not in done.stderr and "terminate called" not in done.stderr, done.stderr
+    assert (
+        len(lines) == 1 and "Traceback" not in done.stderr and "terminate called" not in done.stderr
+    ), done.stderr
     for text in texts:
         assert text in lines[0], (text, lines[0])
     return lines[0]
@@ -116,7 +133,8 @@ def one_line(done: subprocess.CompletedProcess, *texts: str) -> str:
 
 @pytest.mark.parametrize("case", list(DAMAGED))
 def test_the_check_names_file_line_and_problem(case, tmp_path):
-    """The helpers every entry point calls (check_files before a run, load_rows when datasets fails)."""
+    """The helpers every entry point calls (check_files
+    before a run, load_rows when datasets fails)."""
     write, name, texts = DAMAGED[case]
     path = write(tmp_path / name)
     for call in (
@@ -147,10 +165,16 @@ def test_a_healthy_file_is_read_to_its_end_and_counted(tmp_path):
 
 
 def run_cli(argv: list[str], runs: int = 1) -> list[subprocess.CompletedProcess]:
-    """``argv`` run ``runs`` times, each a fresh process (started together: the exit is what is tested)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    """``argv`` run ``runs`` times, each a fresh process
+    (started together: the exit is what is tested)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     procs = [
-        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+        )
         for _ in range(runs)
     ]
     done = []
@@ -171,25 +195,51 @@ CHAT, C4 = str(FIXTURES_DIR / "chat.jsonl"), str(FIXTURES_DIR / "c4.jsonl")
 
 
 def entry_points(tmp_path: Path, path: Path, chat: bool) -> dict[str, tuple[list[str], str]]:
-    """Each command line with ``path`` as its evaluation or training data, and the option its line names."""
+    """Each command line with ``path`` as its evaluation or
+    training data, and the option its line names."""
     model = bad_model(tmp_path)
     evaluate = [sys.executable, "-m", "autoloco_evals", str(model), "--tasks", "nll", "--offline"]
-    evaluate += ["--c4-path", C4, "--chat-path", str(path)] if chat else ["--c4-path", str(path), "--chat-path", CHAT]
+    evaluate += (
+        ["--c4-path", C4, "--chat-path", str(path)]
+        if chat
+        else ["--c4-path", str(path), "--chat-path", CHAT]
+    )
     runs = ["--output-dir", str(tmp_path / "runs")]
     return {
-        "autoloco eval": (evaluate + ["--out", str(tmp_path / "out")], "--chat-path" if chat else "--c4-path"),
+        "autoloco eval": (
+            evaluate + ["--out", str(tmp_path / "out")],
+            "--chat-path" if chat else "--c4-path",
+        ),
         "pretrain_c4.py": (
-            [sys.executable, "recipes/pretrain_c4.py", "--train-files", str(path), "--val-files", C4, *runs],
+            [
+                sys.executable,
+                "recipes/pretrain_c4.py",
+                "--train-files",
+                str(path),
+                "--val-files",
+                C4,
+                *runs,
+            ],
             "--train-files",
         ),
         "sft_ultrachat.py": (
-            [sys.executable, "recipes/sft_ultrachat.py", "--train-files", str(path), "--test-files", CHAT, *runs],
+            [
+                sys.executable,
+                "recipes/sft_ultrachat.py",
+                "--train-files",
+                str(path),
+                "--test-files",
+                CHAT,
+                *runs,
+            ],
             "--train-files",
         ),
     }
 
 
-CLI_CASES = {  # one damaged file of each format; (case, given to autoloco eval as --chat-path rather than --c4-path)
+# one damaged file of each format; (case, given to autoloco
+# eval as --chat-path rather than --c4-path)
+CLI_CASES = {
     "gzip": ("gzip, bytes flipped mid-file", False),
     "jsonl": ("jsonl, line cut at 40", False),
     "json": ("json array cut", True),

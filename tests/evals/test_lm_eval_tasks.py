@@ -18,7 +18,10 @@ LETTERS = "ABCDEFGHIJ"
 
 # key (the prompt) -> (reply that follows every instruction, reply that breaks one)
 IFEVAL = {
-    1001: ("the ocean is vast and deep, and it covers most of our planet.", "The Ocean Is Vast And Deep."),
+    1001: (
+        "the ocean is vast and deep, and it covers most of our planet.",
+        "The Ocean Is Vast And Deep.",
+    ),
     1002: (
         "Red leaves drift down\nquiet wind across the field\nautumn says goodbye",
         "Red leaves, drifting down, slowly",
@@ -53,7 +56,9 @@ def scripts(right: bool) -> dict[str, str]:
     pick = 0 if right else 1
     script = {}
     for row in fixture_rows("mmlu_pro/test.jsonl"):
-        letter = row["answer"] if right else LETTERS[(row["answer_index"] + 1) % len(row["options"])]
+        letter = (
+            row["answer"] if right else LETTERS[(row["answer_index"] + 1) % len(row["options"])]
+        )
         script[row["question"]] = f"Let's think step by step. The answer is ({letter})."
     for name in ("boolean_expressions", "multistep_arithmetic_two", "word_sorting"):
         for row in fixture_rows(f"bbh/{name}.jsonl"):
@@ -90,22 +95,46 @@ def test_lm_eval_tasks_score_generations(right, offline, tmp_path):
         "ifeval": FIXTURES_DIR / "ifeval.jsonl",
         "ifbench": FIXTURES_DIR / "ifbench.jsonl",
     }
-    got = run_lm_eval(model, tokenizer, names, local, tmp_path, limit=None, batch_size=4, max_gen_toks=32, chat=True)
+    got = run_lm_eval(
+        model,
+        tokenizer,
+        names,
+        local,
+        tmp_path,
+        limit=None,
+        batch_size=4,
+        max_gen_toks=32,
+        chat=True,
+    )
     expected = 1.0 if right else 0.0
     assert {name: got[name]["score"] for name in names} == {name: expected for name in names}
-    assert {name: got[name]["n"] for name in names} == {"mmlu_pro": 4, "bbh": 9, "ifeval": 4, "ifbench": 4}
+    assert {name: got[name]["n"] for name in names} == {
+        "mmlu_pro": 4,
+        "bbh": 9,
+        "ifeval": 4,
+        "ifbench": 4,
+    }
     assert (tmp_path / "samples_bbh.jsonl").read_text().count("So the answer is") == 9
 
 
 @pytest.mark.slow
 def test_lm_eval_console_is_quiet(offline, tmp_path, monkeypatch, capfd, caplog):
-    """Was, once per task: "`pretrained` model kwarg is not of type `str`" and git's "fatal: not a git repository"."""
+    """Was, once per task: "`pretrained` model kwarg is not of
+    type `str`" and git's "fatal: not a git repository"."""
     monkeypatch.chdir(tmp_path)  # not a git repository
     model, tokenizer = scripted_model(scripts(True))
     local = {"ifeval": FIXTURES_DIR / "ifeval.jsonl"}
     with caplog.at_level("WARNING"):
         got = run_lm_eval(
-            model, tokenizer, ["ifeval"], local, tmp_path, limit=2, batch_size=4, max_gen_toks=32, chat=True
+            model,
+            tokenizer,
+            ["ifeval"],
+            local,
+            tmp_path,
+            limit=2,
+            batch_size=4,
+            max_gen_toks=32,
+            chat=True,
         )
     assert got["ifeval"]["n"] == 2
     console = capfd.readouterr().err + "".join(r.getMessage() for r in caplog.records)
@@ -114,25 +143,34 @@ def test_lm_eval_console_is_quiet(offline, tmp_path, monkeypatch, capfd, caplog)
 
 
 def test_lm_eval_warnings_repeated_per_task_are_shown_once(caplog):
-    """A suite calls lm-eval once per task: its per-call warnings reach the console once, other messages always."""
+    """A suite calls lm-eval once per task: its per-call
+    warnings reach the console once, other messages always."""
     import lm_eval.evaluator  # noqa: F401 - its logger, as lm-eval configures it
     import lm_eval.models.huggingface  # noqa: F401
 
     from autoloco_evals.lm_eval_tasks import quiet_lm_eval
 
     messages = {
-        "lm_eval.evaluator": "generation_kwargs: %s specified through cli, these settings will update set parameters",
-        "lm_eval.models.huggingface": "Passed an already-initialized model through `pretrained`, assuming single-process",
+        "lm_eval.evaluator": "generation_kwargs: %s specified through cli, these settings "
+        "will update set parameters",
+        "lm_eval.models.huggingface": "Passed an already-initialized model through "
+        "`pretrained`, assuming single-process",
     }
     with caplog.at_level(logging.DEBUG):
         for task in ("mmlu_pro", "bbh", "ifeval"):
             with quiet_lm_eval():
-                logging.getLogger("lm_eval.evaluator").warning(messages["lm_eval.evaluator"], {"max_gen_toks": 256})
-                logging.getLogger("lm_eval.models.huggingface").warning(messages["lm_eval.models.huggingface"])
+                logging.getLogger("lm_eval.evaluator").warning(
+                    messages["lm_eval.evaluator"], {"max_gen_toks": 256}
+                )
+                logging.getLogger("lm_eval.models.huggingface").warning(
+                    messages["lm_eval.models.huggingface"]
+                )
             logging.getLogger("lm_eval.evaluator").warning("outside a run: %s", task)
     said = [(r.name, r.msg) for r in caplog.records]
     assert said.count(("lm_eval.evaluator", messages["lm_eval.evaluator"])) == 1, said
-    assert said.count(("lm_eval.models.huggingface", messages["lm_eval.models.huggingface"])) == 1, said
+    assert (
+        said.count(("lm_eval.models.huggingface", messages["lm_eval.models.huggingface"])) == 1
+    ), said
     assert [r.getMessage() for r in caplog.records if r.msg.startswith("outside")] == [
         f"outside a run: {t}" for t in ("mmlu_pro", "bbh", "ifeval")
     ]

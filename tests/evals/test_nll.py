@@ -33,14 +33,20 @@ def test_nll_matches_hand_computation(tiny_llama):
     chats = []
     for row in fixture_rows("chat.jsonl"):
         # The assistant mask from transformers' own {% generation %} support: an independent path.
-        enc = tokenizer.apply_chat_template(row["messages"], return_dict=True, return_assistant_tokens_mask=True)
+        enc = tokenizer.apply_chat_template(
+            row["messages"], return_dict=True, return_assistant_tokens_mask=True
+        )
         chats.append((enc["input_ids"], enc["assistant_masks"]))
     expected_chat, chat_tokens = hand_nll(model, chats)
     assert 0 < chat_tokens < sum(len(ids) for ids, _ in chats)  # the mask really drops user turns
 
     # Batch size 2 over sequences of different lengths: padding must not leak into the sums.
     got = evaluate_nll(
-        model, tokenizer, c4_path=FIXTURES_DIR / "c4.jsonl", chat_path=FIXTURES_DIR / "chat.jsonl", batch_size=2
+        model,
+        tokenizer,
+        c4_path=FIXTURES_DIR / "c4.jsonl",
+        chat_path=FIXTURES_DIR / "chat.jsonl",
+        batch_size=2,
     )
     assert got["nll_c4_tokens"] == c4_tokens
     assert got["nll_chat_tokens"] == chat_tokens

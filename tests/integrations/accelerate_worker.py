@@ -1,4 +1,5 @@
-"""One rank of a plain Accelerate loop wrapped by AutoLoCoAccelerate (launched by torchrun from the tests).
+"""One rank of a plain Accelerate loop wrapped by
+AutoLoCoAccelerate (launched by torchrun from the tests).
 
 Runs the loop twice in one launch: ``auto`` (a post-step hook counts optimizer
 steps, gradient accumulation 2) and ``manual`` (``autoloco.step(loss=...)``).
@@ -25,7 +26,9 @@ from autoloco_hf.toy.llama import tiny_llama
 from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
 
-def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLoCoConfig | None = None) -> dict:
+def run(
+    accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLoCoConfig | None = None
+) -> dict:
     model = tiny_llama(**LLAMA, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = get_linear_schedule_with_warmup(optimizer, 1, steps * accelerator.num_processes)
@@ -70,8 +73,11 @@ def run(accelerator, mode: str, steps: int, accum: int, out: str, config: AutoLo
     return {
         "fingerprints": fingerprints,
         "lrs": lrs,
-        # the engine's check that the LRs it was told match the schedule preview (docs/algorithm.md#interval-statistics)
-        "lr_mass_warnings": [str(w.message) for w in caught if "schedule preview" in str(w.message)],
+        # the engine's check that the LRs it was told match the schedule preview
+        # (docs/algorithm.md#interval-statistics)
+        "lr_mass_warnings": [
+            str(w.message) for w in caught if "schedule preview" in str(w.message)
+        ],
         "finished_at": engine.step,
         "synced": synced,
         "collectives": COLLECTIVES[start:],
@@ -92,11 +98,14 @@ def main(spec_path: str) -> None:
     result = {"auto": run(accelerator, "auto", 9, 2, spec["output_dir"])}
     accelerator.gradient_accumulation_steps = 1
     result["manual"] = run(accelerator, "manual", 6, 1, spec["output_dir"])
-    # unequal speeds on the virtual clock (rank 1 at half speed): each rank loops until the run's budget is done
+    # unequal speeds on the virtual clock (rank 1 at half
+    # speed): each rank loops until the run's budget is done
     budget = AutoLoCoConfig(method="diloco", h_base=3, pacing="budget", worker_speeds=[1.0, 0.5])
     result["budget"] = run(accelerator, "budget", 9, 1, spec["output_dir"], budget)
     result["rank"] = accelerator.process_index
-    torch.save(result, os.path.join(spec["output_dir"], f"result_rank{accelerator.process_index}.pt"))
+    torch.save(
+        result, os.path.join(spec["output_dir"], f"result_rank{accelerator.process_index}.pt")
+    )
 
 
 if __name__ == "__main__":

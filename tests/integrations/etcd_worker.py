@@ -1,10 +1,11 @@
-"""One rank under ``torchrun --rdzv-backend etcd-v2`` (tests/integrations/elastic/test_etcd_rendezvous.py).
+"""One rank under ``torchrun --rdzv-backend etcd-v2``
+(tests/integrations/elastic/test_etcd_rendezvous.py).
 
 Usage: ``etcd_worker.py OUT_DIR``. Every attempt all-reduces its rank over gloo and appends
-``{first_round, rank, world, sum}`` to ``OUT_DIR/attempts.jsonl``. On the first attempt rank 1 then fails while
-rank 0 still runs, so both agents must rendezvous again through etcd (rank 0's agent restarts it for the new
-round). With a file ``OUT_DIR/fail_after`` naming another file, rank 1 fails only once that file exists (the
-test loses an etcd member in between).
+``{first_round, rank, world, sum}`` to ``OUT_DIR/attempts.jsonl``. On the first attempt rank 1 then
+fails while rank 0 still runs, so both agents must rendezvous again through etcd (rank 0's agent
+restarts it for the new round). With a file ``OUT_DIR/fail_after`` naming another file, rank 1 fails
+only once that file exists (the test loses an etcd member in between).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ def main(out: str) -> int:
     marker = os.path.join(out, "rank1_failed")
     first_round = not os.path.exists(marker)
     with open(os.path.join(out, "attempts.jsonl"), "a") as f:
-        f.write(json.dumps({"first_round": first_round, "rank": rank, "world": world, "sum": total.item()}) + "\n")
+        f.write(
+            json.dumps(
+                {"first_round": first_round, "rank": rank, "world": world, "sum": total.item()}
+            )
+            + "\n"
+        )
     dist.barrier()
     dist.destroy_process_group()
     if attempt == 0 and rank == 1:

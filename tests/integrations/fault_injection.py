@@ -1,4 +1,5 @@
-"""Test-only faults for ``trainer_worker.py`` runs (spec key ``faults``), driven by files in the output folder.
+"""Test-only faults for ``trainer_worker.py`` runs (spec key
+``faults``), driven by files in the output folder.
 
 * every rank writes ``progress_rank{r}.json`` (step, pid) after each step, so a
   test knows where a run is and which process to kill;
@@ -44,7 +45,9 @@ class FaultInjector(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
-        write_json_atomic(self.out / f"progress_rank{self.rank}.json", {"step": step, "pid": os.getpid()})
+        write_json_atomic(
+            self.out / f"progress_rank{self.rank}.json", {"step": step, "pid": os.getpid()}
+        )
         nan = self.faults.get("nan")
         if nan and nan["rank"] == self.rank and nan["step"] == step:
             with torch.no_grad():
@@ -66,7 +69,8 @@ class FaultInjector(TrainerCallback):
 
 
 class SyncSnapshots(TrainerCallback):
-    """Runs after AutoLoCoCallback: the parameters and outer momentum right after each synchronization."""
+    """Runs after AutoLoCoCallback: the parameters and outer
+    momentum right after each synchronization."""
 
     def __init__(self, autoloco) -> None:
         self.autoloco = autoloco
@@ -89,7 +93,8 @@ class SyncSnapshots(TrainerCallback):
 
 
 def fault_callbacks(spec: dict, rank: int, autoloco) -> tuple[list, list]:
-    """Callbacks to put before and after AutoLoCoCallback for ``spec["faults"]`` (none without it)."""
+    """Callbacks to put before and after AutoLoCoCallback for
+    ``spec["faults"]`` (none without it)."""
     faults = spec.get("faults")
     if faults is None:
         return [], []

@@ -1,8 +1,10 @@
-"""A horizon rule written outside the package (docs/algorithm.md#rule-plugins): the tests register it by importing this module.
+"""A horizon rule written outside the package (docs/algorithm.md#rule-plugins):
+the tests register it by importing this module.
 
-``fixed_schedule`` runs ``start`` steps (default ``h_max``), then halves the horizon after every interval down
-to ``h_min``: 40, 20, 10, ... It also asks the engine for two shared displacements in every interval long
-enough and records the second sum as ``probe_exponent``, so the tests see the generic measurement path.
+``fixed_schedule`` runs ``start`` steps (default ``h_max``), then halves the
+horizon after every interval down to ``h_min``: 40, 20, 10, ... It also asks the
+engine for two shared displacements in every interval long enough and records the
+second sum as ``probe_exponent``, so the tests see the generic measurement path.
 """
 
 from __future__ import annotations

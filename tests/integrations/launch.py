@@ -23,13 +23,15 @@ def free_port() -> int:
 
 
 def worker_env(max_restarts: int | None = None, **extra: str) -> dict[str, str]:
-    """The environment of a torchrun launch from a test: one thread, offline, no inherited WORLD_SIZE."""
+    """The environment of a torchrun launch from a test: one
+    thread, offline, no inherited WORLD_SIZE."""
     env = process_env(**extra)
     if max_restarts:
-        # A restarted worker that reaches init_process_group before its peer can read the previous attempt's gloo
-        # address from the launcher's store and fail ("connectFullMesh ... Connection refused"): the store is
-        # reused across restarts with the static rendezvous and shared by default with c10d (pytorch/pytorch#135712).
-        # The c10d rendezvous with an unshared store gives every attempt a fresh one.
+        # A restarted worker that reaches init_process_group before its peer can read the previous
+        # attempt's gloo address from the launcher's store and fail ("connectFullMesh ... Connection
+        # refused"): the store is reused across restarts with the static rendezvous and shared by
+        # default with c10d (pytorch/pytorch#135712). The c10d rendezvous with an unshared store
+        # gives every attempt a fresh one.
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
@@ -55,17 +57,34 @@ def torchrun_command(
     local_addr: str | None = None,
     rdzv_conf: str = "",
 ) -> list[str]:
-    """``python -m torch.distributed.run ...`` for one node; with ``max_restarts``, an elastic (c10d) rendezvous.
+    """``python -m torch.distributed.run ...`` for one node;
+    with ``max_restarts``, an elastic (c10d) rendezvous.
 
-    ``nnodes``: a count, or ``"MIN:MAX"`` (elastic); ``rdzv_conf``: more ``key=value,...`` rendezvous settings.
+    ``nnodes``: a count, or ``"MIN:MAX"`` (elastic);
+    ``rdzv_conf``: more ``key=value,...`` rendezvous settings.
 
     ``local_addr``: this node's address, which the elastic rendezvous hands to the
     workers as ``MASTER_ADDR`` (else torchrun looks up the host name, which does
     not resolve to the right interface inside a network namespace).
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", str(nnodes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--nnodes",
+        str(nnodes),
+    ]
     if max_restarts is None:
-        cmd += ["--node_rank", str(node_rank), "--master_addr", master_addr, "--master_port", str(master_port)]
+        cmd += [
+            "--node_rank",
+            str(node_rank),
+            "--master_addr",
+            master_addr,
+            "--master_port",
+            str(master_port),
+        ]
     else:  # restarts need every agent to re-rendezvous, which the static rendezvous cannot do
         cmd += [
             "--max-restarts",
@@ -78,7 +97,8 @@ def torchrun_command(
             f"{master_addr}:{master_port}",
             "--monitor-interval",
             "0.2",
-            # node 0 hosts the rendezvous store (torchrun's own host detection fails inside a namespace)
+            # node 0 hosts the rendezvous store (torchrun's
+            # own host detection fails inside a namespace)
             "--rdzv-conf",
             ",".join(filter(None, [f"is_host={str(node_rank == 0).lower()}", rdzv_conf])),
         ]
@@ -88,7 +108,8 @@ def torchrun_command(
 
 
 def load_results(out: Path, ranks: int) -> list[dict]:
-    """Each rank's ``result_rank{r}.pt`` (removed after reading, so a later run cannot pass with stale ones)."""
+    """Each rank's ``result_rank{r}.pt`` (removed after
+    reading, so a later run cannot pass with stale ones)."""
     results = [torch.load(out / f"result_rank{r}.pt", weights_only=False) for r in range(ranks)]
     for r in range(ranks):
         os.remove(out / f"result_rank{r}.pt")
@@ -98,15 +119,17 @@ def load_results(out: Path, ranks: int) -> list[dict]:
 def _run_local(
     script: str, spec: dict, nproc: int, timeout: float, max_restarts: int | None = None
 ) -> subprocess.CompletedProcess:
-    cmd = torchrun_command(script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts)
+    cmd = torchrun_command(
+        script, write_spec(spec), nproc, "127.0.0.1", free_port(), max_restarts=max_restarts
+    )
     with subprocess.Popen(
         cmd, env=worker_env(max_restarts), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            # torchrun starts each worker in a session of its own, so killing the launcher would leave them
-            # running (and slowing every later test): SIGTERM makes it stop them first
+            # torchrun starts each worker in a session of its own, so killing the launcher would
+            # leave them running (and slowing every later test): SIGTERM makes it stop them first
             proc.terminate()
             try:
                 stdout, stderr = proc.communicate(timeout=60)
@@ -117,23 +140,30 @@ def _run_local(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def torchrun(script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0) -> list[dict]:
-    """Run ``script spec.json`` on ``nproc`` local processes; return each rank's ``result_rank{r}.pt``.
+def torchrun(
+    script: str, spec: dict, nproc: int, timeout: float = 300.0, max_restarts: int = 0
+) -> list[dict]:
+    """Run ``script spec.json`` on ``nproc`` local processes;
+    return each rank's ``result_rank{r}.pt``.
 
     ``max_restarts``: torchrun restarts every worker (up to that many times) when one fails.
     """
     proc = _run_local(script, spec, nproc, timeout, max_restarts or None)
     if proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-8000:]}"
         )
     return load_results(Path(spec["output_dir"]), nproc)
 
 
 def torchrun_failing(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> str:
-    """Run a launch that must fail; return its stdout and stderr (the workers' tracebacks are in stderr)."""
+    """Run a launch that must fail; return its stdout and
+    stderr (the workers' tracebacks are in stderr)."""
     proc = _run_local(script, spec, nproc, timeout)
-    assert proc.returncode != 0, f"{' '.join(proc.args)} succeeded but was expected to fail:\n{proc.stderr[-4000:]}"
+    assert proc.returncode != 0, (
+        f"{' '.join(proc.args)} succeeded but was expected to fail:\n{proc.stderr[-4000:]}"
+    )
     return proc.stdout + proc.stderr
 
 

@@ -1,5 +1,6 @@
 """One process of a plain Accelerate loop + AutoLoCoAccelerate on live membership (spawned by
-test_live_accelerate.py): the loop of docs/reliability.md, "Live membership in a plain Accelerate loop".
+test_live_accelerate.py): the loop of docs/reliability.md,
+"Live membership in a plain Accelerate loop".
 
 ``die_at``: the process ends (a closed connection for the others) before that step;
 ``wait_for_joiner_at``: before that step, wait until a process has taken a slot of the next round.
@@ -17,7 +18,8 @@ import torch
 
 
 def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **options) -> None:
-    os.environ.setdefault("LOCAL_RANK", "0")  # accelerate: a distributed CPU process (one per worker)
+    # accelerate: a distributed CPU process (one per worker)
+    os.environ.setdefault("LOCAL_RANK", "0")
     torch.set_num_threads(1)
     import torch.distributed as dist
     from accelerate import Accelerator
@@ -31,7 +33,9 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     from autoloco_hf.toy.llama import tiny_llama
     from autoloco_hf.toy.padded import LLAMA, PaddedTokens
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60)
+    )
     config = AutoLoCoConfig(method="diloco", h_base=h, sync_timeout_s=5.0)
     model = tiny_llama(**LLAMA, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -40,26 +44,34 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     seen: dict = {"name": name, "begins": [], "steps": []}
 
     agreement = live.start(first_world) if first_world else live.join()  # before the Accelerator
-    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)  # one scheduler step per step
+    # one scheduler step per step
+    accelerator = Accelerator(cpu=True, step_scheduler_with_optimizer=False)
     data = PaddedTokens(1024, seed=1)
     while True:
         adopt_process_group(accelerator)  # the round's group: world size, rank, a new DDP wrapper
         loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
         wrapped, prepared, loader = accelerator.prepare(model, optimizer, loader)
-        with AutoLoCoAccelerate(accelerator, wrapped, prepared, scheduler, config, total_steps=steps) as autoloco:
+        with AutoLoCoAccelerate(
+            accelerator, wrapped, prepared, scheduler, config, total_steps=steps
+        ) as autoloco:
             step = 0
-            if agreement.state is not None:  # the agreed boundary: theta_t into the model, the outer state
+            # the agreed boundary: theta_t into the model, the outer state
+            if agreement.state is not None:
                 autoloco.runtime.resume_at_boundary(agreement.state["engine"])
                 scheduler.load_state_dict(agreement.state["scheduler"])
                 for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
                     group["lr"] = lr
                 step = autoloco.engine.step
             live.attach(autoloco.engine, extra_state=lambda: {"scheduler": scheduler.state_dict()})
-            seen["begins"].append({
-                "round": live.agreement.round, "members": live.agreement.members, "step": step,
-                "world": accelerator.num_processes, "adam_step": float(optimizer.state_dict()["state"].get(0, {})
-                                                                      .get("step", 0.0)),
-            })  # fmt: skip
+            seen["begins"].append(
+                {
+                    "round": live.agreement.round,
+                    "members": live.agreement.members,
+                    "step": step,
+                    "world": accelerator.num_processes,
+                    "adam_step": float(optimizer.state_dict()["state"].get(0, {}).get("step", 0.0)),
+                }
+            )
             try:
                 for batch in accelerator.skip_first_batches(loader, step):
                     if step == options.get("die_at"):
@@ -67,7 +79,10 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
                     if step in options.get("wait_for_joiner_at", ()):
                         key = f"autoloco/round{live.round + 1}/count"
                         until = time.monotonic() + 120
-                        while not (store.check([key]) and store.add(key, 0) > 0) and time.monotonic() < until:
+                        while (
+                            not (store.check([key]) and store.add(key, 0) > 0)
+                            and time.monotonic() < until
+                        ):
                             time.sleep(0.05)
                     seen["steps"].append(step + 1)
                     loss = wrapped(**batch).loss

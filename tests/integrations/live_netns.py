@@ -1,8 +1,8 @@
 """A live-membership worker in a network namespace, for the namespace tests of ``elastic/``.
 
-Each worker is ``live_netns_worker.py`` started with ``ip netns exec`` (a ``multiprocessing`` child cannot
-be placed in another namespace); it pauses at ``pause_at`` until ``<out>/resume`` exists, so the test can
-cause its fault while every worker waits.
+Each worker is ``live_netns_worker.py`` started with ``ip netns exec`` (a ``multiprocessing`` child
+cannot be placed in another namespace); it pauses at ``pause_at`` until ``<out>/resume`` exists, so
+the test can cause its fault while every worker waits.
 """
 
 from __future__ import annotations
@@ -23,9 +23,17 @@ def in_ns(nodes: TwoNodes, node: int) -> list[str]:
 
 
 def start_live_worker(
-    nodes: TwoNodes, node: int, out: Path, name: str, index: int, endpoints: str, run_id: int, pause_at: int
+    nodes: TwoNodes,
+    node: int,
+    out: Path,
+    name: str,
+    index: int,
+    endpoints: str,
+    run_id: int,
+    pause_at: int,
 ) -> subprocess.Popen:
-    """Worker ``name`` of a 3-process run ``run_id`` on the etcd ``endpoints``, in namespace ``node``."""
+    """Worker ``name`` of a 3-process run ``run_id`` on the
+    etcd ``endpoints``, in namespace ``node``."""
     spec = {
         "name": name,
         "data_index": index,

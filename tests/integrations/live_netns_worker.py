@@ -1,7 +1,9 @@
-"""One live-membership worker of ``benchmarks/testbeds/live_testbed.py`` in its own process: ``python live_netns_worker.py SPEC``.
+"""One live-membership worker of ``benchmarks/testbeds/live_testbed.py`` in its own process:
+``python live_netns_worker.py SPEC``.
 
-``SPEC`` is a JSON file of ``run_worker``'s arguments. The namespace tests start it with ``ip netns exec`` (a
-``multiprocessing`` child cannot be placed in another network namespace); its stderr is what a user would see.
+``SPEC`` is a JSON file of ``run_worker``'s arguments. The namespace tests start it with
+``ip netns exec`` (a ``multiprocessing`` child cannot be placed in another network namespace); its
+stderr is what a user would see.
 """
 
 from __future__ import annotations

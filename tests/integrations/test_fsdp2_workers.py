@@ -1,11 +1,12 @@
-"""FSDP2 workers (docs/algorithm.md#worker-groups): 2 workers x ``fully_shard`` over 2 gloo ranks == 2 single-rank workers on the same data.
+"""FSDP2 workers (docs/algorithm.md#worker-groups): 2 workers x ``fully_shard`` over 2 gloo ranks ==
+2 single-rank workers on the same data.
 
-Rank ``r`` of worker ``g`` trains on half of the batch the single-rank worker ``g`` sees (FSDP averages
-the two halves' gradients inside the worker), syncs only its shard with rank ``r`` of the other worker,
-and sums its shard's squared norms with its worker's other rank, so ``D_t``, ``C_t``, the horizons and
-the parameters match the unsharded run; each rank sends and keeps ``1/R`` of the model. The same
-processes then resume from a mid-interval checkpoint, through ``AutoLoCoAccelerate`` this time, and must
-reproduce the uninterrupted run exactly.
+Rank ``r`` of worker ``g`` trains on half of the batch the single-rank worker ``g`` sees (FSDP
+averages the two halves' gradients inside the worker), syncs only its shard with rank ``r`` of the
+other worker, and sums its shard's squared norms with its worker's other rank, so ``D_t``, ``C_t``,
+the horizons and the parameters match the unsharded run; each rank sends and keeps ``1/R`` of the
+model. The same processes then resume from a mid-interval checkpoint, through ``AutoLoCoAccelerate``
+this time, and must reproduce the uninterrupted run exactly.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ RTOL, ATOL = 1e-4, 1e-6
 
 def config(**overrides) -> AutoLoCoConfig:
     return AutoLoCoConfig(
-        method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, ranks_per_worker=R, **overrides
+        method="autoloco",
+        controller="paper",
+        h_base=4,
+        q_h=2,
+        h_max=8,
+        ranks_per_worker=R,
+        **overrides,
     )
 
 
@@ -43,7 +50,8 @@ def worker_batch(worker: int, step: int) -> dict:
 
 
 def _accelerate_wrapper(model, optimizer, scheduler, rank: int, world_size: int):
-    """``AutoLoCoAccelerate`` around the FSDP2 model (the loop calls ``step``), on the group already initialized."""
+    """``AutoLoCoAccelerate`` around the FSDP2 model (the loop
+    calls ``step``), on the group already initialized."""
     import os
 
     from accelerate import Accelerator
@@ -61,14 +69,27 @@ def _accelerate_wrapper(model, optimizer, scheduler, rank: int, world_size: int)
     accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == world_size
     return AutoLoCoAccelerate(
-        accelerator, model, optimizer, scheduler, config(), total_steps=STEPS, warmup_steps=WARMUP, auto_step=False
+        accelerator,
+        model,
+        optimizer,
+        scheduler,
+        config(),
+        total_steps=STEPS,
+        warmup_steps=WARMUP,
+        auto_step=False,
     )
 
 
 def _sharded_run(
-    save_dir: str | None, start: int, stop: int, resume_dir: str | None, accelerate: bool = False, **overrides
+    save_dir: str | None,
+    start: int,
+    stop: int,
+    resume_dir: str | None,
+    accelerate: bool = False,
+    **overrides,
 ):
-    """Build an FSDP2 worker rank and its WorkerRuntime (or AutoLoCoAccelerate); train steps [start, stop)."""
+    """Build an FSDP2 worker rank and its WorkerRuntime (or
+    AutoLoCoAccelerate); train steps [start, stop)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -84,7 +105,9 @@ def _sharded_run(
     optimizer = adamw(model.parameters())
     scheduler = cosine(STEPS, WARMUP)(optimizer)
     wrapper = (
-        _accelerate_wrapper(model, optimizer, scheduler, dist.get_rank(), dist.get_world_size()) if accelerate else None
+        _accelerate_wrapper(model, optimizer, scheduler, dist.get_rank(), dist.get_world_size())
+        if accelerate
+        else None
     )
     runtime = (
         wrapper.runtime
@@ -114,7 +137,8 @@ def _sharded_run(
         if wrapper:
             wrapper.step(loss=float(loss.detach()))
         else:
-            runtime.meter.add_external(loss=float(loss.detach()))  # the toy's output is not a mapping the meter reads
+            # the toy's output is not a mapping the meter reads
+            runtime.meter.add_external(loss=float(loss.detach()))
             runtime.after_optimizer_step(lr)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -127,7 +151,8 @@ def _sharded_run(
 
 
 def _refusals(world_size: int) -> list[str]:
-    """A model sharded over the whole world, and an HSDP (2-D) mesh, are not one worker: WorkerRuntime refuses both."""
+    """A model sharded over the whole world, and an HSDP (2-D) mesh, are not one worker:
+    WorkerRuntime refuses both."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -171,7 +196,8 @@ def _fsdp_worker(rank: int, world_size: int, checkpoint: str) -> dict:
         "refusals": refusals,
     }
     runtime.close()
-    # the resumed run goes through AutoLoCoAccelerate (a plain Accelerate loop) on the same FSDP2 layout
+    # the resumed run goes through AutoLoCoAccelerate (a
+    # plain Accelerate loop) on the same FSDP2 layout
     resumed, resumed_full, _ = _sharded_run(None, SAVE_AT, STEPS, checkpoint, accelerate=True)
     result["resumed_full"] = resumed_full
     result["resumed_records"] = [r.__dict__.copy() for r in resumed.engine.records]
@@ -180,7 +206,11 @@ def _fsdp_worker(rank: int, world_size: int, checkpoint: str) -> dict:
 
 def _fsdp_fragments_worker(rank: int, world_size: int, checkpoint: str) -> dict:
     runtime, full, mid = _sharded_run(checkpoint, 0, STEPS, None, fragments=2)
-    result = {"records": [r.__dict__.copy() for r in runtime.engine.records], "full": full, "saved_mid_round": mid}
+    result = {
+        "records": [r.__dict__.copy() for r in runtime.engine.records],
+        "full": full,
+        "saved_mid_round": mid,
+    }
     result["pieces"] = runtime.engine.fragment_pieces
     runtime.close()
     resumed, resumed_full, _ = _sharded_run(None, SAVE_AT, STEPS, checkpoint, fragments=2)
@@ -191,9 +221,12 @@ def _fsdp_fragments_worker(rank: int, world_size: int, checkpoint: str) -> dict:
 
 
 def single_rank_reference(**overrides) -> LocalWorkers:
-    """The same run with one rank per worker, each on the concatenation of its FSDP2 counterpart's batches."""
+    """The same run with one rank per worker, each on the
+    concatenation of its FSDP2 counterpart's batches."""
     reference = LocalWorkers(
-        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **overrides),
+        AutoLoCoConfig(
+            method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **overrides
+        ),
         make_model(seed=0),
         SimulatedCommunicator(WORKERS),
         adamw,
@@ -218,32 +251,45 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
     numel = sum(p.numel() for p in reference.models[0].parameters())
 
     worst = {
-        key: max(abs(m[key] - e[key]) / abs(e[key]) for res in results for m, e in zip(res["records"], expected))
+        key: max(
+            abs(m[key] - e[key]) / abs(e[key])
+            for res in results
+            for m, e in zip(res["records"], expected)
+        )
         for key in ("drift_energy", "coherence")
     }
     print(
-        f"FSDP2 vs single-rank: {len(expected)} intervals {[r['h_step'] for r in expected]}, max relative "
-        f"difference D_t {worst['drift_energy']:.1e}, C_t {worst['coherence']:.1e}; wire bytes per rank "
-        f"{results[0]['records'][0]['wire_bytes']} vs {expected[0]['wire_bytes']} unsharded"
+        f"FSDP2 vs single-rank: {len(expected)} intervals {[r['h_step'] for r in expected]}, max "
+        f"relative difference D_t {worst['drift_energy']:.1e}, C_t {worst['coherence']:.1e}; wire "
+        f"bytes per rank {results[0]['records'][0]['wire_bytes']} vs "
+        f"{expected[0]['wire_bytes']} unsharded"
     )
     assert len(expected) >= 4
     assert len({r["h_step"] for r in expected}) > 1, "the run should adapt its horizon"
     for rank, result in enumerate(results):
         got = result["records"]
-        assert [(r["start_step"], r["h_step"]) for r in got] == [(r["start_step"], r["h_step"]) for r in expected]
+        assert [(r["start_step"], r["h_step"]) for r in got] == [
+            (r["start_step"], r["h_step"]) for r in expected
+        ]
         for mine, ref in zip(got, expected):
             for key in ("drift_energy", "coherence", "mean_loss", "rho", "mu", "eta"):
-                assert math.isclose(mine[key], ref[key], rel_tol=RTOL, abs_tol=ATOL), (rank, mine["index"], key)
+                assert math.isclose(mine[key], ref[key], rel_tol=RTOL, abs_tol=ATOL), (
+                    rank,
+                    mine["index"],
+                    key,
+                )
             assert mine["tokens"] == ref["tokens"]
             # each rank sends its 1/R shard across workers: 1/R of the unsharded worker's bytes
             assert mine["wire_bytes"] * R == ref["wire_bytes"]
-        assert result["outer_numel"] == result["local_numel"] == numel // R  # outer params + momentum: 1/R
+        # outer params + momentum: 1/R
+        assert result["outer_numel"] == result["local_numel"] == numel // R
         worker = rank // R
         for p, q in zip(result["full"], reference.models[worker].parameters()):
             torch.testing.assert_close(p, q.detach(), rtol=RTOL, atol=ATOL)
         print(
             f"rank {rank}: parameters max abs difference "
-            f"{max(float((p - q.detach()).abs().max()) for p, q in zip(result['full'], reference.models[worker].parameters())):.1e}"
+            # the f-string's field cannot break across lines before Python 3.12
+            f"{max(float((p - q.detach()).abs().max()) for p, q in zip(result['full'], reference.models[worker].parameters())):.1e}"  # noqa: E501
         )
         # resume from the mid-interval checkpoint reproduces the uninterrupted run exactly
         assert result["saved_mid_interval"]
@@ -255,9 +301,9 @@ def test_fsdp2_workers_equal_single_rank_workers(tmp_path):
 
 
 def test_fsdp2_workers_stream_the_same_fragments_as_single_rank_workers(tmp_path):
-    """fragments=2: the cut falls at the same whole tensors on both ranks of a worker, each rank syncs its
-    shards of them; statistics, horizons and parameters match single-rank workers, and a mid-round resume
-    reproduces the uninterrupted run exactly."""
+    """fragments=2: the cut falls at the same whole tensors on both ranks of a worker, each rank
+    syncs its shards of them; statistics, horizons and parameters match single-rank workers, and a
+    mid-round resume reproduces the uninterrupted run exactly."""
     results = run_gloo(_fsdp_fragments_worker, R * WORKERS, str(tmp_path))
     reference = single_rank_reference(fragments=2)
     expected = [r.__dict__ for r in reference.engine.records]
@@ -265,10 +311,16 @@ def test_fsdp2_workers_stream_the_same_fragments_as_single_rank_workers(tmp_path
     assert len(expected) >= 4 and len(whole_tensors) == 2
     for rank, result in enumerate(results):
         got = result["records"]
-        assert [(r["start_step"], r["h_step"]) for r in got] == [(r["start_step"], r["h_step"]) for r in expected]
+        assert [(r["start_step"], r["h_step"]) for r in got] == [
+            (r["start_step"], r["h_step"]) for r in expected
+        ]
         for mine, ref in zip(got, expected):
             for key in ("drift_energy", "coherence", "mean_loss"):
-                assert math.isclose(mine[key], ref[key], rel_tol=RTOL, abs_tol=ATOL), (rank, mine["index"], key)
+                assert math.isclose(mine[key], ref[key], rel_tol=RTOL, abs_tol=ATOL), (
+                    rank,
+                    mine["index"],
+                    key,
+                )
         worker = rank // R
         for p, q in zip(result["full"], reference.models[worker].parameters()):
             torch.testing.assert_close(p, q.detach(), rtol=RTOL, atol=ATOL)

@@ -1,4 +1,5 @@
-"""The torchrun helper of the multi-process tests: a launch that times out leaves no worker behind."""
+"""The torchrun helper of the multi-process tests: a launch
+that times out leaves no worker behind."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from launch import _run_local
 
 
 def test_a_timed_out_launch_stops_its_workers(tmp_path):
-    """A hung test must not leave its workers spinning: they would slow, and time out, every test after it."""
+    """A hung test must not leave its workers spinning: they
+    would slow, and time out, every test after it."""
     pids = tmp_path / "pids"
     pids.mkdir()
     script = tmp_path / "spin.py"
@@ -28,4 +30,6 @@ def test_a_timed_out_launch_stops_its_workers(tmp_path):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in workers):
         time.sleep(0.2)
-    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "a worker outlived its launch"
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], (
+        "a worker outlived its launch"
+    )

@@ -40,7 +40,8 @@ def test_unsupported_setups_name_what_is_supported(monkeypatch, kwargs, match):
 
 @pytest.mark.parametrize("version", [None, "1"])
 def test_an_fsdp1_plugin_from_the_environment_is_named(monkeypatch, version):
-    """accelerate leaves ACCELERATE_USE_FSDP=true behind an FSDP Accelerator; the next one makes FSDP1 from it."""
+    """accelerate leaves ACCELERATE_USE_FSDP=true behind an
+    FSDP Accelerator; the next one makes FSDP1 from it."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     if version is None:
@@ -49,7 +50,9 @@ def test_an_fsdp1_plugin_from_the_environment_is_named(monkeypatch, version):
         monkeypatch.setenv("FSDP_VERSION", version)
     with pytest.raises(AutoLoCoConfigurationError) as info:
         check_launch(4, "FSDP", fsdp_version=1)
-    named = "from ACCELERATE_USE_FSDP=true in the environment, without FSDP_VERSION" in str(info.value)
+    named = "from ACCELERATE_USE_FSDP=true in the environment, without FSDP_VERSION" in str(
+        info.value
+    )
     assert named == (version is None)  # FSDP_VERSION=1 was asked for: nothing to explain
     assert "\n" not in str(info.value)
 
@@ -66,7 +69,8 @@ def test_supported_setups_pass(monkeypatch):
 
 @pytest.mark.slow
 def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
-    """A real Trainer built with WORLD_SIZE=2 in the environment but no process group: fails at construction."""
+    """A real Trainer built with WORLD_SIZE=2 in the
+    environment but no process group: fails at construction."""
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback
@@ -77,18 +81,26 @@ def test_trainer_refuses_the_each_rank_trains_alone_trap(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}] * 4
     with pytest.raises(AutoLoCoConfigurationError, match="every rank would train alone"):
-        Trainer(model=model, args=args, train_dataset=data, callbacks=[AutoLoCoCallback(AutoLoCoConfig(h_base=2))])
+        Trainer(
+            model=model,
+            args=args,
+            train_dataset=data,
+            callbacks=[AutoLoCoCallback(AutoLoCoConfig(h_base=2))],
+        )
 
 
 @pytest.mark.slow
 def test_single_process_trainer_runs_one_worker(tmp_path):
-    """One process (bf16 autocast, accumulation 2): the outer loop runs on one worker; metrics reach TensorBoard."""
+    """One process (bf16 autocast, accumulation 2): the outer
+    loop runs on one worker; metrics reach TensorBoard."""
     from transformers import Trainer, TrainingArguments
 
     from autoloco_hf import AutoLoCoCallback
     from autoloco_hf.toy.llama import tiny_llama
 
-    model = tiny_llama(32, 16, 1, 2, 32, max_position_embeddings=2048, seed=0, tie_word_embeddings=False)
+    model = tiny_llama(
+        32, 16, 1, 2, 32, max_position_embeddings=2048, seed=0, tie_word_embeddings=False
+    )
     try:
         import tensorboard  # noqa: F401
 
@@ -111,9 +123,11 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     assert callback.engine.totals.syncs == 2
-    assert callback.engine.totals.tokens == 6 * 2 * 2 * 8  # no attention_mask: every position counts
+    # no attention_mask: every position counts
+    assert callback.engine.totals.tokens == 6 * 2 * 2 * 8
     assert (tmp_path / "autoloco_intervals.jsonl").read_text().count("\n") == 2
-    if report_to:  # the autoloco/* scalars reach the report_to integration (TensorBoard prefixes train/)
+    # the autoloco/* scalars reach the report_to integration (TensorBoard prefixes train/)
+    if report_to:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         events = EventAccumulator(str(next(tmp_path.glob("runs/*"))))
@@ -123,10 +137,12 @@ def test_single_process_trainer_runs_one_worker(tmp_path):
 
 
 def test_fsdp2_plugin_with_several_workers_needs_a_presharded_model():
-    """Accelerate's FSDP2 plugin shards over the whole world (one worker); several workers must shard themselves."""
+    """Accelerate's FSDP2 plugin shards over the whole world
+    (one worker); several workers must shard themselves."""
     from autoloco_hf.integrations.launch_checks import check_fsdp2_workers
 
     model = torch.nn.Linear(4, 4)
     with pytest.raises(AutoLoCoConfigurationError, match=r"worker_mesh\(R"):
         check_fsdp2_workers(model, world_size=4, ranks_per_worker=2)
-    check_fsdp2_workers(model, world_size=4, ranks_per_worker=4)  # one worker of every rank: the plugin's sharding
+    # one worker of every rank: the plugin's sharding
+    check_fsdp2_workers(model, world_size=4, ranks_per_worker=4)

@@ -1,4 +1,5 @@
-"""WorkerRuntime writes boundary snapshots and resumes from one (docs/algorithm.md#boundary-snapshots)."""
+"""WorkerRuntime writes boundary snapshots and resumes from one
+(docs/algorithm.md#boundary-snapshots)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def test_a_ddp_run_is_refused_naming_the_method(tmp_path):
 def test_an_fsdp2_sharded_model_is_refused(tmp_path, monkeypatch):
     from autoloco_hf.integrations import runtime as runtime_module
 
-    monkeypatch.setattr(runtime_module, "fsdp2_mesh", lambda model: object())  # as if fully_shard had run
+    # as if fully_shard had run
+    monkeypatch.setattr(runtime_module, "fsdp2_mesh", lambda model: object())
     with pytest.raises(ValueError, match="sharded with FSDP2 fully_shard"):
         runtime(str(tmp_path))

@@ -35,7 +35,8 @@ def test_batch_meter_counts_non_padding_tokens_and_step_losses():
     a = model(input_ids=ids, attention_mask=mask, num_items_in_batch=20)["loss"]
     b = model(input_ids=ids, attention_mask=mask, num_items_in_batch=20)["loss"]
     meter.end_step()
-    # one step of two plain micro-batches (means): their mean; no attention_mask: every position counts
+    # one step of two plain micro-batches (means): their
+    # mean; no attention_mask: every position counts
     c = model(input_ids=ids)["loss"]
     d = model(input_ids=ids[:, :3])["loss"]
     meter.end_step()
@@ -69,8 +70,13 @@ def test_schedule_preview_accelerated_scheduler_stride():
     inner = get_linear_schedule_with_warmup(opt, 2, 40)
     wrapped = AcceleratedScheduler(inner, [opt], step_with_optimizer=True, split_batches=False)
     preview = schedule_preview(wrapped, opt, total_steps=20, num_processes=2)
-    # optimizer step s runs at the inner schedule's step 2 s (the wrapper steps twice per optimizer step)
-    assert [preview.lr_at(s) for s in range(3)] == [0.0, inner.lr_lambdas[0](2), inner.lr_lambdas[0](4)]
+    # optimizer step s runs at the inner schedule's step 2 s
+    # (the wrapper steps twice per optimizer step)
+    assert [preview.lr_at(s) for s in range(3)] == [
+        0.0,
+        inner.lr_lambdas[0](2),
+        inner.lr_lambdas[0](4),
+    ]
     assert preview.lr_at(20) == 0.0
     assert math.isclose(preview.lr_mass(0, 3), sum(preview.lr_at(s) for s in range(3)))
     fresh = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -97,7 +103,9 @@ def _runtime(config, model=None):
     torch.manual_seed(0)
     model = model or Toy()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    runtime = WorkerRuntime(config, model, model, optimizer, FunctionSchedule(lambda s: 1e-2, 8), 8, 0)
+    runtime = WorkerRuntime(
+        config, model, model, optimizer, FunctionSchedule(lambda s: 1e-2, 8), 8, 0
+    )
     return runtime, model, optimizer
 
 
@@ -111,7 +119,8 @@ def _steps(runtime, model, optimizer, n):
 
 
 def test_checkpoint_model_shows_theta_and_state_keeps_the_local_replica(tmp_path):
-    """Mid-interval: while saving, the model holds theta_t; the state file holds this rank's own replica."""
+    """Mid-interval: while saving, the model holds theta_t;
+    the state file holds this rank's own replica."""
     from autoloco_hf import AutoLoCoConfig
 
     runtime, model, optimizer = _runtime(AutoLoCoConfig(method="diloco", h_base=3))
@@ -127,7 +136,9 @@ def test_checkpoint_model_shows_theta_and_state_keeps_the_local_replica(tmp_path
 
     resumed, model2, _ = _runtime(AutoLoCoConfig(method="diloco", h_base=3))
     resumed.load(str(tmp_path))
-    assert torch.equal(model2.emb.weight, local) and torch.equal(resumed.global_parameters()[0], theta)
+    assert torch.equal(model2.emb.weight, local) and torch.equal(
+        resumed.global_parameters()[0], theta
+    )
     assert resumed.step == 4
 
 
@@ -148,8 +159,12 @@ def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
     config = AutoLoCoConfig(method="diloco", h_base=3)
     runtime, _, _ = _runtime(config)
     path = state_path(str(tmp_path), 0)
-    write_state(path, runtime.state_dict(), config=config, world_size=2, ranks_per_worker=1, rank=0, step=0)
-    with pytest.raises(CheckpointError, match=r"autoloco/rank0\.safetensors: field world_size=2 .* world_size=1"):
+    write_state(
+        path, runtime.state_dict(), config=config, world_size=2, ranks_per_worker=1, rank=0, step=0
+    )
+    with pytest.raises(
+        CheckpointError, match=r"autoloco/rank0\.safetensors: field world_size=2 .* world_size=1"
+    ):
         runtime.load(str(tmp_path))
     runtime.save(str(tmp_path))
     other, _, _ = _runtime(AutoLoCoConfig(method="diloco", h_base=6))
@@ -160,7 +175,8 @@ def test_runtime_refuses_state_of_another_world_size_or_config(tmp_path):
 
 
 def test_accelerate_synchronized_parameters_for_saving(tmp_path):
-    """AutoLoCoAccelerate: theta_t inside the block, the replica after it; save inside keeps the replica."""
+    """AutoLoCoAccelerate: theta_t inside the block, the
+    replica after it; save inside keeps the replica."""
     from accelerate import Accelerator
 
     from autoloco_hf import AutoLoCoAccelerate, AutoLoCoConfig
@@ -172,7 +188,12 @@ def test_accelerate_synchronized_parameters_for_saving(tmp_path):
     model, optimizer = accelerator.prepare(model, optimizer)
     ids = torch.tensor([[1, 2, 3, 4]])
     with AutoLoCoAccelerate(
-        accelerator, model, optimizer, None, AutoLoCoConfig(method="diloco", h_base=3), total_steps=6
+        accelerator,
+        model,
+        optimizer,
+        None,
+        AutoLoCoConfig(method="diloco", h_base=3),
+        total_steps=6,
     ) as autoloco:
         for _ in range(4):
             accelerator.backward(model(input_ids=ids)["loss"])

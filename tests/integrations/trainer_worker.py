@@ -1,4 +1,5 @@
-"""One rank of a Trainer + AutoLoCoCallback run on a tiny Llama (launched by torchrun from the tests).
+"""One rank of a Trainer + AutoLoCoCallback run on a tiny
+Llama (launched by torchrun from the tests).
 
 Usage: ``torchrun --nproc_per_node N tests/integrations/trainer_worker.py SPEC.json``. The
 spec (JSON) sets method, h_base, steps, gradient accumulation, seeds, worker
@@ -29,7 +30,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-# ---------------------------------------------------------------- collective counter (before anything imports dist)
+# ----------------------------------------------------------------
+# collective counter (before anything imports dist)
 COLLECTIVES: list[tuple[str, int, int, str]] = []
 PHASE = {"train": False, "step": 0}
 _NAMES = (
@@ -92,8 +94,9 @@ from autoloco_hf.toy.padded import LLAMA, PaddedTokens  # noqa: E402
 def simulated_twin(config: AutoLoCoConfig, steps: int):
     """``LocalWorkers`` with 2 simulated workers set up as this script's Trainer is by default.
 
-    The Trainer's default optimizer (``optim="adamw_torch_fused"``, weight decay 0.0), lr 3e-3, cosine
-    schedule with 2 warm-up steps: fed the batches each rank consumed, it must give the Trainer's bits.
+    The Trainer's default optimizer (``optim="adamw_torch_fused"``,
+    weight decay 0.0), lr 3e-3, cosine schedule with 2 warm-up steps:
+    fed the batches each rank consumed, it must give the Trainer's bits.
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -119,10 +122,15 @@ def fingerprint(model: torch.nn.Module) -> float:
 
 
 class Probe(TrainerCallback):
-    """Test-only: fingerprints after every step (after AutoLoCo), phase flags, optional interruption."""
+    """Test-only: fingerprints after every step (after
+    AutoLoCo), phase flags, optional interruption."""
 
     def __init__(
-        self, autoloco: AutoLoCoCallback, stop_at: int | None, record_batches: bool = False, kill_at: int | None = None
+        self,
+        autoloco: AutoLoCoCallback,
+        stop_at: int | None,
+        record_batches: bool = False,
+        kill_at: int | None = None,
     ) -> None:
         self.autoloco = autoloco
         self.record_batches = record_batches
@@ -130,7 +138,8 @@ class Probe(TrainerCallback):
         self.kill_at = kill_at
         self.fingerprints: list[float] = []
         self.synced: list[bool] = []
-        self.showing: list[bool] = []  # the model holds theta_t for a checkpoint being written at this step
+        # the model holds theta_t for a checkpoint being written at this step
+        self.showing: list[bool] = []
         self.batches: list = []
         self.lrs: list[float] = []
         self.begin: dict = {}
@@ -145,9 +154,12 @@ class Probe(TrainerCallback):
             "step": state.global_step,
             "params": [p.detach().clone() for p in model.parameters()],
             "optimizer_state": len(optimizer.state_dict()["state"]),
-            "boundary_state": copy.deepcopy(engine.boundary_state()) if engine.outer is not None else None,
+            "boundary_state": copy.deepcopy(engine.boundary_state())
+            if engine.outer is not None
+            else None,
         }
-        with open(os.path.join(args.output_dir, "attempts.jsonl"), "a") as f:  # one line per rank and launch
+        # one line per rank and launch
+        with open(os.path.join(args.output_dir, "attempts.jsonl"), "a") as f:
             rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             f.write(json.dumps({"rank": rank, "world": world, "step": state.global_step}) + "\n")
         if self.record_batches:
@@ -155,7 +167,9 @@ class Probe(TrainerCallback):
 
     def _record(self, module, args, kwargs):
         if module.training:
-            self.batches.append({k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")})
+            self.batches.append(
+                {k: kwargs[k].detach().clone() for k in ("input_ids", "attention_mask", "labels")}
+            )
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         time.sleep(self.sleep)  # a slower rank: inside the step AutoLoCo times (pacing="budget")
@@ -181,7 +195,8 @@ class Probe(TrainerCallback):
 
 
 class Lines(logging.Handler):
-    """Test-only: the autoloco_hf log lines this rank lets through (its level is the callback's to set)."""
+    """Test-only: the autoloco_hf log lines this rank lets
+    through (its level is the callback's to set)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -202,7 +217,9 @@ def main(spec_path: str) -> None:
     model = tiny_llama(**LLAMA, seed=spec.get("model_seed", 0))
     data = PaddedTokens(steps * accum * batch * world, seed=spec.get("data_seed", 1))
     # "autoloco_rank": per-rank overrides, to force workers to disagree (a misconfigured launch)
-    config = AutoLoCoConfig(**{**spec["autoloco"], **spec.get("autoloco_rank", {}).get(str(rank), {})})
+    config = AutoLoCoConfig(
+        **{**spec["autoloco"], **spec.get("autoloco_rank", {}).get(str(rank), {})}
+    )
     callback = AutoLoCoCallback(config)
     # "kill": {"rank": r, "step": s} makes rank r die at step s on the launcher's first attempt
     kill = spec.get("kill")
@@ -239,8 +256,9 @@ def main(spec_path: str) -> None:
         eval_dataset=eval_data,
         callbacks=[*before, callback, probe, *after],
     )
-    # "resume_from": a folder or True; "resume_last": what a restartable script does (fresh start, else resume)
-    # "resume_point": the same with boundary snapshots (AutoLoCoConfig.snapshot_dir), any number of processes
+    # "resume_from": a folder or True; "resume_last": what a restartable script
+    # does (fresh start, else resume) "resume_point": the same with boundary
+    # snapshots (AutoLoCoConfig.snapshot_dir), any number of processes
     if spec.get("resume_point"):
         resume = callback.resume_point()
     elif spec.get("resume_last"):
@@ -259,7 +277,11 @@ def main(spec_path: str) -> None:
         "collectives": COLLECTIVES,
         "hook": None
         if hook is None
-        else {"buckets": hook.buckets, "local_bytes": hook.local_bytes, "group_bytes": hook.group_bytes},
+        else {
+            "buckets": hook.buckets,
+            "local_bytes": hook.local_bytes,
+            "group_bytes": hook.group_bytes,
+        },
         "model_bytes": sum(p.numel() * 4 for p in model.parameters()),
         "params": [p.detach().clone() for p in trainer.model.parameters()],
         "totals": runtime.engine.totals.as_dict(),
@@ -282,7 +304,8 @@ def main(spec_path: str) -> None:
 
 
 def exit_after_a_clean_run() -> None:
-    """Leave without interpreter finalization once the rank's result is saved (as tests/_dist.py does).
+    """Leave without interpreter finalization once the rank's
+    result is saved (as tests/_dist.py does).
 
     A C++ thread still joinable when static objects are destroyed at exit aborts
     the process (SIGABRT) after a successful run, which torchrun reports as a
@@ -290,7 +313,8 @@ def exit_after_a_clean_run() -> None:
     test_int8_wire_through_the_trainer, after training had finished).
     """
     if dist.is_initialized():
-        try:  # nobody leaves while a peer is still in a collective; bounded, as a peer may have failed
+        # nobody leaves while a peer is still in a collective; bounded, as a peer may have failed
+        try:
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         except RuntimeError:
             pass  # that peer's own exit status reports it

@@ -1,4 +1,5 @@
-"""One rank of TRL SFTTrainer + AutoLoCoCallback on a tiny chat dataset built here (assistant_only_loss=True)."""
+"""One rank of TRL SFTTrainer + AutoLoCoCallback on a tiny chat dataset built here
+(assistant_only_loss=True)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import sys
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from trainer_worker import COLLECTIVES, Probe, exit_after_a_clean_run, fingerprint  # installs the collective counter
+
+# installs the collective counter
+from trainer_worker import COLLECTIVES, Probe, exit_after_a_clean_run, fingerprint
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -17,10 +20,10 @@ from autoloco_hf import AutoLoCoCallback, AutoLoCoConfig  # noqa: E402
 from autoloco_hf.toy.llama import tiny_llama
 
 CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<s>assistant: {% generation %}{{ m['content'] }}</s>{% endgeneration %}\n"
-    "{% else %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<s>assistant: {% generation %}{{ "
+    "m['content'] }}</s>{% endgeneration %}\n"
+    "{% else %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
 )
 WORDS = "the a cat dog sat ran on under mat log red blue big small quickly slowly and then".split()
 
@@ -57,7 +60,9 @@ def chat_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -67,7 +72,9 @@ def main(spec_path: str) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
     data = chats(96, seed=5)
-    tokenizer = chat_tokenizer([m["content"] for c in data for m in c["messages"]] + ["user: assistant:"])
+    tokenizer = chat_tokenizer(
+        [m["content"] for c in data for m in c["messages"]] + ["user: assistant:"]
+    )
     model = tiny_llama(
         len(tokenizer),
         hidden_size=32,

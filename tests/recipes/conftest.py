@@ -1,4 +1,5 @@
-"""Local stand-ins for the recipes' downloads: a tokenizer trained on the spot, tiny model configs, JSONL data."""
+"""Local stand-ins for the recipes' downloads: a tokenizer
+trained on the spot, tiny model configs, JSONL data."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def tiny_llama_config(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def text_files(tmp_path_factory) -> tuple[str, str]:
-    """``train.jsonl`` / ``val.jsonl`` with a ``text`` field, cut from pydoc topics (documents of varied length)."""
+    """``train.jsonl`` / ``val.jsonl`` with a ``text`` field,
+    cut from pydoc topics (documents of varied length)."""
     from autoloco_hf.toy.text import corpus_documents
 
-    docs = [d[: 40 + (i * 97) % 560] for i, d in enumerate(corpus_documents())]  # some shorter than seq_len
+    # some shorter than seq_len
+    docs = [d[: 40 + (i * 97) % 560] for i, d in enumerate(corpus_documents())]
     root = tmp_path_factory.mktemp("c4")
     for name, part in (("train.jsonl", docs[:-40]), ("val.jsonl", docs[-40:])):
         with open(root / name, "w") as f:
@@ -52,7 +55,8 @@ def text_files(tmp_path_factory) -> tuple[str, str]:
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models on a shared 2-core runner: intra-op threads only add contention (measured 5x slower)."""
+    """Tiny models on a shared 2-core runner: intra-op
+    threads only add contention (measured 5x slower)."""
     import torch
 
     before = torch.get_num_threads()

@@ -1,4 +1,5 @@
-"""Smoke tests of recipes/pretrain_c4.py: a few steps of a tiny Llama on local JSONL files, both modes."""
+"""Smoke tests of recipes/pretrain_c4.py: a few steps of a
+tiny Llama on local JSONL files, both modes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from recipe_helpers import RECIPES, eval_quick_nll, load_recipe
 pytestmark = pytest.mark.slow
 
 
-def tiny_args(out, tokenizer_dir, tiny_llama_config, text_files, config="c4_autoloco.yaml", workers=2) -> list[str]:
+def tiny_args(
+    out, tokenizer_dir, tiny_llama_config, text_files, config="c4_autoloco.yaml", workers=2
+) -> list[str]:
     train, val = text_files
     return [
         "--config",
@@ -75,22 +78,40 @@ def test_every_config_parses():
 
 
 def test_flags_yaml_and_autoloco_fields(tmp_path):
-    """Flags beat YAML; `autoloco:` keys, `autoloco_*` flags and `--autoloco k=v` reach the engine; YAML 7e-1 is a number."""
+    """Flags beat YAML; `autoloco:` keys, `autoloco_*` flags and
+    `--autoloco k=v` reach the engine; YAML 7e-1 is a number."""
     c4 = load_recipe("pretrain_c4")
     path = tmp_path / "run.yaml"
     path.write_text(
-        f"base: {os.path.join(RECIPES, 'configs', 'c4_diloco.yaml')}\nlr: 1e-3\nautoloco:\n  outer_lr: 7e-1\n"
+        f"base: {os.path.join(RECIPES, 'configs', 'c4_diloco.yaml')}\n"
+        "lr: 1e-3\nautoloco:\n"
+        "  outer_lr: 7e-1\n"
     )
     settings, autoloco = c4.parse_args(
-        ["--config", str(path), "--batch_size", "4", "--autoloco_h_base", "100", "--autoloco", "outer_momentum=0.8"]
+        [
+            "--config",
+            str(path),
+            "--batch_size",
+            "4",
+            "--autoloco_h_base",
+            "100",
+            "--autoloco",
+            "outer_momentum=0.8",
+        ]
     )
     config = c4.autoloco_config(settings, autoloco)
     assert (settings.lr, settings.batch_size, settings.run_name) == (1e-3, 4, "c4_diloco")
-    assert (config.method, config.outer_lr, config.h_base, config.outer_momentum) == ("diloco", 0.7, 100, 0.8)
+    assert (config.method, config.outer_lr, config.h_base, config.outer_momentum) == (
+        "diloco",
+        0.7,
+        100,
+        0.8,
+    )
 
 
 def test_reads_gzipped_json_lines_and_parquet_by_content(tmp_path):
-    """The real C4 shards are `.json.gz`: the model must see the `text` field, not the raw JSON line."""
+    """The real C4 shards are `.json.gz`: the model must see
+    the `text` field, not the raw JSON line."""
     import gzip
 
     import pyarrow as pa
@@ -98,41 +119,67 @@ def test_reads_gzipped_json_lines_and_parquet_by_content(tmp_path):
 
     c4 = load_recipe("pretrain_c4")
     rows = [
-        {"text": f"document {i}", "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.org/{i}"}
+        {
+            "text": f"document {i}",
+            "timestamp": "2019-04-25T12:57:54Z",
+            "url": f"https://example.org/{i}",
+        }
         for i in range(4)
     ]
     shard = tmp_path / "c4-train.00000-of-01024.json.gz"
     with gzip.open(shard, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "validation.parquet")
-    small = ["--workers", "1", "--steps", "2", "--warmup-steps", "0", "--batch-size", "2"]  # 4 rows last 2 steps
+    # 4 rows last 2 steps
+    small = ["--workers", "1", "--steps", "2", "--warmup-steps", "0", "--batch-size", "2"]
     settings, _ = c4.parse_args(
         ["--train-files", str(shard), "--val-files", str(tmp_path / "validation.parquet")] + small
     )
     for split in ("train", "validation"):
-        assert list(c4.texts(c4.worker_dataset(settings, split, 0, 1), "text")) == [r["text"] for r in rows], split
+        assert list(c4.texts(c4.worker_dataset(settings, split, 0, 1), "text")) == [
+            r["text"] for r in rows
+        ], split
 
 
 def test_data_that_runs_out_is_one_line_before_training(tmp_path, text_files, capsys):
-    """A local file's rows are counted up front: not 8 steps of training, then "the training data ran out"."""
+    """A local file's rows are counted up front: not 8 steps
+    of training, then "the training data ran out"."""
     c4 = load_recipe("pretrain_c4")
     train, val = text_files
     rows = sum(1 for line in open(train) if line.strip())
-    # 2 workers, batch 4: each worker gets rows // 2 rows (one file: every other row), ceil(that / 4) steps
+    # 2 workers, batch 4: each worker gets rows // 2 rows
+    # (one file: every other row), ceil(that / 4) steps
     lasts = -(-(rows // 2) // 4)
-    argv = ["--train-files", train, "--val-files", val, "--workers", "2", "--batch-size", "4", "--warmup-steps", "0"]
+    argv = [
+        "--train-files",
+        train,
+        "--val-files",
+        val,
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "0",
+    ]
     assert c4.parse_args(argv + ["--steps", str(lasts)])[0].steps == lasts
     with pytest.raises(SystemExit) as exc:
         c4.parse_args(argv + ["--steps", str(lasts + 1)])
     line = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and "\n" not in line, line
-    assert f"--train-files {train}: the training data runs out at step {lasts + 1} of {lasts + 1}" in line, line
+    assert (
+        f"--train-files {train}: the training data runs out at step {lasts + 1} of {lasts + 1}"
+        in line
+    ), line
     assert f"({rows} rows over 2 workers" in line and "lower --steps" in line, line
 
 
-@pytest.mark.parametrize("file_rows, workers", [([7], 3), ([5, 2, 9, 4], 2), ([5, 2, 9], 2), ([3, 3], 1)])
+@pytest.mark.parametrize(
+    "file_rows, workers", [([7], 3), ([5, 2, 9, 4], 2), ([5, 2, 9], 2), ([3, 3], 1)]
+)
 def test_rows_per_worker_is_what_datasets_gives_each_worker(tmp_path, file_rows, workers):
-    """The up-front count follows ``split_dataset_by_node``: whole files when they divide evenly, else every N-th row."""
+    """The up-front count follows ``split_dataset_by_node``:
+    whole files when they divide evenly, else every N-th row."""
     from datasets.distributed import split_dataset_by_node
     from recipe_config import rows_per_worker
 
@@ -143,7 +190,10 @@ def test_rows_per_worker_is_what_datasets_gives_each_worker(tmp_path, file_rows,
         with open(files[-1], "w") as f:
             f.writelines(json.dumps({"text": f"{k}-{i}"}) + "\n" for i in range(n))
     stream = c4.load_data_files(files, "--train-files", streaming=True)
-    theirs = [sum(1 for _ in split_dataset_by_node(stream, rank=w, world_size=workers)) for w in range(workers)]
+    theirs = [
+        sum(1 for _ in split_dataset_by_node(stream, rank=w, world_size=workers))
+        for w in range(workers)
+    ]
     assert rows_per_worker(file_rows, workers) == theirs
 
 
@@ -157,14 +207,24 @@ def test_default_model_is_215m():
 
 
 def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files, monkeypatch):
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `eval --offline` sets them
+    # `eval --offline` sets them
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, os.environ.get(var, "0"))
     c4 = load_recipe("pretrain_c4")
-    assert c4.main(tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_autoloco.yaml")) == 0
+    assert (
+        c4.main(
+            tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_autoloco.yaml")
+        )
+        == 0
+    )
     ddp_args = tiny_args(tmp_path, tokenizer_dir, tiny_llama_config, text_files, "c4_ddp.yaml")
     assert c4.main(ddp_args + ["--micro-batch-size", "1"]) == 0
     auto = json.loads((tmp_path / "c4_autoloco" / "summary.json").read_text())
-    assert auto["totals"]["steps"] == 8 and auto["totals"]["syncs"] >= 3 and auto["mode"] == "simulated"
+    assert (
+        auto["totals"]["steps"] == 8
+        and auto["totals"]["syncs"] >= 3
+        and auto["mode"] == "simulated"
+    )
     assert 0 < auto["val_loss"] < 10
     records = (tmp_path / "c4_autoloco" / "intervals.jsonl").read_text().splitlines()
     assert len(records) == auto["totals"]["syncs"]
@@ -177,13 +237,19 @@ def test_simulated_mode(tmp_path, tokenizer_dir, tiny_llama_config, text_files, 
     assert 0 < record["scores"]["nll_c4"] < 10 and record["details"]["nll"]["nll_c4_tokens"] > 0
 
 
-def test_multiprocess_mode_matches_simulated(tmp_path, tokenizer_dir, tiny_llama_config, text_files):
+def test_multiprocess_mode_matches_simulated(
+    tmp_path, tokenizer_dir, tiny_llama_config, text_files
+):
     """torchrun with 2 gloo processes runs the same trajectory as 2 simulated workers."""
     c4 = load_recipe("pretrain_c4")
-    args = tiny_args(tmp_path / "sim", tokenizer_dir, tiny_llama_config, text_files, "c4_diloco.yaml")
+    args = tiny_args(
+        tmp_path / "sim", tokenizer_dir, tiny_llama_config, text_files, "c4_diloco.yaml"
+    )
     assert c4.main(args + ["--mode", "simulated"]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    mp_args = tiny_args(tmp_path / "mp", tokenizer_dir, tiny_llama_config, text_files, "c4_diloco.yaml")
+    mp_args = tiny_args(
+        tmp_path / "mp", tokenizer_dir, tiny_llama_config, text_files, "c4_diloco.yaml"
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -221,22 +287,35 @@ def test_micro_batches_give_the_full_batch_gradient():
         loss.backward()
         values.append(loss.item())
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-    assert values[1] == pytest.approx(values[0], rel=1e-5) and values[2] == pytest.approx(values[0], rel=1e-5)
-    assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
+    assert values[1] == pytest.approx(values[0], rel=1e-5) and values[2] == pytest.approx(
+        values[0], rel=1e-5
+    )
+    assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(
+        grads[2], grads[0], atol=1e-6
+    )
 
 
-def test_resume_continues_the_same_trajectory(tmp_path, tokenizer_dir, tiny_llama_config, text_files):
-    """Resuming from the step-4 checkpoint (replicas, AdamW, engine, data position) reproduces the uninterrupted run."""
+def test_resume_continues_the_same_trajectory(
+    tmp_path, tokenizer_dir, tiny_llama_config, text_files
+):
+    """Resuming from the step-4 checkpoint (replicas, AdamW,
+    engine, data position) reproduces the uninterrupted run."""
     import shutil
 
     c4 = load_recipe("pretrain_c4")
     full = tmp_path / "full"
     args = tiny_args(full, tokenizer_dir, tiny_llama_config, text_files) + ["--save-every", "4"]
     assert c4.main(args) == 0
-    # a crashed run: its logs went past the checkpoint at step 4; the resumed run must drop those lines
+    # a crashed run: its logs went past the checkpoint at
+    # step 4; the resumed run must drop those lines
     shutil.copytree(full / "c4_autoloco", tmp_path / "crashed" / "c4_autoloco")
     resumed = tmp_path / "crashed"
-    args = tiny_args(resumed, tokenizer_dir, tiny_llama_config, text_files) + ["--save-every", "4", "--resume", "true"]
+    args = tiny_args(resumed, tokenizer_dir, tiny_llama_config, text_files) + [
+        "--save-every",
+        "4",
+        "--resume",
+        "true",
+    ]
     assert c4.main(args) == 0
 
     def read(root, name):
@@ -246,7 +325,11 @@ def test_resume_continues_the_same_trajectory(tmp_path, tokenizer_dir, tiny_llam
     assert [[r[k] for k in keys] for r in read(resumed, "intervals.jsonl")] == [
         [r[k] for k in keys] for r in read(full, "intervals.jsonl")
     ]
-    assert [r["loss"] for r in read(resumed, "steps.jsonl")] == [r["loss"] for r in read(full, "steps.jsonl")]
-    a, b = (json.loads((root / "c4_autoloco" / "summary.json").read_text()) for root in (full, resumed))
+    assert [r["loss"] for r in read(resumed, "steps.jsonl")] == [
+        r["loss"] for r in read(full, "steps.jsonl")
+    ]
+    a, b = (
+        json.loads((root / "c4_autoloco" / "summary.json").read_text()) for root in (full, resumed)
+    )
     assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)
     assert a["val_loss"] == b["val_loss"] and a["totals"]["syncs"] == b["totals"]["syncs"]

@@ -1,4 +1,5 @@
-"""Smoke test of recipes/sft_ultrachat.py: SFTTrainer + AutoLoCoCallback on a tiny Llama and local conversations."""
+"""Smoke test of recipes/sft_ultrachat.py: SFTTrainer +
+AutoLoCoCallback on a tiny Llama and local conversations."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def chats(n: int, offset: int = 0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
-    """A tiny Llama saved like a hub checkpoint, and train/test JSONL with invalid conversations mixed in."""
+    """A tiny Llama saved like a hub checkpoint, and
+    train/test JSONL with invalid conversations mixed in."""
     from transformers import AutoTokenizer
 
     from autoloco_hf.toy.llama import tiny_llama
@@ -50,12 +52,30 @@ def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
     tokenizer.save_pretrained(root / "model")
     invalid = [
         {"messages": [{"role": "user", "content": "no reply"}]},
-        {"messages": [{"role": "assistant", "content": "reply first"}, {"role": "user", "content": "then a user"}]},
-        {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "empty prompt"}]},
+        {
+            "messages": [
+                {"role": "assistant", "content": "reply first"},
+                {"role": "user", "content": "then a user"},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": ""},
+                {"role": "assistant", "content": "empty prompt"},
+            ]
+        },
         # the prompt alone fills max_length: no assistant token survives truncation
-        {"messages": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "cut off"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "word " * 400},
+                {"role": "assistant", "content": "cut off"},
+            ]
+        },
     ]
-    for name, rows in (("train.jsonl", chats(24) + invalid), ("test.jsonl", chats(6, offset=40) + invalid)):
+    for name, rows in (
+        ("train.jsonl", chats(24) + invalid),
+        ("test.jsonl", chats(6, offset=40) + invalid),
+    ):
         with open(root / name, "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -65,9 +85,13 @@ def sft_files(tmp_path_factory, tokenizer_dir, tiny_llama_config):
 def test_filters():
     sft = load_recipe("sft_ultrachat")
     ok = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    assert sft.valid_conversation(ok) and sft.valid_conversation([{"role": "system", "content": "s"}] + ok)
+    assert sft.valid_conversation(ok) and sft.valid_conversation(
+        [{"role": "system", "content": "s"}] + ok
+    )
     assert not sft.valid_conversation(ok[:1]) and not sft.valid_conversation(ok[::-1])
-    assert not sft.valid_conversation([{"role": "user", "content": " "}, ok[1]]) and not sft.valid_conversation("text")
+    assert not sft.valid_conversation(
+        [{"role": "user", "content": " "}, ok[1]]
+    ) and not sft.valid_conversation("text")
 
 
 def test_every_config_parses():
@@ -75,15 +99,27 @@ def test_every_config_parses():
     for path in sorted(glob.glob(os.path.join(RECIPES, "configs", "sft_*.yaml"))):
         s, args, a = sft.parse_args(["--config", path])
         config = sft.autoloco_config(s, a)
-        assert (s.global_batch_size, args.max_length, args.num_train_epochs, config.h_base) == (32, 2048, 1, 100), path
-        assert (args.learning_rate, args.save_steps, args.save_total_limit, args.assistant_only_loss) == (
+        assert (s.global_batch_size, args.max_length, args.num_train_epochs, config.h_base) == (
+            32,
+            2048,
+            1,
+            100,
+        ), path
+        assert (
+            args.learning_rate,
+            args.save_steps,
+            args.save_total_limit,
+            args.assistant_only_loss,
+        ) == (
             2e-5,
             1000,
             2,
             True,
         )
     config = sft.autoloco_config(
-        *sft.parse_args(["--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml")])[::2]
+        *sft.parse_args(["--config", os.path.join(RECIPES, "configs", "sft_autoloco_int8.yaml")])[
+            ::2
+        ]
     )
     assert config.normalize_pseudo_grad and config.wire_dtype == "int8" and config.outer_on_cpu
     diloco = sft.autoloco_config(
@@ -93,7 +129,8 @@ def test_every_config_parses():
 
 
 def test_every_trainer_field_is_settable():
-    """Any SFTConfig / TrainingArguments field is a flag: trackers, optimizer, checkpoint retention, ..."""
+    """Any SFTConfig / TrainingArguments field is a flag:
+    trackers, optimizer, checkpoint retention, ..."""
     sft = load_recipe("sft_ultrachat")
     _, args, _ = sft.parse_args(
         [
@@ -156,22 +193,30 @@ def tiny_args(out, sft_files, config: str) -> list[str]:
 
 
 def test_sft_smoke(tmp_path, sft_files, monkeypatch):
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # `eval --offline` sets them
+    # `eval --offline` sets them
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, os.environ.get(var, "0"))
     sft = load_recipe("sft_ultrachat")
     assert sft.main(tiny_args(tmp_path, sft_files, "sft_autoloco_int8.yaml")) == 0
     run = tmp_path / "sft_autoloco_int8"
-    # one set of run files: the callback's, its summary extended by the recipe (was: steps.jsonl and summary.json too)
-    assert sorted(p.name for p in run.iterdir() if p.suffix in (".json", ".jsonl") and "autoloco" in p.name) == [
+    # one set of run files: the callback's, its summary extended
+    # by the recipe (was: steps.jsonl and summary.json too)
+    assert sorted(
+        p.name for p in run.iterdir() if p.suffix in (".json", ".jsonl") and "autoloco" in p.name
+    ) == [
         "autoloco_intervals.jsonl",
         "autoloco_steps.jsonl",
         "autoloco_summary.json",
     ]
     assert not (run / "summary.json").exists() and not (run / "steps.jsonl").exists()
     summary = json.loads((run / "autoloco_summary.json").read_text())
-    assert summary["train_conversations"] == 24 and summary["test_conversations"] == 6  # invalid ones filtered out
+    # invalid ones filtered out
+    assert summary["train_conversations"] == 24 and summary["test_conversations"] == 6
     assert summary["totals"]["syncs"] >= 2 and summary["config"]["wire_dtype"] == "int8"
-    assert len((run / "autoloco_intervals.jsonl").read_text().splitlines()) == summary["totals"]["syncs"]
+    assert (
+        len((run / "autoloco_intervals.jsonl").read_text().splitlines())
+        == summary["totals"]["syncs"]
+    )
     steps = [json.loads(line) for line in (run / "autoloco_steps.jsonl").read_text().splitlines()]
     assert [row["step"] for row in steps] == [1, 2, 3, 4, 5, 6]
     assert steps[-1]["syncs"] == summary["totals"]["syncs"]
@@ -180,7 +225,11 @@ def test_sft_smoke(tmp_path, sft_files, monkeypatch):
     from autoloco_hf.state.run_folder import find_runs
 
     (read,) = find_runs([str(run)])
-    assert (read.name, read.summary["val_loss"], len(read.steps)) == ("sft_autoloco_int8", summary["test_nll"], 6)
+    assert (read.name, read.summary["val_loss"], len(read.steps)) == (
+        "sft_autoloco_int8",
+        summary["test_nll"],
+        6,
+    )
     assert len(read.intervals) == summary["totals"]["syncs"]
     # the run folder holds the final model and tokenizer: `autoloco eval` it as the docs say
     record = eval_quick_nll(run, tmp_path / "eval")
@@ -188,7 +237,8 @@ def test_sft_smoke(tmp_path, sft_files, monkeypatch):
 
 
 def test_sft_two_processes(tmp_path, sft_files):
-    """One worker per process under torchrun (gloo): 2 workers x batch 2 = global batch 4, DiLoCo syncs every 2 steps."""
+    """One worker per process under torchrun (gloo): 2 workers
+    x batch 2 = global batch 4, DiLoCo syncs every 2 steps."""
     cmd = [
         sys.executable,
         "-m",
@@ -200,22 +250,32 @@ def test_sft_two_processes(tmp_path, sft_files):
         os.path.join(RECIPES, "sft_ultrachat.py"),
         *tiny_args(tmp_path, sft_files, "sft_diloco.yaml"),
     ]
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "sft_diloco" / "autoloco_summary.json").read_text())
-    assert summary["workers"] == 2 and summary["totals"]["syncs"] == 3 and summary["totals"]["wire_bytes"] > 0
+    assert (
+        summary["workers"] == 2
+        and summary["totals"]["syncs"] == 3
+        and summary["totals"]["wire_bytes"] > 0
+    )
     assert summary["config"]["method"] == "diloco" and summary["config"]["outer_momentum"] == 0.9
     assert len((tmp_path / "sft_diloco" / "autoloco_intervals.jsonl").read_text().splitlines()) == 3
 
 
 def test_sft_resume(tmp_path, sft_files):
-    """A Trainer checkpoint at step 4 carries the AutoLoCo state: the resumed run ends where the full one does."""
+    """A Trainer checkpoint at step 4 carries the AutoLoCo
+    state: the resumed run ends where the full one does."""
     import shutil
 
     sft = load_recipe("sft_ultrachat")
     full = tmp_path / "full"
     assert (
-        sft.main(tiny_args(full, sft_files, "sft_autoloco.yaml") + ["--save-strategy", "steps", "--save-steps", "4"])
+        sft.main(
+            tiny_args(full, sft_files, "sft_autoloco.yaml")
+            + ["--save-strategy", "steps", "--save-steps", "4"]
+        )
         == 0
     )
     crashed = tmp_path / "crashed" / "sft_autoloco"
@@ -228,32 +288,46 @@ def test_sft_resume(tmp_path, sft_files):
         )
         == 0
     )
-    a, b = (json.loads((root / "autoloco_summary.json").read_text()) for root in (full / "sft_autoloco", crashed))
+    a, b = (
+        json.loads((root / "autoloco_summary.json").read_text())
+        for root in (full / "sft_autoloco", crashed)
+    )
     assert (a["resumed_from_step"], b["resumed_from_step"]) == (0, 4)
-    assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(a["test_nll"], rel=1e-5)
-    steps = [json.loads(line)["step"] for line in (crashed / "autoloco_steps.jsonl").read_text().splitlines()]
+    assert b["totals"]["syncs"] == a["totals"]["syncs"] and b["test_nll"] == pytest.approx(
+        a["test_nll"], rel=1e-5
+    )
+    steps = [
+        json.loads(line)["step"]
+        for line in (crashed / "autoloco_steps.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
 def test_fsdp2_workers_are_requested_and_checked(monkeypatch, capsys):
-    """``--fsdp`` (version 2 by default) or an accelerate FSDP2 config with ranks_per_worker > 1: the recipe shards.
+    """``--fsdp`` (version 2 by default) or an accelerate
+    FSDP2 config with ranks_per_worker > 1: the recipe shards.
 
-    The settings it cannot run with stop before anything is loaded, one line each (exit 2); on CPU the last
-    one is always the device (accelerate enables FSDP on GPUs only).
+    The settings it cannot run with stop before anything is loaded, one line each (exit 2); on CPU
+    the last one is always the device (accelerate enables FSDP on GPUs only).
     """
     sft = load_recipe("sft_ultrachat")
     config = os.path.join(RECIPES, "configs", "sft_autoloco_fsdp2.yaml")
     for var in ("ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
         monkeypatch.delenv(var, raising=False)
     s, args, a = sft.parse_args(["--config", config])
-    assert (s.model_dtype, sft.autoloco_config(s, a).ranks_per_worker, sft.autoloco_config(s, a).outer_on_cpu) == (
+    assert (
+        s.model_dtype,
+        sft.autoloco_config(s, a).ranks_per_worker,
+        sft.autoloco_config(s, a).outer_on_cpu,
+    ) == (
         "float32",
         8,
         False,
     )
     assert not sft.fsdp2_requested(args)
     assert sft.fsdp2_requested(sft.parse_args(["--config", config, "--fsdp"])[1])
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets from an FSDP config
+    # what `accelerate launch` sets from an FSDP config
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
     assert not sft.fsdp2_requested(args)
     monkeypatch.setenv("FSDP_VERSION", "2")
@@ -265,7 +339,9 @@ def test_fsdp2_workers_are_requested_and_checked(monkeypatch, capsys):
         assert exit_info.value.code == 2
         return capsys.readouterr().err
 
-    assert "--model-dtype bfloat16: FSDP2 workers keep FP32 master weights" in refusal("--model-dtype", "bfloat16")
+    assert "--model-dtype bfloat16: FSDP2 workers keep FP32 master weights" in refusal(
+        "--model-dtype", "bfloat16"
+    )
     monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
     assert "fsdp_cpu_ram_efficient_loading: true" in refusal()
     monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
@@ -273,7 +349,8 @@ def test_fsdp2_workers_are_requested_and_checked(monkeypatch, capsys):
 
 
 def _shard_worker_rank(rank: int, world_size: int) -> dict:
-    """The recipe's sharding of a tiny Llama over 2 workers x 2 ranks, bf16 compute, then one AdamW step."""
+    """The recipe's sharding of a tiny Llama over 2 workers x
+    2 ranks, bf16 compute, then one AdamW step."""
     import torch
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
@@ -284,14 +361,22 @@ def _shard_worker_rank(rank: int, world_size: int) -> dict:
 
     def llama() -> torch.nn.Module:
         return tiny_llama(
-            64, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_position_embeddings=32
+            64,
+            hidden_size=16,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
         )
 
     sft = load_recipe("sft_ultrachat")
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(rank))
     expected = float(llama()(input_ids=ids, labels=ids).loss)
-    model = sft.shard_workers(llama(), AutoLoCoConfig(ranks_per_worker=2), bf16=True, device_type="cpu")
-    check_fsdp2_workers(model, world_size, 2)  # the layout the callback accepts under accelerate's FSDP2 plugin
+    model = sft.shard_workers(
+        llama(), AutoLoCoConfig(ranks_per_worker=2), bf16=True, device_type="cpu"
+    )
+    # the layout the callback accepts under accelerate's FSDP2 plugin
+    check_fsdp2_workers(model, world_size, 2)
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -310,7 +395,8 @@ def _shard_worker_rank(rank: int, world_size: int) -> dict:
 
 
 def test_sft_fsdp2_workers_shard_each_worker():
-    """4 gloo processes, ranks_per_worker=2: FP32 master weights, gradients and AdamW; bf16 compute (the recipe's path)."""
+    """4 gloo processes, ranks_per_worker=2: FP32 master weights,
+    gradients and AdamW; bf16 compute (the recipe's path)."""
     from _dist import run_gloo
 
     for result in run_gloo(_shard_worker_rank, 4):

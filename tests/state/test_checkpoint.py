@@ -1,4 +1,5 @@
-"""The AutoLoCo state file (sync/checkpoint.py): safetensors + JSON header, atomic write, every refusal names file and field."""
+"""The AutoLoCo state file (sync/checkpoint.py): safetensors + JSON header, atomic write, every
+refusal names file and field."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def read(path, config=CONFIG, **layout):
 
 
 def rewrite_metadata(path, change) -> None:
-    """Edit the safetensors header's metadata in place (the tensor offsets are relative, so they stay valid)."""
+    """Edit the safetensors header's metadata in place (the
+    tensor offsets are relative, so they stay valid)."""
     data = path.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + length])
@@ -48,16 +50,26 @@ def test_round_trip_and_header(tmp_path):
     state = write(path)
     header, loaded = read(path)
     assert torch.equal(loaded["params"][0], state["params"][0]) and loaded["engine"] == {"step": 7}
-    assert (header.format_version, header.world_size, header.rank, header.step) == (checkpoint.FORMAT_VERSION, 2, 1, 7)
+    assert (header.format_version, header.world_size, header.rank, header.step) == (
+        checkpoint.FORMAT_VERSION,
+        2,
+        1,
+        7,
+    )
     assert header.config["h_base"] == 4 and header.config["method"] == "autoloco"
     assert os.listdir(path.parent) == [NAME], "no temporary file is left behind"
 
 
 def test_round_trip_is_exact_and_loads_no_pickle(tmp_path, monkeypatch):
-    """Optimizer-style state (int keys, tuples, None, NaN), bf16 and tied tensors come back exactly, without torch.load."""
+    """Optimizer-style state (int keys, tuples, None, NaN), bf16
+    and tied tensors come back exactly, without torch.load."""
     shared = torch.arange(4.0)
     state = {
-        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, dtype=torch.bfloat16)}}},
+        "optimizer": {
+            "state": {
+                0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, dtype=torch.bfloat16)}
+            }
+        },
         "groups": [{"params": [0, 1], "betas": (0.9, 0.999), "foreach": None, "lr": 1e-3}],
         "tied": [shared, shared],
         "nan": math.nan,
@@ -72,14 +84,20 @@ def test_round_trip_is_exact_and_loads_no_pickle(tmp_path, monkeypatch):
     for key in ("step", "exp_avg"):
         a, b = state["optimizer"]["state"][0][key], loaded["optimizer"]["state"][0][key]
         assert a.dtype == b.dtype and torch.equal(a, b)
-    assert all(torch.equal(t, shared) for t in loaded["tied"]) and torch.equal(loaded["flag"], state["flag"])
+    assert all(torch.equal(t, shared) for t in loaded["tied"]) and torch.equal(
+        loaded["flag"], state["flag"]
+    )
 
 
-@pytest.mark.parametrize("wire", [{}, {"wire_dtype": "int2", "topk_fraction": 0.1, "error_feedback": True}])
+@pytest.mark.parametrize(
+    "wire", [{}, {"wire_dtype": "int2", "topk_fraction": 0.1, "error_feedback": True}]
+)
 def test_resume_through_the_file_is_bit_exact(tmp_path, wire):
-    """Engine, replicas and AdamW state through the file: the resumed run equals the uninterrupted one bit for bit.
+    """Engine, replicas and AdamW state through the file: the
+    resumed run equals the uninterrupted one bit for bit.
 
-    With a lossy wire and error feedback, the residuals travel through the file too (docs/algorithm.md#error-feedback).
+    With a lossy wire and error feedback, the residuals travel through the file too
+    (docs/algorithm.md#error-feedback).
     """
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, **wire)
 
@@ -103,10 +121,19 @@ def test_resume_through_the_file_is_bit_exact(tmp_path, wire):
     assert torch.equal(full.engine.outer.params, resumed.engine.outer.params)
     for a, b in zip(full.engine.error_feedback, resumed.engine.error_feedback):
         assert torch.equal(a.residual, b.residual) and a.residual.abs().max() > 0
-    timing = {"seconds", "sync_seconds", "controller_seconds", "encode_seconds", "collective_seconds", "decode_seconds"}
+    timing = {
+        "seconds",
+        "sync_seconds",
+        "controller_seconds",
+        "encode_seconds",
+        "collective_seconds",
+        "decode_seconds",
+    }
 
     def rows(runner):
-        return [{k: v for k, v in r.__dict__.items() if k not in timing} for r in runner.engine.records]
+        return [
+            {k: v for k, v in r.__dict__.items() if k not in timing} for r in runner.engine.records
+        ]
 
     assert rows(full) == rows(resumed)
 
@@ -130,7 +157,9 @@ def test_truncated_file_refused(tmp_path):
     write(path)
     data = path.read_bytes()
     path.write_bytes(data[:-10])
-    with pytest.raises(CheckpointError, match=rf"{NAME}: field payload_bytes=\d+ but the file holds"):
+    with pytest.raises(
+        CheckpointError, match=rf"{NAME}: field payload_bytes=\d+ but the file holds"
+    ):
         read(path)
     path.write_bytes(data[:40])  # cut inside the header
     with pytest.raises(CheckpointError, match=rf"{NAME}: unreadable header \(field header"):
@@ -155,7 +184,9 @@ def test_corrupted_tensor_or_state_refused(tmp_path):
 def test_not_a_state_file_or_other_version_refused(tmp_path):
     path = tmp_path / NAME
     torch.save({"version": 1}, path)  # a pickle
-    with pytest.raises(CheckpointError, match=rf"{NAME}: not an AutoLoCo state file \(field format"):
+    with pytest.raises(
+        CheckpointError, match=rf"{NAME}: not an AutoLoCo state file \(field format"
+    ):
         read(path)
     save_file({"w": torch.zeros(2)}, str(path))  # safetensors, but not ours
     with pytest.raises(CheckpointError, match=r"field format=None, expected 'autoloco-state'"):
@@ -174,9 +205,13 @@ def test_not_a_state_file_or_other_version_refused(tmp_path):
 def test_other_world_size_or_rank_refused(tmp_path):
     path = tmp_path / NAME
     write(path)
-    with pytest.raises(CheckpointError, match=rf"{NAME}: field world_size=2 .* this run has world_size=4") as info:
+    with pytest.raises(
+        CheckpointError, match=rf"{NAME}: field world_size=2 .* this run has world_size=4"
+    ) as info:
         read(path, world_size=4)
-    assert "--nproc_per_node 2" in str(info.value) and "last synchronized parameters" in str(info.value)
+    assert "--nproc_per_node 2" in str(info.value) and "last synchronized parameters" in str(
+        info.value
+    )
     with pytest.raises(CheckpointError, match="field world_size=2 \\(ranks_per_worker=1\\)"):
         read(path, ranks_per_worker=2)
     with pytest.raises(CheckpointError, match="field rank=1 but it was loaded by rank 0"):
@@ -186,10 +221,15 @@ def test_other_world_size_or_rank_refused(tmp_path):
 def test_incompatible_config_refused_runtime_fields_may_change(tmp_path):
     path = tmp_path / NAME
     write(path)
-    with pytest.raises(CheckpointError, match=rf"{NAME}: field config\.h_base=4 .* this run has h_base=8"):
+    with pytest.raises(
+        CheckpointError, match=rf"{NAME}: field config\.h_base=4 .* this run has h_base=8"
+    ):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=8))
-    with pytest.raises(CheckpointError, match=r"field config\.method='autoloco' .* method='diloco'"):
-        read(path, config=AutoLoCoConfig(method="diloco", h_base=4))  # named before h_max (8 there, 6 without a rule)
+    with pytest.raises(
+        CheckpointError, match=r"field config\.method='autoloco' .* method='diloco'"
+    ):
+        # named before h_max (8 there, 6 without a rule)
+        read(path, config=AutoLoCoConfig(method="diloco", h_base=4))
     with pytest.raises(CheckpointError, match=r"field config\.outer_lr=0\.7"):
         read(path, config=AutoLoCoConfig(method="autoloco", h_base=4, outer_lr=0.5))
     read(

@@ -1,4 +1,5 @@
-"""DiLoCo with the INT8 wire stays close to DiLoCo with the FP32 wire (docs/algorithm.md#wire-codecs, paper Appendix G.1).
+"""DiLoCo with the INT8 wire stays close to DiLoCo with the FP32 wire
+(docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 A tiny byte-level Llama (131,904 parameters in 21 tensors) trains on Python's own
 ``pydoc_data.topics`` text with 4 simulated workers (:class:`LocalWorkers` +
@@ -64,7 +65,9 @@ def _windows(data: torch.Tensor, gen: torch.Generator, count: int) -> torch.Tens
 def _model() -> torch.nn.Module:
     from autoloco_hf.toy.llama import tiny_llama
 
-    return tiny_llama(256, 64, 2, 4, 172, max_position_embeddings=SEQ, seed=0, tie_word_embeddings=False)
+    return tiny_llama(
+        256, 64, 2, 4, 172, max_position_embeddings=SEQ, seed=0, tie_word_embeddings=False
+    )
 
 
 def _schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -86,7 +89,9 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 @torch.no_grad()
 def _val_loss(model: torch.nn.Module, val: torch.Tensor) -> float:
     model.eval()
-    return sum(float(model(input_ids=x, labels=x).loss) for x in val.split(BATCH)) / len(val.split(BATCH))
+    return sum(float(model(input_ids=x, labels=x).loss) for x in val.split(BATCH)) / len(
+        val.split(BATCH)
+    )
 
 
 def _train(wire: str, data: torch.Tensor, val: torch.Tensor, data_seed: int = 0) -> dict:
@@ -136,17 +141,21 @@ def test_int8_diloco_tracks_fp32() -> None:
     initial_loss = _val_loss(_model(), val)
     print(
         f"\n[int8 vs fp32] {WORKERS} workers, {STEPS} steps, h_base {H_BASE}, "
-        f"{fp32['theta'].numel():,} params; val loss: initial {initial_loss:.4f}, "
-        f"fp32 {fp32['val_loss']:.4f}, int8 {int8['val_loss']:.4f}, "
-        f"|diff| {abs(int8['val_loss'] - fp32['val_loss']):.4f} ({100 * loss_gap:.3f}% of fp32); "
-        f"last-interval train loss fp32 {fp32['train_loss_last']:.4f} int8 {int8['train_loss_last']:.4f}; "
-        f"param distance {100 * distance:.3f}% of ||theta_fp32 - theta_0|| = {travelled:.3f}; "
-        f"wire bytes per worker fp32 {fp32['wire_bytes']:,} int8 {int8['wire_bytes']:,} "
-        f"({int8['wire_bytes'] / fp32['wire_bytes']:.4f}x); last C_t fp32 {fp32['coherence'][-1]:.3f} "
-        f"int8 {int8['coherence'][-1]:.3f}"
+        f"{fp32['theta'].numel():,} params; val loss: initial {initial_loss:.4f}, fp32 "
+        f"{fp32['val_loss']:.4f}, int8 {int8['val_loss']:.4f}, |diff| "
+        f"{abs(int8['val_loss'] - fp32['val_loss']):.4f} ({100 * loss_gap:.3f}% of fp32); "
+        f"last-interval train loss fp32 {fp32['train_loss_last']:.4f} int8 "
+        f"{int8['train_loss_last']:.4f}; param distance {100 * distance:.3f}% of ||theta_fp32 - "
+        f"theta_0|| = {travelled:.3f}; wire bytes per worker fp32 {fp32['wire_bytes']:,} int8 "
+        f"{int8['wire_bytes']:,} ({int8['wire_bytes'] / fp32['wire_bytes']:.4f}x); last C_t fp32 "
+        f"{fp32['coherence'][-1]:.3f} int8 {int8['coherence'][-1]:.3f}"
     )
     assert fp32["syncs"] == int8["syncs"] == STEPS // H_BASE
     assert fp32["val_loss"] < 0.8 * initial_loss  # it trained: the comparison means something
     assert not torch.equal(int8["theta"], fp32["theta"])  # the INT8 wire was really used
-    assert loss_gap < LOSS_REL_TOL, f"INT8 loss {int8['val_loss']:.4f} vs FP32 {fp32['val_loss']:.4f}"
-    assert distance < PARAM_REL_TOL, f"INT8 end point {100 * distance:.2f}% of the travelled distance from FP32's"
+    assert loss_gap < LOSS_REL_TOL, (
+        f"INT8 loss {int8['val_loss']:.4f} vs FP32 {fp32['val_loss']:.4f}"
+    )
+    assert distance < PARAM_REL_TOL, (
+        f"INT8 end point {100 * distance:.2f}% of the travelled distance from FP32's"
+    )

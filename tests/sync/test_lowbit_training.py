@@ -1,4 +1,5 @@
-"""Error feedback for every lossy wire in the engine (docs/algorithm.md#error-feedback): checkpoints, fragments, overlap.
+"""Error feedback for every lossy wire in the engine (docs/algorithm.md#error-feedback):
+checkpoints, fragments, overlap.
 
 Simulated workers (toy model): a run cut anywhere (mid-interval, mid-collective,
 between fragments) and resumed from its state continues bit for bit, residual
@@ -31,7 +32,8 @@ MODES = {
     "eager": {"overlap": "eager"},
     "fragments": {"fragments": 2},
     "fragments-delayed": {"fragments": 2, "overlap": "delayed", "overlap_steps": 1},
-    # the adaptive horizon: each rule moves H within the run, so a cut lands inside intervals of another length
+    # the adaptive horizon: each rule moves H within the run,
+    # so a cut lands inside intervals of another length
     "paper-rule": {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 2, "h_max": 8},
     "default-rule": {"method": "autoloco", "h_base": 4, "h_max": 16},
 }
@@ -39,7 +41,9 @@ MODES = {
 
 def config(wire: str, **overrides) -> AutoLoCoConfig:
     name = wire.partition("+")[0]
-    fields = dict(method="diloco", h_base=6, wire_dtype=name, error_feedback=True, int8_block_size=64)
+    fields = dict(
+        method="diloco", h_base=6, wire_dtype=name, error_feedback=True, int8_block_size=64
+    )
     return AutoLoCoConfig(**{**fields, **FORMATS[wire], **overrides})
 
 
@@ -61,7 +65,9 @@ def train(run: LocalWorkers, first: int, last: int, workers=WORKERS) -> None:
 
 
 def records_of(run: LocalWorkers) -> list[dict]:
-    return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in run.engine.records]
+    return [
+        {k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in run.engine.records
+    ]
 
 
 def _reloaded(state: dict) -> dict:
@@ -81,7 +87,9 @@ def test_resume_anywhere_continues_bit_for_bit_with_the_residual(wire, mode) -> 
     train(full, 0, STEPS)
     residuals = [f.residual for f in full.engine.error_feedback]
     if cfg.method == "autoloco":
-        assert len({r.h_step for r in full.engine.records}) > 1, "the rule should move H in this run"
+        assert len({r.h_step for r in full.engine.records}) > 1, (
+            "the rule should move H in this run"
+        )
     assert all(r.abs().max() > 0 for r in residuals), "error feedback should hold something"
     for cut in (9, 20):  # mid-interval (and, overlapped, mid-collective or between fragments)
         first = runner(cfg)
@@ -92,12 +100,15 @@ def test_resume_anywhere_continues_bit_for_bit_with_the_residual(wire, mode) -> 
         for w in WORKERS:
             for p, q in zip(full.models[w].parameters(), resumed.models[w].parameters()):
                 assert torch.equal(p, q), (wire, mode, cut)
-            assert torch.equal(full.engine.error_feedback[w].residual, resumed.engine.error_feedback[w].residual)
+            assert torch.equal(
+                full.engine.error_feedback[w].residual, resumed.engine.error_feedback[w].residual
+            )
         assert records_of(full) == records_of(resumed)
 
 
 def test_fragments_own_disjoint_parts_of_the_residual() -> None:
-    """After fragment 0's sync only its part of each residual has moved (one residual per fragment, docs/algorithm.md#error-feedback)."""
+    """After fragment 0's sync only its part of each residual has moved (one residual per fragment,
+    docs/algorithm.md#error-feedback)."""
     cfg = config("int2", fragments=2)
     run = runner(cfg)
     (lo0, hi0), (lo1, hi1) = run.engine.fragment_pieces
@@ -111,7 +122,11 @@ def test_fragments_own_disjoint_parts_of_the_residual() -> None:
 
 @pytest.mark.parametrize(
     "field,other",
-    [("wire_dtype", dict(wire="int4")), ("int8_block_size", dict(int8_block_size=32)), ("topk_fraction", {})],
+    [
+        ("wire_dtype", dict(wire="int4")),
+        ("int8_block_size", dict(int8_block_size=32)),
+        ("topk_fraction", {}),
+    ],
 )
 def test_a_state_with_a_residual_of_another_format_is_refused(field, other) -> None:
     saved = runner(config("int2+topk"))
@@ -119,8 +134,12 @@ def test_a_state_with_a_residual_of_another_format_is_refused(field, other) -> N
     kwargs = {"int8_block_size": other.get("int8_block_size", 64)}
     wire = other.get("wire", "int2" if field != "topk_fraction" else "int2")
     extra = FORMATS["int2+topk"] if field != "topk_fraction" else {}
-    cfg = AutoLoCoConfig(method="diloco", h_base=6, wire_dtype=wire, error_feedback=True, **kwargs, **extra)
-    with pytest.raises(ConfigMismatchError, match=rf"config\.{field}=.* when the checkpoint was written"):
+    cfg = AutoLoCoConfig(
+        method="diloco", h_base=6, wire_dtype=wire, error_feedback=True, **kwargs, **extra
+    )
+    with pytest.raises(
+        ConfigMismatchError, match=rf"config\.{field}=.* when the checkpoint was written"
+    ):
         runner(cfg).load_state_dict(_reloaded(saved.state_dict()))
 
 
@@ -130,7 +149,9 @@ def test_resume_with_another_number_of_workers_starts_from_zero_residuals(wire, 
     cfg = config(wire)
     run = runner(cfg)
     boundary = {}
-    run.engine.listeners.append(lambda record: boundary.setdefault("state", run.engine.boundary_state()))
+    run.engine.listeners.append(
+        lambda record: boundary.setdefault("state", run.engine.boundary_state())
+    )
     train(run, 0, 12)
     assert run.engine.error_feedback[0].residual.abs().max() > 0
     state = _reloaded(boundary["state"])
@@ -150,19 +171,22 @@ def test_a_non_finite_pseudo_gradient_leaves_the_residual_untouched() -> None:
     before = [f.residual.clone() for f in engine.error_feedback]
     train(run, 6, 11)
     with torch.no_grad():
-        next(run.models[1].parameters())[0].fill_(math.nan)  # worker 1 diverges just before the boundary
+        # worker 1 diverges just before the boundary
+        next(run.models[1].parameters())[0].fill_(math.nan)
     deltas, _ = engine.contributions(engine.current_interval)
     assert torch.equal(engine.error_feedback[1].residual, before[1])  # nothing absorbed
-    assert torch.isfinite(deltas[1]).all() and deltas[1].eq(0).all()  # zeroed before encoding, as today
-    assert not torch.equal(engine.error_feedback[0].residual, before[0])  # the finite worker's moved
+    # zeroed before encoding, as today
+    assert torch.isfinite(deltas[1]).all() and deltas[1].eq(0).all()
+    # the finite worker's moved
+    assert not torch.equal(engine.error_feedback[0].residual, before[0])
 
 
 @pytest.mark.parametrize("wire", ["int4", "fp4", "int2", "int2+topk"])
 def test_the_compiled_kernel_trains_bit_for_bit_like_eager(wire, monkeypatch) -> None:
     """codec_kernel="compiled" changes how the codes are computed, not one bit of the run.
 
-    Every call of what ``torch.compile`` returned is counted: a codec that kept to the eager path would train
-    the same run, so the count is what shows the compiled kernel ran.
+    Every call of what ``torch.compile`` returned is counted: a codec that kept to the eager path
+    would train the same run, so the count is what shows the compiled kernel ran.
     """
     kernel_calls = []
     real_compile = torch.compile
@@ -189,5 +213,7 @@ def test_the_compiled_kernel_trains_bit_for_bit_like_eager(wire, monkeypatch) ->
     for w in WORKERS:
         for p, q in zip(eager.models[w].parameters(), compiled.models[w].parameters()):
             assert torch.equal(p, q), wire
-        assert torch.equal(eager.engine.error_feedback[w].residual, compiled.engine.error_feedback[w].residual)
+        assert torch.equal(
+            eager.engine.error_feedback[w].residual, compiled.engine.error_feedback[w].residual
+        )
     assert records_of(eager) == records_of(compiled)

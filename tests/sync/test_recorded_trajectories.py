@@ -50,8 +50,9 @@ from autoloco_hf.sync.workers.local_workers import LocalWorkers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REGENERATE = "python tests/sync/test_recorded_trajectories.py --regenerate"
-# Elsewhere (another torch build, machine or CPU capability), measured: statistics move by up to 4e-4 relative
-# and the z-scores, differences of nearly equal numbers over a spread, by up to 7e-4 absolute (fixtures/README.md).
+# Elsewhere (another torch build, machine or CPU capability), measured: statistics move by up to
+# 4e-4 relative and the z-scores, differences of nearly equal numbers over a spread, by up to 7e-4
+# absolute (fixtures/README.md).
 FLOAT_RTOL_ELSEWHERE = 1e-2
 FLOAT_ATOL_ELSEWHERE = 1e-6
 Z_SCORE_ATOL_ELSEWHERE = 1e-2
@@ -87,7 +88,8 @@ SCENARIOS = (
         steps=160,
         warmup_steps=8,
         padded=True,
-        pins="all controller phases, proposals and adoptions 4 -> 10 reference steps, token mapping",
+        pins="all controller phases, proposals and adoptions 4 -> 10 "
+        "reference steps, token mapping",
     ),
     Scenario(
         "qsr",
@@ -105,12 +107,19 @@ SCENARIOS = (
     Scenario(
         "autoloco_int8",
         AutoLoCoConfig(
-            method="autoloco", controller="paper", h_base=4, q_h=1, h_max=8, wire_dtype="int8", int8_block_size=256
+            method="autoloco",
+            controller="paper",
+            h_base=4,
+            q_h=1,
+            h_max=8,
+            wire_dtype="int8",
+            int8_block_size=256,
         ),
         steps=120,
         warmup_steps=8,
         padded=True,
-        pins="INT8 owner-reduce wire (blocks of 256), adaptive horizon whose step length follows token density",
+        pins="INT8 owner-reduce wire (blocks of 256), adaptive horizon whose step "
+        "length follows token density",
     ),
     Scenario(
         "diloco_bf16",
@@ -139,10 +148,11 @@ def environment() -> dict[str, str]:
 
 
 def kernel_fingerprint() -> str:
-    """SHA-256 of the toy model after three AdamW steps on fixed batches: the float kernels the scenarios use.
+    """SHA-256 of the toy model after three AdamW steps on
+    fixed batches: the float kernels the scenarios use.
 
-    Two machines with the same torch build and CPU capability can still round differently (another CPU model's
-    matmul blocking); this tells them apart where the three fields above cannot.
+    Two machines with the same torch build and CPU capability can still round differently (another
+    CPU model's matmul blocking); this tells them apart where the three fields above cannot.
     """
     from autoloco_hf.toy.pattern import adamw, batch_for, make_model
 
@@ -175,14 +185,20 @@ def run(scenario: Scenario) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         warmup_steps=scenario.warmup_steps,
     )
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # fast on a shared CI machine; the toy model's results do not depend on it
+    # fast on a shared CI machine; the toy model's results do not depend on it
+    torch.set_num_threads(1)
     try:
         for step in range(scenario.steps):
-            runner.train_step([batch_for(w, step, scenario.padded) for w in range(scenario.workers)])
+            runner.train_step(
+                [batch_for(w, step, scenario.padded) for w in range(scenario.workers)]
+            )
     finally:
         torch.set_num_threads(threads)
     # through JSON, as the engine writes records, so that values compare as they are stored
-    records = [{k: v for k, v in json.loads(r.to_json()).items() if not is_timing(k)} for r in runner.engine.records]
+    records = [
+        {k: v for k, v in json.loads(r.to_json()).items() if not is_timing(k)}
+        for r in runner.engine.records
+    ]
     params = runner.engine.outer.params.detach().to(torch.float32).contiguous()
     final = {
         "totals": {k: v for k, v in runner.engine.totals.as_dict().items() if not is_timing(k)},
@@ -204,7 +220,9 @@ def _same(key: str, recorded: Any, got: Any, exact: bool) -> bool:
         atol = Z_SCORE_ATOL_ELSEWHERE if key in Z_SCORES else FLOAT_ATOL_ELSEWHERE
         return math.isclose(recorded, got, rel_tol=FLOAT_RTOL_ELSEWHERE, abs_tol=atol)
     if isinstance(recorded, list) and isinstance(got, list):
-        return len(recorded) == len(got) and all(_same(key, a, b, exact) for a, b in zip(recorded, got))
+        return len(recorded) == len(got) and all(
+            _same(key, a, b, exact) for a, b in zip(recorded, got)
+        )
     return type(recorded) is type(got) and recorded == got
 
 
@@ -213,10 +231,13 @@ def first_difference(
 ) -> str | None:
     """A one-line description of the first differing entry and key, or ``None`` when they agree.
 
-    Only the keys of ``recorded`` are compared: a key that ``got`` adds is ignored, a key it lacks is a difference.
+    Only the keys of ``recorded`` are compared: a key that
+    ``got`` adds is ignored, a key it lacks is a difference.
     """
     for i, (want, have) in enumerate(zip(recorded, got)):
-        where = f"{what} {i}" + (f" (start_step {want['start_step']})" if "start_step" in want else "")
+        where = f"{what} {i}" + (
+            f" (start_step {want['start_step']})" if "start_step" in want else ""
+        )
         for key, value in want.items():
             if is_timing(key):
                 continue
@@ -247,16 +268,21 @@ def write_fixture(scenario: Scenario) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_run_reproduces_the_recorded_trajectory(scenario: Scenario) -> None:
     records_path, final_path = fixture_paths(scenario.name)
-    assert records_path.exists() and final_path.exists(), f"no fixture for {scenario.name!r}: run `{REGENERATE}`"
+    assert records_path.exists() and final_path.exists(), (
+        f"no fixture for {scenario.name!r}: run `{REGENERATE}`"
+    )
     recorded_final = json.loads(final_path.read_text())
-    exact = recorded_final["environment"] == environment()  # fixtures recorded without "kernels": never exact
+    # fixtures recorded without "kernels": never exact
+    exact = recorded_final["environment"] == environment()
     records, final = run(scenario)
     hint = (
-        f"the trajectory of {scenario.name!r} changed ({'exact' if exact else f'rel_tol {FLOAT_RTOL_ELSEWHERE}'} "
-        f"comparison). If the change is intended, run `{REGENERATE} --only {scenario.name}` and commit the diff."
+        f"the trajectory of {scenario.name!r} changed "
+        f"({'exact' if exact else f'rel_tol {FLOAT_RTOL_ELSEWHERE}'} comparison). If the change is "
+        f"intended, run `{REGENERATE} --only {scenario.name}` and commit the diff."
     )
     params = {k: v for k, v in recorded_final.items() if k.startswith("params_")}
-    if not exact:  # last-bit differences elsewhere change the hash; the sum, norm and head still pin the values
+    # last-bit differences elsewhere change the hash; the sum, norm and head still pin the values
+    if not exact:
         params.pop("params_sha256")
     for difference in (
         first_difference(read_jsonl(str(records_path)), records, exact),
@@ -268,43 +294,71 @@ def test_run_reproduces_the_recorded_trajectory(scenario: Scenario) -> None:
 
 
 def test_fixtures_show_what_they_pin() -> None:
-    """A regenerated fixture must still exercise its method: adaptation, growing intervals, the wire format."""
+    """A regenerated fixture must still exercise its method:
+    adaptation, growing intervals, the wire format."""
     runs = {s.name: read_jsonl(str(fixture_paths(s.name)[0])) for s in SCENARIOS}
     for name in ("autoloco", "autoloco_int8"):
         rows = runs[name]
         decisions = {r["decision"] for r in rows}
-        assert {"propose", "adopt"} <= decisions, f"{name}: no adopted proposal in {sorted(decisions)}"
-        assert {"warmup", "calibration", "variability", "monitoring", "candidate"} <= {r["phase"] for r in rows}
+        assert {"propose", "adopt"} <= decisions, (
+            f"{name}: no adopted proposal in {sorted(decisions)}"
+        )
+        assert {"warmup", "calibration", "variability", "monitoring", "candidate"} <= {
+            r["phase"] for r in rows
+        }
         assert len({r["h_tok"] for r in rows}) >= 3, f"{name}: the horizon did not adapt"
-        assert len({r["tokens"] // r["h_step"] for r in rows}) > 1, f"{name}: the token density never changed"
-    assert len({r["h_step"] for r in runs["autoloco_int8"][:-1]}) > 1, "the step length did not follow the density"
+        assert len({r["tokens"] // r["h_step"] for r in rows}) > 1, (
+            f"{name}: the token density never changed"
+        )
+    assert len({r["h_step"] for r in runs["autoloco_int8"][:-1]}) > 1, (
+        "the step length did not follow the density"
+    )
     qsr = [r["h_step"] for r in runs["qsr"][:-1]]
-    assert qsr[0] == 4 and qsr == sorted(qsr) and qsr[-1] > 2 * qsr[0], f"qsr intervals do not grow: {qsr}"
+    assert qsr[0] == 4 and qsr == sorted(qsr) and qsr[-1] > 2 * qsr[0], (
+        f"qsr intervals do not grow: {qsr}"
+    )
     assert [r["h_step"] for r in runs["linear"][:-1]] == [3, 6, 9, 12, 15]
     assert {r["h_step"] for r in runs["diloco"]} == {4}
     fp32 = runs["diloco"][0]["payload_bytes"]
-    assert runs["diloco_bf16"][0]["payload_bytes"] * 2 == fp32, "BF16 must send half the FP32 payload"
-    assert 0 < runs["autoloco_int8"][0]["wire_bytes"] < fp32 / 2, "INT8 must send about a quarter of FP32"
+    assert runs["diloco_bf16"][0]["payload_bytes"] * 2 == fp32, (
+        "BF16 must send half the FP32 payload"
+    )
+    assert 0 < runs["autoloco_int8"][0]["wire_bytes"] < fp32 / 2, (
+        "INT8 must send about a quarter of FP32"
+    )
 
 
 def test_first_difference_names_interval_and_field() -> None:
-    recorded = [{"start_step": 0, "h_step": 4, "mu": 0.5}, {"start_step": 4, "h_step": 4, "mu": 0.5}]
-    assert first_difference(recorded, [dict(r, added_later=1) for r in recorded], exact=True) is None
+    recorded = [
+        {"start_step": 0, "h_step": 4, "mu": 0.5},
+        {"start_step": 4, "h_step": 4, "mu": 0.5},
+    ]
+    assert (
+        first_difference(recorded, [dict(r, added_later=1) for r in recorded], exact=True) is None
+    )
     changed = [recorded[0], dict(recorded[1], h_step=6)]
     assert (
         first_difference(recorded, changed, exact=True)
         == "interval 1 (start_step 4), field 'h_step': recorded 4, got 6"
     )
     gone = [recorded[0], {"start_step": 4, "h_step": 4}]
-    assert "field 'mu' is recorded but no longer produced" in first_difference(recorded, gone, exact=True)
+    assert "field 'mu' is recorded but no longer produced" in first_difference(
+        recorded, gone, exact=True
+    )
     assert first_difference(recorded, recorded[:1], exact=True) == "2 intervals recorded, got 1"
     nudged = [recorded[0], dict(recorded[1], mu=0.5 * (1 + 1e-9))]
     assert first_difference(recorded, nudged, exact=False) is None
     assert "field 'mu'" in first_difference(recorded, nudged, exact=True)
     moved = [recorded[0], dict(recorded[1], mu=0.5 * (1 + 2 * FLOAT_RTOL_ELSEWHERE))]
     assert "field 'mu'" in first_difference(recorded, moved, exact=False)
-    assert first_difference([{"z_drift": 0.0}], [{"z_drift": Z_SCORE_ATOL_ELSEWHERE / 2}], exact=False) is None
-    assert first_difference([{"mu": 0.0}], [{"mu": Z_SCORE_ATOL_ELSEWHERE / 2}], exact=False) is not None
+    assert (
+        first_difference([{"z_drift": 0.0}], [{"z_drift": Z_SCORE_ATOL_ELSEWHERE / 2}], exact=False)
+        is None
+    )
+    assert (
+        first_difference([{"mu": 0.0}], [{"mu": Z_SCORE_ATOL_ELSEWHERE / 2}], exact=False)
+        is not None
+    )
     assert first_difference([{"loss": math.nan}], [{"loss": math.nan}], exact=True) is None
     assert first_difference([{"z": None}], [{"z": 0.0}], exact=False) is not None
     assert first_difference([{"seconds": 1.0}], [{"seconds": 2.0}], exact=True) is None
@@ -315,10 +369,16 @@ def main(argv: list[str] | None = None) -> None:
         description="Regenerate the recorded-trajectory fixtures after an intended change."
     )
     parser.add_argument(
-        "--regenerate", action="store_true", required=True, help="rerun the scenarios and rewrite the fixtures"
+        "--regenerate",
+        action="store_true",
+        required=True,
+        help="rerun the scenarios and rewrite the fixtures",
     )
     parser.add_argument(
-        "--only", action="append", choices=sorted(BY_NAME), help="regenerate this scenario only (repeatable)"
+        "--only",
+        action="append",
+        choices=sorted(BY_NAME),
+        help="regenerate this scenario only (repeatable)",
     )
     args = parser.parse_args(argv)
     for name in args.only or list(BY_NAME):

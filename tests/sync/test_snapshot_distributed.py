@@ -1,4 +1,5 @@
-"""Elastic resume with real processes: 3 gloo processes snapshot, 2 go on, as 3 -> 2 simulated workers do (docs/algorithm.md#boundary-snapshots).
+"""Elastic resume with real processes: 3 gloo processes snapshot, 2 go on, as 3 -> 2 simulated
+workers do (docs/algorithm.md#boundary-snapshots).
 
 Two workers, because only a sum of two is the same in any order: the gloo
 all-reduce of three adds in another order than the simulation, so three
@@ -20,7 +21,12 @@ from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 CONFIG = AutoLoCoConfig(
-    method="autoloco", controller="paper", h_base=4, q_h=2, h_max=8, rule_options={"calibration_intervals": 2}
+    method="autoloco",
+    controller="paper",
+    h_base=4,
+    q_h=2,
+    h_max=8,
+    rule_options={"calibration_intervals": 2},
 )
 STEPS, WARMUP, FAULT = 40, 2, 14
 
@@ -56,7 +62,10 @@ def _after_the_fault(rank: int, world_size: int, folder: str) -> dict:
     workers.resume_from_snapshot(latest_snapshot(folder, CONFIG))
     while workers.step < STEPS:
         workers.train_step([batch_for(rank, workers.step, padded=True)])
-    return {"params": [p.detach().clone() for p in workers.models[0].parameters()], "records": records_of(workers)}
+    return {
+        "params": [p.detach().clone() for p in workers.models[0].parameters()],
+        "records": records_of(workers),
+    }
 
 
 def test_three_processes_snapshot_and_two_go_on_like_simulated_workers(tmp_path):

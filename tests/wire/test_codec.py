@@ -1,4 +1,5 @@
-"""Tests for the wire codecs and the owner-reduce aggregation (docs/algorithm.md#wire-codecs, paper Appendix G.1).
+"""Tests for the wire codecs and the owner-reduce aggregation
+(docs/algorithm.md#wire-codecs, paper Appendix G.1).
 
 Error bound used throughout (see autoloco_hf/wire/codec.py): per element
 ``|x - decode(encode(x))| <= scale * (1/2 + 2**-16)``. The ``2**-16`` slack covers
@@ -44,8 +45,11 @@ class Int8Blocks(NamedTuple):
 
 
 def encode_int8(x: torch.Tensor, block_size: int = BS) -> Int8Blocks:
-    """INT8 encoding of one 1-D chunk through the public codec (a single segment, the whole buffer)."""
-    return Int8Blocks(*WireCodec(WireDtype.INT8, [x.numel()], block_size).encode(x.to(torch.float32), 0))
+    """INT8 encoding of one 1-D chunk through the public
+    codec (a single segment, the whole buffer)."""
+    return Int8Blocks(
+        *WireCodec(WireDtype.INT8, [x.numel()], block_size).encode(x.to(torch.float32), 0)
+    )
 
 
 def decode_int8(blocks: Int8Blocks, block_size: int = BS) -> torch.Tensor:
@@ -59,11 +63,15 @@ def _gen(seed: int = 0) -> torch.Generator:
 
 def _per_element_scale(scales: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
     """Scale of the block each element of a single chunk belongs to."""
-    sizes = [block_size] * (numel // block_size) + ([numel % block_size] if numel % block_size else [])
+    sizes = [block_size] * (numel // block_size) + (
+        [numel % block_size] if numel % block_size else []
+    )
     return torch.repeat_interleave(scales, torch.tensor(sizes, dtype=torch.long))
 
 
-def _codec_element_scale(codec: WireCodec, scales: torch.Tensor, start: int, numel: int) -> torch.Tensor:
+def _codec_element_scale(
+    codec: WireCodec, scales: torch.Tensor, start: int, numel: int
+) -> torch.Tensor:
     """Scale of the block each element of a WireCodec slice belongs to."""
     parts, row = [], 0
     for _, n in codec.pieces(start, numel):
@@ -107,7 +115,17 @@ def _make(kind: str, numel: int = NUMEL) -> torch.Tensor:
     raise AssertionError(kind)
 
 
-KINDS = ["normal", "cauchy", "student_t2", "zeros", "constant", "denormal", "huge", "mixed_huge_small", "fp32_max"]
+KINDS = [
+    "normal",
+    "cauchy",
+    "student_t2",
+    "zeros",
+    "constant",
+    "denormal",
+    "huge",
+    "mixed_huge_small",
+    "fp32_max",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -117,7 +135,11 @@ def test_int8_roundtrip_within_half_scale(kind: str) -> None:
     assert enc.values.dtype == torch.int8 and enc.values.shape == x.shape
     assert enc.scales.dtype == torch.float32 and enc.scales.numel() == 4  # 3 full + 1 partial block
     assert int(enc.values.abs().max()) <= 127
-    assert torch.isfinite(enc.scales).all() and (enc.scales >= SCALE_MIN).all() and (enc.scales <= SCALE_MAX).all()
+    assert (
+        torch.isfinite(enc.scales).all()
+        and (enc.scales >= SCALE_MIN).all()
+        and (enc.scales <= SCALE_MAX).all()
+    )
     dec = decode_int8(enc, BS)
     assert dec.dtype == torch.float32 and torch.isfinite(dec).all()
     err = (x.double() - dec.double()).abs()
@@ -190,7 +212,9 @@ def test_scale_clamping_denormal_and_huge() -> None:
     big = torch.tensor([1e30, -1e30, 3e29, 1.0])
     dec = decode_int8(encode_int8(big, 8), 8)
     assert torch.isfinite(dec).all()
-    assert dec[0].item() == pytest.approx(1e30, rel=1e-6) and dec[1].item() == pytest.approx(-1e30, rel=1e-6)
+    assert dec[0].item() == pytest.approx(1e30, rel=1e-6) and dec[1].item() == pytest.approx(
+        -1e30, rel=1e-6
+    )
 
     edge = torch.tensor([FMAX, -FMAX, 1.0])
     enc = encode_int8(edge, 8)
@@ -253,7 +277,13 @@ def test_tiny_segment_keeps_precision_next_to_huge_segment() -> None:
 
 def _random_codec(wire: str, seed: int = 0, block_size: int = 64) -> WireCodec:
     g = _gen(seed)
-    sizes = torch.randint(0, 300, (17,), generator=g).tolist() + [1, block_size, block_size + 1, 0, 5 * block_size]
+    sizes = torch.randint(0, 300, (17,), generator=g).tolist() + [
+        1,
+        block_size,
+        block_size + 1,
+        0,
+        5 * block_size,
+    ]
     return WireCodec(wire, sizes, block_size=block_size)
 
 
@@ -261,7 +291,11 @@ def test_int8_wire_matches_per_piece_reference() -> None:
     """encode() of any slice equals encode_int8 applied to each segment ∩ slice."""
     codec = _random_codec("int8")
     flat = _make("student_t2", codec.numel)
-    for start, end in codec.partition(5) + [(0, codec.numel), (37, 1000), (codec.numel - 1, codec.numel)]:
+    for start, end in codec.partition(5) + [
+        (0, codec.numel),
+        (37, 1000),
+        (codec.numel - 1, codec.numel),
+    ]:
         values, scales = codec.encode(flat[start:end], start)
         pieces = codec.pieces(start, end - start)
         ref = [encode_int8(flat[start + o : start + o + n], codec.block_size) for o, n in pieces]
@@ -275,21 +309,28 @@ def test_int8_wire_matches_per_piece_reference() -> None:
 
 
 def _theory_bytes(codec: WireCodec, start: int, n: int) -> int:
-    """Bytes of a slice counted from the format's description: packed codes (per piece), offsets, scales."""
+    """Bytes of a slice counted from the format's description:
+    packed codes (per piece), offsets, scales."""
     bits = {"fp32": 32, "bf16": 16, "int8": 8, "int4": 4, "fp4": 4, "int2": 2}[codec.wire_dtype]
     total = 0
     for _, length in codec.pieces(start, n):
-        blocks = [codec.block_size] * (length // codec.block_size) + [length % codec.block_size] * bool(
+        blocks = [codec.block_size] * (length // codec.block_size) + [
             length % codec.block_size
+        ] * bool(length % codec.block_size)
+        kept = (
+            length
+            if codec.topk_fraction is None
+            else sum(math.ceil(codec.topk_fraction * b) for b in blocks)
         )
-        kept = length if codec.topk_fraction is None else sum(math.ceil(codec.topk_fraction * b) for b in blocks)
         offsets = 0 if codec.topk_fraction is None else 2 * kept
         scales = 4 * len(blocks) if bits <= 8 else 0
         total += math.ceil(kept * bits / 8) + offsets + scales
     return total
 
 
-WIRES_AND_TOPK = [(w, None) for w in WIRE_DTYPES] + [(w, f) for w in BLOCKWISE_WIRES for f in (0.02, 0.3, 1.0)]
+WIRES_AND_TOPK = [(w, None) for w in WIRE_DTYPES] + [
+    (w, f) for w in BLOCKWISE_WIRES for f in (0.02, 0.3, 1.0)
+]
 
 
 @pytest.mark.parametrize("wire,topk", WIRES_AND_TOPK)
@@ -372,7 +413,8 @@ def test_owner_reduce_mean_fp32_is_plain_mean_bit_for_bit() -> None:
 
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_owner_reduce_mean_int8_within_codec_bound(n: int) -> None:
-    """|result - exact mean| <= mean_i(s_i / 2) + s_mean / 2 (+ the 2**-16 slack each) + FP32 sum rounding.
+    """|result - exact mean| <= mean_i(s_i / 2) + s_mean / 2
+    (+ the 2**-16 slack each) + FP32 sum rounding.
 
     s_i is the scale of the block holding the element in worker i's encoding, s_mean
     the scale in the mean's re-encoding; the FP32 sum of N decoded values and the
@@ -388,11 +430,15 @@ def test_owner_reduce_mean_int8_within_codec_bound(n: int) -> None:
         decoded = []
         for c in cs:
             _, scales = codec.encode(c[start:end], start)
-            bound[start:end] += _codec_element_scale(codec, scales, start, end - start).double() * (0.5 + SLACK) / n
+            bound[start:end] += (
+                _codec_element_scale(codec, scales, start, end - start).double() * (0.5 + SLACK) / n
+            )
             decoded.append(codec.roundtrip(c[start:end], start))
             abs_sum[start:end] += decoded[-1].double().abs()
         _, mean_scales = owner_reduce_part(codec, decoded, start)
-        bound[start:end] += _codec_element_scale(codec, mean_scales, start, end - start).double() * (0.5 + SLACK)
+        bound[start:end] += _codec_element_scale(
+            codec, mean_scales, start, end - start
+        ).double() * (0.5 + SLACK)
     bound += abs_sum * 2.0**-23
     err = (result.double() - exact).abs()
     assert (err <= bound).all()
@@ -417,14 +463,17 @@ def test_owner_reduce_mean_bf16_within_bf16_rounding() -> None:
 def test_owner_reduce_mean_matches_message_passing(wire: str) -> None:
     """Simulate the distributed path with the shared helpers: send, owner step, broadcast.
 
-    Every worker must end up with exactly owner_reduce_mean's result (docs/algorithm.md#wire-codecs, #simulation).
+    Every worker must end up with exactly owner_reduce_mean's
+    result (docs/algorithm.md#wire-codecs, #simulation).
     """
     codec = _random_codec(wire, seed=5)
     n = 4
     cs = _contributions(codec, n)
     parts = codec.partition(n)
     # worker i sends wire tensors of its slice `owner` to that owner
-    inbox = {owner: [codec.encode(cs[i][s:e], s) for i in range(n)] for owner, (s, e) in enumerate(parts)}
+    inbox = {
+        owner: [codec.encode(cs[i][s:e], s) for i in range(n)] for owner, (s, e) in enumerate(parts)
+    }
     outbox = {}
     for owner, (s, e) in enumerate(parts):
         decoded = [codec.decode(w, s, e - s) for w in inbox[owner]]
@@ -469,13 +518,19 @@ def test_encode_decode_op_count_grows_with_chunks_not_blocks() -> None:
         calls_small, enc_small = _count_calls(lambda: encode_int8(small))
         calls_big, enc_big = _count_calls(lambda: encode_int8(big))
         assert enc_small.scales.numel() == 3 and enc_big.scales.numel() == 2442
-        groups = -(-big.numel() // CHUNK_ELEMENTS) + 1  # full blocks in groups, plus the partial last block
-        assert 0 < calls_small < calls_big <= calls_small * groups and calls_big < enc_big.scales.numel()
+        # full blocks in groups, plus the partial last block
+        groups = -(-big.numel() // CHUNK_ELEMENTS) + 1
+        assert (
+            0 < calls_small < calls_big <= calls_small * groups
+            and calls_big < enc_big.scales.numel()
+        )
         dec_small_calls, _ = _count_calls(lambda: decode_int8(enc_small))
         dec_big_calls, dec_big = _count_calls(lambda: decode_int8(enc_big))
         assert dec_big_calls <= dec_small_calls * groups and dec_big_calls < enc_big.scales.numel()
     err = (dec_big.double() - big.double()).abs()
-    assert (err <= _per_element_scale(enc_big.scales, big.numel(), BS).double() * (0.5 + SLACK)).all()
+    assert (
+        err <= _per_element_scale(enc_big.scales, big.numel(), BS).double() * (0.5 + SLACK)
+    ).all()
 
 
 def test_wire_codec_op_count_grows_with_segments_not_blocks() -> None:
@@ -520,7 +575,8 @@ def test_error_feedback_transmits_what_quantization_drops() -> None:
         plain_total += codec.roundtrip(delta, 0)
     assert torch.equal(plain_total[1:], torch.zeros(7))
     assert torch.allclose(sent_total + ef.residual, delta * rounds, rtol=1e-5, atol=1e-3)
-    assert (ef.residual.abs() <= 100.5 / 127).all()  # one round's error: scale / 2 of the compensated block
+    # one round's error: scale / 2 of the compensated block
+    assert (ef.residual.abs() <= 100.5 / 127).all()
     assert (sent_total[1:7] - delta[1:7] * rounds).abs().max() < 1.0
 
     restored = ErrorFeedback(codec.numel)

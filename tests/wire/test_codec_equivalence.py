@@ -24,7 +24,9 @@ def _reference_blocked(x: torch.Tensor, block_size: int) -> list[torch.Tensor]:
     return views
 
 
-def _reference_encode_piece(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int) -> None:
+def _reference_encode_piece(
+    x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, block_size: int
+) -> None:
     row = 0
     for xb, vb in zip(_reference_blocked(x, block_size), _reference_blocked(values, block_size)):
         amax = torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg())
@@ -38,7 +40,9 @@ def _reference_encode_piece(x: torch.Tensor, values: torch.Tensor, scales: torch
         row += scale.numel()
 
 
-def _reference_decode_piece(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int) -> None:
+def _reference_decode_piece(
+    values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block_size: int
+) -> None:
     out.copy_(values)
     row = 0
     for ob in _reference_blocked(out, block_size):
@@ -46,23 +50,33 @@ def _reference_decode_piece(values: torch.Tensor, scales: torch.Tensor, out: tor
         row += ob.shape[0]
 
 
-def _reference_int8(codec: WireCodec, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _reference_int8(
+    codec: WireCodec, x: torch.Tensor, start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     values = torch.empty(x.numel(), dtype=torch.int8)
     scales = torch.empty(codec.num_blocks(start, x.numel()), dtype=torch.float32)
     decoded = torch.empty(x.numel(), dtype=torch.float32)
     row = 0
     for off, n in codec.pieces(start, x.numel()):
         nb = -(-n // codec.block_size)
-        _reference_encode_piece(x[off : off + n], values[off : off + n], scales[row : row + nb], codec.block_size)
-        _reference_decode_piece(values[off : off + n], scales[row : row + nb], decoded[off : off + n], codec.block_size)
+        _reference_encode_piece(
+            x[off : off + n], values[off : off + n], scales[row : row + nb], codec.block_size
+        )
+        _reference_decode_piece(
+            values[off : off + n], scales[row : row + nb], decoded[off : off + n], codec.block_size
+        )
         row += nb
     return values, scales, decoded
 
 
 def _edge_case_input(numel: int, seed: int) -> torch.Tensor:
-    """Random values at mixed magnitudes plus zero, -0, tie, subnormal, huge and non-finite stretches."""
+    """Random values at mixed magnitudes plus zero, -0, tie,
+    subnormal, huge and non-finite stretches."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(numel, generator=gen) * 10.0 ** torch.randint(-30, 30, (numel,), generator=gen).float()
+    x = (
+        torch.randn(numel, generator=gen)
+        * 10.0 ** torch.randint(-30, 30, (numel,), generator=gen).float()
+    )
     specials = torch.tensor(
         [
             0.0,
@@ -79,7 +93,8 @@ def _edge_case_input(numel: int, seed: int) -> torch.Tensor:
             127.5,
         ]
     )
-    # specials in the first third only: later groups of blocks take the encoder's all-finite fast path
+    # specials in the first third only: later groups of
+    # blocks take the encoder's all-finite fast path
     idx = torch.randint(0, max(1, numel // 3), (max(1, numel // 150),), generator=gen)
     x[idx] = specials[torch.randint(0, len(specials), idx.shape, generator=gen)]
     if numel > 100:  # whole stretches of zeros and of subnormals (all-zero blocks, clamped scales)
@@ -99,7 +114,9 @@ def _edge_case_input(numel: int, seed: int) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_int8_bit_identical_to_reference(segments: list[int], block_size: int, threads: int) -> None:
+def test_int8_bit_identical_to_reference(
+    segments: list[int], block_size: int, threads: int
+) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -112,7 +129,8 @@ def test_int8_bit_identical_to_reference(segments: list[int], block_size: int, t
                 values, scales = codec.encode(part, start)
                 assert torch.equal(values, ref_values) and torch.equal(scales, ref_scales)
                 decoded = codec.decode([values, scales], start, end - start)
-                assert torch.equal(decoded.view(torch.int32), ref_decoded.view(torch.int32))  # -0 and +0 too
+                # -0 and +0 too
+                assert torch.equal(decoded.view(torch.int32), ref_decoded.view(torch.int32))
                 wire = codec.empty_wire(start, end - start)
                 out = torch.full((end - start,), 3.0)
                 assert codec.encode(part, start, out=wire) is wire

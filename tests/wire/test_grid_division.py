@@ -1,4 +1,5 @@
-"""The 4-bit and 2-bit wires divide ``max|x| / top`` as one IEEE division (``true_divide``), bytes unchanged on CPU.
+"""The 4-bit and 2-bit wires divide ``max|x| / top`` as one
+IEEE division (``true_divide``), bytes unchanged on CPU.
 
 CUDA divides by a Python number as a product with its reciprocal, which can be one ulp off; the grid
 codecs now divide by a 0-dim tensor like INT8. On the CPU both are the same kernel, so the encoded
@@ -14,7 +15,8 @@ import torch
 
 from autoloco_hf.wire.codec import WireCodec
 
-# SHA-256 (first 16 hex digits) of [packed codes, scales] of sample() in blocks of 64, recorded at 1bcdf92
+# SHA-256 (first 16 hex digits) of [packed codes, scales] of
+# sample() in blocks of 64, recorded at 1bcdf92
 RECORDED = {
     "int4": ["1543756bdc25b6ab", "857af4e9d7dabea8"],
     "fp4": ["806b2d4a6cf1f29b", "40d45061e307ddd6"],
@@ -23,7 +25,8 @@ RECORDED = {
 
 
 def sample() -> torch.Tensor:
-    """60 decades of magnitudes (many blocks whose quotient by the top level rounds), zeros and edge values."""
+    """60 decades of magnitudes (many blocks whose quotient
+    by the top level rounds), zeros and edge values."""
     g = torch.Generator().manual_seed(52)
     x = torch.randn(200_003, generator=g) * torch.logspace(-30, 30, 200_003)
     x[1000:1064] = 0.0

@@ -1,4 +1,5 @@
-"""The 4-bit, 2-bit and top-k wires (docs/algorithm.md#low-bit-wires) against plain references, bit for bit.
+"""The 4-bit, 2-bit and top-k wires (docs/algorithm.md#low-bit-wires)
+against plain references, bit for bit.
 
 The references below search the grid (``torch.bucketize`` over the midpoints),
 pack codes with Python integers and pick top-k entries with a stable sort per
@@ -53,7 +54,9 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return (padded * torch.tensor([2 ** (bits * j) for j in range(per)])).sum(dim=1)
 
 
-def _reference_dense(codec: WireCodec, x: torch.Tensor, start: int, grid: Grid, block: int | None = None):
+def _reference_dense(
+    codec: WireCodec, x: torch.Tensor, start: int, grid: Grid, block: int | None = None
+):
     """Packed bytes, scales and decoded slice, piece by piece and block by block."""
     block = block or codec.block_size
     packed, scales, decoded = [torch.zeros(0, dtype=torch.long)], [], torch.empty_like(x)
@@ -69,30 +72,39 @@ def _reference_dense(codec: WireCodec, x: torch.Tensor, start: int, grid: Grid, 
 
 
 def _edge_input(numel: int, seed: int, grid: Grid) -> torch.Tensor:
-    """Normal values, blocks of mixed magnitudes, exact ties on the grid's midpoints, zeros, -0.0 and tiny values."""
+    """Normal values, blocks of mixed magnitudes, exact ties
+    on the grid's midpoints, zeros, -0.0 and tiny values."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(numel, generator=g) * 10.0 ** torch.randint(-30, 30, (numel,), generator=g).float() ** 0
+    x = (
+        torch.randn(numel, generator=g)
+        * 10.0 ** torch.randint(-30, 30, (numel,), generator=g).float() ** 0
+    )
     x[: numel // 3] *= 10.0 ** torch.randint(-20, 20, (1,), generator=g).item()
     ties = torch.tensor([grid.magnitudes[-1], *grid.midpoints, *(-m for m in grid.midpoints)])
-    x[40 : 40 + ties.numel()] = ties  # a block whose max is the top level: scale 1, m exactly on the midpoints
+    # a block whose max is the top level: scale 1, m exactly on the midpoints
+    x[40 : 40 + ties.numel()] = ties
     x[40 + ties.numel() : 64] = 0.0
     x[64:80] = 0.0  # an all-zero stretch
     x[81] = -0.0
-    x[90:96] = torch.tensor([1e-40, -1e-39, 3e-45, 0.0, 1e-38, -1e-38])  # denormals: the lower scale clamp
+    # denormals: the lower scale clamp
+    x[90:96] = torch.tensor([1e-40, -1e-39, 3e-45, 0.0, 1e-38, -1e-38])
     return x
 
 
 SEGMENTS = [[1500], [37, 16, 300, 1, 999], [7, 7, 7, 234]]
 
 
-KERNELS = ["eager", "compiled"]  # codec_kernel: the compiled kernel must give the reference's bytes too
+# codec_kernel: the compiled kernel must give the reference's bytes too
+KERNELS = ["eager", "compiled"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("wire", list(GRIDS))
 @pytest.mark.parametrize("segments", SEGMENTS, ids=lambda s: f"{len(s)}seg")
 @pytest.mark.parametrize("block_size,threads", [(16, 1), (33, 2), (4096, 1)])
-def test_dense_grid_wire_bit_identical_to_reference(wire, segments, block_size, threads, kernel) -> None:
+def test_dense_grid_wire_bit_identical_to_reference(
+    wire, segments, block_size, threads, kernel
+) -> None:
     grid = GRIDS[wire]
     codec = WireCodec(wire, segments, block_size=block_size, kernel=kernel)
     x = _edge_input(codec.numel, seed=block_size, grid=grid)
@@ -120,7 +132,10 @@ def test_dense_grid_wire_spans_several_cache_groups(wire, kernel) -> None:
     packed, scales = codec.encode(x, 0)
     ref_packed, ref_scales, ref_decoded = _reference_dense(codec, x, 0, GRIDS[wire])
     assert torch.equal(packed, ref_packed) and torch.equal(scales, ref_scales)
-    assert torch.equal(codec.decode([packed, scales], 0, codec.numel).view(torch.int32), ref_decoded.view(torch.int32))
+    assert torch.equal(
+        codec.decode([packed, scales], 0, codec.numel).view(torch.int32),
+        ref_decoded.view(torch.int32),
+    )
 
 
 @pytest.mark.parametrize("wire", list(GRIDS))
@@ -133,12 +148,15 @@ def test_grid_error_is_at_most_half_the_widest_gap_times_the_scale(wire) -> None
     per_element = torch.repeat_interleave(scales, torch.tensor([4096, 4096, 4096, 17]))
     err = (codec.decode([packed, scales], 0, codec.numel) - x).abs()
     assert (err <= per_element * half_gap * (1 + 2.0**-16)).all()
-    assert float(err.max()) > 0.5 * float((per_element * half_gap).min())  # the bound is not vacuous
+    # the bound is not vacuous
+    assert float(err.max()) > 0.5 * float((per_element * half_gap).min())
 
 
 def test_fp4_decodes_to_the_e2m1_values() -> None:
     codec = WireCodec("fp4", [16], block_size=16)
-    x = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, 0.74])
+    x = torch.tensor(
+        [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, 0.74]
+    )
     assert codec.roundtrip(x, 0).tolist() == [*x[:15].tolist(), 0.5]
 
 
@@ -148,15 +166,21 @@ def test_non_finite_input_is_defined_and_decodes_finite(wire, kernel) -> None:
     codec = WireCodec(wire, [8], block_size=4, kernel=kernel)
     x = torch.tensor([math.nan, 1.0, math.inf, -2.0, 1.0, 2.0, 3.0, -math.inf])
     decoded = codec.roundtrip(x, 0)
-    assert torch.equal(decoded, WireCodec(wire, [8], block_size=4).roundtrip(x, 0))  # the same for both kernels
+    # the same for both kernels
+    assert torch.equal(decoded, WireCodec(wire, [8], block_size=4).roundtrip(x, 0))
     assert torch.isfinite(decoded).all()
     # NaN: code 0, the smallest positive level (0 except for int2) at the upper scale
-    assert decoded[0] == torch.tensor(GRIDS[wire].magnitudes[0] * _scale_max(GRIDS[wire].top), dtype=torch.float32)
+    assert decoded[0] == torch.tensor(
+        GRIDS[wire].magnitudes[0] * _scale_max(GRIDS[wire].top), dtype=torch.float32
+    )
     assert decoded[2] > 0 and decoded[7] < 0
 
 
-def _reference_topk(codec: WireCodec, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Offsets (as int64) and decoded slice: stable sort per block, kept values through the dense reference."""
+def _reference_topk(
+    codec: WireCodec, x: torch.Tensor, start: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Offsets (as int64) and decoded slice: stable sort per
+    block, kept values through the dense reference."""
     offsets, decoded = [], torch.zeros_like(x)
     grid = GRIDS.get(str(codec.wire_dtype))
     for off, n in codec.pieces(start, x.numel()):
@@ -164,7 +188,9 @@ def _reference_topk(codec: WireCodec, x: torch.Tensor, start: int) -> tuple[torc
         for b in range(off, off + n, codec.block_size):
             block = x[b : min(b + codec.block_size, off + n)]
             k = math.ceil(codec.topk_fraction * block.numel())
-            chosen = sorted(torch.sort(block.abs(), descending=True, stable=True).indices[:k].tolist())
+            chosen = sorted(
+                torch.sort(block.abs(), descending=True, stable=True).indices[:k].tolist()
+            )
             offsets += chosen
             kept_values.append(block[chosen])
             kept_at += [b + c for c in chosen]
@@ -174,7 +200,8 @@ def _reference_topk(codec: WireCodec, x: torch.Tensor, start: int) -> tuple[torc
         if grid is not None:
             _, _, dec = _reference_dense(inner, values, 0, grid)
         else:
-            dec = inner.roundtrip(values, 0)  # int8: its kernel is checked against its reference elsewhere
+            # int8: its kernel is checked against its reference elsewhere
+            dec = inner.roundtrip(values, 0)
         decoded[kept_at] = dec
     return torch.tensor(offsets, dtype=torch.int64), decoded
 
@@ -196,8 +223,11 @@ def test_topk_wire_bit_identical_to_reference(wire, fraction, block_size) -> Non
 
 
 def test_topk_keeps_the_largest_entries_of_every_block_and_zeros_the_rest() -> None:
-    codec = WireCodec("int4", [10, 6], block_size=5, topk_fraction=0.4)  # k = 2 of 5, 1 of the 1-element tail
-    x = torch.tensor([1.0, -9.0, 2.0, 8.0, 0.5, 3.0, 0.0, -4.0, 0.1, 0.2, 7.0, 1.0, 1.0, 1.0, 2.0, 5.0])
+    # k = 2 of 5, 1 of the 1-element tail
+    codec = WireCodec("int4", [10, 6], block_size=5, topk_fraction=0.4)
+    x = torch.tensor(
+        [1.0, -9.0, 2.0, 8.0, 0.5, 3.0, 0.0, -4.0, 0.1, 0.2, 7.0, 1.0, 1.0, 1.0, 2.0, 5.0]
+    )
     sent = codec.roundtrip(x, 0)
     assert (sent != 0).tolist() == [
         *[False, True, False, True, False],
@@ -209,8 +239,9 @@ def test_topk_keeps_the_largest_entries_of_every_block_and_zeros_the_rest() -> N
 
 @pytest.mark.parametrize("wire,topk", [(w, None) for w in LOSSY] + [("int2", 0.1), ("int4", 0.1)])
 def test_error_feedback_sends_everything_eventually(wire, topk) -> None:
-    """What the wire drops stays in the residual: sent total + residual = rounds * delta, and the sent
-    total tracks it; without feedback the small entries (or the unsent ones) are lost every round."""
+    """What the wire drops stays in the residual: sent total + residual
+    = rounds * delta, and the sent total tracks it; without feedback
+    the small entries (or the unsent ones) are lost every round."""
     codec = WireCodec(wire, [64], block_size=32, topk_fraction=topk)
     g = torch.Generator().manual_seed(4)
     delta = torch.randn(64, generator=g) * 0.1
@@ -228,10 +259,11 @@ def test_error_feedback_sends_everything_eventually(wire, topk) -> None:
 
 @pytest.mark.parametrize("wire", list(GRIDS))
 def test_error_feedback_keeps_what_three_owners_decode_on_an_uneven_partition(wire) -> None:
-    """The residual is the contribution minus what was sent: each owner's part encoded from its own start.
+    """The residual is the contribution minus what was sent:
+    each owner's part encoded from its own start.
 
-    100 elements over 3 workers are parts of 34, 33 and 33, none a whole number of 16-element blocks, so the
-    whole-buffer roundtrip (blocks from element 0) is not what was sent.
+    100 elements over 3 workers are parts of 34, 33 and 33, none a whole number of 16-element
+    blocks, so the whole-buffer roundtrip (blocks from element 0) is not what was sent.
     """
     codec = WireCodec(wire, [100], block_size=16)
     g = torch.Generator().manual_seed(7)
@@ -240,7 +272,10 @@ def test_error_feedback_keeps_what_three_owners_decode_on_an_uneven_partition(wi
     for _ in range(2):  # the second round sends x plus the first round's residual
         compensated = x + ef.residual
         sent = torch.cat(
-            [_reference_dense(codec, compensated[a:b], a, GRIDS[wire])[2] for a, b in ((0, 34), (34, 67), (67, 100))]
+            [
+                _reference_dense(codec, compensated[a:b], a, GRIDS[wire])[2]
+                for a, b in ((0, 34), (34, 67), (67, 100))
+            ]
         )
         assert not torch.equal(sent, _reference_dense(codec, compensated, 0, GRIDS[wire])[2])
         assert torch.equal(ef.apply(codec, x, 3), compensated)
@@ -251,7 +286,11 @@ def test_error_feedback_offset_touches_only_its_fragments_part() -> None:
     codec = WireCodec("int2", [10], block_size=10)
     ef = ErrorFeedback(30)
     ef.apply(codec, torch.linspace(-1, 1, 10), 1, offset=10)
-    assert ef.residual[:10].eq(0).all() and ef.residual[20:].eq(0).all() and ef.residual[10:20].ne(0).any()
+    assert (
+        ef.residual[:10].eq(0).all()
+        and ef.residual[20:].eq(0).all()
+        and ef.residual[10:20].ne(0).any()
+    )
 
 
 @pytest.mark.parametrize(
@@ -266,7 +305,10 @@ def test_error_feedback_offset_touches_only_its_fragments_part() -> None:
         (dict(wire_dtype="fp32", topk_fraction=0.1), "top-k values travel in a blockwise wire"),
         (dict(wire_dtype="int4", block_size=0), "block_size=0 is not a positive integer"),
         (dict(wire_dtype="int4", block_size=2.0), "block_size=2.0 is not a positive integer"),
-        (dict(wire_dtype="int4", block_size=70_000, topk_fraction=0.1), "offsets in a block are 16-bit"),
+        (
+            dict(wire_dtype="int4", block_size=70_000, topk_fraction=0.1),
+            "offsets in a block are 16-bit",
+        ),
     ],
 )
 def test_bad_wire_options_fail_at_construction_in_one_line(kwargs, message) -> None:

@@ -1,13 +1,16 @@
-"""The etcd leader's host lost with its worker, on a real link (docs/reliability.md "A lost etcd leader").
+"""The etcd leader's host lost with its worker, on a real
+link (docs/reliability.md "A lost etcd leader").
 
-Two network namespaces joined by a veth pair (``netns.py``): node A holds etcd members m0 and m1 and workers
-w0 and w1; node B holds member m2, made the cluster's leader, and worker w2. Mid-interval node B's two
-processes are killed together, as when a host loses power. The survivors' next store writes go to a member
-whose leader has just died: etcd holds such a write for about 7 s, the python-etcd client before gave up on
-it after 5 s (6.1-6.2 s to training again, against 1.3 s with a follower lost). With ``etcd_store``'s
-``request_timeout_s`` (2 s) the write goes to the next member once the others have elected a new leader.
+Two network namespaces joined by a veth pair (``netns.py``): node A holds etcd members m0 and m1 and
+workers w0 and w1; node B holds member m2, made the cluster's leader, and worker w2. Mid-interval
+node B's two processes are killed together, as when a host loses power. The survivors' next store
+writes go to a member whose leader has just died: etcd holds such a write for about 7 s, the
+python-etcd client before gave up on it after 5 s (6.1-6.2 s to training again, against 1.3 s with a
+follower lost). With ``etcd_store``'s ``request_timeout_s`` (2 s) the write goes to the next member
+once the others have elected a new leader.
 
-Skipped without root and ``ip netns``, or without the etcd server and python-etcd (the reasons say which).
+Skipped without root and ``ip netns``, or without the etcd
+server and python-etcd (the reasons say which).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from testbeds.netns import TwoNodes, netns_skip_reason
 
 NODE = 41  # namespaces alh-faults-41-{0,1}: apart from the other namespace tests
 PAUSE_AT = 6  # mid-interval (H 4): the survivors meet the loss at the boundary of step 8
-WAIT_LIMIT_S = 150.0  # start-up of 3 processes and 3 etcd members on a loaded 2-core machine, then the run
-TRAINING_AGAIN_S = 5.0  # the target: a lost leader costs no more than a lost follower (1.3 s measured)
+# start-up of 3 processes and 3 etcd members on a loaded 2-core machine, then the run
+WAIT_LIMIT_S = 150.0
+# the target: a lost leader costs no more than a lost follower (1.3 s measured)
+TRAINING_AGAIN_S = 5.0
 
 
 @pytest.fixture
@@ -37,10 +42,13 @@ def two_nodes():
     nodes = TwoNodes(k=NODE)
     nodes.create()
     yield nodes
-    nodes.destroy()  # every process still in the namespaces (workers, etcd members), then the namespaces
+    # every process still in the namespaces (workers, etcd members), then the namespaces
+    nodes.destroy()
 
 
-def test_the_etcd_leader_lost_with_its_worker_costs_the_survivors_under_5_s(two_nodes, tmp_path) -> None:
+def test_the_etcd_leader_lost_with_its_worker_costs_the_survivors_under_5_s(
+    two_nodes, tmp_path
+) -> None:
     nodes = two_nodes
     a, b = nodes.addr
     members = [(a, 2379, 2380), (a, 2381, 2382), (b, 2379, 2380)]
@@ -58,7 +66,9 @@ def test_the_etcd_leader_lost_with_its_worker_costs_the_survivors_under_5_s(two_
         ended = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
         if ended or time.monotonic() > deadline:
             logs = {name: (tmp_path / f"{name}.stderr").read_text()[-2000:] for name in procs}
-            raise AssertionError(f"never saw all three paused at step {PAUSE_AT} (ended: {ended}); stderr: {logs}")
+            raise AssertionError(
+                f"never saw all three paused at step {PAUSE_AT} (ended: {ended}); stderr: {logs}"
+            )
         time.sleep(0.05)
     assert cluster.leader() == 2, "the leadership moved while the workers started"
 

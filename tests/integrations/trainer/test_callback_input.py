@@ -1,4 +1,5 @@
-"""AutoLoCoCallback in one process: what it accepts, what it refuses, what it prints and what it leaves behind."""
+"""AutoLoCoCallback in one process: what it accepts, what it
+refuses, what it prints and what it leaves behind."""
 
 from __future__ import annotations
 
@@ -63,8 +64,15 @@ def test_arguments_are_exported_at_the_top():
 
 def test_config_as_a_dict_or_parsed_arguments():
     assert AutoLoCoCallback({"method": "diloco", "h_base": 4}).config.h_base == 4
-    assert AutoLoCoCallback(AutoLoCoArguments(autoloco_method="diloco", autoloco_h_base=4)).config.method == "diloco"
-    with pytest.raises(ConfigError, match=r"AutoLoCoConfig has no field 'h_bse' \(given 4\): did you mean h_base\?"):
+    assert (
+        AutoLoCoCallback(
+            AutoLoCoArguments(autoloco_method="diloco", autoloco_h_base=4)
+        ).config.method
+        == "diloco"
+    )
+    with pytest.raises(
+        ConfigError, match=r"AutoLoCoConfig has no field 'h_bse' \(given 4\): did you mean h_base\?"
+    ):
         AutoLoCoCallback({"h_bse": 4})
 
 
@@ -72,26 +80,44 @@ def test_config_as_a_dict_or_parsed_arguments():
     "config, line",
     [
         ({"hbase": 5}, "AutoLoCoConfig has no field 'hbase' (given 5): did you mean h_base?"),
-        ({"methd": "diloco"}, "AutoLoCoConfig has no field 'methd' (given 'diloco'): did you mean method?"),
+        (
+            {"methd": "diloco"},
+            "AutoLoCoConfig has no field 'methd' (given 'diloco'): did you mean method?",
+        ),
         (
             {"method": "dilco"},
-            "AutoLoCoConfig.method='dilco' is invalid: use one of ddp, diloco, autoloco, qsr, linear",
+            "AutoLoCoConfig.method='dilco' is invalid: use one of ddp, "
+            "diloco, autoloco, qsr, linear",
         ),
         ({"h_base": 0}, "AutoLoCoConfig.h_base=0 is invalid: it must be >= 1"),
         ({"h_base": "100"}, "AutoLoCoConfig.h_base='100' is invalid: pass an integer"),
         ({"outer_lr": -0.5}, "AutoLoCoConfig.outer_lr=-0.5 is invalid: it must be > 0.0"),
-        ({"outer_lr": float("nan")}, "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number"),
-        ({"adaptive_horizon": "false"}, "AutoLoCoConfig.adaptive_horizon='false' is invalid: pass True or False"),
+        (
+            {"outer_lr": float("nan")},
+            "AutoLoCoConfig.outer_lr=nan is invalid: pass a finite number",
+        ),
+        (
+            {"adaptive_horizon": "false"},
+            "AutoLoCoConfig.adaptive_horizon='false' is invalid: pass True or False",
+        ),
         (
             {"wire_dtype": "fp16"},
-            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, bf16, int8, int4, fp4, int2",
+            "AutoLoCoConfig.wire_dtype='fp16' is invalid: use one of fp32, "
+            "bf16, int8, int4, fp4, int2",
         ),
-        ({"h_base": 100, "q_h": 30}, "AutoLoCoConfig.q_h=30 is invalid: it must divide h_base=100 (e.g. q_h=25)"),
+        (
+            {"h_base": 100, "q_h": 30},
+            "AutoLoCoConfig.q_h=30 is invalid: it must divide h_base=100 (e.g. q_h=25)",
+        ),
         (
             {"h_base": 100, "h_max": 90},
-            "AutoLoCoConfig.h_max=90 is invalid: it must be at least h_base=100 (h_min <= h_base <= h_max)",
+            "AutoLoCoConfig.h_max=90 is invalid: it must be at least h_base=100 "
+            "(h_min <= h_base <= h_max)",
         ),
-        ({"mu_min": 0.8, "mu_max": 0.6}, "AutoLoCoConfig.mu_min=0.8 is invalid: it must not exceed mu_max=0.6"),
+        (
+            {"mu_min": 0.8, "mu_max": 0.6},
+            "AutoLoCoConfig.mu_min=0.8 is invalid: it must not exceed mu_max=0.6",
+        ),
         (
             {"error_feedback": True},
             "AutoLoCoConfig.error_feedback=True is invalid: it only applies to a lossy wire: "
@@ -99,8 +125,8 @@ def test_config_as_a_dict_or_parsed_arguments():
         ),
         (
             {"method": "ddp", "overlap": "eager"},
-            "AutoLoCoConfig.overlap='eager' is invalid: DDP averages gradients every step: use overlap='none' or an "
-            "interval method",
+            "AutoLoCoConfig.overlap='eager' is invalid: DDP averages gradients every step: use "
+            "overlap='none' or an interval method",
         ),
         ({"ranks_per_worker": 0}, "AutoLoCoConfig.ranks_per_worker=0 is invalid: it must be >= 1"),
     ],
@@ -115,11 +141,14 @@ def test_a_bad_config_is_one_line_naming_field_value_and_fix(config, line):
 def test_anything_else_is_refused_in_one_line(bad):
     with pytest.raises(TypeError) as exc:
         AutoLoCoCallback(bad)
-    assert "expected an AutoLoCoConfig or a dict of its fields" in str(exc.value) and "\n" not in str(exc.value)
+    assert "expected an AutoLoCoConfig or a dict of its fields" in str(
+        exc.value
+    ) and "\n" not in str(exc.value)
 
 
 def test_load_best_model_at_end_exports_a_synchronized_checkpoint(tmp_path):
-    """Checkpoints hold theta_t (the synchronized model), so the best one is a model the workers agreed on."""
+    """Checkpoints hold theta_t (the synchronized model), so
+    the best one is a model the workers agreed on."""
     from safetensors.torch import load_file
 
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=4))
@@ -132,7 +161,8 @@ def test_load_best_model_at_end_exports_a_synchronized_checkpoint(tmp_path):
         "metric_for_best_model": "eval_loss",
         "greater_is_better": True,
     }
-    # "best" = the highest loss: an early, mid-interval checkpoint (step 2), where the replica differs from theta_t
+    # "best" = the highest loss: an early, mid-interval
+    # checkpoint (step 2), where the replica differs from theta_t
     trainer = Trainer(
         model=tiny_llama(),
         args=training_args(tmp_path, **best),
@@ -143,8 +173,11 @@ def test_load_best_model_at_end_exports_a_synchronized_checkpoint(tmp_path):
     saved = {}
 
     class RecordTheta(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):  # runs after AutoLoCo's on_save restored the replica
-            saved[state.global_step] = [p.detach().clone() for p in callback.runtime.global_parameters()]
+        # runs after AutoLoCo's on_save restored the replica
+        def on_save(self, args, state, control, **kwargs):
+            saved[state.global_step] = [
+                p.detach().clone() for p in callback.runtime.global_parameters()
+            ]
 
     trainer.add_callback(RecordTheta())
     trainer.train()
@@ -178,14 +211,22 @@ class StopAt(TrainerCallback):
 
 
 def test_console_follows_logging_steps_and_trackers_get_every_sync(tmp_path, capsys):
-    """H = 1: a sync every step. The console prints the Trainer's 2 logs (with a one-field summary), not 8 sync dicts."""
+    """H = 1: a sync every step. The console prints the Trainer's
+    2 logs (with a one-field summary), not 8 sync dicts."""
     tracker = Tracker()
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=1))
     trainer = Trainer(
-        model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(), callbacks=[tracker, callback]
+        model=tiny_llama(),
+        args=training_args(tmp_path),
+        train_dataset=Tokens(),
+        callbacks=[tracker, callback],
     )
     trainer.train()
-    printed = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    printed = [
+        ast.literal_eval(line)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("{")
+    ]
     assert [p for p in printed if any(k.startswith("autoloco/") for k in p)] == []
     losses = [p for p in printed if "loss" in p]
     assert len(losses) == STEPS // 4
@@ -193,7 +234,9 @@ def test_console_follows_logging_steps_and_trackers_get_every_sync(tmp_path, cap
     syncs = [log for log in tracker.logs if "autoloco/syncs" in log]
     assert [log["autoloco/syncs"] for log in syncs] == [float(i) for i in range(1, STEPS + 1)]
     # the run folder that `autoloco report` reads
-    rows = [json.loads(line) for line in (tmp_path / "autoloco_steps.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "autoloco_steps.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [4, 8] and rows[-1]["syncs"] == STEPS
     summary = json.loads((tmp_path / "autoloco_summary.json").read_text())
     assert summary["totals"]["syncs"] == STEPS and summary["method"] == "diloco"
@@ -202,7 +245,10 @@ def test_console_follows_logging_steps_and_trackers_get_every_sync(tmp_path, cap
 def test_early_stop_warns_that_the_model_is_not_synchronized(tmp_path, caplog):
     callback = AutoLoCoCallback(AutoLoCoConfig(method="diloco", h_base=4))
     trainer = Trainer(
-        model=tiny_llama(), args=training_args(tmp_path), train_dataset=Tokens(), callbacks=[callback, StopAt(6)]
+        model=tiny_llama(),
+        args=training_args(tmp_path),
+        train_dataset=Tokens(),
+        callbacks=[callback, StopAt(6)],
     )
     with caplog.at_level(logging.WARNING, logger="autoloco_hf"):
         trainer.train()

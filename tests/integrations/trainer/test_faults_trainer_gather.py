@@ -1,9 +1,11 @@
-"""A peer lost while the survivor is in the Trainer's own loss gather (a logging step, no boundary) gives
-``PeerLostError`` within ``sync_timeout_s``: a closed connection at once, a partition after the bound, not after
-``ddp_timeout`` (30 minutes here, the Trainer's default). Two network namespaces, one torchrun agent each.
+"""A peer lost while the survivor is in the Trainer's own loss gather (a logging step, no boundary)
+gives ``PeerLostError`` within ``sync_timeout_s``: a closed connection at once, a partition after
+the bound, not after ``ddp_timeout`` (30 minutes here, the Trainer's default). Two network
+namespaces, one torchrun agent each.
 
-Rank 1 pauses at the end of step 6 before the Trainer logs it (``logging_steps=3``; boundaries at 4 and 8), so
-rank 0 is alone in the loss gather of step 6 when node 1's worker is killed or the link goes down.
+Rank 1 pauses at the end of step 6 before the Trainer logs it
+(``logging_steps=3``; boundaries at 4 and 8), so rank 0 is alone in the
+loss gather of step 6 when node 1's worker is killed or the link goes down.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def rank0_in_the_gather(nodes: TwoNodes, out: Path) -> None:
     spec = {**base_spec(out, pause={"step": GATHER_STEP, "ranks": [1]}), "logging_steps": 3}
     procs = launch_on_nodes(nodes, "trainer_worker.py", write_spec(spec), out)
     wait_for(lambda: (out / "paused_rank1").exists(), "rank 1 paused", procs)
-    wait_for(lambda: progress(out, 0)["step"] == GATHER_STEP, f"rank 0 at step {GATHER_STEP}", procs)
+    wait_for(
+        lambda: progress(out, 0)["step"] == GATHER_STEP, f"rank 0 at step {GATHER_STEP}", procs
+    )
     time.sleep(1.0)  # rank 0 is now blocked in the Trainer's loss gather, waiting for rank 1
 
 
@@ -52,7 +56,11 @@ def _run(scenario, k: int, out: Path) -> dict:
     nodes = TwoNodes(k)
     try:
         nodes.create()
-        return {"elapsed": scenario(nodes, out), "returncode": nodes.procs[0].returncode, "out": out}
+        return {
+            "elapsed": scenario(nodes, out),
+            "returncode": nodes.procs[0].returncode,
+            "out": out,
+        }
     except BaseException as err:  # handed to the scenario's test
         return {"error": err, "out": out}
     finally:
@@ -80,7 +88,9 @@ def survivor_line(result: dict) -> str:
     line = error_line(result["out"] / "node0.log")
     assert f"AutoLoCo: the Trainer's collectives at step {GATHER_STEP} failed: " in line, line
     assert "the loss gather, evaluation or checkpoint barrier on rank 0: rank 1" in line, line
-    assert "the outer state is the last synchronized one: restart from the last checkpoint" in line, line
+    assert (
+        "the outer state is the last synchronized one: restart from the last checkpoint" in line
+    ), line
     return line
 
 
@@ -95,4 +105,6 @@ def test_a_partition_during_the_loss_gather_ends_after_sync_timeout_s(outcomes):
     result = outcomes["link_down_in_the_gather"]
     line = survivor_line(result)
     assert f"rank 1 did not answer within sync_timeout_s={T:g}" in line, line
-    assert result["elapsed"] >= T - 3.0, f"node 0 exited after {result['elapsed']:.1f} s: before the bound"
+    assert result["elapsed"] >= T - 3.0, (
+        f"node 0 exited after {result['elapsed']:.1f} s: before the bound"
+    )

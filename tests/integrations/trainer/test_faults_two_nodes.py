@@ -1,4 +1,5 @@
-"""Faults between two nodes (two network namespaces, a veth link, one torchrun agent each) through the real Trainer.
+"""Faults between two nodes (two network namespaces, a veth
+link, one torchrun agent each) through the real Trainer.
 
 Every run is a tiny-Llama DiLoCo job (``trainer_worker.py``, 12 steps, syncs at
 steps 4, 8 and 12, a checkpoint at step 4) with ``sync_timeout_s=T`` and the
@@ -74,7 +75,9 @@ def wait_exit(proc: subprocess.Popen, limit: float) -> float:
     try:
         proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"node 0 still running {limit:.0f} s after the fault (sync_timeout_s={T})") from None
+        raise AssertionError(
+            f"node 0 still running {limit:.0f} s after the fault (sync_timeout_s={T})"
+        ) from None
     return time.monotonic() - start
 
 
@@ -84,19 +87,28 @@ def error_line(log: Path) -> str:
     return lines[-1]
 
 
-def check_survivor(out: Path, line: str, what: str = f"rank 1 did not answer within sync_timeout_s={T:g}") -> None:
-    """Node 0's one-line error names the step-8 sync and rank 1; nothing of interval 1 was written."""
+def check_survivor(
+    out: Path, line: str, what: str = f"rank 1 did not answer within sync_timeout_s={T:g}"
+) -> None:
+    """Node 0's one-line error names the step-8 sync and rank
+    1; nothing of interval 1 was written."""
     assert "AutoLoCo synchronization at step 8 (interval 1, steps 5-8) failed" in line, line
     assert what in line, line
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
     records = (out / "autoloco_intervals.jsonl").read_text().splitlines()
-    assert [json.loads(r)["start_step"] for r in records] == [0], "only the interval before the fault is recorded"
+    assert [json.loads(r)["start_step"] for r in records] == [0], (
+        "only the interval before the fault is recorded"
+    )
 
 
 def run_until_paused(nodes: TwoNodes, out: Path, ranks: list[int], **faults):
     spec_path = write_spec(base_spec(out, **faults))
     procs = launch_on_nodes(nodes, "trainer_worker.py", spec_path, out)
-    wait_for(lambda: all((out / f"paused_rank{r}").exists() for r in ranks), f"ranks {ranks} paused", procs)
+    wait_for(
+        lambda: all((out / f"paused_rank{r}").exists() for r in ranks),
+        f"ranks {ranks} paused",
+        procs,
+    )
     return procs
 
 
@@ -109,7 +121,8 @@ def link_down_during_an_interval(nodes: TwoNodes, out: Path) -> float:
 
 
 def link_down_during_a_collective(nodes: TwoNodes, out: Path) -> float:
-    """Rank 0 is inside the step-8 collective (rank 1 held back before it) when the link goes down."""
+    """Rank 0 is inside the step-8 collective (rank 1 held
+    back before it) when the link goes down."""
     procs = run_until_paused(nodes, out, [1], pause={"step": 8, "ranks": [1]})
     wait_for(lambda: progress(out, 0)["step"] == 8, "rank 0 at the step-8 sync", procs)
     time.sleep(1.0)  # rank 0 is now blocked in the collective, waiting for rank 1
@@ -165,36 +178,50 @@ def outcome(outcomes: dict, name: str, **expected) -> dict:
 
 
 def test_link_down_during_an_interval(outcomes):
-    """Both ranks start the sync after the partition: node 0 stops after T, not before, with the named error."""
+    """Both ranks start the sync after the partition: node 0
+    stops after T, not before, with the named error."""
     elapsed = outcome(outcomes, "link_down_during_an_interval")["elapsed"]
-    assert elapsed >= T - 0.5, f"node 0 exited after {elapsed:.1f} s: before the timeout, so not because of it"
+    assert elapsed >= T - 0.5, (
+        f"node 0 exited after {elapsed:.1f} s: before the timeout, so not because of it"
+    )
 
 
 def test_link_down_during_a_collective(outcomes):
     elapsed = outcome(outcomes, "link_down_during_a_collective")["elapsed"]
-    assert elapsed >= T - 3.0, f"node 0 exited after {elapsed:.1f} s: before the timeout, so not because of it"
+    assert elapsed >= T - 3.0, (
+        f"node 0 exited after {elapsed:.1f} s: before the timeout, so not because of it"
+    )
 
 
 def test_node1_worker_killed(outcomes):
     """A killed peer closes its connections: node 0 fails at the next sync, well within the bound.
 
-    gloo words it "Connection closed by peer [addr]:port" or, when the kernel resets the socket first,
-    "Read error [addr]:port: Connection reset by peer" (seen 1 in 4 runs): both name the peer's address.
+    gloo words it "Connection closed by peer [addr]:port" or, when the
+    kernel resets the socket first, "Read error [addr]:port: Connection
+    reset by peer" (seen 1 in 4 runs): both name the peer's address.
     """
-    result = outcome(outcomes, "node1_worker_killed", what="rank 1 closed its connection (its process ended) (")
+    result = outcome(
+        outcomes, "node1_worker_killed", what="rank 1 closed its connection (its process ended) ("
+    )
     line = error_line(result["out"] / "node0.log")
-    assert "[10.231.0." in line and ("Connection closed by peer" in line or "Connection reset by peer" in line), line
+    assert "[10.231.0." in line and (
+        "Connection closed by peer" in line or "Connection reset by peer" in line
+    ), line
 
 
 def test_restart_resumes_from_the_last_checkpoint(nodes, tmp_path):
     # (runs alone: it needs namespace pair 0 while nothing else loads the machine's 2 cores)
-    """``torchrun --max-restarts 1``: kill rank 1 mid-interval; both workers restart from checkpoint-4 and finish
-    with exactly the parameters of an uninterrupted run resumed from that checkpoint."""
+    """``torchrun --max-restarts 1``: kill rank 1 mid-interval; both
+    workers restart from checkpoint-4 and finish with exactly the
+    parameters of an uninterrupted run resumed from that checkpoint."""
     out = tmp_path / "restarted"
     spec = {**base_spec(out, pause={"step": 6, "ranks": [0, 1]}), "resume_last": True}
     procs = launch_on_nodes(nodes, "trainer_worker.py", write_spec(spec), out, max_restarts=1)
-    wait_for(lambda: all((out / f"paused_rank{r}").exists() for r in (0, 1)), "both ranks paused", procs)
-    shutil.copytree(out / "checkpoint-4", tmp_path / "reference" / "checkpoint-4")  # before anything rewrites it
+    wait_for(
+        lambda: all((out / f"paused_rank{r}").exists() for r in (0, 1)), "both ranks paused", procs
+    )
+    # before anything rewrites it
+    shutil.copytree(out / "checkpoint-4", tmp_path / "reference" / "checkpoint-4")
     os.kill(progress(out, 1)["pid"], signal.SIGKILL)
     for node, proc in enumerate(procs):
         try:

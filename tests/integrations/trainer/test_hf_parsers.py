@@ -1,4 +1,5 @@
-"""AutoLoCoConfig through Hugging Face's parsers: beside TrainingArguments / SFTConfig, with help, choices, YAML."""
+"""AutoLoCoConfig through Hugging Face's parsers: beside
+TrainingArguments / SFTConfig, with help, choices, YAML."""
 
 from __future__ import annotations
 
@@ -30,10 +31,19 @@ def test_every_config_field_has_a_prefixed_argument_with_help():
 
 
 def test_the_short_form_works_in_a_users_own_parser(tmp_path):
-    """`--autoloco FIELD=VALUE` (repeatable) beside TrainingArguments, with no "ambiguous option" error."""
+    """`--autoloco FIELD=VALUE` (repeatable) beside
+    TrainingArguments, with no "ambiguous option" error."""
     parser = HfArgumentParser((TrainingArguments, AutoLoCoArguments))
     _, autoloco = parser.parse_args_into_dataclasses(
-        ["--output_dir", str(tmp_path), "--autoloco", "h_base=10", "--autoloco", "method=diloco", "outer_lr=7e-1"]
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--autoloco",
+            "h_base=10",
+            "--autoloco",
+            "method=diloco",
+            "outer_lr=7e-1",
+        ]
     )
     assert autoloco.overrides() == {"method": "diloco", "h_base": 10, "outer_lr": 0.7}
     assert autoloco.to_config().method == Method.DILOCO and autoloco.autoloco is None
@@ -42,12 +52,22 @@ def test_the_short_form_works_in_a_users_own_parser(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--autoloco", "hbase=10"], "--autoloco hbase=10: AutoLoCoConfig has no field 'hbase'; did you mean h_base?"),
-        (["--autoloco", "h_base"], "--autoloco 'h_base': write FIELD=VALUE, e.g. --autoloco h_base=250"),
-        (["--autoloco", "h_base=ten"], "--autoloco_h_base='ten' is not a valid int: write e.g. --autoloco_h_base 500"),
+        (
+            ["--autoloco", "hbase=10"],
+            "--autoloco hbase=10: AutoLoCoConfig has no field 'hbase'; did you mean h_base?",
+        ),
+        (
+            ["--autoloco", "h_base"],
+            "--autoloco 'h_base': write FIELD=VALUE, e.g. --autoloco h_base=250",
+        ),
+        (
+            ["--autoloco", "h_base=ten"],
+            "--autoloco_h_base='ten' is not a valid int: write e.g. --autoloco_h_base 500",
+        ),
         (
             ["--autoloco", "map_tokens=maybe"],
-            "--autoloco_map_tokens='maybe' is not a valid bool: write e.g. --autoloco_map_tokens true",
+            "--autoloco_map_tokens='maybe' is not a valid bool: write e.g. "
+            "--autoloco_map_tokens true",
         ),
         (
             ["--autoloco_h_base", "5", "--autoloco", "h_base=10"],
@@ -65,7 +85,9 @@ def test_a_bad_short_form_item_is_one_line(tmp_path, argv, message):
 def test_a_yaml_autoloco_mapping_is_the_short_form(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("output_dir: out\nautoloco:\n  h_base: 100\n  outer_lr: 7e-1\n")
-    _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(str(path))
+    _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(
+        str(path)
+    )
     assert autoloco.overrides() == {"h_base": 100, "outer_lr": 0.7}
 
 
@@ -101,10 +123,13 @@ def test_composes_with_training_arguments(tmp_path, capsys):
         7,
         WireDtype.BF16,
     )
-    assert config.error_feedback is True and config.outer_lr == 0.7  # the rest keeps the config's defaults
+    # the rest keeps the config's defaults
+    assert config.error_feedback is True and config.outer_lr == 0.7
     assert autoloco.to_config(h_base=500).h_base == 100  # given fields win over a preset
     with pytest.raises(SystemExit) as exc:
-        parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--autoloco_method", "dilco"])
+        parser.parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--autoloco_method", "dilco"]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--autoloco_method" in err and "invalid choice: 'dilco'" in err and "'diloco'" in err
@@ -113,9 +138,14 @@ def test_composes_with_training_arguments(tmp_path, capsys):
 def test_yaml_numbers_that_arrive_as_strings_are_converted(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
-        "output_dir: out\nautoloco_outer_lr: 7e-1\nautoloco_h_base: '100'\nautoloco_adjust_momentum: 'false'\n"
+        "output_dir: out\n"
+        "autoloco_outer_lr: 7e-1\n"
+        "autoloco_h_base: '100'\n"
+        "autoloco_adjust_momentum: 'false'\n"
     )
-    _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(str(path))
+    _, autoloco = HfArgumentParser((TrainingArguments, AutoLoCoArguments)).parse_yaml_file(
+        str(path)
+    )
     config = autoloco.to_config()
     assert (config.outer_lr, config.h_base, config.adjust_momentum) == (0.7, 100, False)
     with pytest.raises(ConfigError, match=r"--autoloco_h_base='1.5' is not a valid int"):
@@ -140,16 +170,33 @@ def test_trl_parser_with_a_yaml_config(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--autoloco_controller", "descent", "--autoloco_rule_options", "gain=0.9,start_probe=1.85"],
-        ["--autoloco", "controller=descent", "--autoloco", 'rule_options={"gain": 0.9, "start_probe": 1.85}'],
+        [
+            "--autoloco_controller",
+            "descent",
+            "--autoloco_rule_options",
+            "gain=0.9,start_probe=1.85",
+        ],
+        [
+            "--autoloco",
+            "controller=descent",
+            "--autoloco",
+            'rule_options={"gain": 0.9, "start_probe": 1.85}',
+        ],
     ],
 )
 def test_rule_options_from_the_command_line(argv):
-    """A rule's options arrive as NAME=VALUE,... text or JSON and become the rule's options dataclass."""
+    """A rule's options arrive as NAME=VALUE,... text or JSON
+    and become the rule's options dataclass."""
     (args,) = HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(argv)
     options = args.to_config().rule_options
-    assert (type(options).__name__, options.gain, options.start_probe) == ("DescentOptions", 0.9, 1.85)
-    with pytest.raises(ConfigError, match=r"rule_options\['gian'\] is not an option of rule 'descent'"):
+    assert (type(options).__name__, options.gain, options.start_probe) == (
+        "DescentOptions",
+        0.9,
+        1.85,
+    )
+    with pytest.raises(
+        ConfigError, match=r"rule_options\['gian'\] is not an option of rule 'descent'"
+    ):
         HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(
             ["--autoloco_controller", "descent", "--autoloco_rule_options", "gian=0.9"]
         )[0].to_config()
@@ -158,13 +205,21 @@ def test_rule_options_from_the_command_line(argv):
 @pytest.mark.parametrize(
     "argv, named",
     [
-        (["--autoloco_method", "diloco", "--autoloco_controller", "descent"], "controller='descent'"),  # the default
+        # the default
+        (
+            ["--autoloco_method", "diloco", "--autoloco_controller", "descent"],
+            "controller='descent'",
+        ),
         (["--autoloco", "method=qsr", "--autoloco", "outer_momentum=0.9"], "outer_momentum=0.9"),
     ],
 )
 def test_a_given_field_that_does_nothing_is_refused_at_its_default_too(argv, named):
-    """What a user typed must act: a default value is refused when it was given (construction cannot tell)."""
+    """What a user typed must act: a default value is refused
+    when it was given (construction cannot tell)."""
     (args,) = HfArgumentParser((AutoLoCoArguments,)).parse_args_into_dataclasses(argv)
-    with pytest.raises(ConfigError, match=f"{re.escape(named)} is invalid: it only applies with method="):
+    with pytest.raises(
+        ConfigError, match=f"{re.escape(named)} is invalid: it only applies with method="
+    ):
         args.to_config()
-    assert AutoLoCoConfig(method="diloco", controller="descent").method == Method.DILOCO  # not given: accepted
+    # not given: accepted
+    assert AutoLoCoConfig(method="diloco", controller="descent").method == Method.DILOCO

@@ -1,4 +1,5 @@
-"""AutoLoCo's console lines follow the Trainer's log_level (main process) and log_level_replica (other ranks)."""
+"""AutoLoCo's console lines follow the Trainer's log_level
+(main process) and log_level_replica (other ranks)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import logging
 import pytest
 from transformers import TrainingArguments
 
-from autoloco_hf.integrations.trainer.log_levels import PACKAGE_LOGGER, apply_trainer_log_levels, process_log_level
+from autoloco_hf.integrations.trainer.log_levels import (
+    PACKAGE_LOGGER,
+    apply_trainer_log_levels,
+    process_log_level,
+)
 
 
 def args(tmp_path, **overrides) -> TrainingArguments:
@@ -39,4 +44,6 @@ def test_the_process_level_is_the_trainers(tmp_path, monkeypatch, main, override
     assert process_log_level(training_args) == level
     apply_trainer_log_levels(training_args)
     assert logging.getLogger(PACKAGE_LOGGER).level == level
-    assert logging.getLogger("autoloco_hf.integrations.trainer.callback").getEffectiveLevel() == level
+    assert (
+        logging.getLogger("autoloco_hf.integrations.trainer.callback").getEffectiveLevel() == level
+    )

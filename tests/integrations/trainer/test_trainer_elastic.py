@@ -1,11 +1,12 @@
-"""Trainer + AutoLoCoCallback in real processes: a run killed with N workers goes on from its last boundary with N' (docs/algorithm.md#boundary-snapshots).
+"""Trainer + AutoLoCoCallback in real processes: a run killed with N workers goes on from its last
+boundary with N' (docs/algorithm.md#boundary-snapshots).
 
-The first launch (``snapshot_dir`` set) loses a rank inside an interval; a second launch with another number of
-processes calls ``callback.resume_point()``. Right after the resume every rank holds what the library-level
-resume (``IntervalEngine.resume_at_boundary`` on N' simulated workers) gives: the same outer state, policy,
-planned interval, totals and records; the model is ``theta_t`` and AdamW starts fresh; from there on the
-learning rates and batches are those of an uninterrupted N'-process run at the same steps (the Trainer's
-own scheduler and ``skip_first_batches``).
+The first launch (``snapshot_dir`` set) loses a rank inside an interval; a second launch with
+another number of processes calls ``callback.resume_point()``. Right after the resume every rank
+holds what the library-level resume (``IntervalEngine.resume_at_boundary`` on N' simulated workers)
+gives: the same outer state, policy, planned interval, totals and records; the model is ``theta_t``
+and AdamW starts fresh; from there on the learning rates and batches are those of an uninterrupted
+N'-process run at the same steps (the Trainer's own scheduler and ``skip_first_batches``).
 """
 
 from __future__ import annotations
@@ -45,17 +46,21 @@ def spec(out: Path, **extra) -> dict:
 
 
 def library_resume(snapshot, workers: int) -> dict:
-    """The library-level resume of ``snapshot`` on ``workers`` simulated workers, over the Trainer's LR schedule."""
+    """The library-level resume of ``snapshot`` on ``workers``
+    simulated workers, over the Trainer's LR schedule."""
     runner = LocalWorkers(
         AutoLoCoConfig(**AUTOLOCO),
         tiny_llama(**LLAMA, seed=0),
         SimulatedCommunicator(workers),
         lambda params: torch.optim.AdamW(params, lr=LR),
-        scheduler_factory=lambda optimizer: get_cosine_schedule_with_warmup(optimizer, WARMUP, STEPS),
+        scheduler_factory=lambda optimizer: get_cosine_schedule_with_warmup(
+            optimizer, WARMUP, STEPS
+        ),
         total_steps=STEPS,
         warmup_steps=WARMUP,
     )
-    runner.engine.resume_at_boundary(snapshot.engine_state)  # the LR schedule is the Trainer's business here
+    # the LR schedule is the Trainer's business here
+    runner.engine.resume_at_boundary(snapshot.engine_state)
     return runner.engine.boundary_state()
 
 
@@ -75,14 +80,19 @@ def assert_same(a, b, where: str = "boundary_state") -> None:
 
 
 def kill_and_resume(out: Path, before: int, after: int) -> tuple[object, list[dict]]:
-    """``before`` processes, rank ``before - 1`` killed after step KILL; then ``after`` processes resume."""
-    torchrun_failing("trainer_worker.py", spec(out, kill={"rank": before - 1, "step": KILL}), nproc=before)
+    """``before`` processes, rank ``before - 1`` killed after
+    step KILL; then ``after`` processes resume."""
+    torchrun_failing(
+        "trainer_worker.py", spec(out, kill={"rank": before - 1, "step": KILL}), nproc=before
+    )
     snapshot = latest_snapshot(str(out / "snapshots"), AutoLoCoConfig(**AUTOLOCO))
-    # the killed rank is the last one, which writes the second copy: whether its copy of this boundary was
-    # finished when it died is a race, so only the main process's snapshot is relied on (the copy is tested in
-    # tests/sync/test_snapshot.py)
+    # the killed rank is the last one, which writes the second copy: whether its copy of this
+    # boundary was finished when it died is a race, so only the main process's snapshot is relied on
+    # (the copy is tested in tests/sync/test_snapshot.py)
     assert snapshot.workers == before and 0 < snapshot.step <= KILL
-    return snapshot, torchrun("trainer_worker.py", spec(out, resume_point=True, record_batches=True), nproc=after)
+    return snapshot, torchrun(
+        "trainer_worker.py", spec(out, resume_point=True, record_batches=True), nproc=after
+    )
 
 
 def check_resumed(snapshot, results: list[dict], workers: int) -> None:
@@ -91,15 +101,23 @@ def check_resumed(snapshot, results: list[dict], workers: int) -> None:
     for rank, result in enumerate(results):
         begin = result["begin"]
         assert begin["step"] == snapshot.step and begin["optimizer_state"] == 0, f"rank {rank}"
-        assert torch.equal(torch.cat([p.reshape(-1) for p in begin["params"]]), theta), f"rank {rank}: not theta_t"
+        assert torch.equal(torch.cat([p.reshape(-1) for p in begin["params"]]), theta), (
+            f"rank {rank}: not theta_t"
+        )
         assert_same(begin["boundary_state"], expected, f"rank {rank} boundary_state")
-        assert result["global_step"] == STEPS and result["totals"]["syncs"] > len(snapshot.engine_state["records"])
+        assert result["global_step"] == STEPS and result["totals"]["syncs"] > len(
+            snapshot.engine_state["records"]
+        )
     [line] = [x for x in results[0]["log_lines"] if "resumed step" in x]
     assert f"resumed step {snapshot.step} from the boundary snapshot" in line
     assert f"({snapshot.workers} workers, now {workers})" in line
-    decisions = [[{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in x["records"]] for x in results]
+    decisions = [
+        [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in x["records"]]
+        for x in results
+    ]
     assert all(d == decisions[0] for d in decisions)  # every worker took the same decisions
-    # two launches wrote into one folder: only the last two boundaries stay, whoever wrote them, no temporary file
+    # two launches wrote into one folder: only the last two
+    # boundaries stay, whoever wrote them, no temporary file
     folder = os.path.dirname(snapshot.path)
     last_two = [r["start_step"] + r["h_step"] for r in results[0]["records"]][-2:]
     assert sorted({step_of(p) for p in snapshot_paths(folder)}) == last_two
@@ -112,10 +130,13 @@ def test_three_workers_lose_one_and_two_go_on_from_the_last_boundary(tmp_path):
     full = torchrun("trainer_worker.py", spec(tmp_path / "full", record_batches=True), nproc=2)
     step = snapshot.step
     for rank in range(2):
-        assert resumed[rank]["lrs"] == full[rank]["lrs"][step:], f"rank {rank}: the LR scheduler at the boundary"
+        assert resumed[rank]["lrs"] == full[rank]["lrs"][step:], (
+            f"rank {rank}: the LR scheduler at the boundary"
+        )
         done, skipped = resumed[rank]["batches"], full[rank]["batches"][step:]
         assert len(done) == len(skipped) == STEPS - step, f"rank {rank}"
-        for a, b in zip(done, skipped):  # the data position: the boundary step's, in this launch's sharding
+        # the data position: the boundary step's, in this launch's sharding
+        for a, b in zip(done, skipped):
             assert all(torch.equal(a[k], b[k]) for k in a), f"rank {rank}: another batch"
 
 

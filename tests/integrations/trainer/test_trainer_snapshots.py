@@ -1,7 +1,9 @@
-"""One-process Trainer + AutoLoCoCallback with ``snapshot_dir``: a restart resumes from the last boundary (docs/algorithm.md#boundary-snapshots).
+"""One-process Trainer + AutoLoCoCallback with ``snapshot_dir``: a restart resumes from the last
+boundary (docs/algorithm.md#boundary-snapshots).
 
-The Trainer's own resume path (``global_step``, LR scheduler, ``skip_first_batches``) brings the run to the
-boundary; what fails to verify is refused in one line naming the field. Other numbers of workers:
+The Trainer's own resume path (``global_step``, LR scheduler,
+``skip_first_batches``) brings the run to the boundary; what fails to
+verify is refused in one line naming the field. Other numbers of workers:
 tests/integrations/trainer/test_trainer_elastic.py.
 """
 
@@ -27,7 +29,8 @@ DATA = [item(i) for i in range(STEPS * 2)]
 
 
 class Watch(TrainerCallback):
-    """Test-only: what each step trained on and at which learning rate; optionally stops after ``stop_at``."""
+    """Test-only: what each step trained on and at which
+    learning rate; optionally stops after ``stop_at``."""
 
     def __init__(self, stop_at: int | None = None) -> None:
         self.stop_at = stop_at
@@ -56,7 +59,9 @@ class Watch(TrainerCallback):
 
 
 def run(output_dir, config: dict, stop_at=None, resume=False, **kwargs):
-    trainer, callback = make_trainer(output_dir, DATA, config, max_steps=STEPS, warmup_steps=2, **kwargs)
+    trainer, callback = make_trainer(
+        output_dir, DATA, config, max_steps=STEPS, warmup_steps=2, **kwargs
+    )
     watch = Watch(stop_at)
     trainer.add_callback(watch)
     point = callback.resume_point() if resume else None
@@ -92,18 +97,26 @@ def test_a_restart_resumes_from_the_last_boundary_by_the_trainers_path(stopped, 
 
     _, _, full, _ = run(tmp_path / "full", {"method": "diloco", "h_base": 4})
     assert watch.lrs == full.lrs[4:]  # the scheduler at the boundary step
-    assert all(torch.equal(a, b) for a, b in zip(watch.batches, full.batches[4:], strict=True))  # data position
+    # data position
+    assert all(torch.equal(a, b) for a, b in zip(watch.batches, full.batches[4:], strict=True))
 
 
 def test_a_newer_trainer_checkpoint_of_the_same_layout_is_resumed_instead(tmp_path):
     run(tmp_path, diloco(tmp_path / "snapshots"), stop_at=7, save_strategy="steps", save_steps=6)
-    trainer, callback = make_trainer(tmp_path, DATA, diloco(tmp_path / "snapshots"), max_steps=STEPS)
-    assert callback.resume_point() == str(tmp_path / "checkpoint-6")  # carries the inner state: exact
+    trainer, callback = make_trainer(
+        tmp_path, DATA, diloco(tmp_path / "snapshots"), max_steps=STEPS
+    )
+    # carries the inner state: exact
+    assert callback.resume_point() == str(tmp_path / "checkpoint-6")
 
 
 def test_another_algorithm_setting_is_refused_naming_the_field(stopped, tmp_path):
-    _, callback = make_trainer(tmp_path, DATA, {**diloco(stopped / "snapshots"), "h_base": 3}, max_steps=STEPS)
-    with pytest.raises(ConfigMismatchError, match=r"field config\.h_base=4 when the checkpoint was written"):
+    _, callback = make_trainer(
+        tmp_path, DATA, {**diloco(stopped / "snapshots"), "h_base": 3}, max_steps=STEPS
+    )
+    with pytest.raises(
+        ConfigMismatchError, match=r"field config\.h_base=4 when the checkpoint was written"
+    ):
         callback.resume_point()
 
 
@@ -121,7 +134,9 @@ def test_damaged_snapshots_are_refused(tmp_path, caplog):
 
 
 def test_a_fresh_start_over_earlier_snapshots_is_refused(stopped, tmp_path):
-    with pytest.raises(AutoLoCoConfigurationError, match=r"snapshot_dir=.* holds boundary snapshots past step 0"):
+    with pytest.raises(
+        AutoLoCoConfigurationError, match=r"snapshot_dir=.* holds boundary snapshots past step 0"
+    ):
         run(tmp_path, diloco(stopped / "snapshots"))
     assert not os.path.exists(tmp_path / "checkpoint-4")
 
@@ -129,7 +144,8 @@ def test_a_fresh_start_over_earlier_snapshots_is_refused(stopped, tmp_path):
 def test_a_resume_from_a_checkpoint_older_than_the_last_boundary_is_refused(tmp_path):
     run(tmp_path, diloco(tmp_path / "snapshots"), stop_at=9, save_strategy="steps", save_steps=6)
     with pytest.raises(
-        AutoLoCoConfigurationError, match=r"past step 6, where this run starts \(newest boundary-000000008"
+        AutoLoCoConfigurationError,
+        match=r"past step 6, where this run starts \(newest boundary-000000008",
     ):
         trainer, _ = make_trainer(tmp_path, DATA, diloco(tmp_path / "snapshots"), max_steps=STEPS)
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))

@@ -1,4 +1,5 @@
-"""TRL SFTTrainer (assistant_only_loss=True) + AutoLoCoCallback, 2 processes, on a chat dataset built in the worker."""
+"""TRL SFTTrainer (assistant_only_loss=True) + AutoLoCoCallback,
+2 processes, on a chat dataset built in the worker."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def test_sft_trainer_with_autoloco(tmp_path):
     assert r0["totals"]["tokens"] == r0["mask_tokens"] + r1["mask_tokens"]
     for r in results:
         assert r["mask_tokens"] < r["positions"], "the batches contain padding"
-        assert r["loss_positions"] < r["mask_tokens"], "assistant_only_loss masks prompt tokens in the labels"
+        assert r["loss_positions"] < r["mask_tokens"], (
+            "assistant_only_loss masks prompt tokens in the labels"
+        )
         big = [c for c in r["collectives"] if c[1] >= r["model_bytes"] // 2]
         assert len(big) == r["totals"]["syncs"], big  # TRL's per-step metric gathers are scalars
         assert all(c[1] <= 1024 for c in r["collectives"] if c not in big)

@@ -1,7 +1,8 @@
-"""Data edge cases at the engine (issue 10 item 6): zero-token intervals, short runs, runs shorter than warm-up.
+"""Data edge cases at the engine (issue 10 item 6):
+zero-token intervals, short runs, runs shorter than warm-up.
 
-The Trainer-level cases (no attention_mask, all-padding batches, a dataset shorter than one interval,
-gradient accumulation that does not divide the dataset) are in
+The Trainer-level cases (no attention_mask, all-padding batches, a dataset shorter than one
+interval, gradient accumulation that does not divide the dataset) are in
 tests/integrations/trainer/test_trainer_single_process.py.
 """
 
@@ -18,8 +19,11 @@ from autoloco_hf.sync.communicators import SimulatedCommunicator
 from autoloco_hf.sync.schedules.factory import make_engine
 
 
-def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: int = 0, workers: int = 2):
-    """Two simulated workers on a linear regression; ``tokens_at(step)`` non-padding tokens per worker and step."""
+def run(
+    config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: int = 0, workers: int = 2
+):
+    """Two simulated workers on a linear regression;
+    ``tokens_at(step)`` non-padding tokens per worker and step."""
     torch.manual_seed(0)
     models = [torch.nn.Linear(4, 1) for _ in range(workers)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
@@ -47,7 +51,8 @@ def run(config: AutoLoCoConfig, total: int, tokens_at=lambda step: 64, warmup: i
 
 
 def test_interval_with_zero_tokens_is_valid_and_not_calibrated():
-    """An all-padding interval: outer step applied as usual; the token mapper does not learn a density of 0."""
+    """An all-padding interval: outer step applied as usual;
+    the token mapper does not learn a density of 0."""
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no division warnings either
@@ -56,16 +61,23 @@ def test_interval_with_zero_tokens_is_valid_and_not_calibrated():
     assert [r.tokens for r in records[:2]] == [0, 0]
     assert all(r.outer_step_applied for r in records)
     mapper = engine.policy.mapper
-    assert mapper.base_counts and 0 not in mapper.base_counts, "zero-token intervals are not calibration data"
+    assert mapper.base_counts and 0 not in mapper.base_counts, (
+        "zero-token intervals are not calibration data"
+    )
     assert mapper.tokens_per_step == pytest.approx(2 * 64)
-    assert all(r.h_step >= 4 for r in records[:-1]), "a zero M_base would have mapped every horizon to q_h=1"
+    assert all(r.h_step >= 4 for r in records[:-1]), (
+        "a zero M_base would have mapped every horizon to q_h=1"
+    )
     assert torch.equal(models[0].weight, models[1].weight)
 
 
 def test_every_interval_without_tokens():
-    """No token in the whole run: the mapper stays the identity (H_step = H_tok), nothing divides by zero."""
+    """No token in the whole run: the mapper stays the
+    identity (H_step = H_tok), nothing divides by zero."""
     engine, _ = run(
-        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1), 24, tokens_at=lambda step: 0
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1),
+        24,
+        tokens_at=lambda step: 0,
     )
     assert engine.totals.tokens == 0 and engine.totals.syncs == len(engine.records) >= 1
     assert not engine.policy.mapper.ready
@@ -81,8 +93,13 @@ def test_run_shorter_than_one_interval(method):
 
 
 def test_run_shorter_than_warmup():
-    """warmup_steps > total_steps: intervals still cover the budget exactly, every outer step is finite."""
-    engine, models = run(AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1), 10, warmup=25)
+    """warmup_steps > total_steps: intervals still cover the
+    budget exactly, every outer step is finite."""
+    engine, models = run(
+        AutoLoCoConfig(method="autoloco", controller="paper", h_base=4, q_h=1), 10, warmup=25
+    )
     assert sum(r.h_step for r in engine.records) == 10
     assert all(r.outer_step_applied for r in engine.records)
-    assert torch.isfinite(models[0].weight).all() and torch.equal(models[0].weight, models[1].weight)
+    assert torch.isfinite(models[0].weight).all() and torch.equal(
+        models[0].weight, models[1].weight
+    )

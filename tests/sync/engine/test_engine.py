@@ -1,4 +1,5 @@
-"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume (docs/algorithm.md#outer-correction, #interval-assessment, 8.2)."""
+"""IntervalEngine with simulated workers: DiLoCo special case, invalid intervals, resume
+(docs/algorithm.md#outer-correction, #interval-assessment, 8.2)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def train(
 
 
 def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, workers: int = 2):
-    """DiLoCo written independently: per-parameter outer copies, Nesterov SGD on the averaged pseudo-gradient."""
+    """DiLoCo written independently: per-parameter outer
+    copies, Nesterov SGD on the averaged pseudo-gradient."""
     base = make_model()
     replicas = [copy.deepcopy(base) for _ in range(workers)]
     inner = [adamw(m.parameters()) for m in replicas]
@@ -75,7 +77,8 @@ def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, worke
     "config",
     [
         AutoLoCoConfig(method="diloco", h_base=5, outer_momentum=0.7),
-        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches neutral (docs/algorithm.md#outer-correction)
+        # AutoLoCo at base settings: fixed horizon, identity mapping; rho = 1 makes all switches
+        # neutral (docs/algorithm.md#outer-correction)
         AutoLoCoConfig(method="autoloco", h_base=5, adaptive_horizon=False, map_tokens=False),
         AutoLoCoConfig(
             method="autoloco",
@@ -90,7 +93,8 @@ def reference_diloco(steps: int, h: int, outer_lr: float, momentum: float, worke
     ids=["diloco-mu0.7", "autoloco-base-switches-on", "autoloco-base-switches-off"],
 )
 def test_autoloco_at_base_settings_is_bit_exact_diloco(config):
-    """docs/algorithm.md#outer-correction 'DiLoCo as a special case': identical parameters after 4 outer steps."""
+    """docs/algorithm.md#outer-correction 'DiLoCo as a special
+    case': identical parameters after 4 outer steps."""
     runner = train(config, steps=20)
     assert runner.engine.totals.syncs == 4
     reference = reference_diloco(steps=20, h=5, outer_lr=0.7, momentum=0.7)
@@ -108,9 +112,12 @@ def test_reference_differs_when_momentum_differs():
 
 
 def run_with_hook(hook, steps: int = 20) -> LocalWorkers:
-    """DiLoCo at H_base 5 whose engine gets a fixed horizon of 4 from ``policy_factory``, and ``hook`` before each outer step."""
+    """DiLoCo at H_base 5 whose engine gets a fixed horizon of 4 from ``policy_factory``, and
+    ``hook`` before each outer step."""
     config = AutoLoCoConfig(method="diloco", h_base=5, outer_momentum=0.7)
-    runner = train(config, steps, stop_after=0, policy_factory=lambda c, s, total, w: FixedPolicy(s, total, 4))
+    runner = train(
+        config, steps, stop_after=0, policy_factory=lambda c, s, total, w: FixedPolicy(s, total, 4)
+    )
     runner.engine.before_outer_step.append(hook)
     for step in range(steps):
         runner.train_step([batch_for(w, step) for w in range(2)])
@@ -118,10 +125,13 @@ def run_with_hook(hook, steps: int = 20) -> LocalWorkers:
 
 
 def test_an_experiment_sets_the_policy_and_sees_each_outer_step_without_patching_the_engine():
-    """The seam of benchmarks/campaigns/switch_cost.py: the factory's policy runs, and a hook that only reads changes nothing."""
+    """The seam of benchmarks/campaigns/switch_cost.py: the factory's policy runs, and a hook that
+    only reads changes nothing."""
     seen = []
     runner = run_with_hook(
-        lambda interval, mean, outer: seen.append((interval.start_step, mean.numel() == outer.numel))
+        lambda interval, mean, outer: seen.append(
+            (interval.start_step, mean.numel() == outer.numel)
+        )
     )
     assert seen == [(0, True), (4, True), (8, True), (12, True), (16, True)]
     reference = reference_diloco(steps=20, h=4, outer_lr=0.7, momentum=0.7)
@@ -130,7 +140,9 @@ def test_an_experiment_sets_the_policy_and_sees_each_outer_step_without_patching
             assert torch.equal(p, q)
     # a hook may change the outer state before the step: zeroing the momentum moves the result
     zeroed = run_with_hook(
-        lambda interval, mean, outer: outer.momentum_buffer is not None and outer.momentum_buffer.zero_()
+        lambda interval, mean, outer: (
+            outer.momentum_buffer is not None and outer.momentum_buffer.zero_()
+        )
     )
     assert not torch.equal(next(zeroed.models[0].parameters()), next(runner.models[0].parameters()))
 
@@ -145,7 +157,8 @@ def test_replicas_identical_after_sync_and_differ_between():
 
 
 def test_nan_in_one_worker_skips_outer_step_and_training_goes_on():
-    """docs/algorithm.md#interval-assessment invalid: theta and momentum unchanged on every worker, reduction path taken, training continues."""
+    """docs/algorithm.md#interval-assessment invalid: theta and momentum unchanged on every worker,
+    reduction path taken, training continues."""
     config = AutoLoCoConfig(method="autoloco", controller="paper", h_base=10, q_h=2, h_min=6)
     steps = 80
     runner = LocalWorkers(
@@ -187,9 +200,11 @@ def comparable(records):
 
 @pytest.mark.parametrize("method", ["autoloco", "diloco", "qsr"])
 def test_resume_mid_interval_continues_the_same_trajectory(method):
-    """docs/algorithm.md#state: save in the middle of an interval, rebuild from scratch, load, finish: same as uninterrupted."""
+    """docs/algorithm.md#state: save in the middle of an interval, rebuild from scratch, load,
+    finish: same as uninterrupted."""
     steps, interrupt = 90, 45
-    horizons = dict(q_h=2, h_max=8) if method == "autoloco" else {}  # AutoLoCo's grid and its rule's range
+    # AutoLoCo's grid and its rule's range
+    horizons = dict(q_h=2, h_max=8) if method == "autoloco" else {}
     config = AutoLoCoConfig(method=method, h_base=4, **horizons)
     kwargs = dict(padded=True, warmup=8)
     uninterrupted = train(config, steps, **kwargs)
@@ -263,7 +278,11 @@ def test_autoloco_adapts_and_records_every_field(tmp_path):
     assert expected <= set(rows[0])
     # global non-padding tokens of an interval = sum over workers and steps of the attention masks
     first = rows[0]
-    tokens = sum(int(batch_for(w, s, True)["attention_mask"].sum()) for w in range(2) for s in range(first["h_step"]))
+    tokens = sum(
+        int(batch_for(w, s, True)["attention_mask"].sum())
+        for w in range(2)
+        for s in range(first["h_step"])
+    )
     assert first["tokens"] == tokens
     # measured LR mass equals the preview for full intervals (docs/algorithm.md#interval-statistics)
     for row in rows:
@@ -283,13 +302,22 @@ def test_engine_rejects_mismatched_worker_count():
         from autoloco_hf.algorithm.schedule import FunctionSchedule
         from autoloco_hf.sync.schedules.factory import make_engine
 
-        make_engine(AutoLoCoConfig(), [make_model()], FunctionSchedule(lambda s: 1.0, 10), SimulatedCommunicator(2), 10)
+        make_engine(
+            AutoLoCoConfig(),
+            [make_model()],
+            FunctionSchedule(lambda s: 1.0, 10),
+            SimulatedCommunicator(2),
+            10,
+        )
 
 
 def test_int8_error_feedback_carries_the_residual_and_resumes():
-    """With error feedback, what INT8 dropped is added to the next contribution (and is checkpointed)."""
+    """With error feedback, what INT8 dropped is added to the
+    next contribution (and is checkpointed)."""
     config = AutoLoCoConfig(method="diloco", h_base=5, wire_dtype="int8", error_feedback=True)
-    runner = LocalWorkers(config, make_model(), SimulatedCommunicator(2, wire_dtype="int8"), adamw, total_steps=10)
+    runner = LocalWorkers(
+        config, make_model(), SimulatedCommunicator(2, wire_dtype="int8"), adamw, total_steps=10
+    )
     for step in range(5):
         runner.train_step([batch_for(w, step) for w in range(2)])
     residuals = [f.residual for f in runner.engine.error_feedback]
@@ -327,19 +355,24 @@ def test_warns_when_the_schedule_preview_does_not_match_the_learning_rates_used(
 
 
 def test_resume_in_a_new_process_keeps_the_records_of_the_checkpoint(tmp_path):
-    """The JSONL ends up with the checkpoint's history plus what the resumed run adds, nothing twice."""
+    """The JSONL ends up with the checkpoint's history plus
+    what the resumed run adds, nothing twice."""
     from autoloco_hf.state.records import read_jsonl
 
     path = str(tmp_path / "intervals.jsonl")
     config = AutoLoCoConfig(method="diloco", h_base=4)
-    first = LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path)
+    first = LocalWorkers(
+        config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path
+    )
     for step in range(10):
         first.train_step([batch_for(w, step) for w in range(2)])
     state = copy.deepcopy(first.state_dict())
     for step in range(10, 14):  # logged after the checkpoint: must disappear on resume
         first.train_step([batch_for(w, step) for w in range(2)])
     assert len(read_jsonl(path)) == 3
-    resumed = LocalWorkers(config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path)
+    resumed = LocalWorkers(
+        config, make_model(), SimulatedCommunicator(2), adamw, total_steps=24, records_path=path
+    )
     resumed.load_state_dict(state)
     for step in range(10, 24):
         resumed.train_step([batch_for(w, step) for w in range(2)])
@@ -376,12 +409,23 @@ def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
     from autoloco_hf.sync.schedules.gradient_averaging import GradientAveragingEngine
 
     schedule = FunctionSchedule(lambda s: 1e-2, 4)
-    engine = make_engine(AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4)
-    assert isinstance(engine, GradientAveragingEngine) and engine.averages_gradients and engine.outer is None
+    engine = make_engine(
+        AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4
+    )
+    assert (
+        isinstance(engine, GradientAveragingEngine)
+        and engine.averages_gradients
+        and engine.outer is None
+    )
     assert engine.after_optimizer_step([1], [1.0]) is None and engine.current_interval is None
     with pytest.raises(ValueError, match="method='ddp' has no intervals"):
         IntervalEngine(
-            AutoLoCoConfig(method="ddp"), [make_model()], schedule, SimulatedCommunicator(1), 4, sync=BlockingSchedule()
+            AutoLoCoConfig(method="ddp"),
+            [make_model()],
+            schedule,
+            SimulatedCommunicator(1),
+            4,
+            sync=BlockingSchedule(),
         )
     with pytest.raises(ValueError, match="config.overlap='eager' but the schedule is 'none'"):
         IntervalEngine(
@@ -394,9 +438,12 @@ def test_make_engine_gives_ddp_its_own_engine_without_outer_state():
         )
 
 
-# ------------------------------------------------------------------ the descent rule's drift guard (docs/algorithm.md#descent-rule)
-# the descent rule as these tests were written for: from 4 h_base, gain 1, base momentum 0.7 (its first defaults)
-FIRST_DESCENT = dict(method="autoloco", h_base=4, q_h=2, h_max=16, outer_momentum=0.7, controller="descent")
+# ------------------------------------------------------------------ the descent rule's drift guard
+# (docs/algorithm.md#descent-rule) the descent rule as these tests were written for: from 4 h_base,
+# gain 1, base momentum 0.7 (its first defaults)
+FIRST_DESCENT = dict(
+    method="autoloco", h_base=4, q_h=2, h_max=16, outer_momentum=0.7, controller="descent"
+)
 GUARDED = AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": True})
 UNGUARDED = AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False})
 ANCHOR_FIELDS = ("anchor_normalized_drift", "drift_exponent")
@@ -408,15 +455,21 @@ def test_the_drift_guards_anchor_is_the_drift_of_the_intervals_first_h_ref_steps
     short = train(AutoLoCoConfig(method="diloco", h_base=4, outer_momentum=0.7), 40, stop_after=4)
     first = guarded.engine.records[0]
     assert (first.h_step, first.h_ref) == (16, 4)
-    assert first.anchor_normalized_drift == pytest.approx(short.engine.records[0].normalized_drift, rel=1e-5)  # eps
-    assert all(r.anchor_normalized_drift is not None for r in guarded.engine.records if r.h_step > r.h_ref)
+    # eps
+    assert first.anchor_normalized_drift == pytest.approx(
+        short.engine.records[0].normalized_drift, rel=1e-5
+    )
+    assert all(
+        r.anchor_normalized_drift is not None for r in guarded.engine.records if r.h_step > r.h_ref
+    )
     assert all(r.anchor_normalized_drift is None for r in train(UNGUARDED, 40).engine.records)
 
 
 def test_the_drift_guard_reads_only_until_it_trips():
     plain = train(UNGUARDED, 60)
     guarded = train(GUARDED, 60)
-    assert all(r.decision != "reduce" or r.assessment != "severe" for r in guarded.engine.records)  # no trip here
+    # no trip here
+    assert all(r.decision != "reduce" or r.assessment != "severe" for r in guarded.engine.records)
 
     def strip(records):
         return [{k: v for k, v in r.items() if k not in ANCHOR_FIELDS} for r in comparable(records)]
@@ -447,8 +500,11 @@ def test_resume_between_the_anchor_and_the_boundary_continues_the_same_trajector
     assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
 
 
-def finish_from_snapshot(config: AutoLoCoConfig, steps: int, first: LocalWorkers, done: int) -> LocalWorkers:
-    """Save ``first`` after ``done`` steps, load it into workers built from another init, train the rest."""
+def finish_from_snapshot(
+    config: AutoLoCoConfig, steps: int, first: LocalWorkers, done: int
+) -> LocalWorkers:
+    """Save ``first`` after ``done`` steps, load it into
+    workers built from another init, train the rest."""
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
@@ -462,15 +518,21 @@ def finish_from_snapshot(config: AutoLoCoConfig, steps: int, first: LocalWorkers
     return resumed
 
 
-# ------------------------------------------------------------------ the descent rule's start probe (docs/algorithm.md#descent-rule)
+# ------------------------------------------------------------------ the descent rule's start probe
+# (docs/algorithm.md#descent-rule)
 def probed(threshold: float) -> AutoLoCoConfig:
-    return AutoLoCoConfig(**FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False, "start_probe": threshold})
+    return AutoLoCoConfig(
+        **FIRST_DESCENT, rule_options={"gain": 1.0, "drift_guard": False, "start_probe": threshold}
+    )
 
 
 def displacement_energy(runner: LocalWorkers, start: list[torch.Tensor]) -> float:
     """Sum over workers of ``||theta_k - theta_0||^2``, written out here."""
     return sum(
-        sum(float((p.detach().double() - p0.double()).pow(2).sum()) for p, p0 in zip(m.parameters(), start))
+        sum(
+            float((p.detach().double() - p0.double()).pow(2).sum())
+            for p, p0 in zip(m.parameters(), start)
+        )
         for m in runner.models
     )
 
@@ -483,16 +545,21 @@ def test_the_start_probe_cuts_a_calibrating_interval_whose_drift_exponent_is_bel
     assert not at8.engine.records  # no sync before the probe decides
     schedule = warmup_cosine(3e-2, 0, steps)  # toy.adamw's LR under toy.cosine
     lam = [sum(schedule.lr_at(s) for s in range(k)) for k in (6, 8)]
-    expected = math.log(displacement_energy(at8, start) / displacement_energy(at6, start)) / math.log(lam[1] / lam[0])
+    expected = math.log(
+        displacement_energy(at8, start) / displacement_energy(at6, start)
+    ) / math.log(lam[1] / lam[0])
     assert 1.0 < expected < 2.0
 
     cut = train(probed(2.0), steps).engine.records
     first = cut[0]
     assert first.probe_exponent == pytest.approx(expected, rel=1e-6)
     assert (first.h_step, first.h_tok, first.assessment, first.decision) == (8, 8, "bent", "reduce")
-    assert first.lr_mass == pytest.approx(lam[1], rel=1e-9) and first.lr_mass_preview == pytest.approx(lam[1], rel=1e-9)
+    assert first.lr_mass == pytest.approx(
+        lam[1], rel=1e-9
+    ) and first.lr_mass_preview == pytest.approx(lam[1], rel=1e-9)
     assert all(r.h_step <= 8 for r in cut)  # never longer after the cut
-    assert all(r.probe_exponent is None for r in cut[1:])  # 8 = 2 h_ref: nothing longer left to probe
+    # 8 = 2 h_ref: nothing longer left to probe
+    assert all(r.probe_exponent is None for r in cut[1:])
 
 
 def test_a_start_probe_that_never_trips_only_reads():
@@ -514,7 +581,8 @@ def test_resume_between_the_probes_two_measurements_continues_the_same_trajector
     steps, interrupt = 40, 7  # the probe measures at steps 6 and 8 of the first interval
     uninterrupted = train(probed(2.0), steps)
     first = train(probed(2.0), steps, stop_after=interrupt)
-    assert list(first.engine.counters.shared) == [6]  # the first of the two shared measurements is held
+    # the first of the two shared measurements is held
+    assert list(first.engine.counters.shared) == [6]
     resumed = finish_from_snapshot(probed(2.0), steps, first, interrupt)
     assert comparable(resumed.engine.records) == comparable(uninterrupted.engine.records)
     assert resumed.engine.records[0].assessment == "bent"

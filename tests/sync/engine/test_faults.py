@@ -1,4 +1,5 @@
-"""Faults seen by the engine with simulated workers: repeated non-finite intervals, disagreement before the payload."""
+"""Faults seen by the engine with simulated workers: repeated
+non-finite intervals, disagreement before the payload."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.toy.pattern import adamw, batch_for, cosine, make_model
 
 STEPS = 24
-WORKER = [worker_label(i, i, socket.gethostname()) for i in range(2)]  # how the messages name each worker
+# how the messages name each worker
+WORKER = [worker_label(i, i, socket.gethostname()) for i in range(2)]
 
 
 def runner(**config) -> LocalWorkers:
@@ -37,8 +39,8 @@ def poison(model: torch.nn.Module) -> None:
 
 
 def test_consecutive_invalid_intervals_stop_the_run_with_the_outer_state_intact(caplog):
-    """Worker 1 turns NaN in every interval from step 6 on: two skipped outer steps are logged with the worker,
-    the third in a row stops the run; theta is still the one synchronized at step 4."""
+    """Worker 1 turns NaN in every interval from step 6 on: two skipped outer steps are logged with
+    the worker, the third in a row stops the run; theta is still the one synchronized at step 4."""
     run = runner(max_consecutive_invalid=3)
     caplog.set_level(logging.WARNING, logger="autoloco_hf")
     theta_4 = None
@@ -66,18 +68,26 @@ def test_consecutive_invalid_intervals_stop_the_run_with_the_outer_state_intact(
 
 
 def test_a_valid_interval_resets_the_count():
-    """Invalid, valid, invalid, valid: never two in a row, so max_consecutive_invalid=2 never stops the run."""
+    """Invalid, valid, invalid, valid: never two in a row, so
+    max_consecutive_invalid=2 never stops the run."""
     run = runner(max_consecutive_invalid=2)
     for step in range(STEPS):
         if step in (5, 13):
             poison(run.models[1])
         run.train_step([batch_for(w, step) for w in range(2)])
-    assert [r.outer_step_applied for r in run.engine.records] == [True, False, True, False, True, True]
+    assert [r.outer_step_applied for r in run.engine.records] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_disagreement_is_raised_before_the_payload_is_exchanged():
-    """The agreement check runs on the control messages, before the pseudo-gradients travel (no mismatched
-    collectives); the outer state does not move."""
+    """The agreement check runs on the control messages, before the pseudo-gradients travel (no
+    mismatched collectives); the outer state does not move."""
     run = runner()
     payload_sent = []
     average = SimulatedCommunicator.average
@@ -92,17 +102,24 @@ def test_disagreement_is_raised_before_the_payload_is_exchanged():
     theta_0 = run.engine.outer.params.detach().clone()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SimulatedCommunicator, "average", tampered)
-        with pytest.raises(WorkerDisagreement, match=re.escape(f"(h_tok: {WORKER[0]}=4, {WORKER[1]}=6)")):
+        with pytest.raises(
+            WorkerDisagreement, match=re.escape(f"(h_tok: {WORKER[0]}=4, {WORKER[1]}=6)")
+        ):
             for step in range(4):
                 run.train_step([batch_for(w, step) for w in range(2)])
-    assert not payload_sent and torch.equal(run.engine.outer.params, theta_0) and not run.engine.records
+    assert (
+        not payload_sent
+        and torch.equal(run.engine.outer.params, theta_0)
+        and not run.engine.records
+    )
 
 
 def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str:
     """Rank 1 builds its communicator (a collective) and then never joins the synchronization.
 
-    ``overlapped_wire``: rank 0 starts an overlapped average on that wire and waits for it later (the
-    FP32 all-reduce's or the INT8 all-gather's async work handles); ``None``: the blocking average.
+    ``overlapped_wire``: rank 0 starts an overlapped average on that
+    wire and waits for it later (the FP32 all-reduce's or the INT8
+    all-gather's async work handles); ``None``: the blocking average.
     """
     import time
 
@@ -110,7 +127,8 @@ def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str
 
     comm = ProcessGroupCommunicator(timeout_s=3.0, wire_dtype=overlapped_wire or "fp32")
     if rank == 1:
-        time.sleep(12.0)  # far longer than the timeout: rank 0 must give up on its own, not see rank 1 exit
+        # far longer than the timeout: rank 0 must give up on its own, not see rank 1 exit
+        time.sleep(12.0)
         return ""
     args = ([torch.zeros(8)], [torch.zeros(3, dtype=torch.float64)], [8])
     started = time.monotonic()
@@ -130,20 +148,27 @@ def _silent_peer(rank: int, world_size: int, overlapped_wire: str | None) -> str
     [
         (None, "the synchronization's control messages"),
         ("fp32", "the overlapped synchronization"),
-        ("int8", "the overlapped synchronization"),  # the all-gather's work handles, waited for like FP32's
+        # the all-gather's work handles, waited for like FP32's
+        ("int8", "the overlapped synchronization"),
     ],
 )
 def test_a_silent_peer_is_named_after_sync_timeout_s(overlapped_wire, operation):
-    """Real gloo processes: the collective gives up after sync_timeout_s (its own group's timeout, not the 120 s
-    of the default group) with one line naming the rank that did not answer; an overlapped one when it is waited for."""
+    """Real gloo processes: the collective gives up after sync_timeout_s (its own group's timeout,
+    not the 120 s of the default group) with one line naming the rank that did not answer; an
+    overlapped one when it is waited for."""
     from _dist import run_gloo
 
     result = run_gloo(_silent_peer, 2, overlapped_wire)[0]
     seconds, rest = result.split(" ", 1)
-    # bounded by sync_timeout_s (3 s), not the default group's 120 s; the upper bound leaves room for a loaded machine
+    # bounded by sync_timeout_s (3 s), not the default group's
+    # 120 s; the upper bound leaves room for a loaded machine
     assert 2.5 <= float(seconds) < 10.0, result
-    assert rest.startswith(f"[1] {operation} on rank 0: rank 1 did not answer within sync_timeout_s=3 ("), rest
-    # gloo's detail: the collective that timed out, or (overlapped: several work handles in flight) one whose pair
-    # that timeout closed first
-    assert "Timed out waiting 3000ms" in rest or "Application timeout caused pair closure" in rest, rest
+    assert rest.startswith(
+        f"[1] {operation} on rank 0: rank 1 did not answer within sync_timeout_s=3 ("
+    ), rest
+    # gloo's detail: the collective that timed out, or (overlapped: several work handles in flight)
+    # one whose pair that timeout closed first
+    assert (
+        "Timed out waiting 3000ms" in rest or "Application timeout caused pair closure" in rest
+    ), rest
     assert "\n" not in rest

@@ -1,4 +1,5 @@
-"""Streaming fragments (docs/algorithm.md#fragments): staggered fragment syncs, per-fragment outer state, round statistics."""
+"""Streaming fragments (docs/algorithm.md#fragments): staggered
+fragment syncs, per-fragment outer state, round statistics."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ import autoloco_hf.sync.schedules.factory as factory
 from autoloco_hf import AutoLoCoConfig, ConfigError
 from autoloco_hf.algorithm.schedule import FunctionSchedule
 from autoloco_hf.sync.communicators import ProcessGroupCommunicator, SimulatedCommunicator
-from autoloco_hf.sync.engine.fragments import fragment_event_offset, on_local_tensors, split_fragments
+from autoloco_hf.sync.engine.fragments import (
+    fragment_event_offset,
+    on_local_tensors,
+    split_fragments,
+)
 from autoloco_hf.sync.schedules.streaming import FragmentSchedule
 from autoloco_hf.sync.workers.local_workers import LocalWorkers
 from autoloco_hf.toy.pattern import batch_for
@@ -28,11 +33,14 @@ STEPS, WARMUP = 40, 4
 
 
 def config(**overrides) -> AutoLoCoConfig:
-    """test_overlap's configuration of these trajectories, with 2 fragments unless told otherwise."""
+    """test_overlap's configuration of these trajectories,
+    with 2 fragments unless told otherwise."""
     return overlap_config(**{"fragments": 2, **overrides})
 
 
-def train(runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...], each_step=None) -> None:
+def train(
+    runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...], each_step=None
+) -> None:
     for step in range(first, last):
         runner.train_step([batch_for(w, step, padded=True) for w in workers])
         if each_step is not None:
@@ -46,7 +54,10 @@ def simulated(cfg: AutoLoCoConfig, each_step=None) -> LocalWorkers:
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:
-    return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
+    return [
+        {k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS}
+        for r in runner.engine.records
+    ]
 
 
 def same_params(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -60,23 +71,34 @@ def test_fragments_are_contiguous_whole_tensors_balanced_by_bytes():
     assert [(f.first, f.last, f.span) for f in two] == [(0, 2, (0, 768)), (2, 5, (768, 1328))]
     four = split_fragments([100] * 8, 4)
     assert [f.span for f in four] == [(0, 200), (200, 400), (400, 600), (600, 800)]
-    assert [(f.first, f.last) for f in split_fragments([1000, 1, 1], 3)] == [(0, 1), (1, 2), (2, 3)]  # never empty
+    # never empty
+    assert [(f.first, f.last) for f in split_fragments([1000, 1, 1], 3)] == [(0, 1), (1, 2), (2, 3)]
     assert split_fragments(sizes, 1)[0].span == (0, 1328)
-    # the largest fragment is as small as whole tensors allow (nearest-to-k/F cuts alone would give 544 here)
-    assert [f.span for f in split_fragments(sizes, 4)] == [(0, 512), (512, 784), (784, 1296), (1296, 1328)]
+    # the largest fragment is as small as whole tensors allow
+    # (nearest-to-k/F cuts alone would give 544 here)
+    assert [f.span for f in split_fragments(sizes, 4)] == [
+        (0, 512),
+        (512, 784),
+        (784, 1296),
+        (1296, 1328),
+    ]
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
         n = int(torch.randint(1, 9, (1,), generator=generator))
         layout = torch.randint(1, 50, (n,), generator=generator).tolist()
         count = int(torch.randint(1, n + 1, (1,), generator=generator))
         split = split_fragments(layout, count)
-        assert [f.first for f in split] + [n] == [0] + [f.last for f in split] and all(f.numel > 0 for f in split)
+        assert [f.first for f in split] + [n] == [0] + [f.last for f in split] and all(
+            f.numel > 0 for f in split
+        )
         smallest = min(
             max(sum(layout[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
             for cuts in itertools.combinations(range(1, n), count - 1)
         )
         assert max(f.numel for f in split) == smallest, (layout, count)
-    with pytest.raises(ValueError, match="fragments=6 but the model has 5 parameter tensors: use fragments <= 5"):
+    with pytest.raises(
+        ValueError, match="fragments=6 but the model has 5 parameter tensors: use fragments <= 5"
+    ):
         split_fragments(sizes, 6)
 
 
@@ -94,9 +116,15 @@ def test_config_validates_fragments_in_one_line():
     assert config(wire_dtype="int8", error_feedback=True).error_feedback
     cases = [
         (dict(fragments=0), "fragments=0 is invalid: it must be >= 1"),
-        (dict(overlap="delayed", overlap_steps=2), "fragments=2 is invalid: .* at least 6 steps .* plans 4"),
+        (
+            dict(overlap="delayed", overlap_steps=2),
+            "fragments=2 is invalid: .* at least 6 steps .* plans 4",
+        ),
         (dict(fragments=5), "fragments=5 is invalid: .* use fragments <= 4 or longer intervals"),
-        (dict(overlap="eager"), "overlap='eager' is invalid: with fragments=2, eager overlap does not combine"),
+        (
+            dict(overlap="eager"),
+            "overlap='eager' is invalid: with fragments=2, eager overlap does not combine",
+        ),
         (dict(method="ddp"), "fragments=2 is invalid: DDP averages gradients every step"),
     ]
     for overrides, message in cases:
@@ -105,15 +133,21 @@ def test_config_validates_fragments_in_one_line():
 
 
 # ------------------------------------------------------------------ F = 1 is today's engine
-@pytest.mark.parametrize("overrides", [{}, {"overlap": "delayed", "overlap_steps": 1, "wire_dtype": "int8"}])
-def test_the_fragment_schedule_with_one_fragment_is_todays_engine_bit_for_bit(overrides, monkeypatch):
+@pytest.mark.parametrize(
+    "overrides", [{}, {"overlap": "delayed", "overlap_steps": 1, "wire_dtype": "int8"}]
+)
+def test_the_fragment_schedule_with_one_fragment_is_todays_engine_bit_for_bit(
+    overrides, monkeypatch
+):
     cfg = config(fragments=1, **overrides)
     today = simulated(cfg)
     monkeypatch.setattr(factory, "make_sync_schedule", lambda c: FragmentSchedule(c.overlap))
     streamed = simulated(cfg)
     assert isinstance(streamed.engine.sync, FragmentSchedule)
     assert records_of(streamed) == records_of(today)
-    assert len({r["decision"] for r in records_of(today)}) > 1, "the controller should take decisions"
+    assert len({r["decision"] for r in records_of(today)}) > 1, (
+        "the controller should take decisions"
+    )
     for w in (0, 1):
         assert same_params(streamed.models[w], today.models[w])
 
@@ -127,13 +161,16 @@ def test_each_fragment_is_synchronized_at_its_offset_and_the_run_ends_on_one_mod
     def each_step(runner):
         first, second = (list(m.parameters()) for m in runner.models)
         seen[runner.step] = [
-            all(torch.equal(p, q) for p, q in zip(first[f.first : f.last], second[f.first : f.last]))
+            all(
+                torch.equal(p, q) for p, q in zip(first[f.first : f.last], second[f.first : f.last])
+            )
             for f in runner.engine.fragments
         ]
 
     runner = simulated(cfg, each_step)
-    # H = 4, F = 2: fragment 0 synchronized at steps 2, 6, ..., fragment 1 at the boundaries 4, 8, ...; a delayed
-    # result (alpha = 0: copied) is written one step later; the replicas drift apart again at the next step
+    # H = 4, F = 2: fragment 0 synchronized at steps 2, 6, ..., fragment 1 at
+    # the boundaries 4, 8, ...; a delayed result (alpha = 0: copied) is
+    # written one step later; the replicas drift apart again at the next step
     delay = 1 if overlap == "delayed" else 0
     for step in range(2, 38):  # the warm-up's first step has learning rate 0
         assert seen[step] == [step % 4 == (2 + delay) % 4, step % 4 == delay], step
@@ -145,11 +182,16 @@ def test_each_fragment_is_synchronized_at_its_offset_and_the_run_ends_on_one_mod
 def test_each_fragment_has_its_own_slice_of_the_outer_state_and_moves_only_at_its_sync():
     cfg = config(method="diloco")
     outer_at = {}
-    runner = simulated(cfg, lambda r: outer_at.setdefault(r.step, r.engine.outer.params.detach().clone()))
+    runner = simulated(
+        cfg, lambda r: outer_at.setdefault(r.step, r.engine.outer.params.detach().clone())
+    )
     first, second = (slice(*f.span) for f in runner.engine.fragments)
     for step in range(9, 18):
         before, after = outer_at[step - 1], outer_at[step]
-        moved = [not torch.equal(before[first], after[first]), not torch.equal(before[second], after[second])]
+        moved = [
+            not torch.equal(before[first], after[first]),
+            not torch.equal(before[second], after[second]),
+        ]
         assert moved == [step % 4 == 2, step % 4 == 0], step
     assert len(runner.engine.outer.optimizer.param_groups) == 2
 
@@ -163,13 +205,25 @@ def test_bytes_per_sync_event_are_one_fragment_of_a_whole_model_sync():
         events = []
         average = comm.average
 
-        def counted(flats, scalars, segment_sizes, wire_dtype=None, check=None, average=average, events=events):
+        def counted(
+            flats,
+            scalars,
+            segment_sizes,
+            wire_dtype=None,
+            check=None,
+            average=average,
+            events=events,
+        ):
             events.append(flats[0].numel())
             return average(flats, scalars, segment_sizes, wire_dtype, check)
 
         comm.average = counted
-        cfg = AutoLoCoConfig(method="diloco", h_base=8, fragments=4, wire_dtype=wire, int8_block_size=8)
-        engine = factory.make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 16), comm, total_steps=16)
+        cfg = AutoLoCoConfig(
+            method="diloco", h_base=8, fragments=4, wire_dtype=wire, int8_block_size=8
+        )
+        engine = factory.make_engine(
+            cfg, models, FunctionSchedule(lambda s: 1e-2, 16), comm, total_steps=16
+        )
         for _ in range(16):
             for m in models:
                 with torch.no_grad():
@@ -179,14 +233,19 @@ def test_bytes_per_sync_event_are_one_fragment_of_a_whole_model_sync():
         whole = sum(p.numel() for p in models[0].parameters())
         assert events == [whole // 4] * 8  # 2 intervals x 4 fragments, a quarter of the model each
         whole_bytes = payload_bytes(1, whole, wire, block_size=8)
-        assert engine.fragment_payload_bytes == [payload_bytes(1, whole // 4, wire, block_size=8)] * 4
+        assert (
+            engine.fragment_payload_bytes == [payload_bytes(1, whole // 4, wire, block_size=8)] * 4
+        )
         assert max(engine.fragment_payload_bytes) <= whole_bytes / 4 * 1.02
-        assert engine.totals.syncs == 2 and engine.records[0].payload_bytes == sum(engine.fragment_payload_bytes)
+        assert engine.totals.syncs == 2 and engine.records[0].payload_bytes == sum(
+            engine.fragment_payload_bytes
+        )
 
 
 # ------------------------------------------------------------------ the controller's statistics
 def test_interval_statistics_are_the_sums_of_the_fragments_parts():
-    """Fragments measured on the same models give the whole model's D_t, C_t, tokens and loss (docs/algorithm.md#fragments-and-the-rule)."""
+    """Fragments measured on the same models give the whole model's D_t, C_t, tokens and loss
+    (docs/algorithm.md#fragments-and-the-rule)."""
     whole = runner_for(config(fragments=1, h_base=8, q_h=4, h_max=12), SimulatedCommunicator(2))
     split = runner_for(config(fragments=2, h_base=8, q_h=4, h_max=12), SimulatedCommunicator(2))
     for runner in (whole, split):
@@ -194,7 +253,9 @@ def test_interval_statistics_are_the_sums_of_the_fragments_parts():
         for w in (0, 1):
             assert same_params(runner.models[w], whole.models[w])
     interval = whole.engine.current_interval
-    result = whole.engine.comm.average(*whole.engine.contributions(interval), whole.engine.segment_sizes)
+    result = whole.engine.comm.average(
+        *whole.engine.contributions(interval), whole.engine.segment_sizes
+    )
     reference = whole.engine.aggregate(result, 1.0)
     parts = []
     for fragment in split.engine.fragments:
@@ -205,7 +266,9 @@ def test_interval_statistics_are_the_sums_of_the_fragments_parts():
     combined = split.engine.combine(parts, 1.0, None)
     assert len(split.engine.fragments) == 2
     for name in ("drift_energy", "coherence", "disagreement", "normalized_drift"):
-        assert math.isclose(getattr(combined.stats, name), getattr(reference.stats, name), rel_tol=1e-12), name
+        assert math.isclose(
+            getattr(combined.stats, name), getattr(reference.stats, name), rel_tol=1e-12
+        ), name
     assert combined.stats.drift_energy > 0 and 0 < combined.stats.coherence < 2
     assert (combined.control.totals.tokens, combined.mean_loss) == (
         reference.control.totals.tokens,
@@ -219,8 +282,8 @@ def test_interval_statistics_are_the_sums_of_the_fragments_parts():
 def test_resume_in_the_middle_of_a_round_continues_the_same_trajectory(overlap):
     cfg = config(h_base=8, q_h=4, h_max=12, fragments=4, overlap=overlap, overlap_steps=1)
     full = simulated(cfg)
-    # interval [8, 16): fragments synchronized at 10, 12, 14, 16; stop after fragment 1's sync (13), or with its
-    # delayed result still in flight (12, merged at 13)
+    # interval [8, 16): fragments synchronized at 10, 12, 14, 16; stop after fragment 1's sync (13),
+    # or with its delayed result still in flight (12, merged at 13)
     cut = 12 if overlap == "delayed" else 13
     first = runner_for(cfg, SimulatedCommunicator(2))
     train(first, 0, cut, (0, 1))
@@ -242,9 +305,12 @@ def test_resume_in_the_middle_of_a_round_continues_the_same_trajectory(overlap):
 def test_resume_refuses_a_checkpoint_with_another_number_of_fragments():
     first = runner_for(config(fragments=2), SimulatedCommunicator(2))
     with pytest.raises(
-        ValueError, match="config.fragments=2 when the checkpoint was written, this run has fragments=1"
+        ValueError,
+        match="config.fragments=2 when the checkpoint was written, this run has fragments=1",
     ):
-        runner_for(config(fragments=1), SimulatedCommunicator(2)).load_state_dict(first.state_dict())
+        runner_for(config(fragments=1), SimulatedCommunicator(2)).load_state_dict(
+            first.state_dict()
+        )
 
 
 # ------------------------------------------------------------------ simulation == gloo processes
@@ -255,7 +321,10 @@ def _run_case(rank: int, overlap: str, wire: str, controller: str) -> dict:
         ProcessGroupCommunicator(wire_dtype=wire),
         seed=rank,
         on_record=lambda r: outer.append(
-            (runner.engine.outer.params.detach().clone(), runner.engine.outer.momentum_buffer.clone())
+            (
+                runner.engine.outer.params.detach().clone(),
+                runner.engine.outer.momentum_buffer.clone(),
+            )
         ),
     )
     train(runner, 0, STEPS, (rank,))
@@ -263,12 +332,18 @@ def _run_case(rank: int, overlap: str, wire: str, controller: str) -> dict:
     return {"params": params, "records": records_of(runner), "outer": outer}
 
 
-# the paper's rule, and the default rule (descent, its drift guard's anchors measured per fragment round)
-GLOO_CASES = [("none", "fp32", "paper"), ("delayed", "int8", "paper"), ("delayed", "fp32", "descent")]
+# the paper's rule, and the default rule (descent, its drift
+# guard's anchors measured per fragment round)
+GLOO_CASES = [
+    ("none", "fp32", "paper"),
+    ("delayed", "int8", "paper"),
+    ("delayed", "fp32", "descent"),
+]
 
 
 def _process_worker(rank: int, world_size: int) -> dict:
-    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    """Every case, one after the other, in one pair of
+    processes: their start-up is paid once, not per case."""
     return {case: _run_case(rank, *case) for case in GLOO_CASES}
 
 
@@ -313,7 +388,9 @@ def test_a_non_finite_fragment_skips_its_outer_step_and_the_interval_is_invalid(
     train(runner, 6, 8, (0, 1))
     first, second = runner.engine.fragments
     assert not runner.engine.records[1].outer_step_applied
-    assert torch.equal(runner.engine.outer.params.detach()[slice(*second.span)], theta[slice(*second.span)])
+    assert torch.equal(
+        runner.engine.outer.params.detach()[slice(*second.span)], theta[slice(*second.span)]
+    )
     for model in runner.models:
         assert all(torch.isfinite(p).all() for p in model.parameters())
     train(runner, 8, STEPS, (0, 1))
@@ -321,7 +398,8 @@ def test_a_non_finite_fragment_skips_its_outer_step_and_the_interval_is_invalid(
 
 
 def test_every_fragment_sync_checks_agreement_before_its_payload():
-    """Worker 1 claims another horizon: the first fragment's sync (step 2 of the first interval) stops the run."""
+    """Worker 1 claims another horizon: the first fragment's
+    sync (step 2 of the first interval) stops the run."""
     from autoloco_hf.sync.control import WorkerDisagreement
 
     runner = runner_for(config(method="diloco"), SimulatedCommunicator(2))
@@ -339,54 +417,81 @@ def test_every_fragment_sync_checks_agreement_before_its_payload():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SimulatedCommunicator, "average", tampered)
         labels = runner.engine.comm.worker_labels()
-        with pytest.raises(WorkerDisagreement, match=re.escape(f"(h_step: {labels[0]}=4, {labels[1]}=6)")):
+        with pytest.raises(
+            WorkerDisagreement, match=re.escape(f"(h_step: {labels[0]}=4, {labels[1]}=6)")
+        ):
             train(runner, 0, 4, (0, 1))
-    assert runner.step == 2 and not payload_sent and torch.equal(runner.engine.outer.params, theta_0)
+    assert (
+        runner.step == 2 and not payload_sent and torch.equal(runner.engine.outer.params, theta_0)
+    )
 
 
-# ------------------------------------------------------------------ worker groups: each rank syncs its shard
+# ------------------------------------------------------------------
+# worker groups: each rank syncs its shard
 def _worker_groups(rank: int, world_size: int) -> dict:
     from test_hierarchical import R, _run
 
     from autoloco_hf.integrations.groups import build_topology
 
     topo = build_topology(R)
-    # F = 4 on the toy model's 5 tensors: fragments (0, 512), (512, 784), (784, 1296), (1296, 1328); shard 0 is
-    # (0, 664): it meets fragments 0 and 1 only, shard 1 fragments 1 to 3 (fragment 0: control messages only)
-    settings = {"blocking": dict(fragments=4), "delayed": dict(fragments=2, overlap="delayed", overlap_steps=1)}
-    return {(name, hier): _run(topo, "fp32", hier, **kw) for name, kw in settings.items() for hier in (False, True)}
+    # F = 4 on the toy model's 5 tensors: fragments (0, 512), (512, 784),
+    # (784, 1296), (1296, 1328); shard 0 is (0, 664): it meets fragments 0 and
+    # 1 only, shard 1 fragments 1 to 3 (fragment 0: control messages only)
+    settings = {
+        "blocking": dict(fragments=4),
+        "delayed": dict(fragments=2, overlap="delayed", overlap_steps=1),
+    }
+    return {
+        (name, hier): _run(topo, "fp32", hier, **kw)
+        for name, kw in settings.items()
+        for hier in (False, True)
+    }
 
 
 def test_worker_groups_sync_their_shard_of_each_fragment_as_the_unsharded_run():
-    """2 workers x 2 ranks (hierarchical_sync): each rank syncs where each fragment meets its shard; FP32
-    parameters bit for bit those of the layout where every rank syncs the whole fragment, statistics to rounding."""
+    """2 workers x 2 ranks (hierarchical_sync): each rank syncs where each
+    fragment meets its shard; FP32 parameters bit for bit those of the layout
+    where every rank syncs the whole fragment, statistics to rounding."""
     runs = run_gloo(_worker_groups, 4, timeout=300)
     for rank, result in enumerate(runs):
         for name in ("blocking", "delayed"):
             flat, hier = result[name, False], result[name, True]
-            assert len(flat["records"]) >= 8 and [r[:2] for r in hier["records"]] == [r[:2] for r in flat["records"]]
+            assert len(flat["records"]) >= 8 and [r[:2] for r in hier["records"]] == [
+                r[:2] for r in flat["records"]
+            ]
             assert [r[4] for r in hier["records"]] == [r[4] for r in flat["records"]]
-            for (_, _, d_flat, c_flat, _), (_, _, d_hier, c_hier, _) in zip(flat["records"], hier["records"]):
-                assert math.isclose(d_hier, d_flat, rel_tol=1e-12) and math.isclose(c_hier, c_flat, abs_tol=1e-9)
+            for (_, _, d_flat, c_flat, _), (_, _, d_hier, c_hier, _) in zip(
+                flat["records"], hier["records"]
+            ):
+                assert math.isclose(d_hier, d_flat, rel_tol=1e-12) and math.isclose(
+                    c_hier, c_flat, abs_tol=1e-9
+                )
             for p_flat, p_hier in zip(flat["params"], hier["params"]):
                 assert torch.equal(p_hier, p_flat), (rank, name)
-            assert hier["outer_numel"] == flat["model_numel"] // 2 and hier["wire_bytes"] * 2 == flat["wire_bytes"]
+            assert (
+                hier["outer_numel"] == flat["model_numel"] // 2
+                and hier["wire_bytes"] * 2 == flat["wire_bytes"]
+            )
             partner = runs[rank ^ 1][name, True]["params"]  # the other rank of the same worker
             assert all(torch.equal(a, b) for a, b in zip(hier["params"], partner))
 
 
 def test_fsdp2_ranks_cut_their_local_shards_at_the_worker_models_tensor_boundaries():
-    """A rank's own shard sizes would put the cut elsewhere (after tensor 2, not 1): the worker's sizes decide."""
-    worker_sizes, rank_sizes = [100, 100, 10, 90], [50, 50, 0, 90]  # this rank holds no row of tensor 2
+    """A rank's own shard sizes would put the cut elsewhere
+    (after tensor 2, not 1): the worker's sizes decide."""
+    # this rank holds no row of tensor 2
+    worker_sizes, rank_sizes = [100, 100, 10, 90], [50, 50, 0, 90]
     assert [(f.first, f.last) for f in split_fragments(rank_sizes, 2)] == [(0, 2), (2, 4)]
     local = on_local_tensors(split_fragments(worker_sizes, 2), rank_sizes)
     assert [(f.first, f.last) for f in local] == [(0, 1), (1, 4)]
     assert [f.span for f in local] == [(0, 50), (50, 190)]
 
-    class ShardsOfLargerTensors(SimulatedCommunicator):  # as if tensor 3 were mostly on the other ranks
+    # as if tensor 3 were mostly on the other ranks
+    class ShardsOfLargerTensors(SimulatedCommunicator):
         def worker_tensor_sizes(self, local_sizes):
             return [512, 256, 16, 2000, 32]
 
     engine = runner_for(config(), ShardsOfLargerTensors(2)).engine
-    assert [(f.first, f.last) for f in engine.fragments] == [(0, 3), (3, 5)]  # by its own sizes (0, 2), (2, 5)
+    # by its own sizes (0, 2), (2, 5)
+    assert [(f.first, f.last) for f in engine.fragments] == [(0, 3), (3, 5)]
     assert [f.span for f in engine.fragments] == [(0, 784), (784, 1328)]

@@ -1,4 +1,5 @@
-"""Overlapped synchronization (docs/algorithm.md#overlap): delayed merge and eager update behind the next interval."""
+"""Overlapped synchronization (docs/algorithm.md#overlap):
+delayed merge and eager update behind the next interval."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ STEPS, WARMUP = 40, 4
 
 def config(**overrides) -> AutoLoCoConfig:
     fields = {"method": "autoloco", "h_base": 4, **overrides}
-    if fields["method"] == "autoloco":  # its horizon grid; with a rule, its range and the rule of these trajectories
+    # its horizon grid; with a rule, its range and the rule of these trajectories
+    if fields["method"] == "autoloco":
         fields.setdefault("q_h", 2)
         if fields.get("adaptive_horizon", True):
             fields.setdefault("h_max", 8)
@@ -37,10 +39,15 @@ def config(**overrides) -> AutoLoCoConfig:
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:
-    return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
+    return [
+        {k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS}
+        for r in runner.engine.records
+    ]
 
 
-def runner_for(cfg: AutoLoCoConfig, communicator, seed: int = 0, steps: int = STEPS, on_record=None) -> LocalWorkers:
+def runner_for(
+    cfg: AutoLoCoConfig, communicator, seed: int = 0, steps: int = STEPS, on_record=None
+) -> LocalWorkers:
     return LocalWorkers(
         cfg,
         make_model(seed=seed),
@@ -58,7 +65,9 @@ def train(runner: LocalWorkers, first: int, last: int, workers: tuple[int, ...])
         runner.train_step([batch_for(w, step, padded=True) for w in workers])
 
 
-def simulated(cfg: AutoLoCoConfig, workers: int = 2, steps: int = STEPS, on_record=None) -> LocalWorkers:
+def simulated(
+    cfg: AutoLoCoConfig, workers: int = 2, steps: int = STEPS, on_record=None
+) -> LocalWorkers:
     runner = runner_for(cfg, SimulatedCommunicator(workers), steps=steps, on_record=on_record)
     train(runner, 0, steps, tuple(range(workers)))
     return runner
@@ -75,8 +84,10 @@ def test_config_defaults_to_blocking_and_validates_overlap():
         config(overlap="sometimes")
     with pytest.raises(ConfigError, match="overlap_steps=4 .*use overlap_steps < 4"):
         config(overlap="delayed", overlap_steps=4)  # h_min = h_base = 4
-    assert config(overlap="delayed", overlap_steps=3).map_tokens  # up to h_min - 1 with the token mapper on
-    readme = AutoLoCoConfig(method="autoloco", h_base=10, overlap="delayed")  # the README's slow-link config
+    # up to h_min - 1 with the token mapper on
+    assert config(overlap="delayed", overlap_steps=3).map_tokens
+    # the README's slow-link config
+    readme = AutoLoCoConfig(method="autoloco", h_base=10, overlap="delayed")
     assert (readme.overlap_steps, readme.q_h, readme.map_tokens) == (1, 1, True)
     with pytest.raises(ConfigError, match="overlap_mix=1.0"):
         config(overlap="delayed", overlap_mix=1.0)
@@ -84,13 +95,15 @@ def test_config_defaults_to_blocking_and_validates_overlap():
         AutoLoCoConfig(method="ddp", overlap="eager")
     # docs/algorithm.md#error-feedback
     assert config(overlap="eager", wire_dtype="int8", error_feedback=True).error_feedback
-    assert config(overlap="eager", ranks_per_worker=2).hierarchical_sync  # sharded outer state overlaps too
+    # sharded outer state overlaps too
+    assert config(overlap="eager", ranks_per_worker=2).hierarchical_sync
     assert AutoLoCoConfig.from_dict(config(overlap="eager").to_dict()).overlap == "eager"
 
 
 # ------------------------------------------------------------ equivalences
 @pytest.mark.parametrize(
-    "overlap, schedule", [("none", BlockingSchedule), ("delayed", DelayedSchedule), ("eager", EagerSchedule)]
+    "overlap, schedule",
+    [("none", BlockingSchedule), ("delayed", DelayedSchedule), ("eager", EagerSchedule)],
 )
 def test_make_engine_picks_the_schedule_of_the_overlap_mode(overlap, schedule):
     engine = runner_for(config(overlap=overlap), SimulatedCommunicator(2)).engine
@@ -100,7 +113,9 @@ def test_make_engine_picks_the_schedule_of_the_overlap_mode(overlap, schedule):
 @pytest.mark.parametrize("controller", ["paper", "descent"])
 def test_delayed_without_delay_or_mixing_is_the_blocking_run_bit_for_bit(controller):
     blocking = simulated(config(controller=controller))
-    delayed = simulated(config(overlap="delayed", overlap_steps=0, overlap_mix=0.0, controller=controller))
+    delayed = simulated(
+        config(overlap="delayed", overlap_steps=0, overlap_mix=0.0, controller=controller)
+    )
     assert len(blocking.engine.records) >= 4
     for w in range(2):
         for p, q in zip(blocking.models[w].parameters(), delayed.models[w].parameters()):
@@ -109,22 +124,28 @@ def test_delayed_without_delay_or_mixing_is_the_blocking_run_bit_for_bit(control
 
 
 def test_eager_with_one_worker_is_the_blocking_run():
-    # one worker: its fresh pseudo-gradient is the average, so the eager start point is theta_{t+1}, bit for bit
+    # one worker: its fresh pseudo-gradient is the average,
+    # so the eager start point is theta_{t+1}, bit for bit
     cfg = dict(method="diloco", h_base=4)
     blocking = simulated(AutoLoCoConfig(**cfg), workers=1)
     eager = simulated(AutoLoCoConfig(**cfg, overlap="eager"), workers=1)
-    assert [r.start_step for r in eager.engine.records] == [r.start_step for r in blocking.engine.records]
+    assert [r.start_step for r in eager.engine.records] == [
+        r.start_step for r in blocking.engine.records
+    ]
     for p, q in zip(blocking.models[0].parameters(), eager.models[0].parameters()):
         assert torch.equal(p, q)
     assert not torch.equal(params_of(make_model(0))[0], params_of(eager.models[0])[0])
 
 
 def test_eager_update_follows_the_documented_equations():
-    # docs/algorithm.md#eager-update with Nesterov (lr 0.7, momentum 0.9): y_{t+1}^i = step(theta_t, m_t, Delta_t^i / N), theta_t = all averages up to t-1
+    # docs/algorithm.md#eager-update with Nesterov (lr 0.7, momentum 0.9): y_{t+1}^i = step(theta_t,
+    # m_t, Delta_t^i / N), theta_t = all averages up to t-1
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap="eager")
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
-    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 8), SimulatedCommunicator(2), total_steps=8)
+    engine = make_engine(
+        cfg, models, FunctionSchedule(lambda s: 1e-2, 8), SimulatedCommunicator(2), total_steps=8
+    )
 
     def flat(m):
         return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
@@ -150,7 +171,8 @@ def test_eager_update_follows_the_documented_equations():
     for model, d in zip(models, delta0):
         g = d / 2
         torch.testing.assert_close(flat(model), theta0 - lr * (g + mu * g))
-    assert torch.equal(engine.outer.params.detach(), theta0)  # theta moves only with complete averages
+    # theta moves only with complete averages
+    assert torch.equal(engine.outer.params.detach(), theta0)
     y1 = [flat(m) for m in models]
     interval(2)  # boundary 4: theta_1 from the mean of Delta_0; Delta_1^i = y_1^i - x^i
     mean0 = (delta0[0] + delta0[1]) / 2
@@ -175,17 +197,22 @@ def test_overlapped_runs_end_on_one_model_and_apply_every_interval(overlap):
 
 
 def test_delayed_merge_mixes_the_running_replica_with_the_outer_result():
-    cfg = AutoLoCoConfig(method="diloco", h_base=4, overlap="delayed", overlap_steps=2, overlap_mix=0.25)
+    cfg = AutoLoCoConfig(
+        method="diloco", h_base=4, overlap="delayed", overlap_steps=2, overlap_mix=0.25
+    )
     torch.manual_seed(0)
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
-    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 12), SimulatedCommunicator(2), total_steps=12)
+    engine = make_engine(
+        cfg, models, FunctionSchedule(lambda s: 1e-2, 12), SimulatedCommunicator(2), total_steps=12
+    )
 
     def flat(m):
         return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
 
     theta0 = flat(models[0])
 
-    def local_update(k: int) -> None:  # stands in for an inner optimizer step, different on each worker
+    # stands in for an inner optimizer step, different on each worker
+    def local_update(k: int) -> None:
         with torch.no_grad():
             for i, m in enumerate(models):
                 for p in m.parameters():
@@ -195,7 +222,11 @@ def test_delayed_merge_mixes_the_running_replica_with_the_outer_result():
         local_update(k)
         assert engine.after_optimizer_step([1, 1], [0.0, 0.0]) is None
     at_boundary = [flat(m) for m in models]
-    assert engine.in_flight is not None and engine.in_flight.due_step == 6 and engine.current_interval is None
+    assert (
+        engine.in_flight is not None
+        and engine.in_flight.due_step == 6
+        and engine.current_interval is None
+    )
     for k in (4, 5):
         local_update(k)
         running = [flat(m) for m in models]
@@ -206,7 +237,8 @@ def test_delayed_merge_mixes_the_running_replica_with_the_outer_result():
     torch.testing.assert_close(engine.outer.params.detach(), theta1)
     for model, x in zip(models, running):
         torch.testing.assert_close(flat(model), 0.25 * x + 0.75 * theta1)
-    assert engine.current_interval.start_step == 4  # the running interval got its length at the merge
+    # the running interval got its length at the merge
+    assert engine.current_interval.start_step == 4
 
 
 # ---------------------------------------------------------------- controller lag
@@ -217,21 +249,32 @@ def test_a_finite_interval_run_at_a_replaced_horizon_is_stale_and_not_fed_to_the
     policy.rule.state.h_tok = interval.h_tok + cfg.q_h  # a decision since this interval was planned
     before = policy.rule.state_dict()
     outcome = IntervalOutcome(
-        interval, 32, drift_energy=1.0, coherence=2.0, lr_mass=0.04, mean_loss=1.0, pseudo_grad_finite=True
+        interval,
+        32,
+        drift_energy=1.0,
+        coherence=2.0,
+        lr_mass=0.04,
+        mean_loss=1.0,
+        pseudo_grad_finite=True,
     )
     decision = policy.complete(outcome, next_start=8)
-    assert decision.assessment == Assessment.STALE and decision.next_h_tok == interval.h_tok + cfg.q_h
+    assert (
+        decision.assessment == Assessment.STALE and decision.next_h_tok == interval.h_tok + cfg.q_h
+    )
     assert policy.rule.state_dict() == before
     # not lagged, or non-finite: the controller sees it
     assert policy.complete(outcome).assessment != Assessment.STALE
-    nan = IntervalOutcome(interval, 32, math.nan, math.nan, 0.04, math.nan, pseudo_grad_finite=False)
+    nan = IntervalOutcome(
+        interval, 32, math.nan, math.nan, 0.04, math.nan, pseudo_grad_finite=False
+    )
     assert policy.complete(nan, next_start=8).assessment == Assessment.INVALID
 
 
 def test_eager_autoloco_decides_one_interval_late():
     runner = simulated(config(overlap="eager"), steps=70)
     records = runner.engine.records
-    # the record of interval t is written at the end of t+1 and names the interval its decision set: t+2
+    # the record of interval t is written at the end of t+1
+    # and names the interval its decision set: t+2
     for r, after_next in zip(records, records[2:]):
         assert (r.next_h_tok, r.next_h_step) == (after_next.h_tok, after_next.h_step)
     assert len({r.h_step for r in records}) > 1, "the lagged controller should still adapt"
@@ -239,7 +282,8 @@ def test_eager_autoloco_decides_one_interval_late():
 
 # ------------------------------------------------------------------- resume
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
-@pytest.mark.parametrize("wire", [{}, {"wire_dtype": "int4", "error_feedback": True}])  # FP32; the all-gather's
+# FP32; the all-gather's
+@pytest.mark.parametrize("wire", [{}, {"wire_dtype": "int4", "error_feedback": True}])
 def test_resume_in_the_middle_of_an_overlapped_collective(overlap, wire):
     cfg = config(h_base=8, q_h=4, h_max=12, overlap=overlap, overlap_steps=3, **wire)
     workers = (0, 1)
@@ -277,10 +321,14 @@ def test_resume_refuses_a_checkpoint_of_another_overlap_mode():
     first = runner_for(config(overlap="eager"), SimulatedCommunicator(2))
     other = runner_for(config(overlap="delayed"), SimulatedCommunicator(2))
     with pytest.raises(
-        ValueError, match="config.overlap='eager' when the checkpoint was written, this run has overlap='delayed'"
+        ValueError,
+        match="config.overlap='eager' when the checkpoint was written, this "
+        "run has overlap='delayed'",
     ):
         other.load_state_dict(first.state_dict())
-    with pytest.raises(ValueError, match="config.overlap='eager' when .* this run has overlap='none'"):
+    with pytest.raises(
+        ValueError, match="config.overlap='eager' when .* this run has overlap='none'"
+    ):
         runner_for(config(), SimulatedCommunicator(2)).load_state_dict(first.state_dict())
 
 
@@ -292,14 +340,22 @@ def _run_case(rank: int, overlap: str, wire: str, controller: str) -> dict:
         ProcessGroupCommunicator(wire_dtype=wire),
         seed=rank,
         on_record=lambda r: outer_after_each_step.append(
-            (runner.engine.outer.params.detach().clone(), runner.engine.outer.momentum_buffer.clone())
+            (
+                runner.engine.outer.params.detach().clone(),
+                runner.engine.outer.momentum_buffer.clone(),
+            )
         ),
     )
     train(runner, 0, STEPS, (rank,))
-    return {"params": params_of(runner.models[0]), "records": records_of(runner), "outer": outer_after_each_step}
+    return {
+        "params": params_of(runner.models[0]),
+        "records": records_of(runner),
+        "outer": outer_after_each_step,
+    }
 
 
-# the paper's rule, and the default rule (descent: guarded with the delayed overlap, unguarded with the eager one)
+# the paper's rule, and the default rule (descent: guarded
+# with the delayed overlap, unguarded with the eager one)
 GLOO_CASES = [(o, w, "paper") for o in ("delayed", "eager") for w in ("fp32", "int8")] + [
     ("delayed", "fp32", "descent"),
     ("eager", "fp32", "descent"),
@@ -307,7 +363,8 @@ GLOO_CASES = [(o, w, "paper") for o in ("delayed", "eager") for w in ("fp32", "i
 
 
 def _process_worker(rank: int, world_size: int) -> dict:
-    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    """Every case, one after the other, in one pair of
+    processes: their start-up is paid once, not per case."""
     return {case: _run_case(rank, *case) for case in GLOO_CASES}
 
 
@@ -345,7 +402,8 @@ def test_two_gloo_processes_equal_two_simulated_workers(gloo_runs, overlap, wire
 
 
 def _start_before_the_peer(rank: int, world_size: int, wire: str, started: str) -> float:
-    """Rank 1 joins the collective only after rank 0's ``start_average`` has returned (a blocking one never would)."""
+    """Rank 1 joins the collective only after rank 0's
+    ``start_average`` has returned (a blocking one never would)."""
     comm = ProcessGroupCommunicator(timeout_s=20, wire_dtype=wire)
     flat = torch.full((1000,), float(rank + 1))
     if rank == 1:
@@ -353,7 +411,8 @@ def _start_before_the_peer(rank: int, world_size: int, wire: str, started: str) 
         while not os.path.exists(started) and time.monotonic() < deadline:
             time.sleep(0.01)
     pending = comm.start_average([flat], [torch.tensor([float(rank)])], [1000])
-    flat.fill_(99.0)  # the caller reuses its buffer at once: the average must be of the values passed
+    # the caller reuses its buffer at once: the average must be of the values passed
+    flat.fill_(99.0)
     if rank == 0:
         open(started, "w").close()
     result = pending.wait()
@@ -369,12 +428,15 @@ def test_start_average_returns_before_the_peers_have_joined(wire, tmp_path):
 
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
 def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
-    """The record stage is shared: an overlapped run reports invalid intervals and stops like a blocking one (docs/algorithm.md#interval-assessment)."""
+    """The record stage is shared: an overlapped run reports invalid intervals and stops like a
+    blocking one (docs/algorithm.md#interval-assessment)."""
     from autoloco_hf.sync.engine.engine import TooManyInvalidIntervals
 
     cfg = AutoLoCoConfig(method="diloco", h_base=2, overlap=overlap, max_consecutive_invalid=2)
     models = [torch.nn.Linear(3, 1) for _ in range(2)]
-    engine = make_engine(cfg, models, FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20)
+    engine = make_engine(
+        cfg, models, FunctionSchedule(lambda s: 1e-2, 20), SimulatedCommunicator(2), total_steps=20
+    )
     with pytest.raises(TooManyInvalidIntervals, match="2 such intervals in a row"):
         for _ in range(20):
             engine.after_optimizer_step([1, 1], [math.nan, 0.0])
@@ -382,7 +444,8 @@ def test_overlapped_runs_stop_after_too_many_invalid_intervals(overlap):
 
 
 def test_a_mapped_interval_shorter_than_the_merge_is_stretched_past_it_and_recorded():
-    """The token rate quadruples after calibration: the mapper maps below h_min, the delayed merge still lands inside."""
+    """The token rate quadruples after calibration: the mapper
+    maps below h_min, the delayed merge still lands inside."""
 
     def batch(worker: int, step: int) -> dict:
         b = batch_for(worker, step)
@@ -400,7 +463,11 @@ def test_a_mapped_interval_shorter_than_the_merge_is_stretched_past_it_and_recor
     assert stretched, [(r.start_step, r.h_step) for r in records]
     for r in stretched:
         assert r.h_step % cfg.q_h == 0 and r.h_step > cfg.overlap_steps
-        assert r.assessment == Assessment.TRUNCATED  # it ran another length than its H_tok: no decision
+        # it ran another length than its H_tok: no decision
+        assert r.assessment == Assessment.TRUNCATED
     assert all(r.start_step + r.h_step == n.start_step for r, n in zip(records, records[1:]))
     assert records[-1].start_step + records[-1].h_step == 60
-    assert all(torch.equal(p, q) for p, q in zip(runner.models[0].parameters(), runner.models[1].parameters()))
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip(runner.models[0].parameters(), runner.models[1].parameters())
+    )

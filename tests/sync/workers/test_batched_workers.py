@@ -49,7 +49,9 @@ def batches(step: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def runner(config: AutoLoCoConfig, max_grad_norm: float | None, batched: bool = False) -> LocalWorkers:
+def runner(
+    config: AutoLoCoConfig, max_grad_norm: float | None, batched: bool = False
+) -> LocalWorkers:
     return LocalWorkers(
         config,
         make_model(),

@@ -1,4 +1,5 @@
-"""N simulated workers == N real gloo processes (docs/algorithm.md#simulation): same parameters, same interval records."""
+"""N simulated workers == N real gloo processes
+(docs/algorithm.md#simulation): same parameters, same interval records."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ STEPS, WARMUP = 70, 6
 
 RULES = {
     "paper": dict(controller="paper", h_max=8),
-    # the descent rule at its defaults, with its drift guard: the anchor scalars travel in the control message
+    # the descent rule at its defaults, with its drift guard:
+    # the anchor scalars travel in the control message
     "descent_guard": dict(controller="descent"),
-    # the descent rule's start probe (from 4 h_base, where a probe fits): its own small all-reduce between
-    # syncs, and an interval cut short
+    # the descent rule's start probe (from 4 h_base, where a probe fits): its own small all-reduce
+    # between syncs, and an interval cut short
     "descent_probe": dict(controller="descent", h_max=16, rule_options={"start_probe": 2.0}),
 }
 CASES = [("fp32", "paper"), ("int8", "paper"), ("fp32", "descent_guard"), ("fp32", "descent_probe")]
@@ -31,7 +33,10 @@ def config(wire_dtype: str, rule: str = "paper") -> AutoLoCoConfig:
 
 
 def records_of(runner: LocalWorkers) -> list[dict]:
-    return [{k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS} for r in runner.engine.records]
+    return [
+        {k: v for k, v in r.__dict__.items() if k not in TIMING_FIELDS}
+        for r in runner.engine.records
+    ]
 
 
 def _run_case(rank: int, wire_dtype: str, rule: str) -> dict:
@@ -46,11 +51,15 @@ def _run_case(rank: int, wire_dtype: str, rule: str) -> dict:
     )
     for step in range(STEPS):
         runner.train_step([batch_for(rank, step, padded=True)])
-    return {"params": [p.detach().clone() for p in runner.models[0].parameters()], "records": records_of(runner)}
+    return {
+        "params": [p.detach().clone() for p in runner.models[0].parameters()],
+        "records": records_of(runner),
+    }
 
 
 def _process_worker(rank: int, world_size: int) -> dict:
-    """Every case, one after the other, in one pair of processes: their start-up is paid once, not per case."""
+    """Every case, one after the other, in one pair of
+    processes: their start-up is paid once, not per case."""
     return {case: _run_case(rank, *case) for case in CASES}
 
 
@@ -77,8 +86,16 @@ def test_two_gloo_processes_equal_two_simulated_workers(gloo_runs, wire_dtype, r
     assert len(simulated.engine.records) >= (8 if rule == "paper" else 4)
     assert len({r["h_step"] for r in results[0]["records"]}) > 1, "the run should adapt its horizon"
     if rule == "descent_guard":
-        assert all(r["anchor_normalized_drift"] > 0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
-        assert all(1.0 < r["drift_exponent"] < 2.0 for r in results[0]["records"] if r["h_step"] > r["h_ref"])
+        assert all(
+            r["anchor_normalized_drift"] > 0
+            for r in results[0]["records"]
+            if r["h_step"] > r["h_ref"]
+        )
+        assert all(
+            1.0 < r["drift_exponent"] < 2.0
+            for r in results[0]["records"]
+            if r["h_step"] > r["h_ref"]
+        )
     if rule == "descent_probe":
         first = results[0]["records"][0]
         assert (first["assessment"], first["h_step"], first["next_h_tok"]) == ("bent", 8, 8)
