@@ -55,23 +55,24 @@ from autoloco_hf.wire.codec import WireCodec  # noqa: E402
 WIRES = ("fp32", "bf16", "int8", "int4", "fp4", "int2")
 
 
+def block_layout(h: int, layers: int = 24, vocab: int = 32000) -> list[int]:
+    """Segment sizes at hidden size ``h``: per block 2 norms, q/k/v/o (h x h), gate/up/down
+    (h x 8h/3); embedding and head (vocab x h) and a final norm."""
+    f = (8 * h // 3 + 63) // 64 * 64
+    block = [h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h]
+    return [vocab * h] + block * layers + [h, vocab * h]
+
+
 def transformer_layout(numel: int, layers: int = 24, vocab: int = 32000) -> list[int]:
     """Segment sizes of a Llama-like model with ``layers`` blocks and ``numel`` parameters in total.
 
-    Per block: 2 norms, q/k/v/o (h x h), gate/up/down (h x 8h/3); embedding and head
-    (vocab x h) and a final norm. ``h`` is the largest multiple of 64 that fits; the
-    embedding absorbs the remainder so that the total is exactly ``numel``.
+    ``h`` is the largest multiple of 64 that fits (:func:`block_layout`); the embedding absorbs
+    the remainder so that the total is exactly ``numel``.
     """
-
-    def sizes(h: int) -> list[int]:
-        f = (8 * h // 3 + 63) // 64 * 64
-        block = [h, h * h, h * h, h * h, h * h, h, h * f, h * f, f * h]
-        return [vocab * h] + block * layers + [h, vocab * h]
-
     h = 64
-    while sum(sizes(h + 64)) <= numel:
+    while sum(block_layout(h + 64, layers, vocab)) <= numel:
         h += 64
-    out = sizes(h)
+    out = block_layout(h, layers, vocab)
     out[0] += numel - sum(out)
     if out[0] <= 0:
         raise ValueError(f"{numel} elements are too few for a {layers}-layer layout")
@@ -204,6 +205,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
+    for text, numel in zip(args.sizes, sizes):
+        try:
+            transformer_layout(numel)
+        except ValueError as err:  # the layout the timings assume needs a few million elements
+            least = sum(block_layout(64))
+            parser.error(f"--sizes {text}: {err}; give at least {least} (e.g. 6M)")
 
     print(
         f"torch {torch.__version__}, gloo, {args.world_size} processes x {args.threads} thread(s), "
