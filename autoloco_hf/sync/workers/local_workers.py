@@ -48,6 +48,7 @@ from autoloco_hf.sync.workers.replicas import (
     batch_tokens,
     causal_lm_loss,
     constant_schedule,
+    forward_backward,
     refuse_unequal_steps,
 )
 
@@ -145,14 +146,6 @@ class LocalWorkers:
     def step(self) -> int:
         return self.engine.step
 
-    def _forward_backward(self, model: torch.nn.Module, batch: Any) -> tuple[float, int]:
-        """The loss (gradients accumulated into ``model``)
-        and the non-padding tokens of one batch."""
-        model.train()
-        loss = self.loss_fn(model, batch)
-        loss.backward()
-        return float(loss.detach()), batch_tokens(batch)
-
     def _seconds(self, steps: Sequence[int], measured: Sequence[float]) -> list[float]:
         """Each worker's time on its steps: the virtual clock's
         when speeds are simulated, else ``measured``."""
@@ -194,7 +187,8 @@ class LocalWorkers:
         for i, (model, optimizer) in enumerate(zip(self.models, self.optimizers)):
             started = time.perf_counter()
             for _ in range(due[i]):
-                loss, count = self._forward_backward(model, next_batch(i))
+                batch = next_batch(i)
+                loss, count = forward_backward(model, batch, self.loss_fn), batch_tokens(batch)
                 if self.max_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
                 optimizer.step()

@@ -55,6 +55,14 @@ def constant_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_schedu
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
+def forward_backward(model: torch.nn.Module, batch: Any, loss_fn: LossFn) -> float:
+    """One model's loss on one batch; its gradients accumulate into ``model``."""
+    model.train()
+    loss = loss_fn(model, batch)
+    loss.backward()
+    return float(loss.detach())
+
+
 class Replicas(Protocol):
     """The local workers' models, inner optimizers and LR schedulers, and one step of them all."""
 
@@ -98,10 +106,7 @@ class LoopedReplicas:
         losses, seconds = [], []
         for model, batch in zip(self.models, batches):
             started = time.perf_counter()
-            model.train()
-            loss = loss_fn(model, batch)
-            loss.backward()
-            losses.append(float(loss.detach()))
+            losses.append(forward_backward(model, batch, loss_fn))
             seconds.append(time.perf_counter() - started)
         return losses, seconds
 
