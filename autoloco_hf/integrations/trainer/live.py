@@ -174,7 +174,7 @@ def train_live(
                         names,
                         ", ".join(SHARED_TRAINING_ARGUMENTS),
                     )
-                    agreement = membership.reform(lost=refused)
+                    agreement = membership.reform(refused=refused)
                     continue
             if agreement.state is None:  # round 0 of a fresh run
                 return trainer.train(**train_kwargs)
