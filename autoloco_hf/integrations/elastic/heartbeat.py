@@ -27,12 +27,16 @@ JOIN_TIMEOUT_S = 5.0
 
 
 class Heartbeat:
-    """A daemon thread that adds 1 to ``key`` on ``store`` every ``period_s`` until :meth:`stop`.
+    """A daemon thread that writes a count to ``key`` on ``store`` every ``period_s`` until
+    :meth:`stop`.
 
-    A store error ends the thread quietly: the training thread meets the same store on its own
-    requests and reports it there, in one line. At the process's exit the thread is stopped and
-    joined before the interpreter finalizes: a daemon thread still inside a store request then
-    aborts the process ("terminate called without an active exception", exit code -6).
+    One plain ``set`` a beat, not an ``add``: on etcd an ``add`` is a compare-and-swap of three
+    requests, and the store every process of the run shares, whose rounds form on it, should stay
+    quiet. A store error ends the
+    thread quietly: the training thread meets the same store on its own requests and reports it
+    there, in one line. At the process's exit the thread is stopped and joined before the
+    interpreter finalizes: a daemon thread still inside a store request then aborts the process
+    ("terminate called without an active exception", exit code -6).
     """
 
     def __init__(self, store: Any, key: str, period_s: float) -> None:
@@ -41,28 +45,33 @@ class Heartbeat:
             target=self._beat, args=(store, key, period_s), name="autoloco-heartbeat", daemon=True
         )
         self._thread.start()
-        atexit.register(self.stop)
+        atexit.register(self._join_at_exit)
 
     def _beat(self, store: Any, key: str, period_s: float) -> None:
+        count = 0
         while not self._stopped.wait(period_s):
+            count += 1
             try:
-                store.add(key, 1)
+                store.set(key, str(count))
             except Exception as err:  # the training thread reports a store failure itself
                 logger.debug("live membership: heartbeat %s stopped (%s)", key, err)
                 return
 
     def stop(self) -> None:
-        """End the thread (within one store request)."""
+        """End the thread (after the store request in flight, if any), without waiting for it."""
+        self._stopped.set()
+
+    def _join_at_exit(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=JOIN_TIMEOUT_S)
-        atexit.unregister(self.stop)
 
 
 class Pulses:
     """A closer's view of the heartbeats of ``keys`` (member id -> its counter's key).
 
     A member beats while its counter changed within the last ``window_s``; one not yet seen to
-    change counts as beating until ``window_s`` has passed since the first look.
+    change counts as beating until ``window_s`` has passed since the first look. Reads only: a
+    ``check`` and a ``get``.
     """
 
     def __init__(self, ask: Callable[..., Any], keys: dict[str, str], window_s: float) -> None:
@@ -78,7 +87,8 @@ class Pulses:
         """Those of ``members`` (ids in ``keys``) whose counters still move."""
         now, alive = time.monotonic(), []
         for member in members:
-            value = int(self._ask("add", self._keys[member], 0))
+            key = self._keys[member]
+            value = int(self._ask("get", key)) if self._ask("check", [key]) else 0
             last, since = self._last[member]
             if last is not None and value != last:
                 since = now

@@ -91,7 +91,7 @@ class LiveMembership:
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming, and twice this
             long after the close for each slot to say it is alive. After a loss it also waits for
-            the members of the last round whose heartbeat (every ``settle_s / 4``) still moves: a
+            the members of the last round whose heartbeat (every ``settle_s / 2``) still moves: a
             survivor meets the loss at its next collective, seconds later on a loaded machine; a
             dead one's heartbeat stops, which costs ``2 * settle_s``. Round 0, the launch, waits for
             all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
@@ -559,7 +559,7 @@ class LiveMembership:
         if self._heartbeat is not None:
             self._heartbeat.stop()
         self._heartbeat = Heartbeat(
-            self.store, self._key(number, f"alive{rank}"), period_s=self.settle_s / 4
+            self.store, self._key(number, f"alive{rank}"), period_s=self.settle_s / 2
         )
         if rank == 0:
             self._ask("set", f"{PREFIX}latest", str(number))
