@@ -79,7 +79,6 @@ def run_worker(
     seed: int = 0,
     die_at_step: int | None = None,
     freeze_at_step: int | None = None,
-    late_at_step: tuple[int, float] | None = None,
     h_base: int = H,
     store_kind: str = "tcp",
     endpoints: str = "",
@@ -107,9 +106,7 @@ def run_worker(
     forms); with ``resume_file``, write ``<out>/<name>.paused`` and wait until that file exists
     instead. ``die_entering_round``: end the process after that membership round closed, when
     its process group is set up (the others' set-up fails; they form the next round without
-    it). ``late_at_step=(step, seconds)``: the first time before that step, sleep that long (a
-    survivor on a loaded machine, or a slower worker, meets a lost peer seconds after the others
-    do). ``start_delay_s``: reach round 0 that much later (a slow start-up). ``joiner_fault``
+    it). ``start_delay_s``: reach round 0 that much later (a slow start-up). ``joiner_fault``
     (a joiner): ``"dies_before_saying_who"`` ends the process between taking its slot and
     writing who it is; ``"hangs_after_its_slot"`` stops it (SIGSTOP) right after it wrote its
     slot: a slot whose owner is gone or silent. ``steps``, ``step_seconds``: the run's length
@@ -221,9 +218,6 @@ def run_worker(
             store.set(f"test/{name}/fault_at", repr(time.time()))
             # a silent partition: the connection stays open, nothing answers
             os.kill(os.getpid(), signal.SIGSTOP)
-        if late_at_step is not None and step == late_at_step[0]:
-            time.sleep(late_at_step[1])
-            late_at_step = None
         # a driver that cannot reach the store (another network namespace)
         if step == pause_at and resume_file:
             Path(out, f"{name}.paused").write_text(str(step))

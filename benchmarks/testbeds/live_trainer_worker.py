@@ -8,8 +8,8 @@ process ends (a closed connection for the others) before that step; ``wait_for_j
 before that step, wait until a process has taken a slot of the next round (so that a loaded
 machine does not end the run before the joiner starts); ``pause_at``: before that step, wait for
 ``test/resume`` on the store; ``endpoints``: the rounds on that etcd cluster instead of the
-``TCPStore``; ``batch_size``: another ``per_device_train_batch_size`` than the run's 4. What it saw
-goes to ``<out>/<name>.json``.
+``TCPStore``; ``batch_size``: another ``per_device_train_batch_size`` than the run's 4;
+``settle_s``: the closers' wait for late slots (1 s). What it saw goes to ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def run(name: str, port: int, out: str, first_world: int, steps: int, h: int, **
     config = AutoLoCoConfig(method="diloco", h_base=options.get("h_base", h), sync_timeout_s=5.0)
     seed = options.get("seed", 0)
     model = tiny_llama(**LLAMA, seed=seed)
-    live = LiveMembership(store, name, config, model, settle_s=1.0, round_timeout_s=60.0)
+    settle_s = options.get("settle_s", 1.0)
+    live = LiveMembership(store, name, config, model, settle_s=settle_s, round_timeout_s=60.0)
     seen: dict = {"name": name, "pid": os.getpid(), "begins": [], "steps": [], "warnings": []}
 
     class Warnings(logging.Handler):

@@ -29,8 +29,7 @@ under ``autoloco/round<r>/``:
    AdamW state; a new process gets the outer state from a live peer, not from a file.
 
 A lost peer surfaces at a boundary as :class:`PeerLostError`; the caller then
-calls :meth:`LiveMembership.reform` (whose closer waits for the survivors still
-alive: :mod:`~autoloco_hf.integrations.elastic.heartbeat`), builds a new engine on the new group and
+calls :meth:`LiveMembership.reform`, builds a new engine on the new group and
 resumes it at the agreed boundary (at most the interval the fault cut is
 redone). A process that wants in calls :meth:`LiveMembership.join`; the members
 see it at their next boundary (a one-element ``MAX`` all-reduce, so all of them
@@ -59,7 +58,6 @@ from autoloco_hf.integrations.elastic.agreement import (
     refusal,
 )
 from autoloco_hf.integrations.elastic.errors import JoinRefused, RoundFailed
-from autoloco_hf.integrations.elastic.heartbeat import Heartbeat, Pulses
 from autoloco_hf.integrations.elastic.store import STORE_TIMEOUTS, ask, cut_off, store_errors
 from autoloco_hf.state.checkpoint import config_json
 from autoloco_hf.state.records import IntervalRecord
@@ -90,11 +88,11 @@ class LiveMembership:
         config: the run's configuration; a process with another one is refused.
         model: the worker's model; a process with another layout is refused.
         settle_s: a closer waits this long for more slots once they stop coming, and twice this
-            long after the close for each slot to say it is alive. After a loss it also waits for
-            the members of the last round whose heartbeat (every ``settle_s / 2``) still moves: a
-            survivor meets the loss at its next collective, seconds later on a loaded machine; a
-            dead one's heartbeat stops, which costs ``2 * settle_s``. Round 0, the launch, waits for
-            all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
+            long after the close for each slot to say it is alive. After a loss it closes at once
+            when all members but one are in; a survivor that reaches its failing collective more
+            than ``settle_s`` after the first (a loaded machine, a slower worker) is left out and
+            taken in at the next boundary, so give ``settle_s`` above that skew. Round 0, the
+            launch, waits for all ``world_size`` processes up to ``round_timeout_s / 2`` instead.
         round_timeout_s: the bound on forming one round. It must outlast a round whose group set-up
             fails (up to ``config.sync_timeout_s``) and the next one: at least
             ``2 * sync_timeout_s + 6 * settle_s``, and that (at least 120 s) when not given.
@@ -165,7 +163,6 @@ class LiveMembership:
         self._local: dict[str, Any] | None = None
         self.join_pending = False  # set at a boundary where every member saw a process waiting
         self.agreement: Agreement | None = None  # the last round this process entered
-        self._heartbeat: Heartbeat | None = None  # says this process is alive while a member
 
     # ------------------------------------------------------------------ entering the run
     def start(self, world_size: int) -> Agreement:
@@ -215,44 +212,28 @@ class LiveMembership:
             raise cut_off(f"forming membership round {self.round + 1}", err) from None
 
     def _reform(self, lost: Sequence[int], refused: Sequence[int]) -> Agreement:
-        watch = None
         if self.join_pending:
             waiting = int(self._ask("add", self._key(self.round + 1, "count"), 0))
             expected: int | None = self.world_size + waiting
         elif refused:
             expected = self.world_size - len(refused)
         elif lost:
-            # at most all but one survive (gloo often cannot say which peer is gone), and a
-            # survivor that trains slower meets the loss later: wait for those still beating
-            expected, watch = self.world_size - 1, self._pulses()
+            # at most all but one survive: close as soon as they are in (gloo often cannot say
+            # which peer is gone); fewer, after settle_s without a new slot
+            expected = self.world_size - 1
         else:
             expected = None
         deadline = time.monotonic() + self.round_timeout_s
         number = self.round + 1
         while True:
             agreement = self._attempt(
-                number,
-                may_close=self.round == number - 1,
-                expected=expected,
-                deadline=deadline,
-                watch=watch,
+                number, may_close=self.round == number - 1, expected=expected, deadline=deadline
             )
             if agreement is not None:
                 return agreement
             # left out (a late slot: wait to be taken in like
             # a new process) or the round's group failed
-            number, expected, watch = max(number + 1, self._latest() + 1), None, None
-
-    def _pulses(self) -> Pulses | None:
-        """The heartbeats of the other members of this process's round."""
-        if self.agreement is None:
-            return None
-        keys = {
-            member: self._key(self.round, f"alive{rank}")
-            for rank, member in enumerate(self.agreement.members)
-            if member != self.member_id
-        }
-        return Pulses(self._ask, keys, window_s=2 * self.settle_s)
+            number, expected = max(number + 1, self._latest() + 1), None
 
     # ------------------------------------------------------------------ while training
     def attach(
@@ -315,13 +296,7 @@ class LiveMembership:
         return int(self._ask("get", key))
 
     def _attempt(
-        self,
-        number: int,
-        *,
-        may_close: bool,
-        expected: int | None,
-        deadline: float,
-        watch: Pulses | None = None,
+        self, number: int, *, may_close: bool, expected: int | None, deadline: float
     ) -> Agreement | None:
         """Round ``number``, or ``None``: left out of it, or
         its group failed to form (the caller tries the next).
@@ -332,7 +307,7 @@ class LiveMembership:
         one, which forms without the lost.
         """
         try:
-            return self._form(number, may_close, expected, deadline, watch)
+            return self._form(number, may_close=may_close, expected=expected, deadline=deadline)
         except _GroupFailed as err:
             if number == 0:  # a launch whose group fails must not end as fewer workers training on
                 cause = "a process ended while it set up"
@@ -359,12 +334,7 @@ class LiveMembership:
             return None
 
     def _form(
-        self,
-        number: int,
-        may_close: bool,
-        expected: int | None,
-        deadline: float,
-        watch: Pulses | None,
+        self, number: int, *, may_close: bool, expected: int | None, deadline: float
     ) -> Agreement | None:
         """Take part in round ``number``; ``None`` if this
         process was left out of it (a slot too late)."""
@@ -378,7 +348,7 @@ class LiveMembership:
         self._ask("set", self._key(number, f"slot{me}"), json.dumps(info))
         closed_key = self._key(number, "closed")
         if may_close:
-            self._close(number, me, expected, deadline, watch)
+            self._close(number, me, expected, deadline)
         size = self._wait_closed(number, closed_key, deadline)
         if me > size:
             return None
@@ -399,47 +369,27 @@ class LiveMembership:
         slots = [self._read_slot(number, s, deadline) for s in confirmed]
         return self._enter(number, me, slots)
 
-    def _close(
-        self, number: int, me: int, expected: int | None, deadline: float, watch: Pulses | None
-    ) -> None:
+    def _close(self, number: int, me: int, expected: int | None, deadline: float) -> None:
         count_key, closed_key = self._key(number, "count"), self._key(number, "closed")
         count, changed = me, time.monotonic()
         # the launch's processes reach round 0 after their imports, seconds
         # apart on a loaded machine: wait for all of them up to half of
         # round_timeout_s, not settle_s (which is for survivors of a fault)
         quiet_s = self._quiet_s(number)
-        # after a loss: a member of the last round without a slot yet that still beats is awaited
-        # (looked at every settle_s / 4 once the slots stop, not at every pass)
-        arrived: dict[int, str] = {}  # slot -> member id, each read once
-        awaited, looked = watch is not None, 0.0
         while not self._ask("check", [closed_key]):
             now = time.monotonic()
             latest = int(self._ask("add", count_key, 0))
             if latest != count:
                 count, changed = latest, now
-            quiet = now - changed >= quiet_s
-            if quiet and watch is not None and now - looked >= self.settle_s / 4:
-                looked, awaited = now, self._still_coming(number, count, arrived, watch)
             if (
                 (expected is not None and count >= expected)
-                or (quiet and not awaited)
+                or now - changed >= quiet_s
                 or now > deadline
             ):
                 if int(self._ask("add", self._key(number, "ticket"), 1)) == 1:
                     self._ask("set", closed_key, str(count))
                 return
             time.sleep(0.02)
-
-    def _still_coming(
-        self, number: int, count: int, arrived: dict[int, str], watch: Pulses
-    ) -> bool:
-        """Whether a member of the last round that has no slot of round ``number`` still beats."""
-        for slot in range(1, count + 1):
-            key = self._key(number, f"slot{slot}")
-            if slot not in arrived and self._ask("check", [key]):
-                arrived[slot] = json.loads(self._ask("get", key))["id"]
-        missing = [m for m in watch.members if m not in arrived.values()]
-        return bool(watch.beating(missing))
 
     def _quiet_s(self, number: int) -> float:
         """How long a closer waits for slots that stop coming."""
@@ -556,11 +506,6 @@ class LiveMembership:
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             ) from err
         self.world_size, self.join_pending = size, False
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        self._heartbeat = Heartbeat(
-            self.store, self._key(number, f"alive{rank}"), period_s=self.settle_s / 2
-        )
         if rank == 0:
             self._ask("set", f"{PREFIX}latest", str(number))
         logger.info(

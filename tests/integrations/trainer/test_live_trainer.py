@@ -37,10 +37,13 @@ def outcome(tmp_path_factory):
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
     ctx = multiprocessing.get_context("spawn")
     deadline = time.monotonic() + 300
-    first = [spawn(ctx, out, port, f"w{i}", 3, wait_for_joiner_at=(16,)) for i in range(2)]
-    first.append(spawn(ctx, out, port, "w2", 3, die_at=10))
+    # the survivors meet w2's loss at their next collective, seconds apart on a loaded machine
+    # (CI): a closer waits up to settle_s for the other
+    late = {"settle_s": 5.0}
+    first = [spawn(ctx, out, port, f"w{i}", 3, wait_for_joiner_at=(16,), **late) for i in range(2)]
+    first.append(spawn(ctx, out, port, "w2", 3, die_at=10, **late))
     wait_round(store, 1, deadline)  # the survivors reformed after w2's death
-    joiner = spawn(ctx, out, port, "w3", 0)
+    joiner = spawn(ctx, out, port, "w3", 0, **late)
     processes = [*first, joiner]
     seen = collect(processes, out, ("w0", "w1", "w3"), deadline)
     return {"seen": seen, "exitcodes": [p.exitcode for p in processes]}
