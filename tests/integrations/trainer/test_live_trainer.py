@@ -109,10 +109,11 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
     ctx = multiprocessing.get_context("spawn")
+    late = {"settle_s": 5.0}  # as above: the survivors may meet the loss seconds apart
     processes = [
-        spawn(ctx, out, port, "w0", 3),
-        spawn(ctx, out, port, "w1", 3),
-        spawn(ctx, out, port, "w2", 3, die_at=5),
+        spawn(ctx, out, port, "w0", 3, **late),
+        spawn(ctx, out, port, "w1", 3, **late),
+        spawn(ctx, out, port, "w2", 3, die_at=5, **late),
     ]
     seen = collect(processes, out, ("w0", "w1"), time.monotonic() + 240)
     assert [p.exitcode for p in processes] == [0, 0, 1]
