@@ -19,9 +19,21 @@ own. (``xdist_group`` marks and ``--dist loadgroup`` would say the same, but pyt
 no longer carry xdist's group suffix.)
 """
 
-import pytest
-from slow_causes import slow_cause
-from xdist_scopes import scope_of
+import os
+
+# One intra-op thread in each test process and, through the environment, in every process a test
+# starts. The suite runs on two xdist workers on two cores: at torch's default (a thread per core)
+# the workers' OpenMP threads spin against each other, and CPU-bound files ran several times slower
+# (tests/sync/test_lowbit_training.py on two workers: 80 s against 23 s). A test that needs more
+# threads sets them itself; OMP_NUM_THREADS set by the caller wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from slow_causes import slow_cause  # noqa: E402
+from xdist_scopes import scope_of  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 # a hook of pytest-xdist: without it (.ci/min_versions) it is never called
