@@ -918,6 +918,7 @@ class Comparison:
 
     rule: str
     tuned: str | None  # the tuned DiLoCo at the rule's h_base: (a)'s and (c)'s comparator
+    chosen_on: list[int]  # the seeds the tuned DiLoCo was chosen on (every setting at its H ran)
     a_seeds: list[int]
     a: list[float]
     b_seeds: list[int]
@@ -956,6 +957,7 @@ class Comparison:
         return cls(
             rule,
             tuned,
+            frontier.choice_seeds.get(h_base_of(cells[rule]), []),
             a_seeds,
             [cells[rule][s].val - cells[tuned][s].val for s in a_seeds],
             b_seeds,
@@ -1008,7 +1010,13 @@ class Comparison:
     def a_text(self) -> str:
         if not self.a_seeds:
             return "not measured (no tuned DiLoCo at its h_base on its seeds)"
-        return f"{self.a_value()} ({self.tuned}; seeds {seed_list(self.a_seeds)})"
+        # a choice made on fewer seeds than the pairing is named: a close call there may flip
+        chosen = (
+            ""
+            if self.chosen_on == self.a_seeds
+            else f", chosen on seeds {seed_list(self.chosen_on)}"
+        )
+        return f"{self.a_value()} ({self.tuned}{chosen}; seeds {seed_list(self.a_seeds)})"
 
     def b_text(self) -> str:
         if not self.b_seeds:

@@ -263,6 +263,11 @@ def test_the_comparators_pair_the_rule_with_the_tuned_diloco_per_seed():
     )
     report = "\n".join(frontier.comparisons_report(cells, tuned, ["rule", "paper"]))
     assert "| rule | 10 | -0.020 ± 0.020 (diloco_mu0.5_h10; seeds 0-1) |" in report
+    # outer LR 1 run on seed 0 only: each H's choice is made on seed 0 alone, and (a)'s text says so
+    cut = {n: {0: r[0]} if n.startswith("diloco_lr1") else r for n, r in cells.items()}
+    cut_found = frontier.Comparison.of(cut, frontier.TunedFrontier.of(cut), "rule")
+    assert cut_found.chosen_on == [0] and cut_found.a_seeds == [0, 1]
+    assert cut_found.a_text() == "-0.020 ± 0.020 (diloco_mu0.5_h10, chosen on seeds 0; seeds 0-1)"
 
 
 def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():
@@ -303,6 +308,9 @@ def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():
         ("frontier_d", "descent_k0.9_guard_mu0.5_hmax20"),
         # regime A at 14.5M parameters, the first GPU runs (docs/gpu.md)
         ("gpu_frontier_14m", "default"),
+        # the ladder's CPU rungs, each rung's tuned baseline (results/ladder.md)
+        ("ladder/h128_l4", "default"),
+        ("ladder/h192_l4", "default"),
     ],
 )
 def test_the_committed_frontier_report_regenerates_from_the_committed_runs(
