@@ -724,10 +724,10 @@ class TunedFrontier:
                 continue
             best[h], seeds_of[h] = lowest_mean_val(cells, at_h, seeds), seeds
             syncs[h] = statistics.fmean(r.syncs for r in cells[best[h]].values())
-        # ... on the seeds of the best-covered horizon: a horizon
-        # on fewer seeds would cut every pairing to those
-        widest = max(seeds_of.values(), key=len, default=[])
-        for h in [h for h, seeds in seeds_of.items() if not set(widest) <= set(seeds)]:
+        # ... whose winner ran every seed of the best-covered choice: a winner on fewer seeds would
+        # cut every pairing to those (a horizon chosen on fewer seeds, its winner on all, cuts none)
+        widest = max(map(set, seeds_of.values()), key=len, default=set())
+        for h in [h for h, name in best.items() if not widest <= set(cells[name])]:
             del best[h], seeds_of[h], syncs[h]
         return cls(best, seeds_of, syncs) if len(best) >= 2 else None
 

@@ -401,7 +401,10 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
     rows = []
     for records in sorted(rung.folder.glob(f"iid/seed*/{rung.default}/intervals.jsonl.gz")):
         with gzip.open(records, "rt") as f:
-            horizons = [json.loads(line)["h_step"] for line in f]
+            intervals = [json.loads(line) for line in f]
+        horizons = [r["h_step"] for r in intervals]
+        # a severe assessment of the descent rule is its drift guard halving the horizon
+        guarded = [str(i + 1) for i, r in enumerate(intervals) if r.get("assessment") == "severe"]
         early = horizons[:TRAJECTORY_INTERVALS]
         first_at_base = next((i + 1 for i, h in enumerate(horizons) if h <= 10), None)
         rows.append(
@@ -412,6 +415,7 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
                 f"{sum(early) / len(early):.1f}",
                 str(first_at_base) if first_at_base else "never",
                 str(min(horizons[:-1])),
+                ", ".join(guarded) or "never",
             ]
         )
     return rows
@@ -492,7 +496,8 @@ def write_report(args: argparse.Namespace) -> Path:
         "below `h_base` before the",
         "run's last, cut interval. Where the fixed frontier is steep (a shorter "
         "H buys much loss), those",
-        "early long intervals are what the rule pays.",
+        "early long intervals are what the rule pays. The last column: the intervals whose "
+        "drift its guard judged blown up (a severe assessment), after which it halved the horizon.",
         "",
         replicate.markdown_table(
             [
@@ -502,6 +507,7 @@ def write_report(args: argparse.Namespace) -> Path:
                 f"mean H, first {TRAJECTORY_INTERVALS} intervals",
                 "first interval at H <= 10",
                 "shortest H before the last interval",
+                "drift guard fired after interval",
             ],
             horizons,
         ),

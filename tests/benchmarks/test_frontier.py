@@ -268,6 +268,16 @@ def test_the_comparators_pair_the_rule_with_the_tuned_diloco_per_seed():
     cut_found = frontier.Comparison.of(cut, frontier.TunedFrontier.of(cut), "rule")
     assert cut_found.chosen_on == [0] and cut_found.a_seeds == [0, 1]
     assert cut_found.a_text() == "-0.020 ± 0.020 (diloco_mu0.5_h10, chosen on seeds 0; seeds 0-1)"
+    # outer LR 1 on seeds 0-1 at H 10, on seed 0 at H 20 and 40: H 20 is chosen on seed 0, but its
+    # winner ran both seeds and stays; H 40's winner (LR 1) ran seed 0 only: it would cut the
+    # pairing
+    uneven = {
+        n: {0: r[0]} if n in ("diloco_lr1_mu0.5_h20", "diloco_lr1_mu0.5_h40") else r
+        for n, r in cells.items()
+    }
+    uneven_tuned = frontier.TunedFrontier.of(uneven)
+    assert uneven_tuned.best == {10: "diloco_mu0.5_h10", 20: "diloco_mu0.5_h20"}
+    assert uneven_tuned.choice_seeds == {10: [0, 1], 20: [0]}
 
 
 def test_the_rules_curve_over_h_base_keeps_the_seeds_of_its_first_two_points():

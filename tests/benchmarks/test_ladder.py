@@ -3,6 +3,7 @@ and a rung read end to end."""
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import json
 import shutil
@@ -185,3 +186,23 @@ def test_the_diagnostic_compares_a_rule_with_the_fixed_curve_at_its_own_outer_se
     assert ladder.same_settings_excess(cells, "diag_lr0.35", 0) == pytest.approx(0.5)
     # beyond the curve: not extrapolated
     assert math.isnan(ladder.same_settings_excess(cells, "default", 1))
+
+
+def test_the_horizon_rows_name_the_intervals_after_which_the_drift_guard_fired(tmp_path):
+    """A severe assessment of the descent rule is its guard halving the horizon: its intervals are
+    listed (1-based), and a run it never trips says 'never'."""
+    ladder = load("ladder")
+    rung = ladder.Rung(tmp_path, 128, 4, 4, "CPU")
+    for seed, trail in {
+        0: [(20, "consistent"), (20, "severe"), (10, "consistent"), (10, "consistent")],
+        1: [(20, "consistent"), (15, "consistent"), (10, "consistent"), (10, "consistent")],
+    }.items():
+        folder = tmp_path / "iid" / f"seed{seed}" / rung.default
+        folder.mkdir(parents=True)
+        with gzip.open(folder / "intervals.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"h_step": h, "assessment": a}) + "\n" for h, a in trail)
+    rows = ladder.horizon_rows(rung, "1.18M")
+    assert [(r[1], r[2], r[4], r[-1]) for r in rows] == [
+        ("0", "20 20 10 10", "3", "2"),
+        ("1", "20 15 10 10", "3", "never"),
+    ]
