@@ -361,6 +361,9 @@ def test_gpu_campaign_dry_run_measures_plans_and_reports(tmp_path):
             "--cpu-dry-run",
             "--budget-s",
             "60",
+            # the plan fills the budget with 16 runs of 0.2 s here: 3 show the same
+            "--max-runs",
+            "3",
             "--out",
             str(out),
             "--cache-dir",
