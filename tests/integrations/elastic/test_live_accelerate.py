@@ -7,11 +7,10 @@ last boundary; a fourth joins at a later boundary; all end on the same model."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import time
 
 import torch.distributed as dist
-from _dist import free_port
+from _dist import free_port, process_context
 from live_accelerate_worker import run
 from testbeds.live_testbed import collect, wait_round
 
@@ -23,7 +22,7 @@ def test_the_survivors_of_a_plain_accelerate_loop_go_on_in_process_and_take_a_jo
 ) -> None:
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 300
 
     def spawn(name: str, first_world: int, **options):

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import os
 import signal
 import time
 
 import pytest
 import torch.distributed as dist
-from _dist import free_port
+from _dist import free_port, process_context
 from testbeds.etcd_cluster import EtcdCluster, etcd_missing
 from testbeds.live_testbed import (
     STEPS,
@@ -57,7 +56,7 @@ def outcome(request, tmp_path_factory):
         store = etcd_store(endpoints, f"run-{port}", timeout)
         where = {"store_kind": "etcd", "endpoints": endpoints}
     try:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = process_context()
         deadline = time.monotonic() + 240
         # w3 joins after step 24, w4 after step 40; with etcd,
         # member 0 is killed while w0 and w1 wait at step 20
@@ -140,7 +139,7 @@ def test_a_process_with_another_config_is_refused_and_the_others_go_on(outcome) 
 def test_after_a_silent_partition_the_other_goes_on_alone_within_the_bound(tmp_path) -> None:
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 180
     survivor = spawn(ctx, out, port, "w0", 0, 2)
     frozen = spawn(ctx, out, port, "w1", 1, 2, freeze_at_step=10)
@@ -164,7 +163,7 @@ def test_a_participant_lost_while_its_round_sets_up_is_left_out_of_the_next(tmp_
     closed round whose set-up fails for all): w0 forms round 2 alone and trains to the end."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 180
     processes = [
         spawn(ctx, out, port, "w0", 0, 3),
@@ -202,7 +201,7 @@ def test_the_launch_waits_for_a_process_that_starts_late(tmp_path) -> None:
     round 0 still has both (not w0 alone, then a join)."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     processes = [
         spawn(ctx, out, port, "w0", 0, 2),
         spawn(ctx, out, port, "w1", 1, 2, start_delay_s=3.0),
@@ -226,7 +225,7 @@ def test_a_joiner_that_dies_or_hangs_in_its_slot_costs_the_members_two_settles(
     * settle_s and round 1 forms with the two of them."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 120
     members = [spawn(ctx, out, port, f"w{i}", i, 2, wait_for_joiner_at=(12,)) for i in range(2)]
     wait_round(store, 0, deadline)
@@ -280,7 +279,7 @@ def test_at_the_launch_the_majority_decides_not_the_first_to_arrive(tmp_path) ->
     train, it is refused (before: it was the source, trained alone and refused both of them)."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     early = spawn(ctx, out, port, "bad", 2, 3, h_base=2 * H)
     right = [spawn(ctx, out, port, f"w{i}", i, 3, start_delay_s=3.0) for i in range(2)]
     seen = collect([early, *right], out, ("bad", "w0", "w1"), time.monotonic() + 180)
@@ -304,7 +303,7 @@ def test_a_launch_without_a_majority_fails_for_all_naming_the_field(tmp_path) ->
     """Two processes, two configurations: neither is the run's, so both are refused in one line."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     processes = [spawn(ctx, out, port, "w0", 0, 2), spawn(ctx, out, port, "w1", 1, 2, h_base=2 * H)]
     seen = collect(processes, out, ("w0", "w1"), time.monotonic() + 180)
     for name in ("w0", "w1"):
@@ -325,7 +324,7 @@ def test_a_launch_whose_group_does_not_form_fails_for_all_naming_the_likely_caus
     before, they formed round 1 without it and trained on as two."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     processes = [spawn(ctx, out, port, f"w{i}", i, 3) for i in range(2)]
     processes.append(spawn(ctx, out, port, "w2", 2, 3, die_entering_round=0))
     seen = collect(processes, out, ("w0", "w1"), time.monotonic() + 180)

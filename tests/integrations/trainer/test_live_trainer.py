@@ -11,13 +11,12 @@ boundary, gets the outer state from a live peer, and every member ends on the sa
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import time
 
 import pytest
 import torch.distributed as dist
-from _dist import free_port
+from _dist import free_port, process_context
 from testbeds.live_testbed import collect, wait_round
 from testbeds.live_trainer_worker import run
 from transformers import get_cosine_schedule_with_warmup
@@ -35,7 +34,7 @@ def spawn(ctx, out: str, port: int, name: str, first_world: int, **options):
 def outcome(tmp_path_factory):
     out, port = str(tmp_path_factory.mktemp("live_trainer")), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 300
     # the survivors meet w2's loss at their next collective, seconds apart on a loaded machine
     # (CI): a closer waits up to settle_s for the other
@@ -108,7 +107,7 @@ def test_a_peer_lost_in_the_trainers_loss_gather_is_survived_in_process(tmp_path
     3), not at a boundary, and go on from the boundary of step 4."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     late = {"settle_s": 5.0}  # as above: the survivors may meet the loss seconds apart
     processes = [
         spawn(ctx, out, port, "w0", 3, **late),
@@ -164,7 +163,7 @@ def test_the_step_a_join_is_taken_in_at_is_saved_and_logged_as_without_the_join(
     launch is taken in at the next boundary."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 240
     every_boundary = {"save_steps": H, "logging_steps": H}
     members = [
@@ -201,7 +200,7 @@ def test_a_process_with_other_training_arguments_is_refused_and_the_run_goes_on(
     starts first) or when it joins; the others train to the end."""
     out, port = str(tmp_path), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     deadline = time.monotonic() + 240
     if when == "launch":
         odd = spawn(ctx, out, port, "w2", 3, batch_size=8)
