@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+START_METHOD = "forkserver"  # of every process the tests start themselves
 PRELOAD = ["torch", "torch.distributed", "transformers"]  # what every rank would import again
 mp.set_forkserver_preload(PRELOAD)
 
@@ -50,7 +51,7 @@ mp.set_forkserver_preload(PRELOAD)
 def process_context() -> multiprocessing.context.BaseContext:
     """The start method of every process a test starts with
     ``multiprocessing``: forked from the forkserver (see above)."""
-    return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context(START_METHOD)
 
 
 def free_port() -> int:
@@ -100,7 +101,7 @@ def run_gloo(
             args=(fn, world_size, init_method, out_dir, args),
             nprocs=world_size,
             join=False,
-            start_method="forkserver",
+            start_method=START_METHOD,
         )
         deadline = time.monotonic() + timeout
         # join() raises ProcessRaisedException / ProcessExitedException when a child fails
