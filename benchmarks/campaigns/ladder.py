@@ -185,6 +185,29 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
     ]
 
 
+def held_out_row(
+    label: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> list[str]:
+    """The default's (a) and (b) on its held-out seeds alone (those outside :data:`SEEDS`, on
+    which no setting was chosen), against the tuned DiLoCo chosen on the tuning seeds; empty when
+    the rung has none."""
+    held = {s: r for s, r in cells.get(default, {}).items() if s not in SEEDS}
+    tuned = frontier.TunedFrontier.of(cells) if held else None
+    if tuned is None:
+        return []
+    found = frontier.Comparison.of({**cells, default: held}, tuned, default)
+    if not found.a_seeds and not found.b_seeds:
+        return []
+    syncs = statistics.fmean(held[s].syncs for s in held)
+    return [
+        label,
+        frontier.seed_list(sorted(held)),
+        f"{syncs:.1f}",
+        f"{found.a_value()} (seeds {frontier.seed_list(found.a_seeds) or 'none'})",
+        f"{found.b_value()} (seeds {frontier.seed_list(found.b_seeds) or 'none'})",
+    ]
+
+
 # the other regimes measured at the smallest rung
 # (docs/results.md), each with the default under its 197k name
 OTHER_REGIMES = (
@@ -422,7 +445,7 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
 
 
 def write_report(args: argparse.Namespace) -> Path:
-    rows, missing_lines, horizons, study, diagnostics = [], [], [], [], []
+    rows, missing_lines, horizons, study, diagnostics, held_out = [], [], [], [], [], []
     for rung in rungs(Path(args.out), Path(args.base)):
         cells = (
             frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {})
@@ -443,6 +466,7 @@ def write_report(args: argparse.Namespace) -> Path:
                 *rung_row(rung, cells),
             ]
         )
+        held_out += [row] if (row := held_out_row(params, cells, rung.default)) else []
         horizons += horizon_rows(rung, params)
         if rung.folder.parent == Path(args.out) and cells:
             # the rung's own report: its tuned baseline, which setting won at each H and by how much
@@ -483,6 +507,22 @@ def write_report(args: argparse.Namespace) -> Path:
                 "paper's rule: (b)",
             ],
             rows,
+        ),
+        "",
+        "The default on its held-out seeds alone: seeds outside the tuning seeds "
+        f"{frontier.seed_list(list(SEEDS))}, on which no setting was chosen, against the tuned "
+        "DiLoCo chosen on the tuning seeds and run on these seeds too (the table above pools them "
+        "with the tuning seeds).",
+        "",
+        replicate.markdown_table(
+            [
+                "parameters",
+                "held-out seeds of the default",
+                "syncs",
+                "(a) minus tuned DiLoCo at h_base",
+                "(b) minus tuned frontier at its syncs",
+            ],
+            held_out,
         ),
         "",
         f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each "

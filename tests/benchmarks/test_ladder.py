@@ -206,3 +206,29 @@ def test_the_horizon_rows_name_the_intervals_after_which_the_drift_guard_fired(t
         ("0", "20 20 10 10", "3", "2"),
         ("1", "20 15 10 10", "3", "never"),
     ]
+
+
+def test_the_held_out_row_uses_only_seeds_outside_the_tuning_seeds():
+    """The default's held-out seeds are compared alone, against the DiLoCo chosen on the tuning
+    seeds: a held-out seed where another setting would have won does not change the choice."""
+    ladder = load("ladder")
+    frontier = load("frontier")
+
+    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
+        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
+
+    tuning = (0, 1, 2)
+    cells = {
+        # chosen at H 10 and H 20 on the tuning seeds (LR 0.7 beats LR 1.0 there)
+        "diloco_mu0.5_h10": {s: run(100, 4.0, 10) for s in tuning} | {3: run(100, 4.2, 10)},
+        "diloco_lr1_mu0.5_h10": {s: run(100, 4.1, 10, 1.0) for s in tuning},
+        "diloco_mu0.5_h20": {s: run(50, 4.4, 20) for s in tuning} | {3: run(50, 4.6, 20)},
+        "diloco_lr1_mu0.5_h20": {s: run(50, 4.5, 20, 1.0) for s in tuning},
+        "default": {s: run(100, 3.0, 10) for s in tuning} | {3: run(100, 4.3, 10)},
+    }
+    row = ladder.held_out_row("1.18M", cells, "default")
+    assert row[:3] == ["1.18M", "3", "100.0"]
+    assert row[3] == "+0.100 (seeds 3)" and row[4] == "+0.100 (seeds 3)"  # 4.3 - 4.2, not - 4.0
+    # no held-out seed: no row
+    cells["default"] = {s: run(100, 3.0, 10) for s in tuning}
+    assert ladder.held_out_row("1.18M", cells, "default") == []
