@@ -208,12 +208,13 @@ def held_out_row(
     ]
 
 
-# the other regimes measured at the smallest rung
-# (docs/results.md), each with the default under its 197k name
+# the other regimes: (label, the rung (an index into rungs()), the runs' folder (None: the rung's
+# own), their regime); at the smallest rung (docs/results.md) the default has its 197k name
 OTHER_REGIMES = (
-    ("B (non-IID)", "results/frontier", frontier.Regime.NONIID),
-    ("C (B at 4x the inner LR)", "results/regime_search/lr8e-3", frontier.Regime.NONIID),
-    ("D (A: 4 workers at 8x the batch)", "results/frontier_d", frontier.Regime.IID),
+    ("B (non-IID)", 0, None, frontier.Regime.NONIID),
+    ("B (non-IID)", 1, None, frontier.Regime.NONIID),
+    ("C (B at 4x the inner LR)", 0, "results/regime_search/lr8e-3", frontier.Regime.NONIID),
+    ("D (A: 4 workers at 8x the batch)", 0, "results/frontier_d", frontier.Regime.IID),
 )
 README_HEADERS = [
     "regime",
@@ -256,7 +257,7 @@ def readme_rows(
 
 def readme_table(out: Path, base: Path) -> str:
     """The README's results table, by rung in regime A, then
-    the other regimes at the smallest rung."""
+    the other regimes (:data:`OTHER_REGIMES`)."""
     found: dict[Path, dict[frontier.Regime, dict[str, dict[int, frontier.Result]]]] = {}
 
     def cells_of(folder: Path, regime: frontier.Regime) -> dict[str, dict[int, frontier.Result]]:
@@ -271,12 +272,13 @@ def readme_table(out: Path, base: Path) -> str:
         rows += readme_rows(
             "A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default
         )
-    for regime, folder, kind in OTHER_REGIMES:
+    for regime, index, folder, kind in OTHER_REGIMES:
+        rung = ladder[index]
         rows += readme_rows(
             regime,
-            parameters_text(ladder[0].planned_parameters()),
-            cells_of(Path(folder), kind),
-            BASE_DEFAULT,
+            parameters_text(rung.planned_parameters()),
+            cells_of(Path(folder) if folder else rung.folder, kind),
+            rung.default,
         )
     return replicate.markdown_table(README_HEADERS, rows)
 
