@@ -13,8 +13,8 @@ when it started (``PYTEST_CURRENT_TEST``, inherited from the pytest worker), and
 forkserver children) writes its own line. The first line is the run's: wall seconds, and the CPU of
 pytest and of every process it waited for. A process started with a ``PYTHONPATH`` that leaves the
 folder out is not seen, and a forkserver's children carry the environment of the moment the
-forkserver started, so their test is not known (``-``). The lines may add up to more CPU than pytest
-waited for: a forkserver is stopped, not waited for.
+forkserver started, so the report does not name their test. The lines may add up to more CPU than
+pytest waited for: a forkserver is stopped, not waited for.
 
 The second prints the CPU by program (the script or module a process ran) and by test.
 """
@@ -107,6 +107,11 @@ def run(out: Path, pytest_args: Sequence[str]) -> int:
     return done.returncode
 
 
+FORKSERVER = "-c (multiprocessing forkserver and its children)"
+# its children inherit the environment the forkserver started with, not the test that asked for them
+FORKSERVER_TEST = "- (a forkserver or its child: the test is not known)"
+
+
 def program(argv: list[str]) -> str:
     """What a process ran: its script's file name, ``-m module``, or ``-c`` (an inline program:
     pytest-xdist's workers, the multiprocessing forkserver and the children it forks)."""
@@ -120,9 +125,9 @@ def program(argv: list[str]) -> str:
     if args[0] == "-c":
         code = args[1] if len(args) > 1 else ""
         for marker, name in (
-            ("forkserver", "-c (multiprocessing forkserver and its children)"),
+            ("forkserver", FORKSERVER),
             ("spawn_main", "-c (multiprocessing spawn child)"),
-            ("sys.stdin", "-c (pytest-xdist worker)"),
+            ("sys.stdin", "-c (pytest-xdist worker, or a child it forked)"),
         ):
             if marker in code:
                 return name
@@ -137,10 +142,10 @@ def report(path: Path, top: int) -> str:
     by_program: dict[str, list[float]] = collections.defaultdict(list)
     by_test: dict[str, list[float]] = collections.defaultdict(list)
     for p in procs:
-        by_program[program(p["argv"])].append(p["cpu_s"])
-        by_test[p["test"].removesuffix(" (call)").removesuffix(" (setup)") or "-"].append(
-            p["cpu_s"]
-        )
+        name = program(p["argv"])
+        by_program[name].append(p["cpu_s"])
+        test = p["test"].removesuffix(" (call)").removesuffix(" (setup)") or "- (no test running)"
+        by_test[FORKSERVER_TEST if name == FORKSERVER else test].append(p["cpu_s"])
     out = [
         f"pytest {' '.join(head['pytest_args'])} ({head['date']}, {head['cpus']} CPUs, "
         f"exit {head['returncode']}): {head['wall_s']:.0f} s wall; pytest and the processes it "
