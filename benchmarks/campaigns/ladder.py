@@ -468,7 +468,8 @@ def write_report(args: argparse.Namespace) -> Path:
                 *rung_row(rung, cells),
             ]
         )
-        held_out += [row] if (row := held_out_row(params, cells, rung.default)) else []
+        if row := held_out_row(params, cells, rung.default):
+            held_out.append(row)
         horizons += horizon_rows(rung, params)
         if rung.folder.parent == Path(args.out) and cells:
             # the rung's own report: its tuned baseline, which setting won at each H and by how much

@@ -144,7 +144,8 @@ def report(path: Path, top: int) -> str:
     for p in procs:
         name = program(p["argv"])
         by_program[name].append(p["cpu_s"])
-        test = p["test"].removesuffix(" (call)").removesuffix(" (setup)") or "- (no test running)"
+        # "nodeid (setup)", "(call)" or "(teardown)": the phase dropped
+        test = p["test"].rsplit(" (", 1)[0] or "- (no test running)"
         by_test[FORKSERVER_TEST if name == FORKSERVER else test].append(p["cpu_s"])
     out = [
         f"pytest {' '.join(head['pytest_args'])} ({head['date']}, {head['cpus']} CPUs, "
