@@ -185,27 +185,164 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
     ]
 
 
-def held_out_row(
-    label: str, cells: dict[str, dict[int, frontier.Result]], default: str
-) -> list[str]:
-    """The default's (a) and (b) on its held-out seeds alone (those outside :data:`SEEDS`, on
-    which no setting was chosen), against the tuned DiLoCo chosen on the tuning seeds; empty when
+def held_out(
+    cells: dict[str, dict[int, frontier.Result]], default: str
+) -> frontier.Comparison | None:
+    """The default's comparators on its held-out seeds alone (those outside :data:`SEEDS`, on
+    which no setting was chosen), against the tuned DiLoCo chosen on the tuning seeds; None when
     the rung has none."""
     held = {s: r for s, r in cells.get(default, {}).items() if s not in SEEDS}
     tuned = frontier.TunedFrontier.of(cells) if held else None
     if tuned is None:
-        return []
+        return None
     found = frontier.Comparison.of({**cells, default: held}, tuned, default)
-    if not found.a_seeds and not found.b_seeds:
+    return found if found.a_seeds or found.b_seeds else None
+
+
+def held_out_row(
+    label: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> list[str]:
+    """:func:`held_out` as a row of the report; empty when the rung has no held-out seed."""
+    found = held_out(cells, default)
+    if found is None:
         return []
-    syncs = statistics.fmean(held[s].syncs for s in held)
+    held = cells[default]
+    syncs = statistics.fmean(held[s].syncs for s in held if s not in SEEDS)
     return [
         label,
-        frontier.seed_list(sorted(held)),
+        frontier.seed_list(sorted(s for s in held if s not in SEEDS)),
         f"{syncs:.1f}",
         f"{found.a_value()} (seeds {frontier.seed_list(found.a_seeds) or 'none'})",
         f"{found.b_value()} (seeds {frontier.seed_list(found.b_seeds) or 'none'})",
     ]
+
+
+# The ladder's targets: the rungs span at least this factor in parameters, each with the
+# default and the paper's rule on this many seeds; the default's syncs at equal loss at most this
+# fraction of the tuned DiLoCo's; a held-out rung has at least two held-out seeds.
+TARGET_SPAN = 12.0
+TARGET_SEEDS = 3
+TARGET_SYNCS = 0.6
+TARGET_HELD_OUT = 2
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One rung's runs of one regime, as the targets read them."""
+
+    label: str  # "1.18M", or "B at 1.18M"
+    parameters: int
+    cells: dict[str, dict[int, frontier.Result]]
+    default: str
+
+    def comparison(self, rule: str) -> frontier.Comparison | None:
+        """The rule's comparators, or None where the rule or the tuned grid has not run."""
+        tuned = frontier.TunedFrontier.of(self.cells) if rule in self.cells else None
+        return None if tuned is None else frontier.Comparison.of(self.cells, tuned, rule)
+
+
+def verdict(met: bool, measured: bool = True) -> str:
+    return "not measured" if not measured else "met" if met else "**missed**"
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    """[3] -> seed 3; [3, 8, 9] -> seeds 3,8,9."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {frontier.seed_list(list(seeds))}"
+
+
+def b_mean_text(found: frontier.Comparison) -> str:
+    return found.b_value() + ("" if len(found.b_seeds) > 1 else f" ({seeds_text(found.b_seeds)})")
+
+
+def target_rows(ladder: Sequence[Measured], regime_b: Measured, gpu: Measured) -> list[list[str]]:
+    """The ladder's targets, each with what was measured and whether it was met. ``ladder``: the
+    CPU rungs of regime A, smallest first; ``regime_b``: regime B at a larger rung; ``gpu``: the
+    GPU campaign's first rung."""
+    found = {m.label: m.comparison(m.default) for m in ladder + [regime_b]}
+    paper = {m.label: m.comparison(frontier.REFERENCE) for m in ladder + [regime_b]}
+
+    def seeds_of(label: str) -> str:
+        d, p = found[label], paper[label]
+        return (
+            f"{label}: the default on {seeds_text(d.b_seeds) if d else 'no seed'}, "
+            f"the paper's rule on {seeds_text(p.b_seeds) if p else 'no seed'}"
+        )
+
+    def enough(label: str) -> bool:
+        d, p = found[label], paper[label]
+        return bool(d and p and min(len(d.b_seeds), len(p.b_seeds)) >= TARGET_SEEDS)
+
+    full = [m for m in ladder if enough(m.label)]
+    span = max(m.parameters for m in full) / min(m.parameters for m in full) if full else 0.0
+    rows = [
+        [
+            f"A ladder: {TARGET_SEEDS} rungs or more spanning {TARGET_SPAN:g}x or more in "
+            f"parameters, the default and the paper's rule on {TARGET_SEEDS} seeds or more against "
+            "the tuned frontier",
+            "; ".join(seeds_of(m.label) for m in ladder) + f"; span {span:.1f}x",
+            verdict(len(full) >= TARGET_SEEDS and span >= TARGET_SPAN),
+        ],
+        [
+            f"Regime B at a larger rung, {TARGET_SEEDS} seeds or more",
+            seeds_of(regime_b.label),
+            verdict(enough(regime_b.label)),
+        ],
+    ]
+    measured_b = [m for m in ladder + [regime_b] if found[m.label] and found[m.label].b_seeds]
+    rows.append([
+        "The default on or below the tuned frontier at its own syncs, (b) <= 0 (mean over seeds), "
+        "on every rung in A and at B's larger rung",
+        "; ".join(f"{m.label} {b_mean_text(found[m.label])}" for m in measured_b),
+        verdict(all(frontier.mean_se(found[m.label].b)[0] <= 0 for m in measured_b)),
+    ])  # fmt: skip
+    held_rows, held_met = [], True
+    for m in ladder:
+        held = held_out(m.cells, m.default)
+        if held is None or not held.b_seeds:
+            held_rows.append(f"{m.label}: none")
+            held_met = False
+            continue
+        mean, se = frontier.mean_se(held.b)
+        # one held-out seed has no spread of its own: the rung's, over all its seeds
+        bound = se if len(held.b_seeds) > 1 else frontier.mean_se(found[m.label].b)[1]
+        few = len(held.b_seeds) < TARGET_HELD_OUT
+        held_met &= not few and mean <= bound
+        held_rows.append(
+            f"{m.label}: {mean:+.3f} on {seeds_text(held.b_seeds)} (one standard error: "
+            f"{bound:.3f}{f'; fewer than {TARGET_HELD_OUT} seeds' if few else ''})"
+        )
+    rows.append([
+        f"Held-out seeds of the default ({TARGET_HELD_OUT} or more per rung): (b) at most one "
+        "standard error above 0",
+        "; ".join(held_rows),
+        verdict(held_met),
+    ])  # fmt: skip
+    c_rows, c_met = [], True
+    for m in ladder:
+        d = found[m.label]
+        if d is None or not d.c_seeds:
+            c_rows.append(f"{m.label}: not measured")
+            c_met = False
+            continue
+        c_rows.append(f"{m.label}: {d.c_value()}")
+        c_met &= all(x is not None for x in d.c) and frontier.mean_se(d.c_ratio)[0] <= TARGET_SYNCS
+    rows.append([
+        f"The default's syncs at equal loss (c) at most {TARGET_SYNCS:g}x the tuned DiLoCo's at "
+        "`h_base`, on every rung",
+        "; ".join(c_rows),
+        verdict(c_met),
+    ])  # fmt: skip
+    gpu_found = gpu.comparison(gpu.default)
+    gpu_seeds = gpu_found.b_seeds if gpu_found else []
+    rows.append([
+        f"The GPU rung {gpu.label}: the tuned grid and the default on {TARGET_SEEDS} seeds "
+        "(the campaign in one device call of 10 minutes or less)",
+        f"the default against the tuned frontier on {seeds_text(gpu_seeds)}"
+        if gpu_found
+        else "not run: no tuned grid at this rung",
+        verdict(len(gpu_seeds) >= TARGET_SEEDS, gpu_found is not None),
+    ])  # fmt: skip
+    return rows
 
 
 # the other regimes: (label, the rung (an index into rungs()), the runs' folder (None: the rung's
@@ -216,6 +353,19 @@ OTHER_REGIMES = (
     ("C (B at 4x the inner LR)", 0, "results/regime_search/lr8e-3", frontier.Regime.NONIID),
     ("D (A: 4 workers at 8x the batch)", 0, "results/frontier_d", frontier.Regime.IID),
 )
+
+
+def regime_b_rung(ladder: Sequence[Rung], measured: Sequence[Measured]) -> Measured:
+    """Regime B at the larger rung of :data:`OTHER_REGIMES`, as the targets read it."""
+    index, folder = next(
+        (i, f) for _, i, f, kind in OTHER_REGIMES if kind == frontier.Regime.NONIID and i > 0
+    )
+    path = Path(folder) if folder else ladder[index].folder
+    cells = frontier.collect(str(path)).get(frontier.Regime.NONIID, {}) if path.is_dir() else {}
+    rung = measured[index]
+    return Measured(f"B at {rung.label}", rung.parameters, cells, rung.default)
+
+
 README_HEADERS = [
     "regime",
     "parameters",
@@ -447,15 +597,21 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
 
 
 def write_report(args: argparse.Namespace) -> Path:
-    rows, missing_lines, horizons, study, diagnostics, held_out = [], [], [], [], [], []
-    for rung in rungs(Path(args.out), Path(args.base)):
+    rows, missing_lines, horizons, study, diagnostics, held_out_rows = [], [], [], [], [], []
+    cpu_rungs: list[Measured] = []
+    gpu_rungs: list[Measured] = []
+    ladder = rungs(Path(args.out), Path(args.base))
+    for rung in ladder:
         cells = (
             frontier.collect(str(rung.folder)).get(frontier.Regime.IID, {})
             if rung.folder.is_dir()
             else {}
         )
         # builds the model on the meta device: once per rung
-        params = parameters_text(rung.planned_parameters())
+        count = rung.planned_parameters()
+        params = parameters_text(count)
+        measured = Measured(params, count, cells, rung.default)
+        (cpu_rungs if rung.device == "CPU" else gpu_rungs).append(measured)
         label = f"{params} (`{rung.folder}`)"
         if params in RULE_STUDY_SEEDS:
             study += study_cells(rung, params, cells)
@@ -469,7 +625,7 @@ def write_report(args: argparse.Namespace) -> Path:
             ]
         )
         if row := held_out_row(params, cells, rung.default):
-            held_out.append(row)
+            held_out_rows.append(row)
         horizons += horizon_rows(rung, params)
         if rung.folder.parent == Path(args.out) and cells:
             # the rung's own report: its tuned baseline, which setting won at each H and by how much
@@ -525,7 +681,18 @@ def write_report(args: argparse.Namespace) -> Path:
                 "(a) minus tuned DiLoCo at h_base",
                 "(b) minus tuned frontier at its syncs",
             ],
-            held_out,
+            held_out_rows,
+        ),
+        "",
+        "## The ladder's targets, as measured",
+        "",
+        "Each target of the ladder's campaign, what the committed runs give and whether it is met "
+        f"(held-out seeds: those outside {frontier.seed_list(list(SEEDS))}; one standard error is "
+        "the held-out seeds' own where there are two or more, else the rung's over all its seeds).",
+        "",
+        replicate.markdown_table(
+            ["target", "measured", "verdict"],
+            target_rows(cpu_rungs, regime_b_rung(ladder, cpu_rungs), gpu_rungs[0]),
         ),
         "",
         f"Not finished, per tuning seed ({frontier.seed_list(list(SEEDS))}) of each "

@@ -232,3 +232,53 @@ def test_the_held_out_row_uses_only_seeds_outside_the_tuning_seeds():
     # no held-out seed: no row
     cells["default"] = {s: run(100, 3.0, 10) for s in tuning}
     assert ladder.held_out_row("1.18M", cells, "default") == []
+
+
+def test_the_targets_table_says_met_only_where_the_runs_meet_it():
+    """Each target's verdict follows the committed runs: enough seeds, the default at or below
+    the tuned frontier, two held-out seeds within one standard error; a GPU rung that has not run
+    is not measured."""
+    ladder = load("ladder")
+    frontier = load("frontier")
+
+    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
+        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
+
+    def cells(default_val: float, seeds=(0, 1, 2, 3, 4)) -> dict:
+        noise = {s: 0.001 * s for s in seeds}  # a standard error that is not 0
+        return {
+            "diloco_mu0.5_h10": {s: run(100, 4.0, 10) for s in seeds},
+            "diloco_lr1_mu0.5_h10": {s: run(100, 4.1, 10, 1.0) for s in seeds},
+            "diloco_mu0.5_h20": {s: run(50, 4.4, 20) for s in seeds},
+            "diloco_lr1_mu0.5_h20": {s: run(50, 4.5, 20, 1.0) for s in seeds},
+            "default": {s: run(100, default_val + noise[s], 10) for s in seeds},
+            frontier.REFERENCE: {s: run(75, 4.5, 10) for s in seeds},
+        }
+
+    def rung(label: str, parameters: int, default_val: float, seeds=(0, 1, 2, 3, 4)):
+        return ladder.Measured(label, parameters, cells(default_val, seeds), "default")
+
+    gpu = ladder.Measured("14.55M", 14_550_000, {}, "default")
+    good = [
+        rung("197k", 200_000, 3.9),
+        rung("1.18M", 1_200_000, 3.9),
+        rung("2.56M", 2_600_000, 3.9),
+    ]
+    rows = ladder.target_rows(good, rung("B at 1.18M", 1_200_000, 3.9), gpu)
+    verdicts = [r[-1] for r in rows]
+    # the sync target needs the default's curve over h_base: not run here, so not met
+    assert verdicts == ["met", "met", "met", "met", "**missed**", "not measured"]
+    assert "span 13.0x" in rows[0][1] and "2.56M -0.098 ± 0.001" in rows[2][1]
+
+    # the largest rung above the frontier; B on two seeds; the smaller rungs spanning 6x
+    above = [*good[:2], rung("2.56M", 2_600_000, 4.05)]
+    rows = ladder.target_rows(above, rung("B at 1.18M", 1_200_000, 3.9, (0, 1)), gpu)
+    assert [r[-1] for r in rows][:4] == ["met", "**missed**", "**missed**", "**missed**"]
+    assert "2.56M +0.052" in rows[2][1] and "2.56M: +0.053 on seeds 3-4" in rows[3][1]
+    short = ladder.target_rows(good[:2], rung("B at 1.18M", 1_200_000, 3.9), gpu)
+    assert short[0][-1] == "**missed**" and "span 6.0x" in short[0][1]
+
+    # one held-out seed is not enough, however low it is
+    one = [rung(m.label, m.parameters, 3.9, (0, 1, 2, 3)) for m in good]
+    rows = ladder.target_rows(one, rung("B at 1.18M", 1_200_000, 3.9), gpu)
+    assert rows[3][-1] == "**missed**" and "fewer than 2 seeds" in rows[3][1]
