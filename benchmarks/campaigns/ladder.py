@@ -568,6 +568,7 @@ def diagnostic_rows(
 
 
 TRAJECTORY_INTERVALS = 20  # the early part of a run, where the rule's horizon differs from h_base
+COHERENCE_INTERVALS = 3  # the start, where the rule's long first intervals cost on the larger rungs
 
 
 def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
@@ -591,6 +592,7 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
                 str(first_at_base) if first_at_base else "never",
                 str(min(horizons[:-1])),
                 ", ".join(guarded) or "never",
+                " ".join(f"{r['coherence']:.2f}" for r in intervals[:COHERENCE_INTERVALS]),
             ]
         )
     return rows
@@ -707,7 +709,10 @@ def write_report(args: argparse.Namespace) -> Path:
         "run's last, cut interval. Where the fixed frontier is steep (a shorter "
         "H buys much loss), those",
         "early long intervals are what the rule pays. The last column: the intervals whose "
-        "drift its guard judged blown up (a severe assessment), after which it halved the horizon.",
+        "drift its guard judged blown up (a severe assessment), after which it halved the horizon. "
+        "Then the coherence of the first intervals (docs/algorithm.md#interval-statistics: "
+        "near 1 when the workers' updates are unrelated, up to the number of workers when they "
+        "agree).",
         "",
         replicate.markdown_table(
             [
@@ -718,6 +723,7 @@ def write_report(args: argparse.Namespace) -> Path:
                 "first interval at H <= 10",
                 "shortest H before the last interval",
                 "drift guard fired after interval",
+                f"coherence C_t, intervals 1-{COHERENCE_INTERVALS}",
             ],
             horizons,
         ),

@@ -200,9 +200,13 @@ def test_the_horizon_rows_name_the_intervals_after_which_the_drift_guard_fired(t
         folder = tmp_path / "iid" / f"seed{seed}" / rung.default
         folder.mkdir(parents=True)
         with gzip.open(folder / "intervals.jsonl.gz", "wt") as f:
-            f.writelines(json.dumps({"h_step": h, "assessment": a}) + "\n" for h, a in trail)
+            f.writelines(
+                json.dumps({"h_step": h, "assessment": a, "coherence": 4.0 - k / 3}) + "\n"
+                for k, (h, a) in enumerate(trail)
+            )
     rows = ladder.horizon_rows(rung, "1.18M")
-    assert [(r[1], r[2], r[4], r[-1]) for r in rows] == [
+    assert [r[-1] for r in rows] == ["4.00 3.67 3.33"] * 2  # the first three intervals' coherence
+    assert [(r[1], r[2], r[4], r[-2]) for r in rows] == [
         ("0", "20 20 10 10", "3", "2"),
         ("1", "20 15 10 10", "3", "never"),
     ]
