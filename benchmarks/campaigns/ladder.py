@@ -10,7 +10,22 @@ committed folders. Writes one table by rung with the comparators every report us
     python benchmarks/campaigns/ladder.py --out results/ladder
 
 A rung with no finished run is reported as not measured. The CPU campaign that fills the ladder runs
-``benchmarks/campaigns/frontier.py`` with the variants of :data:`CPU_PLAN`, seed by seed.
+``benchmarks/campaigns/frontier.py`` with the variants of :data:`CPU_PLAN`, seed by seed; runs that
+are finished are skipped, and copies started together share the work through run locks::
+
+    F="python benchmarks/campaigns/frontier.py --h-list '' --mu-list '' --no-report --quiet \
+       --tuned-momenta 0.5 --seeds S"
+    # regime A at 1.18M (2.56M: --out results/ladder/h192_l4 --hidden 192)
+    $F --out results/ladder/h128_l4 --hidden 128 --layers 4 --regimes iid \
+       --adaptive default:controller=descent --adaptive default_hb20:controller=descent,h_base=20 \
+       --adaptive default_hb40:controller=descent,h_base=40 --adaptive autoloco \
+       --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20,5,40
+    # regime B at 1.18M
+    $F --out results/ladder/h128_l4 --hidden 128 --layers 4 --regimes noniid \
+       --adaptive default:controller=descent --adaptive autoloco \
+       --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20,5,40
+
+A held-out seed runs the default and, at each H, only the outer LR the tuning seeds chose.
 """
 
 from __future__ import annotations
