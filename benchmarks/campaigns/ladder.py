@@ -232,9 +232,10 @@ def held_out_row(
     ]
 
 
-# The ladder's targets: the rungs span at least this factor in parameters, each with the
+# The ladder's targets: this many rungs spanning at least this factor in parameters, each with the
 # default and the paper's rule on this many seeds; the default's syncs at equal loss at most this
 # fraction of the tuned DiLoCo's; a held-out rung has at least two held-out seeds.
+TARGET_RUNGS = 3
 TARGET_SPAN = 12.0
 TARGET_SEEDS = 3
 TARGET_SYNCS = 0.6
@@ -273,8 +274,8 @@ def target_rows(ladder: Sequence[Measured], regime_b: Measured, gpu: Measured) -
     """The ladder's targets, each with what was measured and whether it was met. ``ladder``: the
     CPU rungs of regime A, smallest first; ``regime_b``: regime B at a larger rung; ``gpu``: the
     GPU campaign's first rung."""
-    found = {m.label: m.comparison(m.default) for m in ladder + [regime_b]}
-    paper = {m.label: m.comparison(frontier.REFERENCE) for m in ladder + [regime_b]}
+    found = {m.label: m.comparison(m.default) for m in [*ladder, regime_b]}
+    paper = {m.label: m.comparison(frontier.REFERENCE) for m in [*ladder, regime_b]}
 
     def seeds_of(label: str) -> str:
         d, p = found[label], paper[label]
@@ -291,11 +292,11 @@ def target_rows(ladder: Sequence[Measured], regime_b: Measured, gpu: Measured) -
     span = max(m.parameters for m in full) / min(m.parameters for m in full) if full else 0.0
     rows = [
         [
-            f"A ladder: {TARGET_SEEDS} rungs or more spanning {TARGET_SPAN:g}x or more in "
+            f"A ladder: {TARGET_RUNGS} rungs or more spanning {TARGET_SPAN:g}x or more in "
             f"parameters, the default and the paper's rule on {TARGET_SEEDS} seeds or more against "
             "the tuned frontier",
             "; ".join(seeds_of(m.label) for m in ladder) + f"; span {span:.1f}x",
-            verdict(len(full) >= TARGET_SEEDS and span >= TARGET_SPAN),
+            verdict(len(full) >= TARGET_RUNGS and span >= TARGET_SPAN),
         ],
         [
             f"Regime B at a larger rung, {TARGET_SEEDS} seeds or more",
@@ -303,7 +304,7 @@ def target_rows(ladder: Sequence[Measured], regime_b: Measured, gpu: Measured) -
             verdict(enough(regime_b.label)),
         ],
     ]
-    measured_b = [m for m in ladder + [regime_b] if found[m.label] and found[m.label].b_seeds]
+    measured_b = [m for m in [*ladder, regime_b] if found[m.label] and found[m.label].b_seeds]
     rows.append([
         "The default on or below the tuned frontier at its own syncs, (b) <= 0 (mean over seeds), "
         "on every rung in A and at B's larger rung",
