@@ -200,13 +200,20 @@ def rung_row(rung: Rung, cells: dict[str, dict[int, frontier.Result]]) -> list[s
     ]
 
 
+def held_out_runs(
+    cells: dict[str, dict[int, frontier.Result]], default: str
+) -> dict[int, frontier.Result]:
+    """The default's runs on its held-out seeds: those outside :data:`SEEDS`, on which no setting
+    was chosen."""
+    return {s: r for s, r in cells.get(default, {}).items() if s not in SEEDS}
+
+
 def held_out(
     cells: dict[str, dict[int, frontier.Result]], default: str
 ) -> frontier.Comparison | None:
-    """The default's comparators on its held-out seeds alone (those outside :data:`SEEDS`, on
-    which no setting was chosen), against the tuned DiLoCo chosen on the tuning seeds; None when
-    the rung has none."""
-    held = {s: r for s, r in cells.get(default, {}).items() if s not in SEEDS}
+    """The default's comparators on its held-out seeds alone, against the tuned DiLoCo chosen on
+    the tuning seeds; None when the rung has none."""
+    held = held_out_runs(cells, default)
     tuned = frontier.TunedFrontier.of(cells) if held else None
     if tuned is None:
         return None
@@ -221,11 +228,11 @@ def held_out_row(
     found = held_out(cells, default)
     if found is None:
         return []
-    held = cells[default]
-    syncs = statistics.fmean(held[s].syncs for s in held if s not in SEEDS)
+    held = held_out_runs(cells, default)
+    syncs = statistics.fmean(r.syncs for r in held.values())
     return [
         label,
-        frontier.seed_list(sorted(s for s in held if s not in SEEDS)),
+        frontier.seed_list(sorted(held)),
         f"{syncs:.1f}",
         f"{found.a_value()} (seeds {frontier.seed_list(found.a_seeds) or 'none'})",
         f"{found.b_value()} (seeds {frontier.seed_list(found.b_seeds) or 'none'})",
