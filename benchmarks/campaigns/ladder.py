@@ -621,8 +621,76 @@ def horizon_rows(rung: Rung, label: str) -> list[list[str]]:
     return rows
 
 
+CALIBRATION_INTERVALS = 2  # the descent rule's calibration: its first intervals after warm-up
+
+
+@dataclass(frozen=True)
+class StartSignal:
+    """One run of the default: how much its workers agreed at the start, and what its start cost.
+
+    ``correlation`` is the mean pairwise correlation of the workers' pseudo-gradients that the
+    coherence implies, ``(C - 1) / (N - 1)`` (``C = 1 + (N - 1) rho`` for N updates of equal norm):
+    unlike ``C`` it does not grow with the number of workers, so one threshold could serve any N.
+    """
+
+    label: str
+    regime: str
+    seed: int
+    coherence: float  # geometric mean of C_t over the calibration intervals
+    correlation: float
+    a: float  # the run minus the tuned DiLoCo at h_base on the same seed: (a) of one seed
+
+
+def start_signals(rung: Rung, label: str) -> list[StartSignal]:
+    """Per regime and seed of the rung's default: the calibration's coherence against its (a)."""
+    found = []
+    regimes = frontier.collect(str(rung.folder)) if rung.folder.is_dir() else {}
+    for regime, cells in regimes.items():
+        tuned = frontier.TunedFrontier.of(cells) if rung.default in cells else None
+        if tuned is None:
+            continue
+        comparison = frontier.Comparison.of(cells, tuned, rung.default)
+        for seed, a in zip(comparison.a_seeds, comparison.a):
+            run = rung.folder / regime.value / f"seed{seed}" / rung.default
+            with gzip.open(run / frontier.INTERVALS_GZ, "rt") as f:
+                early = [json.loads(f.readline()) for _ in range(CALIBRATION_INTERVALS)]
+            workers = json.loads((run / frontier.SUMMARY).read_text())["workers"]
+            coherence = math.exp(statistics.fmean(math.log(r["coherence"]) for r in early))
+            correlation = (coherence - 1.0) / (workers - 1)
+            found.append(StartSignal(label, regime.value, seed, coherence, correlation, a))
+    return found
+
+
+def start_signal_verdict(found: Sequence[StartSignal]) -> str:
+    """Whether a threshold on the calibration's correlation separates the runs whose start paid
+    ((a) < 0) from those whose start cost ((a) > 0), in one sentence."""
+    paid = [s for s in found if s.a < 0]
+    cost = [s for s in found if s.a > 0]
+    if not paid or not cost:
+        return "Not decided: the runs measured have not both paid and cost."
+    low = min(paid, key=lambda s: s.correlation)
+    high = max(cost, key=lambda s: s.correlation)
+
+    def where(s: StartSignal) -> str:
+        return f"{s.label}, regime {s.regime}, seed {s.seed}: (a) {s.a:+.3f}"
+
+    if high.correlation < low.correlation:
+        return (
+            f"A threshold between {high.correlation:.3f} and {low.correlation:.3f} separates "
+            f"them: the start cost at {high.correlation:.3f} at most ({where(high)}) and paid at "
+            f"{low.correlation:.3f} at least ({where(low)})."
+        )
+    return (
+        "No threshold separates them: the start paid at a correlation as low as "
+        f"{low.correlation:.3f} ({where(low)}) and cost at one as high as "
+        f"{high.correlation:.3f} ({where(high)}). A rule that cut the start to `h_base` below a "
+        "fixed correlation would lose the runs where the start pays to save those where it costs."
+    )
+
+
 def write_report(args: argparse.Namespace) -> Path:
     rows, missing_lines, horizons, study, diagnostics, held_out_rows = [], [], [], [], [], []
+    signals: list[StartSignal] = []
     cpu_rungs: list[Measured] = []
     gpu_rungs: list[Measured] = []
     ladder = rungs(Path(args.out), Path(args.base))
@@ -652,6 +720,8 @@ def write_report(args: argparse.Namespace) -> Path:
         if row := held_out_row(params, cells, rung.default):
             held_out_rows.append(row)
         horizons += horizon_rows(rung, params)
+        if rung.device == "CPU":
+            signals += start_signals(rung, params)
         if rung.folder.parent == Path(args.out) and cells:
             # the rung's own report: its tuned baseline, which setting won at each H and by how much
             frontier.write_report(frontier.parse_args(["--out", str(rung.folder), "--report-only"]))
@@ -750,6 +820,30 @@ def write_report(args: argparse.Namespace) -> Path:
             ],
             horizons,
         ),
+        "",
+        "Would the workers' agreement at the start tell where the long start costs? Per run of "
+        "the default (every regime and seed of the CPU rungs with a tuned DiLoCo): the geometric "
+        f"mean coherence of its first {CALIBRATION_INTERVALS} intervals (its calibration, at 2 "
+        "`h_base`), the mean pairwise correlation of the workers' pseudo-gradients it implies "
+        "(`(C - 1) / (N - 1)`, independent of the number of workers N), and its (a) on that seed "
+        "(negative: the rule, long start included, beat the tuned DiLoCo at `h_base`).",
+        "",
+        replicate.markdown_table(
+            ["parameters", "regime", "seed", "coherence, calibration", "correlation", "(a)"],
+            [
+                [
+                    s.label,
+                    s.regime,
+                    str(s.seed),
+                    f"{s.coherence:.2f}",
+                    f"{s.correlation:.3f}",
+                    f"{s.a:+.3f}",
+                ]
+                for s in sorted(signals, key=lambda s: s.correlation)
+            ],
+        ),
+        "",
+        start_signal_verdict(signals),
         "",
         "## The rule study",
         "",

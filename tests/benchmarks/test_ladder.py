@@ -286,3 +286,56 @@ def test_the_targets_table_says_met_only_where_the_runs_meet_it():
     one = [rung(m.label, m.parameters, 3.9, (0, 1, 2, 3)) for m in good]
     rows = ladder.target_rows(one, rung("B at 1.18M", 1_200_000, 3.9), gpu)
     assert rows[3][-1] == "**missed**" and "fewer than 2 seeds" in rows[3][1]
+
+
+def test_the_start_signal_reads_the_calibration_and_the_seeds_own_a(tmp_path):
+    """The calibration's coherence is the geometric mean of the first two intervals, its correlation
+    ``(C - 1) / (N - 1)``, and (a) the default minus the tuned DiLoCo at ``h_base`` on that seed."""
+    ladder = load("ladder")
+    rung = ladder.Rung(tmp_path, 128, 4, 4, "CPU")
+
+    def write(name: str, seed: int, val: float, syncs: int, h_base: int, coherence=(2.0, 8.0)):
+        folder = tmp_path / "iid" / f"seed{seed}" / name
+        folder.mkdir(parents=True)
+        summary = {
+            "totals": {"syncs": syncs},
+            "val_loss": val,
+            "workers": 5,
+            "config": {"outer_momentum": 0.5, "outer_lr": 0.7, "h_base": h_base},
+        }
+        (folder / "summary.json").write_text(json.dumps(summary))
+        with gzip.open(folder / "steps.jsonl.gz", "wt") as f:
+            f.write(json.dumps({"loss": val}) + "\n")
+        with gzip.open(folder / "intervals.jsonl.gz", "wt") as f:
+            f.writelines(
+                json.dumps({"h_step": h_base, "assessment": "consistent", "coherence": c}) + "\n"
+                for c in (*coherence, 1.0)
+            )
+
+    for seed, val in ((0, 3.9), (1, 4.1)):
+        write("diloco_mu0.5_h10", seed, 4.0, 100, 10)
+        write("diloco_mu0.5_h20", seed, 4.2, 50, 20)
+        # the tuned grid's second outer LR, worse at both horizons
+        write("diloco_lr1_mu0.5_h10", seed, 4.5, 100, 10)
+        write("diloco_lr1_mu0.5_h20", seed, 4.5, 50, 20)
+        write(rung.default, seed, val, 95, 10)
+    found = ladder.start_signals(rung, "1.18M")
+    assert [(s.regime, s.seed) for s in found] == [("iid", 0), ("iid", 1)]
+    assert found[0].coherence == pytest.approx(4.0)  # sqrt(2 * 8), not the third interval's 1.0
+    assert found[0].correlation == pytest.approx(0.75)  # (4 - 1) / (5 - 1)
+    assert [s.a for s in found] == pytest.approx([-0.1, 0.1])
+
+
+def test_the_start_signal_verdict_finds_a_threshold_only_where_one_separates():
+    ladder = load("ladder")
+
+    def signal(correlation: float, a: float) -> object:
+        return ladder.StartSignal("1.18M", "iid", 0, 1.0, correlation, a)
+
+    apart = [signal(0.5, -0.02), signal(0.45, -0.01), signal(0.3, 0.03), signal(0.35, 0.01)]
+    assert ladder.start_signal_verdict(apart).startswith("A threshold between 0.350 and 0.450")
+    overlap = [*apart, signal(0.28, -0.07)]  # a start that paid below one that cost
+    verdict = ladder.start_signal_verdict(overlap)
+    assert verdict.startswith("No threshold separates them")
+    assert "as low as 0.280" in verdict and "as high as 0.350" in verdict
+    assert ladder.start_signal_verdict(apart[:2]).startswith("Not decided")
