@@ -282,6 +282,10 @@ def test_the_targets_table_says_met_only_where_the_runs_meet_it():
     short = ladder.target_rows(good[:2], rung("B at 1.18M", 1_200_000, 3.9), gpu)
     assert short[0][-1] == "**missed**" and "span 6.0x" in short[0][1]
 
+    # B's larger rung needs its own held-out seeds, however good the A rungs are
+    rows = ladder.target_rows(good, rung("B at 1.18M", 1_200_000, 3.9, (0, 1, 2)), gpu)
+    assert rows[3][-1] == "**missed**" and "B at 1.18M: none" in rows[3][1]
+
     # one held-out seed is not enough, however low it is
     one = [rung(m.label, m.parameters, 3.9, (0, 1, 2, 3)) for m in good]
     rows = ladder.target_rows(one, rung("B at 1.18M", 1_200_000, 3.9), gpu)
