@@ -428,9 +428,11 @@ def readme_rows(
     return rows
 
 
-def readme_table(out: Path, base: Path) -> str:
-    """The README's results table, by rung in regime A, then
-    the other regimes (:data:`OTHER_REGIMES`)."""
+def regime_cells(
+    out: Path, base: Path
+) -> list[tuple[str, str, dict[str, dict[int, frontier.Result]], str]]:
+    """``(regime, parameters, runs, the default's name)``: every rung in regime A, then the other
+    regimes (:data:`OTHER_REGIMES`), in the README's order."""
     found: dict[Path, dict[frontier.Regime, dict[str, dict[int, frontier.Result]]]] = {}
 
     def cells_of(folder: Path, regime: frontier.Regime) -> dict[str, dict[int, frontier.Result]]:
@@ -438,22 +440,94 @@ def readme_table(out: Path, base: Path) -> str:
             found[folder] = frontier.collect(str(folder)) if folder.is_dir() else {}
         return found[folder].get(regime, {})
 
-    rows = []
     ladder = rungs(out, base)
-    for rung in ladder:
-        params = parameters_text(rung.planned_parameters())
-        rows += readme_rows(
-            "A (IID)", params, cells_of(rung.folder, frontier.Regime.IID), rung.default
-        )
-    for regime, index, folder, kind in OTHER_REGIMES:
-        rung = ladder[index]
-        rows += readme_rows(
+    params = [parameters_text(rung.planned_parameters()) for rung in ladder]
+    return [
+        ("A (IID)", params[k], cells_of(rung.folder, frontier.Regime.IID), rung.default)
+        for k, rung in enumerate(ladder)
+    ] + [
+        (
             regime,
-            parameters_text(rung.planned_parameters()),
-            cells_of(Path(folder) if folder else rung.folder, kind),
-            rung.default,
+            params[index],
+            cells_of(Path(folder) if folder else ladder[index].folder, kind),
+            ladder[index].default,
         )
+        for regime, index, folder, kind in OTHER_REGIMES
+    ]
+
+
+def readme_table(out: Path, base: Path) -> str:
+    """The README's results table, by rung in regime A, then
+    the other regimes (:data:`OTHER_REGIMES`)."""
+    rows = [row for measured in regime_cells(out, base) for row in readme_rows(*measured)]
     return replicate.markdown_table(README_HEADERS, rows)
+
+
+@dataclass(frozen=True)
+class Doubling:
+    """One rung and regime: what doubling the horizon costs the tuned DiLoCo, and the default's
+    (a)."""
+
+    regime: str
+    parameters: str
+    cost: list[float]  # per seed: the tuned DiLoCo at 2 h_base minus at h_base
+    cost_seeds: list[int]
+    a: list[float]  # per seed: the default's (a)
+    a_seeds: list[int]
+
+    @property
+    def mean_cost(self) -> float:
+        return statistics.fmean(self.cost)
+
+    @property
+    def mean_a(self) -> float:
+        return statistics.fmean(self.a)
+
+
+def doubling(
+    regime: str, parameters: str, cells: dict[str, dict[int, frontier.Result]], default: str
+) -> Doubling | None:
+    """None where the default, the tuned grid or its horizon at 2 ``h_base`` has not run."""
+    tuned = frontier.TunedFrontier.of(cells) if default in cells else None
+    if tuned is None:
+        return None
+    h_base = frontier.h_base_of(cells[default])
+    short, long = tuned.best.get(h_base), tuned.best.get(2 * h_base)
+    if short is None or long is None:
+        return None
+    seeds = frontier.common_seeds(cells, [short, long])
+    cost = [cells[long][s].val - cells[short][s].val for s in seeds]
+    found = frontier.Comparison.of(cells, tuned, default)
+    if not seeds or not found.a_seeds:
+        return None
+    return Doubling(regime, parameters, cost, seeds, found.a, found.a_seeds)
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    k = 0
+    while k < len(order):
+        tie = k
+        while tie + 1 < len(order) and values[order[tie + 1]] == values[order[k]]:
+            tie += 1
+        for j in range(k, tie + 1):
+            out[order[j]] = (k + tie) / 2 + 1
+        k = tie + 1
+    return out
+
+
+def doubling_verdict(found: Sequence[Doubling]) -> str:
+    """The rank correlation of the doubling cost with the default's (a), in one sentence."""
+    if len(found) < 3:
+        return "Not decided: fewer than 3 rungs and regimes measured."
+    cost, a = ranks([d.mean_cost for d in found]), ranks([d.mean_a for d in found])
+    return (
+        "Spearman's rank correlation of the doubling cost with the default's (a): "
+        f"{statistics.correlation(cost, a):+.2f} over {len(found)} rungs and regimes (rows above, "
+        "by cost), a trend, not a test."
+    )
 
 
 # the line above the table in each doc
@@ -728,6 +802,7 @@ def write_report(args: argparse.Namespace) -> Path:
         left = missing(rung, cells)
         missing_lines += [f"* {label}: " + ("nothing" if not left else "; ".join(left))]
     regime_b = regime_b_rung(ladder, cpu_rungs)
+    doublings = [d for m in regime_cells(Path(args.out), Path(args.base)) if (d := doubling(*m))]
     if row := held_out_row(regime_b.label, regime_b.cells, regime_b.default):
         held_out_rows.append(row)
     lines = [
@@ -847,6 +922,36 @@ def write_report(args: argparse.Namespace) -> Path:
         ),
         "",
         start_signal_verdict(signals),
+        "",
+        "What the long start risks: the tuned DiLoCo at 2 `h_base` minus the tuned DiLoCo at "
+        "`h_base` (paired over the seeds both ran: what doubling the horizon costs a fixed "
+        "schedule), against the default's (a), per rung and regime (the README's rows). The "
+        "default starts at 2 `h_base`, so a start that costs the fixed schedule much is a start "
+        "it pays for.",
+        "",
+        replicate.markdown_table(
+            [
+                "regime",
+                "parameters",
+                "doubling h_base costs the tuned DiLoCo",
+                "seeds",
+                "the default's (a)",
+                "seeds of (a)",
+            ],
+            [
+                [
+                    d.regime,
+                    d.parameters,
+                    frontier.fmt(d.cost, 3),
+                    frontier.seed_list(d.cost_seeds),
+                    frontier.fmt(d.a, 3),
+                    frontier.seed_list(d.a_seeds),
+                ]
+                for d in sorted(doublings, key=lambda d: d.mean_cost)
+            ],
+        ),
+        "",
+        doubling_verdict(doublings),
         "",
         "## The rule study",
         "",

@@ -343,3 +343,44 @@ def test_the_start_signal_verdict_finds_a_threshold_only_where_one_separates():
     assert verdict.startswith("No threshold separates them")
     assert "as low as 0.280" in verdict and "as high as 0.350" in verdict
     assert ladder.start_signal_verdict(apart[:2]).startswith("Not decided")
+
+
+def test_the_doubling_cost_pairs_the_tuned_diloco_at_two_horizons_per_seed():
+    """The cost of doubling ``h_base`` is the tuned DiLoCo at 2 ``h_base`` minus the one at
+    ``h_base`` (the better outer LR at each H), paired per seed; None without 2 ``h_base``."""
+    ladder = load("ladder")
+    frontier = load("frontier")
+
+    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
+        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
+
+    seeds = (0, 1, 2)
+    cells = {
+        "diloco_mu0.5_h10": {s: run(100, 4.0 + 0.01 * s, 10) for s in seeds},
+        "diloco_lr1_mu0.5_h10": {s: run(100, 4.5, 10, 1.0) for s in seeds},
+        # at H 20 LR 1.0 wins: the cost is read against it, not against LR 0.7's
+        "diloco_mu0.5_h20": {s: run(50, 4.9, 20) for s in seeds},
+        "diloco_lr1_mu0.5_h20": {s: run(50, 4.1 + 0.03 * s, 20, 1.0) for s in seeds},
+        "default": {s: run(95, 3.95, 10) for s in seeds},
+    }
+    found = ladder.doubling("A (IID)", "1.18M", cells, "default")
+    assert found.cost == pytest.approx([0.1, 0.12, 0.14]) and found.cost_seeds == [0, 1, 2]
+    assert found.a == pytest.approx([-0.05, -0.06, -0.07])
+    del cells["diloco_mu0.5_h20"], cells["diloco_lr1_mu0.5_h20"]
+    assert ladder.doubling("A (IID)", "1.18M", cells, "default") is None
+
+
+def test_the_doubling_verdict_is_a_rank_correlation():
+    ladder = load("ladder")
+    assert ladder.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+
+    def row(cost: float, a: float) -> object:
+        return ladder.Doubling("A (IID)", "1.18M", [cost], [0], [a], [0])
+
+    rising = [row(0.01, -0.05), row(0.1, 0.0), row(0.2, 0.04)]
+    assert "correlation of the doubling cost with the default's (a): +1.00 over 3" in (
+        ladder.doubling_verdict(rising)
+    )
+    falling = [row(0.01, 0.04), row(0.1, 0.0), row(0.2, -0.05)]
+    assert "-1.00" in ladder.doubling_verdict(falling)
+    assert ladder.doubling_verdict(rising[:2]).startswith("Not decided")
