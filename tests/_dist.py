@@ -14,14 +14,15 @@ the default thread count oversubscribe them several times over), joins a gloo gr
 over ``tcp://127.0.0.1:<free port>`` and runs ``fn``. A child exception fails the
 test with the child's traceback; a hang is cut off after ``timeout`` seconds.
 
-The ranks are forked from a ``forkserver`` that imported torch and transformers once
-per test process (:data:`PRELOAD`), not ``spawn``-ed: a spawned child paid 2-3 s of
-imports. Measured with ``-n 2`` (2026-12-07): the files that call :func:`run_gloo`
-took 99-124 s against 147 s, the live-membership files (:func:`process_context`)
-112-116 s against 175 s. A forked child has the server's environment and
-``sys.path``, taken when a test of the process first started one (after collection,
-so every test folder is on the path): a test that must hand a variable to its
-processes passes it as an argument.
+The ranks are forked from a ``forkserver`` that imported torch, transformers' Trainer and
+accelerate once per test process (:data:`PRELOAD`), not ``spawn``-ed: a spawned child paid 2-3 s
+of imports, a torchrun worker of the Trainer tests 6 s (``launch.forked_ranks`` forks those too).
+Measured with ``-n 2`` (2026-12-07): the files that call :func:`run_gloo` took 99-124 s against
+147 s, the live-membership files (:func:`process_context`) 112-116 s against 175 s; the two
+Trainer files that fork their ranks, alone, 58 s of CPU against 247 s under torchrun. A forked
+child has the server's environment and ``sys.path``, taken when a test of the process first started
+one (after collection, so every test folder is on the path): a test that must hand a variable to
+its processes passes it as an argument.
 
 The children import ``fn``'s module by name, so ``fn`` must live at module level in
 a module the child can import (a test module or this one).
@@ -44,7 +45,8 @@ import torch
 import torch.multiprocessing as mp
 
 START_METHOD = "forkserver"  # of every process the tests start themselves
-PRELOAD = ["torch", "torch.distributed", "transformers"]  # what every rank would import again
+# what every rank would import again: the Trainer's modules are most of it (3.4 s of a rank's 6 s)
+PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.trainer", "accelerate"]
 mp.set_forkserver_preload(PRELOAD)
 
 
@@ -89,6 +91,24 @@ def _entry(
     os._exit(0)
 
 
+def join(ctx: mp.ProcessContext, timeout: float, what: str) -> None:
+    """Wait for every process of ``ctx``; stop them all and
+    raise ``TimeoutError`` naming ``what`` after ``timeout`` seconds.
+
+    ``ProcessContext.join`` raises ``ProcessRaisedException`` (with the
+    child's traceback) or ``ProcessExitedException`` when a child fails.
+    """
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(10)
+            raise TimeoutError(f"{what} took over {timeout:.0f} s")
+
+
 def run_gloo(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0
 ) -> list[Any]:
@@ -103,18 +123,7 @@ def run_gloo(
             join=False,
             start_method=START_METHOD,
         )
-        deadline = time.monotonic() + timeout
-        # join() raises ProcessRaisedException / ProcessExitedException when a child fails
-        while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.terminate()
-                for p in ctx.processes:
-                    p.join(10)
-                raise TimeoutError(
-                    f"{world_size} gloo processes running {fn.__name__} took over {timeout:.0f} s"
-                )
+        join(ctx, timeout, f"{world_size} gloo processes running {fn.__name__}")
         return [
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
             for r in range(world_size)

@@ -95,7 +95,8 @@ SHORT_WAN = (
 )
 RUN = {
     "autoloco demo": "autoloco demo" + SHORT_DEMO + " --out demo",
-    "autoloco demo --out results/demo": "autoloco demo --out results/demo" + SHORT_DEMO,
+    # the README's demo into another folder: run once, as the README's (only the folder differs)
+    "autoloco demo --out results/demo": "autoloco demo" + SHORT_DEMO + " --out demo",
     "autoloco plan --recipe c4": "autoloco plan --recipe c4",
     "autoloco plan --recipe sft --json": "autoloco plan --recipe sft --json",
     "autoloco plan --recipe c4 --steps 20000 --warmup 400 --h-base 200 --method qsr": (
@@ -203,8 +204,8 @@ RUN = {
     "benchmarks/testbeds/netns_live_testbed.py --report-only": "COPY_OF_DOCUMENTED",
     # the cost of a change of membership, cause by cause: one seed
     "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py": (
-        "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --seeds 1 "
-        "--out membership_cost.json"
+        "PYTHONPATH=. python benchmarks/campaigns/membership_cost.py --seeds 1 --steps 40 "
+        "--fault-step 21 --out membership_cost.json"
     ),
     "PYTHONPATH=. python "
     "benchmarks/campaigns/membership_cost.py --report-only": "COPY_OF_DOCUMENTED",

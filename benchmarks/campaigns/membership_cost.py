@@ -46,7 +46,7 @@ ADAMW = ("exact", "after_cut", "fresh")  # the AdamW state each worker goes on w
 DEFAULT_OUT = "results/elastic/membership_cost.json"
 
 
-def runner(workers: int, seed: int, **kwargs) -> LocalWorkers:
+def runner(workers: int, seed: int, steps: int = STEPS, **kwargs) -> LocalWorkers:
     return LocalWorkers(
         CONFIG,
         tiny_llama(
@@ -54,8 +54,8 @@ def runner(workers: int, seed: int, **kwargs) -> LocalWorkers:
         ),
         SimulatedCommunicator(workers),
         optimizer_factory=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
-        scheduler_factory=cosine(STEPS, WARMUP),
-        total_steps=STEPS,
+        scheduler_factory=cosine(steps, WARMUP),
+        total_steps=steps,
         warmup_steps=WARMUP,
         **kwargs,
     )
@@ -75,15 +75,15 @@ def held_out_loss(workers: LocalWorkers) -> float:
     return statistics.fmean(float(model(**batch).loss) for batch in EVAL_BATCHES)
 
 
-def seed_losses(seed: int, fault_step: int) -> dict[str, float]:
+def seed_losses(seed: int, fault_step: int, steps: int = STEPS) -> dict[str, float]:
     """The uninterrupted runs (3 and 4 workers) and every
     variant resumed from the boundary before ``fault_step``."""
     losses = {
-        "uninterrupted_4": held_out_loss(advance(runner(WORKERS, seed), STEPS)),
-        "uninterrupted_3": held_out_loss(advance(runner(WORKERS - 1, seed), STEPS)),
+        "uninterrupted_4": held_out_loss(advance(runner(WORKERS, seed, steps), steps)),
+        "uninterrupted_3": held_out_loss(advance(runner(WORKERS - 1, seed, steps), steps)),
     }
     with tempfile.TemporaryDirectory() as folder:
-        faulty = runner(WORKERS, seed, snapshot_dir=folder)
+        faulty = runner(WORKERS, seed, steps, snapshot_dir=folder)
         boundary = None
         while faulty.step < fault_step:  # the AdamW states at each boundary, the last one kept
             advance(faulty, faulty.step + 1)
@@ -101,7 +101,7 @@ def seed_losses(seed: int, fault_step: int) -> dict[str, float]:
         }
         for workers in (WORKERS, WORKERS - 1):
             for adamw in ADAMW:
-                resumed = runner(workers, seed)
+                resumed = runner(workers, seed, steps)
                 resumed.resume_from_snapshot(snapshot)
                 # the survivors' own states (workers 0 .. n-1); the lost worker's is gone
                 if adamw != "fresh":
@@ -112,7 +112,7 @@ def seed_losses(seed: int, fault_step: int) -> dict[str, float]:
                         for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
                             # the boundary's (a state saved later holds a later one)
                             group["lr"] = lr
-                losses[f"{WORKERS}_to_{workers}_{adamw}"] = held_out_loss(advance(resumed, STEPS))
+                losses[f"{WORKERS}_to_{workers}_{adamw}"] = held_out_loss(advance(resumed, steps))
     return losses
 
 
@@ -145,6 +145,7 @@ def report(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="model seeds 0..n-1")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
     parser.add_argument("--fault-step", type=int, default=FAULT_STEP)
     parser.add_argument("--out", default=DEFAULT_OUT, help="raw losses (JSON)")
     parser.add_argument(
@@ -153,16 +154,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.report_only:
-        if not CONFIG.h_base < args.fault_step < STEPS:
+        if not CONFIG.h_base < args.fault_step < args.steps:
             parser.error(
-                f"--fault-step {args.fault_step}: pass {CONFIG.h_base} < fault step < {STEPS}"
+                f"--fault-step {args.fault_step}: pass {CONFIG.h_base} < fault step < "
+                f"--steps {args.steps}"
             )
-        losses = [seed_losses(seed, args.fault_step) for seed in range(args.seeds)]
+        losses = [seed_losses(seed, args.fault_step, args.steps) for seed in range(args.seeds)]
         resumed_at = args.fault_step - args.fault_step % CONFIG.h_base
         result = {
             "fault_step": args.fault_step,
             "resumed_at": resumed_at,
-            "steps": STEPS,
+            "steps": args.steps,
             "losses": losses,
         }
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

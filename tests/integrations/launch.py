@@ -1,9 +1,12 @@
-"""Helpers to run a worker script under torchrun from pytest (free port, 1 thread per process)."""
+"""Helpers to run a worker script on several processes from pytest (free port, 1 thread per
+process): under torchrun, or as ranks forked from the tests' forkserver with torchrun's environment
+(:func:`forked_ranks`), for the tests whose subject is not the launcher."""
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
 import socket
 import subprocess
 import sys
@@ -11,6 +14,8 @@ import time
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
+from _dist import START_METHOD, join
 from testbeds.netns import MASTER_PORT, TwoNodes, process_env
 
 HERE = Path(__file__).resolve().parent
@@ -155,6 +160,64 @@ def torchrun(
             f"{proc.stderr[-8000:]}"
         )
     return load_results(Path(spec["output_dir"]), nproc)
+
+
+def _forked_rank(rank: int, script: str, spec_path: str, env: dict[str, str], logs: str) -> None:
+    """One rank of :func:`forked_ranks`: torchrun's environment, the script as ``__main__``."""
+    os.environ.clear()
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+    log = os.open(os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)  # a rank's output goes to its log, not into pytest-xdist's channel
+    os.dup2(log, 2)
+    torch.set_num_threads(1)
+    sys.argv = [script, spec_path]
+    sys.path.insert(0, str(Path(script).parent))  # as ``python script`` would
+    runpy.run_path(script, run_name="__main__")
+
+
+def forked_ranks(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
+    """:func:`torchrun`'s results, on ranks forked from the tests' forkserver.
+
+    The forkserver has imported torch, transformers' Trainer and accelerate
+    (``_dist.PRELOAD``), which a torchrun worker imports again: 6 s of CPU of
+    a rank's training of a few steps. Each rank gets the variables torchrun
+    gives its workers (rank, world size, the rendezvous address, a first
+    attempt) and runs ``script spec.json`` as ``__main__``, so the script
+    patches ``torch.distributed`` as it does under torchrun; its output is in
+    ``output_dir/rank{r}.log``. Tests of the launcher itself (restarts, a
+    rank killed, several nodes) use :func:`torchrun`.
+    """
+    spec_path = write_spec(spec)
+    logs = Path(spec["output_dir"])
+    env = worker_env(
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0",
+        GROUP_WORLD_SIZE="1",
+        ROLE_WORLD_SIZE=str(nproc),
+        ROLE_NAME="default",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+    )
+    env["WORLD_SIZE"] = str(nproc)  # worker_env drops an inherited one
+    ctx = mp.start_processes(
+        _forked_rank,
+        args=(str(HERE / script), str(spec_path), env, str(logs)),
+        nprocs=nproc,
+        join=False,
+        start_method=START_METHOD,
+    )
+    try:
+        join(ctx, timeout, f"{nproc} forked ranks of {script}")
+    except Exception as error:
+        tails = "\n".join(
+            f"--- rank {r}:\n{(logs / f'rank{r}.log').read_text()[-3000:]}"
+            for r in range(nproc)
+            if (logs / f"rank{r}.log").exists()
+        )
+        raise AssertionError(f"{script} on {nproc} forked ranks failed: {error}\n{tails}") from None
+    return load_results(logs, nproc)
 
 
 def torchrun_failing(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import torchrun
+from launch import forked_ranks
 
 from autoloco_hf import AutoLoCoConfig
 from autoloco_hf.algorithm.schedule import FunctionSchedule
@@ -63,7 +63,7 @@ def trainer_run(tmp_path_factory) -> tuple[dict, dict]:
         "batch": 2,
         "autoloco": autoloco,
     }
-    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    r0, r1 = forked_ranks("trainer_worker.py", spec, nproc=2)
     return r0, r1
 
 

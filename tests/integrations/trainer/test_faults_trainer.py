@@ -1,5 +1,6 @@
-"""Faults inside one machine through the real Trainer +
-callback (torchrun, 2 gloo processes, tiny Llama)."""
+"""Faults inside one machine through the real Trainer + callback (2 gloo processes, tiny Llama:
+forked with torchrun's environment, ``launch.forked_ranks``, or under torchrun where the launch
+must fail)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import socket
 
 import pytest
 import torch
-from launch import torchrun, torchrun_failing
+from launch import forked_ranks, torchrun_failing
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def test_nan_on_rank1_skips_the_outer_step_and_training_goes_on(tmp_path):
             "h_max": 6,
         },
     }
-    results = torchrun("trainer_worker.py", spec, nproc=2)
+    results = forked_ranks("trainer_worker.py", spec, nproc=2)
     records = results[0]["records"]
     assert (
         records[0]["start_step"] == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import torchrun, torchrun_failing
+from launch import forked_ranks, torchrun_failing
 from toy import TIMING_FIELDS
 from transformers import get_cosine_schedule_with_warmup
 
@@ -90,7 +90,7 @@ def kill_and_resume(out: Path, before: int, after: int) -> tuple[object, list[di
     # boundary was finished when it died is a race, so only the main process's snapshot is relied on
     # (the copy is tested in tests/sync/test_snapshot.py)
     assert snapshot.workers == before and 0 < snapshot.step <= KILL
-    return snapshot, torchrun(
+    return snapshot, forked_ranks(
         "trainer_worker.py", spec(out, resume_point=True, record_batches=True), nproc=after
     )
 
@@ -127,7 +127,7 @@ def check_resumed(snapshot, results: list[dict], workers: int) -> None:
 def test_three_workers_lose_one_and_two_go_on_from_the_last_boundary(tmp_path):
     snapshot, resumed = kill_and_resume(tmp_path / "elastic", 3, 2)
     check_resumed(snapshot, resumed, 2)
-    full = torchrun("trainer_worker.py", spec(tmp_path / "full", record_batches=True), nproc=2)
+    full = forked_ranks("trainer_worker.py", spec(tmp_path / "full", record_batches=True), nproc=2)
     step = snapshot.step
     for rank in range(2):
         assert resumed[rank]["lrs"] == full[rank]["lrs"][step:], (

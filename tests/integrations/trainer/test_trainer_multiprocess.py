@@ -1,5 +1,6 @@
-"""Trainer + AutoLoCoCallback in real processes (torchrun,
-gloo, CPU) on a tiny Llama built from a config."""
+"""Trainer + AutoLoCoCallback in real processes (gloo, CPU) on a tiny Llama built from a config:
+ranks forked with torchrun's environment (``launch.forked_ranks``), and torchrun itself where it
+restarts a killed worker."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import torchrun
+from launch import forked_ranks, torchrun
 from toy import TIMING_FIELDS
 
 from autoloco_hf.sync import communicators
@@ -50,7 +51,7 @@ def diloco(tmp_path_factory):
         "max_grad_norm": 0.0,
         "autoloco": {"method": "diloco", "h_base": 4},
     }
-    return torchrun("trainer_worker.py", spec, nproc=2)
+    return forked_ranks("trainer_worker.py", spec, nproc=2)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def autoloco(tmp_path_factory):
         },
     }
     full_dir, split_dir = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("split")
-    full = torchrun("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
+    full = forked_ranks("trainer_worker.py", {**base, "output_dir": str(full_dir)}, nproc=2)
     resumed = torchrun(
         "trainer_worker.py",
         {
@@ -310,7 +311,7 @@ def test_worker_groups_four_processes(tmp_path):
         "batch": 2,
         "autoloco": {"method": "diloco", "h_base": 4, "ranks_per_worker": 2},
     }
-    results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
+    results = forked_ranks("trainer_worker.py", spec, nproc=4, timeout=400)
     fp = [r["fingerprints"] for r in results]
     synced = results[0]["synced"]
     assert sync_steps(results[0]) == [4, 8]
@@ -362,7 +363,7 @@ def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
         "ranks_per_worker": 2,
     }
     base = {"steps": 8, "batch": 2, "save_steps": 6, "autoloco": fields}
-    full = torchrun(
+    full = forked_ranks(
         "trainer_worker.py", {**base, "output_dir": str(tmp_path / "full")}, nproc=4, timeout=400
     )
     checkpoint = tmp_path / "full" / "checkpoint-6"
@@ -391,7 +392,7 @@ def test_worker_groups_checkpoint_mid_interval_and_resume(tmp_path):
     assert torch.equal(torch.cat(halves[2:]), weights), "both workers hold the same theta_t"
 
     shutil.copytree(checkpoint, tmp_path / "split" / checkpoint.name)
-    resumed = torchrun(
+    resumed = forked_ranks(
         "trainer_worker.py",
         {**base, "output_dir": str(tmp_path / "split"), "resume_last": True},
         nproc=4,
@@ -410,7 +411,7 @@ def test_ddp_method_keeps_normal_ddp(tmp_path):
         "batch": 2,
         "autoloco": {"method": "ddp", "h_base": 4},
     }
-    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    r0, r1 = forked_ranks("trainer_worker.py", spec, nproc=2)
     assert r0["ddp_comm_hooks"] == [] and r0["hook"] is None
     assert r0["fingerprints"] == r1["fingerprints"]
     assert len(set(r0["fingerprints"])) == 6, "the model trains"
@@ -432,7 +433,7 @@ def test_int8_wire_through_the_trainer(tmp_path):
             "wire_dtype": "int8",
         },
     }
-    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    r0, r1 = forked_ranks("trainer_worker.py", spec, nproc=2)
     assert sync_steps(r0) == [4, 8] and r0["fingerprints"][-1] == r1["fingerprints"][-1]
     for r in (r0, r1):
         data = [c for c in r["collectives"] if c[1] > 1024]

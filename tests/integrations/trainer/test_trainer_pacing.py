@@ -1,5 +1,6 @@
 """Budget pacing under the Trainer (docs/algorithm.md#pacing-under-the-trainer): ranks of unequal
-speed, real processes (torchrun, gloo)."""
+speed, real processes (gloo; forked with torchrun's environment, ``launch.forked_ranks``, and
+torchrun itself where it restarts a crashed rank)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 import torch
-from launch import torchrun
+from launch import forked_ranks, torchrun
 from transformers import TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
@@ -132,7 +133,7 @@ def virtual(tmp_path_factory):
         "max_grad_norm": 0.0,
         "autoloco": {**BUDGET, "worker_speeds": [1.0, 0.5]},
     }
-    return torchrun("trainer_worker.py", spec, nproc=2)
+    return forked_ranks("trainer_worker.py", spec, nproc=2)
 
 
 @pytest.mark.slow
@@ -207,7 +208,7 @@ def test_overlapped_and_streaming_schedules_under_the_trainer_equal_the_simulate
         "max_grad_norm": 0.0,
         "autoloco": config,
     }
-    results = torchrun("trainer_worker.py", spec, nproc=2)
+    results = forked_ranks("trainer_worker.py", spec, nproc=2)
     workers = simulated_twin(AutoLoCoConfig(**config), STEPS)
     batches = [iter(result["batches"]) for result in results]
     for _ in range(STEPS):
@@ -241,7 +242,7 @@ def test_worker_groups_of_two_ranks_take_their_workers_share_together(tmp_path):
         "steps": STEPS,
         "autoloco": {**BUDGET, "worker_speeds": [1.0, 0.5], "ranks_per_worker": 2},
     }
-    results = torchrun("trainer_worker.py", spec, nproc=4, timeout=400)
+    results = forked_ranks("trainer_worker.py", spec, nproc=4, timeout=400)
     assert [r["worker_steps"] for r in results[0]["records"]] == [[4, 4], [5, 2], [5, 2]]
     assert [r["optimizer_steps"] for r in results] == [14, 14, 8, 8]
     assert results[0]["fingerprints"] == results[1]["fingerprints"], "worker 0's ranks diverged"
@@ -264,7 +265,7 @@ def test_a_slow_rank_takes_fewer_steps_and_logs_and_saves_at_boundaries(tmp_path
         "sleep": {"1": 0.06},
         "autoloco": {**BUDGET},
     }
-    r0, r1 = torchrun("trainer_worker.py", spec, nproc=2)
+    r0, r1 = forked_ranks("trainer_worker.py", spec, nproc=2)
     later = [r["worker_steps"] for r in r0["records"][1:]]
     assert later and all(fast > slow for fast, slow in later), later
     assert r0["optimizer_steps"] > r1["optimizer_steps"]
