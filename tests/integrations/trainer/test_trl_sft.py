@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from launch import torchrun  # noqa: E402
+from launch import forked_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_sft_trainer_with_autoloco(tmp_path):
         "steps": 8,
         "autoloco": {"method": "autoloco", "controller": "paper", "h_base": 4, "q_h": 1},
     }
-    results = torchrun("trl_worker.py", spec, nproc=2, timeout=400)
+    results = forked_ranks("trl_worker.py", spec, nproc=2, timeout=400)
     r0, r1 = results
     # syncs happen, at the same steps on both workers, and leave identical replicas
     assert r0["totals"]["syncs"] == r1["totals"]["syncs"] == 2
