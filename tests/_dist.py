@@ -14,12 +14,11 @@ the default thread count oversubscribe them several times over), joins a gloo gr
 over ``tcp://127.0.0.1:<free port>`` and runs ``fn``. A child exception fails the
 test with the child's traceback; a hang is cut off after ``timeout`` seconds.
 
-The ranks are forked from a ``forkserver`` that imported torch, transformers' Trainer and
-accelerate once per test process (:data:`PRELOAD`), not ``spawn``-ed: a spawned child paid 2-3 s
-of imports, a torchrun worker of the Trainer tests 6 s (``launch.forked_ranks`` forks those too).
+The ranks are forked from a ``forkserver`` that imported torch and transformers once per test
+process (:data:`PRELOAD`), not ``spawn``-ed: a spawned child paid 2-3 s of imports
+(``launch.forked_ranks`` forks the Trainer tests' ranks too, without torchrun's launcher).
 Measured with ``-n 2`` (2026-12-07): the files that call :func:`run_gloo` took 99-124 s against
-147 s, the live-membership files (:func:`process_context`) 112-116 s against 175 s; the two
-Trainer files that fork their ranks, alone, 58 s of CPU against 247 s under torchrun. A forked
+147 s, the live-membership files (:func:`process_context`) 112-116 s against 175 s. A forked
 child has the server's environment and ``sys.path``, taken when a test of the process first started
 one (after collection, so every test folder is on the path): a test that must hand a variable to
 its processes passes it as an argument.
@@ -45,8 +44,9 @@ import torch
 import torch.multiprocessing as mp
 
 START_METHOD = "forkserver"  # of every process the tests start themselves
-# what every rank would import again: the Trainer's modules are most of it (3.4 s of a rank's 6 s)
-PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.trainer", "accelerate"]
+# what every rank would import again. Not the Trainer's modules (3.4 s of a Trainer rank's 6 s):
+# with transformers.trainer preloaded the live-membership ranks timed out in gloo (2026-12-07)
+PRELOAD = ["torch", "torch.distributed", "transformers"]
 mp.set_forkserver_preload(PRELOAD)
 
 

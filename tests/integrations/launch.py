@@ -178,12 +178,13 @@ def _forked_rank(rank: int, script: str, spec_path: str, env: dict[str, str], lo
 def forked_ranks(script: str, spec: dict, nproc: int, timeout: float = 300.0) -> list[dict]:
     """:func:`torchrun`'s results, on ranks forked from the tests' forkserver.
 
-    The forkserver has imported torch, transformers' Trainer and accelerate
-    (``_dist.PRELOAD``), which a torchrun worker imports again: 6 s of CPU of
-    a rank's training of a few steps. Each rank gets the variables torchrun
-    gives its workers (rank, world size, the rendezvous address, a first
-    attempt) and runs ``script spec.json`` as ``__main__``, so the script
-    patches ``torch.distributed`` as it does under torchrun; its output is in
+    The forkserver has imported torch (``_dist.PRELOAD``), and no launcher
+    process starts: a torchrun launch of two Trainer ranks pays torch's
+    import three times (1.6 s each) before the ranks import the Trainer.
+    Each rank gets the variables torchrun gives its workers (rank, world
+    size, the rendezvous address, a first attempt) and runs ``script
+    spec.json`` as ``__main__``, so the script patches ``torch.distributed``
+    as it does under torchrun; its output is in
     ``output_dir/rank{r}.log``. Tests of the launcher itself (restarts, a
     rank killed, several nodes) use :func:`torchrun`.
     """
