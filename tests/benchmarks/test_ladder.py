@@ -212,14 +212,15 @@ def test_the_horizon_rows_name_the_intervals_after_which_the_drift_guard_fired(t
     ]
 
 
+def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
+    """A finished run as the comparators read it: syncs, validation loss, ``h_base``, outer LR."""
+    return load("frontier").Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
+
+
 def test_the_held_out_row_uses_only_seeds_outside_the_tuning_seeds():
     """The default's held-out seeds are compared alone, against the DiLoCo chosen on the tuning
     seeds: a held-out seed where another setting would have won does not change the choice."""
     ladder = load("ladder")
-    frontier = load("frontier")
-
-    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
-        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
 
     tuning = (0, 1, 2)
     cells = {
@@ -244,9 +245,6 @@ def test_the_targets_table_says_met_only_where_the_runs_meet_it():
     is not measured."""
     ladder = load("ladder")
     frontier = load("frontier")
-
-    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
-        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
 
     def cells(default_val: float, seeds=(0, 1, 2, 3, 4)) -> dict:
         noise = {s: 0.001 * s for s in seeds}  # a standard error that is not 0
@@ -349,10 +347,6 @@ def test_the_doubling_cost_pairs_the_tuned_diloco_at_two_horizons_per_seed():
     """The cost of doubling ``h_base`` is the tuned DiLoCo at 2 ``h_base`` minus the one at
     ``h_base`` (the better outer LR at each H), paired per seed; None without 2 ``h_base``."""
     ladder = load("ladder")
-    frontier = load("frontier")
-
-    def run(syncs: float, val: float, h: int, lr: float = 0.7) -> object:
-        return frontier.Result(syncs, val, 0.0, 0.0, [], 0.5, {"outer_lr": lr, "h_base": h})
 
     seeds = (0, 1, 2)
     cells = {
