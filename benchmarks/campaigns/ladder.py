@@ -25,7 +25,14 @@ are finished are skipped, and copies started together share the work through run
        --adaptive default:controller=descent --adaptive autoloco \
        --tuned-outer-lrs 0.35,0.7,1.0 --tuned-h-list 10,20,5,40
 
-A held-out seed runs the default and, at each H, only the outer LR the tuning seeds chose.
+A held-out seed runs the default and, at each H, only the outer LR the tuning seeds chose; the
+default's curve over ``h_base`` (for (c)) runs alone::
+
+    # regime B at 1.18M: held-out seed 3 (LR 0.7 won at every H), then h_base 20 on seeds 0-2
+    $F --out results/ladder/h128_l4 --hidden 128 --layers 4 --regimes noniid --seeds 3 \
+       --adaptive default:controller=descent --tuned-outer-lrs 0.7 --tuned-h-list 10,20,5,40
+    $F --out results/ladder/h128_l4 --hidden 128 --layers 4 --regimes noniid --seeds 0,1,2 \
+       --adaptive default_hb20:controller=descent,h_base=20
 """
 
 from __future__ import annotations
